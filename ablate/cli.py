@@ -1,0 +1,170 @@
+"""The `ablate` command: parse, call, print. Exit codes: 0 ok, 1 some runs failed, 2 bad input."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ablate.errors import SpecError
+
+
+def _print_table(rows: list[dict]) -> None:
+    import pandas as pd
+
+    if not rows:
+        print("(no runs)")
+        return
+    with pd.option_context("display.max_colwidth", 120, "display.width", 250):
+        print(pd.DataFrame(rows).fillna("").to_string(index=False))
+
+
+def cmd_run(args) -> int:
+    from ablate import records, worker
+    from ablate.paths import results_root
+    from ablate.spec import load_run_spec
+
+    spec = load_run_spec(args.spec)
+    out = Path(args.out) if args.out else results_root() / Path(args.spec).stem / "runs" / spec.run_id
+    _validate_against_model(spec, args.spec)
+    worker.prepare_run_dir(spec, out)
+    if args.retry_failed is False and records.read_status(out).get("state") == "failed":
+        print(f"{out}: resuming a failed run", file=sys.stderr)
+    state = worker.execute(out, stop_after_steps=args.stop_after_steps)
+    print(f"{state}: {out}")
+    if state == "done":
+        print(f"model: {out / 'model'}")
+    return 0 if state in ("done", "interrupted") else 1
+
+
+def _validate_against_model(spec, file) -> None:
+    from ablate.models import load_config, n_layers
+    from ablate.pretrain import plan_phases
+
+    try:
+        plan_phases(spec, n_layers(load_config(spec.model)))
+    except SpecError as exc:
+        exc.file = str(file)
+        raise SpecError(exc.message, file=str(file), key=exc.key, value=exc.value, allowed=exc.allowed) from None
+
+
+def cmd_sweep(args) -> int:
+    from ablate import launch, records
+    from ablate.grid import expand, load_grid, plan_table, resolve_layers
+    from ablate.paths import results_root
+
+    grid = load_grid(args.grid)
+    runs = expand(grid, file=str(args.grid))
+    plans = resolve_layers(runs, file=str(args.grid))
+    executor = args.executor or grid.launcher.executor
+    if args.dry_run:
+        _print_table(plan_table(runs, plans))
+        print(f"{len(runs)} runs; executor {executor}; results in {results_root(args.results) / grid.sweep}; "
+              "dry run: nothing submitted")
+        return 0
+    if executor == "slurm" and not launch.have_slurm():
+        raise SpecError("Slurm is not available here (no sbatch on PATH)", key="launcher.executor", value="slurm",
+                        allowed="local, debug")
+    by_state = launch.run_sweep(grid, Path(args.grid), runs, results_root(args.results), executor,
+                                args.retry_failed, poll_s=args.poll)
+    sweep_dir = results_root(args.results) / grid.sweep
+    collected = records.collect(sweep_dir)
+    for problem in collected.problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    done, failed = by_state.get("done", []), by_state.get("failed", [])
+    others = {k: v for k, v in by_state.items() if k not in ("done", "failed")}
+    print(f"summary: {len(done)} done, {len(failed)} failed"
+          + "".join(f", {len(v)} {k}" for k, v in others.items()) + f"; tables in {sweep_dir}")
+    for rid in failed:
+        print(f"  failed {rid}: log {sweep_dir / 'runs' / rid / 'log.txt'}")
+    return 0 if not failed and not others else 1
+
+
+def _sweep_dir(name: str | None, results: str | None) -> Path:
+    from ablate import launch
+    from ablate.paths import results_root
+
+    root = results_root(results)
+    if name:
+        candidate = Path(name) if Path(name).is_dir() else root / name
+        if not (candidate / "runs").is_dir():
+            raise SpecError("no such sweep", key="SWEEP", value=name,
+                            allowed=", ".join(sorted(p.parent.name for p in root.glob("*/runs"))) or "(none yet)")
+        return candidate
+    latest = launch.latest_sweep(root)
+    if latest is None:
+        raise SpecError(f"no sweep under {root}", key="SWEEP")
+    return latest
+
+
+def cmd_status(args) -> int:
+    from ablate import launch, records
+
+    sweep_dir = _sweep_dir(args.sweep, args.results)
+    manifest = sweep_dir / "sweep.json"
+    ids = records.read_json(manifest)["run_ids"] if manifest.is_file() else None
+    rows = launch.status_rows(launch.SweepPaths(sweep_dir), ids)
+    print(f"sweep {sweep_dir.name} ({sweep_dir})")
+    _print_table(rows)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    print(", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    return 0
+
+
+def cmd_collect(args) -> int:
+    from ablate import records
+
+    sweep_dir = _sweep_dir(args.sweep, args.results)
+    collected = records.collect(sweep_dir)
+    for problem in collected.problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    for name, frame in collected.tables.items():
+        print(f"{name}: {len(frame)} rows -> {sweep_dir / (name + '.parquet')} (+ .csv)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ablate", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run one RunSpec locally (resumes if interrupted)")
+    r.add_argument("spec")
+    r.add_argument("--out", help="run folder (default: results/<spec name>/runs/<run id>)")
+    r.add_argument("--stop-after-steps", type=int, default=None, help=argparse.SUPPRESS)
+    r.add_argument("--retry-failed", action="store_true", help=argparse.SUPPRESS)
+    r.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("sweep", help="expand a grid and run it (local, slurm or debug executor)")
+    s.add_argument("grid")
+    s.add_argument("--executor", choices=["local", "slurm", "debug"])
+    s.add_argument("--dry-run", action="store_true", help="print the plan, submit nothing")
+    s.add_argument("--retry-failed", action="store_true", help="re-submit runs that failed before")
+    s.add_argument("--results", help="results root (default: $ABLATE_RESULTS or ./results)")
+    s.add_argument("--poll", type=float, default=5.0, help="seconds between progress checks")
+    s.set_defaults(func=cmd_sweep)
+
+    st = sub.add_parser("status", help="per-run state of a sweep (default: the most recent)")
+    st.add_argument("sweep", nargs="?")
+    st.add_argument("--results")
+    st.set_defaults(func=cmd_status)
+
+    c = sub.add_parser("collect", help="merge a sweep's run folders into tidy tables")
+    c.add_argument("sweep", nargs="?")
+    c.add_argument("--results")
+    c.set_defaults(func=cmd_collect)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

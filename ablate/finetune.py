@@ -1,0 +1,336 @@
+"""Downstream fine-tuning of one checkpoint on one task with one seed, and the resumable task x seed loop.
+
+`finetune` trains with a plain loop (AdamW, linear warmup then linear decay, early stopping on the task's
+first metric) and returns score rows for dev and test, test taken at the best dev epoch. `evaluate_scores`
+runs every (task, seed) pair once per out_dir: a finished pair is a JSON file that is read back, not redone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
+
+from ablate import metrics
+from ablate.errors import SpecError
+from ablate.tasks import (Example, FinetuneSettings, TaskSpec, load_task, load_task_data, resolve_settings)
+
+__all__ = ["FinetuneSettings", "finetune", "evaluate_scores", "encode", "align_word_labels"]
+
+IGNORE = -100   # label of sub-tokens that carry no loss (special tokens, non-first pieces of a word, padding)
+
+# LoRA adapters go on the attention projections; the modules listed in _LORA_FULL, when the model has them,
+# are trained in full because they may be freshly initialised (BERT's pooler is absent from *ForMaskedLM
+# checkpoints; ModernBERT's head is absent from a bare ModernBertModel).
+_LORA_TARGETS = {
+    "bert": ("query", "key", "value"),
+    "roberta": ("query", "key", "value"),
+    "xlm-roberta": ("query", "key", "value"),
+    "camembert": ("query", "key", "value"),
+    "modernbert": ("Wqkv",),
+    "deberta-v2": ("query_proj", "key_proj", "value_proj"),
+}
+_LORA_FULL = ("pooler", "head")
+
+
+class Encoded(NamedTuple):
+    input_ids: list[int]
+    token_type_ids: list[int] | None
+    label: Any                      # token cls: list of ids (IGNORE for unlabelled pieces); else id/vector/float
+    word_ids: list[int | None] | None
+
+
+def align_word_labels(word_ids: list[int | None], word_labels: list[int]) -> list[int]:
+    """One label per sub-token: the word's label on its first piece, IGNORE elsewhere."""
+    out, prev = [], None
+    for w in word_ids:
+        out.append(IGNORE if w is None or w == prev else word_labels[w])
+        prev = w
+    return out
+
+
+def encode(tokenizer, task: TaskSpec, examples: list[Example], labels: tuple[str, ...], max_length: int) -> list[Encoded]:
+    label_id = {lab: i for i, lab in enumerate(labels)}
+    if task.type == "token_classification":
+        enc = tokenizer([list(ex.text) for ex in examples], is_split_into_words=True, truncation=True,
+                        max_length=max_length)
+        out = []
+        for i, ex in enumerate(examples):
+            wids = enc.word_ids(i)
+            out.append(Encoded(enc["input_ids"][i], _types(enc, i),
+                               align_word_labels(wids, [label_id[t] for t in ex.label]), wids))
+        return out
+    pairs = [ex.text_pair for ex in examples] if examples and examples[0].text_pair is not None else None
+    enc = tokenizer([ex.text for ex in examples], pairs, truncation=True, max_length=max_length)
+    out = []
+    for i, ex in enumerate(examples):
+        if task.type == "multi_label_classification":
+            y: Any = [1.0 if lab in ex.label else 0.0 for lab in labels]
+        elif task.type == "regression":
+            y = float(ex.label)
+        else:
+            y = label_id[ex.label]
+        out.append(Encoded(enc["input_ids"][i], _types(enc, i), y, None))
+    return out
+
+
+def _types(enc, i: int) -> list[int] | None:
+    return enc["token_type_ids"][i] if "token_type_ids" in enc else None
+
+
+def _collate(items: list[Encoded], pad_id: int, task_type: str) -> dict[str, torch.Tensor]:
+    n = max(len(it.input_ids) for it in items)
+    ids = torch.full((len(items), n), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(items), n), dtype=torch.long)
+    types = torch.zeros((len(items), n), dtype=torch.long)
+    for r, it in enumerate(items):
+        ids[r, :len(it.input_ids)] = torch.tensor(it.input_ids)
+        mask[r, :len(it.input_ids)] = 1
+        if it.token_type_ids is not None:
+            types[r, :len(it.token_type_ids)] = torch.tensor(it.token_type_ids)
+    batch = {"input_ids": ids, "attention_mask": mask}
+    if items[0].token_type_ids is not None:
+        batch["token_type_ids"] = types
+    if task_type == "token_classification":
+        labels = torch.full((len(items), n), IGNORE, dtype=torch.long)
+        for r, it in enumerate(items):
+            labels[r, :len(it.label)] = torch.tensor(it.label)
+    elif task_type in ("multi_label_classification", "regression"):
+        labels = torch.tensor([it.label for it in items], dtype=torch.float)
+    else:
+        labels = torch.tensor([it.label for it in items], dtype=torch.long)
+    batch["labels"] = labels
+    return batch
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _load_model(model_dir: str, task: TaskSpec, labels: tuple[str, ...], settings: FinetuneSettings):
+    kwargs: dict[str, Any] = {"dtype": torch.float32}   # checkpoints may be bf16; train in fp32
+    if task.type == "token_classification":
+        cls = AutoModelForTokenClassification
+    else:
+        cls = AutoModelForSequenceClassification
+        kwargs["problem_type"] = {"multi_label_classification": "multi_label_classification",
+                                  "regression": "regression"}.get(task.type, "single_label_classification")
+    if task.type == "regression":
+        kwargs["num_labels"] = 1
+    else:
+        kwargs.update(num_labels=len(labels), id2label=dict(enumerate(labels)),
+                      label2id={lab: i for i, lab in enumerate(labels)})
+    model = cls.from_pretrained(model_dir, **kwargs)
+    if settings.method == "lora":
+        model = _wrap_lora(model, task, settings)
+    return model
+
+
+def _wrap_lora(model, task: TaskSpec, settings: FinetuneSettings):
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    model_type = model.config.model_type
+    targets = settings.lora_target_modules or _LORA_TARGETS.get(model_type)
+    if not targets:
+        raise SpecError(f"no default LoRA target modules for model type {model_type!r}",
+                        key="finetune.lora_target_modules", allowed="set them explicitly")
+    leaf = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [t for t in targets if t.rsplit(".", 1)[-1] not in leaf]
+    if missing:
+        raise SpecError(f"LoRA target modules not in this {model_type} model", key="finetune.lora_target_modules",
+                        value=missing)
+    config = LoraConfig(
+        task_type=TaskType.TOKEN_CLS if task.type == "token_classification" else TaskType.SEQ_CLS,
+        r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
+        target_modules=list(targets), modules_to_save=[m for m in _LORA_FULL if m in leaf])
+    return get_peft_model(model, config)
+
+
+def _predict(model, task: TaskSpec, data: list[Encoded], labels: tuple[str, ...], examples: list[Example],
+             settings: FinetuneSettings, pad_id: int, device: str) -> list:
+    """Predictions in the form metrics take: tag lists per sentence, label strings, label tuples or floats."""
+    model.eval()
+    order = sorted(range(len(data)), key=lambda i: len(data[i].input_ids))   # less padding
+    preds: list[Any] = [None] * len(data)
+    with torch.no_grad():
+        for start in range(0, len(order), settings.eval_batch_size):
+            idx = order[start:start + settings.eval_batch_size]
+            batch = _collate([data[i] for i in idx], pad_id, task.type)
+            batch.pop("labels")
+            logits = model(**{k: v.to(device) for k, v in batch.items()}).logits.float().cpu()
+            for row, i in enumerate(idx):
+                preds[i] = _decode(task.type, logits[row], data[i], labels, len(examples[i].text))
+    return preds
+
+
+def _decode(task_type: str, logits: torch.Tensor, item: Encoded, labels: tuple[str, ...], n_words: int):
+    if task_type == "token_classification":
+        # A word cut off by max_length, or one the tokenizer drops (e.g. a zero-width space), is tagged O.
+        tags, best = ["O"] * n_words, logits.argmax(-1).tolist()
+        seen = set()
+        for pos, w in enumerate(item.word_ids):
+            if w is not None and w not in seen:
+                seen.add(w)
+                tags[w] = labels[best[pos]]
+        return tags
+    if task_type == "multi_label_classification":
+        return tuple(lab for lab, on in zip(labels, (logits > 0).tolist()) if on)   # sigmoid > 0.5
+    if task_type == "regression":
+        return float(logits[0])
+    return labels[int(logits.argmax())]
+
+
+def _gold(task: TaskSpec, examples: list[Example]) -> list:
+    if task.type == "token_classification":
+        return [list(ex.label) for ex in examples]
+    return [ex.label for ex in examples]
+
+
+def _lr_factor(warmup: int, total: int):
+    def factor(step: int) -> float:   # step = updates done so far
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        return max(0.0, (total - step) / max(1, total - warmup))
+    return factor
+
+
+def _better(value: float, best: float | None) -> bool:
+    return best is None or (not math.isnan(value) and (math.isnan(best) or value > best))
+
+
+def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettings, data_root=None,
+             device: str = "cpu") -> list[dict]:
+    """Fine-tune `model_dir` on `task` with `seed`; rows {task, language, finetune_seed, split, metric, value,
+    epoch, wall_time_s} for every metric on dev and test, both at the best dev epoch (1-based)."""
+    t0 = time.perf_counter()
+    data = load_task_data(task, data_root)
+    train_ex = data.splits["train"][:settings.max_train_examples]
+    eval_ex = {s: data.splits[s][:settings.max_eval_examples] for s in ("dev", "test")}
+    max_length = settings.max_length or task.max_length
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if task.type == "token_classification" and not tokenizer.is_fast:
+        raise SpecError("token classification needs a fast tokenizer (word_ids)", file=str(model_dir))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    train = encode(tokenizer, task, train_ex, data.labels, max_length)
+    evals = {s: encode(tokenizer, task, ex, data.labels, max_length) for s, ex in eval_ex.items()}
+
+    _seed_everything(seed)
+    model = _load_model(str(model_dir), task, data.labels, settings).to(device)
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    # No weight decay on biases and normalisation weights (the 1-d parameters).
+    groups = [{"params": [p for _, p in trainable if p.ndim >= 2], "weight_decay": settings.weight_decay},
+              {"params": [p for _, p in trainable if p.ndim < 2], "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    optimizer = torch.optim.AdamW(groups, lr=settings.lr, fused=torch.device(device).type in ("cpu", "cuda"))
+    steps_per_epoch = math.ceil(len(train) / settings.batch_size)
+    total = steps_per_epoch * settings.epochs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, _lr_factor(round(total * settings.warmup_ratio), total))
+    order_gen = torch.Generator().manual_seed(seed)
+    dev_gold = _gold(task, eval_ex["dev"])
+
+    best, best_epoch, best_dev, best_state, stale = None, 0, {}, None, 0
+    for epoch in range(1, settings.epochs + 1):
+        model.train()
+        order = torch.randperm(len(train), generator=order_gen).tolist()
+        for start in range(0, len(order), settings.batch_size):
+            batch = _collate([train[i] for i in order[start:start + settings.batch_size]], pad_id, task.type)
+            loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
+            loss.backward()
+            if settings.grad_clip:
+                torch.nn.utils.clip_grad_norm_([p for _, p in trainable], settings.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+        preds = _predict(model, task, evals["dev"], data.labels, eval_ex["dev"], settings, pad_id, device)
+        dev = metrics.compute(task.type, task.metrics, dev_gold, preds)
+        if _better(dev[task.primary_metric], best):
+            best, best_epoch, best_dev, stale = dev[task.primary_metric], epoch, dev, 0
+            best_state = {n: p.detach().to("cpu", copy=True) for n, p in trainable}
+        else:
+            stale += 1
+            if settings.patience is not None and stale >= settings.patience:
+                break
+
+    if best_epoch != epoch:
+        with torch.no_grad():
+            for n, p in trainable:
+                p.copy_(best_state[n])
+    preds = _predict(model, task, evals["test"], data.labels, eval_ex["test"], settings, pad_id, device)
+    test = metrics.compute(task.type, task.metrics, _gold(task, eval_ex["test"]), preds)
+    wall = round(time.perf_counter() - t0, 3)
+    return [{"task": task.name, "language": task.language, "finetune_seed": seed, "split": split, "metric": m,
+             "value": v, "epoch": best_epoch, "wall_time_s": wall}
+            for split, scores in (("dev", best_dev), ("test", test)) for m, v in scores.items()]
+
+
+# ---------------------------------------------------------------------------------------------------- task x seed
+
+def evaluate_scores(model_dir, tasks: list[str], seeds: list[int], settings_overrides: dict | None,
+                    out_dir: Path, data_root=None, device: str = "cpu") -> list[dict]:
+    """Fine-tune `model_dir` on every task x seed not yet done under out_dir and return all their rows.
+
+    Each finished pair is out_dir/<task>/seed-<seed>.json (written atomically) and is read back next time.
+    Every task file, override and data file is checked before any training starts.
+    """
+    out_dir = Path(out_dir)
+    plan = []
+    for name in tasks:
+        task = load_task(name)
+        settings = resolve_settings(task, settings_overrides)
+        load_task_data(task, data_root)
+        wanted = settings.model_dump(mode="json")
+        for seed in seeds:
+            path = out_dir / task.name / f"seed-{seed}.json"
+            plan.append((task, settings, seed, path, _read_done(path, wanted) if path.exists() else None))
+    rows: list[dict] = []
+    for task, settings, seed, path, done in plan:
+        if done is None:
+            done = finetune(model_dir, task, seed, settings, data_root=data_root, device=device)
+            _write_json_atomic(path, {"task": task.name, "seed": seed, "model_dir": str(model_dir),
+                                      "settings": settings.model_dump(mode="json"), "rows": done})
+        rows += done
+    return rows
+
+
+def _read_done(path: Path, wanted: dict) -> list[dict]:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        rows, stored = record["rows"], record["settings"]
+        if not isinstance(rows, list) or not isinstance(stored, dict):
+            raise TypeError("rows must be a list and settings a mapping")
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise SpecError(f"unreadable scores file ({e}); delete it to recompute", file=str(path)) from None
+    diff = sorted(k for k in wanted.keys() | stored.keys() if wanted.get(k) != stored.get(k))
+    if diff:
+        k = diff[0]
+        raise SpecError("these scores were computed with other fine-tuning settings; delete the file or use "
+                        "another out_dir", file=str(path), key=f"finetune.{k}", value=wanted.get(k),
+                        allowed=f"{stored.get(k)!r} (stored)")
+    return rows
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

@@ -1,0 +1,100 @@
+"""Freeze masks: names -> concrete layer sets -> parameters that do not train in a phase.
+
+Layer groups are thirds of the depth, with the boundaries rounded up:
+  low  = [0, ceil(n/3)),  mid = [ceil(n/3), ceil(2n/3)),  high = [ceil(2n/3), n)
+For the paper's 22-layer ModernBERT-base this gives 0-7 / 8-14 / 15-21, its own split; for MiniLM-L6
+0-1 / 2-3 / 4-5. `embeddings` is the embedding block (and with it any output projection tied to it),
+`encoder` is the embeddings, every block and the final norm: everything but the MLM head.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ablate.errors import SpecError
+from ablate.models import Family, layer_of
+from ablate.spec import parse_layer_range
+
+
+def layer_groups(n_layers: int) -> dict[str, range]:
+    a, b = math.ceil(n_layers / 3), math.ceil(2 * n_layers / 3)
+    return {"low": range(0, a), "mid": range(a, b), "high": range(b, n_layers)}
+
+
+@dataclass(frozen=True)
+class FrozenSet:
+    """What a phase freezes, resolved against a model's depth."""
+
+    layers: frozenset[int]
+    embeddings: bool
+    encoder_tail: bool
+
+    @property
+    def empty(self) -> bool:
+        return not (self.layers or self.embeddings or self.encoder_tail)
+
+    def describe(self) -> str:
+        """'emb,0-1,4-5' style; '' when nothing is frozen."""
+        parts = ["emb"] if self.embeddings else []
+        parts += [f"{a}-{b}" if a != b else str(a) for a, b in _runs(sorted(self.layers))]
+        return ",".join(parts)
+
+
+def _runs(sorted_ints: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for i in sorted_ints:
+        if out and i == out[-1][1] + 1:
+            out[-1] = (out[-1][0], i)
+        else:
+            out.append((i, i))
+    return out
+
+
+def resolve_freeze(words: tuple[str, ...], n_layers: int, key: str = "freeze") -> FrozenSet:
+    groups = layer_groups(n_layers)
+    layers: set[int] = set()
+    embeddings = tail = False
+    for word in words:
+        if word == "none":
+            continue
+        if word == "embeddings":
+            embeddings = True
+        elif word == "encoder":
+            embeddings = tail = True
+            layers.update(range(n_layers))
+        elif word in groups:
+            layers.update(groups[word])
+        else:
+            lo, hi = parse_layer_range(word)
+            if hi >= n_layers:
+                raise SpecError(f"layer range goes past the model's depth ({n_layers} layers: 0-{n_layers - 1})",
+                                key=key, value=word)
+            layers.update(range(lo, hi + 1))
+    return FrozenSet(frozenset(layers), embeddings, tail)
+
+
+def is_frozen(param_name: str, family: Family, frozen: FrozenSet) -> bool:
+    where = layer_of(param_name, family)
+    if where == "emb":
+        return frozen.embeddings
+    if where == "tail":
+        return frozen.encoder_tail
+    if where == "head":
+        return False
+    return int(where) in frozen.layers
+
+
+def apply_freeze(model: torch.nn.Module, family: Family, frozen: FrozenSet) -> list[str]:
+    """Set requires_grad for the phase; returns the names of the trainable parameters.
+
+    A parameter tied to a frozen one (MLM decoder weight = word embeddings) is the same tensor and so
+    frozen with it: named_parameters() lists each tensor once, under its first name."""
+    trainable = []
+    for name, p in model.named_parameters():
+        p.requires_grad_(not is_frozen(name, family, frozen))
+        if p.requires_grad:
+            trainable.append(name)
+    return trainable

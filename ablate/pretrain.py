@@ -1,0 +1,411 @@
+"""Continued pretraining: one explicit loop over the phases of a RunSpec.
+
+    load model + tokenizer -> token stream -> for each phase: freeze, then steps of
+    (batch by data position -> objective inputs -> forward on the encoder -> head at labelled positions
+     -> loss -> backward -> per-layer grad norms -> clip -> AdamW) ; checkpoint ; measure layers
+    -> save_pretrained
+
+Determinism: every random draw of a step (masking, dropout) is seeded from (seed, global step), and the
+batch at a step depends only on the data seed and the data position, so a run resumed from a checkpoint
+computes exactly what the uninterrupted run would have. The token stream each phase consumed is hashed
+(a chain of sha256 over the batches) so "identical data" between arms is checked, not assumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from safetensors.torch import load_model, save_model
+
+from ablate import atomic
+from ablate.data.corpus import SequenceOrder, load_token_stream
+from ablate.errors import SpecError
+from ablate.freezing import FrozenSet, apply_freeze, resolve_freeze
+from ablate.models import Family, family_of, layer_of, load_masked_lm, load_tokenizer, n_layers
+from ablate.objectives import attention_mask_for, clm_labels, mlm_inputs
+from ablate.schedule import lr_at
+from ablate.spec import PhaseSpec, RunSpec
+
+Log = Callable[[str], None]
+PhaseEndHook = Callable[[str, torch.nn.Module], list[dict]]
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    """A phase resolved against the model: concrete steps and frozen layers."""
+
+    index: int
+    spec: PhaseSpec
+    steps: int
+    frozen: FrozenSet
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def plan_phases(spec: RunSpec, depth: int) -> list[PhasePlan]:
+    """Resolve lengths and freeze masks; a phase that would train nothing is an error."""
+    plans = []
+    for i, (phase, steps) in enumerate(zip(spec.phases, spec.phase_steps())):
+        frozen = resolve_freeze(phase.freeze, depth, key=f"phases[{i}].freeze")
+        plans.append(PhasePlan(i, phase, steps, frozen))
+    return plans
+
+
+@dataclass
+class TrainState:
+    """Everything besides weights and optimizer moments that a resumed run needs."""
+
+    phase_index: int = 0
+    step_in_phase: int = 0
+    global_step: int = 0
+    data_position: int = 0          # sequences consumed so far
+    tokens_seen: int = 0
+    token_hash: str = hashlib.sha256(b"ablate-token-stream").hexdigest()
+    phase_token_hashes: dict[str, str] = field(default_factory=dict)
+    phase_tokens: dict[str, int] = field(default_factory=dict)
+    curves: list[dict] = field(default_factory=list)
+    grad_norms: list[dict] = field(default_factory=list)
+    grad_norm_sums: dict[str, float] = field(default_factory=dict)   # "phase/layer" -> sum over steps
+    layer_rows: list[dict] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    done: bool = False
+
+
+def _seed_for(*parts: int) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+def _chain_hash(previous: str, tokens: np.ndarray) -> str:
+    return hashlib.sha256(bytes.fromhex(previous) + np.ascontiguousarray(tokens, dtype=np.int32).tobytes()).hexdigest()
+
+
+def _no_decay(name: str) -> bool:
+    return name.endswith("bias") or "norm" in name.lower()
+
+
+class Optimizer:
+    """AdamW over every parameter, with the phase's frozen ones removed from its groups.
+
+    Moments are kept per parameter name across phases (a layer frozen in one phase keeps what it learned
+    before and resumes with it), and saved by name, so a checkpoint taken while a layer is frozen still
+    holds that layer's moments."""
+
+    def __init__(self, model: torch.nn.Module, spec: RunSpec, fused: bool):
+        self.named = dict(model.named_parameters())
+        o = spec.optim
+        self.decay_names = [n for n in self.named if not _no_decay(n)]
+        self.plain_names = [n for n in self.named if _no_decay(n)]
+        self.torch = torch.optim.AdamW(
+            [{"params": [self.named[n] for n in self.decay_names], "weight_decay": o.weight_decay},
+             {"params": [self.named[n] for n in self.plain_names], "weight_decay": 0.0}],
+            lr=o.lr, betas=o.betas, eps=o.eps, **({"fused": True} if fused else {}))
+
+    def set_trainable(self) -> None:
+        self.torch.param_groups[0]["params"] = [self.named[n] for n in self.decay_names if self.named[n].requires_grad]
+        self.torch.param_groups[1]["params"] = [self.named[n] for n in self.plain_names if self.named[n].requires_grad]
+
+    def trainable(self) -> list[torch.nn.Parameter]:
+        return [p for g in self.torch.param_groups for p in g["params"]]
+
+    def state_by_name(self) -> dict[str, dict[str, torch.Tensor]]:
+        by_param = self.torch.state
+        return {n: {k: v for k, v in by_param[p].items()} for n, p in self.named.items() if p in by_param}
+
+    def load_state_by_name(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        for n, moments in state.items():
+            p = self.named[n]
+            self.torch.state[p] = {k: v.to(p.device) if k != "step" else v for k, v in moments.items()}
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    pointer = ckpt_root / "LATEST"
+    if pointer.is_file():
+        candidate = ckpt_root / pointer.read_text().strip()
+        if (candidate / "state.json").is_file():
+            return candidate
+    complete = sorted(p for p in ckpt_root.glob("step-*") if (p / "state.json").is_file())
+    return complete[-1] if complete else None
+
+
+def save_checkpoint(ckpt_root: Path, model, opt: Optimizer, state: TrainState) -> Path:
+    name = f"step-{state.global_step:09d}-p{state.phase_index}"
+    tmp = ckpt_root / f".tmp-{name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_model(model, str(tmp / "model.safetensors"))
+    torch.save({"moments": opt.state_by_name()}, tmp / "optimizer.pt")
+    (tmp / "state.json").write_text(json.dumps(state.__dict__))
+    final = ckpt_root / name
+    atomic.publish_dir(tmp, final)
+    atomic.write_text(ckpt_root / "LATEST", name)
+    for old in ckpt_root.glob("step-*"):
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: Path, model, opt: Optimizer) -> TrainState:
+    """Weights via safetensors and tensors via torch.load(weights_only=True): loading runs no code."""
+    load_model(model, str(path / "model.safetensors"))
+    opt.load_state_by_name(torch.load(path / "optimizer.pt", weights_only=True)["moments"])
+    return TrainState(**json.loads((path / "state.json").read_text()))
+
+
+# ---------------------------------------------------------------- the loop
+
+@dataclass
+class Context:
+    """What the loop needs that does not change during a run."""
+
+    spec: RunSpec
+    model: torch.nn.Module
+    family: Family
+    device: torch.device
+    sequences: np.ndarray
+    doc_ids: np.ndarray
+    order: SequenceOrder
+    special_ids: torch.Tensor
+    mask_id: int
+    vocab_size: int
+    layer_params: dict[int, list[str]]   # layer (-1 = embeddings) -> parameter names
+    autocast: bool
+
+
+def pick_device(choice: str) -> torch.device:
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise SpecError("CUDA is not available on this machine", key="device", value=choice, allowed="auto, cpu")
+    return torch.device(choice)
+
+
+def _layer_params(model, family: Family) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for name, _ in model.named_parameters():
+        where = layer_of(name, family)
+        if where == "emb":
+            out.setdefault(-1, []).append(name)
+        elif where.isdigit():
+            out.setdefault(int(where), []).append(name)
+    return dict(sorted(out.items()))
+
+
+def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarray, global_step: int,
+               opt: Optimizer, lr: float) -> tuple[float, dict[int, float]]:
+    """One optimizer step over `batch` (split into micro-batches); returns (mean loss, grad norm per layer)."""
+    spec, model, family = ctx.spec, ctx.model, ctx.family
+    torch.manual_seed(_seed_for(spec.seed, global_step, 1))        # dropout
+    masking = torch.Generator().manual_seed(_seed_for(spec.seed, global_step, 2))
+    ids = torch.from_numpy(batch.astype(np.int64))
+    if phase.spec.objective == "mlm":
+        inputs, labels = mlm_inputs(ids, phase.spec.effective_mask_rate, ctx.special_ids, ctx.mask_id,
+                                    ctx.vocab_size, masking)
+    else:
+        inputs, labels = ids, clm_labels(ids, torch.from_numpy(docs.astype(np.int64)))
+    n_labels = int((labels != -100).sum())
+    if n_labels == 0:
+        raise RuntimeError(f"step {global_step}: the batch has no position with a loss")
+
+    mask_dtype = torch.bfloat16 if ctx.autocast else torch.float32
+    attn = attention_mask_for(family.model_type, model.config, phase.spec.objective, ids.shape[1], mask_dtype,
+                              ctx.device)
+    micro = spec.micro_batch_size or spec.batch_size
+    total = 0.0
+    for start in range(0, len(ids), micro):
+        x = inputs[start:start + micro].to(ctx.device, non_blocking=True)
+        y = labels[start:start + micro].to(ctx.device, non_blocking=True)
+        with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=ctx.autocast):
+            hidden = family.encoder(model)(input_ids=x, attention_mask=attn).last_hidden_state
+            where = y != -100
+            logits = family.head_logits(model, hidden[where])
+        loss = torch.nn.functional.cross_entropy(logits.float(), y[where], reduction="sum") / n_labels
+        loss.backward()
+        total += loss.item()
+
+    norms = {}
+    for layer, names in ctx.layer_params.items():
+        grads = [opt.named[n].grad for n in names if opt.named[n].grad is not None]
+        if grads:
+            norms[layer] = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+    if spec.optim.grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(opt.trainable(), spec.optim.grad_clip)
+    for group in opt.torch.param_groups:
+        group["lr"] = lr
+    opt.torch.step()
+    opt.torch.zero_grad(set_to_none=True)
+    return total, norms
+
+
+def weight_rel_change(model, base: dict[str, torch.Tensor], layer_params: dict[int, list[str]]) -> dict[int, float]:
+    """||W - W_base|| / ||W_base|| over all parameters of each layer (embeddings = -1)."""
+    params = dict(model.named_parameters())
+    out = {}
+    for layer, names in layer_params.items():
+        diff = sum(float((params[n].detach().float().cpu() - base[n]).pow(2).sum()) for n in names)
+        ref = sum(float(base[n].pow(2).sum()) for n in names)
+        out[layer] = math.sqrt(diff) / math.sqrt(ref) if ref else 0.0
+    return out
+
+
+def _fmt_time(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def setup(spec: RunSpec) -> tuple[Context, object, list[PhasePlan]]:
+    """Model, tokenizer, packed data and phase plans: everything a run needs before its first step."""
+    device = pick_device(spec.device)
+    tokenizer = load_tokenizer(spec.tokenizer or spec.model)
+    model = load_masked_lm(spec.model, spec.attn_implementation, seed=spec.seed).to(device)
+    family = family_of(model.config)
+    plans = plan_phases(spec, n_layers(model.config))
+    stream = load_token_stream(spec.data, tokenizer)
+    sequences, doc_ids = stream.packed(spec.data.seq_len)
+    special = sorted(set(tokenizer.all_special_ids))
+    ctx = Context(spec, model, family, device, sequences, doc_ids, SequenceOrder(len(sequences), spec.data.data_seed),
+                  torch.tensor(special), tokenizer.mask_token_id, model.config.vocab_size,
+                  _layer_params(model, family), autocast=device.type == "cuda")
+    return ctx, tokenizer, plans
+
+
+def pretrain(spec: RunSpec, run_dir: Path, log: Log = print, phase_end_hooks: tuple[PhaseEndHook, ...] = (),
+             progress: Callable[[dict], None] | None = None, stop_after_steps: int | None = None) -> TrainState:
+    """Run (or resume) the phases of `spec` in `run_dir`; the final model lands in run_dir/model.
+
+    stop_after_steps ends the call after that many optimizer steps of this call (a checkpoint is written
+    first): how tests and the launcher simulate a preemption at a known point."""
+    run_dir = Path(run_dir)
+    ckpt_root = run_dir / "checkpoints"
+    ctx, tokenizer, plans = setup(spec)
+    model, family, layer_params, sequences = ctx.model, ctx.family, ctx.layer_params, ctx.sequences
+    doc_ids = ctx.doc_ids
+    for p in plans:
+        log(f"phase {p.name}: {p.spec.objective}, {p.steps} steps, frozen: {p.frozen.describe() or 'nothing'}")
+    params = dict(model.named_parameters())
+    base = {n: params[n].detach().float().cpu().clone() for names in layer_params.values() for n in names}
+    opt = Optimizer(model, spec, fused=ctx.device.type == "cuda")
+
+    state = TrainState()
+    found = latest_checkpoint(ckpt_root)
+    if found is not None:
+        state = load_checkpoint(found, model, opt)
+        log(f"resumed from {found.name}: phase {state.phase_index}, step {state.global_step}, "
+            f"{state.tokens_seen} tokens seen")
+    total_steps = sum(p.steps for p in plans)
+    model.train()
+    steps_this_call = 0
+    started = time.perf_counter() - state.elapsed_s
+
+    while state.phase_index < len(plans) and not state.done:
+        plan = plans[state.phase_index]
+        trainable = apply_freeze(model, family, plan.frozen)
+        if not trainable:
+            raise SpecError("the freeze mask leaves nothing to train", key=f"phases[{plan.index}].freeze",
+                            value=",".join(plan.spec.freeze))
+        opt.set_trainable()
+        peak = plan.spec.lr.peak_lr or spec.optim.lr
+        phase_hash = state.phase_token_hashes.get(plan.name, hashlib.sha256(plan.name.encode()).hexdigest())
+        window_start, window_tokens = time.perf_counter(), 0
+
+        while state.step_in_phase < plan.steps:
+            lr = lr_at(plan.spec.lr, peak, state.step_in_phase, plan.steps)
+            idx = ctx.order.take(state.data_position, spec.batch_size)
+            batch, docs = sequences[idx], doc_ids[idx]
+            loss, norms = train_step(ctx, plan, batch, docs, state.global_step, opt, lr)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss is {loss} at step {state.global_step} (phase {plan.name})")
+
+            state.token_hash = _chain_hash(state.token_hash, batch)
+            phase_hash = _chain_hash(phase_hash, batch)
+            state.phase_token_hashes[plan.name] = phase_hash
+            state.phase_tokens[plan.name] = state.phase_tokens.get(plan.name, 0) + batch.size
+            state.data_position += spec.batch_size
+            state.tokens_seen += batch.size
+            state.global_step += 1
+            state.step_in_phase += 1
+            steps_this_call += 1
+            window_tokens += batch.size
+            state.curves.append({"phase": plan.name, "step": state.global_step, "tokens": state.tokens_seen,
+                                 "loss": loss, "lr": lr})
+            for layer, value in norms.items():
+                key = f"{plan.name}/{layer}"
+                state.grad_norm_sums[key] = state.grad_norm_sums.get(key, 0.0) + value
+            last_of_phase = state.step_in_phase == plan.steps
+            if state.global_step % spec.log_every == 0 or last_of_phase:
+                state.grad_norms += [{"phase": plan.name, "step": state.global_step, "layer": layer,
+                                      "grad_norm": value} for layer, value in norms.items()]
+                elapsed = time.perf_counter() - window_start
+                tps = window_tokens / elapsed if elapsed > 0 else 0.0
+                remaining = (total_steps - state.global_step) * spec.tokens_per_step / tps if tps else 0.0
+                log(f"{plan.name} {state.step_in_phase}/{plan.steps} | step {state.global_step}/{total_steps} "
+                    f"| loss {loss:.4f} | lr {lr:.2e} | {tps:,.0f} tok/s | ETA {_fmt_time(remaining)}")
+                if progress:
+                    progress({"phase": plan.name, "step": state.global_step, "total_steps": total_steps,
+                              "loss": loss, "tokens_per_s": tps, "eta_s": remaining})
+                window_start, window_tokens = time.perf_counter(), 0
+
+            if last_of_phase:
+                _finish_phase(state, plan, model, base, layer_params, phase_end_hooks)
+            state.elapsed_s = time.perf_counter() - started
+            stopping = stop_after_steps is not None and steps_this_call >= stop_after_steps
+            if last_of_phase or state.global_step % spec.checkpoint_every == 0 or stopping:
+                save_checkpoint(ckpt_root, model, opt, state)
+            if stopping:
+                log(f"stopping after {steps_this_call} steps (checkpoint at step {state.global_step})")
+                return state
+            if last_of_phase:
+                break
+
+    if not state.done:
+        state.done = True
+        state.elapsed_s = time.perf_counter() - started
+        save_final_model(model, tokenizer, run_dir / "model")
+        save_checkpoint(ckpt_root, model, opt, state)
+    elif not (run_dir / "model" / "config.json").is_file():
+        save_final_model(model, tokenizer, run_dir / "model")
+    return state
+
+
+def _finish_phase(state: TrainState, plan: PhasePlan, model, base, layer_params, hooks) -> None:
+    """Measures at the end of a phase, then move the state to the next phase."""
+    for layer, value in weight_rel_change(model, base, layer_params).items():
+        state.layer_rows.append({"phase": plan.name, "layer": layer, "measure": "weight_rel_change", "value": value})
+    for layer in layer_params:
+        total = state.grad_norm_sums.get(f"{plan.name}/{layer}")
+        if total is not None:
+            state.layer_rows.append({"phase": plan.name, "layer": layer, "measure": "grad_norm",
+                                     "value": total / plan.steps})
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for hook in hooks:
+            state.layer_rows += [{"phase": plan.name, **row} for row in hook(plan.name, model)]
+    model.train(was_training)
+    state.phase_index += 1
+    state.step_in_phase = 0
+
+
+def save_final_model(model, tokenizer, out: Path) -> None:
+    """An ordinary *ForMaskedLM folder (safetensors) that AutoModelForMaskedLM loads directly."""
+    tmp = out.with_name(f".tmp-{out.name}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    atomic.publish_dir(tmp, out)

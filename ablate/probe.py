@@ -1,0 +1,304 @@
+"""Per-layer measures: how far continued pretraining moved each layer of an encoder.
+
+- representations: mean-pooled (non-pad tokens) hidden states of the embeddings output and of each block,
+  on a fixed set of held-out texts, in float64;
+- linear CKA between two models' representations of the same texts, per layer;
+- relative weight change and gradient norms per layer group;
+- the paper's ratio (1 - CKA(arm, MLM seed a)) / (1 - CKA(MLM seed b, MLM seed a)) across runs of a sweep.
+
+Layer indices follow the `layers` table: -1 is the embeddings output, 0..n-1 the blocks. Weight groups are
+named "embeddings", "0", "1", ...; parameters outside them (MLM head, BERT pooler, ModernBERT final_norm)
+belong to no group.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ablate.errors import SpecError
+
+EMBEDDINGS = "embeddings"
+
+# Optional architecture prefix (present in *ForMaskedLM names, absent in bare encoders), then the group.
+_LAYER_PATTERNS = {
+    "bert": re.compile(r"^(?:bert\.)?(?:(embeddings)\.|encoder\.layer\.(\d+)\.)"),
+    "modernbert": re.compile(r"^(?:model\.)?(?:(embeddings)\.|layers\.(\d+)\.)"),
+}
+
+
+def layer_of(param_name: str, model_type: str) -> str | None:
+    """The layer group of a parameter: "embeddings", "0", "1", ..., or None (head, pooler, final norm)."""
+    try:
+        pattern = _LAYER_PATTERNS[model_type]
+    except KeyError:
+        raise SpecError("unsupported model type for per-layer measures", key="model_type",
+                        value=model_type, allowed=", ".join(sorted(_LAYER_PATTERNS))) from None
+    m = pattern.match(param_name)
+    if m is None:
+        return None
+    return EMBEDDINGS if m.group(1) else m.group(2)
+
+
+def group_sort_key(group: str) -> int:
+    """Order groups as the `layers` table does: embeddings (-1) first, then blocks by index."""
+    return -1 if group == EMBEDDINGS else int(group)
+
+
+# --- CKA -------------------------------------------------------------------------------------------------
+
+def linear_cka(x, y) -> float:
+    """Linear CKA (Kornblith et al. 2019) between two (n, d) feature matrices of the same n examples.
+
+    Features are mean-centred and everything is computed in float64: in single precision the products
+    underflow/lose digits on the near-identical representations of deep layers.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.ndim != 2 or y.ndim != 2 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"linear_cka needs two (n, d) matrices with the same n, got {x.shape} and {y.shape}")
+    x = x - x.mean(axis=0, keepdims=True)
+    y = y - y.mean(axis=0, keepdims=True)
+    n = x.shape[0]
+    if n < max(x.shape[1], y.shape[1]):
+        # Same quantity through the n x n Gram matrices: ||Y^T X||_F^2 = <XX^T, YY^T>_F; cheaper when d > n.
+        kx, ky = x @ x.T, y @ y.T
+        cross, nx, ny = np.vdot(kx, ky), np.linalg.norm(kx), np.linalg.norm(ky)
+    else:
+        cross = np.linalg.norm(y.T @ x) ** 2
+        nx, ny = np.linalg.norm(x.T @ x), np.linalg.norm(y.T @ y)
+    if nx == 0.0 or ny == 0.0:
+        return float("nan")  # a constant representation has no similarity structure
+    return float(cross / (nx * ny))
+
+
+def cka_vs_reference(reps_a: Sequence[np.ndarray], reps_b: Sequence[np.ndarray]) -> list[float]:
+    """Linear CKA per layer between two models' representations of the same texts."""
+    if len(reps_a) != len(reps_b):
+        raise ValueError(f"different numbers of layers: {len(reps_a)} vs {len(reps_b)}")
+    return [linear_cka(a, b) for a, b in zip(reps_a, reps_b)]
+
+
+# --- representations -------------------------------------------------------------------------------------
+
+def probe_texts(valid_texts: Sequence[str], n: int, seed: int) -> list[str]:
+    """A fixed set of `n` held-out texts (all of them if fewer), chosen by `seed`, in corpus order."""
+    candidates = [t for t in valid_texts if t and t.strip()]
+    if n >= len(candidates):
+        return candidates
+    idx = np.sort(np.random.default_rng(seed).choice(len(candidates), size=n, replace=False))
+    return [candidates[i] for i in idx]
+
+
+def _encoder(model):
+    # *ForMaskedLM -> its bare encoder (bert / model); a bare encoder is its own base_model.
+    return getattr(model, "base_model", model)
+
+
+def layer_representations(model, input_ids_batches, attention_masks) -> list[np.ndarray]:
+    """Mean-pooled hidden states over non-pad tokens: [embeddings output, block 0, ...], each (n, d) float64.
+
+    Runs the bare encoder in eval mode without gradients (bidirectional attention, as the model ships).
+    """
+    import torch
+
+    encoder = _encoder(model)
+    was_training = encoder.training
+    encoder.eval()
+    device = next(encoder.parameters()).device
+    pooled: list[list[np.ndarray]] | None = None
+    try:
+        with torch.no_grad():
+            for ids, mask in zip(input_ids_batches, attention_masks, strict=True):
+                ids, mask = torch.as_tensor(ids).to(device), torch.as_tensor(mask).to(device)
+                out = encoder(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+                m = mask.to(torch.float64).unsqueeze(-1)
+                count = m.sum(dim=1).clamp_min(1.0)
+                per_layer = [((h.to(torch.float64) * m).sum(dim=1) / count).cpu().numpy()
+                             for h in out.hidden_states]
+                if pooled is None:
+                    pooled = [[] for _ in per_layer]
+                for acc, p in zip(pooled, per_layer):
+                    acc.append(p)
+    finally:
+        encoder.train(was_training)
+    if pooled is None:
+        raise ValueError("layer_representations got no batches")
+    return [np.concatenate(acc, axis=0) for acc in pooled]
+
+
+def representations_for(model, tokenizer, texts: Sequence[str], max_length: int = 128,
+                        batch_size: int = 32) -> list[np.ndarray]:
+    """Tokenize `texts` (truncated to max_length) and return their per-layer mean-pooled representations."""
+    if not texts:
+        raise ValueError("representations_for needs at least one text")
+    ids, masks = [], []
+    for start in range(0, len(texts), batch_size):
+        enc = tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
+                        max_length=max_length, return_tensors="pt")
+        ids.append(enc["input_ids"])
+        masks.append(enc["attention_mask"])
+    return layer_representations(model, ids, masks)
+
+
+# --- weights and gradients -------------------------------------------------------------------------------
+
+def _grouped_parameters(model) -> dict[str, dict[str, object]]:
+    """{group: {name without architecture prefix: parameter}} for the bare encoder of `model`."""
+    encoder = _encoder(model)
+    model_type = encoder.config.model_type
+    groups: dict[str, dict[str, object]] = {}
+    for name, p in encoder.named_parameters():
+        g = layer_of(name, model_type)
+        if g is not None:
+            groups.setdefault(g, {})[name] = p
+    return dict(sorted(groups.items(), key=lambda kv: group_sort_key(kv[0])))
+
+
+def weight_relative_change(model_after, model_base) -> dict[str, float]:
+    """||W_after - W_base|| / ||W_base|| per layer group, Frobenius norms over all the group's parameters."""
+    import torch
+
+    after, base = _grouped_parameters(model_after), _grouped_parameters(model_base)
+    if after.keys() != base.keys():
+        raise ValueError(f"models have different layer groups: {list(after)} vs {list(base)}")
+    out = {}
+    with torch.no_grad():
+        for g, params in after.items():
+            if params.keys() != base[g].keys():
+                raise ValueError(f"layer group {g} has different parameters in the two models")
+            diff_sq = base_sq = 0.0
+            for name, p in params.items():
+                w_after = p.detach().to("cpu", torch.float64)
+                w_base = base[g][name].detach().to("cpu", torch.float64)
+                diff_sq += float(((w_after - w_base) ** 2).sum())
+                base_sq += float((w_base ** 2).sum())
+            out[g] = float(np.sqrt(diff_sq) / np.sqrt(base_sq)) if base_sq > 0 else float("nan")
+    return out
+
+
+def layer_grad_norms(model) -> dict[str, float]:
+    """L2 norm of the current gradients per layer group (after backward, before the optimizer step).
+
+    Groups whose parameters have no gradient (frozen, or not reached) are left out.
+    """
+    import torch
+
+    out = {}
+    with torch.no_grad():
+        for g, params in _grouped_parameters(model).items():
+            grads = [p.grad for p in params.values() if p.grad is not None]
+            if grads:
+                out[g] = float(np.sqrt(sum(float((gr.detach().to(torch.float64) ** 2).sum()) for gr in grads)))
+    return out
+
+
+# --- the paper's ratio across runs -----------------------------------------------------------------------
+
+RATIO_MEASURE = "cka_ratio_vs_mlm"
+
+
+def _load_for_probe(model_dir: str, tokenizer=None):
+    from transformers import AutoModel, AutoTokenizer
+
+    model = AutoModel.from_pretrained(model_dir, dtype="float32")
+    if tokenizer is None:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        except (OSError, ValueError) as e:
+            raise SpecError("no tokenizer in the run's model folder; pass one", key="model_dir",
+                            value=model_dir) from e
+    return model, tokenizer
+
+
+def cka_ratio(runs, texts: Sequence[str], *, baseline_schedule: str = "mlm", match: Sequence[str] = ("model",),
+              reps: Mapping[str, Sequence[np.ndarray]] | None = None, tokenizer=None,
+              max_length: int = 128, batch_size: int = 32):
+    """Rows (run_id, phase="final", layer, measure="cka_ratio_vs_mlm", value) for every arm of a sweep.
+
+    value = (1 - CKA(arm, MLM seed a)) / mean_b (1 - CKA(MLM seed b, MLM seed a)) per layer: how far the
+    arm moved a layer relative to seed-to-seed noise of the MLM baseline. The baseline runs are the done
+    runs with schedule == `baseline_schedule` and freeze == "none" that agree with the arm on the `match`
+    columns; seed a is the baseline sharing the arm's seed (its twin on the same token stream) when there
+    is one, else the lowest baseline seed; b ranges over the other baseline seeds. Arms without at least
+    two such baseline seeds get no rows. Every other done run with a model folder is an arm.
+
+    Representations come from `reps` (run_id -> per-layer arrays on `texts`) when given, else from the
+    run's `model_dir` (its own tokenizer unless `tokenizer` is passed); each model is encoded once.
+    """
+    import pandas as pd
+
+    columns = ["run_id", "phase", "layer", "measure", "value"]
+    runs = runs[runs["status"] == "done"] if "status" in runs.columns else runs
+    match = [c for c in match if c in runs.columns]
+    is_base = (runs["schedule"] == baseline_schedule) & (runs["freeze"] == "none")
+    cache: dict[str, list[np.ndarray]] = {k: list(v) for k, v in (reps or {}).items()}
+
+    def reps_of(row) -> list[np.ndarray]:
+        if row.run_id not in cache:
+            model_dir = getattr(row, "model_dir", "") or ""
+            if not model_dir or not Path(model_dir).exists():
+                raise SpecError("run has no saved model folder for cross-run CKA", key=f"runs.{row.run_id}",
+                                value=model_dir or None)
+            model, tok = _load_for_probe(model_dir, tokenizer)
+            cache[row.run_id] = representations_for(model, tok, texts, max_length, batch_size)
+        return cache[row.run_id]
+
+    pair_cka: dict[tuple[str, str], list[float]] = {}
+
+    def cka_between(r1, r2) -> np.ndarray:
+        key = tuple(sorted((r1.run_id, r2.run_id)))
+        if key not in pair_cka:
+            pair_cka[key] = cka_vs_reference(reps_of(r1), reps_of(r2))
+        return np.asarray(pair_cka[key])
+
+    rows = []
+    for arm in runs[~is_base].itertuples(index=False):
+        if not (getattr(arm, "model_dir", "") or arm.run_id in cache):
+            continue
+        same = is_base.copy()
+        for c in match:
+            same &= runs[c] == getattr(arm, c)
+        bases = runs[same].sort_values("seed").drop_duplicates("seed")
+        if len(bases) < 2:
+            continue
+        twins = bases[bases["seed"] == arm.seed]
+        a = next((twins if len(twins) else bases).itertuples(index=False))
+        others = [b for b in bases.itertuples(index=False) if b.run_id != a.run_id]
+        noise = np.mean([1.0 - cka_between(b, a) for b in others], axis=0)
+        moved = 1.0 - cka_between(arm, a)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = moved / noise
+        rows += [(arm.run_id, "final", layer - 1, RATIO_MEASURE, float(v)) for layer, v in enumerate(ratio)]
+    return pd.DataFrame(rows, columns=columns)
+
+
+# --- during pretraining ----------------------------------------------------------------------------------
+
+def cka_vs_base_hook(spec):
+    """A phase-end hook for the training loop: per-layer linear CKA between the model now and the base model
+    on `spec.probe.n_texts` held-out texts (data.valid_corpus), chosen by `spec.probe.seed`.
+
+    The base representations are computed once, from a fresh load of the base model (same seed, so the
+    same weights the run started from, also when the run resumes from a checkpoint)."""
+    from ablate.data.corpus import read_documents
+    from ablate.models import load_masked_lm, load_tokenizer
+
+    if spec.data.valid_corpus is None:
+        raise SpecError("layer probes need held-out texts", key="data.valid_corpus",
+                        allowed="a corpus path, or probe.n_texts: 0")
+    texts = probe_texts(read_documents(spec.data, "valid_corpus"), spec.probe.n_texts, spec.probe.seed)
+    tokenizer = load_tokenizer(spec.tokenizer or spec.model)
+    base = load_masked_lm(spec.model, spec.attn_implementation, seed=spec.seed)
+    base_reps = representations_for(base, tokenizer, texts, spec.probe.max_length)
+    del base
+
+    def hook(phase: str, model) -> list[dict]:
+        reps = representations_for(model, tokenizer, texts, spec.probe.max_length)
+        return [{"layer": i - 1, "measure": "cka_vs_base", "value": v}
+                for i, v in enumerate(cka_vs_reference(reps, base_reps))]
+
+    return hook

@@ -1,0 +1,241 @@
+"""RunSpec: the one currency between modules.
+
+A RunSpec says everything a run does: which model and data, which phases with which objective, length,
+learning-rate schedule and freeze mask. It is validated on load (unknown keys, bad values and missing
+pieces are errors that name the file and key path) and it is immutable. Its id is a short hash of the
+fields that change what is trained, so the same spec always maps to the same run folder, and labels or
+evaluation settings can change without re-training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ablate.errors import SpecError
+
+FREEZE_WORDS = ("none", "embeddings", "low", "mid", "high", "encoder")
+FREEZE_ALLOWED = "none, embeddings, low, mid, high, encoder, or a layer range like 0-7 or 3"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LRSchedule(Strict):
+    """Per-phase LR multiplier shape. The scheduler restarts at each phase; the optimizer state does not."""
+
+    peak_lr: float | None = Field(default=None, gt=0, description="defaults to optim.lr")
+    warmup_steps: int = Field(default=0, ge=0)
+    warmup_fraction: float = Field(default=0.0, ge=0, lt=1, description="of the phase's steps")
+    decay: Literal["constant", "linear", "1-sqrt", "cosine"] = "constant"
+    final_fraction: float = Field(default=0.0, ge=0, le=1, description="LR at the end, as a fraction of peak")
+
+    @model_validator(mode="after")
+    def _one_warmup(self):
+        if self.warmup_steps and self.warmup_fraction:
+            raise ValueError("give warmup_steps or warmup_fraction, not both")
+        return self
+
+
+class PhaseSpec(Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    objective: Literal["mlm", "clm"]
+    mask_rate: float | None = Field(default=None, description="MLM only; default 0.15")
+    steps: int | None = Field(default=None, gt=0)
+    tokens: int | None = Field(default=None, gt=0)
+    fraction: float | None = Field(default=None, gt=0, le=1, description="of the run's budget_tokens")
+    lr: LRSchedule = LRSchedule()
+    freeze: tuple[str, ...] = ("none",)
+
+    @field_validator("freeze", mode="before")
+    @classmethod
+    def _freeze_list(cls, v):
+        if isinstance(v, (str, int)):
+            v = [v]
+        return tuple(str(x).strip() for x in v)
+
+    @field_validator("freeze")
+    @classmethod
+    def _freeze_words(cls, v):
+        for item in v:
+            if item not in FREEZE_WORDS and parse_layer_range(item) is None:
+                raise ValueError(f"unknown freeze group {item!r}; allowed: {FREEZE_ALLOWED}")
+        if "none" in v and len(v) > 1:
+            raise ValueError("'none' cannot be combined with other freeze groups")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self):
+        given = [k for k in ("steps", "tokens", "fraction") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"a phase needs exactly one length: steps, tokens or fraction (got {given or 'none'})")
+        if self.objective == "clm" and self.mask_rate is not None:
+            raise ValueError("mask_rate applies to mlm phases only")
+        if self.mask_rate is not None and not 0 < self.mask_rate < 1:
+            raise ValueError(f"mask_rate must be in (0, 1), got {self.mask_rate}")
+        return self
+
+    @property
+    def effective_mask_rate(self) -> float:
+        return 0.15 if self.mask_rate is None else self.mask_rate
+
+
+class DataSpec(Strict):
+    corpus: str = Field(description="path under the data root (or absolute), or hf:NAME for a datasets dataset")
+    format: Literal["auto", "text", "jsonl", "parquet", "hf"] = "auto"
+    text_field: str = "text"
+    valid_corpus: str | None = Field(default=None, description="held-out texts for layer probes")
+    max_documents: int | None = Field(default=None, gt=0, description="use only the first N documents")
+    seq_len: int = Field(default=128, ge=8)
+    data_seed: int = 42
+    data_root: str | None = Field(default=None, description="overrides ABLATE_DATA_ROOT")
+
+
+class OptimSpec(Strict):
+    lr: float = Field(default=2e-4, gt=0)
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = Field(default=1e-6, gt=0)
+    weight_decay: float = Field(default=1e-5, ge=0)
+    grad_clip: float | None = Field(default=1.0, gt=0)
+
+
+class ProbeSpec(Strict):
+    """Per-layer CKA against the base model at the end of each phase (off when n_texts is 0)."""
+
+    n_texts: int = Field(default=0, ge=0)
+    max_length: int = Field(default=128, ge=8)
+    seed: int = 0
+
+
+class EvalSpec(Strict):
+    tasks: tuple[str, ...] = ()
+    seeds: tuple[int, ...] = (0,)
+    finetune: dict[str, Any] = Field(default_factory=dict, description="overrides of the tasks' fine-tuning defaults")
+
+
+class RunSpec(Strict):
+    model: str = Field(description="package:MODULE, a local folder, hub:ORG/NAME (or ORG/NAME), or config:NAME|PATH "
+                                   "for a random init")
+    tokenizer: str | None = Field(default=None, description="same forms as model; defaults to the model's")
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    data: DataSpec
+    batch_size: int = Field(default=16, gt=0, description="sequences per optimizer step")
+    micro_batch_size: int | None = Field(default=None, gt=0, description="for gradient accumulation")
+    seed: int = 17
+    budget_tokens: int | None = Field(default=None, gt=0, description="what phase fractions are fractions of")
+    phases: tuple[PhaseSpec, ...]
+    optim: OptimSpec = OptimSpec()
+    checkpoint_every: int = Field(default=50, gt=0, description="optimizer steps")
+    log_every: int = Field(default=10, gt=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    probe: ProbeSpec = ProbeSpec()
+    eval: EvalSpec = EvalSpec()
+    labels: dict[str, Any] = Field(default_factory=dict, description="names that do not change training "
+                                                                     "(sweep, axis values)")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if not self.phases:
+            raise ValueError("phases: at least one phase is needed")
+        names = [p.name for p in self.phases]
+        if len(set(names)) != len(names):
+            raise ValueError(f"phase names must be unique, got {names}")
+        if any(p.fraction is not None for p in self.phases) and self.budget_tokens is None:
+            raise ValueError("a phase length given as a fraction needs budget_tokens")
+        mb = self.micro_batch_size
+        if mb is not None and self.batch_size % mb:
+            raise ValueError(f"batch_size {self.batch_size} is not a multiple of micro_batch_size {mb}")
+        return self
+
+    # Fields that do not change what is trained; they are left out of the run id.
+    NON_TRAINING_FIELDS: ClassVar[tuple[str, ...]] = ("labels", "eval", "probe", "log_every", "checkpoint_every", "device")
+
+    @property
+    def run_id(self) -> str:
+        content = self.model_dump(mode="json", exclude=set(self.NON_TRAINING_FIELDS))
+        blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.data.seq_len
+
+    def phase_steps(self) -> list[int]:
+        """Each phase's length in optimizer steps (a token count rounds up to whole steps)."""
+        out = []
+        for p in self.phases:
+            if p.steps is not None:
+                out.append(p.steps)
+            else:
+                tokens = p.tokens if p.tokens is not None else p.fraction * self.budget_tokens
+                out.append(max(1, math.ceil(tokens / self.tokens_per_step)))
+        return out
+
+
+def parse_layer_range(text: str) -> tuple[int, int] | None:
+    """'0-7' -> (0, 7); '3' -> (3, 3); anything else -> None. Inclusive bounds."""
+    parts = text.split("-")
+    if len(parts) == 1 and parts[0].isdigit():
+        return int(parts[0]), int(parts[0])
+    if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit() and int(parts[0]) <= int(parts[1]):
+        return int(parts[0]), int(parts[1])
+    return None
+
+
+def format_loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def spec_error_from(exc: ValidationError, file: str | None, prefix: str = "") -> SpecError:
+    """The first validation problem, located as file + key path (all problems listed in the message)."""
+    problems = []
+    for err in exc.errors():
+        loc = format_loc(tuple(p for p in err["loc"] if p not in ("function-after",)))
+        key = ".".join(p for p in (prefix, loc) if p)
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        problems.append((key, msg, err.get("input")))
+    key, msg, value = problems[0]
+    if len(problems) > 1:
+        msg += "".join(f"\n  also {k or '(top level)'}: {m}" for k, m, _ in problems[1:])
+    shown = value if isinstance(value, (str, int, float, bool)) else None
+    return SpecError(msg, file=file, key=key or "(top level)", value=shown)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Safe YAML only: tags that construct Python objects are refused."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError("file not found", file=str(path))
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"not valid YAML: {exc}", file=str(path)) from None
+
+
+def parse_run_spec(data: Any, file: str | None = None, prefix: str = "") -> RunSpec:
+    if not isinstance(data, dict):
+        raise SpecError("a run spec must be a mapping", file=file, key=prefix or None)
+    try:
+        return RunSpec.model_validate(data)
+    except ValidationError as exc:
+        raise spec_error_from(exc, file, prefix) from None
+
+
+def load_run_spec(path: str | Path) -> RunSpec:
+    return parse_run_spec(read_yaml(path), file=str(path))
+
+
+def dump_run_spec(spec: RunSpec) -> dict:
+    return spec.model_dump(mode="json")

@@ -1,0 +1,129 @@
+"""Execute one run folder: lock it, pretrain (resuming if a checkpoint exists), measure, evaluate, record.
+
+This is what `ablate run` calls in-process and what every submitit job calls on a cluster node. Its only
+input is the run folder, whose spec.json the sweep wrote before submitting.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import transformers
+
+from ablate import __version__, records
+from ablate.pretrain import TrainState, plan_phases, pretrain
+from ablate.spec import RunSpec, dump_run_spec
+
+
+class AlreadyRunning(RuntimeError):
+    pass
+
+
+def prepare_run_dir(spec: RunSpec, run_dir: Path) -> Path:
+    """Write spec.json (and a pending status) unless the folder already holds this very run."""
+    run_dir = Path(run_dir)
+    spec_file = run_dir / "spec.json"
+    if spec_file.is_file():
+        existing = records.read_json(spec_file)
+        if RunSpec.model_validate(existing).run_id != spec.run_id:
+            raise RuntimeError(f"{run_dir} holds another run ({existing.get('labels')}); refusing to mix results")
+        if existing != dump_run_spec(spec):
+            records.atomic.write_json(spec_file, dump_run_spec(spec))  # labels or evaluation settings changed
+    else:
+        records.atomic.write_json(spec_file, dump_run_spec(spec))
+    return run_dir
+
+
+def load_spec(run_dir: Path) -> RunSpec:
+    return RunSpec.model_validate(records.read_json(Path(run_dir) / "spec.json"))
+
+
+def _logger(run_dir: Path):
+    log_file = open(Path(run_dir) / "log.txt", "a", buffering=1)
+    run_id = Path(run_dir).name
+
+    def log(message: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')} {run_id}] {message}"
+        print(line, flush=True)
+        log_file.write(line + "\n")
+
+    return log, log_file
+
+
+def _probe_hooks(spec: RunSpec):
+    if spec.probe.n_texts <= 0:
+        return ()
+    from ablate.probe import cka_vs_base_hook
+
+    return (cka_vs_base_hook(spec),)
+
+
+def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: float) -> dict:
+    from ablate.models import load_config, n_layers
+
+    depth = n_layers(load_config(spec.model))
+    frozen = ";".join(f"{p.name}:{p.frozen.describe()}" for p in plan_phases(spec, depth) if not p.frozen.empty)
+    return {
+        "token_hash": state.token_hash,
+        "tokens_seen": state.tokens_seen,
+        "phase_token_hashes": state.phase_token_hashes,
+        "phase_tokens": state.phase_tokens,
+        "steps": state.global_step,
+        "train_time_s": round(state.elapsed_s, 3),
+        "wall_time_s": round(wall_time, 3),
+        "n_layers": depth,
+        "frozen": frozen,
+        "model_dir": str((Path(run_dir) / "model").resolve()),
+        "versions": json.dumps({"ablate": __version__, "torch": torch.__version__,
+                                "transformers": transformers.__version__, "python": platform.python_version()}),
+    }
+
+
+def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
+    """Run (or resume, or finish) the run in `run_dir`; returns its final state."""
+    run_dir = Path(run_dir)
+    lock = records.RunLock(run_dir)
+    if not lock.acquire():
+        raise AlreadyRunning(f"{run_dir.name} is already running elsewhere ({lock.path.read_text().strip()})")
+    log, log_file = _logger(run_dir)
+    try:
+        if records.read_status(run_dir).get("state") == "done":
+            log("already done")
+            return "done"
+        spec = load_spec(run_dir)
+        attempt = int(records.read_status(run_dir).get("attempts", 0)) + 1
+        records.write_status(run_dir, "running", attempts=attempt, started=time.time(),
+                             host=platform.node(), pid=__import__("os").getpid())
+        started = time.perf_counter()
+        try:
+            state = pretrain(spec, run_dir, log=log, phase_end_hooks=_probe_hooks(spec),
+                             progress=lambda p: records.atomic.write_json(run_dir / "progress.json", p),
+                             stop_after_steps=stop_after_steps)
+            if not state.done:
+                records.write_status(run_dir, "interrupted")
+                return "interrupted"
+            wall = time.perf_counter() - started
+            records.write_records(run_dir, _run_record(spec, state, run_dir, wall), state.curves,
+                                  state.grad_norms, state.layer_rows)
+            if spec.eval.tasks:
+                from ablate.evaluate import evaluate_run
+
+                evaluate_run(run_dir, spec, log=log)
+            records.write_status(run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3))
+            log(f"done: {state.tokens_seen} tokens, token hash {state.token_hash[:16]}")
+            return "done"
+        except (KeyboardInterrupt, SystemExit):
+            records.write_status(run_dir, "interrupted")
+            raise
+        except BaseException as exc:
+            records.write_status(run_dir, "failed", error=traceback.format_exc()[-4000:])
+            log(f"failed: {type(exc).__name__}: {exc}")
+            raise
+    finally:
+        log_file.close()
+        lock.release()
