@@ -140,13 +140,18 @@ class RunSpec(Strict):
     labels: dict[str, Any] = Field(default_factory=dict, description="names that do not change training "
                                                                      "(sweep, axis values)")
 
-    @model_validator(mode="after")
-    def _check(self):
-        if not self.phases:
-            raise ValueError("phases: at least one phase is needed")
-        names = [p.name for p in self.phases]
+    @field_validator("phases")
+    @classmethod
+    def _phase_list(cls, phases):
+        if not phases:
+            raise ValueError("at least one phase is needed")
+        names = [p.name for p in phases]
         if len(set(names)) != len(names):
             raise ValueError(f"phase names must be unique, got {names}")
+        return phases
+
+    @model_validator(mode="after")
+    def _check(self):
         if any(p.fraction is not None for p in self.phases) and self.budget_tokens is None:
             raise ValueError("a phase length given as a fraction needs budget_tokens")
         mb = self.micro_batch_size

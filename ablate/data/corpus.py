@@ -114,7 +114,9 @@ def tokenizer_fingerprint(tokenizer) -> str:
     h = hashlib.sha256(type(tokenizer).__name__.encode())
     backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
     if backend is not None:
-        h.update(backend.to_str().encode())
+        # truncation/padding are call-time settings the tokenizer object records on itself: not identity
+        rules = {k: v for k, v in json.loads(backend.to_str()).items() if k not in ("truncation", "padding")}
+        h.update(json.dumps(rules, sort_keys=True).encode())
     else:
         h.update(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode())
     return h.hexdigest()
