@@ -125,6 +125,48 @@ def cmd_collect(args) -> int:
     return 0
 
 
+def cmd_evaluate(args) -> int:
+    from ablate import evaluate
+
+    overrides = _key_values(args.set, "--set")
+    seeds = tuple(args.seeds) if args.seeds else None
+    sweep_dir = _sweep_dir(args.sweep, args.results)
+    if args.base:
+        folder = evaluate.evaluate_base(sweep_dir, args.base, tuple(args.task), seeds or (0,), overrides)
+        print(f"base model scores in {folder / 'scores'}")
+    if not args.base_only:
+        counts = evaluate.evaluate_sweep(sweep_dir, tuple(args.task), seeds, overrides)
+        print(f"evaluated {counts['evaluated']} finished runs; {counts['not done']} not finished (skipped)")
+    return cmd_collect(args)
+
+
+def _key_values(pairs: list[str] | None, flag: str) -> dict:
+    import yaml
+
+    out = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise SpecError("expected KEY=VALUE", key=flag, value=pair)
+        key, value = pair.split("=", 1)
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def cmd_report(args) -> int:
+    from ablate import report
+
+    if args.figure is None:
+        print("figures: " + ", ".join(report.FIGURES))
+        return 0
+    sweep_dir = _sweep_dir(args.sweep, args.results) if args.sweep or not args.figure == "tune" else None
+    paths = report.make_figure(args.figure, sweep_dir, args.out, **_key_values(args.set, "--set"))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    if args.figure == "deltas":
+        print(report.score_summary(report.load_sweep(sweep_dir)).to_string(index=False))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ablate", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -154,6 +196,24 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("sweep", nargs="?")
     c.add_argument("--results")
     c.set_defaults(func=cmd_collect)
+
+    e = sub.add_parser("evaluate", help="fine-tune finished runs (and optionally the base model) on tasks")
+    e.add_argument("sweep", nargs="?")
+    e.add_argument("--task", action="append", required=True, help="task name in grids/tasks (repeatable)")
+    e.add_argument("--seeds", type=int, nargs="+", help="fine-tuning seeds (default: each run's eval seeds)")
+    e.add_argument("--set", action="append", metavar="KEY=VALUE", help="fine-tuning setting override")
+    e.add_argument("--base", metavar="MODEL", help="also evaluate this base model as the reference")
+    e.add_argument("--base-only", action="store_true", help="only the base model")
+    e.add_argument("--results")
+    e.set_defaults(func=cmd_evaluate)
+
+    rp = sub.add_parser("report", help="draw a figure from a sweep's tidy tables (PNG + SVG/PDF + CSV)")
+    rp.add_argument("--figure", help="layers, deltas, curves, freeze (no value: list them)")
+    rp.add_argument("--sweep", help="sweep name or folder (default: the most recent)")
+    rp.add_argument("--out", help="output folder, or a file path (.pdf for PDF)")
+    rp.add_argument("--set", action="append", metavar="KEY=VALUE", help="figure option, e.g. measure=grad_norm")
+    rp.add_argument("--results")
+    rp.set_defaults(func=cmd_report)
     return p
 
 

@@ -137,6 +137,13 @@ def _run_row(run_dir: Path, spec: dict, status: dict, run_rec: dict) -> dict:
     return row
 
 
+def _score_rows(folder: Path, run_id: str) -> list[dict]:
+    rows = []
+    for score_file in sorted(folder.glob("scores/*/seed-*.json")):
+        rows += [{"run_id": run_id, **row} for row in read_json(score_file)["rows"]]
+    return rows
+
+
 def collect(sweep_dir: Path, write: bool = True) -> Collected:
     sweep_dir = Path(sweep_dir)
     runs, problems = [], []
@@ -154,12 +161,18 @@ def collect(sweep_dir: Path, write: bool = True) -> Collected:
                     cols = read_json(rec / f"{table}.json")
                     if cols and next(iter(cols.values())):
                         chunks[table].append({"run_id": run_dir.name, **cols})
-            for score_file in sorted(run_dir.glob("scores/*/seed-*.json")):
-                for row in read_json(score_file):
-                    chunks["scores"].append({"run_id": run_dir.name, **row})
+            chunks["scores"] += _score_rows(run_dir, run_dir.name)
             runs.append(_run_row(run_dir, spec, status, run_rec))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             problems.append(f"{run_dir}: skipped, unreadable record ({type(exc).__name__}: {exc})")
+    for base_dir in sorted((sweep_dir / "base").glob("*/source.json")):
+        try:
+            source = read_json(base_dir)
+            chunks["scores"] += _score_rows(base_dir.parent, base_dir.parent.name)
+            runs.append({"run_id": base_dir.parent.name, "sweep": sweep_dir.name, "schedule": "base",
+                         "freeze": "none", "status": "done", "model_source": source.get("model")})
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            problems.append(f"{base_dir.parent}: skipped, unreadable record ({type(exc).__name__}: {exc})")
     tables = {"runs": pd.DataFrame(runs)}
     for table, items in chunks.items():
         if table == "scores":

@@ -575,6 +575,17 @@ def delta_data(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
     return _arm_sorted(out, sweep.runs, baseline, pcol)  # stable: tasks keep their order within an arm
 
 
+def score_summary(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None) -> pd.DataFrame:
+    """Per arm and task: mean and standard deviation of the primary metric (points) over all
+    (pretraining seed, fine-tuning seed) units, their count, and the difference from the MLM baseline."""
+    u = _unit_scores(sweep, split, None, "summary")
+    out = (u.groupby(["schedule", "freeze", "task"], sort=False)["score"]
+           .agg(mean="mean", std="std", n="count").reset_index())
+    base = out[(out["schedule"] == baseline) & (out["freeze"] == "none")].set_index("task")["mean"]
+    out["delta_pp"] = out["mean"] - out["task"].map(base)
+    return out.round(2)
+
+
 def plot_deltas(data: pd.DataFrame, *, panel_col: str | None = None, baseline: str = "mlm", split: str = "test"):
     panels = _panels(data, panel_col)
     tasks = _ordered(data.loc[data["task"] != "average", "task"]) + ["average"]

@@ -41,8 +41,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from pretrain_step import (DEFAULT_CORPUS, DEFAULT_MODEL, load_avg, peak_rss_mb, reset_peak_rss,  # noqa: E402
-                           vm_hwm_mb)
+from pretrain_step import (DEFAULT_CORPUS, DEFAULT_MODEL, OtherLoad, busy_cpu_s, load_avg,  # noqa: E402
+                           peak_rss_mb, reset_peak_rss, vm_hwm_mb)
 
 GOALS = {"mlm": 1.5, "clm": 1.0}   # tokens/s ratio ablate / standard the issue asks for
 
@@ -110,12 +110,16 @@ def run_standard(args) -> dict:
         def __init__(self):
             self.times, self.intervals, self._start, self._last_end = [], [], None, None
             self.reset_ok = False
+            self.other = OtherLoad()
+            self.other_load = None
 
         def on_train_begin(self, a, state, control, **kw):
             self.rss_before_steps = peak_rss_mb()
             self.reset_ok = reset_peak_rss()
 
         def on_step_begin(self, a, state, control, **kw):
+            if state.global_step == args.warmup:
+                self.other.start()
             if args.profile and state.global_step == args.warmup:
                 self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                                        record_shapes=True)
@@ -131,6 +135,7 @@ def run_standard(args) -> dict:
             print(f"step {state.global_step}/{a.max_steps}: {self.times[-1]:.3f} s", file=sys.stderr, flush=True)
 
         def on_train_end(self, a, state, control, **kw):
+            self.other_load = self.other.stop()
             if getattr(self, "profiler", None) is not None:
                 self.profiler.__exit__(None, None, None)
                 Path(args.profile).write_text(self.profiler.key_averages().table(sort_by="self_cpu_time_total",
@@ -168,7 +173,7 @@ def run_standard(args) -> dict:
         "setup_s": round(setup_s, 1),
         "n_sequences": len(train_dataset),
         "train_loss": round(float(train_out.training_loss), 4),
-        "load_avg": load_avg(), "cpu_count": os.cpu_count(),
+        "other_load_cores": timer.other_load, "load_avg": load_avg(), "cpu_count": os.cpu_count(),
         "torch": torch.__version__, "transformers": transformers.__version__,
         "datasets": __import__("datasets").__version__,
         "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
@@ -184,9 +189,27 @@ def _common_flags(args, objective: str) -> list[str]:
             "--model", args.model, "--attn", args.attn, "--threads", str(args.threads)]
 
 
-def _run_child(cmd: list[str], log) -> dict:
+def wait_for_quiet(threshold: float, timeout: float, log) -> float | None:
+    """Wait (up to timeout s) until the machine's busy cores over a 2 s window drop below threshold;
+    returns the last window's busy cores (None where /proc/stat is unreadable)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        a, t = busy_cpu_s(), time.monotonic()
+        time.sleep(2.0)
+        b = busy_cpu_s()
+        if a is None or b is None:
+            return None
+        busy = (b - a) / (time.monotonic() - t)
+        if busy < threshold or time.monotonic() > deadline:
+            if busy >= threshold:
+                log(f"  machine still busy ({busy:.2f} cores) after {timeout:.0f} s; measuring anyway")
+            return round(busy, 2)
+
+
+def _run_child(cmd: list[str], log, quiet: tuple[float, float] | None = None) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                TRANSFORMERS_VERBOSITY="error", PYTHONWARNINGS="ignore")
+    busy_before = wait_for_quiet(*quiet, log) if quiet else None
     log("$ " + " ".join(cmd))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     result = None
@@ -199,9 +222,10 @@ def _run_child(cmd: list[str], log) -> dict:
     if proc.returncode != 0 or not isinstance(result, dict) or "tokens_per_s" not in result:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
         raise SystemExit(f"benchmark subprocess failed (exit {proc.returncode}): {' '.join(cmd)}")
+    result["busy_cores_before"] = busy_before
     log(f"  {result['recipe']:8s} {result['objective']}: {result['tokens_per_s']:8.1f} tok/s, "
         f"median step {result['median_step_s']:.3f} s, peak RSS {result['peak_rss_mb']:.0f} MiB "
-        f"(train {result['peak_rss_train_mb']}), load {result['load_avg']}")
+        f"(train {result['peak_rss_train_mb']}), other processes {result.get('other_load_cores')} cores")
     return result
 
 
@@ -209,27 +233,32 @@ def _summary(runs: list[dict]) -> dict:
     """Median over repeats of one recipe x objective."""
     med = lambda key: round(statistics.median(r[key] for r in runs), 4)  # noqa: E731
     trains = [r["peak_rss_train_mb"] for r in runs if r.get("peak_rss_train_mb") is not None]
+    loads = [r["other_load_cores"] for r in runs if r.get("other_load_cores") is not None]
     return {"tokens_per_s": med("tokens_per_s"), "median_step_s": med("median_step_s"),
+            "min_step_s": min(r["min_step_s"] for r in runs),
             "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
             "peak_rss_train_mb": max(trains) if trains else None,
+            "other_load_cores_max": max(loads) if loads else None,
             "tokens_per_s_runs": [r["tokens_per_s"] for r in runs]}
 
 
 def markdown_table(summary: dict) -> str:
-    rows = ["| objective | recipe | tokens/s | median step (s) | peak RSS (MiB) | peak RSS in training (MiB) |",
-            "|---|---|---:|---:|---:|---:|"]
+    rows = ["| objective | recipe | tokens/s | median step (s) | fastest step (s) | peak RSS (MiB) | "
+            "peak RSS in training (MiB) | other processes (cores, max) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|"]
     for obj, s in summary.items():
         for recipe in ("ablate", "standard"):
             r = s[recipe]
+            train = f"{r['peak_rss_train_mb']:,.0f}" if r["peak_rss_train_mb"] is not None else "n/a"
             rows.append(f"| {obj.upper()} | {recipe} | {r['tokens_per_s']:,.0f} | {r['median_step_s']:.3f} | "
-                        f"{r['peak_rss_mb']:,.0f} | {r['peak_rss_train_mb'] or float('nan'):,.0f} |")
-    rows += ["", "| objective | tokens/s ratio ablate/standard | goal | peak RSS ratio ablate/standard | "
-                 "memory goal (<= 1) |", "|---|---:|---:|---:|---|"]
+                        f"{r['min_step_s']:.3f} | {r['peak_rss_mb']:,.0f} | {train} | {r['other_load_cores_max']} |")
+    rows += ["", "| objective | tokens/s ratio ablate/standard | goal | fastest-step ratio | "
+                 "peak RSS ratio ablate/standard | memory goal (<= 1) |", "|---|---:|---|---:|---:|---|"]
     for obj, s in summary.items():
         ok_speed = "met" if s["speed_ratio"] >= GOALS[obj] else "NOT met"
         ok_mem = "met" if s["rss_ratio"] <= 1.0 else "NOT met"
-        rows.append(f"| {obj.upper()} | {s['speed_ratio']:.2f}x | >= {GOALS[obj]:.1f}x ({ok_speed}) | "
-                    f"{s['rss_ratio']:.2f} | {ok_mem} |")
+        rows.append(f"| {obj.upper()} | {s['speed_ratio']:.2f}x | >= {GOALS[obj]:.1f}x: {ok_speed} | "
+                    f"{s['fastest_step_ratio']:.2f}x | {s['rss_ratio']:.2f} | {ok_mem} |")
     return "\n".join(rows)
 
 
@@ -253,6 +282,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=42, help="Trainer seed (standard recipe)")
     ap.add_argument("--profile", default=None, metavar="FILE",
                     help="with --standard-only: profile the timed steps (torch.profiler), op table to FILE")
+    ap.add_argument("--quiet-below", type=float, default=0.3, metavar="CORES",
+                    help="before each measurement wait until other processes keep fewer than this many cores busy "
+                         "(default 0.3; 0 to not wait)")
+    ap.add_argument("--quiet-timeout", type=float, default=180.0, help="longest wait for quiet, s (default 180)")
     ap.add_argument("--json-out", default=None, help="also write the final JSON object to this file")
     args = ap.parse_args(argv)
 
@@ -279,13 +312,15 @@ def main(argv: list[str] | None = None) -> None:
                 else:
                     cmd = [sys.executable, str(Path(__file__).resolve()), "--standard-only", *flags,
                            "--seed", str(args.seed)]
-                runs[obj][recipe].append(_run_child(cmd, log))
+                quiet = (args.quiet_below, args.quiet_timeout) if args.quiet_below > 0 else None
+                runs[obj][recipe].append(_run_child(cmd, log, quiet))
 
     summary = {}
     for obj in objectives:
         a, s = _summary(runs[obj]["ablate"]), _summary(runs[obj]["standard"])
         summary[obj] = {"ablate": a, "standard": s,
                         "speed_ratio": round(a["tokens_per_s"] / s["tokens_per_s"], 3),
+                        "fastest_step_ratio": round(s["min_step_s"] / a["min_step_s"], 3),
                         "rss_ratio": round(a["peak_rss_mb"] / s["peak_rss_mb"], 3),
                         "speed_goal": GOALS[obj],
                         "speed_goal_met": a["tokens_per_s"] / s["tokens_per_s"] >= GOALS[obj],

@@ -59,6 +59,30 @@ def vm_hwm_mb() -> float | None:
     return None
 
 
+def busy_cpu_s() -> float | None:
+    """CPU seconds the whole machine has been busy (all cores, from /proc/stat), or None off Linux."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)          # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")        # user..steal (guest is in user)
+
+
+class OtherLoad:
+    """Cores kept busy by other processes over an interval: machine busy time minus this process's CPU time.
+    Well above 0 means the measurement shared the CPUs with something else."""
+
+    def start(self) -> None:
+        self.busy, self.own, self.wall = busy_cpu_s(), time.process_time(), time.perf_counter()
+
+    def stop(self) -> float | None:
+        busy, own, wall = busy_cpu_s(), time.process_time(), time.perf_counter()
+        if busy is None or self.busy is None or wall <= self.wall:
+            return None
+        return round(max(0.0, (busy - self.busy - (own - self.own)) / (wall - self.wall)), 2)
+
+
 def load_avg() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -130,8 +154,11 @@ def main(argv: list[str] | None = None) -> dict:
     times, losses = [], []
     position = 0
     profiler = None
+    other = OtherLoad()
     for step in range(args.warmup + args.steps):
         timed = step >= args.warmup
+        if step == args.warmup:
+            other.start()
         if timed and args.profile and profiler is None:
             profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                               record_shapes=True)
@@ -147,6 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
             times.append(elapsed)
         print(f"step {step + 1}/{args.warmup + args.steps}{'' if timed else ' (warm-up)'}: "
               f"{elapsed:.3f} s, loss {loss:.4f}", file=sys.stderr, flush=True)
+    other_load = other.stop()
     if profiler is not None:
         profiler.__exit__(None, None, None)
         Path(args.profile).write_text(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
@@ -169,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
         "n_sequences": int(len(ctx.sequences)),
         "first_loss": round(losses[0], 4), "last_loss": round(losses[-1], 4),
         "loss_finite": bool(np.isfinite(losses).all()),
-        "load_avg": load_avg(), "cpu_count": os.cpu_count(),
+        "other_load_cores": other_load, "load_avg": load_avg(), "cpu_count": os.cpu_count(),
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
         "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
     }

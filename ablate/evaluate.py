@@ -1,0 +1,71 @@
+"""Downstream evaluation of run folders: the sweep's tasks after pretraining, or later, on finished runs
+(`ablate evaluate`), and of a base model as the "no continued pretraining" reference.
+
+Scores live in <run folder>/scores/<task>/seed-<n>.json; a (run, task, seed) already there is read back,
+never recomputed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable
+
+from ablate import records
+from ablate.finetune import evaluate_scores
+from ablate.pretrain import pick_device
+from ablate.spec import RunSpec
+
+
+def evaluate_run(run_dir: Path, spec: RunSpec, log: Callable[[str], None] = print,
+                 tasks: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
+                 overrides: dict | None = None) -> list[dict]:
+    tasks = tuple(tasks or spec.eval.tasks)
+    seeds = tuple(seeds or spec.eval.seeds)
+    log(f"evaluating on {', '.join(tasks)} (fine-tuning seeds {', '.join(map(str, seeds))})")
+    rows = evaluate_scores(str(Path(run_dir) / "model"), list(tasks), list(seeds),
+                           {**spec.eval.finetune, **(overrides or {})}, Path(run_dir) / "scores",
+                           data_root=spec.data.data_root, device=str(pick_device(spec.device)))
+    for row in rows:
+        if row["split"] == "test":
+            log(f"  {row['task']} seed {row['finetune_seed']}: test {row['metric']} = {row['value']:.4f}")
+    return rows
+
+
+def evaluate_sweep(sweep_dir: Path, tasks: tuple[str, ...], seeds: tuple[int, ...] | None,
+                   overrides: dict | None, log: Callable[[str], None] = print) -> dict[str, int]:
+    """Add tasks/seeds to every finished run of a sweep; returns counts of runs evaluated and skipped."""
+    counts = {"evaluated": 0, "not done": 0}
+    for run_dir in sorted(records.runs_dir(sweep_dir).iterdir()):
+        if not (run_dir / "spec.json").is_file():
+            continue
+        if records.read_status(run_dir).get("state") != "done":
+            counts["not done"] += 1
+            continue
+        spec = RunSpec.model_validate(records.read_json(run_dir / "spec.json"))
+        evaluate_run(run_dir, spec, log=lambda m, r=run_dir.name: log(f"[{r}] {m}"), tasks=tasks, seeds=seeds,
+                     overrides=overrides)
+        counts["evaluated"] += 1
+    return counts
+
+
+def base_folder_name(model_source: str) -> str:
+    return "base-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", model_source.split(":")[-1].rstrip("/").split("/")[-1])
+
+
+def evaluate_base(sweep_dir: Path, model_source: str, tasks: tuple[str, ...], seeds: tuple[int, ...],
+                  overrides: dict | None, data_root: str | None = None, log: Callable[[str], None] = print) -> Path:
+    """The base model itself, as the reference: results/<sweep>/base/<name>/scores/..."""
+    from ablate.models import resolve_source
+
+    kind, location = resolve_source(model_source)
+    if kind == "config":
+        from ablate.errors import SpecError
+
+        raise SpecError("a random-init config is no reference model", key="--model", value=model_source)
+    folder = Path(sweep_dir) / "base" / base_folder_name(model_source)
+    records.atomic.write_json(folder / "source.json", {"model": model_source, "location": location})
+    log(f"evaluating base model {model_source} on {', '.join(tasks)}")
+    evaluate_scores(location, list(tasks), list(seeds), overrides, folder / "scores", data_root=data_root,
+                    device=str(pick_device("auto")))
+    return folder

@@ -1,0 +1,127 @@
+"""Integration with a real Slurm cluster (scripts/slurm-local.sh start): a small sweep through submitit's
+Slurm executor, and a job requeued mid-run that resumes from its checkpoint.
+
+Skipped when no cluster answers, except in CI (ABLATE_REQUIRE_SLURM=1), where that is a failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CONF = Path(os.environ.get("ABLATE_SLURM_DIR", "/tmp/ablate-slurm")) / "etc" / "slurm.conf"
+
+
+def _cluster_env() -> dict | None:
+    env = dict(os.environ)
+    if "SLURM_CONF" not in env and DEFAULT_CONF.is_file():
+        env["SLURM_CONF"] = str(DEFAULT_CONF)
+    if shutil.which("sinfo") is None or "SLURM_CONF" not in env:
+        return None
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return env if out.returncode == 0 and ("idle" in out.stdout or "mix" in out.stdout or "alloc" in out.stdout) \
+        else None
+
+
+@pytest.fixture(scope="module")
+def slurm_env():
+    env = _cluster_env()
+    if env is None:
+        if os.environ.get("ABLATE_REQUIRE_SLURM") == "1":
+            pytest.fail("no Slurm cluster answers (scripts/slurm-local.sh start)")
+        pytest.skip("no Slurm cluster here (scripts/slurm-local.sh start)")
+    return env
+
+
+def _grid(tmp_path: Path, steps: int = 3, sweep: str = "tiny-slurm") -> Path:
+    grid = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())
+    grid["sweep"] = sweep
+    for phases in grid["schedules"].values():
+        phases[0]["steps"] = steps
+    grid["launcher"] = {"executor": "slurm", "slurm": {"partition": "cpu", "cpus_per_task": 1, "mem_gb": 3,
+                                                       "timeout_min": 60, "array_parallelism": 2}}
+    path = tmp_path / f"{sweep}.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    return path
+
+
+def _sweep(args: list[str], env: dict, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ablate.cli", "sweep", *args, "--poll", "1"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+@pytest.mark.slurm
+def test_a_sweep_runs_on_slurm_and_collects_tidy_tables(tmp_path, slurm_env, data_root):
+    grid = _grid(tmp_path)
+    proc = _sweep([str(grid), "--results", str(tmp_path / "results")], slurm_env)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    assert "3 done, 0 failed" in out
+    sweep = tmp_path / "results" / "tiny-slurm"
+    runs = pd.read_parquet(sweep / "runs.parquet")
+    assert set(runs["status"]) == {"done"} and len(runs) == 3
+    assert runs["token_hash"].nunique() == 1          # the arms saw the same tokens
+    for table in ("layers", "curves", "grads"):
+        assert set(pd.read_parquet(sweep / f"{table}.parquet")["run_id"]) == set(runs["run_id"])
+    statuses = [json.loads(p.read_text()) for p in sweep.glob("runs/*/status.json")]
+    assert all(s["executor"] == "slurm" and s["job_id"] for s in statuses)
+
+    again = _sweep([str(grid), "--results", str(tmp_path / "results")], slurm_env)
+    out2, _ = again.communicate(timeout=120)
+    assert again.returncode == 0 and "nothing to submit" in out2
+
+
+@pytest.mark.slurm
+def test_a_requeued_job_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(tmp_path, slurm_env,
+                                                                                  data_root):
+    grid = _grid(tmp_path, steps=24, sweep="requeue")
+    g = yaml.safe_load(grid.read_text())
+    g["axes"] = {"schedule": ["clm_detour"], "freeze": ["low_clm"]}
+    g["exclude"] = []
+    grid.write_text(yaml.safe_dump(g))
+
+    reference = subprocess.run([sys.executable, "-m", "ablate.cli", "sweep", str(grid), "--executor", "debug",
+                                "--results", str(tmp_path / "reference"), "--poll", "0.2"], env=slurm_env,
+                               capture_output=True, text=True, timeout=600)
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+
+    proc = _sweep([str(grid), "--results", str(tmp_path / "results")], slurm_env)
+    run_dir = next(iter((tmp_path / "reference" / "requeue" / "runs").iterdir()))
+    run_dir = tmp_path / "results" / "requeue" / "runs" / run_dir.name
+    deadline = time.time() + 300
+    job_id = None
+    while time.time() < deadline:
+        latest = run_dir / "checkpoints" / "LATEST"
+        if latest.is_file() and int(latest.read_text().split("-")[1]) >= 4:
+            job_id = json.loads((run_dir / "status.json").read_text()).get("job_id")
+            break
+        time.sleep(0.1)
+    assert job_id, "the run never reached its first checkpoints"
+    assert not (run_dir / "model").exists(), "the run finished before the requeue"
+    subprocess.run(["scontrol", "requeue", job_id], env=slurm_env, check=True, timeout=30)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+
+    log = (run_dir / "log.txt").read_text()
+    assert "resumed from step-" in log, log
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "done" and status["attempts"] == 2
+    ref_dir = tmp_path / "reference" / "requeue" / "runs" / run_dir.name
+    for name in ("curves.json", "layers.json"):
+        assert json.loads((run_dir / "records" / name).read_text()) == \
+               json.loads((ref_dir / "records" / name).read_text()), name
+    ref_run = json.loads((ref_dir / "records" / "run.json").read_text())
+    got_run = json.loads((run_dir / "records" / "run.json").read_text())
+    assert got_run["token_hash"] == ref_run["token_hash"]
