@@ -24,9 +24,12 @@ def cmd_run(args) -> int:
     from ablate.paths import results_root
     from ablate.spec import load_run_spec
 
+    from ablate.evaluate import check_eval
+
     spec = load_run_spec(args.spec)
     out = Path(args.out) if args.out else results_root() / Path(args.spec).stem / "runs" / spec.run_id
     _validate_against_model(spec, args.spec)
+    check_eval([spec], file=str(args.spec))
     worker.prepare_run_dir(spec, out)
     if args.retry_failed is False and records.read_status(out).get("state") == "failed":
         print(f"{out}: resuming a failed run", file=sys.stderr)
@@ -56,6 +59,9 @@ def cmd_sweep(args) -> int:
     grid = load_grid(args.grid)
     runs = expand(grid, file=str(args.grid))
     plans = resolve_layers(runs, file=str(args.grid))
+    from ablate.evaluate import check_eval
+
+    check_eval([r.spec for r in runs], file=str(args.grid))
     executor = args.executor or grid.launcher.executor
     if args.dry_run:
         _print_table(plan_table(runs, plans))

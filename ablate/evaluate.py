@@ -69,3 +69,25 @@ def evaluate_base(sweep_dir: Path, model_source: str, tasks: tuple[str, ...], se
     evaluate_scores(location, list(tasks), list(seeds), overrides, folder / "scores", data_root=data_root,
                     device=str(pick_device("auto")))
     return folder
+
+
+def check_eval(specs: list[RunSpec], file: str | None = None) -> None:
+    """Every task a sweep will evaluate exists, reads, and takes the sweep's fine-tuning overrides:
+    checked before anything is submitted."""
+    from ablate.errors import SpecError
+    from ablate.tasks import load_task, load_task_data, resolve_settings
+
+    seen: set[tuple] = set()
+    for spec in specs:
+        for name in spec.eval.tasks:
+            key = (name, repr(sorted(spec.eval.finetune.items())), spec.data.data_root)
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                task = load_task(name)
+                resolve_settings(task, spec.eval.finetune)
+                load_task_data(task, spec.data.data_root)
+            except SpecError as exc:
+                raise SpecError(f"eval task {name!r}: {exc.message}", file=exc.file or file,
+                                key=exc.key or "base.eval.tasks", value=exc.value, allowed=exc.allowed) from None
