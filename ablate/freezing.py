@@ -4,7 +4,8 @@ Layer groups are thirds of the depth, with the boundaries rounded up:
   low  = [0, ceil(n/3)),  mid = [ceil(n/3), ceil(2n/3)),  high = [ceil(2n/3), n)
 For the paper's 22-layer ModernBERT-base this gives 0-7 / 8-14 / 15-21, its own split; for MiniLM-L6
 0-1 / 2-3 / 4-5. `embeddings` is the embedding block (and with it any output projection tied to it),
-`encoder` is the embeddings, every block and the final norm: everything but the MLM head.
+`encoder` is the embeddings, every block and the final norm: everything but the MLM head; `head` is the
+MLM head (its output projection is tied to the word embeddings and so follows `embeddings`).
 """
 
 from __future__ import annotations
@@ -31,15 +32,17 @@ class FrozenSet:
     layers: frozenset[int]
     embeddings: bool
     encoder_tail: bool
+    head: bool = False
 
     @property
     def empty(self) -> bool:
-        return not (self.layers or self.embeddings or self.encoder_tail)
+        return not (self.layers or self.embeddings or self.encoder_tail or self.head)
 
     def describe(self) -> str:
         """'emb,0-1,4-5' style; '' when nothing is frozen."""
         parts = ["emb"] if self.embeddings else []
         parts += [f"{a}-{b}" if a != b else str(a) for a, b in _runs(sorted(self.layers))]
+        parts += ["head"] if self.head else []
         return ",".join(parts)
 
 
@@ -56,11 +59,13 @@ def _runs(sorted_ints: list[int]) -> list[tuple[int, int]]:
 def resolve_freeze(words: tuple[str, ...], n_layers: int, key: str = "freeze") -> FrozenSet:
     groups = layer_groups(n_layers)
     layers: set[int] = set()
-    embeddings = tail = False
+    embeddings = tail = head = False
     for word in words:
         if word == "none":
             continue
-        if word == "embeddings":
+        if word == "head":
+            head = True
+        elif word == "embeddings":
             embeddings = True
         elif word == "encoder":
             embeddings = tail = True
@@ -73,7 +78,7 @@ def resolve_freeze(words: tuple[str, ...], n_layers: int, key: str = "freeze") -
                 raise SpecError(f"layer range goes past the model's depth ({n_layers} layers: 0-{n_layers - 1})",
                                 key=key, value=word)
             layers.update(range(lo, hi + 1))
-    return FrozenSet(frozenset(layers), embeddings, tail)
+    return FrozenSet(frozenset(layers), embeddings, tail, head)
 
 
 def is_frozen(param_name: str, family: Family, frozen: FrozenSet) -> bool:
@@ -83,7 +88,7 @@ def is_frozen(param_name: str, family: Family, frozen: FrozenSet) -> bool:
     if where == "tail":
         return frozen.encoder_tail
     if where == "head":
-        return False
+        return frozen.head
     return int(where) in frozen.layers
 
 

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ablate.errors import SpecError
 
-FREEZE_WORDS = ("none", "embeddings", "low", "mid", "high", "encoder")
-FREEZE_ALLOWED = "none, embeddings, low, mid, high, encoder, or a layer range like 0-7 or 3"
+FREEZE_WORDS = ("none", "embeddings", "low", "mid", "high", "encoder", "head")
+FREEZE_ALLOWED = "none, embeddings, low, mid, high, encoder, head, or a layer range like 0-7 or 3"
 
 
 class Strict(BaseModel):

@@ -252,3 +252,33 @@ def test_tokenization_is_cached_per_tokenizer_and_content(tmp_path, data_root, m
     seqs, docs = first.packed(64)
     assert seqs.shape[1] == 64 and seqs[0, 0] == minilm_tokenizer.cls_token_id
     assert (np.diff(docs.ravel()) >= 0).all()
+
+
+def test_a_mask_that_freezes_everything_is_an_error_before_training(tmp_path, data_root):
+    spec = parse_run_spec(tiny_spec(phases=[
+        {"name": "ok", "objective": "mlm", "steps": 2},
+        {"name": "all", "objective": "mlm", "steps": 2, "freeze": ["encoder", "head"]}]))
+    with pytest.raises(SpecError, match="nothing to train") as err:
+        pretrain(spec, tmp_path / "run", log=_quiet)
+    assert err.value.key == "phases[1].freeze"
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_jsonl_and_parquet_corpora_give_the_same_stream_as_text(fmt, tmp_path, data_root, minilm_tokenizer):
+    import pandas as pd
+
+    from ablate.data.corpus import load_token_stream
+    from ablate.spec import DataSpec
+
+    docs = [line.strip() for line in (data_root / "corpus_en_e3c" / "valid.txt").open()][:30]
+    path = tmp_path / f"corpus.{fmt}"
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps({"body": d}) + "\n" for d in docs))
+    else:
+        pd.DataFrame({"body": docs}).to_parquet(path)
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n".join(docs) + "\n")
+    a = load_token_stream(DataSpec(corpus=str(path), text_field="body"), minilm_tokenizer)
+    b = load_token_stream(DataSpec(corpus=str(text)), minilm_tokenizer)
+    assert np.array_equal(a.tokens, b.tokens) and a.n_documents == 30
