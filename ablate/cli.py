@@ -164,7 +164,7 @@ def cmd_report(args) -> int:
     if args.figure is None:
         print("figures: " + ", ".join(report.FIGURES))
         return 0
-    sweep_dir = _sweep_dir(args.sweep, args.results) if args.sweep or not args.figure == "tune" else None
+    sweep_dir = _sweep_dir(args.sweep, args.results)
     paths = report.make_figure(args.figure, sweep_dir, args.out, **_key_values(args.set, "--set"))
     for kind, path in paths.items():
         print(f"{kind}: {path}")
@@ -214,12 +214,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_evaluate)
 
     rp = sub.add_parser("report", help="draw a figure from a sweep's tidy tables (PNG + SVG/PDF + CSV)")
-    rp.add_argument("--figure", help="layers, deltas, curves, freeze (no value: list them)")
+    rp.add_argument("--figure", help="layers, deltas, curves, freeze, tune (no value: list them)")
     rp.add_argument("--sweep", help="sweep name or folder (default: the most recent)")
     rp.add_argument("--out", help="output folder, or a file path (.pdf for PDF)")
     rp.add_argument("--set", action="append", metavar="KEY=VALUE", help="figure option, e.g. measure=grad_norm")
     rp.add_argument("--results")
     rp.set_defaults(func=cmd_report)
+
+    from ablate import tune
+
+    tune.add_commands(sub)
     return p
 
 

@@ -808,7 +808,14 @@ def curves(sweep: Sweep, *, baseline: str = "mlm", smooth: int = 1, panel: str |
 
 # --- registry and output ---------------------------------------------------------------------------------
 
-FIGURES: dict[str, Callable] = {"layers": layers, "deltas": deltas, "curves": curves, "freeze": freeze}
+def tune(sweep: Sweep, *, study: str = "", storage: str = ""):
+    """Optimisation history and parameter importances of the Optuna study behind a tune's folder."""
+    from ablate.tune import tune_figure
+
+    return tune_figure(sweep, study=study, storage=storage)
+
+
+FIGURES: dict[str, Callable] = {"layers": layers, "deltas": deltas, "curves": curves, "freeze": freeze, "tune": tune}
 
 
 def _coerce_options(name: str, fn: Callable, options: dict) -> dict:

@@ -1,0 +1,96 @@
+"""A small real sweep, start to finish: pretrain three arms of a tiny model on real text, fine-tune them on
+a real NER task, add a task afterwards without re-training, draw every figure, run the notebooks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+FINETUNE = {"epochs": 1, "max_train_examples": 48, "max_eval_examples": 32, "max_length": 64, "batch_size": 8}
+
+
+def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ablate.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=900, env=dict(os.environ))
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, data_root):
+    root = tmp_path_factory.mktemp("e2e")
+    grid = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())
+    grid["sweep"] = "e2e"
+    grid["base"]["eval"] = {"tasks": ["ncbi_disease"], "seeds": [0, 1], "finetune": FINETUNE}
+    path = root / "e2e.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    result = cli(["sweep", str(path), "--executor", "debug", "--results", str(root / "results"), "--poll", "0.1"],
+                 root)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return root, root / "results" / "e2e"
+
+
+def test_every_arm_is_scored_on_the_grid_task(finished):
+    _, sweep = finished
+    scores = pd.read_parquet(sweep / "scores.parquet")
+    runs = pd.read_parquet(sweep / "runs.parquet")
+    f1 = scores[(scores["metric"] == "entity_f1") & (scores["split"] == "test")]
+    assert set(f1["run_id"]) == set(runs["run_id"]) and len(f1) == 3 * 2
+    assert set(f1["language"]) == {"en"} and f1["value"].between(0, 1).all()
+    assert {"finetune_seed", "epoch", "wall_time_s"} <= set(scores.columns)
+
+
+def test_evaluate_adds_a_task_without_recomputing_the_others(finished):
+    root, sweep = finished
+    before = {p: p.stat().st_mtime_ns for p in sweep.glob("runs/*/scores/ncbi_disease/seed-*.json")}
+    args = ["evaluate", str(sweep), "--task", "ncbi_disease", "--task", "chemprot", "--seeds", "0", "1"]
+    for k, v in FINETUNE.items():
+        args += ["--set", f"{k}={v}"]
+    result = cli(args, root)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "evaluated 3 finished runs" in result.stdout
+    assert {p: p.stat().st_mtime_ns for p in before} == before          # ncbi scores read back, not redone
+    scores = pd.read_parquet(sweep / "scores.parquet")
+    assert scores.groupby("task")["run_id"].nunique().to_dict() == {"chemprot": 3, "ncbi_disease": 3}
+
+
+@pytest.mark.parametrize("figure", ["layers", "deltas", "curves", "freeze"])
+def test_report_draws_each_figure_from_the_real_sweep(finished, figure):
+    root, sweep = finished
+    out = root / "figures"
+    result = cli(["report", "--figure", figure, "--sweep", str(sweep), "--out", str(out)], root)
+    assert result.returncode == 0, result.stdout + result.stderr
+    paths = dict(line.split(": ", 1) for line in result.stdout.splitlines() if line.split(": ")[0] in
+                 ("png", "svg", "csv"))
+    assert set(paths) == {"png", "svg", "csv"}
+    assert all(Path(p).stat().st_size > 0 for p in paths.values())
+    assert not pd.read_csv(paths["csv"]).empty
+    if figure == "deltas":   # the summary: each arm's mean and spread over seeds, and its difference in points
+        assert "delta_pp" in result.stdout and "clm_detour" in result.stdout
+
+
+def test_report_names_what_is_missing(finished, tmp_path):
+    root, sweep = finished
+    result = cli(["report", "--figure", "nonsense", "--sweep", str(sweep)], root)
+    assert result.returncode == 2 and "layers" in result.stderr and "deltas" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["sweep_overview.ipynb", "compare_sweeps.ipynb"])
+def test_notebooks_run_on_the_real_sweep(finished, name, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    _, sweep = finished
+    path = REPO / "analysis_notebooks" / name
+    nb = nbformat.read(path, as_version=4)
+    monkeypatch.setenv("ABLATE_SWEEP_DIR", str(sweep))
+    monkeypatch.setenv("ABLATE_SWEEP_DIR_B", str(sweep))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    assert not [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
