@@ -21,9 +21,10 @@ from __future__ import annotations
 import copy
 import itertools
 import re
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -111,6 +112,47 @@ class PlannedRun:
         return origin.key + rest
 
 
+def _model_class(annotation: Any) -> Any:
+    """The model class inside X | None and tuple[X, ...]; anything else as it is."""
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return _model_class(args[0]) if len(args) == 1 else None
+    if origin is tuple:
+        args = get_args(annotation)
+        return _model_class(args[0]) if args else None
+    return annotation
+
+
+def _keys_at(model: type[BaseModel], loc: tuple) -> str | None:
+    """The keys allowed at `loc` inside `model`, when that is a model ("a, b, c"); else None."""
+    cls: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an element of a tuple[Model, ...]: cls is the element's class already
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or part not in cls.model_fields:
+            return None
+        cls = _model_class(cls.model_fields[part].annotation)
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        return ", ".join(cls.model_fields)
+    return None
+
+
+def _validation_error(exc: ValidationError, file: str | None, model: type[BaseModel], prefix: str = "",
+                      key: str | None = None) -> SpecError:
+    """spec_error_from, plus the allowed keys when the first problem is an unknown key."""
+    err = spec_error_from(exc, file, prefix)
+    first = exc.errors()[0]
+    allowed = err.allowed
+    if first["type"] == "extra_forbidden":
+        loc = tuple(p for p in first["loc"] if p != "function-after")
+        keys = _keys_at(model, loc[:-1])
+        if keys and model is RunSpec and not loc[:-1]:
+            keys = ", ".join(k for k in keys.split(", ") if k not in RESERVED_AXES)
+        allowed = keys or allowed
+    return SpecError(err.message, file=file, key=key or err.key, value=err.value, allowed=allowed)
+
+
 def load_grid(path: str | Path) -> GridSpec:
     data = read_yaml(path)
     if not isinstance(data, dict):
@@ -118,7 +160,7 @@ def load_grid(path: str | Path) -> GridSpec:
     try:
         grid = GridSpec.model_validate(data)
     except ValidationError as exc:
-        raise spec_error_from(exc, str(path)) from None
+        raise _validation_error(exc, str(path), GridSpec) from None
     _check_references(grid, str(path))
     return grid
 
@@ -141,6 +183,9 @@ def _check_references(grid: GridSpec, file: str) -> None:
     """Everything about the grid that one key alone cannot say: names that must exist, axes that must agree."""
     if not grid.schedules:
         raise SpecError("at least one schedule is needed", file=file, key="schedules")
+    for name in RESERVED_AXES:
+        if name in grid.base:
+            raise SpecError(f"not a base setting: {RESERVED_AXES[name]}", file=file, key=f"base.{name}")
     for name, phases in grid.schedules.items():
         if not phases and not grid.prelude:
             raise SpecError("a schedule needs at least one phase", file=file, key=f"schedules.{name}")
@@ -302,8 +347,7 @@ def _phase_specs(grid: GridSpec, schedule: str, mask_name: str, file: str | None
         try:
             specs.append(PhaseSpec.model_validate(phase))
         except ValidationError as exc:
-            err = spec_error_from(exc, file, prefix=origin.key)
-            raise SpecError(err.message, file=file, key=err.key, value=err.value, allowed=err.allowed) from None
+            raise _validation_error(exc, file, PhaseSpec, prefix=origin.key) from None
     return tuple(specs), tuple(origins)
 
 
@@ -315,7 +359,7 @@ def _error_key(key: str, grid: GridSpec, assignment: dict, origins: tuple[PhaseO
     if m and int(m.group(1)) < len(origins):
         return origins[int(m.group(1))].key + m.group(2)
     for axis in assignment:
-        if axis not in NAMED_AXES and (key == axis or key.startswith(axis + ".")):
+        if axis not in NAMED_AXES and (key == axis or key.startswith(axis + ".") or axis.startswith(key + ".")):
             return f"{_axis_key(grid, axis)} (= {assignment[axis]!r}): {key}"
     model_choice = assignment.get("model")
     if isinstance(model_choice, str) and model_choice in grid.models:
@@ -365,8 +409,7 @@ def expand(grid: GridSpec, file: str | None = None) -> list[PlannedRun]:
             spec = RunSpec.model_validate(spec_dict)
         except ValidationError as exc:
             err = spec_error_from(exc, file)
-            raise SpecError(err.message, file=file, key=_error_key(err.key, grid, assignment, origins),
-                            value=err.value) from None
+            raise _validation_error(exc, file, RunSpec, key=_error_key(err.key, grid, assignment, origins)) from None
         # YAML reads 1e-4 as a string (1.0e-4 is a float); the spec holds the number, and so should the labels
         coerced = {k: t for k, v in axes.items() if k not in NAMED_AXES and isinstance(v, str)
                    for t in [_typed(spec, k)] if isinstance(t, (int, float)) and not isinstance(t, bool)}

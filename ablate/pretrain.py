@@ -9,6 +9,14 @@ Determinism: every random draw of a step (masking, dropout) is seeded from (seed
 batch at a step depends only on the data seed and the data position, so a run resumed from a checkpoint
 computes exactly what the uninterrupted run would have. The token stream each phase consumed is hashed
 (a chain of sha256 over the batches) so "identical data" between arms is checked, not assumed.
+
+Data parallel (ablate.distributed): every rank builds the same global batch and masking, computes the label
+count over the global batch, runs its own contiguous slice, and the gradients are summed over ranks after
+backward, which gives the single-process gradient. Only rank 0 writes checkpoints, progress and the model;
+a checkpoint is the same whatever the world size, so a run resumes under any number of ranks.
+
+On CUDA (all off on CPU): bf16 autocast, fused AdamW, pinned host memory with non-blocking copies, and
+torch.compile of the encoder when ABLATE_COMPILE=1.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -27,9 +36,10 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from ablate import atomic
+from ablate.distributed import Dist, init as init_distributed, local_device_index, rank_slice
 from ablate.data.corpus import SequenceOrder, load_token_stream
 from ablate.errors import SpecError
-from ablate.freezing import FrozenSet, apply_freeze, resolve_freeze
+from ablate.freezing import FrozenSet, apply_freeze, is_frozen, resolve_freeze
 from ablate.models import Family, family_of, layer_of, load_masked_lm, load_tokenizer, n_layers
 from ablate.objectives import attention_mask_for, clm_labels, mlm_inputs
 from ablate.schedule import lr_at
@@ -183,14 +193,34 @@ class Context:
     vocab_size: int
     layer_params: dict[int, list[str]]   # layer (-1 = embeddings) -> parameter names
     autocast: bool
+    dist: Dist = field(default_factory=Dist)
+    encoder: torch.nn.Module | None = None   # the encoder to call (compiled when asked); None = family's
+    pin_memory: bool = False
 
 
-def pick_device(choice: str) -> torch.device:
+def pick_device(choice: str, local_rank: int = 0) -> torch.device:
     if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
     if choice == "cuda" and not torch.cuda.is_available():
         raise SpecError("CUDA is not available on this machine", key="device", value=choice, allowed="auto, cpu")
+    if choice == "cuda":
+        return torch.device("cuda", local_device_index(local_rank))
     return torch.device(choice)
+
+
+def compile_requested() -> bool:
+    """torch.compile of the encoder: ABLATE_COMPILE=1 (CUDA only; or a RunSpec `compile: true` once it has one)."""
+    return os.environ.get("ABLATE_COMPILE", "0") not in ("", "0", "false", "no")
+
+
+def check_data_parallel(spec: RunSpec, world_size: int) -> None:
+    """Each rank takes an equal slice of the global batch, itself a whole number of micro-batches."""
+    if world_size <= 1:
+        return
+    micro = spec.micro_batch_size or spec.batch_size // world_size
+    if spec.batch_size % (world_size * micro):
+        raise SpecError(f"batch_size must be a multiple of world size x micro-batch ({world_size} x {micro})",
+                        key="batch_size", value=spec.batch_size, allowed=f"a multiple of {world_size * micro}")
 
 
 def _layer_params(model, family: Family) -> dict[int, list[str]]:
@@ -207,7 +237,7 @@ def _layer_params(model, family: Family) -> dict[int, list[str]]:
 def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarray, global_step: int,
                opt: Optimizer, lr: float) -> tuple[float, dict[int, float]]:
     """One optimizer step over `batch` (split into micro-batches); returns (mean loss, grad norm per layer)."""
-    spec, model, family = ctx.spec, ctx.model, ctx.family
+    spec, model, family, dist = ctx.spec, ctx.model, ctx.family, ctx.dist
     torch.manual_seed(_seed_for(spec.seed, global_step, 1))        # dropout
     masking = torch.Generator().manual_seed(_seed_for(spec.seed, global_step, 2))
     ids = torch.from_numpy(batch.astype(np.int64))
@@ -223,18 +253,27 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
     mask_dtype = torch.bfloat16 if ctx.autocast else torch.float32
     attn = attention_mask_for(family.model_type, model.config, phase.spec.objective, ids.shape[1], mask_dtype,
                               ctx.device)
-    micro = spec.micro_batch_size or spec.batch_size
+    if dist.enabled:                       # masking and n_labels above are over the global batch
+        mine = rank_slice(len(ids), dist)
+        inputs, labels = inputs[mine], labels[mine]
+    if ctx.pin_memory:
+        inputs, labels = inputs.pin_memory(), labels.pin_memory()
+    encoder = ctx.encoder or family.encoder(model)
+    micro = spec.micro_batch_size or len(inputs)
     total = 0.0
-    for start in range(0, len(ids), micro):
+    for start in range(0, len(inputs), micro):
         x = inputs[start:start + micro].to(ctx.device, non_blocking=True)
         y = labels[start:start + micro].to(ctx.device, non_blocking=True)
         with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=ctx.autocast):
-            hidden = family.encoder(model)(input_ids=x, attention_mask=attn).last_hidden_state
+            hidden = encoder(input_ids=x, attention_mask=attn).last_hidden_state
             where = y != -100
             logits = family.head_logits(model, hidden[where])
         loss = torch.nn.functional.cross_entropy(logits.float(), y[where], reduction="sum") / n_labels
         loss.backward()
         total += loss.item()
+    if dist.enabled:
+        dist.sum_grads([p.grad for p in opt.trainable() if p.grad is not None])
+        total = dist.sum_float(total, ctx.device)
 
     norms = {}
     for layer, names in ctx.layer_params.items():
@@ -266,19 +305,29 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def setup(spec: RunSpec) -> tuple[Context, object, list[PhasePlan]]:
+def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, list[PhasePlan]]:
     """Model, tokenizer, packed data and phase plans: everything a run needs before its first step."""
-    device = pick_device(spec.device)
+    dist = dist or Dist()
+    check_data_parallel(spec, dist.world_size)
+    device = pick_device(spec.device, dist.local_rank)
     tokenizer = load_tokenizer(spec.tokenizer or spec.model)
     model = load_masked_lm(spec.model, spec.attn_implementation, seed=spec.seed).to(device)
     family = family_of(model.config)
     plans = plan_phases(spec, n_layers(model.config))
+    names = [n for n, _ in model.named_parameters()]
+    for plan in plans:
+        if all(is_frozen(n, family, plan.frozen) for n in names):
+            raise SpecError("the freeze mask leaves nothing to train", key=f"phases[{plan.index}].freeze",
+                            value=",".join(plan.spec.freeze))
     stream = load_token_stream(spec.data, tokenizer)
     sequences, doc_ids = stream.packed(spec.data.seq_len)
     special = sorted(set(tokenizer.all_special_ids))
     ctx = Context(spec, model, family, device, sequences, doc_ids, SequenceOrder(len(sequences), spec.data.data_seed),
                   torch.tensor(special), tokenizer.mask_token_id, model.config.vocab_size,
-                  _layer_params(model, family), autocast=device.type == "cuda")
+                  _layer_params(model, family), autocast=device.type == "cuda", dist=dist,
+                  pin_memory=device.type == "cuda")
+    if device.type == "cuda" and (getattr(spec, "compile", False) or compile_requested()):
+        ctx.encoder = torch.compile(family.encoder(model))
     return ctx, tokenizer, plans
 
 
@@ -287,10 +336,30 @@ def pretrain(spec: RunSpec, run_dir: Path, log: Log = print, phase_end_hooks: tu
     """Run (or resume) the phases of `spec` in `run_dir`; the final model lands in run_dir/model.
 
     stop_after_steps ends the call after that many optimizer steps of this call (a checkpoint is written
-    first): how tests and the launcher simulate a preemption at a known point."""
+    first): how tests and the launcher simulate a preemption at a known point.
+
+    Under torch.distributed (RANK/WORLD_SIZE in the environment, or several submitit tasks) every rank calls
+    this; the process group is joined here (and left at the end if created here). Ranks other than 0 do not
+    log, report progress, run phase-end hooks or write anything; every rank returns the same state, except
+    layer_rows from hooks, which only rank 0 holds."""
     run_dir = Path(run_dir)
+    dist = init_distributed(pick_device(spec.device).type)
+    try:
+        return _pretrain(spec, run_dir, dist, log, phase_end_hooks, progress, stop_after_steps)
+    finally:
+        dist.close()
+
+
+def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hooks: tuple[PhaseEndHook, ...],
+              progress: Callable[[dict], None] | None, stop_after_steps: int | None) -> TrainState:
+    main = dist.is_main
+    if not main:
+        log, progress, phase_end_hooks = _silent, None, ()
     ckpt_root = run_dir / "checkpoints"
-    ctx, tokenizer, plans = setup(spec)
+    ctx, tokenizer, plans = setup(spec, dist)
+    if dist.enabled:
+        log(f"data parallel: {dist.world_size} ranks, {spec.batch_size // dist.world_size} sequences per rank "
+            f"per step")
     model, family, layer_params, sequences = ctx.model, ctx.family, ctx.layer_params, ctx.sequences
     doc_ids = ctx.doc_ids
     for p in plans:
@@ -299,12 +368,18 @@ def pretrain(spec: RunSpec, run_dir: Path, log: Log = print, phase_end_hooks: tu
     base = {n: params[n].detach().float().cpu().clone() for names in layer_params.values() for n in names}
     opt = Optimizer(model, spec, fused=ctx.device.type == "cuda")
 
+    def checkpoint() -> None:
+        if main:
+            save_checkpoint(ckpt_root, model, opt, state)
+        dist.barrier()
+
     state = TrainState()
     found = latest_checkpoint(ckpt_root)
     if found is not None:
         state = load_checkpoint(found, model, opt)
         log(f"resumed from {found.name}: phase {state.phase_index}, step {state.global_step}, "
             f"{state.tokens_seen} tokens seen")
+    dist.barrier()       # every rank has read the checkpoint before rank 0 may replace it
     total_steps = sum(p.steps for p in plans)
     model.train()
     steps_this_call = 0
@@ -312,10 +387,7 @@ def pretrain(spec: RunSpec, run_dir: Path, log: Log = print, phase_end_hooks: tu
 
     while state.phase_index < len(plans) and not state.done:
         plan = plans[state.phase_index]
-        trainable = apply_freeze(model, family, plan.frozen)
-        if not trainable:
-            raise SpecError("the freeze mask leaves nothing to train", key=f"phases[{plan.index}].freeze",
-                            value=",".join(plan.spec.freeze))
+        apply_freeze(model, family, plan.frozen)
         opt.set_trainable()
         peak = plan.spec.lr.peak_lr or spec.optim.lr
         phase_hash = state.phase_token_hashes.get(plan.name, hashlib.sha256(plan.name.encode()).hexdigest())
@@ -344,10 +416,10 @@ def pretrain(spec: RunSpec, run_dir: Path, log: Log = print, phase_end_hooks: tu
             for layer, value in norms.items():
                 key = f"{plan.name}/{layer}"
                 state.grad_norm_sums[key] = state.grad_norm_sums.get(key, 0.0) + value
+            state.grad_norms += [{"phase": plan.name, "step": state.global_step, "layer": layer,
+                                  "grad_norm": value} for layer, value in norms.items()]
             last_of_phase = state.step_in_phase == plan.steps
             if state.global_step % spec.log_every == 0 or last_of_phase:
-                state.grad_norms += [{"phase": plan.name, "step": state.global_step, "layer": layer,
-                                      "grad_norm": value} for layer, value in norms.items()]
                 elapsed = time.perf_counter() - window_start
                 tps = window_tokens / elapsed if elapsed > 0 else 0.0
                 remaining = (total_steps - state.global_step) * spec.tokens_per_step / tps if tps else 0.0
@@ -363,7 +435,7 @@ def pretrain(spec: RunSpec, run_dir: Path, log: Log = print, phase_end_hooks: tu
             state.elapsed_s = time.perf_counter() - started
             stopping = stop_after_steps is not None and steps_this_call >= stop_after_steps
             if last_of_phase or state.global_step % spec.checkpoint_every == 0 or stopping:
-                save_checkpoint(ckpt_root, model, opt, state)
+                checkpoint()
             if stopping:
                 log(f"stopping after {steps_this_call} steps (checkpoint at step {state.global_step})")
                 return state
@@ -373,11 +445,17 @@ def pretrain(spec: RunSpec, run_dir: Path, log: Log = print, phase_end_hooks: tu
     if not state.done:
         state.done = True
         state.elapsed_s = time.perf_counter() - started
+        if main:
+            save_final_model(model, tokenizer, run_dir / "model")
+        checkpoint()
+    elif main and not (run_dir / "model" / "config.json").is_file():
         save_final_model(model, tokenizer, run_dir / "model")
-        save_checkpoint(ckpt_root, model, opt, state)
-    elif not (run_dir / "model" / "config.json").is_file():
-        save_final_model(model, tokenizer, run_dir / "model")
+    dist.barrier()
     return state
+
+
+def _silent(_message: str) -> None:
+    pass
 
 
 def _finish_phase(state: TrainState, plan: PhasePlan, model, base, layer_params, hooks) -> None:

@@ -189,10 +189,11 @@ def _common_flags(args, objective: str) -> list[str]:
             "--model", args.model, "--attn", args.attn, "--threads", str(args.threads)]
 
 
-def wait_for_quiet(threshold: float, timeout: float, log) -> float | None:
-    """Wait (up to timeout s) until the machine's busy cores over a 2 s window drop below threshold;
-    returns the last window's busy cores (None where /proc/stat is unreadable)."""
+def wait_for_quiet(threshold: float, timeout: float, log, windows: int = 3) -> float | None:
+    """Wait (up to timeout s) until the machine's busy cores stay below threshold for `windows` consecutive
+    2 s windows; returns the last window's busy cores (None where /proc/stat is unreadable)."""
     deadline = time.monotonic() + timeout
+    quiet = 0
     while True:
         a, t = busy_cpu_s(), time.monotonic()
         time.sleep(2.0)
@@ -200,8 +201,9 @@ def wait_for_quiet(threshold: float, timeout: float, log) -> float | None:
         if a is None or b is None:
             return None
         busy = (b - a) / (time.monotonic() - t)
-        if busy < threshold or time.monotonic() > deadline:
-            if busy >= threshold:
+        quiet = quiet + 1 if busy < threshold else 0
+        if quiet >= windows or time.monotonic() > deadline:
+            if quiet < windows:
                 log(f"  machine still busy ({busy:.2f} cores) after {timeout:.0f} s; measuring anyway")
             return round(busy, 2)
 
@@ -286,6 +288,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="before each measurement wait until other processes keep fewer than this many cores busy "
                          "(default 0.3; 0 to not wait)")
     ap.add_argument("--quiet-timeout", type=float, default=180.0, help="longest wait for quiet, s (default 180)")
+    ap.add_argument("--ablate-script", default=str(HERE / "pretrain_step.py"),
+                    help="the ablate side: bench/pretrain_step.py (default) or any script with its CLI, e.g. a "
+                         "wrapper that runs it against a patched engine")
     ap.add_argument("--json-out", default=None, help="also write the final JSON object to this file")
     args = ap.parse_args(argv)
 
@@ -308,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
             for recipe in order:
                 flags = _common_flags(args, obj)
                 if recipe == "ablate":
-                    cmd = [sys.executable, str(HERE / "pretrain_step.py"), *flags]
+                    cmd = [sys.executable, args.ablate_script, *flags]
                 else:
                     cmd = [sys.executable, str(Path(__file__).resolve()), "--standard-only", *flags,
                            "--seed", str(args.seed)]
