@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,7 +18,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
 
-from ablate import metrics
+from ablate import atomic, metrics
 from ablate.errors import SpecError
 from ablate.tasks import (Example, FinetuneSettings, TaskSpec, load_task, load_task_data, resolve_settings)
 
@@ -299,7 +297,7 @@ def evaluate_scores(model_dir, tasks: list[str], seeds: list[int], settings_over
     for task, settings, seed, path, done in plan:
         if done is None:
             done = finetune(model_dir, task, seed, settings, data_root=data_root, device=device)
-            _write_json_atomic(path, {"task": task.name, "seed": seed, "model_dir": str(model_dir),
+            atomic.write_json(path, {"task": task.name, "seed": seed, "model_dir": str(model_dir),
                                       "settings": settings.model_dump(mode="json"), "rows": done})
         rows += done
     return rows
@@ -320,17 +318,3 @@ def _read_done(path: Path, wanted: dict) -> list[dict]:
                         "another out_dir", file=str(path), key=f"finetune.{k}", value=wanted.get(k),
                         allowed=f"{stored.get(k)!r} (stored)")
     return rows
-
-
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise

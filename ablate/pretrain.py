@@ -238,7 +238,9 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
                opt: Optimizer, lr: float) -> tuple[float, dict[int, float]]:
     """One optimizer step over `batch` (split into micro-batches); returns (mean loss, grad norm per layer)."""
     spec, model, family, dist = ctx.spec, ctx.model, ctx.family, ctx.dist
-    torch.manual_seed(_seed_for(spec.seed, global_step, 1))        # dropout
+    # dropout: rank 0 draws what a single process draws; other ranks their own streams (not a copy of rank 0's)
+    torch.manual_seed(_seed_for(spec.seed, global_step, 1) if dist.rank == 0 else
+                      _seed_for(spec.seed, global_step, 1, dist.rank))
     masking = torch.Generator().manual_seed(_seed_for(spec.seed, global_step, 2))
     ids = torch.from_numpy(batch.astype(np.int64))
     if phase.spec.objective == "mlm":

@@ -126,11 +126,18 @@ def effective_state(run_dir: Path, status: dict | None = None) -> str:
 
 
 def write_records(run_dir: Path, run: dict, curves: list[dict], grads: list[dict], layers: list[dict]) -> None:
+    """The run's records, each atomically; the caller writes status "done" only after this returns."""
     rec = Path(run_dir) / "records"
-    atomic.write_json(rec / "curves.json", _columns(curves, ("phase", "step", "tokens", "loss", "lr")))
-    atomic.write_json(rec / "grads.json", _columns(grads, ("phase", "step", "layer", "grad_norm")))
-    atomic.write_json(rec / "layers.json", _columns(layers, ("phase", "layer", "measure", "value")))
+    for name, rows in (("curves", curves), ("grads", grads), ("layers", layers)):
+        columns = _columns(rows, TABLE_COLUMNS[name][1:])
+        atomic.write_text(rec / f"{name}.json", json.dumps(columns, separators=(",", ":"), default=_plain) + "\n")
     atomic.write_json(rec / "run.json", run)
+
+
+def _plain(value: Any) -> Any:
+    """numpy / torch scalars as Python numbers (anything else as text, as atomic.write_json does)."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) else str(value)
 
 
 def _columns(rows: list[dict], names: tuple[str, ...]) -> dict[str, list]:

@@ -3,7 +3,7 @@
     .venv/bin/python bench/grid_scale.py                 # build synthetic folders in a temp dir, time, delete
     .venv/bin/python bench/grid_scale.py --keep DIR      # build them in DIR once (or reuse), keep them
 
-Three timings, each the median of --repeat runs (default 3), goals in brackets:
+Three timings, each the median wall time of --repeat runs (default 3), goals in brackets:
   expand   load + validate a grid file of 4 schedules x 5 freeze masks x 25 seeds x 20 lrs = 10,000 runs
            into RunSpecs with their run ids (ablate.grid.load_grid + expand)               [< 2 s]
   status   ablate.launch.status_rows over the sweep's 10,000 run ids                        [< 2 s]
@@ -19,7 +19,9 @@ rows. 9,000 are done, 500 failed, 500 say "running" with nobody holding their lo
 which costs a lock probe each). fsync is skipped while building them (setup only: 80,000 fsyncs take minutes
 on this disk and do not change what is read back); nothing is skipped while timing.
 
-The last line printed is one JSON object with the timings in seconds, the row counts and the goals.
+The last line printed is one JSON object: the wall times in seconds, the same calls' CPU time (cpu_s: this
+process's, which other work on a shared machine does not inflate), the 1-minute load average before and
+after, the states and row counts, and the goals. The exit status is 0 when every goal is met.
 """
 
 from __future__ import annotations
@@ -78,12 +80,18 @@ def grid_text() -> str:
     return "\n".join(lines) + "\n"
 
 
-def timed(fn, repeat: int):
-    times, result = [], None
+CPU_S: dict[str, float] = {}
+
+
+def timed(fn, repeat: int, name: str):
+    """Median wall time of `repeat` calls (and, in CPU_S, the median CPU time of this process)."""
+    times, cpu, result = [], [], None
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = fn()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    CPU_S[name] = round(statistics.median(cpu), 3)
     return statistics.median(times), result
 
 
@@ -153,10 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         def do_expand():
             return expand(load_grid(grid_file), file=str(grid_file))
 
-        t_expand, runs = timed(do_expand, args.repeat)
+        load_before = os.getloadavg()[0]
+        t_expand, runs = timed(do_expand, args.repeat, "expand")
         assert len(runs) == N_SCHEDULES * N_MASKS * N_SEEDS * N_LRS, len(runs)
         ids = [r.run_id for r in runs]
-        t_resolve, plans = timed(lambda: resolve_layers(runs, file=str(grid_file)), args.repeat)
+        t_resolve, plans = timed(lambda: resolve_layers(runs, file=str(grid_file)), args.repeat, "resolve")
         assert len(plans) == len(runs)
 
         sweep_dir = work / "scale"
@@ -168,18 +177,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"built {len(runs)} run folders in {time.perf_counter() - t0:.1f} s: {counts}", file=sys.stderr)
 
         paths = launch.SweepPaths(sweep_dir)
-        t_status, rows = timed(lambda: launch.status_rows(paths, ids), args.repeat)
+        t_status, rows = timed(lambda: launch.status_rows(paths, ids), args.repeat, "status")
         states = {}
         for r in rows:
             states[r["state"]] = states.get(r["state"], 0) + 1
-        t_collect_read, _ = timed(lambda: records.collect(sweep_dir, write=False), args.repeat)
-        t_collect, collected = timed(lambda: records.collect(sweep_dir), args.repeat)
+        t_collect_read, _ = timed(lambda: records.collect(sweep_dir, write=False), args.repeat, "collect_no_write")
+        t_collect, collected = timed(lambda: records.collect(sweep_dir), args.repeat, "collect")
         assert not collected.problems, collected.problems[:3]
 
         result = {
             "bench": "grid_scale", "runs": len(runs), "cpus": os.cpu_count(), "python": platform.python_version(),
             "expand_s": round(t_expand, 3), "resolve_s": round(t_resolve, 3), "status_s": round(t_status, 3),
             "collect_s": round(t_collect, 3), "collect_no_write_s": round(t_collect_read, 3),
+            "cpu_s": CPU_S, "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "states": states, "rows": {name: len(frame) for name, frame in collected.tables.items()},
             "goals_s": GOALS_S,
             "met": {"expand": t_expand < GOALS_S["expand"], "status": t_status < GOALS_S["status"],

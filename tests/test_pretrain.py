@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForMaskedLM
 
 from ablate.errors import SpecError
-from ablate.models import family_of, layer_of, load_masked_lm
+from ablate.models import layer_of
 from ablate.pretrain import Optimizer, apply_freeze, plan_phases, pretrain, setup
 from ablate.schedule import lr_at
 from ablate.spec import LRSchedule, parse_run_spec
