@@ -113,6 +113,10 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
             if spec.eval.tasks:
                 from ablate.evaluate import evaluate_run
 
+                records.atomic.write_json(run_dir / "progress.json", {
+                    "phase": "fine-tuning " + ",".join(spec.eval.tasks), "step": state.global_step,
+                    "total_steps": state.global_step, "loss": state.curves[-1]["loss"] if state.curves else 0.0})
+
                 evaluate_run(run_dir, spec, log=log)
             records.write_status(run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3))
             log(f"done: {state.tokens_seen} tokens, token hash {state.token_hash[:16]}")
