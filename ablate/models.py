@@ -32,10 +32,9 @@ class Family:
     """Where an architecture keeps its embeddings, blocks and MLM head."""
 
     model_type: str
-    encoder_attr: str          # the bare encoder inside the *ForMaskedLM
-    embeddings_prefix: str
-    layer_pattern: re.Pattern  # parameter name -> block index
-    encoder_tail_prefixes: tuple[str, ...]  # encoder parameters after the last block (final norm)
+    encoder_attr: str          # the bare encoder inside the *ForMaskedLM; also its parameter-name prefix
+    layer_pattern: re.Pattern  # parameter name inside the encoder -> block index
+    encoder_tail: tuple[str, ...]  # encoder parameters after the last block (final norm)
 
     def encoder(self, model: torch.nn.Module) -> torch.nn.Module:
         return getattr(model, self.encoder_attr)
@@ -47,9 +46,8 @@ class Family:
 
 
 FAMILIES = {
-    "bert": Family("bert", "bert", "bert.embeddings.", re.compile(r"^bert\.encoder\.layer\.(\d+)\."), ()),
-    "modernbert": Family("modernbert", "model", "model.embeddings.", re.compile(r"^model\.layers\.(\d+)\."),
-                         ("model.final_norm.",)),
+    "bert": Family("bert", "bert", re.compile(r"^encoder\.layer\.(\d+)\."), ()),
+    "modernbert": Family("modernbert", "model", re.compile(r"^layers\.(\d+)\."), ("final_norm.",)),
 }
 
 
@@ -62,15 +60,21 @@ def family_of(config: PretrainedConfig) -> Family:
 
 
 def layer_of(param_name: str, family: Family) -> str:
-    """'emb', a block index as a string, 'tail' (final norm) or 'head' for a parameter name."""
-    if param_name.startswith(family.embeddings_prefix):
+    """'emb', a block index as a string, 'tail' (final norm) or 'head' (anything else: MLM head, pooler)
+    for a parameter name of the *ForMaskedLM or of its bare encoder."""
+    name = param_name.removeprefix(family.encoder_attr + ".")
+    if name.startswith("embeddings."):
         return "emb"
-    m = family.layer_pattern.match(param_name)
+    m = family.layer_pattern.match(name)
     if m:
         return m.group(1)
-    if param_name.startswith(family.encoder_tail_prefixes):
-        return "tail"
-    return "head"
+    return "tail" if name.startswith(family.encoder_tail) else "head"
+
+
+def layer_index(param_name: str, family: Family) -> int | None:
+    """The `layers` table's index of a parameter: -1 embeddings, 0..n-1 blocks, None otherwise."""
+    where = layer_of(param_name, family)
+    return -1 if where == "emb" else int(where) if where.isdigit() else None
 
 
 def _package_path(module: str) -> Path:

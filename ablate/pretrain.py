@@ -40,7 +40,8 @@ from ablate.distributed import Dist, init as init_distributed, local_device_inde
 from ablate.data.corpus import SequenceOrder, load_token_stream
 from ablate.errors import SpecError
 from ablate.freezing import FrozenSet, apply_freeze, is_frozen, resolve_freeze
-from ablate.models import Family, family_of, layer_of, load_masked_lm, load_tokenizer, n_layers
+from ablate.models import Family, family_of, load_masked_lm, load_tokenizer, n_layers
+from ablate.probe import grad_norms, layer_params, weight_rel_change
 from ablate.objectives import attention_mask_for, clm_labels, mlm_inputs
 from ablate.schedule import lr_at
 from ablate.spec import PhaseSpec, RunSpec
@@ -223,17 +224,6 @@ def check_data_parallel(spec: RunSpec, world_size: int) -> None:
                         key="batch_size", value=spec.batch_size, allowed=f"a multiple of {world_size * micro}")
 
 
-def _layer_params(model, family: Family) -> dict[int, list[str]]:
-    out: dict[int, list[str]] = {}
-    for name, _ in model.named_parameters():
-        where = layer_of(name, family)
-        if where == "emb":
-            out.setdefault(-1, []).append(name)
-        elif where.isdigit():
-            out.setdefault(int(where), []).append(name)
-    return dict(sorted(out.items()))
-
-
 def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarray, global_step: int,
                opt: Optimizer, lr: float) -> tuple[float, dict[int, float]]:
     """One optimizer step over `batch` (split into micro-batches); returns (mean loss, grad norm per layer)."""
@@ -277,11 +267,7 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
         dist.sum_grads([p.grad for p in opt.trainable() if p.grad is not None])
         total = dist.sum_float(total, ctx.device)
 
-    norms = {}
-    for layer, names in ctx.layer_params.items():
-        grads = [opt.named[n].grad for n in names if opt.named[n].grad is not None]
-        if grads:
-            norms[layer] = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+    norms = grad_norms(opt.named, ctx.layer_params)
     if spec.optim.grad_clip is not None:
         torch.nn.utils.clip_grad_norm_(opt.trainable(), spec.optim.grad_clip)
     for group in opt.torch.param_groups:
@@ -289,17 +275,6 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
     opt.torch.step()
     opt.torch.zero_grad(set_to_none=True)
     return total, norms
-
-
-def weight_rel_change(model, base: dict[str, torch.Tensor], layer_params: dict[int, list[str]]) -> dict[int, float]:
-    """||W - W_base|| / ||W_base|| over all parameters of each layer (embeddings = -1)."""
-    params = dict(model.named_parameters())
-    out = {}
-    for layer, names in layer_params.items():
-        diff = sum(float((params[n].detach().float().cpu() - base[n]).pow(2).sum()) for n in names)
-        ref = sum(float(base[n].pow(2).sum()) for n in names)
-        out[layer] = math.sqrt(diff) / math.sqrt(ref) if ref else 0.0
-    return out
 
 
 def _fmt_time(seconds: float) -> str:
@@ -326,7 +301,7 @@ def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, lis
     special = sorted(set(tokenizer.all_special_ids))
     ctx = Context(spec, model, family, device, sequences, doc_ids, SequenceOrder(len(sequences), spec.data.data_seed),
                   torch.tensor(special), tokenizer.mask_token_id, model.config.vocab_size,
-                  _layer_params(model, family), autocast=device.type == "cuda", dist=dist,
+                  layer_params(model), autocast=device.type == "cuda", dist=dist,
                   pin_memory=device.type == "cuda")
     if device.type == "cuda" and (getattr(spec, "compile", False) or compile_requested()):
         ctx.encoder = torch.compile(family.encoder(model))
@@ -362,12 +337,12 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
     if dist.enabled:
         log(f"data parallel: {dist.world_size} ranks, {spec.batch_size // dist.world_size} sequences per rank "
             f"per step")
-    model, family, layer_params, sequences = ctx.model, ctx.family, ctx.layer_params, ctx.sequences
+    model, family, groups, sequences = ctx.model, ctx.family, ctx.layer_params, ctx.sequences
     doc_ids = ctx.doc_ids
     for p in plans:
         log(f"phase {p.name}: {p.spec.objective}, {p.steps} steps, frozen: {p.frozen.describe() or 'nothing'}")
     params = dict(model.named_parameters())
-    base = {n: params[n].detach().float().cpu().clone() for names in layer_params.values() for n in names}
+    base = {n: params[n].detach().float().cpu().clone() for names in groups.values() for n in names}
     opt = Optimizer(model, spec, fused=ctx.device.type == "cuda")
 
     def checkpoint() -> None:
@@ -433,7 +408,7 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
                 window_start, window_tokens = time.perf_counter(), 0
 
             if last_of_phase:
-                _finish_phase(state, plan, model, base, layer_params, phase_end_hooks)
+                _finish_phase(state, plan, model, base, groups, phase_end_hooks)
             state.elapsed_s = time.perf_counter() - started
             stopping = stop_after_steps is not None and steps_this_call >= stop_after_steps
             if last_of_phase or state.global_step % spec.checkpoint_every == 0 or stopping:
@@ -460,11 +435,11 @@ def _silent(_message: str) -> None:
     pass
 
 
-def _finish_phase(state: TrainState, plan: PhasePlan, model, base, layer_params, hooks) -> None:
+def _finish_phase(state: TrainState, plan: PhasePlan, model, base, groups, hooks) -> None:
     """Measures at the end of a phase, then move the state to the next phase."""
-    for layer, value in weight_rel_change(model, base, layer_params).items():
+    for layer, value in weight_rel_change(dict(model.named_parameters()), base, groups).items():
         state.layer_rows.append({"phase": plan.name, "layer": layer, "measure": "weight_rel_change", "value": value})
-    for layer in layer_params:
+    for layer in groups:
         total = state.grad_norm_sums.get(f"{plan.name}/{layer}")
         if total is not None:
             state.layer_rows.append({"phase": plan.name, "layer": layer, "measure": "grad_norm",

@@ -13,40 +13,12 @@ belong to no group.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ablate.errors import SpecError
-
-EMBEDDINGS = "embeddings"
-
-# Optional architecture prefix (present in *ForMaskedLM names, absent in bare encoders), then the group.
-_LAYER_PATTERNS = {
-    "bert": re.compile(r"^(?:bert\.)?(?:(embeddings)\.|encoder\.layer\.(\d+)\.)"),
-    "modernbert": re.compile(r"^(?:model\.)?(?:(embeddings)\.|layers\.(\d+)\.)"),
-}
-
-
-def layer_of(param_name: str, model_type: str) -> str | None:
-    """The layer group of a parameter: "embeddings", "0", "1", ..., or None (head, pooler, final norm)."""
-    try:
-        pattern = _LAYER_PATTERNS[model_type]
-    except KeyError:
-        raise SpecError("unsupported model type for per-layer measures", key="model_type",
-                        value=model_type, allowed=", ".join(sorted(_LAYER_PATTERNS))) from None
-    m = pattern.match(param_name)
-    if m is None:
-        return None
-    return EMBEDDINGS if m.group(1) else m.group(2)
-
-
-def group_sort_key(group: str) -> int:
-    """Order groups as the `layers` table does: embeddings (-1) first, then blocks by index."""
-    return -1 if group == EMBEDDINGS else int(group)
-
 
 # --- CKA -------------------------------------------------------------------------------------------------
 
@@ -146,54 +118,61 @@ def representations_for(model, tokenizer, texts: Sequence[str], max_length: int 
 
 # --- weights and gradients -------------------------------------------------------------------------------
 
-def _grouped_parameters(model) -> dict[str, dict[str, object]]:
-    """{group: {name without architecture prefix: parameter}} for the bare encoder of `model`."""
-    encoder = _encoder(model)
-    model_type = encoder.config.model_type
-    groups: dict[str, dict[str, object]] = {}
-    for name, p in encoder.named_parameters():
-        g = layer_of(name, model_type)
-        if g is not None:
-            groups.setdefault(g, {})[name] = p
-    return dict(sorted(groups.items(), key=lambda kv: group_sort_key(kv[0])))
+def layer_params(model) -> dict[int, list[str]]:
+    """{layer index (-1 = embeddings): parameter names} for a *ForMaskedLM or a bare encoder."""
+    from ablate.models import family_of, layer_index
+
+    family = family_of(model.config)
+    out: dict[int, list[str]] = {}
+    for name, _ in model.named_parameters():
+        idx = layer_index(name, family)
+        if idx is not None:
+            out.setdefault(idx, []).append(name)
+    return dict(sorted(out.items()))
 
 
-def weight_relative_change(model_after, model_base) -> dict[str, float]:
-    """||W_after - W_base|| / ||W_base|| per layer group, Frobenius norms over all the group's parameters."""
+def weight_rel_change(params: Mapping, base: Mapping, groups: Mapping[int, list[str]]) -> dict[int, float]:
+    """||W - W_base|| / ||W_base|| per layer, Frobenius norms (float64) over all the layer's parameters."""
     import torch
 
-    after, base = _grouped_parameters(model_after), _grouped_parameters(model_base)
-    if after.keys() != base.keys():
-        raise ValueError(f"models have different layer groups: {list(after)} vs {list(base)}")
     out = {}
     with torch.no_grad():
-        for g, params in after.items():
-            if params.keys() != base[g].keys():
-                raise ValueError(f"layer group {g} has different parameters in the two models")
+        for layer, names in groups.items():
             diff_sq = base_sq = 0.0
-            for name, p in params.items():
-                w_after = p.detach().to("cpu", torch.float64)
-                w_base = base[g][name].detach().to("cpu", torch.float64)
-                diff_sq += float(((w_after - w_base) ** 2).sum())
+            for name in names:
+                w = params[name].detach().to("cpu", torch.float64)
+                w_base = base[name].detach().to("cpu", torch.float64)
+                diff_sq += float(((w - w_base) ** 2).sum())
                 base_sq += float((w_base ** 2).sum())
-            out[g] = float(np.sqrt(diff_sq) / np.sqrt(base_sq)) if base_sq > 0 else float("nan")
+            out[layer] = float(np.sqrt(diff_sq) / np.sqrt(base_sq)) if base_sq > 0 else float("nan")
     return out
 
 
-def layer_grad_norms(model) -> dict[str, float]:
-    """L2 norm of the current gradients per layer group (after backward, before the optimizer step).
+def weight_relative_change(model_after, model_base) -> dict[int, float]:
+    """weight_rel_change between two models of the same architecture (MLM wrappers or bare encoders)."""
+    after, base = dict(_encoder(model_after).named_parameters()), dict(_encoder(model_base).named_parameters())
+    groups = layer_params(_encoder(model_after))
+    if groups != layer_params(_encoder(model_base)):
+        raise ValueError("the two models have different layers")
+    return weight_rel_change(after, base, groups)
 
-    Groups whose parameters have no gradient (frozen, or not reached) are left out.
-    """
+
+def grad_norms(params: Mapping, groups: Mapping[int, list[str]]) -> dict[int, float]:
+    """L2 norm (accumulated in float64) of the current gradients per layer; layers without gradients
+    (frozen, or not reached) are left out."""
     import torch
 
     out = {}
-    with torch.no_grad():
-        for g, params in _grouped_parameters(model).items():
-            grads = [p.grad for p in params.values() if p.grad is not None]
-            if grads:
-                out[g] = float(np.sqrt(sum(float((gr.detach().to(torch.float64) ** 2).sum()) for gr in grads)))
+    for layer, names in groups.items():
+        grads = [params[n].grad for n in names if params[n].grad is not None]
+        if grads:
+            out[layer] = float(torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads])))
     return out
+
+
+def layer_grad_norms(model) -> dict[int, float]:
+    return grad_norms(dict(model.named_parameters()), layer_params(model))
 
 
 # --- the paper's ratio across runs -----------------------------------------------------------------------

@@ -135,6 +135,7 @@ class RunSpec(Strict):
     checkpoint_every: int = Field(default=50, gt=0, description="optimizer steps")
     log_every: int = Field(default=10, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    compile: bool = Field(default=False, description="torch.compile the encoder (CUDA only; off on CPU)")
     probe: ProbeSpec = ProbeSpec()
     eval: EvalSpec = EvalSpec()
     labels: dict[str, Any] = Field(default_factory=dict, description="names that do not change training "
@@ -160,7 +161,8 @@ class RunSpec(Strict):
         return self
 
     # Fields that do not change what is trained; they are left out of the run id.
-    NON_TRAINING_FIELDS: ClassVar[tuple[str, ...]] = ("labels", "eval", "probe", "log_every", "checkpoint_every", "device")
+    NON_TRAINING_FIELDS: ClassVar[tuple[str, ...]] = ("labels", "eval", "probe", "log_every", "checkpoint_every",
+                                                     "device", "compile")
 
     @property
     def run_id(self) -> str:

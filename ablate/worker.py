@@ -84,9 +84,25 @@ def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: floa
     }
 
 
+def _execute_follower(run_dir: Path, stop_after_steps: int | None) -> str:
+    """A rank other than 0: no lock, status, records or evaluation; rank 0 keeps those."""
+    if records.read_status(run_dir).get("state") == "done":
+        return "done"
+    state = pretrain(load_spec(run_dir), run_dir, log=lambda _m: None, stop_after_steps=stop_after_steps)
+    return "done" if state.done else "interrupted"
+
+
 def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
-    """Run (or resume, or finish) the run in `run_dir`; returns its final state."""
+    """Run (or resume, or finish) the run in `run_dir`; returns its final state.
+
+    In a data-parallel job (several ranks: torchrun or several submitit tasks) rank 0 does all of this;
+    the other ranks only train alongside it (pretrain joins the process group) and write nothing."""
+    from ablate.distributed import world_from_env
+
     run_dir = Path(run_dir)
+    rank, world, _ = world_from_env()
+    if world > 1 and rank != 0:
+        return _execute_follower(run_dir, stop_after_steps)
     lock = records.RunLock(run_dir)
     if not lock.acquire():
         raise AlreadyRunning(f"{run_dir.name} is already running elsewhere ({lock.path.read_text().strip()})")

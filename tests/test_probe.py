@@ -11,7 +11,8 @@ import torch
 from scipy.stats import ortho_group
 
 from ablate.errors import SpecError
-from ablate.probe import (cka_ratio, cka_vs_reference, layer_grad_norms, layer_of, layer_representations,
+from ablate.models import FAMILIES, layer_of
+from ablate.probe import (cka_ratio, cka_vs_reference, layer_grad_norms, layer_representations,
                           linear_cka, probe_texts, representations_for, weight_relative_change)
 
 
@@ -117,34 +118,31 @@ def test_cka_vs_reference_per_layer():
 
 def test_layer_of_bert_names():
     model = tiny_bert()
-    groups = {n: layer_of(n, "bert") for n, _ in model.named_parameters()}
-    assert groups["bert.embeddings.word_embeddings.weight"] == "embeddings"
+    bert = FAMILIES["bert"]
+    groups = {n: layer_of(n, bert) for n, _ in model.named_parameters()}
+    assert groups["bert.embeddings.word_embeddings.weight"] == "emb"
     assert groups["bert.encoder.layer.2.output.LayerNorm.bias"] == "2"
-    assert groups["cls.predictions.transform.dense.weight"] is None
-    assert {g for g in groups.values() if g} == {"embeddings", "0", "1", "2"}
-    bare = {n: layer_of(n, "bert") for n, _ in model.bert.named_parameters()}
+    assert groups["cls.predictions.transform.dense.weight"] == "head"
+    assert set(groups.values()) == {"emb", "0", "1", "2", "head"}
+    bare = {n: layer_of(n, bert) for n, _ in model.bert.named_parameters()}
     assert bare["encoder.layer.1.attention.self.query.weight"] == "1"
-    assert layer_of("pooler.dense.weight", "bert") is None
-    assert layer_of("bert.encoder.layer.12.attention.self.query.weight", "bert") == "12"
+    assert layer_of("pooler.dense.weight", bert) == "head"
+    assert layer_of("bert.encoder.layer.12.attention.self.query.weight", bert) == "12"
 
 
 def test_layer_of_modernbert_names():
     model = tiny_modernbert()
-    groups = {n: layer_of(n, "modernbert") for n, _ in model.named_parameters()}
-    assert groups["model.embeddings.tok_embeddings.weight"] == "embeddings"
+    mb = FAMILIES["modernbert"]
+    groups = {n: layer_of(n, mb) for n, _ in model.named_parameters()}
+    assert groups["model.embeddings.tok_embeddings.weight"] == "emb"
     assert groups["model.layers.0.attn.Wqkv.weight"] == "0"
     assert groups["model.layers.2.mlp.Wo.weight"] == "2"
-    assert groups["model.final_norm.weight"] is None
-    assert groups["head.dense.weight"] is None
-    assert {g for g in groups.values() if g} == {"embeddings", "0", "1", "2"}
-    assert layer_of("layers.1.mlp_norm.weight", "modernbert") == "1"
+    assert groups["model.final_norm.weight"] == "tail"
+    assert groups["head.dense.weight"] == "head"
+    assert set(groups.values()) == {"emb", "0", "1", "2", "tail", "head"}
+    assert layer_of("layers.1.mlp_norm.weight", mb) == "1"
     # a BERT name is not a ModernBERT layer
-    assert layer_of("bert.encoder.layer.1.output.dense.weight", "modernbert") is None
-
-
-def test_layer_of_unknown_model_type():
-    with pytest.raises(SpecError, match="modernbert"):
-        layer_of("layers.0.x", "gpt2")
+    assert layer_of("bert.encoder.layer.1.output.dense.weight", mb) == "head"
 
 
 # --- representations ---------------------------------------------------------------------------------------
@@ -198,9 +196,9 @@ def test_weight_relative_change_one_layer(make):
             if ".1." in name and "layer" in name:
                 p.mul_(1.25)
     change = weight_relative_change(after, base)
-    assert list(change) == ["embeddings", "0", "1", "2"]
-    assert change["1"] == pytest.approx(0.25, rel=1e-6)
-    assert change["embeddings"] == change["0"] == change["2"] == 0.0
+    assert list(change) == [-1, 0, 1, 2]
+    assert change[1] == pytest.approx(0.25, rel=1e-6)
+    assert change[-1] == change[0] == change[2] == 0.0
     assert weight_relative_change(after.base_model, base) == change  # bare encoder or MLM wrapper
 
 
@@ -211,28 +209,28 @@ def test_weight_relative_change_additive_perturbation():
     delta_sq = base_sq = 0.0
     with torch.no_grad():
         for name, p in after.named_parameters():
-            if layer_of(name, "bert") == "embeddings":
+            if layer_of(name, FAMILIES["bert"]) == "emb":
                 d = 0.01 * torch.randn_like(p)
                 base_sq += float((p.double() ** 2).sum())
                 delta_sq += float((d.double() ** 2).sum())
                 p.add_(d)
     change = weight_relative_change(after, base)
-    assert change["embeddings"] == pytest.approx((delta_sq / base_sq) ** 0.5, rel=1e-5)
-    assert change["0"] == 0.0
+    assert change[-1] == pytest.approx((delta_sq / base_sq) ** 0.5, rel=1e-5)
+    assert change[0] == 0.0
 
 
 def test_layer_grad_norms():
     model = tiny_bert()
     for name, p in model.named_parameters():
-        p.requires_grad_(layer_of(name, "bert") in ("1", "2"))
+        p.requires_grad_(layer_of(name, FAMILIES["bert"]) in ("1", "2"))
     ids = torch.randint(5, 100, (2, 10))
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()
     norms = layer_grad_norms(model)
-    assert set(norms) == {"1", "2"}
+    assert set(norms) == {1, 2}
     expected = sum(float((p.grad.double() ** 2).sum()) for n, p in model.named_parameters()
-                   if layer_of(n, "bert") == "1") ** 0.5
-    assert norms["1"] == pytest.approx(expected, rel=1e-9) and norms["1"] > 0
+                   if layer_of(n, FAMILIES["bert"]) == "1") ** 0.5
+    assert norms[1] == pytest.approx(expected, rel=1e-9) and norms[1] > 0
 
 
 # --- the paper's ratio -------------------------------------------------------------------------------------
@@ -283,7 +281,7 @@ def test_cka_ratio_from_model_folders(tmp_path, minilm):
     arm = copy.deepcopy(dirs["mlm0"])
     with torch.no_grad():
         for name, p in arm.named_parameters():
-            if layer_of(name, "bert") == "1":
+            if layer_of(name, FAMILIES["bert"]) == "1":
                 p.add_(0.05 * torch.randn_like(p))
     dirs["clm0"] = arm
     for run_id, m in dirs.items():
