@@ -52,7 +52,6 @@ def _validate_against_model(spec, file) -> None:
 
 
 def cmd_sweep(args) -> int:
-    from ablate import launch, records
     from ablate.grid import expand, load_grid, plan_table, resolve_layers
     from ablate.paths import results_root
 
@@ -68,6 +67,8 @@ def cmd_sweep(args) -> int:
         print(f"{len(runs)} runs; executor {executor}; results in {results_root(args.results) / grid.sweep}; "
               "dry run: nothing submitted")
         return 0
+    from ablate import launch, records
+
     if executor == "slurm" and not launch.have_slurm():
         raise SpecError("Slurm is not available here (no sbatch on PATH)", key="launcher.executor", value="slurm",
                         allowed="local, debug")

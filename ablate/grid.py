@@ -298,7 +298,8 @@ def _set_path(target: dict, dotted: str, value: Any, file: str | None = None, wh
             child = dict(child)
         else:
             raise SpecError(f"key path goes through {k!r}, which is not a mapping here", file=file,
-                            key=where or f"axes.{dotted}", value=child if isinstance(child, (str, int, float)) else None)
+                            key=where or f"axes.{dotted}",
+                            value=child if isinstance(child, (str, int, float)) else None)
         target[k] = child
         target = child
     target[keys[-1]] = _own(value)

@@ -86,7 +86,10 @@ def job_alive(status: dict) -> bool:
 
 def classify(run_dir: Path, retry_failed: bool) -> str:
     """'skip-done', 'skip-failed', 'skip-active' or 'submit'."""
-    status = records.read_status(run_dir)
+    try:
+        status = records.read_status(run_dir)
+    except ValueError:  # an unreadable status.json: the next write replaces it
+        status = {"state": "pending"}
     state = records.effective_state(run_dir, status)
     if state == "done":
         return "skip-done"
@@ -251,7 +254,7 @@ def status_rows(paths: SweepPaths, run_ids: list[str] | None = None) -> list[dic
             continue
         state = records.effective_state(run_dir, status)
         row = {"run_id": rid, **spec.get("labels", {}).get("axes", {}), "state": state}
-        started, updated = status.get("started"), status.get("updated")
+        started = status.get("started")
         if state == "running" and started:
             row["elapsed"] = _fmt_s(now - started)
         elif state == "done":
@@ -268,7 +271,6 @@ def status_rows(paths: SweepPaths, run_ids: list[str] | None = None) -> list[dic
             detail = " / ".join(err[-3:])
             detail += f"  (log: {run_dir / 'log.txt'}" + (f", {status['job_stderr']}" if status.get("job_stderr") else "") + ")"
         row["detail"] = detail
-        del updated
         rows.append(row)
     return rows
 

@@ -11,8 +11,9 @@
         checkpoints/, model/, log.txt
 
 Every file is written atomically, and status.json says "done" only after every record is in place, so a
-folder is complete exactly when its status says so. collect() reads whatever is there, reports folders it
-cannot read, and writes runs / scores / layers / curves / grads as parquet and csv.
+folder is complete exactly when its status says so: collect() reads records/ of done runs only. It reads
+every folder, reports (in `problems`) and leaves out whole those it cannot read, and writes runs / scores /
+layers / curves / grads as parquet and csv, each built in one go from column lists (10,000 runs: ~5 s).
 """
 
 from __future__ import annotations
@@ -56,8 +57,13 @@ def read_status(run_dir: Path) -> dict:
 
 
 def write_status(run_dir: Path, state: str, **fields) -> dict:
+    """Set the state (and fields), keeping the other fields; an unreadable status.json is replaced."""
     assert state in STATES, state
-    status = {k: v for k, v in read_status(run_dir).items() if k not in ("state", "error")}
+    try:
+        previous = read_status(run_dir)
+    except ValueError:
+        previous = {}
+    status = {k: v for k, v in previous.items() if k not in ("state", "error")}
     status.update(fields, state=state, updated=time.time())
     atomic.write_json(Path(run_dir) / "status.json", status)
     return status

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -220,13 +221,22 @@ def spec_error_from(exc: ValidationError, file: str | None, prefix: str = "") ->
     return SpecError(msg, file=file, key=key or "(top level)", value=shown)
 
 
+class _Loader(yaml.SafeLoader):
+    """Safe YAML that reads 1e-4 as a number (YAML 1.2), not as the string PyYAML's 1.1 rules give."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
+    r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
+    r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+
+
 def read_yaml(path: str | Path) -> Any:
     """Safe YAML only: tags that construct Python objects are refused."""
     path = Path(path)
     if not path.is_file():
         raise SpecError("file not found", file=str(path))
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=_Loader)
     except yaml.YAMLError as exc:
         raise SpecError(f"not valid YAML: {exc}", file=str(path)) from None
 

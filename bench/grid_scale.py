@@ -120,13 +120,15 @@ def write_synthetic(sweep_dir: Path, runs) -> dict[str, int]:
                 counts["failed"] += 1
                 continue
             records.write_status(run_dir, "running", attempts=1, started=time.time() - 600)
-            curves = [{"phase": phases[min(s // 34, 2)], "step": s, "tokens": s * 4096, "loss": 9.0 / (1 + s / 10) + k * 1e-6,
-                       "lr": 1e-4 * (1 - s / 100)} for s in range(100)]
+            curves = [{"phase": phases[min(s // 34, 2)], "step": s, "tokens": s * 4096,
+                       "loss": 9.0 / (1 + s / 10) + k * 1e-6, "lr": 1e-4 * (1 - s / 100)} for s in range(100)]
             grads = [{"phase": phases[min(s // 34, 2)], "step": s // 8 * 10, "layer": s % 8 - 1,
                       "grad_norm": 0.5 + s * 1e-3} for s in range(100)]
             layers = [{"phase": p, "layer": layer, "measure": m, "value": 1.0 - layer * 0.01}
-                      for p in phases for layer in range(-1, 7) for m in ("cka_vs_base", "weight_rel_change", "grad_norm")]
-            run_rec = {"token_hash": f"{k:064x}", "tokens_seen": 409600, "phase_token_hashes": {p: "ab" * 32 for p in phases},
+                      for p in phases for layer in range(-1, 7)
+                      for m in ("cka_vs_base", "weight_rel_change", "grad_norm")]
+            run_rec = {"token_hash": f"{k:064x}", "tokens_seen": 409600,
+                       "phase_token_hashes": {p: "ab" * 32 for p in phases},
                        "phase_tokens": {p: 136533 for p in phases}, "steps": 100, "train_time_s": 512.25,
                        "wall_time_s": 600.5, "n_layers": 22, "frozen": "head_warmup:emb,0-21;main:0-7",
                        "model_dir": str(run_dir / "model"),
