@@ -127,6 +127,8 @@ def cmd_collect(args) -> int:
     collected = records.collect(sweep_dir)
     for problem in collected.problems:
         print(f"warning: {problem}", file=sys.stderr)
+    if getattr(args, "cka_ratio", None):
+        _add_cka_ratio(sweep_dir, collected, args.cka_ratio)
     for name, frame in collected.tables.items():
         print(f"{name}: {len(frame)} rows -> {sweep_dir / (name + '.parquet')} (+ .csv)")
     return 0
@@ -174,6 +176,34 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _add_cka_ratio(sweep_dir: Path, collected, n_texts: int) -> None:
+    """The paper's ratio per layer, (1 - CKA(arm, MLM seed a)) / (1 - CKA(MLM seed b, MLM seed a)), on
+    n_texts held-out texts of the sweep's validation corpus; added to the layers table (phase "final")."""
+    import pandas as pd
+
+    from ablate import probe, records
+    from ablate.data.corpus import read_documents
+    from ablate.spec import RunSpec
+
+    runs = collected.tables["runs"]
+    done = runs[runs["status"] == "done"] if "status" in runs else runs
+    if done.empty:
+        raise SpecError("no finished runs to compare", key="--cka-ratio", file=str(sweep_dir))
+    spec = RunSpec.model_validate(records.read_json(sweep_dir / "runs" / done["run_id"].iloc[0] / "spec.json"))
+    if spec.data.valid_corpus is None:
+        raise SpecError("the ratio needs held-out texts", key="base.data.valid_corpus", file=str(sweep_dir))
+    texts = probe.probe_texts(read_documents(spec.data, "valid_corpus"), n_texts, spec.probe.seed)
+    ratio = probe.cka_ratio(done, texts, max_length=spec.probe.max_length)
+    if ratio.empty:
+        print("cka ratio: the sweep needs at least two MLM-baseline seeds (schedule mlm, freeze none) per model")
+        return
+    layers = collected.tables["layers"]
+    layers = layers[layers["measure"] != probe.RATIO_MEASURE] if "measure" in layers else layers
+    collected.tables["layers"] = pd.concat([layers, ratio], ignore_index=True)
+    records.write_tables(sweep_dir, collected.tables)
+    print(f"cka ratio: {len(ratio)} rows for {ratio['run_id'].nunique()} runs added to the layers table")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ablate", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -202,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("collect", help="merge a sweep's run folders into tidy tables")
     c.add_argument("sweep", nargs="?")
     c.add_argument("--results")
+    c.add_argument("--cka-ratio", type=int, metavar="N_TEXTS",
+                   help="also compute the paper's CKA ratio vs MLM seed noise on N held-out texts")
     c.set_defaults(func=cmd_collect)
 
     e = sub.add_parser("evaluate", help="fine-tune finished runs (and optionally the base model) on tasks")

@@ -94,3 +94,21 @@ def test_notebooks_run_on_the_real_sweep(finished, name, monkeypatch):
     NotebookClient(nb, timeout=300, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     assert not [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+
+
+def test_collect_adds_the_papers_cka_ratio_when_two_mlm_seeds_exist(tmp_path, data_root):
+    grid = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())
+    grid.update(sweep="ratio", axes={"schedule": ["mlm", "clm_detour"], "seed": [17, 18]}, exclude=[])
+    path = tmp_path / "ratio.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    result = cli(["sweep", str(path), "--executor", "debug", "--results", str(tmp_path / "r"), "--poll", "0.1"],
+                 tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    collected = cli(["collect", "ratio", "--results", str(tmp_path / "r"), "--cka-ratio", "16"], tmp_path)
+    assert collected.returncode == 0, collected.stderr
+    layers = pd.read_parquet(tmp_path / "r" / "ratio" / "layers.parquet")
+    ratio = layers[layers["measure"] == "cka_ratio_vs_mlm"]
+    runs = pd.read_parquet(tmp_path / "r" / "ratio" / "runs.parquet")
+    clm = set(runs.loc[runs["schedule"] == "clm_detour", "run_id"])
+    assert clm <= set(ratio["run_id"]) and sorted(ratio["layer"].unique()) == [-1, 0, 1, 2, 3]
+    assert (ratio["value"] >= 0).all() and ratio["value"].notna().all()
