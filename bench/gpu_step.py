@@ -137,7 +137,8 @@ def run_ablate(args, objective: str, seq_len: int, batch: int, tokenizer, device
 
     from ablate.freezing import resolve_freeze
     from ablate.models import family_of, load_masked_lm, n_layers
-    from ablate.pretrain import Context, Optimizer, PhasePlan, _layer_params, train_step
+    from ablate.pretrain import Context, Optimizer, PhasePlan, train_step
+    from ablate.probe import layer_params
     from ablate.spec import parse_run_spec
 
     spec = parse_run_spec({
@@ -156,7 +157,7 @@ def run_ablate(args, objective: str, seq_len: int, batch: int, tokenizer, device
     seqs, docs = random_tokens(n_seq, seq_len, min(model.config.vocab_size, len(tokenizer)), set(special), seed=1)
     cuda = device.type == "cuda"
     ctx = Context(spec, model, family, device, seqs, docs, None, torch.tensor(special), tokenizer.mask_token_id,
-                  model.config.vocab_size, _layer_params(model, family), autocast=cuda, pin_memory=cuda)
+                  model.config.vocab_size, layer_params(model), autocast=cuda, pin_memory=cuda)
     if cuda and args.compile:
         ctx.encoder = torch.compile(family.encoder(model))
     opt = Optimizer(model, spec, fused=cuda)

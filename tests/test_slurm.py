@@ -86,8 +86,9 @@ def test_a_sweep_runs_on_slurm_and_collects_tidy_tables(tmp_path, slurm_env, dat
 @pytest.mark.slurm
 def test_a_requeued_job_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(tmp_path, slurm_env,
                                                                                   data_root):
-    grid = _grid(tmp_path, steps=24, sweep="requeue")
+    grid = _grid(tmp_path, steps=150, sweep="requeue")   # long enough to be caught mid-run
     g = yaml.safe_load(grid.read_text())
+    g["base"]["checkpoint_every"] = 5
     g["axes"] = {"schedule": ["clm_detour"], "freeze": ["low_clm"]}
     g["exclude"] = []
     grid.write_text(yaml.safe_dump(g))
@@ -104,7 +105,7 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_matches_an_uninterrupted
     job_id = None
     while time.time() < deadline:
         latest = run_dir / "checkpoints" / "LATEST"
-        if latest.is_file() and int(latest.read_text().split("-")[1]) >= 4:
+        if latest.is_file() and int(latest.read_text().split("-")[1]) >= 10:
             job_id = json.loads((run_dir / "status.json").read_text()).get("job_id")
             break
         time.sleep(0.1)
