@@ -50,6 +50,8 @@ class LocalLauncher(Strict):
 class SlurmLauncher(Strict):
     partition: str | None = None
     gpus_per_node: int = Field(default=0, ge=0)
+    nodes: int = Field(default=1, gt=0, description="nodes per run (data parallel across nodes)")
+    tasks_per_node: int = Field(default=1, gt=0, description="data-parallel ranks per node (one per GPU)")
     cpus_per_task: int = Field(default=2, gt=0)
     mem_gb: float = Field(default=8, gt=0)
     timeout_min: int = Field(default=60, gt=0)
@@ -417,6 +419,12 @@ def expand(grid: GridSpec, file: str | None = None) -> list[PlannedRun]:
         if coerced:
             axes = {**axes, **coerced}
             spec = spec.model_copy(update={"labels": {"sweep": grid.sweep, "axes": axes}})
+        world = grid.launcher.slurm.nodes * grid.launcher.slurm.tasks_per_node \
+            if grid.launcher.executor == "slurm" else 1
+        micro = spec.micro_batch_size or spec.batch_size // world
+        if world > 1 and (micro == 0 or spec.batch_size % (world * micro)):
+            raise SpecError(f"batch_size must be a multiple of ranks x micro-batch ({world} x {micro}) "
+                            f"for the run {axes}", file=file, key="base.batch_size", value=spec.batch_size)
         run = PlannedRun(spec, axes, origins)
         if run.run_id in seen:
             raise SpecError(f"two grid points give the same run: {seen[run.run_id]} and {axes}; "

@@ -117,6 +117,9 @@ def make_executor(kind: str, grid: GridSpec, folder: Path):
                   slurm_array_parallelism=s.array_parallelism, slurm_additional_parameters=dict(s.additional_parameters))
     if s.gpus_per_node:
         params["gpus_per_node"] = s.gpus_per_node
+    if s.nodes > 1 or s.tasks_per_node > 1:      # one run = nodes x tasks_per_node data-parallel ranks
+        params["nodes"] = s.nodes
+        params["tasks_per_node"] = s.tasks_per_node
     for key, value in (("slurm_partition", s.partition), ("slurm_account", s.account), ("slurm_qos", s.qos),
                        ("slurm_constraint", s.constraint)):
         if value:

@@ -449,3 +449,10 @@ def test_bad_grids_exit_2_in_process_too(tmp_path, capsys, grid, where):
     rc, out, err = dry_run(path, tmp_path, capsys)
     assert rc == 2 and out == ""
     assert err.startswith(f"error: {path}: {where}")
+
+
+def test_data_parallel_ranks_must_divide_the_batch(tmp_path):
+    slurm = {"executor": "slurm", "slurm": {"tasks_per_node": 2, "nodes": 2}}
+    err = error_of(tmp_path, grid_dict(base={**BASE, "batch_size": 6}, launcher=slurm))
+    assert err.key == "base.batch_size" and "4 x" in err.message
+    assert len(runs_of(tmp_path, grid_dict(base={**BASE, "batch_size": 8}, launcher=slurm))) == 1

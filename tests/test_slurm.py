@@ -126,3 +126,30 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_matches_an_uninterrupted
     ref_run = json.loads((ref_dir / "records" / "run.json").read_text())
     got_run = json.loads((run_dir / "records" / "run.json").read_text())
     assert got_run["token_hash"] == ref_run["token_hash"]
+
+
+@pytest.mark.slurm
+def test_a_sweep_run_with_two_slurm_tasks_trains_data_parallel_and_matches_one_process(tmp_path, slurm_env,
+                                                                                       data_root):
+    grid = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())
+    grid.update(sweep="ddp", axes={"schedule": ["clm_detour"]}, exclude=[])
+    grid["base"]["model"] = "config:tiny-modernbert"   # no dropout: ranks add up to exactly one process
+    grid["launcher"] = {"executor": "slurm", "slurm": {
+        "partition": "cpu", "tasks_per_node": 2, "cpus_per_task": 1, "mem_gb": 3, "timeout_min": 30,
+        "setup": ["export OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo"]}}
+    path = tmp_path / "ddp.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    single = subprocess.run([sys.executable, "-m", "ablate.cli", "sweep", str(path), "--executor", "debug",
+                             "--results", str(tmp_path / "single"), "--poll", "0.2"], env=slurm_env,
+                            capture_output=True, text=True, timeout=600)
+    assert single.returncode == 0, single.stdout + single.stderr
+    proc = _sweep([str(path), "--results", str(tmp_path / "ddp")], slurm_env)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    (run_dir,) = (tmp_path / "ddp" / "ddp" / "runs").iterdir()
+    ref_dir = tmp_path / "single" / "ddp" / "runs" / run_dir.name
+    got = json.loads((run_dir / "records" / "curves.json").read_text())
+    ref = json.loads((ref_dir / "records" / "curves.json").read_text())
+    assert got["tokens"] == ref["tokens"] and got["step"] == ref["step"]
+    assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5)
+    assert "data parallel: 2 ranks" in (run_dir / "log.txt").read_text()
