@@ -41,12 +41,13 @@ class FrozenSet:
     def describe(self) -> str:
         """'emb,0-1,4-5' style; '' when nothing is frozen."""
         parts = ["emb"] if self.embeddings else []
-        parts += [f"{a}-{b}" if a != b else str(a) for a, b in _runs(sorted(self.layers))]
+        parts += [f"{a}-{b}" if a != b else str(a) for a, b in consecutive_runs(sorted(self.layers))]
         parts += ["head"] if self.head else []
         return ",".join(parts)
 
 
-def _runs(sorted_ints: list[int]) -> list[tuple[int, int]]:
+def consecutive_runs(sorted_ints: list[int]) -> list[tuple[int, int]]:
+    """[0, 1, 2, 5] -> [(0, 2), (5, 5)]: consecutive stretches of sorted layer indices."""
     out: list[tuple[int, int]] = []
     for i in sorted_ints:
         if out and i == out[-1][1] + 1:

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from ablate.errors import SpecError
+from ablate.freezing import consecutive_runs
 from ablate.paths import results_root
 
 TABLES = ("runs", "scores", "layers", "curves")
@@ -407,17 +408,6 @@ def _frozen_rows(data: pd.DataFrame) -> list[tuple[str, str, str, list[int]]]:
     return rows
 
 
-def _runs_of(idx: list[int]) -> list[tuple[int, int]]:
-    """Consecutive stretches of layer indices, as (first, last)."""
-    out: list[tuple[int, int]] = []
-    for layer in idx:
-        if out and layer == out[-1][1] + 1:
-            out[-1] = (out[-1][0], layer)
-        else:
-            out.append((layer, layer))
-    return out
-
-
 def plot_layers(data: pd.DataFrame, *, panel_col: str | None = None, baseline: str = "mlm", logy: bool = False):
     measure = data["measure"].iloc[0]
     base_measure = measure.removeprefix("1 - ")
@@ -450,7 +440,7 @@ def plot_layers(data: pd.DataFrame, *, panel_col: str | None = None, baseline: s
             ax.tick_params(labelbottom=False)
             sx = fig.add_subplot(gs[1, j], sharex=ax)
             for i, (s, f, ph, idx) in enumerate(strip[j]):
-                for lo, hi in _runs_of(idx):
+                for lo, hi in consecutive_runs(idx):
                     sx.barh(i, hi - lo + 0.8, left=lo - 0.4, height=0.7, color=colors[s], alpha=0.45,
                             edgecolor=colors[s], lw=0.8)
             same_rows = j > 0 and [r[:3] for r in strip[j]] == [r[:3] for r in strip[0]]

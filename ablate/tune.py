@@ -27,7 +27,6 @@ are content hashes: a trial whose parameters give a run that is already done reu
 
 from __future__ import annotations
 
-import argparse
 import copy
 import fcntl
 import os
@@ -1023,14 +1022,10 @@ def add_commands(subparsers) -> None:
 
 
 def main_for_tests(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ablate")
-    add_commands(p.add_subparsers(dest="command", required=True))
-    args = p.parse_args(argv)
-    try:
-        return args.func(args)
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    """The `ablate` command itself (tune and dashboard are two of its subcommands)."""
+    from ablate.cli import main
+
+    return main(argv)
 
 
 if __name__ == "__main__":

@@ -42,16 +42,16 @@ def grid(n: int, executor: str) -> dict:
     return g
 
 
-def measure(n: int, executor: str, work: Path) -> dict:
+def measure(n: int, executor: str, work: Path, results: str = "r") -> dict:
     path = work / f"{executor}-{n}.yaml"
     path.write_text(yaml.safe_dump(grid(n, executor)))
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "ablate.cli", "sweep", str(path), "--results", str(work / "r"),
+    out = subprocess.run([sys.executable, "-m", "ablate.cli", "sweep", str(path), "--results", str(work / results),
                           "--poll", "0.5"], capture_output=True, text=True, env=dict(os.environ))
     wall = time.perf_counter() - start
     if out.returncode != 0:
         raise SystemExit(out.stdout + out.stderr)
-    runs = pd.read_parquet(work / "r" / f"cost-{executor}-{n}" / "runs.parquet")
+    runs = pd.read_parquet(work / results / f"cost-{executor}-{n}" / "runs.parquet")
     train = float(runs["train_time_s"].sum())
     return {"executor": executor, "runs": n, "wall_s": round(wall, 2), "train_s_sum": round(train, 2),
             "overhead_per_run_s": round((wall - train) / n, 2), "wall_per_run_s": round(wall / n, 2)}
@@ -65,7 +65,7 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ablate-sweep-cost-"))
     os.environ.setdefault("ABLATE_CACHE", str(work / "cache"))
-    measure(1, "debug", work)  # warms the tokenization cache shared by all sweeps below
+    measure(1, "debug", work, results="warm-up")  # fills the tokenization cache shared by all sweeps below
     rows = []
     for executor in args.executors:
         for n in args.sizes:
@@ -76,11 +76,9 @@ def main() -> None:
 
 
 def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    import importlib.util
+
+    return importlib.util.find_spec("tabulate") is not None
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -32,3 +34,32 @@ def minilm_tokenizer():
     from ablate.models import DEFAULT_MODEL, load_tokenizer
 
     return load_tokenizer(DEFAULT_MODEL)
+
+
+# ---------------------------------------------------------------- the local Slurm cluster
+
+DEFAULT_CONF = Path(os.environ.get("ABLATE_SLURM_DIR", "/tmp/ablate-slurm")) / "etc" / "slurm.conf"
+
+
+def _cluster_env() -> dict | None:
+    env = dict(os.environ)
+    if "SLURM_CONF" not in env and DEFAULT_CONF.is_file():
+        env["SLURM_CONF"] = str(DEFAULT_CONF)
+    if shutil.which("sinfo") is None or "SLURM_CONF" not in env:
+        return None
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return env if out.returncode == 0 and ("idle" in out.stdout or "mix" in out.stdout or "alloc" in out.stdout) \
+        else None
+
+
+@pytest.fixture(scope="module")
+def slurm_env():
+    env = _cluster_env()
+    if env is None:
+        if os.environ.get("ABLATE_REQUIRE_SLURM") == "1":
+            pytest.fail("no Slurm cluster answers (scripts/slurm-local.sh start)")
+        pytest.skip("no Slurm cluster here (scripts/slurm-local.sh start)")
+    return env

@@ -155,23 +155,6 @@ def test_gpu_benchmark_refuses_without_cuda_and_smoke_runs_tiny(tmp_path):
 
 # ---------------------------------------------------------------- Slurm: one run, two tasks
 
-def _slurm_env():
-    sys.path.insert(0, str(REPO / "tests"))
-    try:
-        from test_slurm import _cluster_env
-    finally:
-        sys.path.pop(0)
-    return _cluster_env()
-
-
-@pytest.fixture(scope="module")
-def slurm_env():
-    env = _slurm_env()
-    if env is None:
-        if os.environ.get("ABLATE_REQUIRE_SLURM") == "1":
-            pytest.fail("no Slurm cluster answers (scripts/slurm-local.sh start)")
-        pytest.skip("no Slurm cluster here (scripts/slurm-local.sh start)")
-    return env
 
 
 @pytest.mark.slurm

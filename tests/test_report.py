@@ -92,7 +92,7 @@ def rewrite(path: Path, name: str, df: pd.DataFrame | None):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     root = tmp_path_factory.mktemp("results")
-    a = write_sweep(root / "sweep_a")
+    write_sweep(root / "sweep_a")
     b = write_sweep(root / "sweep_b", rng_seed=1, clm_gain=0.0)
     os.utime(b / "runs.parquet", (2e9, 2e9))  # b is the most recent sweep
     return root

@@ -6,8 +6,6 @@ Skipped when no cluster answers, except in CI (ABLATE_REQUIRE_SLURM=1), where th
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -18,31 +16,6 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CONF = Path(os.environ.get("ABLATE_SLURM_DIR", "/tmp/ablate-slurm")) / "etc" / "slurm.conf"
-
-
-def _cluster_env() -> dict | None:
-    env = dict(os.environ)
-    if "SLURM_CONF" not in env and DEFAULT_CONF.is_file():
-        env["SLURM_CONF"] = str(DEFAULT_CONF)
-    if shutil.which("sinfo") is None or "SLURM_CONF" not in env:
-        return None
-    try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return env if out.returncode == 0 and ("idle" in out.stdout or "mix" in out.stdout or "alloc" in out.stdout) \
-        else None
-
-
-@pytest.fixture(scope="module")
-def slurm_env():
-    env = _cluster_env()
-    if env is None:
-        if os.environ.get("ABLATE_REQUIRE_SLURM") == "1":
-            pytest.fail("no Slurm cluster answers (scripts/slurm-local.sh start)")
-        pytest.skip("no Slurm cluster here (scripts/slurm-local.sh start)")
-    return env
 
 
 def _grid(tmp_path: Path, steps: int = 3, sweep: str = "tiny-slurm") -> Path:
