@@ -264,8 +264,9 @@ def test_a_mask_that_freezes_everything_is_an_error_before_training(tmp_path, da
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
-def test_jsonl_and_parquet_corpora_give_the_same_stream_as_text(fmt, tmp_path, data_root, minilm_tokenizer):
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "hf"])
+def test_jsonl_parquet_and_datasets_corpora_give_the_same_stream_as_text(fmt, tmp_path, data_root,
+                                                                         minilm_tokenizer):
     import pandas as pd
 
     from ablate.data.corpus import load_token_stream
@@ -275,6 +276,10 @@ def test_jsonl_and_parquet_corpora_give_the_same_stream_as_text(fmt, tmp_path, d
     path = tmp_path / f"corpus.{fmt}"
     if fmt == "jsonl":
         path.write_text("".join(json.dumps({"body": d}) + "\n" for d in docs))
+    elif fmt == "hf":  # a `datasets` dataset saved to disk
+        import datasets
+
+        datasets.Dataset.from_dict({"body": docs}).save_to_disk(str(path))
     else:
         pd.DataFrame({"body": docs}).to_parquet(path)
     text = tmp_path / "corpus.txt"
