@@ -13,6 +13,8 @@ dict per layer type, so its local layers stay windowed: causal AND within the sl
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 IGNORE = -100
@@ -54,6 +56,29 @@ def additive_causal_mask(seq_len: int, dtype: torch.dtype, device: torch.device 
     mask = torch.zeros(seq_len, seq_len, dtype=dtype, device=device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
+
+
+@contextmanager
+def attention_for(model, model_type: str, objective: str, seq_len: int, dtype: torch.dtype,
+                  device: torch.device | str = "cpu"):
+    """Yields the attention_mask to pass for this objective.
+
+    BERT under sdpa: CLM sets `is_causal` on the self-attention modules for the duration and passes no mask,
+    so SDPA runs its fused causal kernel instead of materialising an L x L mask and attention matrix (what
+    BertLMHeadModel does); the flag is restored on exit. Everything else: attention_mask_for."""
+    config = model.config
+    if objective == "clm" and model_type == "bert" and config._attn_implementation == "sdpa":
+        modules = [m for m in model.modules() if hasattr(m, "is_causal") and hasattr(m, "attention_head_size")]
+        before = [m.is_causal for m in modules]
+        for m in modules:
+            m.is_causal = True
+        try:
+            yield None
+        finally:
+            for m, flag in zip(modules, before):
+                m.is_causal = flag
+    else:
+        yield attention_mask_for(model_type, config, objective, seq_len, dtype, device)
 
 
 def attention_mask_for(model_type: str, config, objective: str, seq_len: int, dtype: torch.dtype,

@@ -42,7 +42,7 @@ from ablate.errors import SpecError
 from ablate.freezing import FrozenSet, apply_freeze, is_frozen, resolve_freeze
 from ablate.models import Family, family_of, load_masked_lm, load_tokenizer, n_layers
 from ablate.probe import grad_norms, layer_params, weight_rel_change
-from ablate.objectives import attention_mask_for, clm_labels, mlm_inputs
+from ablate.objectives import attention_for, clm_labels, mlm_inputs
 from ablate.schedule import lr_at
 from ablate.spec import PhaseSpec, RunSpec
 
@@ -199,6 +199,11 @@ class Context:
     pin_memory: bool = False
 
 
+def fused_adamw(device: torch.device) -> bool:
+    """torch has fused AdamW kernels for CPU and CUDA (transformers' Trainer uses them by default too)."""
+    return device.type in ("cpu", "cuda")
+
+
 def pick_device(choice: str, local_rank: int = 0) -> torch.device:
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
@@ -243,8 +248,6 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
         raise RuntimeError(f"step {global_step}: the batch has no position with a loss")
 
     mask_dtype = torch.bfloat16 if ctx.autocast else torch.float32
-    attn = attention_mask_for(family.model_type, model.config, phase.spec.objective, ids.shape[1], mask_dtype,
-                              ctx.device)
     if dist.enabled:                       # masking and n_labels above are over the global batch
         mine = rank_slice(len(ids), dist)
         inputs, labels = inputs[mine], labels[mine]
@@ -256,7 +259,9 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
     for start in range(0, len(inputs), micro):
         x = inputs[start:start + micro].to(ctx.device, non_blocking=True)
         y = labels[start:start + micro].to(ctx.device, non_blocking=True)
-        with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=ctx.autocast):
+        with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=ctx.autocast), \
+                attention_for(model, family.model_type, phase.spec.objective, x.shape[1], mask_dtype,
+                              ctx.device) as attn:
             hidden = encoder(input_ids=x, attention_mask=attn).last_hidden_state
             where = y != -100
             logits = family.head_logits(model, hidden[where])
@@ -343,7 +348,7 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
         log(f"phase {p.name}: {p.spec.objective}, {p.steps} steps, frozen: {p.frozen.describe() or 'nothing'}")
     params = dict(model.named_parameters())
     base = {n: params[n].detach().float().cpu().clone() for names in groups.values() for n in names}
-    opt = Optimizer(model, spec, fused=ctx.device.type == "cuda")
+    opt = Optimizer(model, spec, fused=fused_adamw(ctx.device))
 
     def checkpoint() -> None:
         if main:

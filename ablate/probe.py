@@ -158,8 +158,9 @@ def weight_relative_change(model_after, model_base) -> dict[int, float]:
 
 
 def grad_norms(params: Mapping, groups: Mapping[int, list[str]]) -> dict[int, float]:
-    """L2 norm (accumulated in float64) of the current gradients per layer; layers without gradients
-    (frozen, or not reached) are left out."""
+    """L2 norm of the current gradients per layer (each tensor's norm in its own dtype, combined in
+    float64: no float64 copy of a large gradient); layers without gradients (frozen, or not reached) are
+    left out."""
     import torch
 
     out = {}
@@ -167,7 +168,7 @@ def grad_norms(params: Mapping, groups: Mapping[int, list[str]]) -> dict[int, fl
         grads = [params[n].grad for n in names if params[n].grad is not None]
         if grads:
             out[layer] = float(torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads])))
+                torch.stack([torch.linalg.vector_norm(g).double() for g in grads])))
     return out
 
 

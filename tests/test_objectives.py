@@ -7,14 +7,22 @@ import pytest
 import torch
 
 from ablate.models import family_of, load_masked_lm
-from ablate.objectives import IGNORE, attention_mask_for, clm_labels, mlm_inputs
+from ablate.objectives import IGNORE, attention_for, clm_labels, mlm_inputs
 
 
 def _logits(model, ids, objective):
     fam = family_of(model.config)
-    mask = attention_mask_for(fam.model_type, model.config, objective, ids.shape[1], torch.float32)
-    hidden = fam.encoder(model)(input_ids=ids, attention_mask=mask).last_hidden_state
+    with attention_for(model, fam.model_type, objective, ids.shape[1], torch.float32) as mask:
+        hidden = fam.encoder(model)(input_ids=ids, attention_mask=mask).last_hidden_state
     return fam.head_logits(model, hidden)
+
+
+def test_the_causal_flag_is_restored_after_a_clm_forward():
+    model = load_masked_lm("config:tiny-bert", "sdpa", seed=0).eval()
+    ids = torch.randint(1000, 2000, (1, 16))
+    before = _logits(model, ids, "mlm")
+    _logits(model, ids, "clm")
+    assert torch.equal(_logits(model, ids, "mlm"), before)   # bidirectional again
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
