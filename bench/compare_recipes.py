@@ -252,29 +252,48 @@ def _run_child(cmd: list[str], log, quiet: tuple[float, float] | None = None, re
     return best
 
 
-def _summary(runs: list[dict]) -> dict:
-    """Median over repeats of one recipe x objective."""
-    med = lambda key: round(statistics.median(r[key] for r in runs), 4)  # noqa: E731
+def _summary(runs: list[dict], clean_below: float | None) -> dict:
+    """Median over the repeats of one recipe x objective, over the undisturbed ones (other processes at most
+    clean_below cores during the timed steps) when there is any; peak memory over all of them."""
+    clean = [r for r in runs if clean_below is None or (r.get("other_load_cores") or 0.0) <= clean_below]
+    used = clean or runs
+    med = lambda key: round(statistics.median(r[key] for r in used), 4)  # noqa: E731
     trains = [r["peak_rss_train_mb"] for r in runs if r.get("peak_rss_train_mb") is not None]
-    loads = [r["other_load_cores"] for r in runs if r.get("other_load_cores") is not None]
+    loads = [r["other_load_cores"] for r in used if r.get("other_load_cores") is not None]
     return {"tokens_per_s": med("tokens_per_s"), "median_step_s": med("median_step_s"),
-            "min_step_s": min(r["min_step_s"] for r in runs),
+            "min_step_s": min(r["min_step_s"] for r in used),
             "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
             "peak_rss_train_mb": max(trains) if trains else None,
             "other_load_cores_max": max(loads) if loads else None,
+            "runs_used": len(used), "runs": len(runs), "disturbed": not clean,
             "tokens_per_s_runs": [r["tokens_per_s"] for r in runs]}
+
+
+def summarize(runs: dict[str, dict[str, list[dict]]], clean_below: float | None) -> dict:
+    summary = {}
+    for obj, by_recipe in runs.items():
+        a, s = _summary(by_recipe["ablate"], clean_below), _summary(by_recipe["standard"], clean_below)
+        summary[obj] = {"ablate": a, "standard": s,
+                        "speed_ratio": round(a["tokens_per_s"] / s["tokens_per_s"], 3),
+                        "fastest_step_ratio": round(s["min_step_s"] / a["min_step_s"], 3),
+                        "rss_ratio": round(a["peak_rss_mb"] / s["peak_rss_mb"], 3),
+                        "speed_goal": GOALS[obj],
+                        "speed_goal_met": a["tokens_per_s"] / s["tokens_per_s"] >= GOALS[obj],
+                        "memory_goal_met": a["peak_rss_mb"] <= s["peak_rss_mb"]}
+    return summary
 
 
 def markdown_table(summary: dict) -> str:
     rows = ["| objective | recipe | tokens/s | median step (s) | fastest step (s) | peak RSS (MiB) | "
-            "peak RSS in training (MiB) | other processes (cores, max) |",
-            "|---|---|---:|---:|---:|---:|---:|---:|"]
+            "peak RSS in training (MiB) | other processes (cores, max) | runs used |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for obj, s in summary.items():
         for recipe in ("ablate", "standard"):
             r = s[recipe]
             train = f"{r['peak_rss_train_mb']:,.0f}" if r["peak_rss_train_mb"] is not None else "n/a"
             rows.append(f"| {obj.upper()} | {recipe} | {r['tokens_per_s']:,.0f} | {r['median_step_s']:.3f} | "
-                        f"{r['min_step_s']:.3f} | {r['peak_rss_mb']:,.0f} | {train} | {r['other_load_cores_max']} |")
+                        f"{r['min_step_s']:.3f} | {r['peak_rss_mb']:,.0f} | {train} | {r['other_load_cores_max']} | "
+                        f"{r['runs_used']}/{r['runs']}{' (all disturbed)' if r['disturbed'] else ''} |")
     rows += ["", "| objective | tokens/s ratio ablate/standard | goal | fastest-step ratio | "
                  "peak RSS ratio ablate/standard | memory goal (<= 1) |", "|---|---:|---|---:|---:|---|"]
     for obj, s in summary.items():
@@ -311,13 +330,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quiet-timeout", type=float, default=180.0, help="longest wait for quiet, s (default 180)")
     ap.add_argument("--retry-above", type=float, default=0.2, metavar="CORES",
                     help="measure again when other processes kept more than this many cores busy during the timed "
-                         "steps (default 0.2; the least disturbed try is kept)")
+                         "steps (default 0.2; the least disturbed try is kept); the summary uses the repeats "
+                         "under this when there is any")
     ap.add_argument("--retries", type=int, default=3, help="at most this many extra tries per measurement (default 3)")
     ap.add_argument("--ablate-script", default=str(HERE / "pretrain_step.py"),
                     help="the ablate side: bench/pretrain_step.py (default) or any script with its CLI, e.g. a "
                          "wrapper that runs it against a patched engine")
+    ap.add_argument("--summarize", default=None, metavar="JSON",
+                    help="re-make the table from a saved --json-out file instead of measuring")
     ap.add_argument("--json-out", default=None, help="also write the final JSON object to this file")
     args = ap.parse_args(argv)
+
+    if args.summarize:
+        saved = json.loads(Path(args.summarize).read_text())
+        saved["summary"] = summarize(saved["runs"], args.retry_above)
+        print(markdown_table(saved["summary"]), flush=True)
+        print(json.dumps(saved), flush=True)
+        return
 
     if args.standard_only:
         if not args.objective:
@@ -345,16 +374,7 @@ def main(argv: list[str] | None = None) -> None:
                 quiet = (args.quiet_below, args.quiet_timeout) if args.quiet_below > 0 else None
                 runs[obj][recipe].append(_run_child(cmd, log, quiet, args.retry_above, args.retries))
 
-    summary = {}
-    for obj in objectives:
-        a, s = _summary(runs[obj]["ablate"]), _summary(runs[obj]["standard"])
-        summary[obj] = {"ablate": a, "standard": s,
-                        "speed_ratio": round(a["tokens_per_s"] / s["tokens_per_s"], 3),
-                        "fastest_step_ratio": round(s["min_step_s"] / a["min_step_s"], 3),
-                        "rss_ratio": round(a["peak_rss_mb"] / s["peak_rss_mb"], 3),
-                        "speed_goal": GOALS[obj],
-                        "speed_goal_met": a["tokens_per_s"] / s["tokens_per_s"] >= GOALS[obj],
-                        "memory_goal_met": a["peak_rss_mb"] <= s["peak_rss_mb"]}
+    summary = summarize(runs, args.retry_above)
     first = next(iter(runs.values()))["ablate"][0]
     out = {"bench": "compare_recipes", "summary": summary, "runs": runs,
            "settings": {k: getattr(args, k) for k in ("steps", "warmup", "repeats", "batch_size", "seq_len",

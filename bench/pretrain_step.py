@@ -142,8 +142,10 @@ def main(argv: list[str] | None = None) -> dict:
     plan = plans[0]
     model = ctx.model
     model.train()
-    # The optimizer as pretrain() builds it: fused where the engine says so (on CPU it is not fused today).
-    engine_fused = getattr(ablate.pretrain, "fused_adamw", lambda device: device.type == "cuda")(ctx.device)
+    # The optimizer as pretrain() builds it: fused AdamW on CPU and CUDA (what pretrain() does since fused CPU
+    # kernels were adopted; an engine that exposes fused_adamw(device) is asked instead).
+    engine_rule = getattr(ablate.pretrain, "fused_adamw", lambda device: device.type in ("cpu", "cuda"))
+    engine_fused = bool(engine_rule(ctx.device))
     fused = {"engine": engine_fused, "on": True, "off": False}[args.fused_adamw]
     opt = Optimizer(model, spec, fused=fused)
     apply_freeze(model, ctx.family, plan.frozen)
