@@ -21,17 +21,16 @@ def _print_table(rows: list[dict]) -> None:
 
 def cmd_run(args) -> int:
     from ablate import records, worker
+    from ablate.evaluate import check_eval
     from ablate.paths import results_root
     from ablate.spec import load_run_spec
-
-    from ablate.evaluate import check_eval
 
     spec = load_run_spec(args.spec)
     out = Path(args.out) if args.out else results_root() / Path(args.spec).stem / "runs" / spec.run_id
     _validate_against_model(spec, args.spec)
     check_eval([spec], file=str(args.spec))
     worker.prepare_run_dir(spec, out)
-    if args.retry_failed is False and records.read_status(out).get("state") == "failed":
+    if records.read_status(out).get("state") == "failed":
         print(f"{out}: resuming a failed run", file=sys.stderr)
     state = worker.execute(out, stop_after_steps=args.stop_after_steps)
     print(f"{state}: {out}")
@@ -47,7 +46,6 @@ def _validate_against_model(spec, file) -> None:
     try:
         plan_phases(spec, n_layers(load_config(spec.model)))
     except SpecError as exc:
-        exc.file = str(file)
         raise SpecError(exc.message, file=str(file), key=exc.key, value=exc.value, allowed=exc.allowed) from None
 
 
@@ -212,7 +210,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("spec")
     r.add_argument("--out", help="run folder (default: results/<spec name>/runs/<run id>)")
     r.add_argument("--stop-after-steps", type=int, default=None, help=argparse.SUPPRESS)
-    r.add_argument("--retry-failed", action="store_true", help=argparse.SUPPRESS)
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("sweep", help="expand a grid and run it (local, slurm or debug executor)")
