@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ablate.errors import SpecError
+from ablate.config.errors import SpecError
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -20,10 +20,11 @@ def _print_table(rows: list[dict]) -> None:
 
 
 def cmd_run(args) -> int:
-    from ablate import records, worker
-    from ablate.evaluate import check_eval
-    from ablate.paths import results_root
-    from ablate.spec import load_run_spec
+    from ablate.store import records
+    from ablate.launch import worker
+    from ablate.evaluate.runs import check_eval
+    from ablate.config.paths import results_root
+    from ablate.config.spec import load_run_spec
 
     spec = load_run_spec(args.spec)
     out = Path(args.out) if args.out else results_root() / Path(args.spec).stem / "runs" / spec.run_id
@@ -40,8 +41,8 @@ def cmd_run(args) -> int:
 
 
 def _validate_against_model(spec, file) -> None:
-    from ablate.models import load_config, n_layers
-    from ablate.pretrain import plan_phases
+    from ablate.models.sources import load_config, n_layers
+    from ablate.train.loop import plan_phases
 
     try:
         plan_phases(spec, n_layers(load_config(spec.model)))
@@ -50,13 +51,13 @@ def _validate_against_model(spec, file) -> None:
 
 
 def cmd_sweep(args) -> int:
-    from ablate.grid import expand, load_grid, plan_table, resolve_layers
-    from ablate.paths import results_root
+    from ablate.plan.grid import expand, load_grid, plan_table, resolve_layers
+    from ablate.config.paths import results_root
 
     grid = load_grid(args.grid)
     runs = expand(grid, file=str(args.grid))
     plans = resolve_layers(runs, file=str(args.grid))
-    from ablate.evaluate import check_eval
+    from ablate.evaluate.runs import check_eval
 
     check_eval([r.spec for r in runs], file=str(args.grid))
     executor = args.executor or grid.launcher.executor
@@ -65,7 +66,8 @@ def cmd_sweep(args) -> int:
         print(f"{len(runs)} runs; executor {executor}; results in {results_root(args.results) / grid.sweep}; "
               "dry run: nothing submitted")
         return 0
-    from ablate import launch, records
+    from ablate.launch import scheduler as launch
+    from ablate.store import records
 
     if executor == "slurm" and not launch.have_slurm():
         raise SpecError("Slurm is not available here (no sbatch on PATH)", key="launcher.executor", value="slurm",
@@ -86,8 +88,8 @@ def cmd_sweep(args) -> int:
 
 
 def _sweep_dir(name: str | None, results: str | None) -> Path:
-    from ablate import launch
-    from ablate.paths import results_root
+    from ablate.launch import scheduler as launch
+    from ablate.config.paths import results_root
 
     root = results_root(results)
     if name:
@@ -103,7 +105,8 @@ def _sweep_dir(name: str | None, results: str | None) -> Path:
 
 
 def cmd_status(args) -> int:
-    from ablate import launch, records
+    from ablate.launch import scheduler as launch
+    from ablate.store import records
 
     sweep_dir = _sweep_dir(args.sweep, args.results)
     manifest = sweep_dir / "sweep.json"
@@ -119,7 +122,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_collect(args) -> int:
-    from ablate import records
+    from ablate.store import records
 
     sweep_dir = _sweep_dir(args.sweep, args.results)
     collected = records.collect(sweep_dir)
@@ -133,7 +136,7 @@ def cmd_collect(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from ablate import evaluate
+    from ablate.evaluate import runs as evaluate
 
     overrides = _key_values(args.set, "--set")
     seeds = tuple(args.seeds) if args.seeds else None
@@ -160,7 +163,7 @@ def _key_values(pairs: list[str] | None, flag: str) -> dict:
 
 
 def cmd_report(args) -> int:
-    from ablate import report
+    from ablate.report import figures as report
 
     if args.figure is None:
         print("figures: " + ", ".join(report.FIGURES))
@@ -179,9 +182,11 @@ def _add_cka_ratio(sweep_dir: Path, collected, n_texts: int) -> None:
     n_texts held-out texts of the sweep's validation corpus; added to the layers table (phase "final")."""
     import pandas as pd
 
-    from ablate import probe, records
+    from ablate.analysis import probe
+
+    from ablate.store import records
     from ablate.data.corpus import read_documents
-    from ablate.spec import RunSpec
+    from ablate.config.spec import RunSpec
 
     runs = collected.tables["runs"]
     done = runs[runs["status"] == "done"] if "status" in runs else runs
@@ -251,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--results")
     rp.set_defaults(func=cmd_report)
 
-    from ablate import tune
+    from ablate.tune import study as tune
 
     tune.add_commands(sub)
     return p

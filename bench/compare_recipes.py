@@ -64,8 +64,8 @@ def run_standard(args) -> dict:
     from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer,
                               DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments)
 
-    from ablate.models import resolve_source
-    from ablate.paths import resolve_data_path
+    from ablate.models.sources import resolve_source
+    from ablate.config.paths import resolve_data_path
 
     kind, model_path = resolve_source(args.model)
     if kind != "dir":

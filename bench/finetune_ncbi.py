@@ -31,8 +31,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from ablate.finetune import finetune
-    from ablate.tasks import load_task, resolve_settings
+    from ablate.evaluate.finetune import finetune
+    from ablate.evaluate.tasks import load_task, resolve_settings
 
     model = args.model
     if model is None:

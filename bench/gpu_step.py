@@ -7,7 +7,7 @@
 
 For each sequence length and objective (mlm, clm) it times `--steps` optimizer steps after `--warmup`
 untimed ones, of two recipes on the same model config, batch and random token data:
-  ablate   ablate.pretrain.train_step: bf16 autocast, sparse prediction (the vocabulary projection only at
+  ablate   ablate.train.loop.train_step: bf16 autocast, sparse prediction (the vocabulary projection only at
            labelled positions), fused AdamW, pinned host memory + non-blocking copies, SDPA attention,
            torch.compile of the encoder with --compile; CLM = causal mask (ModernBERT's local layers stay
            windowed) and next-token labels within documents.
@@ -135,11 +135,11 @@ def _peak_gb(device) -> float | None:
 def run_ablate(args, objective: str, seq_len: int, batch: int, tokenizer, device) -> dict:
     import torch
 
-    from ablate.freezing import resolve_freeze
-    from ablate.models import family_of, load_masked_lm, n_layers
-    from ablate.pretrain import Context, Optimizer, PhasePlan, train_step
-    from ablate.probe import layer_params
-    from ablate.spec import parse_run_spec
+    from ablate.plan.freezing import resolve_freeze
+    from ablate.models.sources import family_of, load_masked_lm, n_layers
+    from ablate.train.loop import Context, Optimizer, PhasePlan, train_step
+    from ablate.analysis.probe import layer_params
+    from ablate.config.spec import parse_run_spec
 
     spec = parse_run_spec({
         "model": args.model, "tokenizer": args.tokenizer,
@@ -180,7 +180,7 @@ def run_trainer(args, objective: str, seq_len: int, batch: int, tokenizer, devic
     import torch
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
 
-    from ablate.models import load_masked_lm
+    from ablate.models.sources import load_masked_lm
 
     model = load_masked_lm(args.model, args.attn, seed=0)
     flops = model_flops_per_token(model, seq_len)
@@ -250,7 +250,7 @@ def main(argv=None) -> int:
     if args.compile:
         os.environ["ABLATE_COMPILE"] = "1"
 
-    from ablate.models import load_tokenizer, resolve_source
+    from ablate.models.sources import load_tokenizer, resolve_source
 
     if args.tokenizer is None:
         kind, loc = resolve_source(args.model)

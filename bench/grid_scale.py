@@ -5,11 +5,11 @@
 
 Three timings, each the median wall time of --repeat runs (default 3), goals in brackets:
   expand   load + validate a grid file of 4 schedules x 5 freeze masks x 25 seeds x 20 lrs = 10,000 runs
-           into RunSpecs with their run ids (ablate.grid.load_grid + expand)               [< 2 s]
-  status   ablate.launch.status_rows over the sweep's 10,000 run ids                        [< 2 s]
-  collect  ablate.records.collect over 10,000 run folders, writing the five tidy tables as parquet and
+           into RunSpecs with their run ids (ablate.plan.grid.load_grid + expand)               [< 2 s]
+  status   ablate.launch.scheduler.status_rows over the sweep's 10,000 run ids                        [< 2 s]
+  collect  ablate.store.records.collect over 10,000 run folders, writing the five tidy tables as parquet and
            csv, as `ablate collect` does                                                    [< 10 s]
-Also reported, without a goal: `resolve` (ablate.grid.resolve_layers: every run's freeze masks against its
+Also reported, without a goal: `resolve` (ablate.plan.grid.resolve_layers: every run's freeze masks against its
 model's depth, which `sweep --dry-run` adds to expand), and collect without writing the tables.
 
 The folders hold what a finished run writes, through the real writers (records.write_status,
@@ -39,9 +39,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
 
-from ablate import atomic, launch, records
-from ablate.grid import expand, load_grid, resolve_layers
-from ablate.spec import dump_run_spec
+from ablate.store import atomic
+
+from ablate.launch import scheduler as launch
+
+from ablate.store import records
+from ablate.plan.grid import expand, load_grid, resolve_layers
+from ablate.config.spec import dump_run_spec
 
 GOALS_S = {"expand": 2.0, "status": 2.0, "collect": 10.0}
 N_SCHEDULES, N_MASKS, N_SEEDS, N_LRS = 4, 5, 25, 20

@@ -3,9 +3,9 @@
     ABLATE_DATA_ROOT=../shared/data python bench/pretrain_step.py --objective mlm
     ABLATE_DATA_ROOT=../shared/data python bench/pretrain_step.py --objective clm --steps 20
 
-Builds everything through the engine itself (ablate.pretrain.setup from a RunSpec: model, tokenizer,
+Builds everything through the engine itself (ablate.train.loop.setup from a RunSpec: model, tokenizer,
 tokenized + packed corpus, phase plan), then runs `--warmup` untimed steps and `--steps` timed steps of
-ablate.pretrain.train_step (masking / labels, forward, sparse head, loss, backward, per-layer grad norms,
+ablate.train.loop.train_step (masking / labels, forward, sparse head, loss, backward, per-layer grad norms,
 clip, AdamW). Only those steps are timed: model loading and tokenization are not. Defaults follow the
 standard transformers recipe that bench/compare_recipes.py compares against: batch 16 x 128 tokens, mask
 rate 0.15, lr 5e-5, 2 threads.
@@ -130,10 +130,10 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    import ablate.pretrain
-    from ablate.freezing import apply_freeze
-    from ablate.pretrain import Optimizer, setup, train_step
-    from ablate.spec import parse_run_spec
+    import ablate.train.loop
+    from ablate.plan.freezing import apply_freeze
+    from ablate.train.loop import Optimizer, setup, train_step
+    from ablate.config.spec import parse_run_spec
 
     spec = parse_run_spec(build_spec(args))
     t0 = time.perf_counter()
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
     model.train()
     # The optimizer as pretrain() builds it: fused AdamW on CPU and CUDA (what pretrain() does since fused CPU
     # kernels were adopted; an engine that exposes fused_adamw(device) is asked instead).
-    engine_rule = getattr(ablate.pretrain, "fused_adamw", lambda device: device.type in ("cpu", "cuda"))
+    engine_rule = getattr(ablate.train.loop, "fused_adamw", lambda device: device.type in ("cpu", "cuda"))
     engine_fused = bool(engine_rule(ctx.device))
     fused = {"engine": engine_fused, "on": True, "off": False}[args.fused_adamw]
     opt = Optimizer(model, spec, fused=fused)

@@ -1,4 +1,4 @@
-"""Data-parallel pretraining (ablate.distributed): 2 gloo processes on CPU against a single process with the
+"""Data-parallel pretraining (ablate.train.distributed): 2 gloo processes on CPU against a single process with the
 same global batch and seed, a checkpoint written under DDP resumed under DDP and under one process, and one
 run with 2 Slurm tasks on the local cluster through submitit. Also the GPU benchmark's CPU refusal and its
 tiny smoke mode."""
@@ -16,9 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ablate.errors import SpecError
-from ablate.pretrain import pretrain, setup
-from ablate.spec import parse_run_spec
+from ablate.config.errors import SpecError
+from ablate.train.loop import pretrain, setup
+from ablate.config.spec import parse_run_spec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,7 @@ def _start_ranks(spec: dict, run_dir: Path, world: int = 2, stop: int | None = N
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo",
                "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "ablate.distributed", json.dumps(spec), str(run_dir),
+        procs.append(subprocess.Popen([sys.executable, "-m", "ablate.train.distributed", json.dumps(spec), str(run_dir),
                                        str(stop or 0), str(out)], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
         outs.append(out)
@@ -126,7 +126,7 @@ def test_two_gloo_ranks_match_one_process_and_their_checkpoint_resumes_under_eit
 
 
 def test_the_global_batch_must_split_evenly_over_ranks(data_root):
-    from ablate.distributed import Dist
+    from ablate.train.distributed import Dist
 
     with pytest.raises(SpecError, match="world size x micro-batch"):
         setup(parse_run_spec(ddp_spec(batch_size=6, micro_batch_size=3)), Dist(rank=0, world_size=4))
@@ -161,7 +161,7 @@ def test_gpu_benchmark_refuses_without_cuda_and_smoke_runs_tiny(tmp_path):
 def test_one_run_with_two_slurm_tasks_matches_one_process(tmp_path, slurm_env, data_root, monkeypatch):
     import submitit
 
-    from ablate.distributed import pretrain_ranks
+    from ablate.train.distributed import pretrain_ranks
 
     for key in ("SLURM_CONF",):
         monkeypatch.setenv(key, slurm_env[key])

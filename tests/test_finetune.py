@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import (AutoTokenizer, BertConfig, BertForMaskedLM, ModernBertConfig, ModernBertForMaskedLM)
 
-import ablate.finetune as ft
-from ablate.errors import SpecError
-from ablate.tasks import TaskSpec, load_task, load_task_data, resolve_settings
+import ablate.evaluate.finetune as ft
+from ablate.config.errors import SpecError
+from ablate.evaluate.tasks import TaskSpec, load_task, load_task_data, resolve_settings
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 

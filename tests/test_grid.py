@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from ablate.cli import main
-from ablate.errors import SpecError
-from ablate.grid import expand, load_grid, plan_table, resolve_layers
+from ablate.config.errors import SpecError
+from ablate.plan.grid import expand, load_grid, plan_table, resolve_layers
 
 REPO = Path(__file__).resolve().parents[1]
 

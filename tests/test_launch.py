@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from ablate import records
+from ablate.store import records
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "grids" / "tiny.yaml"
@@ -82,13 +82,13 @@ def test_failed_runs_are_retried_only_when_asked(tmp_path, data_root):
 
 
 def test_a_run_locked_by_another_process_is_not_started_again(tmp_path, data_root):
-    from ablate.grid import expand, load_grid
+    from ablate.plan.grid import expand, load_grid
 
     run_id = expand(load_grid(TINY))[0].run_id
     run_dir = tmp_path / "r" / "tiny" / "runs" / run_id
     run_dir.mkdir(parents=True)
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from ablate.records import RunLock; "
+        "import sys, time; from ablate.store.records import RunLock; "
         f"assert RunLock({str(run_dir)!r}).acquire(); print('held', flush=True); time.sleep(120)")],
         stdout=subprocess.PIPE, text=True)
     try:

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from ablate import metrics
+from ablate.evaluate import metrics
 
 
 def test_entity_f1_hand_computed():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ablate.models import family_of, load_masked_lm
-from ablate.objectives import IGNORE, attention_for, clm_labels, mlm_inputs
+from ablate.models.sources import family_of, load_masked_lm
+from ablate.train.objectives import IGNORE, attention_for, clm_labels, mlm_inputs
 
 
 def _logits(model, ids, objective):

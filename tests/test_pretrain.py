@@ -18,11 +18,11 @@ import yaml
 from safetensors.torch import load_file
 from transformers import AutoModelForMaskedLM
 
-from ablate.errors import SpecError
-from ablate.models import layer_of
-from ablate.pretrain import Optimizer, apply_freeze, plan_phases, pretrain, setup
-from ablate.schedule import lr_at
-from ablate.spec import LRSchedule, parse_run_spec
+from ablate.config.errors import SpecError
+from ablate.models.sources import layer_of
+from ablate.train.loop import Optimizer, apply_freeze, plan_phases, pretrain, setup
+from ablate.train.schedule import lr_at
+from ablate.config.spec import LRSchedule, parse_run_spec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -236,7 +236,7 @@ def test_yaml_tags_that_build_objects_are_refused(tmp_path):
 
 def test_tokenization_is_cached_per_tokenizer_and_content(tmp_path, data_root, minilm_tokenizer, monkeypatch):
     from ablate.data import corpus
-    from ablate.spec import DataSpec
+    from ablate.config.spec import DataSpec
 
     monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "cache"))
     spec = DataSpec(corpus="corpus_en_e3c/train.txt", max_documents=50)
@@ -270,7 +270,7 @@ def test_jsonl_parquet_and_datasets_corpora_give_the_same_stream_as_text(fmt, tm
     import pandas as pd
 
     from ablate.data.corpus import load_token_stream
-    from ablate.spec import DataSpec
+    from ablate.config.spec import DataSpec
 
     docs = [line.strip() for line in (data_root / "corpus_en_e3c" / "valid.txt").open()][:30]
     path = tmp_path / f"corpus.{fmt}"

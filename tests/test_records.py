@@ -17,10 +17,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from ablate import atomic, records
-from ablate.grid import expand, load_grid
-from ablate.records import RunLock, collect, effective_state, read_status, write_records, write_status
-from ablate.spec import dump_run_spec
+from ablate.store import atomic
+
+from ablate.store import records
+from ablate.plan.grid import expand, load_grid
+from ablate.store.records import RunLock, collect, effective_state, read_status, write_records, write_status
+from ablate.config.spec import dump_run_spec
 
 PHASES = ("mlm", "mlm_decay")
 RUNS_COLUMNS = ["run_id", "sweep", "model", "schedule", "freeze", "seed", "status", "token_hash", "tokens_seen",
@@ -82,7 +84,7 @@ def make_run(sweep_dir: Path, run_id: str, state: str | None = "done", axes: dic
 CHILD = """
 import json, os, sys, time
 from pathlib import Path
-from ablate import records
+from ablate.store import records
 run_dir = Path(sys.argv[1])
 lock = records.RunLock(run_dir)
 assert lock.acquire()
@@ -149,7 +151,7 @@ def test_a_writer_killed_at_any_moment_never_leaves_half_a_file(tmp_path):
     script = tmp_path / "loop.py"
     script.write_text(textwrap.dedent("""
         import sys
-        from ablate import atomic
+        from ablate.store import atomic
         k = 0
         while True:
             atomic.write_json(sys.argv[1], {"k": k, "values": list(range(300000))})
@@ -364,7 +366,7 @@ def test_base_model_scores_are_collected_as_a_run(tmp_path):
 
 HOLDER = """
 import sys, time
-from ablate.records import RunLock
+from ablate.store.records import RunLock
 lock = RunLock(sys.argv[1])
 assert lock.acquire()
 print("locked", flush=True)
@@ -417,7 +419,7 @@ def test_running_with_no_lock_file_at_all_is_interrupted(tmp_path):
 
 PROBER = """
 import sys, time
-from ablate.records import RunLock
+from ablate.store.records import RunLock
 lock = RunLock(sys.argv[1])
 print("probing", flush=True)
 end = time.time() + float(sys.argv[2])
@@ -451,7 +453,7 @@ def test_looking_at_a_run_never_makes_its_worker_give_up(tmp_path):
 # ------------------------------------------------------------------------------------- skip / retry
 
 def test_classify_skips_done_failed_and_active_runs(tmp_path):
-    from ablate.launch import classify
+    from ablate.launch.scheduler import classify
 
     sweep = tmp_path / "s"
     done = make_run(sweep, "done", "done")

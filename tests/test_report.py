@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from ablate import report
-from ablate.errors import SpecError
+from ablate.report import figures as report
+from ablate.config.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE_FIGURES = ("layers", "deltas", "curves", "freeze")   # drawn from the tidy tables alone

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ablate.errors import SpecError
-from ablate.tasks import (FinetuneSettings, TaskSpec, list_tasks, load_task, load_task_data, resolve_settings)
+from ablate.config.errors import SpecError
+from ablate.evaluate.tasks import (FinetuneSettings, TaskSpec, list_tasks, load_task, load_task_data, resolve_settings)
 
 DATA = Path(os.environ.get("ABLATE_DATA_ROOT", "data"))
 needs_data = pytest.mark.skipif(not (DATA / "ncbi_disease").is_dir(),

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ablate import records
-from ablate.tune import load_tune, main_for_tests, trial_run
+from ablate.store import records
+from ablate.tune.study import load_tune, main_for_tests, trial_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,7 +63,7 @@ def write_tune(folder: Path, name: str = "tune.yaml", **changes) -> Path:
 
 def trials_of(storage: str, study: str = "tiny_tune"):
     import optuna
-    from ablate.tune import open_storage
+    from ablate.tune.study import open_storage
 
     return optuna.load_study(study_name=study, storage=open_storage(storage)).get_trials()
 
@@ -71,7 +71,7 @@ def trials_of(storage: str, study: str = "tiny_tune"):
 def leave_running_trial(tune_file: Path, storage: str, params: dict) -> int:
     """What a killed `ablate tune` leaves behind: a RUNNING trial with its params set."""
     import optuna
-    from ablate.tune import open_storage
+    from ablate.tune.study import open_storage
 
     tune = load_tune(tune_file)
     study = optuna.load_study(study_name="tiny_tune", storage=open_storage(storage))
@@ -175,8 +175,8 @@ def test_pruner_prunes_with_local_executor(tmp_path, data_root):
 
 
 def test_tune_figure(sqlite_study):
-    from ablate import report
-    from ablate.tune import tune_figure
+    from ablate.report import figures as report
+    from ablate.tune.study import tune_figure
 
     sdir = sqlite_study["results"] / "tiny_tune"
     records.collect(sdir)
@@ -189,7 +189,7 @@ def test_tune_figure(sqlite_study):
 
 def test_dashboard_serves_the_study(sqlite_study):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "ablate.tune", "dashboard", "tiny_tune", "--results",
+    proc = subprocess.Popen([sys.executable, "-m", "ablate.tune.study", "dashboard", "tiny_tune", "--results",
                              str(sqlite_study["results"]), "--port", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
     try:

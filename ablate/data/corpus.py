@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ablate.errors import SpecError
-from ablate.paths import cache_dir, resolve_data_path
-from ablate.spec import DataSpec
+from ablate.config.errors import SpecError
+from ablate.config.paths import cache_dir, resolve_data_path
+from ablate.config.spec import DataSpec
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ablate.errors import SpecError
-from ablate.spec import (FREEZE_ALLOWED, FREEZE_WORDS, PhaseSpec, RunSpec, parse_layer_range, read_yaml,
+from ablate.config.errors import SpecError
+from ablate.config.spec import (FREEZE_ALLOWED, FREEZE_WORDS, PhaseSpec, RunSpec, parse_layer_range, read_yaml,
                          spec_error_from)
 
 NAMED_AXES = ("schedule", "freeze", "model")
@@ -440,8 +440,8 @@ def resolve_layers(runs: list[PlannedRun], file: str | None = None) -> dict[str,
     """Each run's phases against its model's depth (configs only, no weights): freeze ranges past the
     depth are errors here, before anything is submitted. Runs that share a model's depth, phases and
     step size share the work."""
-    from ablate.models import load_config, n_layers
-    from ablate.pretrain import plan_phases
+    from ablate.models.sources import load_config, n_layers
+    from ablate.train.loop import plan_phases
 
     depths: dict[str, int] = {}
     cache: dict[tuple, list] = {}

@@ -15,9 +15,11 @@ from pathlib import Path
 import torch
 import transformers
 
-from ablate import __version__, records
-from ablate.pretrain import TrainState, plan_phases, pretrain
-from ablate.spec import RunSpec, dump_run_spec
+from ablate import __version__
+
+from ablate.store import records
+from ablate.train.loop import TrainState, plan_phases, pretrain
+from ablate.config.spec import RunSpec, dump_run_spec
 
 
 class AlreadyRunning(RuntimeError):
@@ -58,13 +60,13 @@ def _logger(run_dir: Path):
 def _probe_hooks(spec: RunSpec):
     if spec.probe.n_texts <= 0:
         return ()
-    from ablate.probe import cka_vs_base_hook
+    from ablate.analysis.probe import cka_vs_base_hook
 
     return (cka_vs_base_hook(spec),)
 
 
 def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: float) -> dict:
-    from ablate.models import load_config, n_layers
+    from ablate.models.sources import load_config, n_layers
 
     depth = n_layers(load_config(spec.model))
     frozen = ";".join(f"{p.name}:{p.frozen.describe()}" for p in plan_phases(spec, depth) if not p.frozen.empty)
@@ -97,7 +99,7 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
 
     In a data-parallel job (several ranks: torchrun or several submitit tasks) rank 0 does all of this;
     the other ranks only train alongside it (pretrain joins the process group) and write nothing."""
-    from ablate.distributed import world_from_env
+    from ablate.train.distributed import world_from_env
 
     run_dir = Path(run_dir)
     rank, world, _ = world_from_env()
@@ -127,7 +129,7 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
             records.write_records(run_dir, _run_record(spec, state, run_dir, wall), state.curves,
                                   state.grad_norms, state.layer_rows)
             if spec.eval.tasks:
-                from ablate.evaluate import evaluate_run
+                from ablate.evaluate.runs import evaluate_run
 
                 records.atomic.write_json(run_dir / "progress.json", {
                     "phase": "fine-tuning " + ",".join(spec.eval.tasks), "step": state.global_step,

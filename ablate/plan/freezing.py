@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ablate.errors import SpecError
-from ablate.models import Family, layer_of
-from ablate.spec import parse_layer_range
+from ablate.config.errors import SpecError
+from ablate.models.sources import Family, layer_of
+from ablate.config.spec import parse_layer_range
 
 
 def layer_groups(n_layers: int) -> dict[str, range]:

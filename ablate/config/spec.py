@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ablate.errors import SpecError
+from ablate.config.errors import SpecError
 
 FREEZE_WORDS = ("none", "embeddings", "low", "mid", "high", "encoder", "head")
 FREEZE_ALLOWED = "none, embeddings, low, mid, high, encoder, head, or a layer range like 0-7 or 3"

@@ -11,10 +11,10 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from ablate import records
-from ablate.finetune import evaluate_scores
-from ablate.pretrain import pick_device
-from ablate.spec import RunSpec
+from ablate.store import records
+from ablate.evaluate.finetune import evaluate_scores
+from ablate.train.loop import pick_device
+from ablate.config.spec import RunSpec
 
 
 def evaluate_run(run_dir: Path, spec: RunSpec, log: Callable[[str], None] = print,
@@ -56,11 +56,11 @@ def base_folder_name(model_source: str) -> str:
 def evaluate_base(sweep_dir: Path, model_source: str, tasks: tuple[str, ...], seeds: tuple[int, ...],
                   overrides: dict | None, data_root: str | None = None, log: Callable[[str], None] = print) -> Path:
     """The base model itself, as the reference: results/<sweep>/base/<name>/scores/..."""
-    from ablate.models import resolve_source
+    from ablate.models.sources import resolve_source
 
     kind, location = resolve_source(model_source)
     if kind == "config":
-        from ablate.errors import SpecError
+        from ablate.config.errors import SpecError
 
         raise SpecError("a random-init config is no reference model", key="--model", value=model_source)
     folder = Path(sweep_dir) / "base" / base_folder_name(model_source)
@@ -74,8 +74,8 @@ def evaluate_base(sweep_dir: Path, model_source: str, tasks: tuple[str, ...], se
 def check_eval(specs: list[RunSpec], file: str | None = None) -> None:
     """Every task a sweep will evaluate exists, reads, and takes the sweep's fine-tuning overrides:
     checked before anything is submitted."""
-    from ablate.errors import SpecError
-    from ablate.tasks import load_task, load_task_data, resolve_settings
+    from ablate.config.errors import SpecError
+    from ablate.evaluate.tasks import load_task, load_task_data, resolve_settings
 
     seen: set[tuple] = set()
     for spec in specs:

@@ -38,10 +38,12 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ablate import atomic, records
-from ablate.errors import SpecError
-from ablate.grid import GridSpec, Launcher, PlannedRun, _set_path, expand, resolve_layers
-from ablate.spec import RunSpec, read_yaml, spec_error_from
+from ablate.store import atomic
+
+from ablate.store import records
+from ablate.config.errors import SpecError
+from ablate.plan.grid import GridSpec, Launcher, PlannedRun, _set_path, expand, resolve_layers
+from ablate.config.spec import RunSpec, read_yaml, spec_error_from
 
 Print = Callable[[str], None]
 
@@ -329,7 +331,7 @@ def _check_runs(tune: Tune) -> None:
             raise SpecError(f"gives an invalid run: {exc.message}", file=tune.file, key=w,
                             value=exc.value, allowed=exc.allowed) from None
     _check_objective(tune, planned[0].spec)
-    from ablate.evaluate import check_eval
+    from ablate.evaluate.runs import check_eval
 
     check_eval([planned[0].spec], file=tune.file)
 
@@ -347,7 +349,7 @@ def _check_objective(tune: Tune, spec: RunSpec) -> None:
         raise SpecError("objective task is not evaluated by the runs (add it to base.eval.tasks)", file=tune.file,
                         key="objective.tasks", value=missing[0], allowed=", ".join(spec.eval.tasks) or "(none)")
     if obj.name:
-        from ablate.tasks import load_task
+        from ablate.evaluate.tasks import load_task
 
         lacking = [t for t in tasks if obj.name not in load_task(t).metrics]
         if lacking:
@@ -536,7 +538,7 @@ def objective_value(tune: Tune, spec: RunSpec, run_dir: Path) -> float:
     rows = records._score_rows(run_dir, run_dir.name)
     values = []
     for task in tasks:
-        from ablate.tasks import load_task
+        from ablate.evaluate.tasks import load_task
 
         name = obj.name or load_task(task).primary_metric
         values += [r["value"] for r in rows if r.get("task") == task and r.get("split") == obj.split
@@ -571,7 +573,7 @@ class TuneJob:
         self.stop_after_steps = stop_after_steps
 
     def __call__(self, run_dir: str) -> str:
-        from ablate import worker
+        from ablate.launch import worker
 
         try:
             return worker.execute(Path(run_dir), stop_after_steps=self.stop_after_steps)
@@ -629,7 +631,9 @@ def run_tune(tune: Tune, results_root: Path, executor: str | None = None, out: P
     import optuna
     from optuna.trial import TrialState
 
-    from ablate import launch, worker
+    from ablate.launch import scheduler as launch
+
+    from ablate.launch import worker
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = tune.spec
@@ -835,7 +839,7 @@ def write_trials_table(study, sdir: Path) -> None:
 
 def resolve_storage(study: str | None, storage: str | None, results: str | None) -> tuple[str, str | None]:
     """(storage url, study name) for the dashboard / the tune figure."""
-    from ablate.paths import results_root
+    from ablate.config.paths import results_root
 
     if storage:
         if storage in ("sqlite", "journal"):
@@ -972,8 +976,9 @@ def tune_figure(sweep, *, study: str = "", storage: str = ""):
 # ------------------------------------------------------------------ commands
 
 def cmd_tune(args) -> int:
-    from ablate import launch, records as rec
-    from ablate.paths import results_root
+    from ablate.launch import scheduler as launch
+    from ablate.store import records as rec
+    from ablate.config.paths import results_root
 
     tune = load_tune(args.tune, storage=args.storage)
     executor = args.executor or tune.spec.launcher.executor

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ablate.spec import LRSchedule
+from ablate.config.spec import LRSchedule
 
 
 def warmup_steps(schedule: LRSchedule, phase_steps: int) -> int:

@@ -10,7 +10,7 @@ batch at a step depends only on the data seed and the data position, so a run re
 computes exactly what the uninterrupted run would have. The token stream each phase consumed is hashed
 (a chain of sha256 over the batches) so "identical data" between arms is checked, not assumed.
 
-Data parallel (ablate.distributed): every rank builds the same global batch and masking, computes the label
+Data parallel (ablate.train.distributed): every rank builds the same global batch and masking, computes the label
 count over the global batch, runs its own contiguous slice, and the gradients are summed over ranks after
 backward, which gives the single-process gradient. Only rank 0 writes checkpoints, progress and the model;
 a checkpoint is the same whatever the world size, so a run resumes under any number of ranks.
@@ -35,16 +35,16 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
-from ablate import atomic
-from ablate.distributed import Dist, init as init_distributed, local_device_index, rank_slice
+from ablate.store import atomic
+from ablate.train.distributed import Dist, init as init_distributed, local_device_index, rank_slice
 from ablate.data.corpus import SequenceOrder, load_token_stream
-from ablate.errors import SpecError
-from ablate.freezing import FrozenSet, apply_freeze, is_frozen, resolve_freeze
-from ablate.models import Family, family_of, load_masked_lm, load_tokenizer, n_layers
-from ablate.probe import grad_norms, layer_params, weight_rel_change
-from ablate.objectives import attention_for, clm_labels, mlm_inputs
-from ablate.schedule import lr_at
-from ablate.spec import PhaseSpec, RunSpec
+from ablate.config.errors import SpecError
+from ablate.plan.freezing import FrozenSet, apply_freeze, is_frozen, resolve_freeze
+from ablate.models.sources import Family, family_of, load_masked_lm, load_tokenizer, n_layers
+from ablate.analysis.probe import grad_norms, layer_params, weight_rel_change
+from ablate.train.objectives import attention_for, clm_labels, mlm_inputs
+from ablate.train.schedule import lr_at
+from ablate.config.spec import PhaseSpec, RunSpec
 
 Log = Callable[[str], None]
 PhaseEndHook = Callable[[str, torch.nn.Module], list[dict]]

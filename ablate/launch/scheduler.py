@@ -20,8 +20,12 @@ from typing import Callable
 
 import submitit
 
-from ablate import atomic, records, worker
-from ablate.grid import GridSpec, PlannedRun
+from ablate.store import atomic
+
+from ablate.store import records
+
+from ablate.launch import worker
+from ablate.plan.grid import GridSpec, PlannedRun
 
 Print = Callable[[str], None]
 

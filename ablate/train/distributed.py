@@ -141,8 +141,8 @@ def rank_slice(batch_size: int, dist: Dist) -> slice:
 def pretrain_ranks(spec: dict, run_dir: str, stop_after_steps: int | None = None) -> dict:
     """What each task of a multi-task submitit job (or each torchrun process) calls: pretrain as one rank.
     Returns a small summary (same on every rank) so a caller can check the ranks agreed."""
-    from ablate.pretrain import pretrain
-    from ablate.spec import parse_run_spec
+    from ablate.train.loop import pretrain
+    from ablate.config.spec import parse_run_spec
 
     rank = world_from_env()[0]
     state = pretrain(parse_run_spec(spec), run_dir, log=(print if rank == 0 else (lambda _m: None)),
@@ -153,7 +153,7 @@ def pretrain_ranks(spec: dict, run_dir: str, stop_after_steps: int | None = None
 
 
 def _main() -> None:
-    """python -m ablate.distributed SPEC_JSON RUN_DIR [STOP_AFTER] [OUT_JSON]: one rank, env set by the caller."""
+    """python -m ablate.train.distributed SPEC_JSON RUN_DIR [STOP_AFTER] [OUT_JSON]: one rank, env set by the caller."""
     import json
     import sys
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ablate.errors import SpecError
+from ablate.config.errors import SpecError
 
 # --- CKA -------------------------------------------------------------------------------------------------
 
@@ -120,7 +120,7 @@ def representations_for(model, tokenizer, texts: Sequence[str], max_length: int 
 
 def layer_params(model) -> dict[int, list[str]]:
     """{layer index (-1 = embeddings): parameter names} for a *ForMaskedLM or a bare encoder."""
-    from ablate.models import family_of, layer_index
+    from ablate.models.sources import family_of, layer_index
 
     family = family_of(model.config)
     out: dict[int, list[str]] = {}
@@ -265,7 +265,7 @@ def cka_vs_base_hook(spec):
     The base representations are computed once, from a fresh load of the base model (same seed, so the
     same weights the run started from, also when the run resumes from a checkpoint)."""
     from ablate.data.corpus import read_documents
-    from ablate.models import load_masked_lm, load_tokenizer
+    from ablate.models.sources import load_masked_lm, load_tokenizer
 
     if spec.data.valid_corpus is None:
         raise SpecError("layer probes need held-out texts", key="data.valid_corpus",

@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from ablate import atomic
+from ablate.store import atomic
 
 STATES = ("pending", "submitted", "running", "interrupted", "done", "failed")
 TABLES = ("runs", "scores", "layers", "curves", "grads")

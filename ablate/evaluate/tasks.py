@@ -1,7 +1,7 @@
 """Downstream tasks: declarative task files -> a validated TaskSpec -> (text, label) examples per split.
 
 A task file is YAML in the registry folder (grids/tasks/<name>.yaml, or $ABLATE_TASKS_DIR). Adding a dataset
-of a known type is adding a file. Data paths are relative to the data root (ablate.paths). Label sets are
+of a known type is adding a file. Data paths are relative to the data root (ablate.config.paths). Label sets are
 read from the data: a label in dev/test that train lacks is an error unless the file allows it.
 """
 
@@ -18,9 +18,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, PrivateAttr, ValidationError
 from pydantic import model_validator
 
-from ablate.errors import SpecError
-from ablate.metrics import METRICS
-from ablate.paths import resolve_data_path
+from ablate.config.errors import SpecError
+from ablate.evaluate.metrics import METRICS
+from ablate.config.paths import resolve_data_path
 
 TASKS_DIR_ENV = "ABLATE_TASKS_DIR"   # default: grids/tasks of this checkout
 SPLITS = ("train", "dev", "test")
@@ -179,7 +179,7 @@ def spec_error(exc: ValidationError, file: str | None = None, prefix: str = "") 
 
 def tasks_dir() -> Path:
     env = os.environ.get(TASKS_DIR_ENV)
-    return Path(env).expanduser() if env else Path(__file__).resolve().parent.parent / "grids" / "tasks"
+    return Path(env).expanduser() if env else Path(__file__).resolve().parents[2] / "grids" / "tasks"
 
 
 def list_tasks() -> list[str]:

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ablate.errors import SpecError
-from ablate.freezing import consecutive_runs
-from ablate.paths import results_root
+from ablate.config.errors import SpecError
+from ablate.plan.freezing import consecutive_runs
+from ablate.config.paths import results_root
 
 TABLES = ("runs", "scores", "layers", "curves")
 HEAD_WARMUP = "head_warmup"
@@ -800,7 +800,7 @@ def curves(sweep: Sweep, *, baseline: str = "mlm", smooth: int = 1, panel: str |
 
 def tune(sweep: Sweep, *, study: str = "", storage: str = ""):
     """Optimisation history and parameter importances of the Optuna study behind a tune's folder."""
-    from ablate.tune import tune_figure
+    from ablate.tune.study import tune_figure
 
     return tune_figure(sweep, study=study, storage=storage)
 
