@@ -41,8 +41,9 @@ def cmd_run(args) -> int:
 
 
 def _validate_against_model(spec, file) -> None:
-    from ablate.models.sources import load_config, n_layers
-    from ablate.train.loop import plan_phases
+    from ablate.models.families import n_layers
+    from ablate.models.sources import load_config
+    from ablate.plan.phases import plan_phases
 
     try:
         plan_phases(spec, n_layers(load_config(spec.model)))

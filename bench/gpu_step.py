@@ -136,8 +136,10 @@ def run_ablate(args, objective: str, seq_len: int, batch: int, tokenizer, device
     import torch
 
     from ablate.plan.freezing import resolve_freeze
-    from ablate.models.sources import family_of, load_masked_lm, n_layers
-    from ablate.train.loop import Context, Optimizer, PhasePlan, train_step
+    from ablate.models.families import family_of, n_layers
+    from ablate.models.sources import load_masked_lm
+    from ablate.plan.phases import PhasePlan
+    from ablate.train.loop import Context, Optimizer, train_step
     from ablate.analysis.probe import layer_params
     from ablate.config.spec import parse_run_spec
 

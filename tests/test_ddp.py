@@ -56,7 +56,7 @@ def _start_ranks(spec: dict, run_dir: Path, world: int = 2, stop: int | None = N
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo",
                "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "ablate.train.distributed", json.dumps(spec), str(run_dir),
+        procs.append(subprocess.Popen([sys.executable, "-m", "ablate.train.ranks", json.dumps(spec), str(run_dir),
                                        str(stop or 0), str(out)], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
         outs.append(out)
@@ -161,7 +161,7 @@ def test_gpu_benchmark_refuses_without_cuda_and_smoke_runs_tiny(tmp_path):
 def test_one_run_with_two_slurm_tasks_matches_one_process(tmp_path, slurm_env, data_root, monkeypatch):
     import submitit
 
-    from ablate.train.distributed import pretrain_ranks
+    from ablate.train.ranks import pretrain_ranks
 
     for key in ("SLURM_CONF",):
         monkeypatch.setenv(key, slurm_env[key])

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ablate.models.sources import family_of, load_masked_lm
+from ablate.models.families import family_of
+
+from ablate.models.sources import load_masked_lm
 from ablate.train.objectives import IGNORE, attention_for, clm_labels, mlm_inputs
 
 

@@ -19,8 +19,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForMaskedLM
 
 from ablate.config.errors import SpecError
-from ablate.models.sources import layer_of
-from ablate.train.loop import Optimizer, apply_freeze, plan_phases, pretrain, setup
+from ablate.models.families import layer_of
+from ablate.plan.phases import plan_phases
+from ablate.train.loop import Optimizer, apply_freeze, pretrain, setup
 from ablate.train.schedule import lr_at
 from ablate.config.spec import LRSchedule, parse_run_spec
 

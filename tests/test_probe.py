@@ -11,7 +11,7 @@ import torch
 from scipy.stats import ortho_group
 
 from ablate.config.errors import SpecError
-from ablate.models.sources import FAMILIES, layer_of
+from ablate.models.families import FAMILIES, layer_of
 from ablate.analysis.probe import (cka_ratio, cka_vs_reference, layer_grad_norms, layer_representations,
                           linear_cka, probe_texts, representations_for, weight_relative_change)
 

@@ -120,7 +120,7 @@ def representations_for(model, tokenizer, texts: Sequence[str], max_length: int 
 
 def layer_params(model) -> dict[int, list[str]]:
     """{layer index (-1 = embeddings): parameter names} for a *ForMaskedLM or a bare encoder."""
-    from ablate.models.sources import family_of, layer_index
+    from ablate.models.families import family_of, layer_index
 
     family = family_of(model.config)
     out: dict[int, list[str]] = {}

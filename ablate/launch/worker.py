@@ -18,7 +18,8 @@ import transformers
 from ablate import __version__
 
 from ablate.store import records
-from ablate.train.loop import TrainState, plan_phases, pretrain
+from ablate.plan.phases import plan_phases
+from ablate.train.loop import TrainState, pretrain
 from ablate.config.spec import RunSpec, dump_run_spec
 
 
@@ -66,7 +67,8 @@ def _probe_hooks(spec: RunSpec):
 
 
 def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: float) -> dict:
-    from ablate.models.sources import load_config, n_layers
+    from ablate.models.families import n_layers
+    from ablate.models.sources import load_config
 
     depth = n_layers(load_config(spec.model))
     frozen = ";".join(f"{p.name}:{p.frozen.describe()}" for p in plan_phases(spec, depth) if not p.frozen.empty)

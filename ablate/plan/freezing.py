@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ablate.config.errors import SpecError
-from ablate.models.sources import Family, layer_of
+from ablate.models.families import Family, layer_of
 from ablate.config.spec import parse_layer_range
 
 

@@ -440,8 +440,9 @@ def resolve_layers(runs: list[PlannedRun], file: str | None = None) -> dict[str,
     """Each run's phases against its model's depth (configs only, no weights): freeze ranges past the
     depth are errors here, before anything is submitted. Runs that share a model's depth, phases and
     step size share the work."""
-    from ablate.models.sources import load_config, n_layers
-    from ablate.train.loop import plan_phases
+    from ablate.models.families import n_layers
+    from ablate.models.sources import load_config
+    from ablate.plan.phases import plan_phases
 
     depths: dict[str, int] = {}
     cache: dict[tuple, list] = {}

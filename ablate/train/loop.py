@@ -22,10 +22,8 @@ torch.compile of the encoder when ABLATE_COMPILE=1.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,64 +31,23 @@ from typing import Callable
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
 
-from ablate.store import atomic
+from ablate.train.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint, save_final_model
 from ablate.train.distributed import Dist, init as init_distributed, local_device_index, rank_slice
 from ablate.data.corpus import SequenceOrder, load_token_stream
 from ablate.config.errors import SpecError
-from ablate.plan.freezing import FrozenSet, apply_freeze, is_frozen, resolve_freeze
-from ablate.models.sources import Family, family_of, load_masked_lm, load_tokenizer, n_layers
+from ablate.plan.freezing import apply_freeze, is_frozen
+from ablate.plan.phases import PhasePlan, plan_phases
+from ablate.models.families import Family, family_of, n_layers
+from ablate.models.sources import load_masked_lm, load_tokenizer
 from ablate.analysis.probe import grad_norms, layer_params, weight_rel_change
+from ablate.train.optimizer import Optimizer, fused_adamw
 from ablate.train.objectives import attention_for, clm_labels, mlm_inputs
 from ablate.train.schedule import lr_at
-from ablate.config.spec import PhaseSpec, RunSpec
+from ablate.config.spec import RunSpec
 
 Log = Callable[[str], None]
 PhaseEndHook = Callable[[str, torch.nn.Module], list[dict]]
-
-
-@dataclass(frozen=True)
-class PhasePlan:
-    """A phase resolved against the model: concrete steps and frozen layers."""
-
-    index: int
-    spec: PhaseSpec
-    steps: int
-    frozen: FrozenSet
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-
-def plan_phases(spec: RunSpec, depth: int) -> list[PhasePlan]:
-    """Resolve lengths and freeze masks; a phase that would train nothing is an error."""
-    plans = []
-    for i, (phase, steps) in enumerate(zip(spec.phases, spec.phase_steps())):
-        frozen = resolve_freeze(phase.freeze, depth, key=f"phases[{i}].freeze")
-        plans.append(PhasePlan(i, phase, steps, frozen))
-    return plans
-
-
-@dataclass
-class TrainState:
-    """Everything besides weights and optimizer moments that a resumed run needs."""
-
-    phase_index: int = 0
-    step_in_phase: int = 0
-    global_step: int = 0
-    data_position: int = 0          # sequences consumed so far
-    tokens_seen: int = 0
-    token_hash: str = hashlib.sha256(b"ablate-token-stream").hexdigest()
-    phase_token_hashes: dict[str, str] = field(default_factory=dict)
-    phase_tokens: dict[str, int] = field(default_factory=dict)
-    curves: list[dict] = field(default_factory=list)
-    grad_norms: list[dict] = field(default_factory=list)
-    grad_norm_sums: dict[str, float] = field(default_factory=dict)   # "phase/layer" -> sum over steps
-    layer_rows: list[dict] = field(default_factory=list)
-    elapsed_s: float = 0.0
-    done: bool = False
 
 
 def _seed_for(*parts: int) -> int:
@@ -99,81 +56,6 @@ def _seed_for(*parts: int) -> int:
 
 def _chain_hash(previous: str, tokens: np.ndarray) -> str:
     return hashlib.sha256(bytes.fromhex(previous) + np.ascontiguousarray(tokens, dtype=np.int32).tobytes()).hexdigest()
-
-
-def _no_decay(name: str) -> bool:
-    return name.endswith("bias") or "norm" in name.lower()
-
-
-class Optimizer:
-    """AdamW over every parameter, with the phase's frozen ones removed from its groups.
-
-    Moments are kept per parameter name across phases (a layer frozen in one phase keeps what it learned
-    before and resumes with it), and saved by name, so a checkpoint taken while a layer is frozen still
-    holds that layer's moments."""
-
-    def __init__(self, model: torch.nn.Module, spec: RunSpec, fused: bool):
-        self.named = dict(model.named_parameters())
-        o = spec.optim
-        self.decay_names = [n for n in self.named if not _no_decay(n)]
-        self.plain_names = [n for n in self.named if _no_decay(n)]
-        self.torch = torch.optim.AdamW(
-            [{"params": [self.named[n] for n in self.decay_names], "weight_decay": o.weight_decay},
-             {"params": [self.named[n] for n in self.plain_names], "weight_decay": 0.0}],
-            lr=o.lr, betas=o.betas, eps=o.eps, **({"fused": True} if fused else {}))
-
-    def set_trainable(self) -> None:
-        self.torch.param_groups[0]["params"] = [self.named[n] for n in self.decay_names if self.named[n].requires_grad]
-        self.torch.param_groups[1]["params"] = [self.named[n] for n in self.plain_names if self.named[n].requires_grad]
-
-    def trainable(self) -> list[torch.nn.Parameter]:
-        return [p for g in self.torch.param_groups for p in g["params"]]
-
-    def state_by_name(self) -> dict[str, dict[str, torch.Tensor]]:
-        by_param = self.torch.state
-        return {n: {k: v for k, v in by_param[p].items()} for n, p in self.named.items() if p in by_param}
-
-    def load_state_by_name(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
-        for n, moments in state.items():
-            p = self.named[n]
-            self.torch.state[p] = {k: v.to(p.device) if k != "step" else v for k, v in moments.items()}
-
-
-# ---------------------------------------------------------------- checkpoints
-
-def latest_checkpoint(ckpt_root: Path) -> Path | None:
-    pointer = ckpt_root / "LATEST"
-    if pointer.is_file():
-        candidate = ckpt_root / pointer.read_text().strip()
-        if (candidate / "state.json").is_file():
-            return candidate
-    complete = sorted(p for p in ckpt_root.glob("step-*") if (p / "state.json").is_file())
-    return complete[-1] if complete else None
-
-
-def save_checkpoint(ckpt_root: Path, model, opt: Optimizer, state: TrainState) -> Path:
-    name = f"step-{state.global_step:09d}-p{state.phase_index}"
-    tmp = ckpt_root / f".tmp-{name}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_model(model, str(tmp / "model.safetensors"))
-    torch.save({"moments": opt.state_by_name()}, tmp / "optimizer.pt")
-    (tmp / "state.json").write_text(json.dumps(state.__dict__))
-    final = ckpt_root / name
-    atomic.publish_dir(tmp, final)
-    atomic.write_text(ckpt_root / "LATEST", name)
-    for old in ckpt_root.glob("step-*"):
-        if old != final:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def load_checkpoint(path: Path, model, opt: Optimizer) -> TrainState:
-    """Weights via safetensors and tensors via torch.load(weights_only=True): loading runs no code."""
-    load_model(model, str(path / "model.safetensors"))
-    opt.load_state_by_name(torch.load(path / "optimizer.pt", weights_only=True)["moments"])
-    return TrainState(**json.loads((path / "state.json").read_text()))
 
 
 # ---------------------------------------------------------------- the loop
@@ -197,11 +79,6 @@ class Context:
     dist: Dist = field(default_factory=Dist)
     encoder: torch.nn.Module | None = None   # the encoder to call (compiled when asked); None = family's
     pin_memory: bool = False
-
-
-def fused_adamw(device: torch.device) -> bool:
-    """torch has fused AdamW kernels for CPU and CUDA (transformers' Trainer uses them by default too)."""
-    return device.type in ("cpu", "cuda")
 
 
 def pick_device(choice: str, local_rank: int = 0) -> torch.device:
@@ -458,15 +335,3 @@ def _finish_phase(state: TrainState, plan: PhasePlan, model, base, groups, hooks
     model.train(was_training)
     state.phase_index += 1
     state.step_in_phase = 0
-
-
-def save_final_model(model, tokenizer, out: Path) -> None:
-    """An ordinary *ForMaskedLM folder (safetensors) that AutoModelForMaskedLM loads directly."""
-    tmp = out.with_name(f".tmp-{out.name}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    for p in model.parameters():
-        p.requires_grad_(True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    atomic.publish_dir(tmp, out)

@@ -1,0 +1,88 @@
+"""Checkpoints of a run: what a resumed run needs (TrainState, weights, AdamW moments by name), written to a
+temporary folder and published atomically; and the final *ForMaskedLM folder.
+
+Weights go through safetensors and tensors through torch.load(weights_only=True): loading runs no code.
+
+May import: config, store, train.optimizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model, save_model
+
+from ablate.store import atomic
+from ablate.train.optimizer import Optimizer
+
+
+@dataclass
+class TrainState:
+    """Everything besides weights and optimizer moments that a resumed run needs."""
+
+    phase_index: int = 0
+    step_in_phase: int = 0
+    global_step: int = 0
+    data_position: int = 0          # sequences consumed so far
+    tokens_seen: int = 0
+    token_hash: str = hashlib.sha256(b"ablate-token-stream").hexdigest()
+    phase_token_hashes: dict[str, str] = field(default_factory=dict)
+    phase_tokens: dict[str, int] = field(default_factory=dict)
+    curves: list[dict] = field(default_factory=list)
+    grad_norms: list[dict] = field(default_factory=list)
+    grad_norm_sums: dict[str, float] = field(default_factory=dict)   # "phase/layer" -> sum over steps
+    layer_rows: list[dict] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    done: bool = False
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    pointer = ckpt_root / "LATEST"
+    if pointer.is_file():
+        candidate = ckpt_root / pointer.read_text().strip()
+        if (candidate / "state.json").is_file():
+            return candidate
+    complete = sorted(p for p in ckpt_root.glob("step-*") if (p / "state.json").is_file())
+    return complete[-1] if complete else None
+
+
+def save_checkpoint(ckpt_root: Path, model, opt: Optimizer, state: TrainState) -> Path:
+    name = f"step-{state.global_step:09d}-p{state.phase_index}"
+    tmp = ckpt_root / f".tmp-{name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_model(model, str(tmp / "model.safetensors"))
+    torch.save({"moments": opt.state_by_name()}, tmp / "optimizer.pt")
+    (tmp / "state.json").write_text(json.dumps(state.__dict__))
+    final = ckpt_root / name
+    atomic.publish_dir(tmp, final)
+    atomic.write_text(ckpt_root / "LATEST", name)
+    for old in ckpt_root.glob("step-*"):
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: Path, model, opt: Optimizer) -> TrainState:
+    """Weights via safetensors and tensors via torch.load(weights_only=True): loading runs no code."""
+    load_model(model, str(path / "model.safetensors"))
+    opt.load_state_by_name(torch.load(path / "optimizer.pt", weights_only=True)["moments"])
+    return TrainState(**json.loads((path / "state.json").read_text()))
+
+
+def save_final_model(model, tokenizer, out: Path) -> None:
+    """An ordinary *ForMaskedLM folder (safetensors) that AutoModelForMaskedLM loads directly."""
+    tmp = out.with_name(f".tmp-{out.name}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    atomic.publish_dir(tmp, out)
