@@ -52,7 +52,8 @@ def _validate_against_model(spec, file) -> None:
 
 
 def cmd_sweep(args) -> int:
-    from ablate.plan.grid import expand, load_grid, plan_table, resolve_layers
+    from ablate.config.grid import load_grid
+    from ablate.plan.grid import expand, plan_table, resolve_layers
     from ablate.config.paths import results_root
 
     grid = load_grid(args.grid)

@@ -44,7 +44,8 @@ from ablate.store import atomic
 from ablate.launch import scheduler as launch
 
 from ablate.store import records
-from ablate.plan.grid import expand, load_grid, resolve_layers
+from ablate.config.grid import load_grid
+from ablate.plan.grid import expand, resolve_layers
 from ablate.config.spec import dump_run_spec
 
 GOALS_S = {"expand": 2.0, "status": 2.0, "collect": 10.0}

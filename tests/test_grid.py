@@ -18,7 +18,8 @@ import yaml
 
 from ablate.cli import main
 from ablate.config.errors import SpecError
-from ablate.plan.grid import expand, load_grid, plan_table, resolve_layers
+from ablate.config.grid import load_grid
+from ablate.plan.grid import expand, plan_table, resolve_layers
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -82,7 +82,8 @@ def test_failed_runs_are_retried_only_when_asked(tmp_path, data_root):
 
 
 def test_a_run_locked_by_another_process_is_not_started_again(tmp_path, data_root):
-    from ablate.plan.grid import expand, load_grid
+    from ablate.config.grid import load_grid
+    from ablate.plan.grid import expand
 
     run_id = expand(load_grid(TINY))[0].run_id
     run_dir = tmp_path / "r" / "tiny" / "runs" / run_id

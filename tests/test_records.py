@@ -20,7 +20,8 @@ import yaml
 from ablate.store import atomic
 
 from ablate.store import records
-from ablate.plan.grid import expand, load_grid
+from ablate.config.grid import load_grid
+from ablate.plan.grid import expand
 from ablate.store.records import RunLock, collect, effective_state, read_status, write_records, write_status
 from ablate.config.spec import dump_run_spec
 

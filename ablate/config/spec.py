@@ -12,21 +12,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from ablate.config.errors import SpecError
+from ablate.config.base import Strict, read_yaml, validate
 
 FREEZE_WORDS = ("none", "embeddings", "low", "mid", "high", "encoder", "head")
 FREEZE_ALLOWED = "none, embeddings, low, mid, high, encoder, head, or a layer range like 0-7 or 3"
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class LRSchedule(Strict):
@@ -197,57 +191,8 @@ def parse_layer_range(text: str) -> tuple[int, int] | None:
     return None
 
 
-def format_loc(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def spec_error_from(exc: ValidationError, file: str | None, prefix: str = "") -> SpecError:
-    """The first validation problem, located as file + key path (all problems listed in the message)."""
-    problems = []
-    for err in exc.errors():
-        loc = format_loc(tuple(p for p in err["loc"] if p not in ("function-after",)))
-        key = ".".join(p for p in (prefix, loc) if p)
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        problems.append((key, msg, err.get("input")))
-    key, msg, value = problems[0]
-    if len(problems) > 1:
-        msg += "".join(f"\n  also {k or '(top level)'}: {m}" for k, m, _ in problems[1:])
-    shown = value if isinstance(value, (str, int, float, bool)) else None
-    return SpecError(msg, file=file, key=key or "(top level)", value=shown)
-
-
-class _Loader(yaml.SafeLoader):
-    """Safe YAML that reads 1e-4 as a number (YAML 1.2), not as the string PyYAML's 1.1 rules give."""
-
-
-_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
-    r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
-    r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
-
-
-def read_yaml(path: str | Path) -> Any:
-    """Safe YAML only: tags that construct Python objects are refused."""
-    path = Path(path)
-    if not path.is_file():
-        raise SpecError("file not found", file=str(path))
-    try:
-        return yaml.load(path.read_text(), Loader=_Loader)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"not valid YAML: {exc}", file=str(path)) from None
-
-
 def parse_run_spec(data: Any, file: str | None = None, prefix: str = "") -> RunSpec:
-    if not isinstance(data, dict):
-        raise SpecError("a run spec must be a mapping", file=file, key=prefix or None)
-    try:
-        return RunSpec.model_validate(data)
-    except ValidationError as exc:
-        raise spec_error_from(exc, file, prefix) from None
+    return validate(RunSpec, data, file, "run spec", prefix)
 
 
 def load_run_spec(path: str | Path) -> RunSpec:

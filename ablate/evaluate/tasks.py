@@ -14,10 +14,10 @@ import re
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, PrivateAttr, ValidationError
+from pydantic import Field, PositiveFloat, PositiveInt, PrivateAttr
 from pydantic import model_validator
 
+from ablate.config.base import Located, Strict, read_yaml, validate
 from ablate.config.errors import SpecError
 from ablate.evaluate.metrics import METRICS
 from ablate.config.paths import resolve_data_path
@@ -29,19 +29,7 @@ TaskType = Literal["token_classification", "sequence_classification", "sequence_
 _IOB2_TAG = re.compile(r"^(O|[BI]-\S.*)$")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class _Located(ValueError):
-    """A cross-field error raised inside a validator, carrying the key path pydantic cannot know."""
-
-    def __init__(self, message: str, key: str, value: object = None, allowed: str | None = None):
-        super().__init__(message)
-        self.key, self.value, self.allowed = key, value, allowed
-
-
-class FinetuneSettings(_Strict):
+class FinetuneSettings(Strict):
     """How to fine-tune; a task file's `finetune:` block sets defaults, a sweep may override any field."""
 
     method: Literal["full", "lora"] = "full"
@@ -62,19 +50,19 @@ class FinetuneSettings(_Strict):
     lora_target_modules: tuple[str, ...] | None = None   # null: a default per architecture (finetune.py)
 
 
-class Splits(_Strict):
+class Splits(Strict):
     train: str
     dev: str
     test: str
 
 
-class DataSpec(_Strict):
+class DataSpec(Strict):
     format: Literal["conll", "jsonl", "csv", "json"]
     delimiter: str | None = None   # conll: column separator (null: any whitespace); csv: default ","
     splits: Splits
 
 
-class Columns(_Strict):
+class Columns(Strict):
     """conll: `text` and `label` are column indexes (negative counts from the end).
     jsonl/csv/json: field names; a dotted name reaches into nested objects (answers.a); a list of names is
     joined with a space."""
@@ -84,12 +72,12 @@ class Columns(_Strict):
     label: int | str
 
 
-class LabelOptions(_Strict):
+class LabelOptions(Strict):
     values: list[str] | None = None            # the expected label set; any other label in the data is an error
     allow_unseen_eval_labels: bool = False     # allow dev/test labels that train lacks
 
 
-class TaskSpec(_Strict):
+class TaskSpec(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     language: str = Field(min_length=2)
     type: TaskType
@@ -117,62 +105,40 @@ class TaskSpec(_Strict):
         allowed = METRICS[self.type]
         for i, m in enumerate(self.metrics):
             if m not in allowed:
-                raise _Located(f"unknown metric for a {self.type} task", f"metrics.{i}", m, ", ".join(allowed))
+                raise Located(f"unknown metric for a {self.type} task", f"metrics.{i}", m, ", ".join(allowed))
         if len(set(self.metrics)) != len(self.metrics):
-            raise _Located("a metric is listed twice", "metrics", self.metrics)
+            raise Located("a metric is listed twice", "metrics", self.metrics)
         conll, c = self.data.format == "conll", self.columns
         if conll != (self.type == "token_classification"):
-            raise _Located("token_classification reads conll files, and conll files are for token_classification",
+            raise Located("token_classification reads conll files, and conll files are for token_classification",
                            "data.format", self.data.format)
         if conll:
             for key in ("text", "label"):
                 if not isinstance(getattr(c, key), int):
-                    raise _Located("a conll column is an index (0, 1, ... or -1 for the last)", f"columns.{key}",
+                    raise Located("a conll column is an index (0, 1, ... or -1 for the last)", f"columns.{key}",
                                    getattr(c, key))
             if c.text_pair is not None:
-                raise _Located("conll tasks have no text_pair", "columns.text_pair", c.text_pair)
+                raise Located("conll tasks have no text_pair", "columns.text_pair", c.text_pair)
         else:
             for key in ("text", "label"):
                 if isinstance(getattr(c, key), int):
-                    raise _Located(f"a {self.data.format} column is a field name", f"columns.{key}", getattr(c, key))
+                    raise Located(f"a {self.data.format} column is a field name", f"columns.{key}", getattr(c, key))
         if self.type == "sequence_pair_classification" and c.text_pair is None:
-            raise _Located("a pair task needs columns.text_pair", "columns.text_pair")
+            raise Located("a pair task needs columns.text_pair", "columns.text_pair")
         if self.type == "sequence_classification" and c.text_pair is not None:
-            raise _Located("a task with text_pair is of type sequence_pair_classification", "columns.text_pair",
+            raise Located("a task with text_pair is of type sequence_pair_classification", "columns.text_pair",
                            c.text_pair)
         if self.data.format == "csv" and self.data.delimiter is not None and len(self.data.delimiter) != 1:
-            raise _Located("a csv delimiter is one character", "data.delimiter", self.data.delimiter)
+            raise Located("a csv delimiter is one character", "data.delimiter", self.data.delimiter)
         if self.data.format in ("jsonl", "json") and self.data.delimiter is not None:
-            raise _Located(f"{self.data.format} files have no delimiter", "data.delimiter", self.data.delimiter)
+            raise Located(f"{self.data.format} files have no delimiter", "data.delimiter", self.data.delimiter)
         if self.type == "regression" and self.labels.values is not None:
-            raise _Located("a regression task has no label set", "labels.values", self.labels.values)
+            raise Located("a regression task has no label set", "labels.values", self.labels.values)
         if self.type == "token_classification" and self.labels.values:
             bad = [v for v in self.labels.values if not _IOB2_TAG.match(v)]
             if bad:
-                raise _Located("not an IOB2 tag", "labels.values", bad[0], "O, B-<type>, I-<type>")
+                raise Located("not an IOB2 tag", "labels.values", bad[0], "O, B-<type>, I-<type>")
         return self
-
-
-def spec_error(exc: ValidationError, file: str | None = None, prefix: str = "") -> SpecError:
-    """The first problem of a pydantic ValidationError as a SpecError located by file and key path."""
-    errors = exc.errors()
-    err = errors[0]
-    loc = [str(p) for p in err["loc"]]
-    value, allowed, message = err.get("input"), None, err["msg"]
-    located = (err.get("ctx") or {}).get("error")
-    if isinstance(located, _Located):
-        loc += located.key.split(".")
-        value, allowed, message = located.value, located.allowed, str(located)
-    elif err["type"] == "missing":
-        value, message = None, "missing required key"
-    elif err["type"] == "extra_forbidden":
-        message = "unknown key"
-    elif isinstance(value, dict):
-        value = None
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
-    key = ".".join(p for p in [prefix, *loc] if p)
-    return SpecError(message, file=file, key=key or None, value=value, allowed=allowed)
 
 
 # ---------------------------------------------------------------------------------------------------- registry
@@ -200,21 +166,7 @@ def load_task(name_or_path: str | os.PathLike) -> TaskSpec:
         if not path.is_file():
             raise SpecError("unknown task", key="task", value=s, allowed=", ".join(list_tasks()) or "(no task files)")
     file = str(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise SpecError(f"not valid YAML: {getattr(e, 'problem', None) or e}", file=file,
-                        key=f"line {mark.line + 1}" if mark else None) from None
-    except UnicodeDecodeError as e:
-        raise SpecError(f"not UTF-8 text: {e}", file=file) from None
-    if not isinstance(raw, dict):
-        raise SpecError("a task file is a mapping of keys (name, language, type, ...)", file=file,
-                        value=type(raw).__name__)
-    try:
-        spec = TaskSpec.model_validate(raw)
-    except ValidationError as e:
-        raise spec_error(e, file) from None
+    spec = validate(TaskSpec, read_yaml(path), file, "task file")
     if spec.name != path.stem:
         raise SpecError("a task's name is its file name", file=file, key="name", value=spec.name,
                         allowed=path.stem)
@@ -225,10 +177,7 @@ def load_task(name_or_path: str | os.PathLike) -> TaskSpec:
 def resolve_settings(task: TaskSpec, overrides: dict[str, Any] | None = None) -> FinetuneSettings:
     """The task file's fine-tuning defaults with a sweep's overrides on top, validated."""
     merged = {**task.finetune.model_dump(), **(overrides or {})}
-    try:
-        return FinetuneSettings.model_validate(merged)
-    except ValidationError as e:
-        raise spec_error(e, prefix="finetune") from None
+    return validate(FinetuneSettings, merged, what="fine-tuning settings", prefix="finetune")
 
 
 # ---------------------------------------------------------------------------------------------------- data

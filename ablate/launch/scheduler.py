@@ -25,7 +25,8 @@ from ablate.store import atomic
 from ablate.store import records
 
 from ablate.launch import worker
-from ablate.plan.grid import GridSpec, PlannedRun
+from ablate.config.grid import GridSpec
+from ablate.plan.grid import PlannedRun
 
 Print = Callable[[str], None]
 

