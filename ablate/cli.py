@@ -20,7 +20,7 @@ def _print_table(rows: list[dict]) -> None:
 
 
 def cmd_run(args) -> int:
-    from ablate.store import records
+    from ablate.store import rundir
     from ablate.launch import worker
     from ablate.evaluate.runs import check_eval
     from ablate.config.paths import results_root
@@ -31,7 +31,7 @@ def cmd_run(args) -> int:
     _validate_against_model(spec, args.spec)
     check_eval([spec], file=str(args.spec))
     worker.prepare_run_dir(spec, out)
-    if records.read_status(out).get("state") == "failed":
+    if rundir.read_status(out).get("state") == "failed":
         print(f"{out}: resuming a failed run", file=sys.stderr)
     state = worker.execute(out, stop_after_steps=args.stop_after_steps)
     print(f"{state}: {out}")
@@ -69,7 +69,7 @@ def cmd_sweep(args) -> int:
               "dry run: nothing submitted")
         return 0
     from ablate.launch import scheduler as launch
-    from ablate.store import records
+    from ablate.store import tables
 
     if executor == "slurm" and not launch.have_slurm():
         raise SpecError("Slurm is not available here (no sbatch on PATH)", key="launcher.executor", value="slurm",
@@ -77,7 +77,7 @@ def cmd_sweep(args) -> int:
     by_state = launch.run_sweep(grid, Path(args.grid), runs, results_root(args.results), executor,
                                 args.retry_failed, poll_s=args.poll)
     sweep_dir = results_root(args.results) / grid.sweep
-    collected = records.collect(sweep_dir)
+    collected = tables.collect(sweep_dir)
     for problem in collected.problems:
         print(f"warning: {problem}", file=sys.stderr)
     done, failed = by_state.get("done", []), by_state.get("failed", [])
@@ -108,11 +108,11 @@ def _sweep_dir(name: str | None, results: str | None) -> Path:
 
 def cmd_status(args) -> int:
     from ablate.launch import scheduler as launch
-    from ablate.store import records
+    from ablate.store import rundir
 
     sweep_dir = _sweep_dir(args.sweep, args.results)
     manifest = sweep_dir / "sweep.json"
-    ids = records.read_json(manifest)["run_ids"] if manifest.is_file() else None
+    ids = rundir.read_json(manifest)["run_ids"] if manifest.is_file() else None
     rows = launch.status_rows(launch.SweepPaths(sweep_dir), ids)
     print(f"sweep {sweep_dir.name} ({sweep_dir})")
     _print_table(rows)
@@ -124,10 +124,10 @@ def cmd_status(args) -> int:
 
 
 def cmd_collect(args) -> int:
-    from ablate.store import records
+    from ablate.store import tables
 
     sweep_dir = _sweep_dir(args.sweep, args.results)
-    collected = records.collect(sweep_dir)
+    collected = tables.collect(sweep_dir)
     for problem in collected.problems:
         print(f"warning: {problem}", file=sys.stderr)
     if getattr(args, "cka_ratio", None):
@@ -186,7 +186,9 @@ def _add_cka_ratio(sweep_dir: Path, collected, n_texts: int) -> None:
 
     from ablate.analysis import probe
 
-    from ablate.store import records
+    from ablate.store import rundir
+
+    from ablate.store import tables
     from ablate.data.corpus import read_documents
     from ablate.config.spec import RunSpec
 
@@ -194,7 +196,7 @@ def _add_cka_ratio(sweep_dir: Path, collected, n_texts: int) -> None:
     done = runs[runs["status"] == "done"] if "status" in runs else runs
     if done.empty:
         raise SpecError("no finished runs to compare", key="--cka-ratio", file=str(sweep_dir))
-    spec = RunSpec.model_validate(records.read_json(sweep_dir / "runs" / done["run_id"].iloc[0] / "spec.json"))
+    spec = RunSpec.model_validate(rundir.read_json(sweep_dir / "runs" / done["run_id"].iloc[0] / "spec.json"))
     if spec.data.valid_corpus is None:
         raise SpecError("the ratio needs held-out texts", key="base.data.valid_corpus", file=str(sweep_dir))
     texts = probe.probe_texts(read_documents(spec.data, "valid_corpus"), n_texts, spec.probe.seed)
@@ -205,7 +207,7 @@ def _add_cka_ratio(sweep_dir: Path, collected, n_texts: int) -> None:
     layers = collected.tables["layers"]
     layers = layers[layers["measure"] != probe.RATIO_MEASURE] if "measure" in layers else layers
     collected.tables["layers"] = pd.concat([layers, ratio], ignore_index=True)
-    records.write_tables(sweep_dir, collected.tables)
+    tables.write_tables(sweep_dir, collected.tables)
     print(f"cka ratio: {len(ratio)} rows for {ratio['run_id'].nunique()} runs added to the layers table")
 
 

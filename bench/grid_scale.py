@@ -7,13 +7,13 @@ Three timings, each the median wall time of --repeat runs (default 3), goals in 
   expand   load + validate a grid file of 4 schedules x 5 freeze masks x 25 seeds x 20 lrs = 10,000 runs
            into RunSpecs with their run ids (ablate.plan.grid.load_grid + expand)               [< 2 s]
   status   ablate.launch.scheduler.status_rows over the sweep's 10,000 run ids                        [< 2 s]
-  collect  ablate.store.records.collect over 10,000 run folders, writing the five tidy tables as parquet and
+  collect  ablate.store.tables.collect over 10,000 run folders, writing the five tidy tables as parquet and
            csv, as `ablate collect` does                                                    [< 10 s]
 Also reported, without a goal: `resolve` (ablate.plan.grid.resolve_layers: every run's freeze masks against its
 model's depth, which `sweep --dry-run` adds to expand), and collect without writing the tables.
 
-The folders hold what a finished run writes, through the real writers (records.write_status,
-records.write_records, atomic.write_json): spec.json of the expanded run, status.json, run.json, 100 curve
+The folders hold what a finished run writes, through the real writers (rundir.write_status,
+rundir.write_records, atomic.write_json): spec.json of the expanded run, status.json, run.json, 100 curve
 rows, 100 grad-norm rows, 3 phases x 8 layers x 3 measures of layer rows, 3 score files (task x seed) of 4
 rows. 9,000 are done, 500 failed, 500 say "running" with nobody holding their lock (shown as interrupted,
 which costs a lock probe each). fsync is skipped while building them (setup only: 80,000 fsyncs take minutes
@@ -43,7 +43,9 @@ from ablate.store import atomic
 
 from ablate.launch import scheduler as launch
 
-from ablate.store import records
+from ablate.store import rundir
+
+from ablate.store import tables
 from ablate.config.grid import load_grid
 from ablate.plan.grid import expand, resolve_layers
 from ablate.config.spec import dump_run_spec
@@ -115,16 +117,16 @@ def write_synthetic(sweep_dir: Path, runs) -> dict[str, int]:
             run_dir = sweep_dir / "runs" / run.run_id
             atomic.write_json(run_dir / "spec.json", dump_run_spec(run.spec))
             if k % 20 == 1:
-                records.write_status(run_dir, "running", attempts=1, started=time.time() - 60, pid=1)
+                rundir.write_status(run_dir, "running", attempts=1, started=time.time() - 60, pid=1)
                 counts["running"] += 1
                 continue
             if k % 20 == 2:
-                records.write_status(run_dir, "running", attempts=1, started=time.time() - 60)
-                records.write_status(run_dir, "failed", error="Traceback (most recent call last):\n  ...\n"
+                rundir.write_status(run_dir, "running", attempts=1, started=time.time() - 60)
+                rundir.write_status(run_dir, "failed", error="Traceback (most recent call last):\n  ...\n"
                                                               "RuntimeError: CUDA out of memory")
                 counts["failed"] += 1
                 continue
-            records.write_status(run_dir, "running", attempts=1, started=time.time() - 600)
+            rundir.write_status(run_dir, "running", attempts=1, started=time.time() - 600)
             curves = [{"phase": phases[min(s // 34, 2)], "step": s, "tokens": s * 4096,
                        "loss": 9.0 / (1 + s / 10) + k * 1e-6, "lr": 1e-4 * (1 - s / 100)} for s in range(100)]
             grads = [{"phase": phases[min(s // 34, 2)], "step": s // 8 * 10, "layer": s % 8 - 1,
@@ -139,7 +141,7 @@ def write_synthetic(sweep_dir: Path, runs) -> dict[str, int]:
                        "model_dir": str(run_dir / "model"),
                        "versions": json.dumps({"ablate": "0.1.0", "torch": "2.5.1", "transformers": "4.57.0",
                                                "python": platform.python_version()})}
-            records.write_records(run_dir, run_rec, curves, grads, layers)
+            rundir.write_records(run_dir, run_rec, curves, grads, layers)
             for task in ("ncbi_disease", "bc5cdr", "chemprot"):
                 rows = [{"task": task, "language": "en", "finetune_seed": 0, "split": split, "metric": m,
                          "value": 0.8 + k * 1e-6, "epoch": 3, "wall_time_s": 100.0}
@@ -147,7 +149,7 @@ def write_synthetic(sweep_dir: Path, runs) -> dict[str, int]:
                 atomic.write_json(run_dir / "scores" / task / "seed-0.json",
                                   {"task": task, "seed": 0, "model_dir": str(run_dir / "model"),
                                    "settings": {"epochs": 3, "lr": 5e-5}, "rows": rows})
-            records.write_status(run_dir, "done", finished=time.time(), wall_time_s=600.5)
+            rundir.write_status(run_dir, "done", finished=time.time(), wall_time_s=600.5)
             counts["done"] += 1
     atomic.write_json(sweep_dir / "sweep.json", {"sweep": "scale", "run_ids": [r.run_id for r in runs]})
     return counts
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 
         sweep_dir = work / "scale"
         marker = sweep_dir / "sweep.json"
-        if not (marker.is_file() and records.read_json(marker)["run_ids"] == ids):
+        if not (marker.is_file() and rundir.read_json(marker)["run_ids"] == ids):
             shutil.rmtree(sweep_dir, ignore_errors=True)
             t0 = time.perf_counter()
             counts = write_synthetic(sweep_dir, runs)
@@ -188,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         states = {}
         for r in rows:
             states[r["state"]] = states.get(r["state"], 0) + 1
-        t_collect_read, _ = timed(lambda: records.collect(sweep_dir, write=False), args.repeat, "collect_no_write")
-        t_collect, collected = timed(lambda: records.collect(sweep_dir), args.repeat, "collect")
+        t_collect_read, _ = timed(lambda: tables.collect(sweep_dir, write=False), args.repeat, "collect_no_write")
+        t_collect, collected = timed(lambda: tables.collect(sweep_dir), args.repeat, "collect")
         assert not collected.problems, collected.problems[:3]
 
         result = {

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from ablate.store import records
+from ablate.store import rundir
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "grids" / "tiny.yaml"
@@ -65,7 +65,7 @@ def test_failed_runs_are_retried_only_when_asked(tmp_path, data_root):
     first = sweep([str(TINY), "--executor", "debug", "--results", str(tmp_path / "r")], tmp_path)
     assert first.returncode == 0, first.stderr
     run_dir = sorted((tmp_path / "r" / "tiny" / "runs").iterdir())[0]
-    records.write_status(run_dir, "failed", error="Traceback...\nRuntimeError: out of memory on node 7")
+    rundir.write_status(run_dir, "failed", error="Traceback...\nRuntimeError: out of memory on node 7")
 
     status = cli(["status", "tiny", "--results", str(tmp_path / "r")], tmp_path)
     assert "failed" in status.stdout and "out of memory on node 7" in status.stdout
@@ -78,7 +78,7 @@ def test_failed_runs_are_retried_only_when_asked(tmp_path, data_root):
     retried = sweep([str(TINY), "--executor", "debug", "--retry-failed", "--results", str(tmp_path / "r")],
                     tmp_path)
     assert retried.returncode == 0, retried.stdout
-    assert "to run 1;" in retried.stdout and records.read_status(run_dir)["state"] == "done"
+    assert "to run 1;" in retried.stdout and rundir.read_status(run_dir)["state"] == "done"
 
 
 def test_a_run_locked_by_another_process_is_not_started_again(tmp_path, data_root):
@@ -89,7 +89,7 @@ def test_a_run_locked_by_another_process_is_not_started_again(tmp_path, data_roo
     run_dir = tmp_path / "r" / "tiny" / "runs" / run_id
     run_dir.mkdir(parents=True)
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from ablate.store.records import RunLock; "
+        "import sys, time; from ablate.store.rundir import RunLock; "
         f"assert RunLock({str(run_dir)!r}).acquire(); print('held', flush=True); time.sleep(120)")],
         stdout=subprocess.PIPE, text=True)
     try:

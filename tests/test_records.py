@@ -1,6 +1,6 @@
 """Run folders and tidy tables: atomic writes under kill -9, collect over partial and corrupt folders, the
 tables' columns, the run lock, and the launcher's skip / retry decisions. No training: folders are written
-with the real writers (records.write_status, records.write_records, atomic.write_json)."""
+with the real writers (rundir.write_status, rundir.write_records, atomic.write_json)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,13 @@ import yaml
 
 from ablate.store import atomic
 
-from ablate.store import records
+from ablate.store import rundir
+
+from ablate.store import tables
 from ablate.config.grid import load_grid
 from ablate.plan.grid import expand
-from ablate.store.records import RunLock, collect, effective_state, read_status, write_records, write_status
+from ablate.store.rundir import RunLock, effective_state, read_status, write_records, write_status
+from ablate.store.tables import collect
 from ablate.config.spec import dump_run_spec
 
 PHASES = ("mlm", "mlm_decay")
@@ -85,11 +88,12 @@ def make_run(sweep_dir: Path, run_id: str, state: str | None = "done", axes: dic
 CHILD = """
 import json, os, sys, time
 from pathlib import Path
-from ablate.store import records
+from ablate.store import rundir
+from ablate.store import tables
 run_dir = Path(sys.argv[1])
-lock = records.RunLock(run_dir)
+lock = rundir.RunLock(run_dir)
 assert lock.acquire()
-records.write_status(run_dir, "running", attempts=1)
+rundir.write_status(run_dir, "running", attempts=1)
 rows = [{{"phase": "mlm", "step": s, "tokens": s * 128, "loss": 1.0 / (s + 1), "lr": 1e-4}} for s in range(200000)]
 {body}
 """
@@ -118,7 +122,7 @@ def test_a_writer_killed_before_the_rename_leaves_no_record(tmp_path):
     # the child stalls in the fsync that precedes the rename: the temp file is written, the record is not
     run_child(tmp_path, run_dir, """
         os.fsync = lambda fd: time.sleep(600)
-        records.write_records(run_dir, {"token_hash": "x"}, rows, [], [])
+        rundir.write_records(run_dir, {"token_hash": "x"}, rows, [], [])
     """, "records/.curves.json.*.tmp")
     assert list(run_dir.glob("records/.curves.json.*.tmp")), "the temp file is left behind"
     assert not (run_dir / "records" / "curves.json").exists()
@@ -134,12 +138,12 @@ def test_a_writer_killed_before_status_done_leaves_the_run_unfinished(tmp_path):
     sweep = tmp_path / "s"
     run_dir = make_run(sweep, "r1", state=None)
     run_child(tmp_path, run_dir, """
-        records.write_records(run_dir, {"token_hash": "x"}, rows, [], [])
+        rundir.write_records(run_dir, {"token_hash": "x"}, rows, [], [])
         os.fsync = lambda fd: time.sleep(600)
-        records.write_status(run_dir, "done", wall_time_s=1.0)
+        rundir.write_status(run_dir, "done", wall_time_s=1.0)
     """, ".status.json.*.tmp", after="records/run.json")
     # every record is complete, but the status never said done: the folder is not read as finished
-    assert len(records.read_json(run_dir / "records" / "curves.json")["step"]) == 200000
+    assert len(rundir.read_json(run_dir / "records" / "curves.json")["step"]) == 200000
     assert read_status(run_dir)["state"] == "running"
     got = collect(sweep, write=False)
     assert got.tables["runs"]["status"].tolist() == ["interrupted"]
@@ -165,7 +169,7 @@ def test_a_writer_killed_at_any_moment_never_leaves_half_a_file(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         if target.exists():
-            data = records.read_json(target)  # parses: never truncated
+            data = rundir.read_json(target)  # parses: never truncated
             assert data["values"] == list(range(300000))
             seen.add(data["k"])
     assert seen, "the writer never finished one file: raise the delays"
@@ -257,7 +261,7 @@ def test_collect_reports_and_skips_partial_and_corrupt_folders(tmp_path):
     for table in ("scores", "layers", "curves", "grads"):
         assert set(got.tables[table]["run_id"]) == {"a_done"}, table
     assert len(got.tables["curves"]) == 6 and len(got.tables["scores"]) == 4
-    for name in records.TABLES:
+    for name in tables.TABLES:
         assert pd.read_parquet(sweep / f"{name}.parquet").shape == got.tables[name].shape
         assert pd.read_csv(sweep / f"{name}.csv").shape == got.tables[name].shape
 
@@ -269,7 +273,7 @@ def test_collect_of_an_empty_or_missing_sweep_gives_empty_tables_with_their_colu
         got = collect(sweep, write=sweep.exists())
         assert got.problems == []
         assert list(got.tables["runs"].columns) == RUNS_COLUMNS
-        assert list(got.tables["curves"].columns) == list(records.TABLE_COLUMNS["curves"])
+        assert list(got.tables["curves"].columns) == list(tables.TABLE_COLUMNS["curves"])
         assert all(frame.empty for frame in got.tables.values())
     assert pd.read_parquet(tmp_path / "empty" / "runs.parquet").columns.tolist() == RUNS_COLUMNS
 
@@ -308,7 +312,7 @@ def test_tidy_tables_have_the_design_columns_and_every_grid_axis(tmp_path):
         assert (row["schedule"], row["freeze"], row["optim.lr"], row["seed"], row["data.data_seed"]) == (
             run.axes["schedule"], run.axes["freeze"], run.spec.optim.lr, run.spec.seed, run.spec.data.data_seed)
         assert row["model"] == "config:tiny-bert" and row["sweep"] == "g"
-    assert got.tables["scores"].columns.tolist() == list(records.TABLE_COLUMNS["scores"])
+    assert got.tables["scores"].columns.tolist() == list(tables.TABLE_COLUMNS["scores"])
     assert got.tables["layers"].columns.tolist() == ["run_id", "phase", "layer", "measure", "value"]
     assert got.tables["curves"].columns.tolist() == ["run_id", "phase", "step", "tokens", "loss", "lr"]
     assert got.tables["grads"].columns.tolist() == ["run_id", "phase", "step", "layer", "grad_norm"]
@@ -321,7 +325,7 @@ def test_tidy_tables_have_the_design_columns_and_every_grid_axis(tmp_path):
     assert len(joined) == len(got.tables["layers"])
     assert got.tables["layers"]["layer"].tolist()[:3] == [-1, -1, 0]
     # parquet and csv hold the same tables
-    for name in records.TABLES:
+    for name in tables.TABLES:
         from_parquet = pd.read_parquet(sweep / f"{name}.parquet")
         from_csv = pd.read_csv(sweep / f"{name}.csv")
         assert from_parquet.columns.tolist() == got.tables[name].columns.tolist() == from_csv.columns.tolist()
@@ -367,7 +371,7 @@ def test_base_model_scores_are_collected_as_a_run(tmp_path):
 
 HOLDER = """
 import sys, time
-from ablate.store.records import RunLock
+from ablate.store.rundir import RunLock
 lock = RunLock(sys.argv[1])
 assert lock.acquire()
 print("locked", flush=True)
@@ -420,7 +424,7 @@ def test_running_with_no_lock_file_at_all_is_interrupted(tmp_path):
 
 PROBER = """
 import sys, time
-from ablate.store.records import RunLock
+from ablate.store.rundir import RunLock
 lock = RunLock(sys.argv[1])
 print("probing", flush=True)
 end = time.time() + float(sys.argv[2])

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ablate.store import records
+from ablate.store import rundir
+
+from ablate.store import tables
 from ablate.tune.study import load_tune, main_for_tests, trial_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,11 +112,11 @@ def test_study_records_trials_and_resumes(sqlite_study):
     sdir = sqlite_study["results"] / "tiny_tune"
     for t in trials:
         run = trial_run(load_tune(sqlite_study["f4"]), t.params, t.number)
-        rec = records.read_json(sdir / "runs" / run.run_id / "tune.json")
+        rec = rundir.read_json(sdir / "runs" / run.run_id / "tune.json")
         assert t.number in rec["trials"]
-        assert records.read_status(sdir / "runs" / run.run_id)["state"] == "done"
+        assert rundir.read_status(sdir / "runs" / run.run_id)["state"] == "done"
     # the tidy tables, as for a sweep: one row per run, every param a column, plus the trials table
-    collected = records.collect(sdir)
+    collected = tables.collect(sdir)
     runs = collected.tables["runs"]
     assert set(runs["status"]) == {"done"} and {"optim.lr", "freeze_layers.clm", "trial"} <= set(runs.columns)
     assert not collected.tables["curves"].empty
@@ -166,11 +168,11 @@ def test_pruner_prunes_with_local_executor(tmp_path, data_root):
     pruned = trials[1]
     assert 2 <= max(pruned.intermediate_values) < 4
     sdir = results / "tiny_prune"
-    collected = records.collect(sdir)
+    collected = tables.collect(sdir)
     runs = collected.tables["runs"].set_index("trial")
     assert runs.loc[0, "status"] == "done"
     assert runs.loc[1, "status"] == "failed" and runs.loc[1, "error"].startswith("pruned by optuna at step")
-    rec = records.read_json(sdir / "runs" / runs.loc[1, "run_id"] / "tune.json")
+    rec = rundir.read_json(sdir / "runs" / runs.loc[1, "run_id"] / "tune.json")
     assert rec["state"] == "pruned" and rec["trial"] == 1 and rec["params"] == {"optim.lr": 1e-8}
 
 
@@ -179,7 +181,7 @@ def test_tune_figure(sqlite_study):
     from ablate.tune.study import tune_figure
 
     sdir = sqlite_study["results"] / "tiny_tune"
-    records.collect(sdir)
+    tables.collect(sdir)
     fig, data = tune_figure(report.load_sweep(sdir))
     assert set(data["part"]) == {"history", "importance"}
     assert len(data[data["part"] == "history"]) == 4

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from ablate.store import records
+from ablate.store import rundir
 from ablate.evaluate.finetune import evaluate_scores
 from ablate.train.loop import pick_device
 from ablate.config.spec import RunSpec
@@ -36,13 +36,13 @@ def evaluate_sweep(sweep_dir: Path, tasks: tuple[str, ...], seeds: tuple[int, ..
                    overrides: dict | None, log: Callable[[str], None] = print) -> dict[str, int]:
     """Add tasks/seeds to every finished run of a sweep; returns counts of runs evaluated and skipped."""
     counts = {"evaluated": 0, "not done": 0}
-    for run_dir in sorted(records.runs_dir(sweep_dir).iterdir()):
+    for run_dir in sorted(rundir.runs_dir(sweep_dir).iterdir()):
         if not (run_dir / "spec.json").is_file():
             continue
-        if records.read_status(run_dir).get("state") != "done":
+        if rundir.read_status(run_dir).get("state") != "done":
             counts["not done"] += 1
             continue
-        spec = RunSpec.model_validate(records.read_json(run_dir / "spec.json"))
+        spec = RunSpec.model_validate(rundir.read_json(run_dir / "spec.json"))
         evaluate_run(run_dir, spec, log=lambda m, r=run_dir.name: log(f"[{r}] {m}"), tasks=tasks, seeds=seeds,
                      overrides=overrides)
         counts["evaluated"] += 1
@@ -64,7 +64,7 @@ def evaluate_base(sweep_dir: Path, model_source: str, tasks: tuple[str, ...], se
 
         raise SpecError("a random-init config is no reference model", key="--model", value=model_source)
     folder = Path(sweep_dir) / "base" / base_folder_name(model_source)
-    records.atomic.write_json(folder / "source.json", {"model": model_source, "location": location})
+    rundir.atomic.write_json(folder / "source.json", {"model": model_source, "location": location})
     log(f"evaluating base model {model_source} on {', '.join(tasks)}")
     evaluate_scores(location, list(tasks), list(seeds), overrides, folder / "scores", data_root=data_root,
                     device=str(pick_device("auto")))

@@ -22,7 +22,7 @@ import submitit
 
 from ablate.store import atomic
 
-from ablate.store import records
+from ablate.store import rundir
 
 from ablate.launch import worker
 from ablate.config.grid import GridSpec
@@ -92,13 +92,13 @@ def job_alive(status: dict) -> bool:
 def classify(run_dir: Path, retry_failed: bool) -> str:
     """'skip-done', 'skip-failed', 'skip-active' or 'submit'."""
     try:
-        status = records.read_status(run_dir)
+        status = rundir.read_status(run_dir)
     except ValueError:  # an unreadable status.json: the next write replaces it
         status = {"state": "pending"}
-    state = records.effective_state(run_dir, status)
+    state = rundir.effective_state(run_dir, status)
     if state == "done":
         return "skip-done"
-    if state == "running" or records.RunLock(run_dir).held_elsewhere():
+    if state == "running" or rundir.RunLock(run_dir).held_elsewhere():
         return "skip-active"
     if state == "submitted" and job_alive(status):
         return "skip-active"
@@ -140,12 +140,12 @@ def _progress_line(paths: SweepPaths, run_ids: list[str]) -> tuple[str, dict[str
     running = []
     for rid in run_ids:
         run_dir = paths.run(rid)
-        state = records.effective_state(run_dir)
+        state = rundir.effective_state(run_dir)
         bucket = {"submitted": "pending", "interrupted": "pending"}.get(state, state)
         counts[bucket] = counts.get(bucket, 0) + 1
         if state == "running":
             try:
-                p = records.read_json(run_dir / "progress.json")
+                p = rundir.read_json(run_dir / "progress.json")
                 running.append(f"{rid} {p['phase']} {p['step']}/{p['total_steps']} loss {p['loss']:.3f}")
             except (OSError, ValueError, KeyError):
                 running.append(f"{rid} starting")
@@ -157,8 +157,8 @@ def _progress_line(paths: SweepPaths, run_ids: list[str]) -> tuple[str, dict[str
 
 def _record_job_failure(run_dir: Path, job) -> None:
     """A job that ended without its run saying done or failed (killed, out of memory, node lost)."""
-    status = records.read_status(run_dir)
-    if records.effective_state(run_dir, status) in ("done", "failed"):
+    status = rundir.read_status(run_dir)
+    if rundir.effective_state(run_dir, status) in ("done", "failed"):
         return
     detail = ""
     try:
@@ -170,7 +170,7 @@ def _record_job_failure(run_dir: Path, job) -> None:
         tail = Path(job.paths.stderr).read_text()[-2000:]
     except OSError:
         tail = ""
-    records.write_status(run_dir, "failed", error=f"job {job.job_id} ended without finishing the run. "
+    rundir.write_status(run_dir, "failed", error=f"job {job.job_id} ended without finishing the run. "
                                                   f"{detail}\n{tail}")
 
 
@@ -192,7 +192,7 @@ def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_r
         _submit_and_wait(kind, grid, paths, to_run, [r.run_id for r in runs], out, poll_s)
     by_state: dict[str, list[str]] = {}
     for r in runs:
-        by_state.setdefault(records.effective_state(paths.run(r.run_id)), []).append(r.run_id)
+        by_state.setdefault(rundir.effective_state(paths.run(r.run_id)), []).append(r.run_id)
     return by_state
 
 
@@ -201,7 +201,7 @@ def _submit_and_wait(kind: str, grid: GridSpec, paths: SweepPaths, to_run: list[
     ex = make_executor(kind, grid, paths.jobs)
     run_dirs = {rid: str(paths.run(rid)) for rid in to_run}
     for rid in to_run:
-        records.write_status(paths.run(rid), "pending")
+        rundir.write_status(paths.run(rid), "pending")
     queue = list(to_run)
     active: dict[str, object] = {}
 
@@ -216,7 +216,7 @@ def _submit_and_wait(kind: str, grid: GridSpec, paths: SweepPaths, to_run: list[
             jobs = [ex.submit(RunJob(), run_dirs[r]) for r in batch]
         for rid, job in zip(batch, jobs):
             active[rid] = job
-            records.write_status(paths.run(rid), "submitted", job_id=str(job.job_id), executor=kind,
+            rundir.write_status(paths.run(rid), "submitted", job_id=str(job.job_id), executor=kind,
                                  job_stdout=str(job.paths.stdout), job_stderr=str(job.paths.stderr))
             out(f"submitted {rid} as job {job.job_id}")
 
@@ -255,12 +255,12 @@ def status_rows(paths: SweepPaths, run_ids: list[str] | None = None) -> list[dic
     for rid in ids:
         run_dir = paths.run(rid)
         try:
-            status = records.read_status(run_dir)
-            spec = records.read_json(run_dir / "spec.json")
+            status = rundir.read_status(run_dir)
+            spec = rundir.read_json(run_dir / "spec.json")
         except (OSError, ValueError) as exc:
             rows.append({"run_id": rid, "state": "unreadable", "detail": str(exc)})
             continue
-        state = records.effective_state(run_dir, status)
+        state = rundir.effective_state(run_dir, status)
         row = {"run_id": rid, **spec.get("labels", {}).get("axes", {}), "state": state}
         started = status.get("started")
         if state == "running" and started:
@@ -270,7 +270,7 @@ def status_rows(paths: SweepPaths, run_ids: list[str] | None = None) -> list[dic
         detail = ""
         if state in ("running", "interrupted"):
             try:
-                p = records.read_json(run_dir / "progress.json")
+                p = rundir.read_json(run_dir / "progress.json")
                 detail = f"{p['phase']} step {p['step']}/{p['total_steps']} loss {p['loss']:.3f}"
             except (OSError, ValueError, KeyError):
                 pass

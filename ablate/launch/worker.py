@@ -17,7 +17,7 @@ import transformers
 
 from ablate import __version__
 
-from ablate.store import records
+from ablate.store import rundir
 from ablate.plan.phases import plan_phases
 from ablate.train.loop import TrainState, pretrain
 from ablate.config.spec import RunSpec, dump_run_spec
@@ -32,18 +32,18 @@ def prepare_run_dir(spec: RunSpec, run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     spec_file = run_dir / "spec.json"
     if spec_file.is_file():
-        existing = records.read_json(spec_file)
+        existing = rundir.read_json(spec_file)
         if RunSpec.model_validate(existing).run_id != spec.run_id:
             raise RuntimeError(f"{run_dir} holds another run ({existing.get('labels')}); refusing to mix results")
         if existing != dump_run_spec(spec):
-            records.atomic.write_json(spec_file, dump_run_spec(spec))  # labels or evaluation settings changed
+            rundir.atomic.write_json(spec_file, dump_run_spec(spec))  # labels or evaluation settings changed
     else:
-        records.atomic.write_json(spec_file, dump_run_spec(spec))
+        rundir.atomic.write_json(spec_file, dump_run_spec(spec))
     return run_dir
 
 
 def load_spec(run_dir: Path) -> RunSpec:
-    return RunSpec.model_validate(records.read_json(Path(run_dir) / "spec.json"))
+    return RunSpec.model_validate(rundir.read_json(Path(run_dir) / "spec.json"))
 
 
 def _logger(run_dir: Path):
@@ -90,7 +90,7 @@ def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: floa
 
 def _execute_follower(run_dir: Path, stop_after_steps: int | None) -> str:
     """A rank other than 0: no lock, status, records or evaluation; rank 0 keeps those."""
-    if records.read_status(run_dir).get("state") == "done":
+    if rundir.read_status(run_dir).get("state") == "done":
         return "done"
     state = pretrain(load_spec(run_dir), run_dir, log=lambda _m: None, stop_after_steps=stop_after_steps)
     return "done" if state.done else "interrupted"
@@ -107,45 +107,45 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
     rank, world, _ = world_from_env()
     if world > 1 and rank != 0:
         return _execute_follower(run_dir, stop_after_steps)
-    lock = records.RunLock(run_dir)
+    lock = rundir.RunLock(run_dir)
     if not lock.acquire():
         raise AlreadyRunning(f"{run_dir.name} is already running elsewhere ({lock.path.read_text().strip()})")
     log, log_file = _logger(run_dir)
     try:
-        if records.read_status(run_dir).get("state") == "done":
+        if rundir.read_status(run_dir).get("state") == "done":
             log("already done")
             return "done"
         spec = load_spec(run_dir)
-        attempt = int(records.read_status(run_dir).get("attempts", 0)) + 1
-        records.write_status(run_dir, "running", attempts=attempt, started=time.time(),
+        attempt = int(rundir.read_status(run_dir).get("attempts", 0)) + 1
+        rundir.write_status(run_dir, "running", attempts=attempt, started=time.time(),
                              host=platform.node(), pid=__import__("os").getpid())
         started = time.perf_counter()
         try:
             state = pretrain(spec, run_dir, log=log, phase_end_hooks=_probe_hooks(spec),
-                             progress=lambda p: records.atomic.write_json(run_dir / "progress.json", p),
+                             progress=lambda p: rundir.atomic.write_json(run_dir / "progress.json", p),
                              stop_after_steps=stop_after_steps)
             if not state.done:
-                records.write_status(run_dir, "interrupted")
+                rundir.write_status(run_dir, "interrupted")
                 return "interrupted"
             wall = time.perf_counter() - started
-            records.write_records(run_dir, _run_record(spec, state, run_dir, wall), state.curves,
+            rundir.write_records(run_dir, _run_record(spec, state, run_dir, wall), state.curves,
                                   state.grad_norms, state.layer_rows)
             if spec.eval.tasks:
                 from ablate.evaluate.runs import evaluate_run
 
-                records.atomic.write_json(run_dir / "progress.json", {
+                rundir.atomic.write_json(run_dir / "progress.json", {
                     "phase": "fine-tuning " + ",".join(spec.eval.tasks), "step": state.global_step,
                     "total_steps": state.global_step, "loss": state.curves[-1]["loss"] if state.curves else 0.0})
 
                 evaluate_run(run_dir, spec, log=log)
-            records.write_status(run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3))
+            rundir.write_status(run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3))
             log(f"done: {state.tokens_seen} tokens, token hash {state.token_hash[:16]}")
             return "done"
         except (KeyboardInterrupt, SystemExit):
-            records.write_status(run_dir, "interrupted")
+            rundir.write_status(run_dir, "interrupted")
             raise
         except BaseException as exc:
-            records.write_status(run_dir, "failed", error=traceback.format_exc()[-4000:])
+            rundir.write_status(run_dir, "failed", error=traceback.format_exc()[-4000:])
             log(f"failed: {type(exc).__name__}: {exc}")
             raise
     finally:

@@ -40,7 +40,9 @@ from pydantic import Field, ValidationError
 
 from ablate.store import atomic
 
-from ablate.store import records
+from ablate.store import rundir
+
+from ablate.store import tables
 from ablate.config.errors import SpecError
 from ablate.config.grid import GridSpec, Launcher
 from ablate.plan.grid import PlannedRun, expand, resolve_layers, set_path
@@ -525,7 +527,7 @@ def open_storage(url: str):
 def objective_value(tune: Tune, spec: RunSpec, run_dir: Path) -> float:
     obj = tune.spec.objective
     if obj.metric == "loss":
-        curves = records.read_json(run_dir / "records" / "curves.json")
+        curves = rundir.read_json(run_dir / "records" / "curves.json")
         final = spec.phases[-1].name
         losses = [l for ph, l in zip(curves["phase"], curves["loss"]) if ph == final]
         if not losses:
@@ -533,7 +535,7 @@ def objective_value(tune: Tune, spec: RunSpec, run_dir: Path) -> float:
         tail = losses[-obj.last_n:]
         return float(sum(tail) / len(tail))
     tasks = obj.tasks if obj.tasks is not None else spec.eval.tasks
-    rows = records._score_rows(run_dir, run_dir.name)
+    rows = rundir.read_scores(run_dir, run_dir.name)
     values = []
     for task in tasks:
         from ablate.evaluate.tasks import load_task
@@ -549,7 +551,7 @@ def objective_value(tune: Tune, spec: RunSpec, run_dir: Path) -> float:
 def _logged_losses(run_dir: Path, spec: RunSpec) -> dict[int, float]:
     """The training loss at each step the worker logs (every log_every steps and each phase's end)."""
     try:
-        curves = records.read_json(run_dir / "records" / "curves.json")
+        curves = rundir.read_json(run_dir / "records" / "curves.json")
     except (OSError, ValueError):
         return {}
     steps, phases, losses = curves.get("step", []), curves.get("phase", []), curves.get("loss", [])
@@ -592,7 +594,7 @@ class Active:
 def _trial_record(run_dir: Path, trial: int, state: str, value, params: dict, **extra) -> None:
     path = run_dir / "tune.json"
     try:
-        old = records.read_json(path)
+        old = rundir.read_json(path)
     except (OSError, ValueError):
         old = {}
     trials = sorted(set(old.get("trials", [])) | {trial})
@@ -672,7 +674,7 @@ def run_tune(tune: Tune, results_root: Path, executor: str | None = None, out: P
         run_ids: list[str] = []
         manifest = sdir / "sweep.json"
         if manifest.is_file():
-            run_ids = list(records.read_json(manifest).get("run_ids", []))
+            run_ids = list(rundir.read_json(manifest).get("run_ids", []))
         counts = {"complete": 0, "pruned": 0, "fail": 0}
         pruned_chunked = kind == "debug" and not isinstance(make_pruner(tune), optuna.pruners.NopPruner)
 
@@ -706,8 +708,8 @@ def run_tune(tune: Tune, results_root: Path, executor: str | None = None, out: P
 
         def finish_from_folder(a: Active) -> bool:
             """Resolve a trial whose run needs no job (done, or failed/pruned before); False: it needs one."""
-            status = records.read_status(a.run_dir)
-            state = records.effective_state(a.run_dir, status)
+            status = rundir.read_status(a.run_dir)
+            state = rundir.effective_state(a.run_dir, status)
             if state == "done":
                 report(a, _logged_losses(a.run_dir, a.run.spec))
                 try:
@@ -726,7 +728,7 @@ def run_tune(tune: Tune, results_root: Path, executor: str | None = None, out: P
         def submit(a: Active) -> None:
             job_fn = TuneJob(a.run.spec.log_every) if pruned_chunked else launch.RunJob()
             a.job = ex.submit(job_fn, str(a.run_dir))
-            records.write_status(a.run_dir, "submitted", job_id=str(a.job.job_id), executor=kind,
+            rundir.write_status(a.run_dir, "submitted", job_id=str(a.job.job_id), executor=kind,
                                  job_stdout=str(a.job.paths.stdout), job_stderr=str(a.job.paths.stderr))
 
         def start(trial) -> None:
@@ -756,7 +758,7 @@ def run_tune(tune: Tune, results_root: Path, executor: str | None = None, out: P
                 deadline = time.time() + 60
                 while kind != "debug" and not a.job.done() and time.time() < deadline:
                     time.sleep(0.2)
-            records.write_status(a.run_dir, "failed", error=f"{PRUNED_PREFIX} at step {step}")
+            rundir.write_status(a.run_dir, "failed", error=f"{PRUNED_PREFIX} at step {step}")
             tell(a, TrialState.PRUNED, note=f"at step {step}")
 
         waiting_runs: list[Active] = []
@@ -777,7 +779,7 @@ def run_tune(tune: Tune, results_root: Path, executor: str | None = None, out: P
                         losses = _logged_losses(a.run_dir, a.run.spec) or _progress_loss(a.run_dir)
                     else:
                         losses = _progress_loss(a.run_dir)
-                    state = records.effective_state(a.run_dir)
+                    state = rundir.effective_state(a.run_dir)
                     if state != "done" and report(a, losses):
                         prune(a, max(a.reported))
                         del active[rid]
@@ -792,7 +794,7 @@ def run_tune(tune: Tune, results_root: Path, executor: str | None = None, out: P
                         tell(a, TrialState.FAIL, note=f"run ended {state}")
                     del active[rid]
                 for a in list(waiting_runs):
-                    if a.run.run_id not in active and not records.RunLock(a.run_dir).held_elsewhere():
+                    if a.run.run_id not in active and not rundir.RunLock(a.run_dir).held_elsewhere():
                         waiting_runs.remove(a)
                         if not finish_from_folder(a):
                             submit(a)
@@ -806,7 +808,7 @@ def run_tune(tune: Tune, results_root: Path, executor: str | None = None, out: P
 
 def _progress_loss(run_dir: Path) -> dict[int, float]:
     try:
-        p = records.read_json(run_dir / "progress.json")
+        p = rundir.read_json(run_dir / "progress.json")
         return {int(p["step"]): float(p["loss"])}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
@@ -825,12 +827,12 @@ def write_trials_table(study, sdir: Path) -> None:
     run_of = {}
     for run_dir in (Path(sdir) / "runs").glob("*/tune.json"):
         try:
-            for n in records.read_json(run_dir).get("trials", []):
+            for n in rundir.read_json(run_dir).get("trials", []):
                 run_of[n] = run_dir.parent.name
         except (OSError, ValueError):
             pass
     frame.insert(1, "run_id", frame["number"].map(run_of))
-    records.write_tables(sdir, {"trials": frame})
+    tables.write_tables(sdir, {"trials": frame})
 
 
 # ------------------------------------------------------------------ dashboard
@@ -851,12 +853,12 @@ def resolve_storage(study: str | None, storage: str | None, results: str | None)
         if not (sdir / "study.json").is_file():
             raise SpecError("no such study (no study.json)", key="STUDY", value=study,
                             allowed=", ".join(sorted(p.parent.name for p in root.glob("*/study.json"))) or "(none yet)")
-        info = records.read_json(sdir / "study.json")
+        info = rundir.read_json(sdir / "study.json")
         return info["storage"], info["study"]
     found = sorted(root.glob("*/study.json"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise SpecError(f"no study under {root}; give STUDY or --storage", key="STUDY")
-    info = records.read_json(found[-1])
+    info = rundir.read_json(found[-1])
     return info["storage"], info["study"]
 
 
@@ -899,7 +901,7 @@ def load_study(sweep_dir: Path, study: str = "", storage: str = ""):
         if not info_file.is_file():
             raise SpecError("this folder holds no Optuna study (no study.json): run `ablate tune` first, or give "
                             "--set storage=URL", file=str(sweep_dir), key="study.json")
-        info = records.read_json(info_file)
+        info = rundir.read_json(info_file)
         url, name = info["storage"], study or info["study"]
     names = optuna.get_all_study_names(open_storage(url))
     name = name or (names[0] if len(names) == 1 else None)
@@ -975,7 +977,7 @@ def tune_figure(sweep, *, study: str = "", storage: str = ""):
 
 def cmd_tune(args) -> int:
     from ablate.launch import scheduler as launch
-    from ablate.store import records as rec
+    from ablate.store import tables
     from ablate.config.paths import results_root
 
     tune = load_tune(args.tune, storage=args.storage)
@@ -991,7 +993,7 @@ def cmd_tune(args) -> int:
         return 0
     root = results_root(args.results)
     counts = run_tune(tune, root, executor, poll_s=args.poll)
-    collected = rec.collect(study_dir(root, tune.study))
+    collected = tables.collect(study_dir(root, tune.study))
     for problem in collected.problems:
         print(f"warning: {problem}", file=sys.stderr)
     print(f"summary: {counts['complete']} complete, {counts['pruned']} pruned, {counts['fail']} failed this time; "

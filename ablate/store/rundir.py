@@ -1,0 +1,185 @@
+"""One run's folder: its layout, status, lock and records, every file written atomically.
+
+    results/<sweep>/runs/<run_id>/
+        spec.json        the RunSpec (with its labels: sweep name, axis values)
+        status.json      state (pending|submitted|running|interrupted|done|failed), times, attempts, error tail
+        progress.json    the running run's phase, step, loss (what `status` and the sweep's progress line show)
+        records/run.json       token hash, tokens seen, wall time, versions
+        records/curves.json    per step: phase, step, tokens, loss, lr
+        records/grads.json     per logged step: phase, step, layer, grad_norm
+        records/layers.json    end of each phase: phase, layer, measure, value
+        records/frozen.json    what each phase froze: phase, layer (the resolved plan)
+        scores/<task>/seed-<n>.json   downstream scores
+        checkpoints/, model/, log.txt
+
+status.json says "done" only after every record is in place, so a folder is complete exactly when its
+status says so.
+
+May import: config, store.atomic.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from ablate.store import atomic
+
+STATES = ("pending", "submitted", "running", "interrupted", "done", "failed")
+TABLES = ("runs", "scores", "layers", "curves", "grads")
+
+TABLE_COLUMNS = {
+    "runs": ("run_id", "sweep", "model", "schedule", "freeze", "seed", "status", "token_hash", "tokens_seen",
+             "wall_time_s", "versions"),
+    "scores": ("run_id", "task", "language", "finetune_seed", "split", "metric", "value", "epoch", "wall_time_s"),
+    "layers": ("run_id", "phase", "layer", "measure", "value"),
+    "curves": ("run_id", "phase", "step", "tokens", "loss", "lr"),
+    "grads": ("run_id", "phase", "step", "layer", "grad_norm"),
+}
+RECORD_TABLES = ("curves", "grads", "layers")   # records/<table>.json, column-oriented
+
+
+def runs_dir(sweep_dir: Path) -> Path:
+    return Path(sweep_dir) / "runs"
+
+
+def read_json(path: Path) -> Any:
+    with open(path, "rb") as f:
+        return json.loads(f.read())
+
+
+def read_status(run_dir: Path) -> dict:
+    """The run's status.json ({"state": "pending"} when there is none); ValueError when it is not a record."""
+    path = os.path.join(run_dir, "status.json")
+    try:
+        status = read_json(path)
+    except FileNotFoundError:
+        return {"state": "pending"}
+    if not isinstance(status, dict) or status.get("state", "pending") not in STATES:
+        raise ValueError(f"{path}: not a status record (a mapping with state in {', '.join(STATES)})")
+    return status
+
+
+def write_status(run_dir: Path, state: str, **fields) -> dict:
+    """Set the state (and fields), keeping the other fields; an unreadable status.json is replaced."""
+    assert state in STATES, state
+    try:
+        previous = read_status(run_dir)
+    except ValueError:
+        previous = {}
+    status = {k: v for k, v in previous.items() if k not in ("state", "error")}
+    status.update(fields, state=state, updated=time.time())
+    atomic.write_json(Path(run_dir) / "status.json", status)
+    return status
+
+
+class RunLock:
+    """An exclusive lock on a run folder, held while a worker runs it: the same run never runs twice at
+    once, even when two sweeps submit it. The OS drops the lock when the process dies (kill -9 included).
+
+    Looking (held_elsewhere, as `status`, `collect` and the launcher do) takes a shared lock for an
+    instant and writes nothing; a worker that meets such a look retries for up to `wait_s` seconds rather
+    than give up on its run."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / ".lock"
+        self.fd: int | None = None
+
+    def acquire(self, wait_s: float = 1.0) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return False
+                time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
+        self.fd = fd
+        return True
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+    def held_elsewhere(self) -> bool:
+        """Is another process (or another RunLock in this one) holding the lock? Never blocks, never writes."""
+        if self.fd is not None:
+            return False
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing drops the shared lock, if taken
+        return False
+
+
+def effective_state(run_dir: Path, status: dict | None = None) -> str:
+    """The state a user should see: 'running' on disk but with nobody holding the lock is 'interrupted'."""
+    status = status if status is not None else read_status(run_dir)
+    state = status.get("state", "pending")
+    if state == "running" and not RunLock(run_dir).held_elsewhere():
+        return "interrupted"
+    return state
+
+
+def write_records(run_dir: Path, run: dict, curves: list[dict], grads: list[dict], layers: list[dict]) -> None:
+    """The run's records, each atomically; the caller writes status "done" only after this returns."""
+    rec = Path(run_dir) / "records"
+    for name, rows in (("curves", curves), ("grads", grads), ("layers", layers)):
+        columns = _columns(rows, TABLE_COLUMNS[name][1:])
+        atomic.write_text(rec / f"{name}.json", json.dumps(columns, separators=(",", ":"), default=_plain) + "\n")
+    atomic.write_json(rec / "run.json", run)
+
+
+def _plain(value: Any) -> Any:
+    """numpy / torch scalars as Python numbers (anything else as text, as atomic.write_json does)."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) else str(value)
+
+
+def _columns(rows: list[dict], names: tuple[str, ...]) -> dict[str, list]:
+    """Column-oriented JSON: compact, and fast to turn into a DataFrame."""
+    return {n: [r[n] for r in rows] for n in names}
+
+
+
+
+def read_scores(folder: Path, run_id: str) -> list[dict]:
+    """Rows of scores/<task>/seed-<n>.json, in path order (os-level calls: collect does this per run)."""
+    rows: list[dict] = []
+    scores = os.path.join(folder, "scores")
+    try:
+        tasks = sorted(os.listdir(scores))
+    except (FileNotFoundError, NotADirectoryError):
+        return rows
+    for task in tasks:
+        task_dir = os.path.join(scores, task)
+        try:
+            names = sorted(os.listdir(task_dir))
+        except NotADirectoryError:
+            continue
+        for name in names:
+            if name.startswith("seed-") and name.endswith(".json"):
+                record = read_json(os.path.join(task_dir, name))
+                if not isinstance(record, dict) or not isinstance(record.get("rows"), list):
+                    raise ValueError(f"{task_dir}/{name}: not a scores record (a mapping with a list of rows)")
+                rows += [{"run_id": run_id, **row} for row in record["rows"]]
+    return rows
