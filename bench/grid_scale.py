@@ -46,6 +46,7 @@ from ablate.launch import scheduler as launch
 from ablate.store import rundir
 
 from ablate.store import tables
+from ablate.store.sweep import SweepFolder
 from ablate.config.grid import load_grid
 from ablate.plan.grid import expand, resolve_layers
 from ablate.config.spec import dump_run_spec
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             counts = write_synthetic(sweep_dir, runs)
             print(f"built {len(runs)} run folders in {time.perf_counter() - t0:.1f} s: {counts}", file=sys.stderr)
 
-        paths = launch.SweepPaths(sweep_dir)
+        paths = SweepFolder(sweep_dir)
         t_status, rows = timed(lambda: launch.status_rows(paths, ids), args.repeat, "status")
         states = {}
         for r in rows:

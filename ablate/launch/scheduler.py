@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -23,6 +22,7 @@ import submitit
 from ablate.store import atomic
 
 from ablate.store import rundir
+from ablate.store.sweep import SweepFolder, describe_progress, read_progress
 
 from ablate.launch import worker
 from ablate.config.grid import GridSpec
@@ -43,23 +43,7 @@ class RunJob(submitit.helpers.Checkpointable):
             return "already-running"
 
 
-@dataclass
-class SweepPaths:
-    root: Path
-
-    @property
-    def runs(self) -> Path:
-        return self.root / "runs"
-
-    @property
-    def jobs(self) -> Path:
-        return self.root / "jobs"
-
-    def run(self, run_id: str) -> Path:
-        return self.runs / run_id
-
-
-def write_sweep_manifest(paths: SweepPaths, grid: GridSpec, grid_file: Path, runs: list[PlannedRun]) -> None:
+def write_sweep_manifest(paths: SweepFolder, grid: GridSpec, grid_file: Path, runs: list[PlannedRun]) -> None:
     paths.root.mkdir(parents=True, exist_ok=True)
     atomic.write_text(paths.root / "grid.yaml", Path(grid_file).read_text())
     atomic.write_json(paths.root / "sweep.json", {"sweep": grid.sweep, "grid_file": str(Path(grid_file).resolve()),
@@ -135,7 +119,7 @@ def make_executor(kind: str, grid: GridSpec, folder: Path):
     return ex
 
 
-def _progress_line(paths: SweepPaths, run_ids: list[str]) -> tuple[str, dict[str, int]]:
+def _progress_line(paths: SweepFolder, run_ids: list[str]) -> tuple[str, dict[str, int]]:
     counts = {s: 0 for s in ("pending", "running", "done", "failed")}
     running = []
     for rid in run_ids:
@@ -144,11 +128,7 @@ def _progress_line(paths: SweepPaths, run_ids: list[str]) -> tuple[str, dict[str
         bucket = {"submitted": "pending", "interrupted": "pending"}.get(state, state)
         counts[bucket] = counts.get(bucket, 0) + 1
         if state == "running":
-            try:
-                p = rundir.read_json(run_dir / "progress.json")
-                running.append(f"{rid} {p['phase']} {p['step']}/{p['total_steps']} loss {p['loss']:.3f}")
-            except (OSError, ValueError, KeyError):
-                running.append(f"{rid} starting")
+            running.append(f"{rid} {describe_progress(read_progress(run_dir))}")
     line = " | ".join(f"{k} {v}" for k, v in counts.items())
     if running:
         line += "  [" + "; ".join(running) + "]"
@@ -178,7 +158,7 @@ def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_r
               retry_failed: bool, out: Print = print, poll_s: float = 5.0) -> dict[str, list[str]]:
     """Submit what needs running, wait for it, and return the run ids by final state."""
     kind = executor or grid.launcher.executor
-    paths = SweepPaths(Path(results_root) / grid.sweep)
+    paths = SweepFolder(Path(results_root) / grid.sweep)
     write_sweep_manifest(paths, grid, grid_file, runs)
     decisions = {r.run_id: classify(paths.run(r.run_id), retry_failed) for r in runs}
     to_run = [rid for rid, d in decisions.items() if d == "submit"]
@@ -196,7 +176,7 @@ def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_r
     return by_state
 
 
-def _submit_and_wait(kind: str, grid: GridSpec, paths: SweepPaths, to_run: list[str], all_ids: list[str],
+def _submit_and_wait(kind: str, grid: GridSpec, paths: SweepFolder, to_run: list[str], all_ids: list[str],
                      out: Print, poll_s: float) -> None:
     ex = make_executor(kind, grid, paths.jobs)
     run_dirs = {rid: str(paths.run(rid)) for rid in to_run}
@@ -247,7 +227,7 @@ def _submit_and_wait(kind: str, grid: GridSpec, paths: SweepPaths, to_run: list[
             time.sleep(poll_s)
 
 
-def status_rows(paths: SweepPaths, run_ids: list[str] | None = None) -> list[dict]:
+def status_rows(paths: SweepFolder, run_ids: list[str] | None = None) -> list[dict]:
     """Per-run state, progress, elapsed time and the last error line, from the run folders alone."""
     ids = run_ids if run_ids is not None else sorted(p.name for p in paths.runs.iterdir() if p.is_dir())
     rows = []
@@ -269,11 +249,7 @@ def status_rows(paths: SweepPaths, run_ids: list[str] | None = None) -> list[dic
             row["elapsed"] = _fmt_s(status.get("wall_time_s") or 0)
         detail = ""
         if state in ("running", "interrupted"):
-            try:
-                p = rundir.read_json(run_dir / "progress.json")
-                detail = f"{p['phase']} step {p['step']}/{p['total_steps']} loss {p['loss']:.3f}"
-            except (OSError, ValueError, KeyError):
-                pass
+            detail = describe_progress(read_progress(run_dir))
         if state == "failed":
             err = [line for line in (status.get("error") or "").strip().splitlines() if line.strip()]
             detail = " / ".join(err[-3:])
@@ -286,11 +262,6 @@ def status_rows(paths: SweepPaths, run_ids: list[str] | None = None) -> list[dic
 def _fmt_s(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def latest_sweep(results_root: Path) -> Path | None:
-    manifests = sorted(Path(results_root).glob("*/sweep.json"), key=lambda p: p.stat().st_mtime)
-    return manifests[-1].parent if manifests else None
 
 
 def have_slurm() -> bool:

@@ -18,6 +18,7 @@ import transformers
 from ablate import __version__
 
 from ablate.store import rundir
+from ablate.store.sweep import write_progress
 from ablate.plan.phases import plan_phases
 from ablate.train.loop import TrainState, pretrain
 from ablate.config.spec import RunSpec, dump_run_spec
@@ -122,7 +123,7 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
         started = time.perf_counter()
         try:
             state = pretrain(spec, run_dir, log=log, phase_end_hooks=_probe_hooks(spec),
-                             progress=lambda p: rundir.atomic.write_json(run_dir / "progress.json", p),
+                             progress=lambda p: write_progress(run_dir, p),
                              stop_after_steps=stop_after_steps)
             if not state.done:
                 rundir.write_status(run_dir, "interrupted")
@@ -133,7 +134,7 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
             if spec.eval.tasks:
                 from ablate.evaluate.runs import evaluate_run
 
-                rundir.atomic.write_json(run_dir / "progress.json", {
+                write_progress(run_dir, {
                     "phase": "fine-tuning " + ",".join(spec.eval.tasks), "step": state.global_step,
                     "total_steps": state.global_step, "loss": state.curves[-1]["loss"] if state.curves else 0.0})
 

@@ -1,0 +1,122 @@
+"""A sweep's folder: where everything of one sweep (or tune study) lives, which sweep a command means, and
+what its running runs report.
+
+    results/<sweep>/
+        sweep.json  grid.yaml        the manifest (run ids in grid order) and the grid as submitted
+        runs/<run_id>/               one folder per run (ablate.store.rundir)
+        jobs/                        submitit's job files and logs
+        <table>.parquet / .csv       the tidy tables (ablate.store.tables)
+
+May import: config, store.rundir.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ablate.config.errors import SpecError
+from ablate.config.paths import results_root
+from ablate.store import atomic
+from ablate.store.rundir import read_json
+
+
+@dataclass(frozen=True)
+class SweepFolder:
+    root: Path
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / "jobs"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "sweep.json"
+
+    def run(self, run_id: str) -> Path:
+        return self.runs / run_id
+
+    def run_ids(self) -> list[str]:
+        """The manifest's run ids (grid order) when there is one; else every run folder, sorted."""
+        if self.manifest.is_file():
+            return list(read_json(self.manifest)["run_ids"])
+        return sorted(p.name for p in self.runs.iterdir() if p.is_dir()) if self.runs.is_dir() else []
+
+    def table(self, name: str) -> Path | None:
+        """The table's parquet file, else its csv, else None."""
+        return next((p for p in (self.root / f"{name}.parquet", self.root / f"{name}.csv") if p.is_file()), None)
+
+    @property
+    def collected(self) -> bool:
+        return self.table("runs") is not None
+
+    def _recency(self) -> float:
+        marks = [p for p in (self.manifest, self.table("runs"), self.runs) if p is not None and p.exists()]
+        return max(p.stat().st_mtime for p in marks) if marks else 0.0
+
+
+def list_sweeps(results: str | Path | None = None, collected: bool = False) -> list[SweepFolder]:
+    """Sweeps under the results root (folders with run folders, or with tidy tables when `collected`),
+    least recently touched first."""
+    root = results_root(results)
+    if not root.is_dir():
+        return []
+    found = [SweepFolder(d) for d in root.iterdir() if d.is_dir()]
+    found = [s for s in found if (s.collected if collected else (s.runs.is_dir() or s.collected))]
+    return sorted(found, key=SweepFolder._recency)
+
+
+def resolve_sweep(sweep: str | Path | None = None, results: str | Path | None = None,
+                  collected: bool = False) -> SweepFolder:
+    """The sweep a command means: a folder path, a name under the results root, or (None) the most recent
+    one. `collected` asks for a sweep with tidy tables (what the report reads)."""
+    what = "collected sweep (a folder with runs.parquet or runs.csv; run `ablate collect` first)" if collected \
+        else "sweep"
+    if sweep is None or str(sweep) == "":
+        sweeps = list_sweeps(results, collected)
+        if not sweeps:
+            raise SpecError(f"no {what} under the results root", key="SWEEP", value=str(results_root(results)))
+        return sweeps[-1]
+    path = Path(sweep).expanduser()
+    for candidate in (path, results_root(results) / path):
+        if candidate.is_dir() and (candidate / "runs").is_dir() or SweepFolder(candidate).collected:
+            folder = SweepFolder(candidate)
+            if collected and not folder.collected:
+                raise SpecError("the sweep has no tidy tables (runs.parquet / runs.csv); run `ablate collect`",
+                                key="SWEEP", value=str(candidate))
+            return folder
+    raise SpecError(f"no such {what.split(' (')[0]}", key="SWEEP", value=str(sweep),
+                    allowed=", ".join(s.name for s in list_sweeps(results, collected)) or "(none yet)")
+
+
+def read_progress(run_dir: Path) -> dict | None:
+    """What a running run last reported (phase, step, total_steps, loss, ...); None when it has reported
+    nothing readable yet."""
+    try:
+        progress = read_json(Path(run_dir) / "progress.json")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(progress, dict) or not {"phase", "step", "total_steps"} <= progress.keys():
+        return None
+    return progress
+
+
+def write_progress(run_dir: Path, progress: dict) -> None:
+    atomic.write_json(Path(run_dir) / "progress.json", progress)
+
+
+def describe_progress(progress: dict | None) -> str:
+    """'clm 12/40 loss 3.214' (or 'starting' before the first report)."""
+    if progress is None:
+        return "starting"
+    loss = progress.get("loss")
+    return (f"{progress['phase']} {progress['step']}/{progress['total_steps']}"
+            + (f" loss {loss:.3f}" if isinstance(loss, (int, float)) else ""))
