@@ -20,15 +20,14 @@ May import: config, store.atomic.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
 from ablate.store import atomic
+from ablate.store.lock import FileLock
 
 STATES = ("pending", "submitted", "running", "interrupted", "done", "failed")
 TABLES = ("runs", "scores", "layers", "curves", "grads")
@@ -78,57 +77,12 @@ def write_status(run_dir: Path, state: str, **fields) -> dict:
     return status
 
 
-class RunLock:
-    """An exclusive lock on a run folder, held while a worker runs it: the same run never runs twice at
-    once, even when two sweeps submit it. The OS drops the lock when the process dies (kill -9 included).
-
-    Looking (held_elsewhere, as `status`, `collect` and the launcher do) takes a shared lock for an
-    instant and writes nothing; a worker that meets such a look retries for up to `wait_s` seconds rather
-    than give up on its run."""
+class RunLock(FileLock):
+    """The lock on a run folder, held while a worker runs it: the same run never runs twice at once, even
+    when two sweeps submit it."""
 
     def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / ".lock"
-        self.fd: int | None = None
-
-    def acquire(self, wait_s: float = 1.0) -> bool:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    return False
-                time.sleep(0.05)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
-        self.fd = fd
-        return True
-
-    def release(self) -> None:
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
-
-    def held_elsewhere(self) -> bool:
-        """Is another process (or another RunLock in this one) holding the lock? Never blocks, never writes."""
-        if self.fd is not None:
-            return False
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)  # closing drops the shared lock, if taken
-        return False
+        super().__init__(Path(run_dir) / ".lock")
 
 
 def effective_state(run_dir: Path, status: dict | None = None) -> str:

@@ -28,8 +28,6 @@ are content hashes: a trial whose parameters give a run that is already done reu
 from __future__ import annotations
 
 import copy
-import fcntl
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -39,6 +37,7 @@ from typing import Any, Callable, Literal
 from pydantic import Field, ValidationError
 
 from ablate.store import atomic
+from ablate.store.lock import FileLock
 
 from ablate.store import rundir
 
@@ -606,23 +605,16 @@ class StudyLock:
     """One `ablate tune` process per study folder: RUNNING trials found at start were left by a dead one."""
 
     def __init__(self, sdir: Path):
-        self.path = Path(sdir) / ".tune.lock"
-        self.fd = None
+        self.lock = FileLock(Path(sdir) / ".tune.lock")
 
     def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self.fd)
+        if not self.lock.acquire(wait_s=0):
             raise SpecError("another `ablate tune` is running this study", key="study",
-                            value=self.path.parent.name) from None
+                            value=self.lock.path.parent.name)
         return self
 
     def __exit__(self, *exc):
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
+        self.lock.release()
 
 
 def run_tune(tune: Tune, results_root: Path, executor: str | None = None, out: Print = print,
