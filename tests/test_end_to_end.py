@@ -63,7 +63,7 @@ def test_evaluate_adds_a_task_without_recomputing_the_others(finished):
 def test_report_draws_each_figure_from_the_real_sweep(finished, figure):
     root, sweep = finished
     out = root / "figures"
-    result = cli(["report", "--figure", figure, "--sweep", str(sweep), "--out", str(out)], root)
+    result = cli(["report", str(sweep), "--figure", figure, "--out", str(out)], root)
     assert result.returncode == 0, result.stdout + result.stderr
     paths = dict(line.split(": ", 1) for line in result.stdout.splitlines() if line.split(": ")[0] in
                  ("png", "svg", "csv"))
@@ -76,7 +76,7 @@ def test_report_draws_each_figure_from_the_real_sweep(finished, figure):
 
 def test_report_names_what_is_missing(finished, tmp_path):
     root, sweep = finished
-    result = cli(["report", "--figure", "nonsense", "--sweep", str(sweep)], root)
+    result = cli(["report", str(sweep), "--figure", "nonsense"], root)
     assert result.returncode == 2 and "layers" in result.stderr and "deltas" in result.stderr
 
 

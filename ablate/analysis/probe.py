@@ -282,3 +282,32 @@ def cka_vs_base_hook(spec):
                 for i, v in enumerate(cka_vs_reference(reps, base_reps))]
 
     return hook
+
+
+def add_cka_ratio(sweep_dir: Path, tables: dict, n_texts: int) -> int:
+    """The paper's ratio per layer, (1 - CKA(arm, MLM seed a)) / (1 - CKA(MLM seed b, MLM seed a)), on
+    n_texts held-out texts of the sweep's validation corpus, put into `tables["layers"]` (phase "final",
+    replacing earlier ratio rows). Returns the number of runs that got a ratio (0: fewer than two MLM-baseline
+    seeds per model)."""
+    import pandas as pd
+
+    from ablate.config.spec import RunSpec
+    from ablate.data.corpus import read_documents
+    from ablate.store.rundir import read_json
+
+    runs = tables["runs"]
+    done = runs[runs["status"] == "done"] if "status" in runs else runs
+    if done.empty:
+        raise SpecError("no finished runs to compare", key="--cka-ratio", file=str(sweep_dir))
+    spec = RunSpec.model_validate(read_json(Path(sweep_dir) / "runs" / done["run_id"].iloc[0] / "spec.json"))
+    if spec.data.valid_corpus is None:
+        raise SpecError("the ratio needs held-out texts", key="base.data.valid_corpus", file=str(sweep_dir))
+    texts = probe_texts(read_documents(spec.data, "valid_corpus"), n_texts, spec.probe.seed)
+    ratio = cka_ratio(done, texts, max_length=spec.probe.max_length)
+    if ratio.empty:
+        return 0
+    layers = tables["layers"]
+    layers = layers[layers["measure"] != RATIO_MEASURE] if "measure" in layers else layers
+    tables["layers"] = pd.concat([layers, ratio], ignore_index=True)
+    return int(ratio["run_id"].nunique())
+

@@ -62,7 +62,8 @@ def evaluate_base(sweep_dir: Path, model_source: str, tasks: tuple[str, ...], se
     if kind == "config":
         from ablate.config.errors import SpecError
 
-        raise SpecError("a random-init config is no reference model", key="--model", value=model_source)
+        raise SpecError("a random-init config is no reference model", key="--base", value=model_source,
+                        allowed="package:MODULE, a model folder or a hub id")
     folder = Path(sweep_dir) / "base" / base_folder_name(model_source)
     rundir.atomic.write_json(folder / "source.json", {"model": model_source, "location": location})
     log(f"evaluating base model {model_source} on {', '.join(tasks)}")

@@ -21,6 +21,7 @@ import submitit
 
 from ablate.store import atomic
 
+from ablate.config.errors import SpecError
 from ablate.store import rundir
 from ablate.store.sweep import SweepFolder, describe_progress, read_progress
 
@@ -38,7 +39,7 @@ class RunJob(submitit.helpers.Checkpointable):
     def __call__(self, run_dir: str) -> str:
         try:
             return worker.execute(Path(run_dir))
-        except worker.AlreadyRunning as exc:
+        except rundir.AlreadyRunning as exc:
             print(exc, file=sys.stderr)
             return "already-running"
 
@@ -266,3 +267,10 @@ def _fmt_s(seconds: float) -> str:
 
 def have_slurm() -> bool:
     return shutil.which("sbatch") is not None
+
+
+def check_executor(kind: str) -> None:
+    """Slurm needs sbatch on PATH; checked before anything is written or submitted."""
+    if kind == "slurm" and not have_slurm():
+        raise SpecError("Slurm is not available here (no sbatch on PATH)", key="launcher.executor", value="slurm",
+                        allowed="local, debug")

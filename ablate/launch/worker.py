@@ -18,14 +18,11 @@ import transformers
 from ablate import __version__
 
 from ablate.store import rundir
+from ablate.store.rundir import AlreadyRunning  # noqa: F401  (raised here; tune and the CLI catch it)
 from ablate.store.sweep import write_progress
 from ablate.plan.phases import plan_phases
 from ablate.train.loop import TrainState, pretrain
 from ablate.config.spec import RunSpec, dump_run_spec
-
-
-class AlreadyRunning(RuntimeError):
-    pass
 
 
 def prepare_run_dir(spec: RunSpec, run_dir: Path) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ablate.config.errors import SpecError
 from ablate.config.spec import PhaseSpec, RunSpec
 from ablate.plan.freezing import FrozenSet, resolve_freeze
 
@@ -45,3 +46,20 @@ def frozen_rows(plans: list[PhasePlan]) -> list[dict]:
         layers = ([EMBEDDINGS] if plan.frozen.embeddings else []) + sorted(plan.frozen.layers)
         rows += [{"phase": plan.name, "layer": layer} for layer in layers]
     return rows
+
+
+def plan_for(spec: RunSpec) -> list[PhasePlan]:
+    """The plan against the depth in the model's config (no weights loaded)."""
+    from ablate.models.families import n_layers
+    from ablate.models.sources import load_config
+
+    return plan_phases(spec, n_layers(load_config(spec.model)))
+
+
+def check_plan(spec: RunSpec, file: str | None = None) -> list[PhasePlan]:
+    """plan_for, with a bad freeze range reported against the run spec's file."""
+    try:
+        return plan_for(spec)
+    except SpecError as exc:
+        raise SpecError(exc.message, file=file, key=exc.key, value=exc.value, allowed=exc.allowed) from None
+

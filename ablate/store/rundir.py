@@ -77,6 +77,10 @@ def write_status(run_dir: Path, state: str, **fields) -> dict:
     return status
 
 
+class AlreadyRunning(RuntimeError):
+    """The run folder is locked by a worker elsewhere: the same run never runs twice at once."""
+
+
 class RunLock(FileLock):
     """The lock on a run folder, held while a worker runs it: the same run never runs twice at once, even
     when two sweeps submit it."""
