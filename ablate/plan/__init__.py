@@ -1,0 +1,5 @@
+"""Plan: from validated files to concrete work. Grid expansion into RunSpecs (grid), freeze words to
+layer sets (freezing), each phase resolved against the model once: steps and frozen layers (phases).
+
+May import: config, store, models.
+"""
