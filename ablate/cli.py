@@ -168,7 +168,7 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from ablate.report import figures as report
+    from ablate import report
 
     if args.figure is None:
         print("figures: " + ", ".join(report.FIGURES))

@@ -7,17 +7,17 @@ Three timings, each the median wall time of --repeat runs (default 3), goals in 
   expand   load + validate a grid file of 4 schedules x 5 freeze masks x 25 seeds x 20 lrs = 10,000 runs
            into RunSpecs with their run ids (ablate.plan.grid.load_grid + expand)               [< 2 s]
   status   ablate.launch.scheduler.status_rows over the sweep's 10,000 run ids                        [< 2 s]
-  collect  ablate.store.tables.collect over 10,000 run folders, writing the five tidy tables as parquet and
+  collect  ablate.store.tables.collect over 10,000 run folders, writing the six tidy tables as parquet and
            csv, as `ablate collect` does                                                    [< 10 s]
 Also reported, without a goal: `resolve` (ablate.plan.grid.resolve_layers: every run's freeze masks against its
 model's depth, which `sweep --dry-run` adds to expand), and collect without writing the tables.
 
 The folders hold what a finished run writes, through the real writers (rundir.write_status,
 rundir.write_records, atomic.write_json): spec.json of the expanded run, status.json, run.json, 100 curve
-rows, 100 grad-norm rows, 3 phases x 8 layers x 3 measures of layer rows, 3 score files (task x seed) of 4
-rows. 9,000 are done, 500 failed, 500 say "running" with nobody holding their lock (shown as interrupted,
-which costs a lock probe each). fsync is skipped while building them (setup only: 80,000 fsyncs take minutes
-on this disk and do not change what is read back); nothing is skipped while timing.
+rows, 100 grad-norm rows, 3 phases x 8 layers x 3 measures of layer rows, 31 frozen rows, 3 score files
+(task x seed) of 4 rows. 9,000 are done, 500 failed, 500 say "running" with nobody holding their lock (shown
+as interrupted, which costs a lock probe each). fsync is skipped while building them (setup only: 80,000
+fsyncs take minutes on this disk and do not change what is read back); nothing is skipped while timing.
 
 The last line printed is one JSON object: the wall times in seconds, the same calls' CPU time (cpu_s: this
 process's, which other work on a shared machine does not inflate), the 1-minute load average before and
@@ -138,11 +138,13 @@ def write_synthetic(sweep_dir: Path, runs) -> dict[str, int]:
             run_rec = {"token_hash": f"{k:064x}", "tokens_seen": 409600,
                        "phase_token_hashes": {p: "ab" * 32 for p in phases},
                        "phase_tokens": {p: 136533 for p in phases}, "steps": 100, "train_time_s": 512.25,
-                       "wall_time_s": 600.5, "n_layers": 22, "frozen": "head_warmup:emb,0-21;main:0-7",
+                       "wall_time_s": 600.5, "n_layers": 22,
                        "model_dir": str(run_dir / "model"),
                        "versions": json.dumps({"ablate": "0.1.0", "torch": "2.5.1", "transformers": "4.57.0",
                                                "python": platform.python_version()})}
-            rundir.write_records(run_dir, run_rec, curves, grads, layers)
+            frozen = [{"phase": "head_warmup", "layer": layer} for layer in range(-1, 22)] + \
+                [{"phase": "main", "layer": layer} for layer in range(8)]
+            rundir.write_records(run_dir, run_rec, curves, grads, layers, frozen)
             for task in ("ncbi_disease", "bc5cdr", "chemprot"):
                 rows = [{"task": task, "language": "en", "finetune_seed": 0, "split": split, "metric": m,
                          "value": 0.8 + k * 1e-6, "epoch": 3, "wall_time_s": 100.0}

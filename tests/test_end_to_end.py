@@ -45,6 +45,17 @@ def test_every_arm_is_scored_on_the_grid_task(finished):
     assert {"finetune_seed", "epoch", "wall_time_s"} <= set(scores.columns)
 
 
+def test_the_frozen_table_is_each_runs_phase_plan(finished):
+    """tiny-bert has 4 layers: `low` is layers 0-1, frozen during clm in the low_clm arm and nowhere else."""
+    _, sweep = finished
+    runs = pd.read_parquet(sweep / "runs.parquet")
+    low = runs.loc[runs["freeze"] == "low_clm", "run_id"].tolist()
+    assert len(low) == 1 and "frozen" not in runs.columns
+    for frozen in (pd.read_parquet(sweep / "frozen.parquet"), pd.read_csv(sweep / "frozen.csv")):
+        assert frozen.columns.tolist() == ["run_id", "phase", "layer"]
+        assert list(frozen.itertuples(index=False, name=None)) == [(low[0], "clm", 0), (low[0], "clm", 1)]
+
+
 def test_evaluate_adds_a_task_without_recomputing_the_others(finished):
     root, sweep = finished
     before = {p: p.stat().st_mtime_ns for p in sweep.glob("runs/*/scores/ncbi_disease/seed-*.json")}

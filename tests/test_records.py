@@ -47,9 +47,14 @@ def layer_rows() -> list[dict]:
             for p in PHASES for layer in (-1, 0, 1) for m in ("cka_vs_base", "weight_rel_change")]
 
 
+def frozen_rows() -> list[dict]:
+    """What frozen_rows gives for a plan that freezes the embeddings and layer 0 in the decay."""
+    return [{"phase": "mlm_decay", "layer": layer} for layer in (-1, 0)]
+
+
 def run_record(k: int = 0) -> dict:
     return {"token_hash": f"{k:064x}", "tokens_seen": 768, "phase_token_hashes": {p: "ab" for p in PHASES},
-            "steps": 6, "wall_time_s": 3.5, "n_layers": 4, "frozen": "", "versions": json.dumps({"ablate": "0.1.0"})}
+            "steps": 6, "wall_time_s": 3.5, "n_layers": 4, "versions": json.dumps({"ablate": "0.1.0"})}
 
 
 def spec_dict(sweep: str, axes: dict, seed: int = 17) -> dict:
@@ -72,7 +77,7 @@ def make_run(sweep_dir: Path, run_id: str, state: str | None = "done", axes: dic
         return run_dir
     write_status(run_dir, "running", attempts=1, started=time.time())
     if state == "done":
-        write_records(run_dir, run_record(), curve_rows(), grad_rows(), layer_rows())
+        write_records(run_dir, run_record(), curve_rows(), grad_rows(), layer_rows(), frozen_rows())
         for task in ("ner_a", "cls_b"):
             atomic.write_json(run_dir / "scores" / task / "seed-0.json", score_record(task, 0))
         write_status(run_dir, "done", finished=time.time(), wall_time_s=3.5)
@@ -122,7 +127,7 @@ def test_a_writer_killed_before_the_rename_leaves_no_record(tmp_path):
     # the child stalls in the fsync that precedes the rename: the temp file is written, the record is not
     run_child(tmp_path, run_dir, """
         os.fsync = lambda fd: time.sleep(600)
-        rundir.write_records(run_dir, {"token_hash": "x"}, rows, [], [])
+        rundir.write_records(run_dir, {"token_hash": "x"}, rows, [], [], [])
     """, "records/.curves.json.*.tmp")
     assert list(run_dir.glob("records/.curves.json.*.tmp")), "the temp file is left behind"
     assert not (run_dir / "records" / "curves.json").exists()
@@ -138,7 +143,7 @@ def test_a_writer_killed_before_status_done_leaves_the_run_unfinished(tmp_path):
     sweep = tmp_path / "s"
     run_dir = make_run(sweep, "r1", state=None)
     run_child(tmp_path, run_dir, """
-        rundir.write_records(run_dir, {"token_hash": "x"}, rows, [], [])
+        rundir.write_records(run_dir, {"token_hash": "x"}, rows, [], [], [])
         os.fsync = lambda fd: time.sleep(600)
         rundir.write_status(run_dir, "done", wall_time_s=1.0)
     """, ".status.json.*.tmp", after="records/run.json")
@@ -179,7 +184,7 @@ def test_status_done_is_written_after_the_records(tmp_path):
     """The order the worker relies on: records first, then status done; collect reads records of done runs only."""
     sweep = tmp_path / "s"
     run_dir = make_run(sweep, "r1", state="running")
-    write_records(run_dir, run_record(), curve_rows(), grad_rows(), layer_rows())
+    write_records(run_dir, run_record(), curve_rows(), grad_rows(), layer_rows(), frozen_rows())
     assert collect(sweep, write=False).tables["curves"].empty
     write_status(run_dir, "done", wall_time_s=2.0)
     assert len(collect(sweep, write=False).tables["curves"]) == 6
@@ -232,6 +237,7 @@ def test_collect_reports_and_skips_partial_and_corrupt_folders(tmp_path):
         "h_no_rows": lambda d: atomic.write_json(d / "scores" / "cls_b" / "seed-0.json", [{"task": "x"}]),
         "i_ragged": lambda d: atomic.write_json(d / "records" / "grads.json", {"phase": ["a"], "step": []}),
         "j_missing_layers": lambda d: (d / "records" / "layers.json").unlink(),
+        "j_ragged_frozen": lambda d: atomic.write_json(d / "records" / "frozen.json", {"phase": ["a"], "layer": []}),
         "k_corrupt_status": lambda d: (d / "status.json").write_text("{"),
         "l_spec_list": lambda d: atomic.write_json(d / "spec.json", ["not", "a", "spec"]),
         "m_no_spec": lambda d: (d / "spec.json").unlink(),
@@ -258,7 +264,7 @@ def test_collect_reports_and_skips_partial_and_corrupt_folders(tmp_path):
     assert skipped == sorted([*bad, "n_empty_folder"])
     assert all("skipped" in p for p in got.problems)
     # a folder that is skipped contributes nothing anywhere, not even what could be read before the bad file
-    for table in ("scores", "layers", "curves", "grads"):
+    for table in ("scores", "layers", "curves", "grads", "frozen"):
         assert set(got.tables[table]["run_id"]) == {"a_done"}, table
     assert len(got.tables["curves"]) == 6 and len(got.tables["scores"]) == 4
     for name in tables.TABLES:
@@ -316,11 +322,12 @@ def test_tidy_tables_have_the_design_columns_and_every_grid_axis(tmp_path):
     assert got.tables["layers"].columns.tolist() == ["run_id", "phase", "layer", "measure", "value"]
     assert got.tables["curves"].columns.tolist() == ["run_id", "phase", "step", "tokens", "loss", "lr"]
     assert got.tables["grads"].columns.tolist() == ["run_id", "phase", "step", "layer", "grad_norm"]
+    assert got.tables["frozen"].columns.tolist() == ["run_id", "phase", "layer"]
     done = table[table["status"] == "done"]
     assert len(done) == 8
     # one row per observation, joinable on run_id
     assert len(got.tables["curves"]) == 8 * 6 and len(got.tables["layers"]) == 8 * 12
-    assert len(got.tables["scores"]) == 8 * 4
+    assert len(got.tables["scores"]) == 8 * 4 and len(got.tables["frozen"]) == 8 * 2
     joined = got.tables["layers"].merge(table[["run_id", "schedule", "freeze"]], on="run_id")
     assert len(joined) == len(got.tables["layers"])
     assert got.tables["layers"]["layer"].tolist()[:3] == [-1, -1, 0]
@@ -333,6 +340,30 @@ def test_tidy_tables_have_the_design_columns_and_every_grid_axis(tmp_path):
             if col in from_parquet.columns:
                 assert from_csv[col].dropna().tolist() == from_parquet[col].dropna().tolist() == \
                     got.tables[name][col].dropna().tolist()
+
+
+def test_collect_writes_the_frozen_table_as_parquet_and_csv(tmp_path):
+    sweep = tmp_path / "s"
+    make_run(sweep, "r1")
+    make_run(sweep, "r2", seed=18)
+    got = collect(sweep)
+    want = pd.DataFrame({"run_id": ["r1", "r1", "r2", "r2"], "phase": ["mlm_decay"] * 4, "layer": [-1, 0, -1, 0]})
+    pd.testing.assert_frame_equal(got.tables["frozen"], want)
+    pd.testing.assert_frame_equal(pd.read_parquet(sweep / "frozen.parquet"), want)
+    pd.testing.assert_frame_equal(pd.read_csv(sweep / "frozen.csv"), want)
+    assert "frozen" not in got.tables["runs"].columns   # the plan is data, not a string in the runs table
+
+
+def test_a_run_finished_before_frozen_records_existed_keeps_its_rows(tmp_path):
+    """A folder an older version finished has no records/frozen.json: its other rows stay, and collect says so."""
+    sweep = tmp_path / "s"
+    (make_run(sweep, "old") / "records" / "frozen.json").unlink()
+    make_run(sweep, "new", seed=18)
+    got = collect(sweep, write=False)
+    assert got.tables["runs"]["run_id"].tolist() == ["new", "old"]
+    assert set(got.tables["curves"]["run_id"]) == {"old", "new"}
+    assert set(got.tables["frozen"]["run_id"]) == {"new"}
+    assert len(got.problems) == 1 and "old: kept without records/frozen.json" in got.problems[0]
 
 
 def test_a_model_axis_keeps_its_names_and_the_source_is_kept_too(tmp_path):

@@ -11,28 +11,29 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from ablate.report import figures as report
+from ablate import report
 from ablate.config.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE_FIGURES = ("layers", "deltas", "curves", "freeze")   # drawn from the tidy tables alone
 N_LAYERS = 4
-ARMS = [  # schedule, freeze, frozen (as runs.frozen), phases
-    ("mlm", "none", "", ["mlm", "mlm_decay"]),
-    ("clm", "none", "head_warmup:emb,0-3", ["head_warmup", "clm", "mlm_decay"]),
-    ("clm", "low", "head_warmup:emb,0-3;clm:emb,0-1", ["head_warmup", "clm", "mlm_decay"]),
-    ("clm", "decay_low", "head_warmup:emb,0-3;mlm_decay:0-1", ["head_warmup", "clm", "mlm_decay"]),
+WARMUP = {"head_warmup": [-1, 0, 1, 2, 3]}   # the whole encoder frozen: the head trains alone
+ARMS = [  # schedule, freeze, frozen layers per phase (the frozen table's rows), phases
+    ("mlm", "none", {}, ["mlm", "mlm_decay"]),
+    ("clm", "none", WARMUP, ["head_warmup", "clm", "mlm_decay"]),
+    ("clm", "low", {**WARMUP, "clm": [-1, 0, 1]}, ["head_warmup", "clm", "mlm_decay"]),
+    ("clm", "decay_low", {**WARMUP, "mlm_decay": [0, 1]}, ["head_warmup", "clm", "mlm_decay"]),
 ]
 TASKS = {"ner_a": ["f1", "precision"], "cls_b": ["accuracy", "macro_f1"], "sts_c": ["pearson"]}
 
 
 def write_sweep(path: Path, *, rng_seed: int = 0, clm_gain: float = 0.02, models=("tiny-bert",)) -> Path:
-    """A finished sweep as `ablate collect` leaves it: runs, scores, layers, curves as parquet + csv.
+    """A finished sweep as `ablate collect` leaves it: runs, scores, layers, curves, frozen as parquet + csv.
 
     Three seeds per arm; clm/low seed 2 failed (its rows carry absurd values, so using them shows).
     """
     rng = np.random.default_rng(rng_seed)
-    runs, scores, layers, curves = [], [], [], []
+    runs, scores, layers, curves, frozen_rows = [], [], [], [], []
     for model in models:
         for schedule, freeze, frozen, phases in ARMS:
             for seed in (0, 1, 2):
@@ -41,8 +42,9 @@ def write_sweep(path: Path, *, rng_seed: int = 0, clm_gain: float = 0.02, models
                 run_id = f"{model}-{schedule}-{freeze}-s{seed}"
                 runs.append(dict(run_id=run_id, sweep=path.name, model=model, schedule=schedule, freeze=freeze,
                                  seed=seed, lr=2e-4, status="failed" if failed else "done", token_hash="abc123",
-                                 tokens_seen=3000, wall_time_s=12.5, model_dir="", n_layers=N_LAYERS,
-                                 frozen=frozen))
+                                 tokens_seen=3000, wall_time_s=12.5, model_dir="", n_layers=N_LAYERS))
+                frozen_rows += [dict(run_id=run_id, phase=phase, layer=layer)
+                                for phase, idx in frozen.items() for layer in idx]
                 tokens = 0
                 for p, phase in enumerate(phases):
                     for k in range(10):
@@ -74,7 +76,8 @@ def write_sweep(path: Path, *, rng_seed: int = 0, clm_gain: float = 0.02, models
                                                    finetune_seed=ft_seed, split=split, metric=metric,
                                                    value=base - 0.02 * m, epoch=3, wall_time_s=1.0))
     path.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("runs", runs), ("scores", scores), ("layers", layers), ("curves", curves)):
+    for name, rows in (("runs", runs), ("scores", scores), ("layers", layers), ("curves", curves),
+                       ("frozen", frozen_rows)):
         df = pd.DataFrame(rows)
         df.to_parquet(path / f"{name}.parquet", index=False)
         df.to_csv(path / f"{name}.csv", index=False)
@@ -157,7 +160,7 @@ def test_default_output_and_pdf(sweep_copy):
 # --- layers ----------------------------------------------------------------------------------------------
 
 def test_layers_default_is_one_minus_cka_at_last_phase(sweep_dir):
-    fig, data = report.layers(report.load_sweep(sweep_dir))
+    fig, data = report.layers_figure(report.load_sweep(sweep_dir))
     lay = read(sweep_dir, "layers").merge(done(sweep_dir), on="run_id")
     lay = lay[(lay["measure"] == "cka_vs_base") & (lay["phase"] == "mlm_decay")]
     for (s, f, layer), g in lay.groupby(["schedule", "freeze", "layer"]):
@@ -172,7 +175,8 @@ def test_layers_default_is_one_minus_cka_at_last_phase(sweep_dir):
     assert set(lines) == set(data["arm"])
     for arm, g in data.groupby("arm"):
         np.testing.assert_allclose(lines[arm], g.sort_values("layer")["mean"])
-    # frozen markers: head warm-up ignored; low froze emb,0,1 during clm; decay_low froze 0,1 during the decay
+    # frozen markers from the frozen table: the head warm-up froze every layer, so it is not drawn; low froze
+    # emb,0,1 during clm; decay_low froze 0,1 during the decay
     frozen = data.set_index(["freeze", "layer"])["frozen_in"]
     assert [frozen["low", l] for l in range(-1, 4)] == ["clm", "clm", "clm", "", ""]
     assert [frozen["decay_low", l] for l in range(-1, 4)] == ["", "mlm_decay", "mlm_decay", "", ""]
@@ -185,7 +189,7 @@ def test_layers_default_is_one_minus_cka_at_last_phase(sweep_dir):
 
 def test_layers_other_measures_and_phases(sweep_dir):
     sw = report.load_sweep(sweep_dir)
-    _, data = report.layers(sw, measure="weight_rel_change", phase="clm")
+    _, data = report.layers_figure(sw, measure="weight_rel_change", phase="clm")
     assert set(data["schedule"]) == {"clm"}  # the baseline has no clm phase
     lay = read(sweep_dir, "layers").merge(done(sweep_dir), on="run_id")
     want = lay[(lay["measure"] == "weight_rel_change") & (lay["phase"] == "clm")] \
@@ -193,7 +197,7 @@ def test_layers_other_measures_and_phases(sweep_dir):
     got = data.set_index(["freeze", "layer"])["mean"]
     pd.testing.assert_series_equal(got.sort_index(), want.sort_index(), check_names=False)
 
-    fig, ratio = report.layers(sw, measure="cka_ratio_vs_mlm")
+    fig, ratio = report.layers_figure(sw, measure="cka_ratio_vs_mlm")
     assert set(ratio["phase"]) == {"final"} and "mlm" not in set(ratio["schedule"])
     assert any(l.get_label() == "_seed noise" and set(l.get_ydata()) == {1.0} for l in fig.axes[0].get_lines())
 
@@ -201,21 +205,21 @@ def test_layers_other_measures_and_phases(sweep_dir):
 def test_layers_bad_measure_and_phase(sweep_dir):
     sw = report.load_sweep(sweep_dir)
     with pytest.raises(SpecError, match="cka_vs_base.*weight_rel_change") as e:
-        report.layers(sw, measure="nope")
+        report.layers_figure(sw, measure="nope")
     assert e.value.key == "measure"
     with pytest.raises(SpecError, match="allowed: last, mlm, mlm_decay"):
-        report.layers(sw, phase="nope")
+        report.layers_figure(sw, phase="nope")
 
 
 def test_layers_panels_by_model(tmp_path):
     path = write_sweep(tmp_path / "two_models", models=("bert-a", "bert-b"))
-    fig, data = report.layers(report.load_sweep(path))
+    fig, data = report.layers_figure(report.load_sweep(path))
     assert data.columns[0] == "model" and data["model"].drop_duplicates().tolist() == ["bert-a", "bert-b"]
     assert sum(1 for ax in fig.axes if plotted_lines(ax)) == 2
-    _, single = report.layers(report.load_sweep(path), panel=None)
+    _, single = report.layers_figure(report.load_sweep(path), panel=None)
     assert "model" not in single.columns and single["n"].max() == 6
     with pytest.raises(SpecError, match="panel"):
-        report.curves(report.load_sweep(path), panel="lr")  # a runs axis that clashes with curves.lr
+        report.curves_figure(report.load_sweep(path), panel="lr")  # a runs axis that clashes with curves.lr
 
 
 # --- downstream --------------------------------------------------------------------------------------------
@@ -228,7 +232,7 @@ def _unit_scores(sweep_dir, metric_of=None):
 
 
 def test_deltas_paired_over_seed_units(sweep_dir):
-    fig, data = report.deltas(report.load_sweep(sweep_dir))
+    fig, data = report.deltas_figure(report.load_sweep(sweep_dir))
     sc = _unit_scores(sweep_dir)
     base = sc[sc["schedule"] == "mlm"].set_index(["task", "seed", "finetune_seed"])["score"]
     for (f, task), row in data.set_index(["freeze", "task"]).iterrows():
@@ -254,7 +258,7 @@ def test_deltas_unpaired_falls_back_to_welch(sweep_copy):
     runs = read(sweep_copy, "runs")
     runs.loc[runs["schedule"] == "mlm", "seed"] += 10  # no shared seeds with the arms
     rewrite(sweep_copy, "runs", runs)
-    _, data = report.deltas(report.load_sweep(sweep_copy))
+    _, data = report.deltas_figure(report.load_sweep(sweep_copy))
     assert set(data["ci_method"]) == {"welch"}
     row = data[(data["arm"] == "clm") & (data["task"] == "ner_a")].iloc[0]
     sc = _unit_scores(sweep_copy)
@@ -278,11 +282,11 @@ def test_primary_metric_column_and_split(sweep_copy):
     assert set(ps["split"]) == {"test"}
     assert report.primary_scores(report.load_sweep(sweep_copy), split="dev")["split"].eq("dev").all()
     with pytest.raises(SpecError, match="allowed: dev, test"):
-        report.deltas(report.load_sweep(sweep_copy), split="valid")
+        report.deltas_figure(report.load_sweep(sweep_copy), split="valid")
 
 
 def test_freeze_heatmap_means(sweep_dir):
-    fig, data = report.freeze(report.load_sweep(sweep_dir))
+    fig, data = report.freeze_figure(report.load_sweep(sweep_dir))
     sc = _unit_scores(sweep_dir)
     per_run = sc.groupby(["schedule", "freeze", "run_id", "task"])["score"].mean() \
         .groupby(["schedule", "freeze", "run_id"]).mean()
@@ -301,7 +305,7 @@ def test_freeze_heatmap_means(sweep_dir):
 # --- curves ------------------------------------------------------------------------------------------------
 
 def test_curves_mean_over_seeds_and_plotted(sweep_dir):
-    fig, data = report.curves(report.load_sweep(sweep_dir))
+    fig, data = report.curves_figure(report.load_sweep(sweep_dir))
     cur = read(sweep_dir, "curves").merge(done(sweep_dir), on="run_id")
     want = cur.groupby(["schedule", "freeze", "phase", "step"])[["loss", "lr", "tokens"]].mean()
     got = data.set_index(["schedule", "freeze", "phase", "step"])[["loss", "lr", "tokens"]]
@@ -384,13 +388,32 @@ def test_resolve_sweep(results, tmp_path, monkeypatch):
         report.make_figure("layers")
 
 
-def test_parse_frozen():
-    assert report.parse_frozen("") == {}
-    assert report.parse_frozen("head_warmup:emb,0-11") == {}
-    assert report.parse_frozen("clm:0-1,4-5;mlm_decay:emb") == {"clm": [0, 1, 4, 5], "mlm_decay": [-1]}
-    assert report.parse_frozen("clm:emb,0-2") == {"clm": [-1, 0, 1, 2]}
-    with pytest.raises(SpecError):
-        report.parse_frozen("clm:low")
+def test_a_phase_that_froze_every_layer_is_not_drawn():
+    layers = pd.DataFrame({"run_id": ["a"] * 5 + ["b"] * 5, "layer": [-1, 0, 1, 2, 3] * 2})
+    frozen = pd.DataFrame({"run_id": ["a"] * 8 + ["b"] * 4,
+                           "phase": ["warm"] * 5 + ["clm"] * 3 + ["warm"] * 4,
+                           "layer": [-1, 0, 1, 2, 3, -1, 0, 1, 0, 1, 2, 3]})
+    drawn = report.drawn_frozen(frozen, layers)
+    # a: the warm-up froze all five layers (not drawn), clm three; b's warm-up left the embeddings training
+    assert sorted(map(tuple, drawn.to_numpy().tolist())) == sorted(
+        [("a", "clm", -1), ("a", "clm", 0), ("a", "clm", 1), ("b", "warm", 0), ("b", "warm", 1), ("b", "warm", 2),
+         ("b", "warm", 3)])
+    assert report.drawn_frozen(None, layers).empty and report.drawn_frozen(frozen.iloc[:0], layers).empty
+
+
+def test_a_mask_every_arm_shares_is_still_drawn(sweep_copy):
+    """The rule is about the layers a phase froze, not about arms: a sweep of one frozen arm shows its mask."""
+    runs = read(sweep_copy, "runs")
+    rewrite(sweep_copy, "runs", runs[runs["freeze"] == "low"])
+    fig, data = report.layers_figure(report.load_sweep(sweep_copy))
+    assert data.set_index("layer")["frozen_in"].to_dict() == {-1: "clm", 0: "clm", 1: "clm", 2: "", 3: ""}
+    assert [t.get_text() for t in fig.axes[1].get_yticklabels()] == ["low · clm"]
+
+
+def test_a_sweep_without_a_frozen_table_draws_no_strip(sweep_copy):
+    rewrite(sweep_copy, "frozen", None)
+    fig, data = report.layers_figure(report.load_sweep(sweep_copy))
+    assert (data["frozen_in"] == "").all() and len(fig.axes) == 1
 
 
 # --- notebooks ---------------------------------------------------------------------------------------------

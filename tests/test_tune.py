@@ -177,7 +177,7 @@ def test_pruner_prunes_with_local_executor(tmp_path, data_root):
 
 
 def test_tune_figure(sqlite_study):
-    from ablate.report import figures as report
+    from ablate import report
     from ablate.tune.study import tune_figure
 
     sdir = sqlite_study["results"] / "tiny_tune"

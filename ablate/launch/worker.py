@@ -20,7 +20,6 @@ from ablate import __version__
 from ablate.store import rundir
 from ablate.store.rundir import AlreadyRunning  # noqa: F401  (raised here; tune and the CLI catch it)
 from ablate.store.sweep import write_progress
-from ablate.plan.phases import plan_phases
 from ablate.train.loop import TrainState, pretrain
 from ablate.config.spec import RunSpec, dump_run_spec
 
@@ -65,11 +64,10 @@ def _probe_hooks(spec: RunSpec):
 
 
 def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: float) -> dict:
+    """records/run.json: the run's row of the runs table (what each phase froze is records/frozen.json)."""
     from ablate.models.families import n_layers
     from ablate.models.sources import load_config
 
-    depth = n_layers(load_config(spec.model))
-    frozen = ";".join(f"{p.name}:{p.frozen.describe()}" for p in plan_phases(spec, depth) if not p.frozen.empty)
     return {
         "token_hash": state.token_hash,
         "tokens_seen": state.tokens_seen,
@@ -78,8 +76,7 @@ def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: floa
         "steps": state.global_step,
         "train_time_s": round(state.elapsed_s, 3),
         "wall_time_s": round(wall_time, 3),
-        "n_layers": depth,
-        "frozen": frozen,
+        "n_layers": n_layers(load_config(spec.model)),
         "model_dir": str((Path(run_dir) / "model").resolve()),
         "versions": json.dumps({"ablate": __version__, "torch": torch.__version__,
                                 "transformers": transformers.__version__, "python": platform.python_version()}),
@@ -127,7 +124,7 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
                 return "interrupted"
             wall = time.perf_counter() - started
             rundir.write_records(run_dir, _run_record(spec, state, run_dir, wall), state.curves,
-                                  state.grad_norms, state.layer_rows)
+                                  state.grad_norms, state.layer_rows, state.frozen)
             if spec.eval.tasks:
                 from ablate.evaluate.runs import evaluate_run
 

@@ -30,7 +30,7 @@ from ablate.store import atomic
 from ablate.store.lock import FileLock
 
 STATES = ("pending", "submitted", "running", "interrupted", "done", "failed")
-TABLES = ("runs", "scores", "layers", "curves", "grads")
+TABLES = ("runs", "scores", "layers", "curves", "grads", "frozen")
 
 TABLE_COLUMNS = {
     "runs": ("run_id", "sweep", "model", "schedule", "freeze", "seed", "status", "token_hash", "tokens_seen",
@@ -39,8 +39,9 @@ TABLE_COLUMNS = {
     "layers": ("run_id", "phase", "layer", "measure", "value"),
     "curves": ("run_id", "phase", "step", "tokens", "loss", "lr"),
     "grads": ("run_id", "phase", "step", "layer", "grad_norm"),
+    "frozen": ("run_id", "phase", "layer"),     # the resolved phase plan: what each phase froze (-1: embeddings)
 }
-RECORD_TABLES = ("curves", "grads", "layers")   # records/<table>.json, column-oriented
+RECORD_TABLES = ("curves", "grads", "layers", "frozen")   # records/<table>.json, column-oriented
 
 
 def runs_dir(sweep_dir: Path) -> Path:
@@ -98,10 +99,12 @@ def effective_state(run_dir: Path, status: dict | None = None) -> str:
     return state
 
 
-def write_records(run_dir: Path, run: dict, curves: list[dict], grads: list[dict], layers: list[dict]) -> None:
-    """The run's records, each atomically; the caller writes status "done" only after this returns."""
+def write_records(run_dir: Path, run: dict, curves: list[dict], grads: list[dict], layers: list[dict],
+                  frozen: list[dict]) -> None:
+    """The run's records, each atomically; the caller writes status "done" only after this returns.
+    `frozen` is the phase plan's rows (ablate.plan.phases.frozen_rows): phase, layer."""
     rec = Path(run_dir) / "records"
-    for name, rows in (("curves", curves), ("grads", grads), ("layers", layers)):
+    for name, rows in (("curves", curves), ("grads", grads), ("layers", layers), ("frozen", frozen)):
         columns = _columns(rows, TABLE_COLUMNS[name][1:])
         atomic.write_text(rec / f"{name}.json", json.dumps(columns, separators=(",", ":"), default=_plain) + "\n")
     atomic.write_json(rec / "run.json", run)

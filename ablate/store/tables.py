@@ -18,6 +18,11 @@ import pandas as pd
 from ablate.store.rundir import (RECORD_TABLES, TABLE_COLUMNS, TABLES, effective_state, read_json, read_scores,
                                  read_status, runs_dir)
 
+# records that folders finished before they existed lack: such a folder keeps its other rows (reported in
+# `problems`) rather than being left out whole
+ADDED_LATER = ("frozen",)
+
+
 @dataclass
 class Collected:
     tables: dict[str, pd.DataFrame]
@@ -93,24 +98,28 @@ def _run_row(run_dir: Path, spec: dict, status: dict, run_rec: dict) -> dict:
     return row
 
 
-def _read_run(run_dir: Path) -> tuple[dict, dict[str, tuple[dict, int]], list[dict]]:
+def _read_run(run_dir: Path) -> tuple[dict, dict[str, tuple[dict, int]], list[dict], list[str]]:
     """Everything collect takes from one run folder, read completely before any of it is used; records
-    only from a run whose status says done (a folder is complete exactly when it does)."""
+    only from a run whose status says done (a folder is complete exactly when it does). The last item
+    names the records a folder finished by an older version lacks (see ADDED_LATER)."""
     folder = str(run_dir)
     spec = read_json(os.path.join(folder, "spec.json"))
     if not isinstance(spec, dict):
         raise ValueError("spec.json: not a mapping")
     status = read_status(run_dir)
-    run_rec, parts = {}, {}
+    run_rec, parts, lacking = {}, {}, []
     if status.get("state") == "done":
         run_rec = read_json(os.path.join(folder, "records", "run.json"))
         if not isinstance(run_rec, dict):
             raise ValueError("run.json: not a mapping")
         for table in RECORD_TABLES:
             path = os.path.join(folder, "records", f"{table}.json")
+            if table in ADDED_LATER and not os.path.exists(path):
+                lacking.append(table)
+                continue
             parts[table] = _record_columns(read_json(path), Path(path))
     scores = read_scores(run_dir, run_dir.name)
-    return _run_row(run_dir, spec, status, run_rec), parts, scores
+    return _run_row(run_dir, spec, status, run_rec), parts, scores, lacking
 
 
 def collect(sweep_dir: Path, write: bool = True) -> Collected:
@@ -123,10 +132,12 @@ def collect(sweep_dir: Path, write: bool = True) -> Collected:
     folders = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     for run_dir in folders:
         try:
-            row, parts, scores = _read_run(run_dir)
+            row, parts, scores, lacking = _read_run(run_dir)
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             problems.append(f"{run_dir}: skipped, unreadable record ({type(exc).__name__}: {exc})")
             continue
+        problems += [f"{run_dir}: kept without records/{t}.json (finished by an older version): the {t} table "
+                     f"has no rows for it" for t in lacking]
         runs.append(row)
         for table, (cols, n) in parts.items():
             if n:

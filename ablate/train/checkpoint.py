@@ -37,6 +37,7 @@ class TrainState:
     grad_norms: list[dict] = field(default_factory=list)
     grad_norm_sums: dict[str, float] = field(default_factory=dict)   # "phase/layer" -> sum over steps
     layer_rows: list[dict] = field(default_factory=list)
+    frozen: list[dict] = field(default_factory=list)    # the phase plan as rows: phase, layer (frozen_rows)
     elapsed_s: float = 0.0
     done: bool = False
 

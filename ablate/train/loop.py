@@ -37,7 +37,7 @@ from ablate.train.distributed import Dist, init as init_distributed, local_devic
 from ablate.data.corpus import SequenceOrder, load_token_stream
 from ablate.config.errors import SpecError
 from ablate.plan.freezing import apply_freeze, is_frozen
-from ablate.plan.phases import PhasePlan, plan_phases
+from ablate.plan.phases import PhasePlan, frozen_rows, plan_phases
 from ablate.models.families import Family, family_of, n_layers
 from ablate.models.sources import load_masked_lm, load_tokenizer
 from ablate.analysis.probe import grad_norms, layer_params, weight_rel_change
@@ -239,6 +239,7 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
         state = load_checkpoint(found, model, opt)
         log(f"resumed from {found.name}: phase {state.phase_index}, step {state.global_step}, "
             f"{state.tokens_seen} tokens seen")
+    state.frozen = frozen_rows(plans)   # the plan as resolved for this run, recorded by the worker
     dist.barrier()       # every rank has read the checkpoint before rank 0 may replace it
     total_steps = sum(p.steps for p in plans)
     model.train()

@@ -1,0 +1,75 @@
+"""How the figures group runs: done runs only, arms (schedule, freeze mask) in grid order with the MLM
+baseline first, and panels (facets by a runs column).
+
+May import: config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from ablate.config.errors import SpecError
+
+# Columns of the scores / layers / curves / frozen tables: a runs column of the same name (e.g. an "lr" grid
+# axis) cannot be a panel, since the join would clash with them.
+MEASURE_COLUMNS = {"run_id", "task", "language", "finetune_seed", "split", "metric", "value", "epoch", "primary",
+                   "wall_time_s", "phase", "layer", "measure", "step", "tokens", "loss", "lr"}
+
+
+def done_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    return runs[runs["status"] == "done"] if "status" in runs.columns else runs
+
+
+def arm_label(schedule: str, freeze: str) -> str:
+    return schedule if freeze == "none" else f"{schedule}, freeze {freeze}"
+
+
+def ordered(values: Sequence, first=None) -> list:
+    """Distinct values in order of appearance, `first` moved to the front when present."""
+    seen = list(dict.fromkeys(values))
+    if first is not None and first in seen:
+        seen.remove(first)
+        seen.insert(0, first)
+    return seen
+
+
+def arm_sorted(df: pd.DataFrame, runs: pd.DataFrame, baseline: str, pcol: str | None,
+               then: Sequence[str] = ()) -> pd.DataFrame:
+    """Rows ordered by panel, then arms as the grid lists them (baseline schedule and freeze "none" first)."""
+    schedules = ordered([*runs["schedule"], *df["schedule"]], first=baseline)
+    freezes = ordered([*runs["freeze"], *df["freeze"]], first="none")
+    keyed = df.assign(_s=df["schedule"].map(schedules.index), _f=df["freeze"].map(freezes.index))
+    by = [*([pcol] if pcol else []), "_s", "_f", *then]
+    return keyed.sort_values(by, kind="stable").drop(columns=["_s", "_f"]).reset_index(drop=True)
+
+
+def panel_column(runs: pd.DataFrame, panel: str | None) -> str | None:
+    """The runs column to facet by: None for one panel; "auto": "model" when the sweep has several."""
+    if panel in (None, "", "none"):
+        return None
+    if panel == "auto":
+        return "model" if "model" in runs.columns and runs["model"].nunique() > 1 else None
+    allowed = [c for c in runs.columns if c not in MEASURE_COLUMNS]
+    if panel not in allowed:
+        raise SpecError("panel must be a column of the runs table that the other tables do not have",
+                        key="panel", value=panel, allowed="auto, none, " + ", ".join(map(str, allowed)))
+    return panel
+
+
+def arm_keys(pcol: str | None) -> list[str]:
+    """The columns that name an arm within a panel: [panel column,] schedule, freeze."""
+    return ([pcol] if pcol else []) + ["schedule", "freeze"]
+
+
+def panels(data: pd.DataFrame, pcol: str | None) -> list:
+    return ordered(data[pcol]) if pcol else [None]
+
+
+def in_panel(data: pd.DataFrame, pcol: str | None, value) -> pd.DataFrame:
+    return data[data[pcol] == value] if pcol else data
+
+
+def panel_title(pcol, value) -> str:
+    return f"{pcol} = {value}" if pcol else ""

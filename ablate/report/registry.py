@@ -1,0 +1,79 @@
+"""The figures by name, and `make_figure`: load a collected sweep, draw one figure, write its files.
+
+Each figure is `FIGURES[name](sweep, **options) -> (Figure, DataFrame)`: the DataFrame holds exactly what is
+drawn (means, 95% CI bounds, counts), so the CSV written next to the image is the figure's data.
+
+May import: config, store, plan, tune, report.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+
+from ablate.config.errors import SpecError
+from ablate.report.curves import curves_figure
+from ablate.report.layers import layers_figure
+from ablate.report.scores import deltas_figure, freeze_figure
+from ablate.report.style import save_figure
+from ablate.report.sweep import load_sweep
+from ablate.tune.study import tune_figure
+
+FIGURES: dict[str, Callable] = {"layers": layers_figure, "deltas": deltas_figure, "curves": curves_figure,
+                                "freeze": freeze_figure, "tune": tune_figure}
+
+
+def _coerce(name: str, key: str, value, default):
+    """A CLI string as the type of the option's default (bool, int or float); anything else unchanged."""
+    if not isinstance(value, str) or not isinstance(default, (bool, int, float)):
+        return value
+    try:
+        if isinstance(default, bool):
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(value)
+            return value.lower() in ("true", "1", "yes")
+        return type(default)(value)
+    except ValueError:
+        raise SpecError(f"option of figure {name!r} has the wrong type", key=key, value=value,
+                        allowed=type(default).__name__) from None
+
+
+def coerce_options(name: str, fn: Callable, options: dict) -> dict:
+    """Check option names against the figure's keywords; convert CLI strings to the default's type."""
+    params = {k: p for k, p in inspect.signature(fn).parameters.items() if p.kind is p.KEYWORD_ONLY}
+    unknown = [key for key in options if key not in params]
+    if unknown:
+        raise SpecError(f"unknown option for figure {name!r}", key=unknown[0], value=options[unknown[0]],
+                        allowed=", ".join(params) or "(none)")
+    return {key: _coerce(name, key, value, params[key].default) for key, value in options.items()}
+
+
+def output_stem(name: str, sweep_dir: Path, out: str | Path | None) -> tuple[Path, str]:
+    """(path without suffix, "svg" or "pdf") for a figure's files; default <sweep>/figures/<name>."""
+    if out is None:
+        return sweep_dir / "figures" / name, "svg"
+    out = Path(out).expanduser()
+    if out.is_dir() or not out.suffix:
+        return out / name, "svg"
+    if out.suffix.lower() not in (".png", ".svg", ".pdf", ".csv"):
+        raise SpecError("figure output must be a folder or a .png/.svg/.pdf/.csv path", key="--out",
+                        value=str(out))
+    return out.with_suffix(""), "pdf" if out.suffix.lower() == ".pdf" else "svg"
+
+
+def make_figure(name: str, sweep_dir: str | Path | None = None, out: str | Path | None = None,
+                **options) -> dict[str, Path]:
+    """Draw figure `name` for a sweep (None: the most recent) and write PNG, SVG/PDF and CSV.
+
+    `out`: a folder (files named after the figure) or a file path whose suffix picks PDF over SVG;
+    default <sweep>/figures/. Returns {"png": path, "svg"|"pdf": path, "csv": path}.
+    """
+    if name not in FIGURES:
+        raise SpecError("unknown figure", key="--figure", value=name, allowed=", ".join(FIGURES))
+    fn = FIGURES[name]
+    options = coerce_options(name, fn, options)
+    sweep = load_sweep(sweep_dir)
+    stem, vector = output_stem(name, sweep.path, out)
+    fig, data = fn(sweep, **options)
+    return save_figure(fig, data, stem, vector)

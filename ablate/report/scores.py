@@ -1,0 +1,235 @@
+"""The downstream figures: `deltas` (each arm minus the MLM baseline, per task and on average) and `freeze`
+(mean score per freeze mask x schedule), and the score summary `ablate report` prints.
+
+A score is the primary metric of a task in points (x100); replicates are (pretraining seed, fine-tuning
+seed) units.
+
+May import: config, store, plan, report.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ablate.config.errors import SpecError
+from ablate.report.arms import (arm_keys, arm_label, arm_sorted, done_runs, in_panel, ordered, panel_column,
+                                panel_title, panels)
+from ablate.report.stats import mean_ci, welch_ci
+from ablate.report.style import arm_styles, figure_legend, new_figure, styled
+from ablate.report.sweep import Sweep
+
+
+def pick_split(scores: pd.DataFrame, split: str | None) -> str:
+    """The split asked for, checked; None: "test" when the table has it, else its first split."""
+    splits = ordered(scores["split"])
+    if split is None:
+        return "test" if "test" in splits else splits[0]
+    if split not in splits:
+        raise SpecError("split not in the scores table", key="split", value=split, allowed=", ".join(splits))
+    return split
+
+
+def primary_scores(sweep: Sweep, *, split: str | None = None, figure: str = "scores") -> pd.DataFrame:
+    """One row per (run_id, task, finetune_seed): the primary metric in points (x100) on `split`.
+
+    The primary metric of a task is the one flagged by a `primary` column when the table has one, else the
+    first metric listed for the task. If a fine-tuning run logged several epochs, the last one counts.
+    """
+    scores = sweep.require("scores", figure)
+    split = pick_split(scores, split)
+    s = scores[(scores["split"] == split) & scores["run_id"].isin(done_runs(sweep.runs)["run_id"])]
+    metric_of = s.drop_duplicates("task").set_index("task")["metric"]
+    if "primary" in s.columns:  # bool from parquet, "True"/"False" from csv
+        flagged = s[s["primary"].astype(str).str.lower().isin(["true", "1"])]
+        metric_of.update(flagged.drop_duplicates("task").set_index("task")["metric"])
+    s = s[s["metric"] == s["task"].map(metric_of)]
+    if "epoch" in s.columns:
+        s = s.sort_values("epoch", kind="stable")
+    s = s.drop_duplicates(["run_id", "task", "finetune_seed"], keep="last")
+    out = s[["run_id", "task", "finetune_seed", "metric"]].copy()
+    out["score"] = 100.0 * s["value"].astype(float)
+    out["split"] = split
+    return out.reset_index(drop=True)
+
+
+def unit_scores(sweep: Sweep, split: str | None, pcol: str | None, figure: str) -> pd.DataFrame:
+    """Scores per (run, finetune seed) and task, plus task "average" over a panel's tasks (complete units only)."""
+    ps = primary_scores(sweep, split=split, figure=figure)
+    runs = done_runs(sweep.runs)
+    df = ps.merge(runs[["run_id", *arm_keys(pcol), "seed"]], on="run_id")
+    if df.empty:
+        raise SpecError("no scores for done runs", file=str(sweep.path), key="scores")
+    parts = [df]
+    for p in panels(df, pcol):
+        d = in_panel(df, pcol, p)
+        tasks = d["task"].nunique()
+        unit = [*arm_keys(pcol), "run_id", "seed", "finetune_seed"]
+        avg = d.groupby(unit, sort=False).agg(score=("score", "mean"), k=("task", "nunique")).reset_index()
+        avg = avg[avg["k"] == tasks].drop(columns="k")
+        avg["task"] = "average"
+        parts.append(avg)
+    return pd.concat(parts, ignore_index=True)
+
+
+def _arm_vs_baseline(a: pd.Series, b: pd.Series) -> tuple:
+    """(delta, ci_low, ci_high, n_pairs, method): paired over the (seed, finetune_seed) units both have,
+    else Welch on the unpaired scores."""
+    shared = a.index.intersection(b.index)
+    if len(shared):
+        d, lo, hi, n = mean_ci(a[shared] - b[shared])
+        return d, lo, hi, n, "paired"
+    return (*welch_ci(a, b), 0, "welch")
+
+
+def delta_data(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
+               panel: str | None = "auto") -> pd.DataFrame:
+    """Per arm and task (and "average" over tasks): arm minus MLM baseline in points, with a 95% CI.
+
+    Replicates are (pretraining seed, fine-tuning seed) units. Arm and baseline units sharing both seeds
+    are paired (the twins see the same token stream and fine-tuning seed): the CI is a t-interval of the
+    paired differences. With no shared units, a Welch interval on the unpaired scores.
+    """
+    pcol = panel_column(done_runs(sweep.runs), panel)
+    u = unit_scores(sweep, split, pcol, "deltas")
+    is_base = (u["schedule"] == baseline) & (u["freeze"] == "none")
+    if not is_base.any():
+        have = ", ".join(sorted({arm_label(s, f) for s, f in zip(u["schedule"], u["freeze"])}))
+        raise SpecError(f"figure 'deltas' needs MLM-baseline runs (schedule {baseline!r}, freeze 'none') with "
+                        f"scores; the sweep's scored arms are: {have}", file=str(sweep.path), key="baseline",
+                        value=baseline)
+    if is_base.all():
+        raise SpecError("figure 'deltas' needs at least one arm besides the MLM baseline", file=str(sweep.path))
+    tasks = ordered(u.loc[u["task"] != "average", "task"]) + ["average"]
+    rows = []
+    for p in panels(u, pcol):
+        up = in_panel(u, pcol, p)
+        base = up[is_base.loc[up.index]]
+        if base.empty:
+            continue
+        arms = up[~is_base.loc[up.index]]
+        for (s, f) in dict.fromkeys(zip(arms["schedule"], arms["freeze"])):
+            a_all = arms[(arms["schedule"] == s) & (arms["freeze"] == f)]
+            for task in tasks:
+                a = a_all[a_all["task"] == task].groupby(["seed", "finetune_seed"])["score"].mean()
+                b = base[base["task"] == task].groupby(["seed", "finetune_seed"])["score"].mean()
+                if a.empty or b.empty:
+                    continue
+                d, lo, hi, n, method = _arm_vs_baseline(a, b)
+                rows.append(((p,) if pcol else ()) + (s, f, arm_label(s, f), task, d, lo, hi, n, len(a), len(b),
+                                                      method, float(a.mean()), float(b.mean())))
+    out = pd.DataFrame(rows, columns=[*arm_keys(pcol), "arm", "task", "delta", "ci_low", "ci_high", "n_pairs",
+                                      "n_arm", "n_baseline", "ci_method", "arm_mean", "baseline_mean"])
+    return arm_sorted(out, sweep.runs, baseline, pcol)  # stable: tasks keep their order within an arm
+
+
+def score_summary(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None) -> pd.DataFrame:
+    """Per arm and task: mean and standard deviation of the primary metric (points) over all
+    (pretraining seed, fine-tuning seed) units, their count, and the difference from the MLM baseline."""
+    u = unit_scores(sweep, split, None, "summary")
+    out = (u.groupby(["schedule", "freeze", "task"], sort=False)["score"]
+           .agg(mean="mean", std="std", n="count").reset_index())
+    base = out[(out["schedule"] == baseline) & (out["freeze"] == "none")].set_index("task")["mean"]
+    out["delta_pp"] = out["mean"] - out["task"].map(base)
+    return out.round(2)
+
+
+def plot_deltas(data: pd.DataFrame, *, panel_col: str | None = None, baseline: str = "mlm", split: str = "test"):
+    names = panels(data, panel_col)
+    tasks = ordered(data.loc[data["task"] != "average", "task"]) + ["average"]
+    arms = list(dict.fromkeys(zip(data["schedule"], data["freeze"])))
+    colors, styles = arm_styles(data, baseline)
+    x = {t: i for i, t in enumerate(tasks[:-1])} | {"average": len(tasks) - 0.6}
+    width = min(0.8, 0.18 * len(arms))
+    offsets = np.linspace(-width / 2, width / 2, len(arms)) if len(arms) > 1 else [0.0]
+    fig = new_figure(min(7.2, max(3.6, 1.2 + len(tasks) * max(0.5, 0.2 * len(arms)))), 1.3 + 2.3 * len(names))
+    axes = fig.subplots(len(names), 1, sharex=True, squeeze=False)[:, 0]
+    long_names = max(len(t) for t in tasks) > 6 or len(tasks) > 6
+    for ax, p in zip(axes, names):
+        d = in_panel(data, panel_col, p)
+        ax.axhline(0.0, color="0.3", lw=0.8)
+        ax.axvline(len(tasks) - 1.3, color="0.7", lw=0.6, ls=":")
+        for off, (s, f) in zip(offsets, arms):
+            g = d[(d["schedule"] == s) & (d["freeze"] == f)]
+            if g.empty:
+                continue
+            xs = np.array([x[t] for t in g["task"]]) + off
+            yerr = np.vstack([g["delta"] - g["ci_low"], g["ci_high"] - g["delta"]])
+            ax.errorbar(xs, g["delta"], yerr=yerr, fmt=styles[f][1], color=colors[s], ms=4, capsize=2,
+                        elinewidth=1, lw=0, label=arm_label(s, f))
+        ax.set_ylabel(f"Δ vs {baseline} baseline\n(points)")
+        ax.set_title(panel_title(panel_col, p))
+        ax.grid(axis="y", lw=0.4, alpha=0.5)
+    axes[-1].set_xticks([x[t] for t in tasks], tasks, rotation=30 if long_names else 0,
+                        ha="right" if long_names else "center")
+    axes[-1].set_xlabel(f"task (primary metric, {split} split)")
+    figure_legend(fig, axes, loc="outside upper center", ncols=min(len(arms), 3))
+    return fig
+
+
+@styled
+def deltas_figure(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None, panel: str | None = "auto"):
+    """Downstream difference from the MLM baseline per task and on average, per arm, 95% CIs."""
+    pcol = panel_column(done_runs(sweep.runs), panel)
+    data = delta_data(sweep, baseline=baseline, split=split, panel=pcol)
+    if data.empty:
+        raise SpecError("no arm shares a panel with an MLM baseline that has scores", file=str(sweep.path))
+    return plot_deltas(data, panel_col=pcol, baseline=baseline, split=pick_split(sweep.scores, split)), data
+
+
+def freeze_data(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
+                panel: str | None = "auto") -> pd.DataFrame:
+    """Mean downstream score (average over tasks, points) per freeze mask x schedule, 95% CI over seeds.
+
+    A run's score is its average over tasks of the mean over fine-tuning seeds; the interval is over runs.
+    """
+    pcol = panel_column(done_runs(sweep.runs), panel)
+    keys = arm_keys(pcol)
+    u = unit_scores(sweep, split, pcol, "freeze")
+    u = u[u["task"] != "average"]
+    per_task = u.groupby([*keys, "run_id", "task"], sort=False)["score"].mean().reset_index()
+    # only runs scored on every task of their panel, so that cells average the same tasks
+    n_tasks = per_task.groupby(pcol)["task"].transform("nunique") if pcol else per_task["task"].nunique()
+    per_task = per_task.assign(n_tasks=n_tasks)
+    per_run = per_task.groupby([*keys, "run_id"], sort=False).agg(
+        score=("score", "mean"), k=("task", "nunique"), n_tasks=("n_tasks", "first")).reset_index()
+    per_run = per_run[per_run["k"] == per_run["n_tasks"]]
+    rows = [(*key, *mean_ci(g["score"])) for key, g in per_run.groupby(keys, sort=False)]
+    out = pd.DataFrame(rows, columns=[*keys, "mean", "ci_low", "ci_high", "n"])
+    return arm_sorted(out, sweep.runs, baseline, pcol)
+
+
+def plot_freeze(data: pd.DataFrame, *, panel_col: str | None = None, split: str = "test"):
+    import seaborn as sns
+
+    names = panels(data, panel_col)
+    freezes, schedules = ordered(data["freeze"]), ordered(data["schedule"])
+    vmin, vmax = data["mean"].min(), data["mean"].max()
+    fig = new_figure(1.6 + (1.0 + 0.95 * len(schedules)) * len(names), 1.1 + 0.42 * len(freezes))
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    for j, (ax, p) in enumerate(zip(axes, names)):
+        d = in_panel(data, panel_col, p)
+        grid = d.pivot(index="freeze", columns="schedule", values="mean").reindex(index=freezes, columns=schedules)
+        half = (d.assign(h=(d["ci_high"] - d["ci_low"]) / 2)
+                .pivot(index="freeze", columns="schedule", values="h").reindex(index=freezes, columns=schedules))
+        annot = np.vectorize(lambda m, h: "" if np.isnan(m) else f"{m:.1f}" + ("" if np.isnan(h) else f"\n±{h:.1f}"),
+                             otypes=[object])(grid.to_numpy(), half.to_numpy())
+        sns.heatmap(grid, ax=ax, annot=annot, fmt="", cmap="crest", vmin=vmin, vmax=vmax, linewidths=0.5,
+                    linecolor="white", cbar=j == len(names) - 1, annot_kws={"fontsize": 7.5},
+                    cbar_kws={"label": f"mean score over tasks (points, {split})"})
+        ax.set_xlabel("schedule")
+        ax.set_ylabel("freeze mask" if j == 0 else "")
+        ax.set_title(panel_title(panel_col, p))
+        ax.tick_params(axis="x", rotation=0)
+        ax.tick_params(axis="y", rotation=0)
+    return fig
+
+
+@styled
+def freeze_figure(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None, panel: str | None = "auto"):
+    """Heatmap of mean downstream score per freeze mask x schedule (cells: mean, ± CI half-width)."""
+    pcol = panel_column(done_runs(sweep.runs), panel)
+    data = freeze_data(sweep, baseline=baseline, split=split, panel=pcol)
+    if data.empty:
+        raise SpecError("no done run has scores on every task", file=str(sweep.path), key="scores")
+    return plot_freeze(data, panel_col=pcol, split=pick_split(sweep.scores, split)), data
