@@ -170,11 +170,20 @@ def cmd_evaluate(args) -> int:
 def cmd_report(args) -> int:
     from ablate import report
 
+    if args.table:
+        sweep = _sweep(args, collected=True)
+        options = _key_values(args.set, "--set") | ({"baseline": args.baseline} if args.baseline else {})
+        paths = report.make_table(args.table, sweep.root, args.out, **options)
+        print(paths["md"].read_text())
+        for kind, path in paths.items():
+            print(f"{kind}: {path}")
+        return EXIT_OK
     if args.figure is None:
-        print("figures: " + ", ".join(report.FIGURES))
+        print("figures: " + ", ".join(report.FIGURES) + "; tables: scores, freeze")
         return EXIT_OK
     sweep = _sweep(args, collected=True)
-    paths = report.make_figure(args.figure, sweep.root, args.out, **_key_values(args.set, "--set"))
+    options = _key_values(args.set, "--set") | ({"baseline": args.baseline} if args.baseline else {})
+    paths = report.make_figure(args.figure, sweep.root, args.out, **options)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     if args.figure == "deltas":
@@ -265,6 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", parents=[sweep], help="draw a figure from a sweep's tidy tables (PNG + SVG/PDF + CSV)")
     rp.add_argument("--figure", help="layers, deltas, curves, freeze, tune (no value: list them)")
+    rp.add_argument("--table", help="scores or freeze: the paper's results tables (CSV + Markdown + LaTeX)")
+    rp.add_argument("--baseline", help="the arm everything is compared with (default: the mlm schedule, no freezing)")
     rp.add_argument("--out", help="output folder, or a file path (.pdf for PDF)")
     rp.add_argument("--set", action="append", metavar="KEY=VALUE", help="figure option, e.g. measure=grad_norm")
     rp.set_defaults(func=cmd_report)

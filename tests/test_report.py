@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
+from ablate.evaluate.bootstrap import paired_bootstrap
 from scipy import stats
 
 from ablate import report
@@ -242,9 +244,13 @@ def test_deltas_paired_over_seed_units(sweep_dir):
         else:
             a, b = arm.loc[task], base.loc[task]
         diff = (a - b.loc[a.index]).to_numpy()
-        assert (row["delta"], row["ci_low"], row["ci_high"]) == pytest.approx(t_interval(diff), rel=1e-10)
+        boot = paired_bootstrap(a.to_numpy(), b.loc[a.index].to_numpy())
+        assert row["delta"] == pytest.approx(diff.mean(), rel=1e-10)
+        assert (row["ci_low"], row["ci_high"], row["p_value"]) == pytest.approx((boot.ci_low, boot.ci_high,
+                                                                                  boot.p_value), rel=1e-10)
+        assert row["ci_low"] <= row["delta"] <= row["ci_high"]
         assert row["n_pairs"] == len(diff) == (6 if f == "low" else 9)
-        assert row["ci_method"] == "paired"
+        assert row["ci_method"] == "paired bootstrap"
     assert data["task"].drop_duplicates().tolist() == ["ner_a", "cls_b", "sts_c", "average"]
     assert "mlm" not in set(data["schedule"])
     ax = fig.axes[0]

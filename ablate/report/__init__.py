@@ -29,10 +29,11 @@ from ablate.report.scores import (delta_data, deltas_figure, freeze_data, freeze
 from ablate.report.stats import mean_ci, welch_ci
 from ablate.report.style import save_figure, style_context
 from ablate.report.sweep import TABLES, Sweep, list_sweeps, load_sweep, resolve_sweep
+from ablate.report.tables import freeze_table, make_table, score_table
 
 __all__ = ["FIGURES", "MEASURE_LABELS", "TABLES", "Sweep", "arm_label", "curve_data", "curves_figure",
            "delta_data", "deltas_figure", "done_runs", "drawn_frozen", "freeze_data", "freeze_figure",
            "layer_data", "layers_figure", "list_sweeps", "load_sweep", "make_figure", "mean_ci",
            "ordered_phases", "phase_positions", "phase_spans", "plot_curves", "plot_deltas", "plot_freeze",
-           "plot_layers", "primary_scores", "resolve_sweep", "save_figure", "score_summary", "style_context",
+           "plot_layers", "primary_scores", "score_table", "freeze_table", "make_table", "resolve_sweep", "save_figure", "score_summary", "style_context",
            "welch_ci"]

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ablate.config.errors import SpecError
+from ablate.evaluate.bootstrap import N_RESAMPLES, paired_bootstrap
 from ablate.report.arms import (arm_keys, arm_label, arm_sorted, done_runs, in_panel, ordered, panel_column,
                                 panel_title, panels)
 from ablate.report.stats import mean_ci, welch_ci
@@ -72,14 +73,18 @@ def unit_scores(sweep: Sweep, split: str | None, pcol: str | None, figure: str) 
     return pd.concat(parts, ignore_index=True)
 
 
-def _arm_vs_baseline(a: pd.Series, b: pd.Series) -> tuple:
-    """(delta, ci_low, ci_high, n_pairs, method): paired over the (seed, finetune_seed) units both have,
-    else Welch on the unpaired scores."""
+def arm_vs_baseline(a: pd.Series, b: pd.Series, n_resamples: int = N_RESAMPLES, seed: int = 0) -> tuple:
+    """(delta, ci_low, ci_high, p_value, n_pairs, method) of arm scores `a` against baseline scores `b`, both
+    indexed by pairing unit: a paired bootstrap over the units both have (two or more); with one shared unit
+    the difference alone; with none, Welch on the unpaired scores (no p-value)."""
     shared = a.index.intersection(b.index)
-    if len(shared):
-        d, lo, hi, n = mean_ci(a[shared] - b[shared])
-        return d, lo, hi, n, "paired"
-    return (*welch_ci(a, b), 0, "welch")
+    if len(shared) >= 2:
+        r = paired_bootstrap(a[shared].to_numpy(), b[shared].to_numpy(), n_resamples=n_resamples, seed=seed)
+        return r.delta, r.ci_low, r.ci_high, r.p_value, r.n_units, "paired bootstrap"
+    if len(shared) == 1:
+        d = float(a[shared].iloc[0] - b[shared].iloc[0])
+        return d, np.nan, np.nan, np.nan, 1, "one pair: no test"
+    return (*welch_ci(a, b), np.nan, 0, "welch")
 
 
 def delta_data(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
@@ -87,8 +92,9 @@ def delta_data(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
     """Per arm and task (and "average" over tasks): arm minus MLM baseline in points, with a 95% CI.
 
     Replicates are (pretraining seed, fine-tuning seed) units. Arm and baseline units sharing both seeds
-    are paired (the twins see the same token stream and fine-tuning seed): the CI is a t-interval of the
-    paired differences. With no shared units, a Welch interval on the unpaired scores.
+    are paired (the twins see the same token stream and fine-tuning seed): the CI and p-value come from a
+    paired bootstrap of the differences (ablate.evaluate.bootstrap). With no shared units, a Welch interval
+    on the unpaired scores and no p-value.
     """
     pcol = panel_column(done_runs(sweep.runs), panel)
     u = unit_scores(sweep, split, pcol, "deltas")
@@ -115,11 +121,11 @@ def delta_data(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
                 b = base[base["task"] == task].groupby(["seed", "finetune_seed"])["score"].mean()
                 if a.empty or b.empty:
                     continue
-                d, lo, hi, n, method = _arm_vs_baseline(a, b)
-                rows.append(((p,) if pcol else ()) + (s, f, arm_label(s, f), task, d, lo, hi, n, len(a), len(b),
-                                                      method, float(a.mean()), float(b.mean())))
-    out = pd.DataFrame(rows, columns=[*arm_keys(pcol), "arm", "task", "delta", "ci_low", "ci_high", "n_pairs",
-                                      "n_arm", "n_baseline", "ci_method", "arm_mean", "baseline_mean"])
+                d, lo, hi, pv, n, method = arm_vs_baseline(a, b)
+                rows.append(((p,) if pcol else ()) + (s, f, arm_label(s, f), task, d, lo, hi, pv, n, len(a),
+                                                      len(b), method, float(a.mean()), float(b.mean())))
+    out = pd.DataFrame(rows, columns=[*arm_keys(pcol), "arm", "task", "delta", "ci_low", "ci_high", "p_value",
+                                      "n_pairs", "n_arm", "n_baseline", "ci_method", "arm_mean", "baseline_mean"])
     return arm_sorted(out, sweep.runs, baseline, pcol)  # stable: tasks keep their order within an arm
 
 
@@ -169,7 +175,7 @@ def plot_deltas(data: pd.DataFrame, *, panel_col: str | None = None, baseline: s
 
 @styled
 def deltas_figure(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None, panel: str | None = "auto"):
-    """Downstream difference from the MLM baseline per task and on average, per arm, 95% CIs."""
+    """Downstream difference from the MLM baseline per task and on average, per arm, 95% paired-bootstrap CIs."""
     pcol = panel_column(done_runs(sweep.runs), panel)
     data = delta_data(sweep, baseline=baseline, split=split, panel=pcol)
     if data.empty:

@@ -1,0 +1,200 @@
+"""The paper's results tables: `scores` (rows = arms, columns = tasks grouped by language + average; cells
+mean ± std over seeds, the difference from the baseline arm with significance marks, the best per column in
+bold) and `freeze` (arm, what each phase froze, average score, difference from the unfrozen arm of the same
+schedule and from the baseline). Each is written as a tidy CSV, Markdown and LaTeX (booktabs).
+
+Differences, CIs and p-values come from a paired bootstrap (ablate.evaluate.bootstrap) over the pairing units
+both arms were measured on: (pretraining seed, fine-tuning seed) by default, fine-tuning seeds alone when the
+pretraining seeds are not independent replicates (`units`). With fewer than two units a test is impossible:
+the table says so and has no p-values.
+
+May import: config, evaluate, report.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ablate.config.errors import SpecError
+from ablate.report.arms import arm_label, done_runs
+from ablate.report.scores import arm_vs_baseline, unit_scores
+from ablate.report.sweep import Sweep, load_sweep
+
+MARKS = ((0.01, "**"), (0.05, "*"))   # p below -> mark
+DEFAULT_UNITS = ("seed", "finetune_seed")
+
+
+def _marks(p: float) -> str:
+    return next((m for cut, m in MARKS if p == p and p < cut), "")
+
+
+def _baseline_arm(u: pd.DataFrame, baseline: str, sweep: Sweep) -> tuple[str, str]:
+    arms = list(dict.fromkeys(zip(u["schedule"], u["freeze"])))
+    wanted = next((a for a in arms if arm_label(*a) == baseline), None) or \
+        next((a for a in arms if a == (baseline, "none")), None)
+    if wanted is None:
+        raise SpecError("the baseline arm has no scores in this sweep", file=str(sweep.path), key="--baseline",
+                        value=baseline, allowed=", ".join(arm_label(*a) for a in arms))
+    return wanted
+
+
+def score_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
+                units: tuple[str, ...] = DEFAULT_UNITS, seed: int = 0) -> pd.DataFrame:
+    """Tidy: one row per (arm, task) with language, mean, std, n, and delta / ci_low / ci_high / p_value
+    against the baseline arm (a schedule name, meaning its unfrozen arm, or an arm label)."""
+    u = unit_scores(sweep, split, None, "table")
+    base_arm = _baseline_arm(u, baseline, sweep)
+    language = sweep.scores.drop_duplicates("task").set_index("task").get("language", pd.Series(dtype=object))
+    tasks = list(dict.fromkeys(t for t in u["task"] if t != "average")) + ["average"]
+    rows = []
+    for arm in dict.fromkeys(zip(u["schedule"], u["freeze"])):
+        mine = u[(u["schedule"] == arm[0]) & (u["freeze"] == arm[1])]
+        base = u[(u["schedule"] == base_arm[0]) & (u["freeze"] == base_arm[1])]
+        for task in tasks:
+            a = mine[mine["task"] == task].groupby(list(units))["score"].mean()
+            if a.empty:
+                continue
+            b = base[base["task"] == task].groupby(list(units))["score"].mean()
+            delta = lo = hi = p = np.nan
+            n_pairs, method = 0, "baseline"
+            if arm != base_arm and not b.empty:
+                delta, lo, hi, p, n_pairs, method = arm_vs_baseline(a, b, seed=seed)
+            rows.append({"arm": arm_label(*arm), "schedule": arm[0], "freeze": arm[1], "task": task,
+                         "language": "all" if task == "average" else language.get(task, ""),
+                         "mean": float(a.mean()), "std": float(a.std()) if len(a) > 1 else np.nan, "n": len(a),
+                         "delta": delta, "ci_low": lo, "ci_high": hi, "p_value": p, "n_pairs": n_pairs,
+                         "test": method, "baseline": arm_label(*base_arm)})
+    out = pd.DataFrame(rows)
+    if out.empty:
+        raise SpecError("no scores for done runs", file=str(sweep.path), key="scores")
+    return out
+
+
+def freeze_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
+                 units: tuple[str, ...] = DEFAULT_UNITS, seed: int = 0) -> pd.DataFrame:
+    """One row per arm: what each phase froze (from the `frozen` table), the average score, and its
+    difference from the same schedule without freezing and from the baseline arm."""
+    avg = score_table(sweep, baseline=baseline, split=split, units=units, seed=seed)
+    avg = avg[avg["task"] == "average"].set_index("arm")
+    u = unit_scores(sweep, split, None, "table")
+    u = u[u["task"] == "average"]
+    frozen = _frozen_by_arm(sweep)
+    rows = []
+    for arm, row in avg.iterrows():
+        twin = u[(u["schedule"] == row["schedule"]) & (u["freeze"] == "none")]
+        mine = u[(u["schedule"] == row["schedule"]) & (u["freeze"] == row["freeze"])]
+        d_twin = p_twin = np.nan
+        if row["freeze"] != "none" and not twin.empty:
+            d_twin, _, _, p_twin, _, _ = arm_vs_baseline(mine.groupby(list(units))["score"].mean(),
+                                                         twin.groupby(list(units))["score"].mean(), seed=seed)
+        rows.append({"arm": arm, "schedule": row["schedule"], "freeze": row["freeze"],
+                     "frozen": frozen.get((row["schedule"], row["freeze"]), "-"), "mean": row["mean"],
+                     "std": row["std"], "n": row["n"], "delta_vs_unfrozen": d_twin, "p_vs_unfrozen": p_twin,
+                     "delta_vs_baseline": row["delta"], "p_vs_baseline": row["p_value"]})
+    return pd.DataFrame(rows)
+
+
+def _frozen_by_arm(sweep: Sweep) -> dict[tuple[str, str], str]:
+    """(schedule, freeze) -> 'clm: 0-7; mlm_decay: emb,0-7' from the frozen table, by the layers figure's
+    rule (a phase that froze every layer, such as a head warm-up, is left out)."""
+    from ablate.plan.freezing import consecutive_runs
+    from ablate.report.layers import drawn_frozen
+
+    if sweep.layers is None:
+        return {}
+    rows = drawn_frozen(sweep.frozen, sweep.layers)
+    runs = done_runs(sweep.runs)
+    out = {}
+    for (s, f), g in runs.groupby(["schedule", "freeze"], sort=False):
+        mine = rows[rows["run_id"] == g["run_id"].iloc[0]]
+        parts = []
+        for phase, fp in mine.groupby("phase", sort=False):
+            layers = sorted(fp["layer"])
+            spans = [str(a) if a == b else f"{a}-{b}" for a, b in consecutive_runs([x for x in layers if x >= 0])]
+            parts.append(f"{phase}: " + ",".join((["emb"] if -1 in layers else []) + spans))
+        out[(s, f)] = "; ".join(parts) or "-"
+    return out
+
+
+# ------------------------------------------------------------------ rendering
+
+def _tex(text: str) -> str:
+    return str(text).replace("_", "\\_").replace("%", "\\%").replace("±", "$\\pm$")
+
+
+def _cell(row, best: bool, fmt: str) -> str:
+    text = f"{row['mean']:.1f}" + ("" if row["std"] != row["std"] else f" ± {row['std']:.1f}")
+    if fmt == "tex":
+        text = _tex(text)
+    if best:
+        text = f"**{text}**" if fmt == "md" else f"\\textbf{{{text}}}"
+    if row["delta"] == row["delta"]:
+        text += f" ({row['delta']:+.1f}{_marks(row['p_value'])})"
+    return text
+
+
+def render_scores(data: pd.DataFrame, fmt: str) -> str:
+    """The wide scores table as Markdown (`md`) or LaTeX booktabs (`tex`): tasks grouped by language."""
+    groups: dict[str, list[str]] = {}
+    for task in dict.fromkeys(data["task"]):
+        groups.setdefault(data.loc[data["task"] == task, "language"].iloc[0] or "?", []).append(task)
+    tasks = [t for ts in groups.values() for t in ts]
+    arms = list(dict.fromkeys(data["arm"]))
+    best = data.loc[data.groupby("task")["mean"].idxmax()].set_index("task")["arm"]
+    cell = {(r["arm"], r["task"]): _cell(r, best.get(r["task"]) == r["arm"], fmt) for _, r in data.iterrows()}
+    body = [[arm] + [cell.get((arm, t), "") for t in tasks] for arm in arms]
+    note = "Cells: mean ± std over pairing units; (delta vs baseline; * p < 0.05, ** p < 0.01, paired bootstrap)."
+    if data["p_value"].isna().all() and (data["test"] != "baseline").any():
+        note += " No p-values: fewer than two pairing units are shared with the baseline, so no test is possible."
+    if fmt == "md":
+        head = ["arm"] + [t if lang == "all" else f"{t} ({lang})" for lang, ts in groups.items() for t in ts]
+        return _markdown(head, body) + "\n" + note + "\n"
+    spans = " & ".join(f"\\multicolumn{{{len(ts)}}}{{c}}{{{_tex(lang)}}}" for lang, ts in groups.items())
+    rules, start = [], 2
+    for ts in groups.values():
+        rules.append(f"\\cmidrule(lr){{{start}-{start + len(ts) - 1}}}")
+        start += len(ts)
+    lines = ["\\begin{tabular}{l" + "c" * len(tasks) + "}", "\\toprule", f" & {spans} \\\\", " ".join(rules),
+             "arm & " + " & ".join(_tex(t) for t in tasks) + " \\\\", "\\midrule"]
+    lines += [_tex(r[0]) + " & " + " & ".join(r[1:]) + " \\\\" for r in body]
+    return "\n".join(lines + ["\\bottomrule", "\\end{tabular}", "% " + note]) + "\n"
+
+
+def render_plain(frame: pd.DataFrame, fmt: str) -> str:
+    """Any tidy frame as a Markdown or booktabs table, one row per row."""
+    head = list(frame.columns)
+    body = [["" if v != v else (f"{v:.2f}" if isinstance(v, float) else str(v)) for v in row]
+            for row in frame.itertuples(index=False)]
+    if fmt == "md":
+        return _markdown(head, body)
+    lines = ["\\begin{tabular}{" + "l" * len(head) + "}", "\\toprule", " & ".join(map(_tex, head)) + " \\\\",
+             "\\midrule"] + [" & ".join(map(_tex, r)) + " \\\\" for r in body]
+    return "\n".join(lines + ["\\bottomrule", "\\end{tabular}"]) + "\n"
+
+
+def _markdown(head: list[str], body: list[list[str]]) -> str:
+    rows = [head, ["---"] * len(head), *body]
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows) + "\n"
+
+
+TABLES = {"scores": score_table, "freeze": freeze_table}
+
+
+def make_table(name: str, sweep_dir: str | Path | None = None, out: str | Path | None = None,
+               **options) -> dict[str, Path]:
+    """Write table `name` of a sweep as CSV (tidy), Markdown and LaTeX (default <sweep>/tables/); returns
+    their paths."""
+    if name not in TABLES:
+        raise SpecError("unknown table", key="--table", value=name, allowed=", ".join(TABLES))
+    sweep = load_sweep(sweep_dir)
+    data = TABLES[name](sweep, **options)
+    folder = Path(out).expanduser() if out else sweep.path / "tables"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {"csv": folder / f"{name}.csv", "md": folder / f"{name}.md", "tex": folder / f"{name}.tex"}
+    data.to_csv(paths["csv"], index=False)
+    for fmt in ("md", "tex"):
+        paths[fmt].write_text(render_scores(data, fmt) if name == "scores" else render_plain(data, fmt))
+    return paths
