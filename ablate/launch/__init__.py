@@ -1,0 +1,5 @@
+"""Running runs: the worker (one run folder, start to finish), the executors (how a run becomes a submitit
+job), the scheduler (run folders -> jobs -> which have ended; a sweep's submission and status).
+
+May import: config, store, data, models, plan, analysis, train, evaluate.
+"""

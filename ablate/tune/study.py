@@ -624,8 +624,8 @@ def run_tune(tune: Tune, results_root: Path, executor: str | None = None, out: P
     from optuna.trial import TrialState
 
     from ablate.launch import scheduler as launch
-
     from ablate.launch import worker
+    from ablate.launch.executors import make_executor
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = tune.spec
@@ -660,7 +660,7 @@ def run_tune(tune: Tune, results_root: Path, executor: str | None = None, out: P
         to_ask = max(0, spec.n_trials - len(finished) - len(stale))
         out(f"study {spec.study}: {len(finished)} finished trials, {len(stale)} left running by an earlier "
             f"process (resumed), {to_ask} to ask; storage {url}; executor {kind}")
-        ex = launch.make_executor(kind, _grid_for_executor(tune), sdir / "jobs")
+        ex = make_executor(kind, spec.launcher, sdir / "jobs", f"ablate-{spec.study}")
         active: dict[str, Active] = {}      # run_id -> the trial running it
         queue: list = [optuna.trial.Trial(study, t._trial_id) for t in stale]
         run_ids: list[str] = []
@@ -781,7 +781,7 @@ def run_tune(tune: Tune, results_root: Path, executor: str | None = None, out: P
                     if kind == "debug" and state in ("interrupted", "pending", "submitted"):
                         submit(a)           # the next report interval
                         continue
-                    launch._record_job_failure(a.run_dir, a.job)
+                    launch.record_job_failure(a.run_dir, a.job)
                     if not finish_from_folder(a):
                         tell(a, TrialState.FAIL, note=f"run ended {state}")
                     del active[rid]
@@ -804,10 +804,6 @@ def _progress_loss(run_dir: Path) -> dict[int, float]:
         return {int(p["step"]): float(p["loss"])}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
-
-
-def _grid_for_executor(tune: Tune) -> GridSpec:
-    return GridSpec(sweep=tune.spec.study, base={}, schedules={"_": ()}, launcher=tune.spec.launcher)
 
 
 def write_trials_table(study, sdir: Path) -> None:
