@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--results")
     rp.set_defaults(func=cmd_report)
 
-    from ablate.tune import study as tune
+    from ablate import cli_tune as tune
 
     tune.add_commands(sub)
     return p

@@ -800,7 +800,7 @@ def curves(sweep: Sweep, *, baseline: str = "mlm", smooth: int = 1, panel: str |
 
 def tune(sweep: Sweep, *, study: str = "", storage: str = ""):
     """Optimisation history and parameter importances of the Optuna study behind a tune's folder."""
-    from ablate.tune.study import tune_figure
+    from ablate.tune.figure import tune_figure
 
     return tune_figure(sweep, study=study, storage=storage)
 
