@@ -5,7 +5,7 @@ belongs to.
 
 Run ids are content hashes: a trial whose parameters give a run that is already done reuses its result.
 
-May import: config, store, plan, tune.schema.
+May import: config, store, plan, evaluate, tune.schema.
 """
 
 from __future__ import annotations
