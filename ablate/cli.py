@@ -99,9 +99,10 @@ def cmd_sweep(args) -> int:
         print(f"{len(runs)} runs; executor {executor}; results in {sweep_dir}; dry run: nothing submitted")
         return EXIT_OK
     from ablate.launch import scheduler
+    from ablate.launch.executors import require_executor
     from ablate.store import tables
 
-    scheduler.check_executor(executor)
+    require_executor(executor)
     by_state = scheduler.run_sweep(grid, Path(args.grid), runs, results_root(args.results), executor,
                                    args.retry_failed, poll_s=args.poll)
     collected = tables.collect(sweep_dir)
@@ -193,33 +194,25 @@ def cmd_report(args) -> int:
 
 def cmd_tune(args) -> int:
     from ablate.config.paths import results_root
-    from ablate.launch import scheduler
-    from ablate.store import tables
-    from ablate.tune import study as tune
+    from ablate.launch.executors import require_executor
+    from ablate.tune.runner import dry_run_line, run_study
+    from ablate.tune.spec import load_tune
 
-    spec = tune.load_tune(args.tune, storage=args.storage)
-    executor = args.executor or spec.spec.launcher.executor
-    scheduler.check_executor(executor)
-    root = results_root(args.results)
-    folder = tune.study_dir(root, spec.study)
+    tune = load_tune(args.tune, storage=args.storage)
+    executor = require_executor(args.executor or tune.spec.launcher.executor)
     if args.dry_run:
-        print(f"study {spec.study}: {len(spec.params)} parameters ({', '.join(spec.params)}); "
-              f"{spec.spec.n_trials} trials, {spec.spec.parallel} in flight; executor {executor}; "
-              f"storage {tune.storage_url(spec.spec.storage, folder)}; dry run: nothing submitted")
+        print(dry_run_line(tune, executor, results_root(args.results)))
         return EXIT_OK
-    counts = tune.run_tune(spec, root, executor, poll_s=args.poll)
-    collected = tables.collect(folder)
-    _warn(collected.problems)
-    print(f"summary: {counts['complete']} complete, {counts['pruned']} pruned, {counts['fail']} failed this time; "
-          f"tables in {folder} (runs, scores, curves, ..., trials)")
+    counts = run_study(tune, results_root(args.results), executor, poll_s=args.poll)
     return EXIT_FAILED if counts["fail"] else EXIT_OK
 
 
 def cmd_dashboard(args) -> int:
-    from ablate.tune import study as tune
+    from ablate.tune.dashboard import serve_dashboard
+    from ablate.tune.storage import resolve_storage
 
-    url, _ = tune.resolve_storage(args.study, args.storage, args.results)
-    return tune.serve_dashboard(url, args.host, args.port)
+    url, _ = resolve_storage(args.study, args.storage, args.results)
+    return serve_dashboard(url, args.host, args.port)
 
 
 # ------------------------------------------------------------------ parser

@@ -20,7 +20,12 @@ import yaml
 from ablate.store import rundir
 
 from ablate.store import tables
-from ablate.tune.study import load_tune, main_for_tests, trial_run
+from ablate.cli import main
+from ablate.launch.scheduler import status_rows
+from ablate.store.sweep import SweepFolder
+from ablate.tune.spec import load_tune
+from ablate.tune.storage import open_storage
+from ablate.tune.trials import trial_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,7 +70,6 @@ def write_tune(folder: Path, name: str = "tune.yaml", **changes) -> Path:
 
 def trials_of(storage: str, study: str = "tiny_tune"):
     import optuna
-    from ablate.tune.study import open_storage
 
     return optuna.load_study(study_name=study, storage=open_storage(storage)).get_trials()
 
@@ -73,7 +77,6 @@ def trials_of(storage: str, study: str = "tiny_tune"):
 def leave_running_trial(tune_file: Path, storage: str, params: dict) -> int:
     """What a killed `ablate tune` leaves behind: a RUNNING trial with its params set."""
     import optuna
-    from ablate.tune.study import open_storage
 
     tune = load_tune(tune_file)
     study = optuna.load_study(study_name="tiny_tune", storage=open_storage(storage))
@@ -89,13 +92,13 @@ def sqlite_study(tmp_path_factory, data_root):
     results = root / "results"
     f2 = write_tune(root, "two.yaml")
     t0 = time.time()
-    assert main_for_tests(["tune", str(f2), "--results", str(results)]) == 0
+    assert main(["tune", str(f2), "--results", str(results)]) == 0
     storage = f"sqlite:///{results / 'tiny_tune' / 'optuna.db'}"
     first = {t.number: (t.params, t.value, t.datetime_complete) for t in trials_of(storage)}
     # the interrupted trial proposed the same point as trial 1: its run is done, so it costs nothing
     stale = leave_running_trial(f2, storage, first[1][0])
     f4 = write_tune(root, "four.yaml", n_trials=4)
-    assert main_for_tests(["tune", str(f4), "--results", str(results)]) == 0
+    assert main(["tune", str(f4), "--results", str(results)]) == 0
     return {"root": root, "results": results, "storage": storage, "first": first, "stale": stale,
             "f4": f4, "seconds": time.time() - t0}
 
@@ -125,7 +128,7 @@ def test_study_records_trials_and_resumes(sqlite_study):
     table = pd.read_csv(sdir / "trials.csv")
     assert len(table) == 4 and set(table["state"]) == {"COMPLETE"} and table["run_id"].notna().all()
     # re-running with everything finished asks nothing
-    assert main_for_tests(["tune", str(sqlite_study["f4"]), "--results", str(sqlite_study["results"])]) == 0
+    assert main(["tune", str(sqlite_study["f4"]), "--results", str(sqlite_study["results"])]) == 0
     assert len(trials_of(sqlite_study["storage"])) == 4
 
 
@@ -135,14 +138,14 @@ def test_journal_storage_resumes_and_reuses_done_runs(sqlite_study, tmp_path):
     sdir = results / "tiny_tune"
     before = {p.name: (p / "records" / "run.json").stat().st_mtime for p in (sdir / "runs").iterdir()}
     f2 = write_tune(tmp_path, "two.yaml", storage="journal")
-    assert main_for_tests(["tune", str(f2), "--results", str(results)]) == 0
+    assert main(["tune", str(f2), "--results", str(results)]) == 0
     storage = f"journal:{sdir / 'optuna.journal'}"
     assert (sdir / "optuna.journal").is_file()
     first = {t.number: (t.params, t.value) for t in trials_of(storage)}
     assert len(first) == 2
     leave_running_trial(f2, storage, first[1][0])
     f4 = write_tune(tmp_path, "four.yaml", storage="journal", n_trials=4)
-    assert main_for_tests(["tune", str(f4), "--results", str(results)]) == 0
+    assert main(["tune", str(f4), "--results", str(results)]) == 0
     trials = trials_of(storage)
     assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials)
     assert {n: (trials[n].params, trials[n].value) for n in first} == first
@@ -150,8 +153,11 @@ def test_journal_storage_resumes_and_reuses_done_runs(sqlite_study, tmp_path):
     assert after == before                                    # every trial reused a done run
 
 
-def test_pruner_prunes_with_local_executor(tmp_path, data_root):
-    """A median pruner (one startup trial, checks from step 2) stops a trial whose LR barely trains."""
+@pytest.mark.parametrize("executor", ["local", "debug"])
+def test_pruner_prunes_in_the_run_at_a_known_step(executor, tmp_path, data_root):
+    """A median pruner (one startup trial, checks from step 2) stops a trial whose LR barely trains. The run
+    itself reports each logged loss and asks the pruner, so the decision is the same at the same step with
+    any executor and under any load: a function of the logged losses and the pruner only."""
     f = write_tune(
         tmp_path, study="tiny_prune",
         schedules={"mlm": [{"name": "mlm", "objective": "mlm", "steps": 4}]},
@@ -159,26 +165,69 @@ def test_pruner_prunes_with_local_executor(tmp_path, data_root):
         search_space={"optim.lr": {"low": 1.0e-8, "high": 1.0e-2, "log": True}},
         enqueue=[{"optim.lr": 3.0e-3}, {"optim.lr": 1.0e-8}],
         pruner={"name": "median", "n_startup_trials": 1, "n_warmup_steps": 2},
-        parallel=1, launcher={"executor": "local"})
+        parallel=1, launcher={"executor": executor})
     results = tmp_path / "results"
-    assert main_for_tests(["tune", str(f), "--results", str(results), "--poll", "0.2"]) == 0
+    assert main(["tune", str(f), "--results", str(results), "--poll", "0.2"]) == 0
     trials = trials_of(f"sqlite:///{results / 'tiny_prune' / 'optuna.db'}", "tiny_prune")
     assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED"]
     assert trials[0].params["optim.lr"] == 3e-3 and len(trials[0].intermediate_values) == 4
     pruned = trials[1]
-    assert 2 <= max(pruned.intermediate_values) < 4
+    assert sorted(pruned.intermediate_values) == [1, 2]       # pruned at the first step the pruner checks
     sdir = results / "tiny_prune"
     collected = tables.collect(sdir)
     runs = collected.tables["runs"].set_index("trial")
     assert runs.loc[0, "status"] == "done"
-    assert runs.loc[1, "status"] == "failed" and runs.loc[1, "error"].startswith("pruned by optuna at step")
-    rec = rundir.read_json(sdir / "runs" / runs.loc[1, "run_id"] / "tune.json")
+    assert runs.loc[1, "status"] == "pruned" and runs.loc[1, "error"] == ""   # a state, not an error
+    run_dir = sdir / "runs" / runs.loc[1, "run_id"]
+    status = rundir.read_status(run_dir)
+    assert status["state"] == "pruned" and status["pruned_at_step"] == 2 and "median pruner" in status["reason"]
+    assert not (run_dir / "model").exists()                   # it stopped there
+    rec = rundir.read_json(run_dir / "tune.json")
     assert rec["state"] == "pruned" and rec["trial"] == 1 and rec["params"] == {"optim.lr": 1e-8}
+    row = {r["run_id"]: r for r in status_rows(SweepFolder(sdir))}[run_dir.name]
+    assert row["state"] == "pruned" and row["detail"].startswith("at step 2:")
+
+
+def one_trial_tune(folder: Path, study: str, **changes) -> Path:
+    """One one-step trial at a fixed LR, in process (debug executor)."""
+    settings = dict(study=study, schedules={"mlm": [{"name": "mlm", "objective": "mlm", "steps": 1}]},
+                    freeze_masks=None, search_space={"optim.lr": {"low": 1.0e-4, "high": 1.0e-2, "log": True}},
+                    enqueue=[{"optim.lr": 1.0e-3}], n_trials=1, parallel=1)
+    return write_tune(folder, **{**settings, **changes})
+
+
+def test_a_corrupt_tune_json_is_reported_and_kept_aside(tmp_path, capsys, data_root):
+    f = one_trial_tune(tmp_path, "tiny_corrupt")
+    run_dir = tmp_path / "results" / "tiny_corrupt" / "runs" / trial_run(load_tune(f), {"optim.lr": 1e-3}, 0).run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / "tune.json").write_text('{"trial": 3, "trials": [3')
+    assert main(["tune", str(f), "--results", str(tmp_path / "results")]) == 0
+    err = capsys.readouterr().err
+    assert f"{run_dir / 'tune.json'}: unreadable" in err and "kept as tune.json.corrupt-1" in err, err
+    assert (run_dir / "tune.json.corrupt-1").read_text() == '{"trial": 3, "trials": [3'
+    rec = rundir.read_json(run_dir / "tune.json")
+    assert rec["state"] == "complete" and rec["trials"] == [0]
+
+
+def test_a_done_run_with_corrupt_curves_fails_its_trial_saying_where(tmp_path, capsys, data_root):
+    """A later trial reuses a done run whose curves.json is corrupt: no value read as "no losses"."""
+    results = tmp_path / "results"
+    f = one_trial_tune(tmp_path, "tiny_curves", enqueue=[{"optim.lr": 1.0e-3}, {"optim.lr": 1.0e-3}])
+    assert main(["tune", str(f), "--results", str(results)]) == 0
+    curves = next((results / "tiny_curves" / "runs").glob("*/records/curves.json"))
+    curves.write_text('{"phase": ["mlm"], "step": [1], "loss": [')
+    f2 = one_trial_tune(tmp_path, "tiny_curves", enqueue=[{"optim.lr": 1.0e-3}, {"optim.lr": 1.0e-3}], n_trials=2)
+    capsys.readouterr()
+    assert main(["tune", str(f2), "--results", str(results)]) == 1
+    out = capsys.readouterr().out
+    assert f"trial 1 ({curves.parent.parent.name}): fail - no objective value: {curves}: unreadable" in out, out
+    trials = trials_of(f"sqlite:///{results / 'tiny_curves' / 'optuna.db'}", "tiny_curves")
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL"] and not trials[1].intermediate_values
 
 
 def test_tune_figure(sqlite_study):
     from ablate import report
-    from ablate.tune.study import tune_figure
+    from ablate.tune.figure import tune_figure
 
     sdir = sqlite_study["results"] / "tiny_tune"
     tables.collect(sdir)
@@ -191,7 +240,7 @@ def test_tune_figure(sqlite_study):
 
 def test_dashboard_serves_the_study(sqlite_study):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "ablate.tune.study", "dashboard", "tiny_tune", "--results",
+    proc = subprocess.Popen([sys.executable, "-m", "ablate.cli", "dashboard", "tiny_tune", "--results",
                              str(sqlite_study["results"]), "--port", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
     try:
@@ -244,7 +293,7 @@ def test_bad_input_exits_2_and_submits_nothing(case, tmp_path, capsys, data_root
     changes, key = BAD[case]
     f = write_tune(tmp_path, **changes)
     results = tmp_path / "results"
-    assert main_for_tests(["tune", str(f), "--results", str(results)]) == 2
+    assert main(["tune", str(f), "--results", str(results)]) == 2
     err = capsys.readouterr().err
     assert f"{f}: {key}" in err, err
     assert not results.exists()

@@ -1,5 +1,5 @@
-"""Launch: runs as jobs. The one scheduler for sweeps and tunes over submitit executors (local, debug,
-Slurm: arrays, requeue), the worker that executes one run folder end to end (worker).
+"""Running runs: the worker (one run folder, start to finish), the executors (how a run becomes a submitit
+job), the scheduler (run folders -> jobs -> which have ended; a sweep's submission and status).
 
-May import: every stage below it (config ... evaluate).
+May import: config, store, data, models, plan, analysis, train, evaluate.
 """

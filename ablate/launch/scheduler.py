@@ -1,47 +1,35 @@
-"""Submit a sweep's runs through submitit (local processes, Slurm, or in-process debug), watch them, collect.
+"""The one scheduler of sweeps and tunes (Scheduler: run folders -> submitit jobs, which have ended), and a
+sweep's submission: what to run, waiting with a progress line, per-run status rows.
 
 Each run is one job whose only argument is its run folder. On Slurm the jobs go as arrays (split at the
 cluster's MaxArraySize, with a parallelism cap); a timeout or preemption requeues the job (submitit's
 Checkpointable), and the requeued job resumes from the run's last checkpoint. A run that is done is never
 submitted again; one that failed only with --retry-failed; one that is queued or running (its job alive or
 its folder locked) is left alone, so the same run never runs twice at once.
+
+May import: config, store, plan, launch.worker, launch.executors.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
-import submitit
-
-from ablate.store import atomic
-
-from ablate.config.errors import SpecError
-from ablate.store import rundir
+from ablate.config.grid import GridSpec, Launcher
+from ablate.launch import worker
+from ablate.launch.executors import RunJob, have_slurm, make_executor
+from ablate.plan.grid import PlannedRun
+from ablate.store import atomic, rundir
 from ablate.store.sweep import SweepFolder, describe_progress, read_progress
 
-from ablate.launch import worker
-from ablate.config.grid import GridSpec
-from ablate.plan.grid import PlannedRun
+__all__ = ["Scheduler", "RunJob", "classify", "have_slurm", "job_alive", "record_job_failure", "run_sweep",
+           "status_rows", "write_sweep_manifest"]
 
 Print = Callable[[str], None]
-
-
-class RunJob(submitit.helpers.Checkpointable):
-    """The callable every job runs. Checkpointable: on timeout/preemption submitit requeues the same call,
-    and execute() resumes from the run's checkpoint."""
-
-    def __call__(self, run_dir: str) -> str:
-        try:
-            return worker.execute(Path(run_dir))
-        except rundir.AlreadyRunning as exc:
-            print(exc, file=sys.stderr)
-            return "already-running"
 
 
 def write_sweep_manifest(paths: SweepFolder, grid: GridSpec, grid_file: Path, runs: list[PlannedRun]) -> None:
@@ -75,7 +63,8 @@ def job_alive(status: dict) -> bool:
 
 
 def classify(run_dir: Path, retry_failed: bool) -> str:
-    """'skip-done', 'skip-failed', 'skip-active' or 'submit'."""
+    """'skip-done', 'skip-failed', 'skip-active' or 'submit'. A run a tune's pruner ended (`pruned`) is
+    unfinished to a sweep: it is submitted, and resumes from its last checkpoint."""
     try:
         status = rundir.read_status(run_dir)
     except ValueError:  # an unreadable status.json: the next write replaces it
@@ -90,34 +79,6 @@ def classify(run_dir: Path, retry_failed: bool) -> str:
     if state == "failed" and not retry_failed:
         return "skip-failed"
     return "submit"
-
-
-def make_executor(kind: str, grid: GridSpec, folder: Path):
-    folder.mkdir(parents=True, exist_ok=True)
-    name = f"ablate-{grid.sweep}"
-    if kind == "debug":
-        return submitit.DebugExecutor(folder)
-    if kind == "local":
-        ex = submitit.LocalExecutor(folder)
-        ex.update_parameters(timeout_min=grid.launcher.local.timeout_min)
-        return ex
-    s = grid.launcher.slurm
-    ex = submitit.AutoExecutor(folder, cluster="slurm", slurm_max_num_timeout=s.max_requeues)
-    params = dict(name=name, timeout_min=s.timeout_min, cpus_per_task=s.cpus_per_task, mem_gb=s.mem_gb,
-                  slurm_array_parallelism=s.array_parallelism, slurm_additional_parameters=dict(s.additional_parameters))
-    if s.gpus_per_node:
-        params["gpus_per_node"] = s.gpus_per_node
-    if s.nodes > 1 or s.tasks_per_node > 1:      # one run = nodes x tasks_per_node data-parallel ranks
-        params["nodes"] = s.nodes
-        params["tasks_per_node"] = s.tasks_per_node
-    for key, value in (("slurm_partition", s.partition), ("slurm_account", s.account), ("slurm_qos", s.qos),
-                       ("slurm_constraint", s.constraint)):
-        if value:
-            params[key] = value
-    if s.setup:
-        params["slurm_setup"] = list(s.setup)
-    ex.update_parameters(**params)
-    return ex
 
 
 def _progress_line(paths: SweepFolder, run_ids: list[str]) -> tuple[str, dict[str, int]]:
@@ -136,10 +97,12 @@ def _progress_line(paths: SweepFolder, run_ids: list[str]) -> tuple[str, dict[st
     return line, counts
 
 
-def _record_job_failure(run_dir: Path, job) -> None:
-    """A job that ended without its run saying done or failed (killed, out of memory, node lost)."""
+def record_job_failure(run_dir: Path, job) -> None:
+    """A job that ended without its run saying done, failed or pruned (killed, out of memory, node lost):
+    the run is failed, with the job's exception and the tail of its stderr. A run whose folder another
+    process holds (this job found it running elsewhere) is left alone."""
     status = rundir.read_status(run_dir)
-    if rundir.effective_state(run_dir, status) in ("done", "failed"):
+    if rundir.effective_state(run_dir, status) in ("done", "failed", "pruned", "running"):
         return
     detail = ""
     try:
@@ -153,6 +116,68 @@ def _record_job_failure(run_dir: Path, job) -> None:
         tail = ""
     rundir.write_status(run_dir, "failed", error=f"job {job.job_id} ended without finishing the run. "
                                                   f"{detail}\n{tail}")
+
+
+class Scheduler:
+    """Runs run folders as jobs of one executor kind and says which have ended; a sweep and a tune both
+    drive one. `submit` queues run folders (status pending) and hands them to the executor as the kind
+    allows: local runs at most `launcher.local.parallel` at once, debug one at a time in this process (at
+    `poll`), Slurm all at once as job arrays split at `max_array_size`. A submitted run's status says
+    `submitted` with its job id and log files. `poll` returns the run folders whose jobs ended since the
+    last poll, after recording a job that died without finishing its run as a failure of the run."""
+
+    def __init__(self, kind: str, launcher: Launcher, folder: Path, name: str, out: Print = print):
+        self.kind, self.launcher, self.out = kind, launcher, out
+        self.executor = make_executor(kind, launcher, Path(folder), f"ablate-{name}")
+        self.queued: list[tuple[Path, RunJob]] = []
+        self.active: dict[Path, object] = {}       # run folder -> its submitit job
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queued or self.active)
+
+    def submit(self, run_dirs: list[Path], job: RunJob | None = None) -> None:
+        job = job or RunJob()
+        for run_dir in run_dirs:
+            rundir.write_status(run_dir, "pending")
+            self.queued.append((Path(run_dir), job))
+        self._fill()
+
+    def poll(self) -> list[Path]:
+        ended = []
+        for run_dir, job in list(self.active.items()):
+            if self.kind == "debug":
+                try:
+                    job.result()            # runs the job here, now
+                except Exception:  # recorded in the run's status by the worker
+                    pass
+            if job.done():
+                record_job_failure(run_dir, job)
+                del self.active[run_dir]
+                ended.append(run_dir)
+        self._fill()
+        return ended
+
+    def _fill(self) -> None:
+        cap = {"local": self.launcher.local.parallel, "debug": 1}.get(self.kind)    # Slurm: no cap here
+        n = len(self.queued) if cap is None else max(0, cap - len(self.active))
+        batch, self.queued = self.queued[:n], self.queued[n:]
+        for fn, group in itertools.groupby(batch, key=lambda queued: queued[1]):   # one array per callable
+            self._start([run_dir for run_dir, _ in group], fn)
+
+    def _start(self, run_dirs: list[Path], fn: RunJob) -> None:
+        if self.kind == "slurm":
+            jobs = []
+            size = self.launcher.slurm.max_array_size
+            for first in range(0, len(run_dirs), size):
+                jobs += self.executor.map_array(fn, [str(d) for d in run_dirs[first:first + size]])
+        else:
+            jobs = [self.executor.submit(fn, str(d)) for d in run_dirs]
+        for run_dir, job in zip(run_dirs, jobs):
+            self.active[run_dir] = job
+            rundir.write_status(run_dir, "submitted", job_id=str(job.job_id), executor=self.kind,
+                                 job_stdout=str(job.paths.stdout), job_stderr=str(job.paths.stderr))
+            self.out(f"submitted {run_dir.name} as job {job.job_id}")
 
 
 def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_root: Path, executor: str | None,
@@ -170,61 +195,25 @@ def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_r
     if not to_run:
         out("nothing to submit")
     else:
-        _submit_and_wait(kind, grid, paths, to_run, [r.run_id for r in runs], out, poll_s)
+        scheduler = Scheduler(kind, grid.launcher, paths.jobs, grid.sweep, out)
+        scheduler.submit([paths.run(rid) for rid in to_run])
+        _wait(scheduler, paths, [r.run_id for r in runs], out, poll_s)
     by_state: dict[str, list[str]] = {}
     for r in runs:
         by_state.setdefault(rundir.effective_state(paths.run(r.run_id)), []).append(r.run_id)
     return by_state
 
 
-def _submit_and_wait(kind: str, grid: GridSpec, paths: SweepFolder, to_run: list[str], all_ids: list[str],
-                     out: Print, poll_s: float) -> None:
-    ex = make_executor(kind, grid, paths.jobs)
-    run_dirs = {rid: str(paths.run(rid)) for rid in to_run}
-    for rid in to_run:
-        rundir.write_status(paths.run(rid), "pending")
-    queue = list(to_run)
-    active: dict[str, object] = {}
-
-    def submit(batch: list[str]) -> None:
-        if kind == "slurm":
-            jobs = []
-            size = grid.launcher.slurm.max_array_size
-            for start in range(0, len(batch), size):
-                chunk = batch[start:start + size]
-                jobs += ex.map_array(RunJob(), [run_dirs[r] for r in chunk])
-        else:
-            jobs = [ex.submit(RunJob(), run_dirs[r]) for r in batch]
-        for rid, job in zip(batch, jobs):
-            active[rid] = job
-            rundir.write_status(paths.run(rid), "submitted", job_id=str(job.job_id), executor=kind,
-                                 job_stdout=str(job.paths.stdout), job_stderr=str(job.paths.stderr))
-            out(f"submitted {rid} as job {job.job_id}")
-
-    if kind == "slurm":
-        submit(queue)
-        queue = []
+def _wait(scheduler: Scheduler, paths: SweepFolder, all_ids: list[str], out: Print, poll_s: float) -> None:
+    """Poll until every job has ended, printing the sweep's progress line when it changes (or each minute)."""
     last_line, last_print = "", 0.0
-    while queue or active:
-        cap = grid.launcher.local.parallel if kind == "local" else 1
-        if queue and len(active) < cap:
-            n = cap - len(active)
-            submit(queue[:n])
-            queue = queue[n:]
-        for rid, job in list(active.items()):
-            if kind == "debug":
-                try:
-                    job.result()
-                except Exception:  # recorded in the run's status by the worker
-                    pass
-            if job.done():
-                _record_job_failure(paths.run(rid), job)
-                del active[rid]
+    while scheduler.busy:
+        scheduler.poll()
         line, _ = _progress_line(paths, all_ids)
         if line != last_line or time.time() - last_print > 60:
             out(f"[{time.strftime('%H:%M:%S')}] {line}")
             last_line, last_print = line, time.time()
-        if queue or active:
+        if scheduler.busy and scheduler.kind != "debug":
             time.sleep(poll_s)
 
 
@@ -255,6 +244,8 @@ def status_rows(paths: SweepFolder, run_ids: list[str] | None = None) -> list[di
             err = [line for line in (status.get("error") or "").strip().splitlines() if line.strip()]
             detail = " / ".join(err[-3:])
             detail += f"  (log: {run_dir / 'log.txt'}" + (f", {status['job_stderr']}" if status.get("job_stderr") else "") + ")"
+        if state == "pruned":
+            detail = f"at step {status.get('pruned_at_step')}: {status.get('reason', '')}"
         row["detail"] = detail
         rows.append(row)
     return rows
@@ -263,14 +254,3 @@ def status_rows(paths: SweepFolder, run_ids: list[str] | None = None) -> list[di
 def _fmt_s(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def have_slurm() -> bool:
-    return shutil.which("sbatch") is not None
-
-
-def check_executor(kind: str) -> None:
-    """Slurm needs sbatch on PATH; checked before anything is written or submitted."""
-    if kind == "slurm" and not have_slurm():
-        raise SpecError("Slurm is not available here (no sbatch on PATH)", key="launcher.executor", value="slurm",
-                        allowed="local, debug")

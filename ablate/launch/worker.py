@@ -1,7 +1,10 @@
 """Execute one run folder: lock it, pretrain (resuming if a checkpoint exists), measure, evaluate, record.
 
 This is what `ablate run` calls in-process and what every submitit job calls on a cluster node. Its only
-input is the run folder, whose spec.json the sweep wrote before submitting.
+input is the run folder, whose spec.json the sweep wrote before submitting; a job may add a hook called at
+each log step, which ends the run as `pruned` by raising Pruned (how a tune's trial prunes itself).
+
+May import: config, store, data, models, plan, analysis, train, evaluate.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import platform
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 import torch
 import transformers
@@ -22,6 +26,15 @@ from ablate.store.rundir import AlreadyRunning  # noqa: F401  (raised here; tune
 from ablate.store.sweep import write_progress
 from ablate.train.loop import TrainState, pretrain
 from ablate.config.spec import RunSpec, dump_run_spec
+
+
+class Pruned(Exception):
+    """Raised by a run's progress hook to end the run early on purpose: its status becomes `pruned`,
+    with the step and the reason."""
+
+    def __init__(self, step: int, reason: str):
+        super().__init__(reason)
+        self.step, self.reason = step, reason
 
 
 def prepare_run_dir(spec: RunSpec, run_dir: Path) -> Path:
@@ -91,8 +104,21 @@ def _execute_follower(run_dir: Path, stop_after_steps: int | None) -> str:
     return "done" if state.done else "interrupted"
 
 
-def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
+def _progress(run_dir: Path, hook: Callable[[dict], None] | None) -> Callable[[dict], None]:
+    def report(progress: dict) -> None:
+        write_progress(run_dir, progress)
+        if hook is not None:
+            hook(progress)
+
+    return report
+
+
+def execute(run_dir: Path, stop_after_steps: int | None = None,
+            on_progress: Callable[[dict], None] | None = None) -> str:
     """Run (or resume, or finish) the run in `run_dir`; returns its final state.
+
+    `on_progress` is called with what each log step reports (phase, step, total_steps, loss, ...) after
+    progress.json is written; if it raises Pruned, the run ends with state `pruned`.
 
     In a data-parallel job (several ranks: torchrun or several submitit tasks) rank 0 does all of this;
     the other ranks only train alongside it (pretrain joins the process group) and write nothing."""
@@ -117,7 +143,7 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
         started = time.perf_counter()
         try:
             state = pretrain(spec, run_dir, log=log, phase_end_hooks=_probe_hooks(spec),
-                             progress=lambda p: write_progress(run_dir, p),
+                             progress=_progress(run_dir, on_progress),
                              stop_after_steps=stop_after_steps)
             if not state.done:
                 rundir.write_status(run_dir, "interrupted")
@@ -136,6 +162,10 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
             rundir.write_status(run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3))
             log(f"done: {state.tokens_seen} tokens, token hash {state.token_hash[:16]}")
             return "done"
+        except Pruned as exc:
+            rundir.write_status(run_dir, "pruned", pruned_at_step=exc.step, reason=exc.reason)
+            log(f"pruned at step {exc.step}: {exc.reason}")
+            return "pruned"
         except (KeyboardInterrupt, SystemExit):
             rundir.write_status(run_dir, "interrupted")
             raise

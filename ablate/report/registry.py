@@ -18,7 +18,7 @@ from ablate.report.layers import layers_figure
 from ablate.report.scores import deltas_figure, freeze_figure
 from ablate.report.style import save_figure
 from ablate.report.sweep import load_sweep
-from ablate.tune.study import tune_figure
+from ablate.tune.figure import tune_figure
 
 FIGURES: dict[str, Callable] = {"layers": layers_figure, "deltas": deltas_figure, "curves": curves_figure,
                                 "freeze": freeze_figure, "tune": tune_figure}

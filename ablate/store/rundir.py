@@ -2,7 +2,9 @@
 
     results/<sweep>/runs/<run_id>/
         spec.json        the RunSpec (with its labels: sweep name, axis values)
-        status.json      state (pending|submitted|running|interrupted|done|failed), times, attempts, error tail
+        status.json      state (pending|submitted|running|interrupted|done|failed|pruned), times, attempts,
+                         error tail (failed), step and reason (pruned: a tune's pruner ended it early)
+        tune.json        (runs of a tune) the study, storage and trial the run reports to
         progress.json    the running run's phase, step, loss (what `status` and the sweep's progress line show)
         records/run.json       token hash, tokens seen, wall time, versions
         records/curves.json    per step: phase, step, tokens, loss, lr
@@ -29,7 +31,7 @@ from typing import Any
 from ablate.store import atomic
 from ablate.store.lock import FileLock
 
-STATES = ("pending", "submitted", "running", "interrupted", "done", "failed")
+STATES = ("pending", "submitted", "running", "interrupted", "done", "failed", "pruned")
 TABLES = ("runs", "scores", "layers", "curves", "grads", "frozen")
 
 TABLE_COLUMNS = {

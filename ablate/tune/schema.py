@@ -1,0 +1,236 @@
+"""The tune file's schema and its search space: what each key may be (TuneSpec, Objective), each parameter
+parsed from its entry (Param), and the checks of a parameter's key against the file's schedules and the
+RunSpec. load_tune (ablate.tune.spec) puts these together with the checks that build runs.
+
+    study: lr_freeze                       # results/<study>/ (run folders, tables, optuna.db)
+    base: {...}  prelude: [...]  schedules: {...}  freeze_masks: {...}   # as in a grid
+    search_space:
+      optim.lr: {type: float, low: 1.0e-5, high: 1.0e-3, log: true}    # any dotted RunSpec key
+      schedule: {choices: [mlm, clm_detour]}                            # a named schedule
+      freeze: {choices: [none, low_clm]}                                # a named freeze mask
+      phases.mlm_decay.lr.final_fraction: {low: 0.0, high: 0.5}         # a field of the phase so named
+      phases.mlm_decay.mask_rate: {low: 0.1, high: 0.4}
+      share.clm.mlm_decay: {low: 0.5, high: 0.9}   # clm's share of the two phases' summed fractions
+      freeze_layers.clm: {type: int, low: -1, high: 2}   # freeze layers 0-K of phase clm (-1: none)
+    objective: {metric: loss, last_n: 10}        # or {metric: downstream, split: test, name: f1}
+    direction: minimize
+    sampler: tpe                                 # or {name: tpe|random|grid|cmaes, seed: 0}
+    pruner: {name: median, n_startup_trials: 2}  # none | median | successive_halving | threshold
+    n_trials: 20
+    parallel: 2                                  # trials in flight
+    storage: sqlite                              # sqlite | journal | any RDB URL
+    enqueue: [{optim.lr: 1.0e-4}]                # trials to run first (the rest of their params sampled)
+    launcher: {executor: local, local: {...}, slurm: {...}}
+
+May import: config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field
+
+from ablate.config.base import Strict
+from ablate.config.errors import SpecError
+from ablate.config.grid import Launcher
+from ablate.config.spec import RunSpec
+
+SPECIAL_PREFIXES = ("phases.", "freeze_layers.", "share.")
+KEY_FORMS = ("a dotted RunSpec key (optim.lr, seed, data.data_seed, ...), schedule, freeze, "
+             "phases.<phase>.<field>, freeze_layers.<phase>, share.<phase>.<phase>")
+
+
+class Objective(Strict):
+    metric: Literal["loss", "downstream"] = "loss"
+    last_n: int = Field(default=10, gt=0, description="loss: mean over the final phase's last N steps")
+    tasks: tuple[str, ...] | None = Field(default=None, description="downstream: default the base's eval.tasks")
+    split: Literal["test", "dev"] = "test"
+    name: str | None = Field(default=None, description="downstream metric; default each task's primary one")
+
+
+class TuneSpec(Strict):
+    study: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    base: dict[str, Any]
+    prelude: tuple[dict[str, Any], ...] = ()
+    schedules: dict[str, tuple[dict[str, Any], ...]]
+    freeze_masks: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"none": {}})
+    search_space: dict[str, Any] = Field(default_factory=dict)
+    objective: Objective = Objective()
+    direction: Literal["minimize", "maximize"] | None = None
+    sampler: str | dict[str, Any] = "tpe"
+    pruner: str | dict[str, Any] = "none"
+    n_trials: int = Field(default=10, gt=0)
+    parallel: int = Field(default=1, gt=0)
+    storage: str = "sqlite"
+    enqueue: tuple[dict[str, Any], ...] = ()
+    launcher: Launcher = Launcher()
+
+    @property
+    def effective_direction(self) -> str:
+        return self.direction or ("minimize" if self.objective.metric == "loss" else "maximize")
+
+
+@dataclass(frozen=True)
+class Param:
+    key: str
+    kind: str                     # float | int | categorical
+    low: float | int | None = None
+    high: float | int | None = None
+    log: bool = False
+    step: float | int | None = None
+    choices: tuple = ()
+
+    def distribution(self):
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+        if self.kind == "categorical":
+            return CategoricalDistribution(list(self.choices))
+        if self.kind == "int":
+            return IntDistribution(int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
+        return FloatDistribution(float(self.low), float(self.high), log=self.log, step=self.step)
+
+    def extremes(self) -> list:
+        return list(self.choices) if self.kind == "categorical" else [self.low, self.high]
+
+    def contains(self, value: Any) -> bool:
+        dist = self.distribution()
+        try:
+            return bool(dist._contains(dist.to_internal_repr(value)))
+        except (ValueError, TypeError):
+            return False
+
+
+@dataclass
+class Tune:
+    spec: TuneSpec
+    file: str | None
+    params: dict[str, Param]
+
+    @property
+    def study(self) -> str:
+        return self.spec.study
+
+
+def _number(value: Any, file, key) -> float:
+    """YAML reads 1e-4 as a string (1.0e-4 is a float): accept both, refuse anything else."""
+    if isinstance(value, bool):
+        raise SpecError("expected a number", file=file, key=key, value=value)
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise SpecError("expected a number", file=file, key=key, value=value if isinstance(value, str) else None)
+
+
+def parse_param(key: str, raw: Any, file: str | None) -> Param:
+    where = f"search_space.{key}"
+    if isinstance(raw, list):
+        raw = {"choices": raw}
+    if not isinstance(raw, dict):
+        raise SpecError("a search-space entry must be a mapping (type, low, high, log, step) or a list of choices",
+                        file=file, key=where)
+    allowed = {"type", "low", "high", "log", "step", "choices"}
+    for k in raw:
+        if k not in allowed:
+            raise SpecError("unknown key", file=file, key=f"{where}.{k}", allowed=", ".join(sorted(allowed)))
+    kind = raw.get("type") or ("categorical" if "choices" in raw else None)
+    if kind is None:
+        lo, hi = raw.get("low"), raw.get("high")
+        kind = "int" if isinstance(lo, int) and isinstance(hi, int) and not isinstance(lo, bool) else "float"
+    if kind not in ("float", "int", "categorical"):
+        raise SpecError("unknown parameter type", file=file, key=f"{where}.type", value=kind,
+                        allowed="float, int, categorical")
+    if kind == "categorical":
+        choices = raw.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise SpecError("a categorical parameter needs a non-empty list of choices", file=file,
+                            key=f"{where}.choices")
+        for c in choices:
+            if c is not None and not isinstance(c, (bool, int, float, str)):
+                raise SpecError("choices must be numbers, strings, booleans or null", file=file,
+                                key=f"{where}.choices", value=str(c))
+        extra = set(raw) - {"type", "choices"}
+        if extra:
+            raise SpecError("a categorical parameter takes only choices", file=file, key=f"{where}.{sorted(extra)[0]}")
+        return Param(key, "categorical", choices=tuple(choices))
+    if "choices" in raw:
+        raise SpecError(f"a {kind} parameter takes low/high, not choices", file=file, key=f"{where}.choices")
+    for bound in ("low", "high"):
+        if bound not in raw:
+            raise SpecError(f"a {kind} parameter needs {bound}", file=file, key=f"{where}.{bound}")
+    low, high = _number(raw["low"], file, f"{where}.low"), _number(raw["high"], file, f"{where}.high")
+    log = raw.get("log", False)
+    if not isinstance(log, bool):
+        raise SpecError("log must be true or false", file=file, key=f"{where}.log", value=log)
+    step = raw.get("step")
+    if step is not None:
+        step = _number(step, file, f"{where}.step")
+        if step <= 0:
+            raise SpecError("step must be positive", file=file, key=f"{where}.step", value=step)
+        if log:
+            raise SpecError("log scale and step cannot be combined", file=file, key=f"{where}.step", value=step)
+    if kind == "int":
+        for name, v in (("low", low), ("high", high)):
+            if float(v) != int(v):
+                raise SpecError("an int parameter needs whole-number bounds", file=file, key=f"{where}.{name}", value=v)
+        low, high = int(low), int(high)
+        step = int(step) if step is not None else None
+    else:
+        low, high = float(low), float(high)
+    if low > high:
+        raise SpecError(f"low > high ({low} > {high})", file=file, key=f"{where}.low", value=low,
+                        allowed=f"a value <= {high}")
+    if log and low <= 0:
+        raise SpecError("a log-scale parameter needs positive bounds", file=file, key=f"{where}.low", value=low,
+                        allowed="low > 0 (or log: false)")
+    return Param(key, kind, low=low, high=high, log=log, step=step)
+
+
+def phase_names(spec: TuneSpec) -> list[str]:
+    names = [p.get("name") for p in spec.prelude] + [p.get("name") for s in spec.schedules.values() for p in s]
+    return list(dict.fromkeys(n for n in names if isinstance(n, str)))
+
+
+def check_key(param: Param, spec: TuneSpec, file: str | None) -> None:
+    key, where = param.key, f"search_space.{param.key}"
+    phases = phase_names(spec)
+    if key in ("schedule", "freeze"):
+        table = spec.schedules if key == "schedule" else spec.freeze_masks
+        if param.kind != "categorical":
+            raise SpecError(f"{key} picks named entries: give choices", file=file, key=where, allowed=", ".join(table))
+        for c in param.choices:
+            if not isinstance(c, str) or c not in table:
+                raise SpecError(f"unknown {key} name", file=file, key=f"{where}.choices", value=c,
+                                allowed=", ".join(table))
+        return
+    if key.startswith(SPECIAL_PREFIXES):
+        parts = key.split(".")
+        prefix = parts[0]
+        names = parts[1:2] if prefix != "share" else parts[1:3]
+        if (prefix == "phases" and len(parts) < 3) or (prefix == "freeze_layers" and len(parts) != 2) or (
+                prefix == "share" and len(parts) != 3):
+            raise SpecError("malformed key", file=file, key=where, value=key, allowed=KEY_FORMS)
+        for n in names:
+            if n not in phases:
+                raise SpecError("names a phase that no schedule (or the prelude) has", file=file, key=where,
+                                value=n, allowed=", ".join(phases))
+        if prefix == "phases" and parts[2] == "name":
+            raise SpecError("a phase's name cannot be searched", file=file, key=where)
+        if prefix == "share" and (param.kind == "categorical" and not all(
+                isinstance(c, (int, float)) and 0 < c < 1 for c in param.choices)
+                or param.kind != "categorical" and not (0 < param.low and param.high < 1)):
+            raise SpecError("a share is a fraction strictly between 0 and 1", file=file, key=where,
+                            allowed="0 < low <= high < 1")
+        return
+    top = key.split(".")[0]
+    if top in ("phases", "labels"):
+        raise SpecError("this key cannot be searched directly", file=file, key=where, allowed=KEY_FORMS)
+    if top not in RunSpec.model_fields:
+        raise SpecError("unknown field", file=file, key=where, value=key,
+                        allowed=KEY_FORMS + "; RunSpec fields: " + ", ".join(
+                            k for k in RunSpec.model_fields if k not in ("phases", "labels")))
