@@ -121,7 +121,9 @@ def pair_rows(pairs: Sequence[tuple[RunInfo, RunInfo, str]],
             head = (a.run_id, b.run_id, rel, pos, a.phases[pos - 1], b.phases[pos - 1])
             rows += [(*head, layer - 1, "cka", float(v)) for layer, v in enumerate(values)]
             if rel == TWIN:
-                noise = np.mean([1.0 - between(b, p, pos) for p in noise_partners.get(b.run_id, [])], axis=0)
+                partners = noise_partners.get(b.run_id, [])
+                noise = np.mean([1.0 - between(b, p, pos) for p in partners], axis=0) if partners \
+                    else np.full(len(values), np.nan)
                 with np.errstate(divide="ignore", invalid="ignore"):
                     ratio = (1.0 - values) / noise
                 rows += [(*head, layer - 1, "cka_ratio", float(v)) for layer, v in enumerate(ratio)]
@@ -189,3 +191,13 @@ def region_values(pairs: pd.DataFrame) -> pd.DataFrame:
             rows.append((*key[:-1], measure, name, float(y[regions == name].mean())))
         rows.append((*key[:-1], measure, "all", float(y.mean())))
     return pd.DataFrame(rows, columns=[*keys, "region", "value"])
+
+
+def describe_pairs(specs: Sequence[tuple[str, RunSpec]]) -> str:
+    """One line for a dry run: how many pairs of each relation the runs will give, or why none can form."""
+    try:
+        pairs = form_pairs([run_info(run_id, spec) for run_id, spec in specs])
+    except SpecError as exc:
+        return f"pairs (ablate collect --pairs): cannot be formed: {exc.message}; rule: {RULE}"
+    counts = {rel: sum(r == rel for _, _, r in pairs) for rel in (TWIN, NOISE)}
+    return f"pairs (ablate collect --pairs): {counts[TWIN]} twin, {counts[NOISE]} seed-noise; rule: {RULE}"

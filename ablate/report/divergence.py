@@ -23,6 +23,7 @@ from ablate.report.sweep import Sweep
 MEASURES = {"cka": "1 − CKA vs MLM twin", "cka_ratio": "1 − CKA vs MLM twin, in units of\nMLM seed-to-seed (1 − CKA)"}
 NOISE_ARM = "MLM seed noise"
 REGIONS = ("low", "mid", "high", "all")
+styles_list = ("-", "--", ":", "-.")   # line styles of the seed-noise bands (one per baseline schedule)
 
 
 def _pairs(sweep: Sweep, measure: str) -> pd.DataFrame:
@@ -36,7 +37,8 @@ def _pairs(sweep: Sweep, measure: str) -> pd.DataFrame:
 
 
 def _arm(schedule: str, freeze: str, relation: str) -> str:
-    return NOISE_ARM if relation == NOISE else arm_label(schedule, freeze)
+    """An arm's label; seed noise is labelled with its baseline schedule (one band per decay share, say)."""
+    return f"{NOISE_ARM} ({schedule})" if relation == NOISE else arm_label(schedule, freeze)
 
 
 def divergence_data(sweep: Sweep, *, measure: str = "cka") -> pd.DataFrame:
@@ -49,7 +51,7 @@ def divergence_data(sweep: Sweep, *, measure: str = "cka") -> pd.DataFrame:
         y = 1.0 - g["value"] if measure == "cka" else g["value"]
         for layer, yl in y.groupby(g["layer"]):
             m, lo, hi, n = mean_ci(yl)
-            rows.append((_arm(s, f, rel), "mlm" if rel == NOISE else s, "none" if rel == NOISE else f, rel,
+            rows.append((_arm(s, f, rel), s, f, rel,
                          int(pos), ";".join(ordered(g["phase"])), ";".join(ordered(g["phase_b"])), int(layer),
                          "1-cka" if measure == "cka" else measure, m, lo, hi, n))
     return pd.DataFrame(rows, columns=["arm", "schedule", "freeze", "relation", "position", "phase", "phase_b",
@@ -59,18 +61,21 @@ def divergence_data(sweep: Sweep, *, measure: str = "cka") -> pd.DataFrame:
 
 def region_summary(sweep: Sweep, *, measure: str = "cka") -> pd.DataFrame:
     """Per arm (and the MLM seed noise), phase end and region: mean over seeds of the region's mean 1 - CKA
-    (or ratio) with a 95% CI. Regions: low / mid / high thirds of the blocks, and "all" blocks."""
+    (or ratio) with a 95% CI. Regions: low / mid / high thirds of the blocks, and "all" blocks. `baseline`
+    names the MLM schedule the arm was compared with (for seed noise: its own)."""
     p = _pairs(sweep, measure)
+    baseline_of = done_runs(sweep.runs).set_index("run_id")["schedule"]
     values = region_values(p[p["measure"] == measure]).merge(
         p[["run_a", "schedule", "freeze"]].drop_duplicates(), on="run_a")
+    values["baseline"] = values["run_b"].map(baseline_of)
     rows = []
-    for (rel, pos, s, f, region), g in values.groupby(["relation", "position", "schedule", "freeze", "region"],
-                                                      sort=False):
+    for (rel, pos, s, f, b, region), g in values.groupby(["relation", "position", "schedule", "freeze", "baseline",
+                                                          "region"], sort=False):
         m, lo, hi, n = mean_ci(g["value"])
-        rows.append((_arm(s, f, rel), rel, int(pos), ";".join(ordered(g["phase"])),
+        rows.append((_arm(s, f, rel), rel, b, int(pos), ";".join(ordered(g["phase"])),
                      ";".join(ordered(g["phase_b"])), region, g["measure"].iloc[0], m, lo, hi, n))
-    out = pd.DataFrame(rows, columns=["arm", "relation", "position", "phase", "phase_b", "region", "measure",
-                                      "mean", "ci_low", "ci_high", "n"])
+    out = pd.DataFrame(rows, columns=["arm", "relation", "baseline", "position", "phase", "phase_b", "region",
+                                      "measure", "mean", "ci_low", "ci_high", "n"])
     out["_r"] = out["region"].map(REGIONS.index)
     return out.sort_values(["relation", "arm", "position", "_r"], kind="stable").drop(columns="_r"
                                                                                        ).reset_index(drop=True)
@@ -99,11 +104,11 @@ def divergence_figure(sweep: Sweep, *, measure: str = "cka", baseline: str = "ml
     for j, pos in enumerate(positions):
         d = data[data["position"] == pos]
         ax = fig.add_subplot(1, len(positions), j + 1, sharey=axes[0] if axes else None)
-        noise = d[d["relation"] == NOISE]
-        if len(noise):
+        for k, (arm, noise) in enumerate(d[d["relation"] == NOISE].groupby("arm", sort=False)):
             ax.fill_between(noise["layer"], noise["ci_low"].fillna(noise["mean"]),
                             noise["ci_high"].fillna(noise["mean"]), color="0.6", alpha=0.3, lw=0)
-            ax.plot(noise["layer"], noise["mean"], color="0.45", lw=1, label=NOISE_ARM)
+            ax.plot(noise["layer"], noise["mean"], color="0.45", lw=1, ls=styles_list[k % len(styles_list)],
+                    label=arm)
         for (s, f), g in d[d["relation"] == TWIN].groupby(["schedule", "freeze"], sort=False):
             ls, marker = styles[f]
             ax.fill_between(g["layer"], g["ci_low"], g["ci_high"], color=colors[s], alpha=0.18, lw=0)
@@ -141,7 +146,8 @@ def persistence_figure(sweep: Sweep, *, measure: str = "cka"):
             err = [(g["mean"] - g["ci_low"]).fillna(0), (g["ci_high"] - g["mean"]).fillna(0)]
             ax.errorbar(x, g["mean"], yerr=err, fmt="o", ms=4, capsize=2, color=f"C{k}",
                         label=f"after {' / '.join(ordered(g['phase'].dropna()))}")
-            n = noise[noise["position"] == pos].set_index("region").reindex(list(REGIONS))
+            n = noise[(noise["position"] == pos) & noise["baseline"].isin(d["baseline"])]
+            n = n.set_index("region").reindex(list(REGIONS))
             if n["mean"].notna().any():
                 ax.plot(x, n["mean"], ls="none", marker="_", ms=10, color=f"C{k}", alpha=0.6,
                         label=f"{NOISE_ARM}, phase end {pos}")
