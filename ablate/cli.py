@@ -95,11 +95,11 @@ def cmd_sweep(args) -> int:
     executor = args.executor or grid.launcher.executor
     sweep_dir = results_root(args.results) / grid.sweep
     if args.dry_run:
-        _print_table(plan_table(runs, plans))
         from ablate.analysis.pairs import describe_pairs
 
-        print(describe_pairs([(r.run_id, r.spec) for r in runs]))
-        print(f"{len(runs)} runs; executor {executor}; results in {sweep_dir}; dry run: nothing submitted")
+        _print_table(plan_table(runs, plans))
+        print(f"{len(runs)} runs; executor {executor}; results in {sweep_dir}; dry run: nothing submitted; "
+              + describe_pairs([(r.run_id, r.spec) for r in runs]))
         return EXIT_OK
     from ablate.launch import scheduler
     from ablate.store import tables
