@@ -95,8 +95,11 @@ def cmd_sweep(args) -> int:
     executor = args.executor or grid.launcher.executor
     sweep_dir = results_root(args.results) / grid.sweep
     if args.dry_run:
+        from ablate.analysis.pairs import describe_pairs
+
         _print_table(plan_table(runs, plans))
-        print(f"{len(runs)} runs; executor {executor}; results in {sweep_dir}; dry run: nothing submitted")
+        print(f"{len(runs)} runs; executor {executor}; results in {sweep_dir}; dry run: nothing submitted; "
+              + describe_pairs([(r.run_id, r.spec) for r in runs]))
         return EXIT_OK
     from ablate.launch import scheduler
     from ablate.launch.executors import require_executor
@@ -146,6 +149,12 @@ def cmd_collect(args) -> int:
             print(f"cka ratio: added to the layers table for {n} runs")
         else:
             print("cka ratio: the sweep needs at least two MLM-baseline seeds (schedule mlm, freeze none) per model")
+    if args.pairs:
+        from ablate.analysis.pairs import RULE, pairs_table
+
+        collected.tables["pairs"] = pairs_table(sweep.root, collected.tables["runs"])
+        tables.write_tables(sweep.root, {"pairs": collected.tables["pairs"]})
+        print(f"pairs: {RULE}")
     for name, frame in collected.tables.items():
         print(f"{name}: {len(frame)} rows -> {sweep.root / (name + '.parquet')} (+ .csv)")
     failed = sum(collected.tables["runs"].get("status", []) == "failed") if len(collected.tables["runs"]) else 0
@@ -164,7 +173,7 @@ def cmd_evaluate(args) -> int:
     if not args.base_only:
         counts = evaluate.evaluate_sweep(sweep.root, tuple(args.task), seeds, overrides)
         print(f"evaluated {counts['evaluated']} finished runs; {counts['not done']} not finished (skipped)")
-    args.cka_ratio = None
+    args.cka_ratio, args.pairs = None, False
     return cmd_collect(args)
 
 
@@ -180,7 +189,7 @@ def cmd_report(args) -> int:
             print(f"{kind}: {path}")
         return EXIT_OK
     if args.figure is None:
-        print("figures: " + ", ".join(report.FIGURES) + "; tables: scores, freeze")
+        print("figures: " + ", ".join(report.FIGURES) + "; tables: scores, freeze, divergence")
         return EXIT_OK
     sweep = _sweep(args, collected=True)
     options = _key_values(args.set, "--set") | ({"baseline": args.baseline} if args.baseline else {})
@@ -190,6 +199,19 @@ def cmd_report(args) -> int:
     if args.figure == "deltas":
         print(report.score_summary(report.load_sweep(sweep.root)).to_string(index=False))
     return EXIT_OK
+
+
+def cmd_transplant(args) -> int:
+    from ablate.evaluate.transplant import transplant
+    from ablate.store import tables
+
+    sweep = _sweep(args)
+    runs = tables.collect(sweep.root, write=False).tables["runs"]
+    folders = transplant(sweep.root, runs, args.source, args.target, args.layers,
+                         tuple(args.task) if args.task else None, tuple(args.seeds) if args.seeds else None)
+    print(f"transplants: {', '.join(f.name for f in folders)}")
+    args.cka_ratio, args.pairs = None, False
+    return cmd_collect(args)
 
 
 def cmd_tune(args) -> int:
@@ -255,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("collect", parents=[sweep], help="merge a sweep's run folders into tidy tables")
     c.add_argument("--cka-ratio", type=int, metavar="N_TEXTS",
                    help="also compute the paper's CKA ratio vs MLM seed noise on N held-out texts")
+    c.add_argument("--pairs", action="store_true",
+                   help="also write the pairs table: CKA per layer and phase end between twin arms and MLM seeds")
     c.set_defaults(func=cmd_collect)
 
     e = sub.add_parser("evaluate", parents=[sweep], help="fine-tune finished runs (and the base model) on tasks")
@@ -266,12 +290,23 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_evaluate)
 
     rp = sub.add_parser("report", parents=[sweep], help="draw a figure from a sweep's tidy tables (PNG + SVG/PDF + CSV)")
-    rp.add_argument("--figure", help="layers, deltas, curves, freeze, tune (no value: list them)")
-    rp.add_argument("--table", help="scores or freeze: the paper's results tables (CSV + Markdown + LaTeX)")
+    rp.add_argument("--figure", help="layers, deltas, curves, freeze, tune, divergence, persistence (no value: list them)")
+    rp.add_argument("--table", help="scores, freeze or divergence: the paper's results tables (CSV + Markdown + LaTeX)")
     rp.add_argument("--baseline", help="the arm everything is compared with (default: the mlm schedule, no freezing)")
     rp.add_argument("--out", help="output folder, or a file path (.pdf for PDF)")
     rp.add_argument("--set", action="append", metavar="KEY=VALUE", help="figure option, e.g. measure=grad_norm")
     rp.set_defaults(func=cmd_report)
+
+    tx = sub.add_parser("transplant", parents=[sweep], help="hybrid models from finished runs (layers of one arm "
+                        "in another), fine-tuned and added to the tables as derived runs")
+    tx.add_argument("--from", dest="source", required=True, metavar="ARM", help="SCHEDULE or SCHEDULE/FREEZE: "
+                    "gives the embeddings and the chosen layers")
+    tx.add_argument("--into", dest="target", required=True, metavar="ARM", help="gives everything else")
+    tx.add_argument("--layers", required=True, help="as a freeze mask: low, mid, high, 0-7, encoder, head, "
+                    "comma-separated (the embeddings always come along)")
+    tx.add_argument("--task", action="append", help="fine-tuning task (default: the runs' eval tasks)")
+    tx.add_argument("--seeds", type=int, nargs="+", help="fine-tuning seeds (default: the runs' eval seeds)")
+    tx.set_defaults(func=cmd_transplant)
 
     t = sub.add_parser("tune", parents=[submit], help="run an Optuna study whose trials are runs (re-run to resume)")
     t.add_argument("tune", help="tune file (YAML)")

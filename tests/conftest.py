@@ -63,3 +63,37 @@ def slurm_env():
             pytest.fail("no Slurm cluster answers (scripts/slurm-local.sh start)")
         pytest.skip("no Slurm cluster here (scripts/slurm-local.sh start)")
     return env
+
+
+# ---------------------------------------------------------------- a real tiny decay-length sweep
+
+DECAY_FINETUNE = {"epochs": 1, "max_train_examples": 48, "max_eval_examples": 32, "max_length": 64, "batch_size": 8}
+
+
+@pytest.fixture(scope="session")
+def decay_sweep(tmp_path_factory, data_root):
+    """The CPU twin of grids/decay.yaml: its schedules for the 10% and 40% decay shares, MLM and CLM detour at
+    each, seeds 17 and 18, on tiny BERT (10 steps of 4 x 32 tokens), run with the debug executor and
+    collected with --pairs. Returns (results root, sweep folder)."""
+    import sys
+
+    import yaml
+
+    root = tmp_path_factory.mktemp("decay")
+    grid = yaml.safe_load((REPO / "grids" / "decay.yaml").read_text())
+    tiny = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())["base"]
+    grid["base"] = {**tiny, "budget_tokens": 10 * 4 * 32,
+                    "eval": {"tasks": [], "seeds": [0], "finetune": DECAY_FINETUNE}}
+    for phases in grid["schedules"].values():
+        phases[0]["lr"] = {"warmup_steps": 1}
+    grid["axes"] = {"schedule": ["mlm_d10", "clm_d10", "mlm_d40", "clm_d40"], "seed": [17, 18]}
+    grid["launcher"] = {"executor": "debug"}
+    path = root / "decay.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    results = root / "results"
+    for args in (["sweep", str(path), "--results", str(results), "--poll", "0.1"],
+                 ["collect", "decay", "--results", str(results), "--pairs"]):
+        done = subprocess.run([sys.executable, "-m", "ablate.cli", *args], cwd=root, capture_output=True, text=True,
+                              timeout=900, env=dict(os.environ))
+        assert done.returncode == 0, done.stdout + done.stderr
+    return results, results / "decay"

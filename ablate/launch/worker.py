@@ -68,12 +68,12 @@ def _logger(run_dir: Path):
     return log, log_file
 
 
-def _probe_hooks(spec: RunSpec):
+def _probe_hooks(spec: RunSpec, run_dir: Path):
     if spec.probe.n_texts <= 0:
         return ()
     from ablate.analysis.probe import cka_vs_base_hook
 
-    return (cka_vs_base_hook(spec),)
+    return (cka_vs_base_hook(spec, run_dir),)
 
 
 def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: float) -> dict:
@@ -142,7 +142,7 @@ def execute(run_dir: Path, stop_after_steps: int | None = None,
                              host=platform.node(), pid=__import__("os").getpid())
         started = time.perf_counter()
         try:
-            state = pretrain(spec, run_dir, log=log, phase_end_hooks=_probe_hooks(spec),
+            state = pretrain(spec, run_dir, log=log, phase_end_hooks=_probe_hooks(spec, run_dir),
                              progress=_progress(run_dir, on_progress),
                              stop_after_steps=stop_after_steps)
             if not state.done:

@@ -13,13 +13,15 @@ Conventions shared by every figure:
 - intervals are 95% t-intervals over the replicates named in each figure's doc (NaN when n < 2);
 - `panel` facets by a runs column ("auto": by "model" when the sweep has several models).
 
-Modules: sweep (loading), stats (intervals), arms (grouping), style (look and files), layers, scores, curves
-(the figures), registry (FIGURES, make_figure).
+Modules: sweep (loading), stats (intervals), arms (grouping), style (look and files), layers, scores, curves,
+divergence (the figures), registry (FIGURES, make_figure).
 
 May import: every stage below it (config ... tune); only the CLI is above it.
 """
 
 from ablate.report.arms import arm_label, done_runs
+from ablate.report.divergence import (divergence_data, divergence_figure, divergence_table, persistence_figure,
+                                      region_summary)
 from ablate.report.curves import curve_data, curves_figure, phase_spans, plot_curves
 from ablate.report.layers import (MEASURE_LABELS, drawn_frozen, layer_data, layers_figure, ordered_phases,
                                   phase_positions, plot_layers)
@@ -32,7 +34,8 @@ from ablate.report.sweep import TABLES, Sweep, list_sweeps, load_sweep, resolve_
 from ablate.report.tables import freeze_table, make_table, score_table
 
 __all__ = ["FIGURES", "MEASURE_LABELS", "TABLES", "Sweep", "arm_label", "curve_data", "curves_figure",
-           "delta_data", "deltas_figure", "done_runs", "drawn_frozen", "freeze_data", "freeze_figure",
+           "delta_data", "deltas_figure", "divergence_data", "divergence_figure", "divergence_table",
+           "persistence_figure", "region_summary", "done_runs", "drawn_frozen", "freeze_data", "freeze_figure",
            "layer_data", "layers_figure", "list_sweeps", "load_sweep", "make_figure", "mean_ci",
            "ordered_phases", "phase_positions", "phase_spans", "plot_curves", "plot_deltas", "plot_freeze",
            "plot_layers", "primary_scores", "score_table", "freeze_table", "make_table", "resolve_sweep", "save_figure", "score_summary", "style_context",

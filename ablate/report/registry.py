@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ablate.config.errors import SpecError
 from ablate.report.curves import curves_figure
+from ablate.report.divergence import divergence_figure, persistence_figure
 from ablate.report.layers import layers_figure
 from ablate.report.scores import deltas_figure, freeze_figure
 from ablate.report.style import save_figure
@@ -21,7 +22,8 @@ from ablate.report.sweep import load_sweep
 from ablate.tune.figure import tune_figure
 
 FIGURES: dict[str, Callable] = {"layers": layers_figure, "deltas": deltas_figure, "curves": curves_figure,
-                                "freeze": freeze_figure, "tune": tune_figure}
+                                "freeze": freeze_figure, "tune": tune_figure, "divergence": divergence_figure,
+                                "persistence": persistence_figure}
 
 
 def _coerce(name: str, key: str, value, default):

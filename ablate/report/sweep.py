@@ -17,7 +17,7 @@ from ablate.config.errors import SpecError
 from ablate.store import sweep as store_sweep
 from ablate.store.sweep import SweepFolder
 
-TABLES = ("runs", "scores", "layers", "curves", "frozen")   # the tables the figures read (not grads)
+TABLES = ("runs", "scores", "layers", "curves", "frozen", "pairs")   # the tables the figures read (not grads)
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class Sweep:
     layers: pd.DataFrame | None = None
     curves: pd.DataFrame | None = None
     frozen: pd.DataFrame | None = None
+    pairs: pd.DataFrame | None = None         # `ablate collect --pairs`
 
     @property
     def name(self) -> str:

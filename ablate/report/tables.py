@@ -20,6 +20,7 @@ import pandas as pd
 
 from ablate.config.errors import SpecError
 from ablate.report.arms import arm_label, done_runs
+from ablate.report.divergence import divergence_table
 from ablate.report.scores import arm_vs_baseline, unit_scores
 from ablate.report.sweep import Sweep, load_sweep
 
@@ -180,7 +181,7 @@ def _markdown(head: list[str], body: list[list[str]]) -> str:
     return "\n".join("| " + " | ".join(r) + " |" for r in rows) + "\n"
 
 
-TABLES = {"scores": score_table, "freeze": freeze_table}
+TABLES = {"scores": score_table, "freeze": freeze_table, "divergence": divergence_table}
 
 
 def make_table(name: str, sweep_dir: str | Path | None = None, out: str | Path | None = None,

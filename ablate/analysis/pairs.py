@@ -1,0 +1,203 @@
+"""Divergence between runs: linear CKA per layer between two runs' saved phase-end representations, for
+pairs of runs formed by one explicit rule, and its ratio to MLM seed-to-seed noise.
+
+The pairing rule (also in docs and `ablate collect --pairs`):
+- a run's *identity* is everything in its RunSpec that changes training except the phases and the seed
+  (model, tokenizer, data and data seed, batch, optimizer, budget, ...); its *phase ends* are the global
+  steps at which each phase ends;
+- an *MLM baseline* run trains every phase with the MLM objective and carries the freeze mask "none";
+- twin: a run that is not a baseline and the baseline with the same identity, seed and phase ends (so
+  the same token stream and the same phase lengths, a different schedule or freeze mask). Phase ends are
+  matched by position: phase k of the arm with phase k of its twin (the CLM phase with the MLM phase that
+  ends at the same step; phases of the same name after it, such as the decay, with each other);
+- seed-noise: two baselines with the same identity and the same phases that differ only in seed.
+Runs of different decay lengths have different phase ends and so are never paired. Derived runs (layer
+transplants) have no phase ends and are not paired.
+
+Rows: run_a, run_b, relation, position (1-based phase end), phase (run_a's phase), phase_b (run_b's),
+layer (-1 = embeddings output), measure, value. Measures: "cka" (both relations) and "cka_ratio" (twins:
+(1 - CKA(arm, twin)) / mean over the twin's seed-noise partners of (1 - CKA(twin, partner)), the paper's
+ratio).
+
+May import: config, store, models, plan, analysis.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ablate.analysis.probe import REPS_DIR, cka_vs_reference, load_representations
+from ablate.config.errors import SpecError
+from ablate.config.spec import RunSpec
+
+PAIR_COLUMNS = ("run_a", "run_b", "relation", "position", "phase", "phase_b", "layer", "measure", "value")
+TWIN, NOISE = "twin", "seed-noise"
+RULE = ("twin: an arm and the MLM baseline (every phase MLM, freeze none) with the same model, data, data "
+        "seed, seed, training settings and phase ends, phase ends matched by position; seed-noise: two MLM "
+        "baselines that differ only in seed")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What the pairing rule reads of one finished run."""
+
+    run_id: str
+    identity: str                 # digest of the spec without phases, seed and non-training fields
+    seed: int
+    phases: tuple[str, ...]
+    ends: tuple[int, ...]         # global step at the end of each phase
+    schedule: str                 # digest of the phases themselves (seed-noise pairs share it)
+    baseline: bool
+
+    @property
+    def group(self) -> tuple:
+        return self.identity, self.seed, self.ends
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def run_info(run_id: str, spec: RunSpec) -> RunInfo:
+    training = spec.model_dump(mode="json", exclude={*RunSpec.NON_TRAINING_FIELDS, "phases", "seed"})
+    phases = spec.model_dump(mode="json")["phases"]
+    freeze = (spec.labels.get("axes") or {}).get("freeze", "none")
+    baseline = freeze == "none" and all(p.objective == "mlm" for p in spec.phases)
+    return RunInfo(run_id, _digest(training), spec.seed, tuple(p.name for p in spec.phases),
+                   tuple(int(x) for x in np.cumsum(spec.phase_steps())), _digest(phases), baseline)
+
+
+def form_pairs(infos: Sequence[RunInfo]) -> list[tuple[RunInfo, RunInfo, str]]:
+    """(run_a, run_b, relation) by the module's rule; SpecError naming the run whose twin or second seed
+    is missing."""
+    baselines = [i for i in infos if i.baseline]
+    out = []
+    for arm in (i for i in infos if not i.baseline):
+        twins = [b for b in baselines if b.group == arm.group]
+        if not twins:
+            raise SpecError(f"run {arm.run_id} (seed {arm.seed}, phases {' > '.join(arm.phases)}) has no finished "
+                            "MLM twin: no MLM-baseline run with the same model, data, seed and phase ends",
+                            key=f"runs.{arm.run_id}", allowed=RULE)
+        out += [(arm, b, TWIN) for b in twins]
+    for i, a in enumerate(baselines):
+        partners = [b for b in baselines if b is not a and (b.identity, b.schedule) == (a.identity, a.schedule)
+                    and b.seed != a.seed]
+        if not partners:
+            raise SpecError(f"MLM baseline {a.run_id} (seed {a.seed}) has no finished run of another seed: the "
+                            "seed-noise pairs (and the ratio) need two MLM seeds", key=f"runs.{a.run_id}",
+                            allowed=RULE)
+        out += [(a, b, NOISE) for b in partners if b.seed > a.seed]
+    return out
+
+
+def pair_rows(pairs: Sequence[tuple[RunInfo, RunInfo, str]],
+              reps_of: Callable[[str, int], Sequence[np.ndarray]]) -> pd.DataFrame:
+    """The pairs table for `pairs`; `reps_of(run_id, position)` gives a run's representations at the end
+    of its phase `position` (1-based). Each pair's CKA is computed once."""
+    cka: dict[tuple[str, str, int], np.ndarray] = {}
+
+    def between(a: RunInfo, b: RunInfo, pos: int) -> np.ndarray:
+        key = (*sorted((a.run_id, b.run_id)), pos)
+        if key not in cka:
+            cka[key] = np.asarray(cka_vs_reference(reps_of(a.run_id, pos), reps_of(b.run_id, pos)))
+        return cka[key]
+
+    noise_partners: dict[str, list[RunInfo]] = {}
+    for a, b, rel in pairs:
+        if rel == NOISE:
+            noise_partners.setdefault(a.run_id, []).append(b)
+            noise_partners.setdefault(b.run_id, []).append(a)
+    rows = []
+    for a, b, rel in pairs:
+        for pos in range(1, len(a.ends) + 1):
+            values = between(a, b, pos)
+            head = (a.run_id, b.run_id, rel, pos, a.phases[pos - 1], b.phases[pos - 1])
+            rows += [(*head, layer - 1, "cka", float(v)) for layer, v in enumerate(values)]
+            if rel == TWIN:
+                partners = noise_partners.get(b.run_id, [])
+                noise = np.mean([1.0 - between(b, p, pos) for p in partners], axis=0) if partners \
+                    else np.full(len(values), np.nan)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    ratio = (1.0 - values) / noise
+                rows += [(*head, layer - 1, "cka_ratio", float(v)) for layer, v in enumerate(ratio)]
+    return pd.DataFrame(rows, columns=list(PAIR_COLUMNS))
+
+
+def pairs_table(sweep_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
+    """The pairs table of a sweep's finished runs (`runs`: the collected runs table), from the run folders'
+    spec.json and records/reps/<phase>.npz. SpecError when a pair cannot be formed or a run saved no
+    representations (probe.n_texts: 0), or two runs probed different texts."""
+    from ablate.store.rundir import read_json, runs_dir
+
+    done = runs[runs["status"] == "done"] if "status" in runs.columns else runs
+    infos, folders = [], {}
+    for run_id in done["run_id"]:
+        folder = runs_dir(sweep_dir) / str(run_id)
+        if not (folder / "spec.json").is_file():
+            continue            # the base model's reference scores: no run folder
+        spec = RunSpec.model_validate(read_json(folder / "spec.json"))
+        if spec.labels.get("derived"):
+            continue            # a layer transplant: no phases of its own
+        infos.append(run_info(str(run_id), spec))
+        folders[str(run_id)] = folder
+    if not infos:
+        raise SpecError("no finished runs to pair", file=str(sweep_dir), key="runs")
+    pairs = form_pairs(infos)
+    by_id = {i.run_id: i for i in infos}
+    keys: dict[str, str] = {}
+
+    def reps_of(run_id: str, pos: int) -> list[np.ndarray]:
+        phase = by_id[run_id].phases[pos - 1]
+        path = folders[run_id].joinpath(*REPS_DIR, f"{phase}.npz")
+        if not path.is_file():
+            raise SpecError(f"run {run_id} saved no representations at the end of phase {phase!r}",
+                            file=str(path), key="probe.n_texts", allowed="a run with probe.n_texts > 0")
+        reps, key = load_representations(path)
+        first = keys.setdefault("key", key)
+        if key != first:
+            raise SpecError(f"run {run_id} probed other texts than the rest of the sweep", file=str(path),
+                            key="probe", value=key, allowed=first)
+        return list(reps)
+
+    return pair_rows(pairs, reps_of)
+
+
+# --- summaries -------------------------------------------------------------------------------------------
+
+def region_of(layers: Sequence[int], n_layers: int) -> dict[int, str]:
+    """Block index -> "low" / "mid" / "high" (freeze masks' thirds); the embeddings output (-1) is in none."""
+    from ablate.plan.freezing import layer_groups
+
+    return {layer: name for name, r in layer_groups(n_layers).items() for layer in r if layer in set(layers)}
+
+
+def region_values(pairs: pd.DataFrame) -> pd.DataFrame:
+    """Per pair, phase end and measure: the mean over the blocks of each region, and over all blocks
+    ("all"), of 1 - CKA (measure "1-cka") or of the ratio. Depth from the pair's largest layer index."""
+    rows = []
+    keys = ["run_a", "run_b", "relation", "position", "phase", "phase_b", "measure"]
+    for key, g in pairs[pairs["layer"] >= 0].groupby(keys, sort=False):
+        y = 1.0 - g["value"] if key[-1] == "cka" else g["value"]
+        regions = g["layer"].map(region_of(g["layer"].tolist(), int(g["layer"].max()) + 1))
+        measure = "1-cka" if key[-1] == "cka" else key[-1]
+        for name in ("low", "mid", "high"):
+            rows.append((*key[:-1], measure, name, float(y[regions == name].mean())))
+        rows.append((*key[:-1], measure, "all", float(y.mean())))
+    return pd.DataFrame(rows, columns=[*keys, "region", "value"])
+
+
+def describe_pairs(specs: Sequence[tuple[str, RunSpec]]) -> str:
+    """One line for a dry run: how many pairs of each relation the runs will give, or why none can form."""
+    try:
+        pairs = form_pairs([run_info(run_id, spec) for run_id, spec in specs])
+    except SpecError as exc:
+        return f"pairs (ablate collect --pairs): cannot be formed: {exc.message}; rule: {RULE}"
+    counts = {rel: sum(r == rel for _, _, r in pairs) for rel in (TWIN, NOISE)}
+    return f"pairs (ablate collect --pairs): {counts[TWIN]} twin, {counts[NOISE]} seed-noise; rule: {RULE}"
