@@ -71,7 +71,7 @@ def cmd_run(args) -> int:
         print(f"{out}: resuming a failed run", file=sys.stderr)
     try:
         state = worker.execute(out, stop_after_steps=args.stop_after_steps)
-    except rundir.AlreadyRunning:
+    except (rundir.AlreadyRunning, SpecError):
         raise
     except Exception as exc:   # recorded in status.json and log.txt by the worker
         print(f"failed: {type(exc).__name__}: {exc}\n  log: {out / 'log.txt'}", file=sys.stderr)
