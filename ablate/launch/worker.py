@@ -65,10 +65,11 @@ def _probe_hooks(spec: RunSpec):
 
 
 def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: float) -> dict:
-    from ablate.models.families import n_layers
+    from ablate.models.families import family_of, n_layers
     from ablate.models.sources import load_config
 
-    depth = n_layers(load_config(spec.model))
+    config = load_config(spec.model)
+    depth = n_layers(config)
     frozen = ";".join(f"{p.name}:{p.frozen.describe()}" for p in plan_phases(spec, depth) if not p.frozen.empty)
     return {
         "token_hash": state.token_hash,
@@ -78,6 +79,7 @@ def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: floa
         "steps": state.global_step,
         "train_time_s": round(state.elapsed_s, 3),
         "wall_time_s": round(wall_time, 3),
+        "family": family_of(config).name,
         "n_layers": depth,
         "frozen": frozen,
         "model_dir": str((Path(run_dir) / "model").resolve()),

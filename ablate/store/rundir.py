@@ -4,7 +4,7 @@
         spec.json        the RunSpec (with its labels: sweep name, axis values)
         status.json      state (pending|submitted|running|interrupted|done|failed), times, attempts, error tail
         progress.json    the running run's phase, step, loss (what `status` and the sweep's progress line show)
-        records/run.json       token hash, tokens seen, wall time, versions
+        records/run.json       token hash, tokens seen, wall time, family, layers, versions
         records/curves.json    per step: phase, step, tokens, loss, lr
         records/grads.json     per logged step: phase, step, layer, grad_norm
         records/layers.json    end of each phase: phase, layer, measure, value
@@ -33,8 +33,8 @@ STATES = ("pending", "submitted", "running", "interrupted", "done", "failed")
 TABLES = ("runs", "scores", "layers", "curves", "grads")
 
 TABLE_COLUMNS = {
-    "runs": ("run_id", "sweep", "model", "schedule", "freeze", "seed", "status", "token_hash", "tokens_seen",
-             "wall_time_s", "versions"),
+    "runs": ("run_id", "sweep", "model", "family", "schedule", "freeze", "seed", "status", "token_hash",
+             "tokens_seen", "wall_time_s", "versions"),
     "scores": ("run_id", "task", "language", "finetune_seed", "split", "metric", "value", "epoch", "wall_time_s"),
     "layers": ("run_id", "phase", "layer", "measure", "value"),
     "curves": ("run_id", "phase", "step", "tokens", "loss", "lr"),
