@@ -31,7 +31,7 @@ from ablate.evaluate.tasks import load_task, load_task_data, resolve_settings
 from ablate.models import families
 from ablate.models.families import FAMILIES, family_of, layer_of
 from ablate.models.sources import SHIPPED_CONFIGS, load_config, load_masked_lm
-from ablate.plan.freezing import layer_groups
+from ablate.plan.freezing import apply_freeze, layer_groups, resolve_freeze
 from ablate.train import objectives
 from ablate.train.objectives import attention_for
 from ablate.train.preflight import check_models, measure, preflight_ids
@@ -104,6 +104,29 @@ def test_the_layer_map_places_each_family_s_own_parts():
     assert where["distilbert"]["distilbert.transformer.layer.1.ffn.lin1.weight"] == "1"
     assert where["distilbert"]["vocab_projector.bias"] == "head"
     assert where["roberta"]["lm_head.dense.weight"] == "head"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_freeze_groups_per_family(name):
+    fam = FAMILIES[name]
+    model = load_masked_lm(source(name), fam.attn_implementations[0])
+    depth = model.config.num_hidden_layers
+    params = dict(model.named_parameters())
+    encoder = {id(p) for p in fam.encoder(model).parameters()}
+    outside = [n for n, p in params.items() if id(p) not in encoder]       # the MLM head
+    word_embeddings = model.get_input_embeddings().weight
+
+    def frozen(*words) -> set[str]:
+        trainable = apply_freeze(model, fam, resolve_freeze(words, depth))
+        return set(params) - set(trainable)
+
+    assert word_embeddings.requires_grad and "emb" in {layer_of(n, fam) for n in frozen("embeddings")}
+    assert not word_embeddings.requires_grad
+    assert outside and frozen("head") == set(outside)
+    assert {n for n in params if id(params[n]) in encoder} == frozen("encoder")
+    for group in ("low", "mid", "high"):
+        assert {int(layer_of(n, fam)) for n in frozen(group)} == set(layer_groups(depth)[group])
+    assert {int(layer_of(n, fam)) for n in frozen(f"0-{depth - 2}")} == set(range(depth - 1))
 
 
 def test_camembert_and_xlm_r_are_roberta():
