@@ -61,10 +61,14 @@ def cmd_run(args) -> int:
     from ablate.launch import worker
     from ablate.plan.phases import check_plan
     from ablate.store import rundir
+    from ablate.train.preflight import check_models
 
     spec = load_run_spec(args.spec)
     check_plan(spec, file=str(args.spec))
     check_eval([spec], file=str(args.spec))
+    for result in check_models([spec], file=str(args.spec)).values():
+        if result is not None:
+            print(result.describe())
     out = Path(args.out) if args.out else results_root(args.results) / Path(args.spec).stem / "runs" / spec.run_id
     worker.prepare_run_dir(spec, out)
     if rundir.read_status(out).get("state") == "failed":
@@ -86,18 +90,21 @@ def cmd_sweep(args) -> int:
     from ablate.config.grid import load_grid
     from ablate.config.paths import results_root
     from ablate.evaluate.runs import check_eval
-    from ablate.plan.grid import expand, plan_table, resolve_layers
+    from ablate.plan.grid import expand, plan_table, resolve_layers, resolve_models
+    from ablate.train.preflight import check_models
 
     grid = load_grid(args.grid)
     runs = expand(grid, file=str(args.grid))
-    plans = resolve_layers(runs, file=str(args.grid))
+    models = resolve_models(runs, file=str(args.grid))
+    plans = resolve_layers(runs, file=str(args.grid), models=models)
     check_eval([r.spec for r in runs], file=str(args.grid))
+    checked = check_models([r.spec for r in runs], file=str(args.grid))
     executor = args.executor or grid.launcher.executor
     sweep_dir = results_root(args.results) / grid.sweep
     if args.dry_run:
         from ablate.analysis.pairs import describe_pairs
 
-        _print_table(plan_table(runs, plans))
+        _print_table(plan_table(runs, plans, models, {k: "ok" if r else "-" for k, r in checked.items()}))
         print(f"{len(runs)} runs; executor {executor}; results in {sweep_dir}; dry run: nothing submitted; "
               + describe_pairs([(r.run_id, r.spec) for r in runs]))
         return EXIT_OK

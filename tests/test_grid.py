@@ -394,9 +394,13 @@ def test_dry_run_of_the_paper_freeze_study_on_modernbert_base(tmp_path, capsys):
     assert len(runs) == 15  # mlm x 3 seeds + clm_detour x 4 masks x 3 seeds
     lines = out.splitlines()
     header = lines[0].split()
-    assert header == ["run_id", "schedule", "freeze", "seed", "phases", "frozen", "tokens"]
+    assert header == ["run_id", "schedule", "freeze", "seed", "family", "low|mid|high", "causal", "phases", "frozen",
+                      "tokens"]
     body = {line.split()[0]: line for line in lines[1:-1]}
     assert list(body) == [r.run_id for r in runs]
+    for run in runs:   # the paper's split of ModernBERT-base; the CLM runs' causal preflight passed under sdpa
+        assert body[run.run_id].split()[4:7] == [
+            "modernbert", "0-7|8-14|15-21", "sdpa:ok" if run.axes["schedule"] == "clm_detour" else "-"]
     steps_clm = -(-10_000_000_000 // (384 * 8192))        # tokens round up to whole steps
     steps_decay = -(-1_000_000_000 // (384 * 8192))
     for run in runs:
@@ -417,8 +421,10 @@ def test_dry_run_of_the_smoke_grid_through_python_m(tmp_path):
     assert proc.returncode == 0, proc.stderr
     runs = expand(load_grid(REPO / "grids" / "smoke.yaml"))
     lines = proc.stdout.splitlines()
-    assert lines[0].split() == ["run_id", "schedule", "freeze", "phases", "frozen", "tokens"]
+    assert lines[0].split() == ["run_id", "schedule", "freeze", "family", "low|mid|high", "causal", "phases", "frozen",
+                                "tokens"]
     assert [line.split()[0] for line in lines[1:-1]] == [r.run_id for r in runs]
+    assert {tuple(line.split()[3:5]) for line in lines[1:-1]} == {("bert", "0-1|2-3|4-5")}   # MiniLM-L6
     assert [line.split()[1:3] for line in lines[1:-1]] == [[r.axes["schedule"], r.axes["freeze"]] for r in runs]
     by_freeze = {line.split()[2]: line for line in lines[1:-1] if "clm_detour" in line}
     # MiniLM-L6: low = 0-1, mid = 2-3; the warm-up freezes the whole encoder

@@ -14,7 +14,7 @@ from ablate.train.objectives import IGNORE, attention_for, clm_labels, mlm_input
 
 def _logits(model, ids, objective):
     fam = family_of(model.config)
-    with attention_for(model, fam.model_type, objective, ids.shape[1], torch.float32) as mask:
+    with attention_for(model, fam, objective, ids.shape[1], torch.float32) as mask:
         hidden = fam.encoder(model)(input_ids=ids, attention_mask=mask).last_hidden_state
     return fam.head_logits(model, hidden)
 

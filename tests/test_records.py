@@ -29,8 +29,8 @@ from ablate.store.tables import collect
 from ablate.config.spec import dump_run_spec
 
 PHASES = ("mlm", "mlm_decay")
-RUNS_COLUMNS = ["run_id", "sweep", "model", "schedule", "freeze", "seed", "status", "token_hash", "tokens_seen",
-                "wall_time_s", "versions"]
+RUNS_COLUMNS = ["run_id", "sweep", "model", "family", "schedule", "freeze", "seed", "status", "token_hash",
+                "tokens_seen", "wall_time_s", "versions"]
 
 
 def curve_rows(n: int = 6) -> list[dict]:
@@ -54,7 +54,8 @@ def frozen_rows() -> list[dict]:
 
 def run_record(k: int = 0) -> dict:
     return {"token_hash": f"{k:064x}", "tokens_seen": 768, "phase_token_hashes": {p: "ab" for p in PHASES},
-            "steps": 6, "wall_time_s": 3.5, "n_layers": 4, "versions": json.dumps({"ablate": "0.1.0"})}
+            "steps": 6, "wall_time_s": 3.5, "family": "bert", "n_layers": 4,
+            "versions": json.dumps({"ablate": "0.1.0"})}
 
 
 def spec_dict(sweep: str, axes: dict, seed: int = 17) -> dict:

@@ -7,6 +7,7 @@ runs every (task, seed) pair once per out_dir: a finished pair is a JSON file th
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import random
@@ -22,23 +23,17 @@ from ablate.store import atomic
 
 from ablate.evaluate import metrics
 from ablate.config.errors import SpecError
+from ablate.models.families import FAMILIES, family_of
 from ablate.evaluate.tasks import (Example, FinetuneSettings, TaskSpec, load_task, load_task_data, resolve_settings)
 
 __all__ = ["FinetuneSettings", "finetune", "evaluate_scores", "encode", "align_word_labels"]
 
 IGNORE = -100   # label of sub-tokens that carry no loss (special tokens, non-first pieces of a word, padding)
 
-# LoRA adapters go on the attention projections; the modules listed in _LORA_FULL, when the model has them,
-# are trained in full because they may be freshly initialised (BERT's pooler is absent from *ForMaskedLM
-# checkpoints; ModernBERT's head is absent from a bare ModernBertModel).
-_LORA_TARGETS = {
-    "bert": ("query", "key", "value"),
-    "roberta": ("query", "key", "value"),
-    "xlm-roberta": ("query", "key", "value"),
-    "camembert": ("query", "key", "value"),
-    "modernbert": ("Wqkv",),
-    "deberta-v2": ("query_proj", "key_proj", "value_proj"),
-}
+# LoRA adapters go on the attention projections named by the model's family entry (lora_targets); the modules
+# in its lora_full, when the model has them, are trained in full because they may be freshly initialised
+# (BERT's pooler is absent from *ForMaskedLM checkpoints; ModernBERT's head is absent from a bare
+# ModernBertModel). A model of no family needs finetune.lora_target_modules, and gets _LORA_FULL.
 _LORA_FULL = ("pooler", "head")
 
 
@@ -141,10 +136,16 @@ def _wrap_lora(model, task: TaskSpec, settings: FinetuneSettings):
     from peft import LoraConfig, TaskType, get_peft_model
 
     model_type = model.config.model_type
-    targets = settings.lora_target_modules or _LORA_TARGETS.get(model_type)
+    try:
+        family = family_of(model.config)
+    except SpecError:
+        family = None
+    targets = settings.lora_target_modules or (family.lora_targets if family else None)
     if not targets:
-        raise SpecError(f"no default LoRA target modules for model type {model_type!r}",
-                        key="finetune.lora_target_modules", allowed="set them explicitly")
+        raise SpecError(f"no default LoRA target modules for model type {model_type!r} (no family entry)",
+                        key="finetune.lora_target_modules",
+                        allowed="set them explicitly, or use a model of a family: " + ", ".join(FAMILIES))
+    full = family.lora_full if family else _LORA_FULL
     leaf = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     missing = [t for t in targets if t.rsplit(".", 1)[-1] not in leaf]
     if missing:
@@ -153,8 +154,13 @@ def _wrap_lora(model, task: TaskSpec, settings: FinetuneSettings):
     config = LoraConfig(
         task_type=TaskType.TOKEN_CLS if task.type == "token_classification" else TaskType.SEQ_CLS,
         r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
-        target_modules=list(targets), modules_to_save=[m for m in _LORA_FULL if m in leaf])
+        target_modules=list(targets), modules_to_save=[m for m in full if m in leaf])
     return get_peft_model(model, config)
+
+
+def _takes_token_types(model) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model   # under a LoRA wrapper
+    return "token_type_ids" in inspect.signature(base.forward).parameters
 
 
 def _predict(model, task: TaskSpec, data: list[Encoded], labels: tuple[str, ...], examples: list[Example],
@@ -228,6 +234,9 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
 
     _seed_everything(seed)
     model = _load_model(str(model_dir), task, data.labels, settings).to(device)
+    if not _takes_token_types(model):   # e.g. DistilBERT or EuroBERT saved with a BERT tokenizer
+        train = [it._replace(token_type_ids=None) for it in train]
+        evals = {s: [it._replace(token_type_ids=None) for it in items] for s, items in evals.items()}
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     # No weight decay on biases and normalisation weights (the 1-d parameters).
     groups = [{"params": [p for _, p in trainable if p.ndim >= 2], "weight_decay": settings.weight_decay},

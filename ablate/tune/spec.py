@@ -88,8 +88,10 @@ def _check_runs(tune: Tune) -> None:
                             value=exc.value, allowed=exc.allowed) from None
     _check_objective(tune, planned[0].spec)
     from ablate.evaluate.runs import check_eval
+    from ablate.train.preflight import check_models
 
     check_eval([planned[0].spec], file=tune.file)
+    check_models([run.spec for run in planned], file=tune.file)   # tokenizer, causal preflight
 
 
 def _check_objective(tune: Tune, spec: RunSpec) -> None:

@@ -1,0 +1,189 @@
+"""The causal preflight: causality is proven, not assumed.
+
+Change one later token of a short real sequence and run the CLM forward (family encoder under its causal
+mask, then the MLM head) on both: every earlier position's logits must be bitwise the same, and the changed
+position's must differ (else the check proves nothing). It runs
+
+- before the first CLM step of every run, on the run's first sequence, model, device and precision
+  (preflight_run, called by the training loop);
+- when a run or a sweep is validated (`ablate run`, `ablate sweep`, also with --dry-run, `ablate tune`), once
+  per distinct model x attention implementation, on the architecture with random weights (check_models),
+  together with the checks that need no training: the family entry finds the model's layers, the family
+  runs under the implementation, the tokenizer loads.
+
+A leak is a SpecError naming the family, the implementation and what to use instead: exit 2.
+
+May import: config, data, models, plan, analysis, train.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ablate.config.errors import SpecError
+from ablate.config.spec import RunSpec
+from ablate.models.families import Family
+from ablate.models.sources import load_config, load_tokenizer, random_masked_lm
+from ablate.train.objectives import attention_for
+
+PREFLIGHT_TOKENS = 128      # validation length (a run's own check uses its whole first sequence)
+_HEAD_CHUNK = 512           # positions per head call: the logits of a long sequence never exist at once
+# Real text for validation, before any corpus is read: a run's own check uses its corpus.
+PREFLIGHT_TEXT = ("The patient, a 64-year-old woman with a history of type 2 diabetes and hypertension, was admitted "
+                  "with fever, productive cough and shortness of breath. Chest radiography showed a right lower "
+                  "lobe consolidation, and blood cultures grew Streptococcus pneumoniae. She was treated with "
+                  "intravenous ceftriaxone and azithromycin and discharged on day six without complications. ")
+
+
+@dataclass(frozen=True)
+class Preflight:
+    family: str
+    attn_implementation: str
+    length: int
+    position: int           # the changed token
+    leak: float             # largest |change| of a logit before `position` (0.0: causal)
+    reach: float            # largest |change| of a logit at or after `position`
+    error: str = ""         # the causal forward itself failed
+
+    @property
+    def causal(self) -> bool:
+        return not self.error and self.leak == 0.0 and self.reach > 0.0
+
+    def describe(self) -> str:
+        head = f"causal preflight: {self.family} under {self.attn_implementation}"
+        if self.error:
+            return f"{head}: the causal forward fails ({self.error})"
+        what = ("causal" if self.causal else
+                "LEAKS the future" if self.leak != 0.0 else "inconclusive (the change did not reach the logits)")
+        return (f"{head}: {what} (token {self.position} of {self.length} changed; earlier logits max |diff| "
+                f"{self.leak:.3g}, later {self.reach:.3g})")
+
+
+def _hidden(model, family: Family, ids: torch.Tensor, device, autocast: bool) -> torch.Tensor:
+    dtype = torch.bfloat16 if autocast else torch.float32
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast), \
+            attention_for(model, family, "clm", ids.shape[1], dtype, device) as attn:
+        return family.encoder(model)(input_ids=ids.to(device), attention_mask=attn).last_hidden_state[0]
+
+
+def measure(model, family: Family, ids: torch.Tensor, device: torch.device | str = "cpu",
+            autocast: bool = False) -> Preflight:
+    """Run the preflight on `ids` (1, L) with the model as it is (in eval mode for the duration)."""
+    device = torch.device(device)
+    length = ids.shape[1]
+    position = max(1, length * 3 // 4)
+    changed = ids.clone()
+    changed[0, position] = (int(ids[0, position]) + 1) % model.config.vocab_size
+    was_training = model.training
+    model.eval()
+    leak = reach = 0.0
+    impl = model.config._attn_implementation
+    try:
+        with torch.no_grad():
+            try:
+                a, b = (_hidden(model, family, x, device, autocast) for x in (ids, changed))
+            except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+                # e.g. DeBERTa-v2's convolution cannot take a pairwise mask
+                error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
+                return Preflight(family.name, impl, length, position, float("nan"), float("nan"), error)
+            for start in range(0, length, _HEAD_CHUNK):
+                la, lb = (family.head_logits(model, h[start:start + _HEAD_CHUNK]).float() for h in (a, b))
+                cut = min(max(position - start, 0), la.shape[0])
+                if cut and not torch.equal(la[:cut].view(torch.int32), lb[:cut].view(torch.int32)):  # bitwise
+                    diff = float((la[:cut] - lb[:cut]).abs().max())
+                    leak = max(leak, diff if diff > 0 else float("inf"))     # NaN, or only the sign of a zero
+                if cut < la.shape[0]:
+                    reach = max(reach, float((la[cut:] - lb[cut:]).abs().max()))
+    finally:
+        model.train(was_training)
+    return Preflight(family.name, impl, length, position, leak, reach)
+
+
+def _failure(result: Preflight, instead: list[str], file: str | None = None, key: str = "attn_implementation"
+             ) -> SpecError:
+    if instead:
+        allowed = "attn_implementation: " + ", ".join(instead)
+    else:
+        allowed = "none of this family's attention implementations is causal here: MLM-only schedules or another model"
+    why = "a CLM phase cannot run" if result.error else "a CLM phase would train on the future"
+    return SpecError(f"{result.describe()}: {why}", file=file, key=key,
+                     value=result.attn_implementation, allowed=allowed)
+
+
+def preflight_run(model, family: Family, plans, sequences: np.ndarray, device: torch.device, autocast: bool,
+                  log=print) -> Preflight | None:
+    """Before the first CLM step of a run: the check on the run's first sequence, model, device and precision
+    (None when the run has no CLM phase). A leak or an inconclusive check raises SpecError."""
+    if not any(p.spec.objective == "clm" for p in plans):
+        return None
+    result = measure(model, family, torch.from_numpy(sequences[:1].astype(np.int64)), device, autocast)
+    log(result.describe())
+    if not result.causal:
+        raise _failure(result, [i for i in family.attn_implementations if i != result.attn_implementation])
+    return result
+
+
+# --------------------------------------------------------------------------- before anything is submitted
+
+def preflight_ids(tokenizer, vocab_size: int, length: int, seed: int = 0) -> torch.Tensor:
+    """(1, length) token ids: PREFLIGHT_TEXT through the tokenizer, repeated; seeded random ids when there is
+    no tokenizer at hand (a hub id not in the local cache)."""
+    if tokenizer is None:
+        return torch.randint(vocab_size, (1, length), generator=torch.Generator().manual_seed(seed))
+    once = tokenizer(PREFLIGHT_TEXT, add_special_tokens=True)["input_ids"]
+    ids = (once * (length // len(once) + 1))[:length]
+    return torch.tensor([ids], dtype=torch.long)
+
+
+def _preflight_source(spec: RunSpec, tokenizer, family: Family) -> tuple[Preflight, list[str]]:
+    """The preflight for the spec's model and implementation; when it fails, the family's other
+    implementations are tried too, to say which to use instead."""
+    vocab = load_config(spec.model).vocab_size
+    ids = preflight_ids(tokenizer, vocab, min(spec.data.seq_len, PREFLIGHT_TOKENS))
+    result = measure(random_masked_lm(spec.model, spec.attn_implementation), family, ids)
+    instead = []
+    if not result.causal:
+        instead = [impl for impl in family.attn_implementations if impl != spec.attn_implementation
+                   and measure(random_masked_lm(spec.model, impl), family, ids).causal]
+    return result, instead
+
+
+def _grid_key(key: str | None, spec: RunSpec) -> str:
+    return f"model (= {spec.model})" if key in (None, "model") else f"{key} (model {spec.model})"
+
+
+def check_models(specs: list[RunSpec], file: str | None = None) -> dict[tuple, Preflight | None]:
+    """Validate each distinct model x tokenizer x attention implementation of `specs` before anything runs:
+    family entry and layers, implementation, tokenizer, and the causal preflight when some spec with that
+    model has a CLM phase. Returns {(model, tokenizer, attn_implementation): Preflight, or None without CLM}."""
+    from ablate.models.sources import check_attn, model_layout
+
+    done: dict[tuple, Preflight | None] = {}
+    for spec in specs:
+        tok_source = spec.tokenizer or spec.model
+        key = (spec.model, tok_source, spec.attn_implementation)
+        clm = any(p.objective == "clm" for p in spec.phases)
+        if key in done and (done[key] is not None or not clm):
+            continue
+        try:
+            family, _ = model_layout(spec.model)
+            check_attn(load_config(spec.model), spec.attn_implementation)
+            tokenizer = load_tokenizer(tok_source, local_only=True)
+            vocab = load_config(spec.model).vocab_size
+            if tokenizer is not None and len(tokenizer) > vocab:
+                raise SpecError(f"the tokenizer has {len(tokenizer)} tokens, more than the model's vocabulary "
+                                f"({vocab})", key="tokenizer", value=tok_source,
+                                allowed="the model's own tokenizer, or one of at most its vocabulary size")
+        except SpecError as exc:
+            raise SpecError(exc.message, file=file, key=_grid_key(exc.key, spec), value=exc.value,
+                            allowed=exc.allowed) from None
+        done[key] = None
+        if clm:
+            result, instead = _preflight_source(spec, tokenizer, family)
+            if not result.causal:
+                raise _failure(result, instead, file, _grid_key("attn_implementation", spec))
+            done[key] = result
+    return done
