@@ -258,6 +258,8 @@ def prepare(spec: DataSpec, tokenizer, which: str = "corpus", workers: int | Non
         tmp = folder.with_name(folder.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)   # left by a preparer that died: we hold the lock
         tmp.mkdir(parents=True)
+        if show:
+            print(f"tokenizing {len(sources)} source file(s) into {folder}", file=sys.stderr)
         identities = [_identity(s, spec) for s in sources]
         counts = _tokenize_into(tmp, sources, spec, tokenizer, workers or default_workers(), shard_tokens, show)
         write_json(tmp / MANIFEST, {"format_version": FORMAT_VERSION, "tokenizer_fingerprint": fingerprint,
