@@ -65,13 +65,16 @@ def cmd_run(args) -> int:
     spec = load_run_spec(args.spec)
     check_plan(spec, file=str(args.spec))
     check_eval([spec], file=str(args.spec))
+    from ablate.launch.preparation import check_corpora
+
+    check_corpora([spec], file=str(args.spec))
     out = Path(args.out) if args.out else results_root(args.results) / Path(args.spec).stem / "runs" / spec.run_id
     worker.prepare_run_dir(spec, out)
     if rundir.read_status(out).get("state") == "failed":
         print(f"{out}: resuming a failed run", file=sys.stderr)
     try:
         state = worker.execute(out, stop_after_steps=args.stop_after_steps)
-    except rundir.AlreadyRunning:
+    except (rundir.AlreadyRunning, SpecError):    # bad input found in the run (e.g. a changed corpus): exit 2
         raise
     except Exception as exc:   # recorded in status.json and log.txt by the worker
         print(f"failed: {type(exc).__name__}: {exc}\n  log: {out / 'log.txt'}", file=sys.stderr)
