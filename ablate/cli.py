@@ -59,6 +59,7 @@ def cmd_run(args) -> int:
     from ablate.config.spec import load_run_spec
     from ablate.evaluate.runs import check_eval
     from ablate.launch import worker
+    from ablate.launch.preparation import check_corpora
     from ablate.plan.phases import check_plan
     from ablate.store import rundir
     from ablate.train.preflight import check_models
@@ -66,6 +67,7 @@ def cmd_run(args) -> int:
     spec = load_run_spec(args.spec)
     check_plan(spec, file=str(args.spec))
     check_eval([spec], file=str(args.spec))
+    check_corpora([spec], file=str(args.spec))
     for result in check_models([spec], file=str(args.spec)).values():
         if result is not None:
             print(result.describe())
@@ -75,7 +77,7 @@ def cmd_run(args) -> int:
         print(f"{out}: resuming a failed run", file=sys.stderr)
     try:
         state = worker.execute(out, stop_after_steps=args.stop_after_steps)
-    except (rundir.AlreadyRunning, SpecError):
+    except (rundir.AlreadyRunning, SpecError):    # bad input found in the run (e.g. a changed corpus): exit 2
         raise
     except Exception as exc:   # recorded in status.json and log.txt by the worker
         print(f"failed: {type(exc).__name__}: {exc}\n  log: {out / 'log.txt'}", file=sys.stderr)
@@ -98,6 +100,9 @@ def cmd_sweep(args) -> int:
     models = resolve_models(runs, file=str(args.grid))
     plans = resolve_layers(runs, file=str(args.grid), models=models)
     check_eval([r.spec for r in runs], file=str(args.grid))
+    from ablate.launch.preparation import check_corpora
+
+    check_corpora([r.spec for r in runs], file=str(args.grid))
     checked = check_models([r.spec for r in runs], file=str(args.grid))
     executor = args.executor or grid.launcher.executor
     sweep_dir = results_root(args.results) / grid.sweep
@@ -124,6 +129,38 @@ def cmd_sweep(args) -> int:
     for rid in failed:
         print(f"  failed {rid}: log {sweep_dir / 'runs' / rid / 'log.txt'}")
     return EXIT_OK if not failed and not others and not collected.problems else EXIT_FAILED
+
+
+def _specs_of(target: str, tokenizer: str | None) -> list:
+    """The run specs a prepare target stands for: a grid's runs, one run spec, or a corpus path (with
+    --tokenizer, default the default model's) read with default options."""
+    from ablate.config.base import read_yaml
+    from ablate.config.spec import parse_run_spec
+
+    path = Path(target)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        data = read_yaml(path)
+        if isinstance(data, dict) and "model" not in data:
+            from ablate.config.grid import load_grid
+            from ablate.plan.grid import expand
+
+            return [r.spec for r in expand(load_grid(path), file=str(path))]
+        return [parse_run_spec(data, file=str(path))]
+    from ablate.models.sources import DEFAULT_MODEL
+
+    return [parse_run_spec({"model": tokenizer or DEFAULT_MODEL, "data": {"corpus": target},
+                            "phases": [{"name": "prepare", "objective": "mlm", "steps": 1}]}, file=target)]
+
+
+def cmd_prepare(args) -> int:
+    from ablate.launch.preparation import check_corpora, prepare_corpora
+
+    specs = _specs_of(args.target, args.tokenizer)
+    if args.tokenizer:
+        specs = [s.model_copy(update={"tokenizer": args.tokenizer}) for s in specs]
+    check_corpora(specs, file=args.target)
+    prepare_corpora(specs, workers=args.workers, verify=args.verify, shard_tokens=args.shard_tokens)
+    return EXIT_OK
 
 
 def cmd_status(args) -> int:
@@ -277,6 +314,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("grid", help="grid file (YAML)")
     s.add_argument("--retry-failed", action="store_true", help="re-submit runs that failed before")
     s.set_defaults(func=cmd_sweep)
+
+    pr = sub.add_parser("prepare", help="tokenize corpora once into memory-mapped shards (where runs read them)")
+    pr.add_argument("target", help="a grid, a run spec, or a corpus path (file, glob or folder)")
+    pr.add_argument("--workers", type=int, help="tokenizer processes (default: the cores this process may use)")
+    pr.add_argument("--tokenizer", help="tokenizer (same forms as a run spec's model); default: the spec's")
+    pr.add_argument("--verify", action="store_true", help="re-hash every prepared file and source against the "
+                                                          "manifest (exit 2 on a mismatch)")
+    pr.add_argument("--shard-tokens", type=int, help="tokens per shard file (default 2**28)")
+    pr.set_defaults(func=cmd_prepare)
 
     st = sub.add_parser("status", parents=[sweep], help="per-run state of a sweep")
     st.set_defaults(func=cmd_status)

@@ -235,24 +235,26 @@ def test_yaml_tags_that_build_objects_are_refused(tmp_path):
     assert result.returncode == 2 and "not valid YAML" in result.stderr
 
 
-def test_tokenization_is_cached_per_tokenizer_and_content(tmp_path, data_root, minilm_tokenizer, monkeypatch):
-    from ablate.data import corpus
+def test_tokenization_is_prepared_once_per_tokenizer_and_content(tmp_path, data_root, minilm_tokenizer,
+                                                                 monkeypatch):
+    from ablate.data import corpus, prepare
     from ablate.config.spec import DataSpec
 
-    monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "cache"))
-    spec = DataSpec(corpus="corpus_en_e3c/train.txt", max_documents=50)
-    first = corpus.load_token_stream(spec, minilm_tokenizer)
-    assert len(list((tmp_path / "cache" / "tokens").glob("*.npz"))) == 1
+    monkeypatch.setenv("ABLATE_PREPARED", str(tmp_path / "prepared"))
     calls = []
-    original = corpus.tokenize_documents
-    monkeypatch.setattr(corpus, "tokenize_documents", lambda *a: calls.append(1) or original(*a))
-    again = corpus.load_token_stream(spec, minilm_tokenizer)
-    assert not calls and np.array_equal(first.tokens, again.tokens)
-    corpus.load_token_stream(DataSpec(corpus="corpus_en_e3c/train.txt", max_documents=51), minilm_tokenizer)
-    assert calls == [1]  # other content: a cache miss
+    original = prepare._tokenize_into
+    monkeypatch.setattr(prepare, "_tokenize_into", lambda *a: calls.append(1) or original(*a))
+    spec = DataSpec(corpus="corpus_en_e3c/train.txt", max_documents=50)
+    first = corpus.open_prepared(spec, minilm_tokenizer)
+    again = corpus.open_prepared(spec, minilm_tokenizer)
+    assert calls == [1] and np.array_equal(first.tokens(0, first.n_tokens), again.tokens(0, again.n_tokens))
+    corpus.open_prepared(DataSpec(corpus="corpus_en_e3c/train.txt", max_documents=51), minilm_tokenizer)
+    assert calls == [1, 1]  # other content: prepared again, in its own folder
+    assert len([p for p in (tmp_path / "prepared").iterdir() if p.is_dir()]) == 2
     seqs, docs = first.packed(64)
-    assert seqs.shape[1] == 64 and seqs[0, 0] == minilm_tokenizer.cls_token_id
-    assert (np.diff(docs.ravel()) >= 0).all()
+    all_rows = np.arange(len(seqs))
+    assert seqs.shape[1] == 64 and seqs[all_rows][0, 0] == minilm_tokenizer.cls_token_id
+    assert (np.diff(docs[all_rows].ravel()) >= 0).all()
 
 
 def test_a_mask_that_freezes_everything_is_an_error_before_training(tmp_path, data_root):
@@ -270,7 +272,7 @@ def test_jsonl_parquet_and_datasets_corpora_give_the_same_stream_as_text(fmt, tm
                                                                          minilm_tokenizer):
     import pandas as pd
 
-    from ablate.data.corpus import load_token_stream
+    from ablate.data.corpus import open_prepared
     from ablate.config.spec import DataSpec
 
     docs = [line.strip() for line in (data_root / "corpus_en_e3c" / "valid.txt").open()][:30]
@@ -285,6 +287,6 @@ def test_jsonl_parquet_and_datasets_corpora_give_the_same_stream_as_text(fmt, tm
         pd.DataFrame({"body": docs}).to_parquet(path)
     text = tmp_path / "corpus.txt"
     text.write_text("\n".join(docs) + "\n")
-    a = load_token_stream(DataSpec(corpus=str(path), text_field="body"), minilm_tokenizer)
-    b = load_token_stream(DataSpec(corpus=str(text)), minilm_tokenizer)
-    assert np.array_equal(a.tokens, b.tokens) and a.n_documents == 30
+    a = open_prepared(DataSpec(corpus=str(path), text_field="body"), minilm_tokenizer)
+    b = open_prepared(DataSpec(corpus=str(text)), minilm_tokenizer)
+    assert np.array_equal(a.tokens(0, a.n_tokens), b.tokens(0, b.n_tokens)) and a.n_documents == 30

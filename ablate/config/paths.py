@@ -1,4 +1,4 @@
-"""Where things live: the data root, the tokenization cache, the results root.
+"""Where things live: the data root, the cache, prepared token shards, the results root.
 
 Each is an environment variable with a documented default, so tests, CI and Slurm jobs can point at
 shared storage without editing grids. A grid or run spec may also name `data_root` explicitly.
@@ -12,6 +12,7 @@ from pathlib import Path
 DATA_ROOT_ENV = "ABLATE_DATA_ROOT"    # default: ./data
 CACHE_ENV = "ABLATE_CACHE"            # default: ~/.cache/ablate
 RESULTS_ENV = "ABLATE_RESULTS"        # default: ./results
+PREPARED_ENV = "ABLATE_PREPARED"      # default: <cache>/prepared (on a cluster: shared storage)
 
 
 def data_root(explicit: str | os.PathLike | None = None) -> Path:
@@ -22,6 +23,14 @@ def data_root(explicit: str | os.PathLike | None = None) -> Path:
 
 def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "ablate")).expanduser()
+
+
+def prepared_root(explicit: str | os.PathLike | None = None) -> Path:
+    """Where prepared token shards live: data.prepared_root, else $ABLATE_PREPARED, else <cache>/prepared."""
+    if explicit:
+        return Path(explicit).expanduser()
+    env = os.environ.get(PREPARED_ENV)
+    return Path(env).expanduser() if env else cache_dir() / "prepared"
 
 
 def results_root(explicit: str | os.PathLike | None = None) -> Path:

@@ -91,6 +91,10 @@ class DataSpec(Strict):
     seq_len: int = Field(default=128, ge=8)
     data_seed: int = 42
     data_root: str | None = Field(default=None, description="overrides ABLATE_DATA_ROOT")
+    errors: Literal["strict", "replace"] = Field(default="strict", description="invalid UTF-8: an error, or "
+                                                 "replaced by U+FFFD")
+    prepared_root: str | None = Field(default=None, description="where prepared token shards live; overrides "
+                                                                "ABLATE_PREPARED (default: the cache)")
 
 
 class OptimSpec(Strict):
@@ -162,6 +166,9 @@ class RunSpec(Strict):
     @property
     def run_id(self) -> str:
         content = self.model_dump(mode="json", exclude=set(self.NON_TRAINING_FIELDS))
+        content["data"].pop("prepared_root")            # where tokens are kept does not change them
+        if content["data"]["errors"] == "strict":       # the default leaves ids of older runs as they were
+            content["data"].pop("errors")
         blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -1,4 +1,5 @@
-"""Data: corpora -> token streams packed into fixed-length sequences, ordered by the data seed alone.
+"""Data: corpora streamed from their files, tokenized once into memory-mapped token shards (prepared folders),
+packed into fixed-length sequences, ordered by the data seed alone.
 
 May import: config, store.
 """

@@ -1,133 +1,71 @@
-"""Corpus -> one token stream, tokenized once and cached, packed into fixed-length sequences.
+"""What a run needs of its corpus: the packed sequences (memory-mapped from the prepared folder, preparing it
+first when there is none), the held-out documents for probes, and the order sequences are read in.
 
 Every document is tokenized with the tokenizer's special tokens ([CLS] doc [SEP] for BERT-style
 tokenizers), the documents are concatenated, and the stream is cut into sequences of seq_len tokens (the
-remainder is dropped), as run_mlm.py's group_texts does. The separator between documents is the
-tokenizer's own [SEP]/[CLS] pair. Each token carries the index of its document so CLM labels can stop
-at document boundaries.
+remainder is dropped), as run_mlm.py's group_texts does. Each token carries the index of its document so
+CLM labels can stop at document boundaries.
 
-The cache key is the hash of the corpus bytes, the reading options and the tokenizer's files, so an edited
-corpus or another tokenizer never reads a stale cache.
+A run never re-reads its corpus to check it: the prepared manifest's source sizes and mtimes are compared
+(the bytes are re-hashed only when they differ), and a corpus that changed is refused with the command
+that re-prepares it.
+
+May import: config, store, data.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from ablate.config.errors import SpecError
-from ablate.config.paths import cache_dir, resolve_data_path
 from ablate.config.spec import DataSpec
+from ablate.data.prepare import changed_sources, prepare, prepared_folder, read_manifest, tokenizer_fingerprint
+from ablate.data.prepared import PackedView, PreparedCorpus
+from ablate.data.sources import iter_documents, resolve_sources
+
+__all__ = ["SequenceOrder", "TokenStream", "load_packed", "open_prepared", "read_documents", "tokenize_documents",
+           "tokenizer_fingerprint"]
+
+
+def open_prepared(spec: DataSpec, tokenizer, which: str = "corpus", workers: int | None = None) -> PreparedCorpus:
+    """The memory-mapped prepared corpus; prepared here (under its lock) when no complete folder exists.
+    A corpus that changed since it was prepared is a SpecError naming the command that re-prepares it."""
+    sources = resolve_sources(spec, which)
+    folder = prepared_folder(spec, sources, tokenizer_fingerprint(tokenizer))
+    manifest = read_manifest(folder)
+    if manifest is None:
+        folder = prepare(spec, tokenizer, which, workers=workers)
+    else:
+        changed = changed_sources(manifest, sources, spec)
+        if changed:
+            raise SpecError(f"the corpus changed since it was prepared in {folder} ({', '.join(changed)}); "
+                            f"re-prepare it: ablate prepare <this run spec or grid>", key=f"data.{which}",
+                            value=getattr(spec, which))
+    return PreparedCorpus(folder)
+
+
+def load_packed(spec: DataSpec, tokenizer) -> tuple[PackedView, PackedView]:
+    """(sequences, doc ids) of the run's corpus, both indexable by sequence indices."""
+    return open_prepared(spec, tokenizer).packed(spec.seq_len)
+
+
+def read_documents(spec: DataSpec, which: str = "corpus") -> list[str]:
+    """The documents of a (small) corpus in memory, in file order: the held-out texts of layer probes."""
+    docs = list(iter_documents(resolve_sources(spec, which), spec))
+    if not docs:
+        raise SpecError("corpus is empty", key=f"data.{which}", value=getattr(spec, which))
+    return docs
 
 
 @dataclass(frozen=True)
 class TokenStream:
+    """The whole stream in memory: the reference the prepared path is tested against."""
+
     tokens: np.ndarray      # (n_tokens,) int32
     doc_index: np.ndarray   # (n_tokens,) int32, document of each token
     n_documents: int
-
-    def packed(self, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-        """(sequences, doc ids): both (n_sequences, seq_len) views of the stream."""
-        n = len(self.tokens) // seq_len
-        if n == 0:
-            raise SpecError(f"corpus has {len(self.tokens)} tokens, fewer than one sequence of {seq_len}",
-                            key="data.seq_len", value=seq_len)
-        return (self.tokens[: n * seq_len].reshape(n, seq_len),
-                self.doc_index[: n * seq_len].reshape(n, seq_len))
-
-
-def _detect_format(path: Path, fmt: str) -> str:
-    if fmt != "auto":
-        return fmt
-    suffix = path.suffix.lower()
-    if path.is_dir():
-        return "hf"
-    return {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}.get(suffix, "text")
-
-
-def read_documents(spec: DataSpec, which: str = "corpus") -> list[str]:
-    """The documents of the corpus (or of the validation corpus), in file order, empty ones dropped."""
-    ref = getattr(spec, which)
-    key = f"data.{which}"
-    if ref.startswith("hf:"):
-        return _read_hf(ref.removeprefix("hf:"), spec, key)
-    path = resolve_data_path(ref, spec.data_root)
-    if not path.exists():
-        raise SpecError("corpus not found (relative paths are under the data root: ABLATE_DATA_ROOT or "
-                        "data.data_root)", key=key, value=str(path))
-    fmt = _detect_format(path, spec.format)
-    if fmt == "text":
-        with path.open(encoding="utf-8") as f:
-            docs = [line.strip() for line in f]
-    elif fmt == "jsonl":
-        docs = []
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    docs.append(str(json.loads(line)[spec.text_field]).strip())
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise SpecError(f"line {lineno} is not a JSON object with field {spec.text_field!r}",
-                                    file=str(path), key="data.text_field") from None
-    elif fmt == "parquet":
-        import pandas as pd
-
-        frame = pd.read_parquet(path)
-        if spec.text_field not in frame.columns:
-            raise SpecError("text field not in the parquet file", file=str(path), key="data.text_field",
-                            value=spec.text_field, allowed=", ".join(map(str, frame.columns)))
-        docs = [str(x).strip() for x in frame[spec.text_field]]
-    else:
-        return _read_hf(str(path), spec, key)
-    docs = [d for d in docs if d]
-    if spec.max_documents is not None:
-        docs = docs[: spec.max_documents]
-    if not docs:
-        raise SpecError("corpus is empty", key=key, value=str(path))
-    return docs
-
-
-def _read_hf(name: str, spec: DataSpec, key: str) -> list[str]:
-    import datasets
-
-    try:
-        ds = datasets.load_from_disk(name) if Path(name).is_dir() else datasets.load_dataset(name, split="train")
-    except Exception as exc:  # datasets raises many types for a missing dataset
-        raise SpecError(f"cannot load the dataset: {exc}", key=key, value=name) from None
-    if isinstance(ds, datasets.DatasetDict):
-        ds = ds["train"]
-    if spec.text_field not in ds.column_names:
-        raise SpecError("text field not in the dataset", key="data.text_field", value=spec.text_field,
-                        allowed=", ".join(ds.column_names))
-    docs = [str(x).strip() for x in ds[spec.text_field] if str(x).strip()]
-    return docs[: spec.max_documents] if spec.max_documents else docs
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """Hash of what decides token ids: the tokenizer's class and its serialized vocabulary/rules."""
-    h = hashlib.sha256(type(tokenizer).__name__.encode())
-    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
-    if backend is not None:
-        # truncation/padding are call-time settings the tokenizer object records on itself: not identity
-        rules = {k: v for k, v in json.loads(backend.to_str()).items() if k not in ("truncation", "padding")}
-        h.update(json.dumps(rules, sort_keys=True).encode())
-    else:
-        h.update(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode())
-    return h.hexdigest()
-
-
-def _corpus_fingerprint(spec: DataSpec, which: str, docs: list[str]) -> str:
-    h = hashlib.sha256(json.dumps([which, spec.format, spec.text_field, spec.max_documents]).encode())
-    for d in docs:
-        h.update(d.encode())
-        h.update(b"\n")
-    return h.hexdigest()
 
 
 def tokenize_documents(docs: list[str], tokenizer, batch: int = 1000) -> TokenStream:
@@ -139,23 +77,6 @@ def tokenize_documents(docs: list[str], tokenizer, batch: int = 1000) -> TokenSt
             pieces.append(np.asarray(ids, dtype=np.int32))
             owners.append(np.full(len(ids), start + i, dtype=np.int32))
     return TokenStream(np.concatenate(pieces), np.concatenate(owners), len(docs))
-
-
-def load_token_stream(spec: DataSpec, tokenizer, which: str = "corpus") -> TokenStream:
-    """Tokenize once; later calls (other runs, other arms) read the cached arrays."""
-    docs = read_documents(spec, which)
-    key = hashlib.sha256((_corpus_fingerprint(spec, which, docs) + tokenizer_fingerprint(tokenizer)).encode())
-    path = cache_dir() / "tokens" / f"{key.hexdigest()[:24]}.npz"
-    if path.is_file():
-        with np.load(path) as z:
-            return TokenStream(z["tokens"], z["doc_index"], int(z["n_documents"]))
-    stream = tokenize_documents(docs, tokenizer)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as f:
-        np.savez(f, tokens=stream.tokens, doc_index=stream.doc_index, n_documents=stream.n_documents)
-    os.replace(tmp, path)
-    return stream
 
 
 class SequenceOrder:

@@ -7,7 +7,10 @@ Checkpointable), and the requeued job resumes from the run's last checkpoint. A 
 submitted again; one that failed only with --retry-failed; one that is queued or running (its job alive or
 its folder locked) is left alone, so the same run never runs twice at once.
 
-May import: config, store, plan, launch.worker, launch.executors.
+Corpora are prepared before the first run is submitted (launch.preparation): here, or on Slurm as one job
+the arms depend on.
+
+May import: config, store, plan, launch.worker, launch.executors, launch.preparation.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from ablate.config.grid import GridSpec, Launcher
-from ablate.launch import worker
+from ablate.launch import preparation, worker
 from ablate.launch.executors import RunJob, have_slurm, make_executor
 from ablate.plan.grid import PlannedRun
 from ablate.store import atomic, rundir
@@ -196,6 +199,10 @@ def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_r
         out("nothing to submit")
     else:
         scheduler = Scheduler(kind, grid.launcher, paths.jobs, grid.sweep, out)
+        prep_job = preparation.prepare_for_sweep(kind, grid.launcher, [r.spec for r in runs if r.run_id in to_run],
+                                                 paths.jobs, grid.sweep, out)
+        if prep_job is not None:
+            scheduler.executor.update_parameters(**preparation.after(prep_job, grid.launcher))
         scheduler.submit([paths.run(rid) for rid in to_run])
         _wait(scheduler, paths, [r.run_id for r in runs], out, poll_s)
     by_state: dict[str, list[str]] = {}

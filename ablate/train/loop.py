@@ -34,7 +34,7 @@ import torch
 
 from ablate.train.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint, save_final_model
 from ablate.train.distributed import Dist, init as init_distributed, local_device_index, rank_slice
-from ablate.data.corpus import SequenceOrder, load_token_stream
+from ablate.data.corpus import SequenceOrder, load_packed
 from ablate.config.errors import SpecError
 from ablate.plan.freezing import apply_freeze, is_frozen
 from ablate.plan.phases import PhasePlan, frozen_rows, plan_phases
@@ -180,8 +180,7 @@ def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, lis
         if all(is_frozen(n, family, plan.frozen) for n in names):
             raise SpecError("the freeze mask leaves nothing to train", key=f"phases[{plan.index}].freeze",
                             value=",".join(plan.spec.freeze))
-    stream = load_token_stream(spec.data, tokenizer)
-    sequences, doc_ids = stream.packed(spec.data.seq_len)
+    sequences, doc_ids = load_packed(spec.data, tokenizer)    # memory-mapped; prepared first if need be
     special = sorted(set(tokenizer.all_special_ids))
     ctx = Context(spec, model, family, device, sequences, doc_ids, SequenceOrder(len(sequences), spec.data.data_seed),
                   torch.tensor(special), tokenizer.mask_token_id, model.config.vocab_size,

