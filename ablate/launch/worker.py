@@ -20,6 +20,7 @@ from ablate import __version__
 from ablate.store import rundir
 from ablate.store.rundir import AlreadyRunning  # noqa: F401  (raised here; tune and the CLI catch it)
 from ablate.store.sweep import write_progress
+from ablate.launch.trackers import RunTrackers
 from ablate.train.loop import TrainState, pretrain
 from ablate.config.spec import RunSpec, dump_run_spec
 
@@ -106,6 +107,7 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
     if not lock.acquire():
         raise AlreadyRunning(f"{run_dir.name} is already running elsewhere ({lock.path.read_text().strip()})")
     log, log_file = _logger(run_dir)
+    trackers = None
     try:
         if rundir.read_status(run_dir).get("state") == "done":
             log("already done")
@@ -115,10 +117,13 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
         rundir.write_status(run_dir, "running", attempts=attempt, started=time.time(),
                              host=platform.node(), pid=__import__("os").getpid())
         started = time.perf_counter()
+        trackers = RunTrackers.for_spec(spec, run_dir, log)
         try:
             state = pretrain(spec, run_dir, log=log, phase_end_hooks=_probe_hooks(spec),
                              progress=lambda p: write_progress(run_dir, p),
-                             stop_after_steps=stop_after_steps)
+                             stop_after_steps=stop_after_steps, on_log=trackers.feed if trackers else None)
+            if trackers:
+                trackers.feed(state)      # the steps after the last log step
             if not state.done:
                 rundir.write_status(run_dir, "interrupted")
                 return "interrupted"
@@ -132,7 +137,11 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
                     "phase": "fine-tuning " + ",".join(spec.eval.tasks), "step": state.global_step,
                     "total_steps": state.global_step, "loss": state.curves[-1]["loss"] if state.curves else 0.0})
 
-                evaluate_run(run_dir, spec, log=log)
+                rows = evaluate_run(run_dir, spec, log=log)
+                if trackers:
+                    trackers.scores(rows, state.global_step)
+            if trackers:
+                trackers.finish(run_dir / "model")
             rundir.write_status(run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3))
             log(f"done: {state.tokens_seen} tokens, token hash {state.token_hash[:16]}")
             return "done"
@@ -144,5 +153,7 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
             log(f"failed: {type(exc).__name__}: {exc}")
             raise
     finally:
+        if trackers:
+            trackers.close()      # after finish() this is a no-op; otherwise the next attempt resumes
         log_file.close()
         lock.release()
