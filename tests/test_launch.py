@@ -112,3 +112,18 @@ def test_bad_grid_exits_2_and_submits_nothing(tmp_path):
     assert result.returncode == 2
     assert "axes.freeze" in result.stderr and "lowest_clm" in result.stderr and "allowed" in result.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_the_sweep_progress_line_counts_runs_and_estimates_from_measured_run_times(tmp_path):
+    from ablate.launch.scheduler import _progress_line
+    from ablate.store import rundir
+    from ablate.store.sweep import SweepFolder
+
+    paths = SweepFolder(tmp_path / "s")
+    for rid, state, wall in (("a", "done", 60.0), ("b", "done", 120.0), ("c", "failed", None), ("d", "pending", None),
+                             ("e", "pending", None)):
+        paths.run(rid).mkdir(parents=True)
+        rundir.write_status(paths.run(rid), state, **({"wall_time_s": wall} if wall else {}))
+    line, counts = _progress_line(paths, ["a", "b", "c", "d", "e"])
+    assert counts == {"pending": 2, "running": 0, "done": 2, "failed": 1}
+    assert "2/5 runs done, ETA 3m00s" in line          # mean 90 s x 2 runs left, one at a time

@@ -133,11 +133,9 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
             if spec.eval.tasks:
                 from ablate.evaluate.runs import evaluate_run
 
-                write_progress(run_dir, {
-                    "phase": "fine-tuning " + ",".join(spec.eval.tasks), "step": state.global_step,
-                    "total_steps": state.global_step, "loss": state.curves[-1]["loss"] if state.curves else 0.0})
-
-                rows = evaluate_run(run_dir, spec, log=log)
+                write_progress(run_dir, {"stage": "finetune", "phase": "fine-tuning " + ",".join(spec.eval.tasks),
+                                         "step": 0, "total_steps": 0})     # until the first task reports
+                rows = evaluate_run(run_dir, spec, log=log, progress=lambda p: write_progress(run_dir, p))
                 if trackers:
                     trackers.scores(rows, state.global_step)
             if trackers:
