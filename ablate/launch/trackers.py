@@ -21,6 +21,7 @@ from typing import Callable
 
 from ablate.config.spec import RunSpec, dump_run_spec
 from ablate.store import atomic
+from ablate.store.lock import FileLock
 from ablate.store.rundir import read_json
 
 Log = Callable[[str], None]
@@ -102,17 +103,25 @@ class MlflowTracker:
 
         cfg = spec.tracking.mlflow
         self.uri = mlflow_uri(spec, run_dir)
-        self.client = MlflowClient(tracking_uri=self.uri)
         # a server gets batches in the background (never blocks training); a local store synchronously
         self.synchronous = not self.uri.startswith(("http://", "https://", "databricks"))
         self.log_model = cfg.log_model
-        if resume_id:
-            self.id = resume_id
-            self.client.update_run(resume_id, status="RUNNING")
-            return
-        experiment = cfg.experiment or str(spec.labels.get("sweep", run_dir.parent.parent.name))
-        found = self.client.get_experiment_by_name(experiment)
-        exp_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        # runs of a sweep starting together would race to create the sqlite tables and the experiment
+        lock = FileLock(Path(self.uri[len("sqlite:///"):] + ".lock")) if self.uri.startswith("sqlite:///") else None
+        if lock is not None:
+            lock.acquire(wait_s=300)
+        try:
+            self.client = MlflowClient(tracking_uri=self.uri)
+            if resume_id:
+                self.id = resume_id
+                self.client.update_run(resume_id, status="RUNNING")
+                return
+            experiment = cfg.experiment or str(spec.labels.get("sweep", run_dir.parent.parent.name))
+            found = self.client.get_experiment_by_name(experiment)
+            exp_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        finally:
+            if lock is not None:
+                lock.release()
         axes = spec.labels.get("axes") if isinstance(spec.labels.get("axes"), dict) else {}
         run = self.client.create_run(exp_id, run_name=arm_name(spec, run_dir.name),
                                      tags={"ablate.run_id": run_dir.name, **{f"axis.{k}": str(v)

@@ -20,6 +20,7 @@ from ablate import __version__
 from ablate.store import rundir
 from ablate.store.rundir import AlreadyRunning  # noqa: F401  (raised here; tune and the CLI catch it)
 from ablate.store.sweep import write_progress
+from ablate.launch.console import Console
 from ablate.launch.trackers import RunTrackers
 from ablate.train.loop import TrainState, pretrain
 from ablate.config.spec import RunSpec, dump_run_spec
@@ -44,13 +45,14 @@ def load_spec(run_dir: Path) -> RunSpec:
     return RunSpec.model_validate(rundir.read_json(Path(run_dir) / "spec.json"))
 
 
-def _logger(run_dir: Path):
+def _logger(run_dir: Path, console: Console):
+    """log(message): a plain line in log.txt, and on stdout through the console (above its progress bar)."""
     log_file = open(Path(run_dir) / "log.txt", "a", buffering=1)
     run_id = Path(run_dir).name
 
     def log(message: str) -> None:
         line = f"[{time.strftime('%H:%M:%S')} {run_id}] {message}"
-        print(line, flush=True)
+        console.line(line)
         log_file.write(line + "\n")
 
     return log, log_file
@@ -106,8 +108,14 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
     lock = rundir.RunLock(run_dir)
     if not lock.acquire():
         raise AlreadyRunning(f"{run_dir.name} is already running elsewhere ({lock.path.read_text().strip()})")
-    log, log_file = _logger(run_dir)
+    console = Console()
+    log, log_file = _logger(run_dir, console)
     trackers = None
+
+    def report(progress: dict) -> None:
+        write_progress(run_dir, progress)
+        console.progress(progress)
+
     try:
         if rundir.read_status(run_dir).get("state") == "done":
             log("already done")
@@ -120,7 +128,7 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
         trackers = RunTrackers.for_spec(spec, run_dir, log)
         try:
             state = pretrain(spec, run_dir, log=log, phase_end_hooks=_probe_hooks(spec),
-                             progress=lambda p: write_progress(run_dir, p),
+                             progress=report,
                              stop_after_steps=stop_after_steps, on_log=trackers.feed if trackers else None)
             if trackers:
                 trackers.feed(state)      # the steps after the last log step
@@ -135,7 +143,7 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
 
                 write_progress(run_dir, {"stage": "finetune", "phase": "fine-tuning " + ",".join(spec.eval.tasks),
                                          "step": 0, "total_steps": 0})     # until the first task reports
-                rows = evaluate_run(run_dir, spec, log=log, progress=lambda p: write_progress(run_dir, p))
+                rows = evaluate_run(run_dir, spec, log=log, progress=report)
                 if trackers:
                     trackers.scores(rows, state.global_step)
             if trackers:
@@ -153,5 +161,6 @@ def execute(run_dir: Path, stop_after_steps: int | None = None) -> str:
     finally:
         if trackers:
             trackers.close()      # after finish() this is a no-op; otherwise the next attempt resumes
+        console.close()
         log_file.close()
         lock.release()

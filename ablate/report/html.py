@@ -34,7 +34,8 @@ h1{margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin
 table{border-collapse:collapse;margin:.5em 0;font-size:13px}th,td{border:1px solid #ccc;padding:3px 8px}
 th{background:#f3f3f3;cursor:pointer;user-select:none}th.asc:after{content:" \\25B2"}th.desc:after{content:" \\25BC"}
 td.num{text-align:right;font-variant-numeric:tabular-nums}tr.failed td{background:#fde8e8}
-figure{margin:1em 0;display:inline-block;vertical-align:top}figure img{max-width:100%;border:1px solid #eee}
+.figs{display:flex;flex-wrap:wrap;gap:1em}figure{margin:0;flex:0 0 calc(50% - .5em)}
+figure img{width:100%;border:1px solid #eee}
 figcaption{color:#555}pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:12px}.muted{color:#777}
 """
 
@@ -143,6 +144,7 @@ def figures_section(pngs: list[Path], notes: list[str]) -> str:
         parts.append(f'<figure><img alt="{html.escape(png.stem)}" src="data:image/png;base64,{data}">'
                      f"<figcaption>{html.escape(png.stem)} (<a href=\"figures/{html.escape(png.name)}\">png</a>"
                      f")</figcaption></figure>")
+    parts = ['<div class="figs">' + "".join(parts) + "</div>"] if parts else []
     if notes:
         parts.append("<p class=\"muted\">not drawn: " + "; ".join(html.escape(n) for n in notes) + "</p>")
     return "\n".join(parts) or '<p class="muted">no figures</p>'
@@ -176,9 +178,12 @@ def render_page(sweep: Sweep) -> str:
 
 
 def write_html(sweep_dir: str | Path | None = None, out: str | Path | None = None) -> Path:
-    """Write (or refresh) the sweep's page; default <sweep>/report.html, so the log links resolve."""
+    """Write (or refresh) the sweep's page: <sweep>/report.html by default (where its log and figure links
+    resolve), or `out` (a folder or an .html path)."""
     sweep = load_sweep(sweep_dir)
     path = Path(out).expanduser() if out else sweep.path / "report.html"
+    if path.is_dir() or not path.suffix:
+        path = path / "report.html"
     atomic.write_text(path, render_page(sweep))
     return path
 
