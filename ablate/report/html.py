@@ -122,7 +122,9 @@ def draw_figures(sweep: Sweep) -> tuple[list[Path], list[str]]:
     """Redraw the registered figures (the layer figure once per measure) into <sweep>/figures/; returns the
     PNGs of the sweep's figure folder (those drawn now first) and a note for each figure not drawn."""
     folder = sweep.path / "figures"
-    jobs = [(name, {}) for name in FIGURES if name != "layers"]
+    # the tune figure belongs to tune studies only (their folder holds study.json)
+    jobs = [(name, {}) for name in FIGURES if name != "layers" and (name != "tune" or
+                                                                  (sweep.path / "study.json").is_file())]
     measures = sorted(pd.unique(sweep.layers["measure"])) if sweep.layers is not None else []
     jobs += [(f"layers-{m}", {"measure": m}) for m in measures] or [("layers", {})]
     drawn, notes = [], []
