@@ -194,7 +194,11 @@ class RunTrackers:
     def __init__(self, spec: RunSpec, run_dir: Path, log: Log):
         self.spec, self.run_dir, self.log = spec, Path(run_dir), log
         self.path = self.run_dir / STATE_FILE
-        self.state = read_json(self.path) if self.path.is_file() else {"ids": {}, "step": 0, "layer_rows": 0}
+        self.state = {"ids": {}, "step": 0, "layer_rows": 0}
+        try:
+            self.state = read_json(self.path) if self.path.is_file() else self.state
+        except (OSError, ValueError) as exc:     # unreadable: start new tracker runs rather than fail the run
+            log(f"trackers: {self.path.name} unreadable ({exc}); starting new tracker runs")
         self.trackers: dict[str, object] = {}
         fresh = []
         for name in spec.tracking.enabled:
