@@ -224,6 +224,14 @@ def cmd_evaluate(args) -> int:
 def cmd_report(args) -> int:
     from ablate import report
 
+    if args.html or args.serve:
+        from ablate.report.html import serve, write_html
+
+        page = write_html(_sweep(args, collected=True).root, args.out)
+        print(f"html: {page}")
+        if args.serve:
+            serve(page, args.port)
+        return EXIT_OK
     if args.table:
         sweep = _sweep(args, collected=True)
         options = _key_values(args.set, "--set") | ({"baseline": args.baseline} if args.baseline else {})
@@ -348,6 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--baseline", help="the arm everything is compared with (default: the mlm schedule, no freezing)")
     rp.add_argument("--out", help="output folder, or a file path (.pdf for PDF)")
     rp.add_argument("--set", action="append", metavar="KEY=VALUE", help="figure option, e.g. measure=grad_norm")
+    rp.add_argument("--html", action="store_true", help="one self-contained page of the sweep: <sweep>/report.html "
+                                                         "(or --out PATH); re-run to refresh it")
+    rp.add_argument("--serve", action="store_true", help="write the page, then serve it on 127.0.0.1")
+    rp.add_argument("--port", type=int, default=0, help="port for --serve (default: a free one)")
     rp.set_defaults(func=cmd_report)
 
     tx = sub.add_parser("transplant", parents=[sweep], help="hybrid models from finished runs (layers of one arm "

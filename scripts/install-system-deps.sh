@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Install the Debian/Ubuntu packages that scripts/slurm-local.sh needs:
-# Slurm (slurmctld, slurmd, clients), munge, slurmdbd and MariaDB.
+# Slurm (slurmctld, slurmd, clients), munge, slurmdbd and MariaDB; and Chromium, the headless browser the
+# tests open `ablate report --html` pages in.
 # Idempotent: returns at once when everything is already installed.
 # Runs as root (CI) or through sudo.  Daemons are NOT started here.
 set -euo pipefail
 
-PACKAGES=(slurm-wlm munge slurmdbd mariadb-server)
+PACKAGES=(slurm-wlm munge slurmdbd mariadb-server chromium)
 
 installed() {
     [[ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null)" == installed ]]

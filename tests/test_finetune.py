@@ -231,3 +231,23 @@ def test_every_task_is_checked_before_any_training(tmp_path, tiny_bert, monkeypa
     with pytest.raises(SpecError, match="data file not found"):
         ft.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0], SMALL, tmp_path, data_root=tmp_path / "empty")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_fine_tuning_reports_its_own_progress(tiny_bert):
+    """The stage says what it is doing (task, seed, epoch, step / steps, dev metric so far, ETA), not the last
+    pretraining step."""
+    from ablate.store.sweep import describe_progress
+
+    task = load_task("chemprot")
+    s = small(task, epochs=2, lr=1e-3)
+    reports = []
+    rows = ft.finetune(tiny_bert, task, 3, s, progress=reports.append)
+    assert reports and all(r["stage"] == "finetune" and r["task"] == "chemprot" and r["seed"] == 3 for r in reports)
+    steps = [r["step"] for r in reports]
+    assert steps == sorted(steps) and steps[-1] == reports[-1]["total_steps"]
+    assert [r["epoch"] for r in reports][-1] == 2 and reports[0]["dev"] is None
+    best_dev = max(r["value"] for r in rows if r["split"] == "dev" and r["metric"] == task.primary_metric)
+    assert reports[-1]["dev"] == pytest.approx(best_dev)
+    line = describe_progress(reports[-1])
+    assert line.startswith(f"fine-tuning chemprot seed 3 epoch 2/2 step {steps[-1]}/{steps[-1]}")
+    assert f"dev {task.primary_metric} " in line and "ETA 0m00s" in line

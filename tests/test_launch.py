@@ -112,3 +112,41 @@ def test_bad_grid_exits_2_and_submits_nothing(tmp_path):
     assert result.returncode == 2
     assert "axes.freeze" in result.stderr and "lowest_clm" in result.stderr and "allowed" in result.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_the_sweep_progress_line_counts_runs_and_estimates_from_measured_run_times(tmp_path):
+    from ablate.launch.scheduler import _progress_line
+    from ablate.store import rundir
+    from ablate.store.sweep import SweepFolder
+
+    paths = SweepFolder(tmp_path / "s")
+    for rid, state, wall in (("a", "done", 60.0), ("b", "done", 120.0), ("c", "failed", None), ("d", "pending", None),
+                             ("e", "pending", None)):
+        paths.run(rid).mkdir(parents=True)
+        rundir.write_status(paths.run(rid), state, **({"wall_time_s": wall} if wall else {}))
+    line, counts = _progress_line(paths, ["a", "b", "c", "d", "e"])
+    assert counts == {"pending": 2, "running": 0, "done": 2, "failed": 1}
+    assert "2/5 runs done, ETA 3m00s" in line          # mean 90 s x 2 runs left, one at a time
+
+
+def test_a_terminal_gets_a_progress_bar_per_stage_and_a_log_file_plain_lines():
+    import io
+
+    from ablate.launch.console import Console
+
+    reports = [{"phase": "mlm", "step": s, "total_steps": 4, "loss": 3.0} for s in (2, 4)] + [
+        {"stage": "finetune", "phase": "fine-tuning chemprot", "task": "chemprot", "seed": 0, "epoch": 1,
+         "epochs": 1, "step": 6, "total_steps": 6, "loss": 0.5, "dev_metric": "micro_f1", "dev": 0.4, "eta_s": 0}]
+    terminal, log_file = io.StringIO(), io.StringIO()
+    for stream, tty in ((terminal, True), (log_file, False)):
+        console = Console(stream, tty=tty)
+        console.line("phase mlm: mlm, 4 steps")
+        for report in reports:
+            console.progress(report)
+        console.line("done")
+        console.close()
+    assert log_file.getvalue() == "phase mlm: mlm, 4 steps\ndone\n"
+    shown = terminal.getvalue()
+    assert "pretraining" in shown and "4/4" in shown and "mlm 4/4 loss 3.000" in shown
+    assert "fine-tuning chemprot seed 0" in shown and "6/6" in shown and "dev micro_f1 0.400" in shown
+    assert "phase mlm: mlm, 4 steps\n" in shown and "\r" in shown          # the bar redraws in place

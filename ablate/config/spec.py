@@ -119,6 +119,42 @@ class EvalSpec(Strict):
     finetune: dict[str, Any] = Field(default_factory=dict, description="overrides of the tasks' fine-tuning defaults")
 
 
+class TensorBoardSpec(Strict):
+    log_dir: str | None = Field(default=None, description="event files go to LOG_DIR/<run_id>; default: "
+                                                             "<run folder>/tensorboard")
+
+
+class MlflowSpec(Strict):
+    uri: str | None = Field(default=None, description="tracking URI (sqlite:///..., http://server:5000) or a "
+                                                      "local folder (its mlflow.db); default: <sweep>/mlflow.db")
+    experiment: str | None = Field(default=None, description="default: the sweep's name")
+    log_model: bool = Field(default=False, description="log the final model folder as an artifact")
+
+
+class WandbSpec(Strict):
+    project: str | None = Field(default=None, description="default: the sweep's name")
+    dir: str | None = Field(default=None, description="where wandb/offline-run-* go; default: the run folder")
+
+
+class TrackingSpec(Strict):
+    """Live views of a run in the researcher's tracker (several at once; all off by default).
+    `tensorboard: true` is `tensorboard: {}`; false or absent is off. W&B runs offline only: sync later with
+    `wandb sync`."""
+
+    tensorboard: TensorBoardSpec | None = None
+    mlflow: MlflowSpec | None = None
+    wandb: WandbSpec | None = None
+
+    @field_validator("tensorboard", "mlflow", "wandb", mode="before")
+    @classmethod
+    def _switch(cls, v):
+        return {} if v is True else None if v is False else v
+
+    @property
+    def enabled(self) -> tuple[str, ...]:
+        return tuple(n for n in ("tensorboard", "mlflow", "wandb") if getattr(self, n) is not None)
+
+
 class RunSpec(Strict):
     model: str = Field(description="package:MODULE, a local folder, hub:ORG/NAME (or ORG/NAME), or config:NAME|PATH "
                                    "for a random init")
@@ -137,6 +173,7 @@ class RunSpec(Strict):
     compile: bool = Field(default=False, description="torch.compile the encoder (CUDA only; off on CPU)")
     probe: ProbeSpec = ProbeSpec()
     eval: EvalSpec = EvalSpec()
+    tracking: TrackingSpec = TrackingSpec()
     labels: dict[str, Any] = Field(default_factory=dict, description="names that do not change training "
                                                                      "(sweep, axis values)")
 
@@ -161,7 +198,7 @@ class RunSpec(Strict):
 
     # Fields that do not change what is trained; they are left out of the run id.
     NON_TRAINING_FIELDS: ClassVar[tuple[str, ...]] = ("labels", "eval", "probe", "log_every", "checkpoint_every",
-                                                     "device", "compile")
+                                                     "device", "compile", "tracking")
 
     @property
     def run_id(self) -> str:

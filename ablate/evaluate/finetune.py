@@ -13,7 +13,7 @@ import math
 import random
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -216,9 +216,12 @@ def _better(value: float, best: float | None) -> bool:
 
 
 def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettings, data_root=None,
-             device: str = "cpu") -> list[dict]:
+             device: str = "cpu", progress: Callable[[dict], None] | None = None) -> list[dict]:
     """Fine-tune `model_dir` on `task` with `seed`; rows {task, language, finetune_seed, split, metric, value,
-    epoch, wall_time_s} for every metric on dev and test, both at the best dev epoch (1-based)."""
+    epoch, wall_time_s} for every metric on dev and test, both at the best dev epoch (1-based).
+
+    progress (optional) gets the stage's own progress about 20 times an epoch and after each dev evaluation:
+    stage "finetune", task, seed, epoch / epochs, step / total_steps, loss, the best dev metric so far, ETA."""
     t0 = time.perf_counter()
     data = load_task_data(task, data_root)
     train_ex = data.splits["train"][:settings.max_train_examples]
@@ -251,6 +254,15 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
     dev_gold = _gold(task, eval_ex["dev"])
 
     best, best_epoch, best_dev, best_state, stale = None, 0, {}, None, 0
+    step, every, started = 0, max(1, steps_per_epoch // 20), time.perf_counter()
+
+    def report(epoch: int, loss: float) -> None:
+        if progress:
+            eta = (time.perf_counter() - started) / step * (total - step) if step else 0.0
+            progress({"stage": "finetune", "phase": f"fine-tuning {task.name}", "task": task.name, "seed": seed,
+                      "epoch": epoch, "epochs": settings.epochs, "step": step, "total_steps": total, "loss": loss,
+                      "dev_metric": task.primary_metric, "dev": best, "eta_s": eta})
+
     for epoch in range(1, settings.epochs + 1):
         model.train()
         order = torch.randperm(len(train), generator=order_gen).tolist()
@@ -263,6 +275,9 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if step % every == 0:
+                report(epoch, loss.item())
         preds = _predict(model, task, evals["dev"], data.labels, eval_ex["dev"], settings, pad_id, device)
         dev = metrics.compute(task.type, task.metrics, dev_gold, preds)
         if _better(dev[task.primary_metric], best):
@@ -272,6 +287,7 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
             stale += 1
             if settings.patience is not None and stale >= settings.patience:
                 break
+        report(epoch, loss.item())
 
     if best_epoch != epoch:
         with torch.no_grad():
@@ -288,7 +304,8 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
 # ---------------------------------------------------------------------------------------------------- task x seed
 
 def evaluate_scores(model_dir, tasks: list[str], seeds: list[int], settings_overrides: dict | None,
-                    out_dir: Path, data_root=None, device: str = "cpu") -> list[dict]:
+                    out_dir: Path, data_root=None, device: str = "cpu",
+                    progress: Callable[[dict], None] | None = None) -> list[dict]:
     """Fine-tune `model_dir` on every task x seed not yet done under out_dir and return all their rows.
 
     Each finished pair is out_dir/<task>/seed-<seed>.json (written atomically) and is read back next time.
@@ -307,7 +324,7 @@ def evaluate_scores(model_dir, tasks: list[str], seeds: list[int], settings_over
     rows: list[dict] = []
     for task, settings, seed, path, done in plan:
         if done is None:
-            done = finetune(model_dir, task, seed, settings, data_root=data_root, device=device)
+            done = finetune(model_dir, task, seed, settings, data_root=data_root, device=device, progress=progress)
             atomic.write_json(path, {"task": task.name, "seed": seed, "model_dir": str(model_dir),
                                       "settings": settings.model_dump(mode="json"), "rows": done})
         rows += done

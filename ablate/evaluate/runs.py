@@ -19,13 +19,14 @@ from ablate.config.spec import RunSpec
 
 def evaluate_run(run_dir: Path, spec: RunSpec, log: Callable[[str], None] = print,
                  tasks: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
-                 overrides: dict | None = None) -> list[dict]:
+                 overrides: dict | None = None, progress: Callable[[dict], None] | None = None) -> list[dict]:
     tasks = tuple(tasks or spec.eval.tasks)
     seeds = tuple(seeds or spec.eval.seeds)
     log(f"evaluating on {', '.join(tasks)} (fine-tuning seeds {', '.join(map(str, seeds))})")
     rows = evaluate_scores(str(Path(run_dir) / "model"), list(tasks), list(seeds),
                            {**spec.eval.finetune, **(overrides or {})}, Path(run_dir) / "scores",
-                           data_root=spec.data.data_root, device=str(pick_device(spec.device)))
+                           data_root=spec.data.data_root, device=str(pick_device(spec.device)),
+                           progress=progress)
     for row in rows:
         if row["split"] == "test":
             log(f"  {row['task']} seed {row['finetune_seed']}: test {row['metric']} = {row['value']:.4f}")

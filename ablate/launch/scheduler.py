@@ -27,7 +27,7 @@ from ablate.launch import preparation, worker
 from ablate.launch.executors import RunJob, have_slurm, make_executor
 from ablate.plan.grid import PlannedRun
 from ablate.store import atomic, rundir
-from ablate.store.sweep import SweepFolder, describe_progress, read_progress
+from ablate.store.sweep import SweepFolder, describe_progress, format_duration, read_progress
 
 __all__ = ["Scheduler", "RunJob", "classify", "have_slurm", "job_alive", "record_job_failure", "run_sweep",
            "status_rows", "write_sweep_manifest"]
@@ -85,16 +85,25 @@ def classify(run_dir: Path, retry_failed: bool) -> str:
 
 
 def _progress_line(paths: SweepFolder, run_ids: list[str]) -> tuple[str, dict[str, int]]:
+    """'pending 1 | running 1 | done 2 | failed 0 | 2/4 runs done, ETA 3m10s  [<run> <its progress>]': the ETA
+    is the mean wall time of the runs done so far times the runs left, over the runs running at once."""
     counts = {s: 0 for s in ("pending", "running", "done", "failed")}
-    running = []
+    running, wall_times = [], []
     for rid in run_ids:
         run_dir = paths.run(rid)
-        state = rundir.effective_state(run_dir)
+        status = rundir.read_status(run_dir)
+        state = rundir.effective_state(run_dir, status)
         bucket = {"submitted": "pending", "interrupted": "pending"}.get(state, state)
         counts[bucket] = counts.get(bucket, 0) + 1
         if state == "running":
             running.append(f"{rid} {describe_progress(read_progress(run_dir))}")
+        if state == "done" and isinstance(status.get("wall_time_s"), (int, float)):
+            wall_times.append(status["wall_time_s"])
     line = " | ".join(f"{k} {v}" for k, v in counts.items())
+    left = len(run_ids) - counts["done"] - counts["failed"]
+    line += f" | {counts['done']}/{len(run_ids)} runs done"
+    if wall_times and left:
+        line += f", ETA {format_duration(sum(wall_times) / len(wall_times) * left / max(1, counts['running']))}"
     if running:
         line += "  [" + "; ".join(running) + "]"
     return line, counts

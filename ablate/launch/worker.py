@@ -24,6 +24,8 @@ from ablate import __version__
 from ablate.store import rundir
 from ablate.store.rundir import AlreadyRunning  # noqa: F401  (raised here; tune and the CLI catch it)
 from ablate.store.sweep import write_progress
+from ablate.launch.console import Console
+from ablate.launch.trackers import RunTrackers
 from ablate.train.loop import TrainState, pretrain
 from ablate.config.spec import RunSpec, dump_run_spec
 
@@ -56,13 +58,14 @@ def load_spec(run_dir: Path) -> RunSpec:
     return RunSpec.model_validate(rundir.read_json(Path(run_dir) / "spec.json"))
 
 
-def _logger(run_dir: Path):
+def _logger(run_dir: Path, console: Console):
+    """log(message): a plain line in log.txt, and on stdout through the console (above its progress bar)."""
     log_file = open(Path(run_dir) / "log.txt", "a", buffering=1)
     run_id = Path(run_dir).name
 
     def log(message: str) -> None:
         line = f"[{time.strftime('%H:%M:%S')} {run_id}] {message}"
-        print(line, flush=True)
+        console.line(line)
         log_file.write(line + "\n")
 
     return log, log_file
@@ -106,15 +109,6 @@ def _execute_follower(run_dir: Path, stop_after_steps: int | None) -> str:
     return "done" if state.done else "interrupted"
 
 
-def _progress(run_dir: Path, hook: Callable[[dict], None] | None) -> Callable[[dict], None]:
-    def report(progress: dict) -> None:
-        write_progress(run_dir, progress)
-        if hook is not None:
-            hook(progress)
-
-    return report
-
-
 def execute(run_dir: Path, stop_after_steps: int | None = None,
             on_progress: Callable[[dict], None] | None = None) -> str:
     """Run (or resume, or finish) the run in `run_dir`; returns its final state.
@@ -133,7 +127,19 @@ def execute(run_dir: Path, stop_after_steps: int | None = None,
     lock = rundir.RunLock(run_dir)
     if not lock.acquire():
         raise AlreadyRunning(f"{run_dir.name} is already running elsewhere ({lock.path.read_text().strip()})")
-    log, log_file = _logger(run_dir)
+    console = Console()
+    log, log_file = _logger(run_dir, console)
+    trackers = None
+
+    def report(progress: dict) -> None:
+        write_progress(run_dir, progress)
+        console.progress(progress)
+
+    def pretraining_report(progress: dict) -> None:
+        report(progress)
+        if on_progress is not None:     # e.g. a tune's pruning check: may raise Pruned
+            on_progress(progress)
+
     try:
         if rundir.read_status(run_dir).get("state") == "done":
             log("already done")
@@ -143,10 +149,13 @@ def execute(run_dir: Path, stop_after_steps: int | None = None,
         rundir.write_status(run_dir, "running", attempts=attempt, started=time.time(),
                              host=platform.node(), pid=__import__("os").getpid())
         started = time.perf_counter()
+        trackers = RunTrackers.for_spec(spec, run_dir, log)
         try:
             state = pretrain(spec, run_dir, log=log, phase_end_hooks=_probe_hooks(spec, run_dir),
-                             progress=_progress(run_dir, on_progress),
-                             stop_after_steps=stop_after_steps)
+                             progress=pretraining_report, stop_after_steps=stop_after_steps,
+                             on_log=trackers.feed if trackers else None)
+            if trackers:
+                trackers.feed(state)      # the steps after the last log step
             if not state.done:
                 rundir.write_status(run_dir, "interrupted")
                 return "interrupted"
@@ -156,11 +165,13 @@ def execute(run_dir: Path, stop_after_steps: int | None = None,
             if spec.eval.tasks:
                 from ablate.evaluate.runs import evaluate_run
 
-                write_progress(run_dir, {
-                    "phase": "fine-tuning " + ",".join(spec.eval.tasks), "step": state.global_step,
-                    "total_steps": state.global_step, "loss": state.curves[-1]["loss"] if state.curves else 0.0})
-
-                evaluate_run(run_dir, spec, log=log)
+                write_progress(run_dir, {"stage": "finetune", "phase": "fine-tuning " + ",".join(spec.eval.tasks),
+                                         "step": 0, "total_steps": 0})     # until the first task reports
+                rows = evaluate_run(run_dir, spec, log=log, progress=report)
+                if trackers:
+                    trackers.scores(rows, state.global_step)
+            if trackers:
+                trackers.finish(run_dir / "model")
             rundir.write_status(run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3))
             log(f"done: {state.tokens_seen} tokens, token hash {state.token_hash[:16]}")
             return "done"
@@ -176,5 +187,8 @@ def execute(run_dir: Path, stop_after_steps: int | None = None,
             log(f"failed: {type(exc).__name__}: {exc}")
             raise
     finally:
+        if trackers:
+            trackers.close()      # after finish() this is a no-op; otherwise the next attempt resumes
+        console.close()
         log_file.close()
         lock.release()

@@ -113,10 +113,25 @@ def write_progress(run_dir: Path, progress: dict) -> None:
     atomic.write_json(Path(run_dir) / "progress.json", progress)
 
 
+def format_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
 def describe_progress(progress: dict | None) -> str:
-    """'clm 12/40 loss 3.214' (or 'starting' before the first report)."""
+    """'clm 12/40 loss 3.214' (or 'starting' before the first report); the fine-tuning stage:
+    'fine-tuning ncbi_disease seed 0 epoch 1/2 step 40/126 loss 0.412 dev f1 0.512 ETA 1m20s'."""
     if progress is None:
         return "starting"
+    if progress.get("stage") == "finetune" and "task" in progress:
+        dev = progress.get("dev")
+        return (f"fine-tuning {progress['task']} seed {progress['seed']} epoch {progress['epoch']}/"
+                f"{progress['epochs']} step {progress['step']}/{progress['total_steps']}"
+                + (f" loss {progress['loss']:.3f}" if isinstance(progress.get("loss"), (int, float)) else "")
+                + (f" dev {progress['dev_metric']} {dev:.3f}" if isinstance(dev, (int, float)) else "")
+                + f" ETA {format_duration(progress.get('eta_s', 0))}")
+    if progress.get("stage") == "finetune":
+        return progress["phase"]
     loss = progress.get("loss")
     return (f"{progress['phase']} {progress['step']}/{progress['total_steps']}"
             + (f" loss {loss:.3f}" if isinstance(loss, (int, float)) else ""))

@@ -192,7 +192,8 @@ def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, lis
 
 
 def pretrain(spec: RunSpec, run_dir: Path, log: Log = print, phase_end_hooks: tuple[PhaseEndHook, ...] = (),
-             progress: Callable[[dict], None] | None = None, stop_after_steps: int | None = None) -> TrainState:
+             progress: Callable[[dict], None] | None = None, stop_after_steps: int | None = None,
+             on_log: Callable[[TrainState], None] | None = None) -> TrainState:
     """Run (or resume) the phases of `spec` in `run_dir`; the final model lands in run_dir/model.
 
     stop_after_steps ends the call after that many optimizer steps of this call (a checkpoint is written
@@ -201,20 +202,24 @@ def pretrain(spec: RunSpec, run_dir: Path, log: Log = print, phase_end_hooks: tu
     Under torch.distributed (RANK/WORLD_SIZE in the environment, or several submitit tasks) every rank calls
     this; the process group is joined here (and left at the end if created here). Ranks other than 0 do not
     log, report progress, run phase-end hooks or write anything; every rank returns the same state, except
-    layer_rows from hooks, which only rank 0 holds."""
+    layer_rows from hooks, which only rank 0 holds.
+
+    on_log(state) is called on rank 0 at each log step, after the phase-end measures when the step ends a
+    phase: what feeds the trackers (state.curves, grad_norms, layer_rows so far)."""
     run_dir = Path(run_dir)
     dist = init_distributed(pick_device(spec.device).type)
     try:
-        return _pretrain(spec, run_dir, dist, log, phase_end_hooks, progress, stop_after_steps)
+        return _pretrain(spec, run_dir, dist, log, phase_end_hooks, progress, stop_after_steps, on_log)
     finally:
         dist.close()
 
 
 def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hooks: tuple[PhaseEndHook, ...],
-              progress: Callable[[dict], None] | None, stop_after_steps: int | None) -> TrainState:
+              progress: Callable[[dict], None] | None, stop_after_steps: int | None,
+              on_log: Callable[[TrainState], None] | None = None) -> TrainState:
     main = dist.is_main
     if not main:
-        log, progress, phase_end_hooks = _silent, None, ()
+        log, progress, phase_end_hooks, on_log = _silent, None, (), None
     ckpt_root = run_dir / "checkpoints"
     ctx, tokenizer, plans = setup(spec, dist)
     preflight_run(ctx.model, ctx.family, plans, ctx.sequences, ctx.device, ctx.autocast, log)
@@ -281,7 +286,8 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
             state.grad_norms += [{"phase": plan.name, "step": state.global_step, "layer": layer,
                                   "grad_norm": value} for layer, value in norms.items()]
             last_of_phase = state.step_in_phase == plan.steps
-            if state.global_step % spec.log_every == 0 or last_of_phase:
+            logging = state.global_step % spec.log_every == 0 or last_of_phase
+            if logging:
                 elapsed = time.perf_counter() - window_start
                 tps = window_tokens / elapsed if elapsed > 0 else 0.0
                 remaining = (total_steps - state.global_step) * spec.tokens_per_step / tps if tps else 0.0
@@ -294,6 +300,8 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
 
             if last_of_phase:
                 _finish_phase(state, plan, model, base, groups, phase_end_hooks)
+            if logging and on_log:
+                on_log(state)
             state.elapsed_s = time.perf_counter() - started
             stopping = stop_after_steps is not None and steps_this_call >= stop_after_steps
             if last_of_phase or state.global_step % spec.checkpoint_every == 0 or stopping:

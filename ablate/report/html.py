@@ -1,0 +1,204 @@
+"""`ablate report --html`: one self-contained page per sweep, <sweep>/report.html, to open or share.
+
+The page needs no network: every figure is a PNG embedded as a base64 data URI, the style and the tiny
+table-sorting script are inline. It holds the grid and its axes, a sortable runs table (state, tokens, wall
+time, a link to each run's log), the scores table, every figure of the sweep (the registered figures redrawn
+into <sweep>/figures/, one layer plot per measure, and any other PNG already there), and the failed runs
+with their last log lines. Re-running it redraws the figures and rewrites the page.
+
+May import: config, store, plan, tune, report.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from ablate.report.registry import FIGURES
+from ablate.report.style import save_figure
+from ablate.report.sweep import Sweep, load_sweep
+from ablate.report.tables import score_table
+from ablate.store import atomic
+from ablate.store.rundir import read_status
+
+LOG_LINES = 20
+RUN_COLUMNS = ("run_id", "model", "schedule", "freeze", "seed", "status", "tokens_seen", "wall_time_s")
+
+STYLE = """
+body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
+h1{margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;margin:.5em 0;font-size:13px}th,td{border:1px solid #ccc;padding:3px 8px}
+th{background:#f3f3f3;cursor:pointer;user-select:none}th.asc:after{content:" \\25B2"}th.desc:after{content:" \\25BC"}
+td.num{text-align:right;font-variant-numeric:tabular-nums}tr.failed td{background:#fde8e8}
+.figs{display:flex;flex-wrap:wrap;gap:1em}figure{margin:0;flex:0 0 calc(50% - .5em)}
+figure img{width:100%;border:1px solid #eee}
+figcaption{color:#555}pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:12px}.muted{color:#777}
+"""
+
+# Click a header to sort by that column (numbers as numbers), again to reverse.
+SCRIPT = """
+document.querySelectorAll('table.sortable').forEach(function (table) {
+  table.querySelectorAll('th').forEach(function (th, col) {
+    th.addEventListener('click', function () {
+      var asc = !th.classList.contains('asc');
+      table.querySelectorAll('th').forEach(function (h) { h.classList.remove('asc', 'desc'); });
+      th.classList.add(asc ? 'asc' : 'desc');
+      var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+      rows.sort(function (a, b) {
+        var x = a.cells[col].dataset.v || a.cells[col].textContent, y = b.cells[col].dataset.v || b.cells[col].textContent;
+        var nx = parseFloat(x), ny = parseFloat(y);
+        var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+        return asc ? c : -c;
+      });
+      rows.forEach(function (r) { body.appendChild(r); });
+    });
+  });
+});
+"""
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        if pd.isna(value):
+            return '<td class="num"></td>'
+        return f'<td class="num" data-v="{value!r}">{value:.4g}</td>'
+    if isinstance(value, int):
+        return f'<td class="num">{value}</td>'
+    return f"<td>{value}</td>"   # callers escape text (links are markup on purpose)
+
+
+def html_table(frame: pd.DataFrame, row_class=None) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    rows = []
+    for _, row in frame.iterrows():
+        cls = f' class="{row_class(row)}"' if row_class else ""
+        rows.append(f"<tr{cls}>" + "".join(_cell(v.item() if hasattr(v, "item") else v) for v in row) + "</tr>")
+    return f'<table class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def _text_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.apply(lambda col: col.map(lambda v: html.escape(v) if isinstance(v, str) else v))
+
+
+def runs_section(sweep: Sweep) -> str:
+    runs = sweep.runs
+    frame = _text_frame(runs[[c for c in RUN_COLUMNS if c in runs.columns]].copy())
+    logs = []
+    for run_id in runs["run_id"]:
+        log = sweep.path / "runs" / str(run_id) / "log.txt"
+        logs.append(f'<a href="runs/{html.escape(str(run_id))}/log.txt">log</a>' if log.is_file()
+                    else '<span class="muted">none</span>')
+    frame["log"] = logs
+    return html_table(frame, row_class=lambda row: "failed" if row.get("status") == "failed" else "")
+
+
+def grid_section(sweep: Sweep) -> str:
+    runs = sweep.runs
+    axes = [c for c in ("model", "schedule", "freeze", "seed") if c in runs.columns]
+    items = "".join(f"<li><b>{c}</b>: {html.escape(', '.join(map(str, pd.unique(runs[c]))))}</li>" for c in axes)
+    grid = sweep.path / "grid.yaml"
+    text = f"<pre>{html.escape(grid.read_text())}</pre>" if grid.is_file() else \
+        '<p class="muted">no grid.yaml in the sweep folder</p>'
+    counts = runs["status"].value_counts().to_dict() if "status" in runs.columns else {}
+    states = ", ".join(f"{n} {s}" for s, n in counts.items())
+    return f"<p>{len(runs)} runs ({html.escape(states)})</p><ul>{items}</ul>{text}"
+
+
+def scores_section(sweep: Sweep) -> str:
+    if sweep.scores is None or sweep.scores.empty:
+        return '<p class="muted">no scores in this sweep</p>'
+    try:
+        table = score_table(sweep)
+    except Exception as exc:   # noqa: BLE001  (the page still shows everything else)
+        return f'<p class="muted">scores table not made: {html.escape(str(exc))}</p>'
+    return html_table(_text_frame(table))
+
+
+def draw_figures(sweep: Sweep) -> tuple[list[Path], list[str]]:
+    """Redraw the registered figures (the layer figure once per measure) into <sweep>/figures/; returns the
+    PNGs of the sweep's figure folder (those drawn now first) and a note for each figure not drawn."""
+    folder = sweep.path / "figures"
+    # the tune figure belongs to tune studies only (their folder holds study.json)
+    jobs = [(name, {}) for name in FIGURES if name != "layers" and (name != "tune" or
+                                                                  (sweep.path / "study.json").is_file())]
+    measures = sorted(pd.unique(sweep.layers["measure"])) if sweep.layers is not None else []
+    jobs += [(f"layers-{m}", {"measure": m}) for m in measures] or [("layers", {})]
+    drawn, notes = [], []
+    for stem, options in jobs:
+        name = stem.split("-")[0]
+        try:
+            fig, data = FIGURES[name](sweep, **options)
+            drawn.append(save_figure(fig, data, folder / stem, "svg")["png"])
+        except Exception as exc:   # noqa: BLE001  (a figure the sweep cannot have is a note on the page)
+            notes.append(f"{stem}: {exc}")
+    others = sorted(p for p in folder.glob("*.png") if p not in drawn) if folder.is_dir() else []
+    return drawn + others, notes
+
+
+def figures_section(pngs: list[Path], notes: list[str]) -> str:
+    parts = []
+    for png in pngs:
+        data = base64.b64encode(png.read_bytes()).decode()
+        parts.append(f'<figure><img alt="{html.escape(png.stem)}" src="data:image/png;base64,{data}">'
+                     f"<figcaption>{html.escape(png.stem)} (<a href=\"figures/{html.escape(png.name)}\">png</a>"
+                     f")</figcaption></figure>")
+    parts = ['<div class="figs">' + "".join(parts) + "</div>"] if parts else []
+    if notes:
+        parts.append("<p class=\"muted\">not drawn: " + "; ".join(html.escape(n) for n in notes) + "</p>")
+    return "\n".join(parts) or '<p class="muted">no figures</p>'
+
+
+def failures_section(sweep: Sweep) -> str:
+    runs = sweep.runs
+    failed = runs[runs["status"] == "failed"]["run_id"] if "status" in runs.columns else []
+    parts = []
+    for run_id in failed:
+        run_dir = sweep.path / "runs" / str(run_id)
+        log = run_dir / "log.txt"
+        tail = log.read_text(errors="replace").splitlines()[-LOG_LINES:] if log.is_file() else []
+        if not tail and (run_dir / "status.json").is_file():
+            tail = str(read_status(run_dir).get("error", "")).splitlines()[-LOG_LINES:]
+        body = html.escape("\n".join(tail)) or "(no log)"
+        parts.append(f"<h3>{html.escape(str(run_id))}</h3><pre>{body}</pre>")
+    return "".join(parts) or "<p>none</p>"
+
+
+def render_page(sweep: Sweep) -> str:
+    pngs, notes = draw_figures(sweep)
+    sections = [("Grid", grid_section(sweep)), ("Runs", runs_section(sweep)), ("Scores", scores_section(sweep)),
+                ("Figures", figures_section(pngs, notes)), ("Failures", failures_section(sweep))]
+    body = "".join(f'<h2 id="{t.lower()}">{t}</h2>{s}' for t, s in sections)
+    title = html.escape(f"ablate sweep {sweep.name}")
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+            f"<style>{STYLE}</style></head><body><h1>{title}</h1>"
+            f'<p class="muted">{html.escape(str(sweep.path))} · written {time.strftime("%Y-%m-%d %H:%M")}</p>'
+            f"{body}<script>{SCRIPT}</script></body></html>\n")
+
+
+def write_html(sweep_dir: str | Path | None = None, out: str | Path | None = None) -> Path:
+    """Write (or refresh) the sweep's page: <sweep>/report.html by default (where its log and figure links
+    resolve), or `out` (a folder or an .html path)."""
+    sweep = load_sweep(sweep_dir)
+    path = Path(out).expanduser() if out else sweep.path / "report.html"
+    if path.is_dir() or not path.suffix:
+        path = path / "report.html"
+    atomic.write_text(path, render_page(sweep))
+    return path
+
+
+def serve(page: Path, port: int = 0) -> None:
+    """Serve the page's folder on 127.0.0.1 until interrupted, printing the page's URL."""
+    import functools
+    import http.server
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(page.parent))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as server:
+        print(f"serving http://127.0.0.1:{server.server_address[1]}/{page.name}  (Ctrl-C stops)", flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
