@@ -131,31 +131,10 @@ def cmd_sweep(args) -> int:
     return EXIT_OK if not failed and not others and not collected.problems else EXIT_FAILED
 
 
-def _specs_of(target: str, tokenizer: str | None) -> list:
-    """The run specs a prepare target stands for: a grid's runs, one run spec, or a corpus path (with
-    --tokenizer, default the default model's) read with default options."""
-    from ablate.config.base import read_yaml
-    from ablate.config.spec import parse_run_spec
-
-    path = Path(target)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        data = read_yaml(path)
-        if isinstance(data, dict) and "model" not in data:
-            from ablate.config.grid import load_grid
-            from ablate.plan.grid import expand
-
-            return [r.spec for r in expand(load_grid(path), file=str(path))]
-        return [parse_run_spec(data, file=str(path))]
-    from ablate.models.sources import DEFAULT_MODEL
-
-    return [parse_run_spec({"model": tokenizer or DEFAULT_MODEL, "data": {"corpus": target},
-                            "phases": [{"name": "prepare", "objective": "mlm", "steps": 1}]}, file=target)]
-
-
 def cmd_prepare(args) -> int:
-    from ablate.launch.preparation import check_corpora, prepare_corpora
+    from ablate.launch.preparation import check_corpora, prepare_corpora, specs_for_target
 
-    specs = _specs_of(args.target, args.tokenizer)
+    specs = specs_for_target(args.target, args.tokenizer)
     if args.tokenizer:
         specs = [s.model_copy(update={"tokenizer": args.tokenizer}) for s in specs]
     check_corpora(specs, file=args.target)
@@ -310,7 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ablate", description=__doc__.split("\n\n")[0],
                                 epilog="Exit codes: 0 ok, 1 runs failed or records unreadable, 2 bad input.")
     sub = p.add_subparsers(dest="command", required=True)
+    _add_run_commands(sub, results, sweep, submit)
+    _add_analysis_commands(sub, results, sweep, submit)
+    return p
 
+
+def _add_run_commands(sub, results, sweep, submit) -> None:
     r = sub.add_parser("run", parents=[results], help="run one RunSpec in this process (resumes if interrupted)")
     r.add_argument("spec", help="run spec (YAML)")
     r.add_argument("--out", help="run folder (default: <results>/<spec name>/runs/<run id>)")
@@ -350,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--base-only", action="store_true", help="only the base model")
     e.set_defaults(func=cmd_evaluate)
 
+
+def _add_analysis_commands(sub, results, sweep, submit) -> None:
     rp = sub.add_parser("report", parents=[sweep], help="draw a figure from a sweep's tidy tables (PNG + SVG/PDF + CSV)")
     rp.add_argument("--figure", help="layers, deltas, curves, freeze, tune, divergence, persistence (no value: list them)")
     rp.add_argument("--table", help="scores, freeze or divergence: the paper's results tables (CSV + Markdown + LaTeX)")
@@ -384,7 +370,6 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     d.add_argument("--port", type=int, default=8080, help="port (0: any free port)")
     d.set_defaults(func=cmd_dashboard)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

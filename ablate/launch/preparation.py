@@ -121,3 +121,24 @@ def after(job_id: str, launcher: Launcher) -> dict:
     it fails, rather than wait forever)."""
     return {"slurm_additional_parameters": {**launcher.slurm.additional_parameters, "dependency": f"afterok:{job_id}",
                                             "kill_on_invalid_dep": "yes"}}
+
+
+def specs_for_target(target: str, tokenizer: str | None) -> list:
+    """The run specs a prepare target stands for: a grid's runs, one run spec, or a corpus path (with
+    --tokenizer, default the default model's) read with default options."""
+    from ablate.config.base import read_yaml
+    from ablate.config.spec import parse_run_spec
+
+    path = Path(target)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        data = read_yaml(path)
+        if isinstance(data, dict) and "model" not in data:
+            from ablate.config.grid import load_grid
+            from ablate.plan.grid import expand
+
+            return [r.spec for r in expand(load_grid(path), file=str(path))]
+        return [parse_run_spec(data, file=str(path))]
+    from ablate.models.sources import DEFAULT_MODEL
+
+    return [parse_run_spec({"model": tokenizer or DEFAULT_MODEL, "data": {"corpus": target},
+                            "phases": [{"name": "prepare", "objective": "mlm", "steps": 1}]}, file=target)]

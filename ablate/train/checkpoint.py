@@ -14,6 +14,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
@@ -40,6 +41,29 @@ class TrainState:
     frozen: list[dict] = field(default_factory=list)    # the phase plan as rows: phase, layer (frozen_rows)
     elapsed_s: float = 0.0
     done: bool = False
+
+    def record_step(self, phase: str, batch: np.ndarray, loss: float, lr: float, norms: dict[int, float]) -> None:
+        """Book one optimizer step: data position, token counts and hashes, the curve and gradient norms."""
+        start = self.phase_token_hashes.get(phase, hashlib.sha256(phase.encode()).hexdigest())
+        self.token_hash = chain_hash(self.token_hash, batch)
+        self.phase_token_hashes[phase] = chain_hash(start, batch)
+        self.phase_tokens[phase] = self.phase_tokens.get(phase, 0) + batch.size
+        self.data_position += len(batch)
+        self.tokens_seen += batch.size
+        self.global_step += 1
+        self.step_in_phase += 1
+        self.curves.append({"phase": phase, "step": self.global_step, "tokens": self.tokens_seen, "loss": loss,
+                            "lr": lr})
+        for layer, value in norms.items():
+            key = f"{phase}/{layer}"
+            self.grad_norm_sums[key] = self.grad_norm_sums.get(key, 0.0) + value
+        self.grad_norms += [{"phase": phase, "step": self.global_step, "layer": layer, "grad_norm": value}
+                            for layer, value in norms.items()]
+
+
+def chain_hash(previous: str, tokens: np.ndarray) -> str:
+    """The token-stream hash after `tokens` (hashed as int32, whatever the storage dtype)."""
+    return hashlib.sha256(bytes.fromhex(previous) + np.ascontiguousarray(tokens, dtype=np.int32).tobytes()).hexdigest()
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:

@@ -55,10 +55,6 @@ def _seed_for(*parts: int) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") & (2**63 - 1)
 
 
-def _chain_hash(previous: str, tokens: np.ndarray) -> str:
-    return hashlib.sha256(bytes.fromhex(previous) + np.ascontiguousarray(tokens, dtype=np.int32).tobytes()).hexdigest()
-
-
 # ---------------------------------------------------------------- the loop
 
 @dataclass
@@ -239,12 +235,7 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
             save_checkpoint(ckpt_root, model, opt, state)
         dist.barrier()
 
-    state = TrainState()
-    found = latest_checkpoint(ckpt_root)
-    if found is not None:
-        state = load_checkpoint(found, model, opt)
-        log(f"resumed from {found.name}: phase {state.phase_index}, step {state.global_step}, "
-            f"{state.tokens_seen} tokens seen")
+    state = _resume(ckpt_root, model, opt, log)
     state.frozen = frozen_rows(plans)   # the plan as resolved for this run, recorded by the worker
     dist.barrier()       # every rank has read the checkpoint before rank 0 may replace it
     total_steps = sum(p.steps for p in plans)
@@ -257,7 +248,6 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
         apply_freeze(model, family, plan.frozen)
         opt.set_trainable()
         peak = plan.spec.lr.peak_lr or spec.optim.lr
-        phase_hash = state.phase_token_hashes.get(plan.name, hashlib.sha256(plan.name.encode()).hexdigest())
         window_start, window_tokens = time.perf_counter(), 0
 
         while state.step_in_phase < plan.steps:
@@ -267,35 +257,14 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
             loss, norms = train_step(ctx, plan, batch, docs, state.global_step, opt, lr)
             if not math.isfinite(loss):
                 raise FloatingPointError(f"loss is {loss} at step {state.global_step} (phase {plan.name})")
-
-            state.token_hash = _chain_hash(state.token_hash, batch)
-            phase_hash = _chain_hash(phase_hash, batch)
-            state.phase_token_hashes[plan.name] = phase_hash
-            state.phase_tokens[plan.name] = state.phase_tokens.get(plan.name, 0) + batch.size
-            state.data_position += spec.batch_size
-            state.tokens_seen += batch.size
-            state.global_step += 1
-            state.step_in_phase += 1
+            state.record_step(plan.name, batch, loss, lr, norms)
             steps_this_call += 1
             window_tokens += batch.size
-            state.curves.append({"phase": plan.name, "step": state.global_step, "tokens": state.tokens_seen,
-                                 "loss": loss, "lr": lr})
-            for layer, value in norms.items():
-                key = f"{plan.name}/{layer}"
-                state.grad_norm_sums[key] = state.grad_norm_sums.get(key, 0.0) + value
-            state.grad_norms += [{"phase": plan.name, "step": state.global_step, "layer": layer,
-                                  "grad_norm": value} for layer, value in norms.items()]
             last_of_phase = state.step_in_phase == plan.steps
             logging = state.global_step % spec.log_every == 0 or last_of_phase
             if logging:
-                elapsed = time.perf_counter() - window_start
-                tps = window_tokens / elapsed if elapsed > 0 else 0.0
-                remaining = (total_steps - state.global_step) * spec.tokens_per_step / tps if tps else 0.0
-                log(f"{plan.name} {state.step_in_phase}/{plan.steps} | step {state.global_step}/{total_steps} "
-                    f"| loss {loss:.4f} | lr {lr:.2e} | {tps:,.0f} tok/s | ETA {_fmt_time(remaining)}")
-                if progress:
-                    progress({"phase": plan.name, "step": state.global_step, "total_steps": total_steps,
-                              "loss": loss, "tokens_per_s": tps, "eta_s": remaining})
+                tps = window_tokens / max(time.perf_counter() - window_start, 1e-9)
+                _log_step(log, progress, plan, state, loss, lr, total_steps, tps, spec.tokens_per_step)
                 window_start, window_tokens = time.perf_counter(), 0
 
             if last_of_phase:
@@ -326,6 +295,28 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
 
 def _silent(_message: str) -> None:
     pass
+
+
+def _resume(ckpt_root: Path, model, opt: Optimizer, log: Log) -> TrainState:
+    """The state of the last complete checkpoint (weights and moments loaded), or a fresh one."""
+    found = latest_checkpoint(ckpt_root)
+    if found is None:
+        return TrainState()
+    state = load_checkpoint(found, model, opt)
+    log(f"resumed from {found.name}: phase {state.phase_index}, step {state.global_step}, "
+        f"{state.tokens_seen} tokens seen")
+    return state
+
+
+def _log_step(log: Log, progress, plan: PhasePlan, state: TrainState, loss: float, lr: float, total_steps: int,
+              tokens_per_s: float, tokens_per_step: int) -> None:
+    """The progress line in the log, and what `ablate status` shows."""
+    remaining = (total_steps - state.global_step) * tokens_per_step / tokens_per_s if tokens_per_s else 0.0
+    log(f"{plan.name} {state.step_in_phase}/{plan.steps} | step {state.global_step}/{total_steps} "
+        f"| loss {loss:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tok/s | ETA {_fmt_time(remaining)}")
+    if progress:
+        progress({"phase": plan.name, "step": state.global_step, "total_steps": total_steps, "loss": loss,
+                  "tokens_per_s": tokens_per_s, "eta_s": remaining})
 
 
 def _finish_phase(state: TrainState, plan: PhasePlan, model, base, groups, hooks) -> None:
