@@ -127,6 +127,32 @@ def test_two_gloo_ranks_match_one_process_and_their_checkpoint_resumes_under_eit
     _assert_same_weights(_weights(tmp_path / "ddp_resumed"), _weights(tmp_path / "single"))
 
 
+def test_with_dropout_ranks_equal_one_process_with_the_same_micro_batch_size(tmp_path, data_root):
+    """tiny-bert has dropout 0.1. Each micro-batch draws its dropout by its index in the global batch, so ranks
+    compute what one process computes with the same micro_batch_size: bitwise with one micro-batch per rank
+    (two gradients summed: the same sum either way), to float summation order with two per rank."""
+    one_each = ddp_spec(model="config:tiny-bert", micro_batch_size=2)
+    two_each = ddp_spec(model="config:tiny-bert", micro_batch_size=1)
+    started = [_start_ranks(one_each, tmp_path / "ddp_one_each"), _start_ranks(two_each, tmp_path / "ddp_two_each")]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)        # as each rank runs (OMP_NUM_THREADS=1): CPU kernels may split sums by thread
+    try:
+        single = {name: pretrain(parse_run_spec(spec), tmp_path / f"single_{name}", log=_quiet)
+                  for name, spec in (("one_each", one_each), ("two_each", two_each))}
+    finally:
+        torch.set_num_threads(threads)
+    one, two = (_wait_ranks(s) for s in started)
+
+    assert one[0]["losses"] == [c["loss"] for c in single["one_each"].curves]
+    a, b = _weights(tmp_path / "ddp_one_each"), _weights(tmp_path / "single_one_each")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    assert two[0]["losses"] == pytest.approx([c["loss"] for c in single["two_each"].curves], rel=1e-6)
+    a, b = _weights(tmp_path / "ddp_two_each"), _weights(tmp_path / "single_two_each")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
 # ---------------------------------------------------------------- where the ranks come from, and failing loudly
 
 DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SUBMITIT_EXECUTOR",

@@ -108,8 +108,10 @@ def _run_cli(spec_file: Path, out: Path, env: dict, **kw) -> subprocess.Popen:
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
 
 
-def test_sigkill_then_resume_ends_with_the_same_weights_and_curve(tmp_path, data_root):
-    spec = tiny_spec("tiny-modernbert", phases=[
+@pytest.mark.parametrize("arch, extra", [("tiny-modernbert", {}),
+                                         ("tiny-bert", {"micro_batch_size": 2})])   # dropout 0.1, 2 micro-batches
+def test_sigkill_then_resume_ends_with_the_same_weights_and_curve(arch, extra, tmp_path, data_root):
+    spec = tiny_spec(arch, **extra, phases=[
         {"name": "clm", "objective": "clm", "steps": 8, "freeze": "low"},
         {"name": "mlm_decay", "objective": "mlm", "steps": 6, "lr": {"decay": "1-sqrt", "final_fraction": 0.1}}])
     spec_file = tmp_path / "run.yaml"
