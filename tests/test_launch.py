@@ -149,3 +149,16 @@ def test_bad_grid_exits_2_and_submits_nothing(tmp_path):
     assert result.returncode == 2
     assert "axes.freeze" in result.stderr and "lowest_clm" in result.stderr and "allowed" in result.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_slurm_tests_without_a_cluster_are_skipped_out_loud(tmp_path):
+    """The summary names the skipped Slurm tests in a block of its own, not just an 's' among the dots."""
+    env = {**os.environ, "SLURM_CONF": str(tmp_path / "no-slurm.conf"), "ABLATE_SLURM_DIR": str(tmp_path)}
+    env.pop("ABLATE_REQUIRE_SLURM", None)
+    test = "tests/test_ddp.py::test_one_run_with_two_slurm_tasks_matches_one_process"
+    skipped = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert skipped.returncode == 0, skipped.stdout + skipped.stderr
+    assert "1 Slurm test SKIPPED: no cluster answered" in skipped.stdout
+    assert "start it: bash scripts/slurm-local.sh start; export SLURM_CONF=" in skipped.stdout
+    assert f"  {test}" in skipped.stdout
