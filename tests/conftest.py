@@ -1,4 +1,5 @@
-"""Shared fixtures: the data root (../shared/data unless ABLATE_DATA_ROOT says otherwise), tiny models."""
+"""Shared fixtures: the data root (../shared/data unless ABLATE_DATA_ROOT says otherwise), tiny models, the
+local Slurm cluster (tests that need it skip without it, and the summary says so in a block of its own)."""
 
 from __future__ import annotations
 
@@ -97,3 +98,18 @@ def decay_sweep(tmp_path_factory, data_root):
                               timeout=900, env=dict(os.environ))
         assert done.returncode == 0, done.stdout + done.stderr
     return results, results / "decay"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Slurm tests skipped for want of a cluster are said out loud, not folded into the count of skips."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "slurm" in r.keywords]
+    if not skipped:
+        return
+    n = len(skipped)
+    terminalreporter.write_sep("!", f"{n} Slurm test{'s' if n != 1 else ''} SKIPPED: no cluster answered",
+                               red=True, bold=True)
+    terminalreporter.write_line(f"start it: bash scripts/slurm-local.sh start; export SLURM_CONF={DEFAULT_CONF}")
+    terminalreporter.write_line("ABLATE_REQUIRE_SLURM=1 turns these skips into failures (CI sets it)")
+    for report in skipped:
+        terminalreporter.write_line(f"  {report.nodeid}")
+    terminalreporter.write_sep("!", red=True, bold=True)

@@ -17,6 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 from ablate.config.errors import SpecError
+from ablate.train.distributed import EPHEMERAL_PORTS, TIMEOUT_ENV, init as init_distributed, master_port_for, \
+    world_from_env
 from ablate.train.loop import pretrain, setup
 from ablate.config.spec import parse_run_spec
 
@@ -55,7 +57,7 @@ def _start_ranks(spec: dict, run_dir: Path, world: int = 2, stop: int | None = N
         out = run_dir.parent / f"{run_dir.name}-rank{rank}-{port}.json"
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo",
-               "OMP_NUM_THREADS": "1"}
+               "OMP_NUM_THREADS": "1", TIMEOUT_ENV: "120"}
         procs.append(subprocess.Popen([sys.executable, "-m", "ablate.train.ranks", json.dumps(spec), str(run_dir),
                                        str(stop or 0), str(out)], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
@@ -125,6 +127,122 @@ def test_two_gloo_ranks_match_one_process_and_their_checkpoint_resumes_under_eit
     _assert_same_weights(_weights(tmp_path / "ddp_resumed"), _weights(tmp_path / "single"))
 
 
+def test_with_dropout_ranks_equal_one_process_with_the_same_micro_batch_size(tmp_path, data_root):
+    """tiny-bert has dropout 0.1. Each micro-batch draws its dropout by its index in the global batch, so ranks
+    compute what one process computes with the same micro_batch_size: bitwise with one micro-batch per rank
+    (two gradients summed: the same sum either way), to float summation order with two per rank."""
+    one_each = ddp_spec(model="config:tiny-bert", micro_batch_size=2)
+    two_each = ddp_spec(model="config:tiny-bert", micro_batch_size=1)
+    started = [_start_ranks(one_each, tmp_path / "ddp_one_each"), _start_ranks(two_each, tmp_path / "ddp_two_each")]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)        # as each rank runs (OMP_NUM_THREADS=1): CPU kernels may split sums by thread
+    try:
+        single = {name: pretrain(parse_run_spec(spec), tmp_path / f"single_{name}", log=_quiet)
+                  for name, spec in (("one_each", one_each), ("two_each", two_each))}
+    finally:
+        torch.set_num_threads(threads)
+    one, two = (_wait_ranks(s) for s in started)
+
+    assert one[0]["losses"] == [c["loss"] for c in single["one_each"].curves]
+    a, b = _weights(tmp_path / "ddp_one_each"), _weights(tmp_path / "single_one_each")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    assert two[0]["losses"] == pytest.approx([c["loss"] for c in single["two_each"].curves], rel=1e-6)
+    a, b = _weights(tmp_path / "ddp_two_each"), _weights(tmp_path / "single_two_each")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+# ---------------------------------------------------------------- where the ranks come from, and failing loudly
+
+DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SUBMITIT_EXECUTOR",
+             "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_NODELIST",
+             "SLURM_JOB_NUM_NODES", "SLURM_NODEID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", TIMEOUT_ENV)
+
+
+def _clear_dist_env(monkeypatch) -> None:
+    """No rank variables, and whatever the code under test exports is undone after the test."""
+    for key in DIST_VARS:
+        monkeypatch.setenv(key, "")      # setenv remembers the original (even "absent"); delenv alone does not
+        monkeypatch.delenv(key)
+
+
+def _task_of_submitit_job(monkeypatch, **env) -> None:
+    """The environment of task 1 of a 2-task submitit job on one node (Slurm job 1), with `env` on top
+    (None removes a variable)."""
+    _clear_dist_env(monkeypatch)
+    base = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "1", "SLURM_PROCID": "1",
+            "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "node7", "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0"}
+    for key, value in {**base, **env}.items():
+        if value is None:
+            monkeypatch.delenv(key, raising=False)
+        else:
+            monkeypatch.setenv(key, value)
+
+
+def test_a_task_of_a_multi_task_job_takes_its_rank_and_a_master_port_outside_the_ephemeral_range(monkeypatch):
+    _task_of_submitit_job(monkeypatch)
+    assert world_from_env() == (1, 2, 1)
+    assert os.environ["MASTER_ADDR"] == "node7"
+    port = int(os.environ["MASTER_PORT"])
+    # submitit's own pick for job 1 is 51342: inside Linux's ephemeral range, where slurmctld's connection
+    # to slurmdbd held it and rank 0 died with EADDRINUSE
+    first_ephemeral = int(EPHEMERAL_PORTS.read_text().split()[0]) if EPHEMERAL_PORTS.is_file() else 32768
+    assert 20000 <= port < first_ephemeral and port == master_port_for("1")
+    assert len({master_port_for(str(job)) for job in range(1, 50)}) > 40      # jobs spread over the range
+
+
+def test_a_master_port_the_job_sets_is_kept(monkeypatch):
+    # submitit's export() refuses to overwrite a MASTER_PORT; that error used to be read as "one process"
+    _task_of_submitit_job(monkeypatch, MASTER_PORT="23456")
+    assert world_from_env() == (1, 2, 1) and os.environ["MASTER_PORT"] == "23456"
+
+
+@pytest.mark.parametrize("ephemeral, ports", [("32768\t60999", (20000, 32767)), ("10000 30000", (30001, 65535)),
+                                             ("1024 65000", (20000, 32767))])
+def test_rendezvous_ports_stay_out_of_the_ephemeral_range(ephemeral, ports, tmp_path, monkeypatch):
+    from ablate.train import distributed
+
+    (tmp_path / "range").write_text(ephemeral + "\n")
+    monkeypatch.setattr(distributed, "EPHEMERAL_PORTS", tmp_path / "range")
+    assert distributed._rendezvous_ports() == ports
+
+
+@pytest.mark.parametrize("missing", [("SLURM_PROCID",), ("SLURM_PROCID", "SLURM_LOCALID"), ("SLURM_JOB_NODELIST",)])
+def test_a_task_of_a_multi_task_job_that_cannot_tell_its_rank_is_an_error_not_one_process(missing, monkeypatch):
+    _task_of_submitit_job(monkeypatch, **{key: None for key in missing})
+    with pytest.raises(RuntimeError, match="SLURM_NTASKS=2") as err:
+        world_from_env()
+    assert all(key in str(err.value) for key in missing) and "single process" in str(err.value)
+    assert "WORLD_SIZE" not in os.environ
+
+
+def test_a_rank_whose_peer_never_comes_fails_within_the_timeout(monkeypatch):
+    _clear_dist_env(monkeypatch)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    monkeypatch.setenv(TIMEOUT_ENV, "soon")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    with pytest.raises(SpecError, match=TIMEOUT_ENV):
+        init_distributed("cpu")
+    # rank 1 of 2, and nobody serves the rendezvous (rank 0 died): an error after 2 s, not 1800
+    monkeypatch.setenv(TIMEOUT_ENV, "2")
+    with pytest.raises(RuntimeError, match=r"rank 1 of 2 could not form the process group at 127\.0\.0\.1:\d+ "
+                                           rf"\(waited at most 2 s, {TIMEOUT_ENV}\)"):
+        init_distributed("cpu")
+    # rank 0, and the port is taken (what EADDRINUSE did to rank 0 on the Slurm test)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("MASTER_PORT", str(taken.getsockname()[1]))
+        with pytest.raises(RuntimeError, match=f"rank 0 of 2 could not form the process group at 127.0.0.1:"
+                                               f"{taken.getsockname()[1]}"):
+            init_distributed("cpu")
+    assert not torch.distributed.is_initialized()
+
+
 def test_the_global_batch_must_split_evenly_over_ranks(data_root):
     from ablate.train.distributed import Dist
 
@@ -170,7 +288,7 @@ def test_one_run_with_two_slurm_tasks_matches_one_process(tmp_path, slurm_env, d
 
     ex = submitit.AutoExecutor(tmp_path / "jobs", cluster="slurm")
     ex.update_parameters(slurm_partition="cpu", nodes=1, tasks_per_node=2, cpus_per_task=1, mem_gb=4,
-                         timeout_min=20, slurm_setup=["export OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo",
+                         timeout_min=20, slurm_setup=[f"export OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo {TIMEOUT_ENV}=120",
                                                       f"export ABLATE_DATA_ROOT={os.environ['ABLATE_DATA_ROOT']}",
                                                       f"export ABLATE_CACHE={os.environ['ABLATE_CACHE']}"])
     job = ex.submit(pretrain_ranks, spec, str(tmp_path / "slurm"))

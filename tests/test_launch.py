@@ -81,6 +81,43 @@ def test_failed_runs_are_retried_only_when_asked(tmp_path, data_root):
     assert "to run 1;" in retried.stdout and rundir.read_status(run_dir)["state"] == "done"
 
 
+def test_a_corrupt_status_is_reported_set_aside_and_the_run_resumes_from_its_checkpoint(tmp_path, data_root):
+    from ablate.config.grid import load_grid
+    from ablate.launch import worker
+    from ablate.launch.scheduler import status_rows, write_sweep_manifest
+    from ablate.plan.grid import expand
+    from ablate.store.sweep import SweepFolder
+
+    grid = yaml.safe_load(TINY.read_text())
+    grid["axes"] = {"schedule": ["clm_detour"], "freeze": ["none"]}        # one run: clm 3 steps, mlm_decay 2
+    grid.pop("exclude")
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    runs = expand(load_grid(path))
+    folder = SweepFolder(tmp_path / "r" / "tiny")
+    write_sweep_manifest(folder, load_grid(path), path, runs)
+    run_dir = folder.run(runs[0].run_id)
+    assert worker.execute(run_dir, stop_after_steps=3) == "interrupted"    # a checkpoint at step 3
+    garbage = '{"state": "interrupted", "attempts": 1, "upd'
+    (run_dir / "status.json").write_text(garbage)
+
+    [row] = status_rows(folder)
+    assert row["state"] == "corrupt" and "checkpoints/step-000000003-p1 (step 3)" in row["detail"]
+
+    result = sweep([str(path), "--executor", "debug", "--results", str(tmp_path / "r")], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (f"warning: run {run_dir.name}: {run_dir / 'status.json'} is corrupt: not JSON" in result.stdout)
+    assert f"moved to {run_dir / 'status.json.corrupt-1'} (kept)" in result.stdout
+    assert "the worker resumes from checkpoints/step-000000003-p1 (step 3)" in result.stdout
+    assert "to run 1;" in result.stdout
+    assert (run_dir / "status.json.corrupt-1").read_text() == garbage
+    assert "resumed from step-000000003-p1" in (run_dir / "log.txt").read_text()
+    status = rundir.read_status(run_dir)
+    assert status["state"] == "done" and status["recovered"]["corrupt_file"] == "status.json.corrupt-1"
+    curves = json.loads((run_dir / "records" / "curves.json").read_text())
+    assert curves["step"] == [1, 2, 3, 4, 5]
+
+
 def test_a_run_locked_by_another_process_is_not_started_again(tmp_path, data_root):
     from ablate.config.grid import load_grid
     from ablate.plan.grid import expand
@@ -150,3 +187,16 @@ def test_a_terminal_gets_a_progress_bar_per_stage_and_a_log_file_plain_lines():
     assert "pretraining" in shown and "4/4" in shown and "mlm 4/4 loss 3.000" in shown
     assert "fine-tuning chemprot seed 0" in shown and "6/6" in shown and "dev micro_f1 0.400" in shown
     assert "phase mlm: mlm, 4 steps\n" in shown and "\r" in shown          # the bar redraws in place
+
+
+def test_slurm_tests_without_a_cluster_are_skipped_out_loud(tmp_path):
+    """The summary names the skipped Slurm tests in a block of its own, not just an 's' among the dots."""
+    env = {**os.environ, "SLURM_CONF": str(tmp_path / "no-slurm.conf"), "ABLATE_SLURM_DIR": str(tmp_path)}
+    env.pop("ABLATE_REQUIRE_SLURM", None)
+    test = "tests/test_ddp.py::test_one_run_with_two_slurm_tasks_matches_one_process"
+    skipped = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert skipped.returncode == 0, skipped.stdout + skipped.stderr
+    assert "1 Slurm test SKIPPED: no cluster answered" in skipped.stdout
+    assert "start it: bash scripts/slurm-local.sh start; export SLURM_CONF=" in skipped.stdout
+    assert f"  {test}" in skipped.stdout

@@ -74,19 +74,41 @@ def test_frozen_layers_are_bitwise_unchanged_and_left_out_of_the_optimizer(arch,
     assert state.done
 
 
-def test_a_layer_frozen_in_one_phase_trains_in_the_next_and_keeps_its_moments(tmp_path, data_root):
+def test_a_layer_frozen_in_one_phase_keeps_its_adamw_moments_and_trains_on_from_them(tmp_path, data_root,
+                                                                                     monkeypatch):
+    from ablate.train import loop
+
+    moments: dict[int, dict[str, dict[str, torch.Tensor]]] = {}    # global step -> the optimizer's, by name
+    save = loop.save_checkpoint
+
+    def saving_and_recording(root, model, opt, state):
+        moments[state.global_step] = {n: {k: v.clone() for k, v in m.items()} for n, m in opt.state_by_name().items()}
+        return save(root, model, opt, state)
+
+    monkeypatch.setattr(loop, "save_checkpoint", saving_and_recording)   # checkpoint_every 2: end of each phase
     spec = parse_run_spec(tiny_spec(phases=[
         {"name": "a", "objective": "mlm", "steps": 2},
         {"name": "b", "objective": "clm", "steps": 2, "freeze": "0-1"},
         {"name": "c", "objective": "mlm", "steps": 2}]))
     state = pretrain(spec, tmp_path / "run", log=_quiet)
-    moments = torch.load(next((tmp_path / "run" / "checkpoints").glob("step-*")) / "optimizer.pt",
-                         weights_only=True)["moments"]
-    assert "bert.encoder.layer.0.attention.self.query.weight" in moments
-    rows = [r for r in state.layer_rows if r["measure"] == "weight_rel_change"]
-    by = {(r["phase"], r["layer"]): r["value"] for r in rows}
-    assert by[("b", 0)] == by[("a", 0)]     # frozen during b: unchanged since the end of a
-    assert by[("c", 0)] != by[("b", 0)]     # trains again in c
+    assert sorted(moments) == [2, 4, 6]
+    frozen = [n for n in moments[2] if n.startswith(("bert.encoder.layer.0.", "bert.encoder.layer.1."))]
+    trained = "bert.encoder.layer.2.attention.self.query.weight"
+    assert len(frozen) > 10 and trained not in frozen
+    for name in frozen:
+        before, during, after = moments[2][name], moments[4][name], moments[6][name]
+        assert during.keys() == before.keys() == after.keys() == {"step", "exp_avg", "exp_avg_sq"}, name
+        for key in before:                           # phase b left them exactly as phase a did
+            assert torch.equal(during[key], before[key]), f"{name} {key} changed while frozen"
+        assert float(after["step"]) == 4, f"{name}: moments reset when it trained again"   # 2 in a + 2 in c
+        assert not torch.equal(after["exp_avg"], during["exp_avg"]), f"{name} did not train in phase c"
+    assert float(moments[4][trained]["step"]) == 4 and not torch.equal(moments[4][trained]["exp_avg"],
+                                                                       moments[2][trained]["exp_avg"])
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "step-000000006-p3" / "optimizer.pt",
+                       weights_only=True)["moments"]
+    assert all(torch.equal(saved[n]["exp_avg_sq"], moments[6][n]["exp_avg_sq"]) for n in frozen)
+    by = {(r["phase"], r["layer"]): r["value"] for r in state.layer_rows if r["measure"] == "weight_rel_change"}
+    assert by[("b", 0)] == by[("a", 0)] and by[("c", 0)] != by[("b", 0)]
 
 
 def test_arms_with_the_same_data_seed_see_the_same_tokens(tmp_path, data_root):
@@ -108,8 +130,10 @@ def _run_cli(spec_file: Path, out: Path, env: dict, **kw) -> subprocess.Popen:
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
 
 
-def test_sigkill_then_resume_ends_with_the_same_weights_and_curve(tmp_path, data_root):
-    spec = tiny_spec("tiny-modernbert", phases=[
+@pytest.mark.parametrize("arch, extra", [("tiny-modernbert", {}),
+                                         ("tiny-bert", {"micro_batch_size": 2})])   # dropout 0.1, 2 micro-batches
+def test_sigkill_then_resume_ends_with_the_same_weights_and_curve(arch, extra, tmp_path, data_root):
+    spec = tiny_spec(arch, **extra, phases=[
         {"name": "clm", "objective": "clm", "steps": 8, "freeze": "low"},
         {"name": "mlm_decay", "objective": "mlm", "steps": 6, "lr": {"decay": "1-sqrt", "final_fraction": 0.1}}])
     spec_file = tmp_path / "run.yaml"

@@ -214,13 +214,24 @@ def test_write_status_keeps_fields_and_drops_a_stale_error(tmp_path):
         write_status(run_dir, "finished")
 
 
-@pytest.mark.parametrize("content", ['["done"]', '{"state": "finished"}', '{"state": "do', "\xff\xfe"])
-def test_a_status_file_that_is_no_status_is_an_error_not_a_state(tmp_path, content):
+@pytest.mark.parametrize("content, problem", [('["done"]', "a JSON list, not a mapping"),
+                                              ('{"state": "finished"}', "state 'finished' is none of pending"),
+                                              ('{"state": "do', "not JSON"), ("\xff\xfe", "not JSON")])
+def test_a_status_file_that_is_no_status_is_reported_never_overwritten_and_set_aside(tmp_path, content, problem):
     (tmp_path / "status.json").write_text(content, encoding="latin-1")
-    with pytest.raises(ValueError):
+    raw = (tmp_path / "status.json").read_bytes()
+    with pytest.raises(rundir.CorruptStatus, match=problem) as err:
         read_status(tmp_path)
-    write_status(tmp_path, "pending")  # the next write replaces it
-    assert read_status(tmp_path)["state"] == "pending"
+    assert str(err.value).startswith(f"{tmp_path / 'status.json'} is corrupt: ")
+    with pytest.raises(rundir.CorruptStatus):
+        write_status(tmp_path, "pending", attempts=1)
+    assert (tmp_path / "status.json").read_bytes() == raw          # not replaced by a fresh record
+    assert rundir.set_aside_corrupt_status(tmp_path) == tmp_path / "status.json.corrupt-1"
+    assert read_status(tmp_path) == {"state": "pending"}
+    (tmp_path / "status.json").write_text("{")
+    assert rundir.set_aside_corrupt_status(tmp_path) == tmp_path / "status.json.corrupt-2"   # never over the first
+    assert (tmp_path / "status.json.corrupt-1").read_bytes() == raw
+    assert (tmp_path / "status.json.corrupt-2").read_text() == "{"
 
 
 # ------------------------------------------------------------------------------------- collect
@@ -519,3 +530,44 @@ def test_classify_skips_done_failed_and_active_runs(tmp_path):
         for lock in locks:
             lock.release()
     assert classify(active, retry_failed=False) == "submit"  # nobody runs it any more: resume it
+
+
+def test_a_corrupt_status_is_reported_set_aside_and_the_run_resubmitted_from_its_checkpoint(tmp_path):
+    from ablate.launch.scheduler import classify, status_rows
+    from ablate.store.sweep import SweepFolder
+    from ablate.train.checkpoint import TrainState
+
+    sweep = tmp_path / "s"
+    run = make_run(sweep, "r1", "running")
+    checkpoint = run / "checkpoints" / "step-000000004-p0"       # what the worker's last checkpoint leaves
+    atomic.write_text(checkpoint / "state.json", json.dumps(TrainState(global_step=4, step_in_phase=4).__dict__))
+    atomic.write_text(run / "checkpoints" / "LATEST", checkpoint.name)
+    cut = '{"state": "running", "attempts": 3, "job_id": "77", "sta'
+    (run / "status.json").write_text(cut)                        # e.g. copied back from a full disk
+
+    [row] = status_rows(SweepFolder(sweep), ["r1"])               # what `ablate status` shows; it moves nothing
+    assert row["state"] == "corrupt"
+    assert f"{run / 'status.json'} is corrupt: not JSON" in row["detail"]
+    assert "checkpoints/step-000000004-p0 (step 4)" in row["detail"]
+    assert (run / "status.json").read_text() == cut
+
+    said: list[str] = []
+    lock = RunLock(run)
+    assert lock.acquire()
+    try:                                                         # a worker holds the run: say so, touch nothing
+        assert classify(run, retry_failed=False, out=said.append) == "skip-active"
+    finally:
+        lock.release()
+    assert len(said) == 1 and "run r1" in said[0] and "left as it is while a worker holds the run" in said[0]
+    assert (run / "status.json").read_text() == cut and not (run / "status.json.corrupt-1").exists()
+
+    said.clear()
+    assert classify(run, retry_failed=False, out=said.append) == "submit"
+    assert len(said) == 1
+    assert said[0].startswith(f"warning: run r1: {run / 'status.json'} is corrupt: not JSON")
+    assert f"moved to {run / 'status.json.corrupt-1'} (kept)" in said[0]
+    assert said[0].endswith("the worker resumes from checkpoints/step-000000004-p0 (step 4)")
+    assert (run / "status.json.corrupt-1").read_text() == cut
+    status = read_status(run)
+    assert status["state"] == "pending" and status["recovered"]["corrupt_file"] == "status.json.corrupt-1"
+    assert status["recovered"]["problem"].startswith("not JSON")

@@ -27,6 +27,7 @@ from ablate.launch import preparation, worker
 from ablate.launch.executors import RunJob, have_slurm, make_executor
 from ablate.plan.grid import PlannedRun
 from ablate.store import atomic, rundir
+from ablate.train.checkpoint import latest_checkpoint
 from ablate.store.sweep import SweepFolder, describe_progress, format_duration, read_progress
 
 __all__ = ["Scheduler", "RunJob", "classify", "have_slurm", "job_alive", "record_job_failure", "run_sweep",
@@ -65,13 +66,14 @@ def job_alive(status: dict) -> bool:
     return False
 
 
-def classify(run_dir: Path, retry_failed: bool) -> str:
+def classify(run_dir: Path, retry_failed: bool, out: Print = print) -> str:
     """'skip-done', 'skip-failed', 'skip-active' or 'submit'. A run a tune's pruner ended (`pruned`) is
-    unfinished to a sweep: it is submitted, and resumes from its last checkpoint."""
+    unfinished to a sweep: it is submitted, and resumes from its last checkpoint. A corrupt status.json is
+    reported on `out`, set aside and the run submitted again (recover_corrupt_status)."""
     try:
         status = rundir.read_status(run_dir)
-    except ValueError:  # an unreadable status.json: the next write replaces it
-        status = {"state": "pending"}
+    except rundir.CorruptStatus as exc:
+        return recover_corrupt_status(run_dir, exc, out)
     state = rundir.effective_state(run_dir, status)
     if state == "done":
         return "skip-done"
@@ -82,6 +84,40 @@ def classify(run_dir: Path, retry_failed: bool) -> str:
     if state == "failed" and not retry_failed:
         return "skip-failed"
     return "submit"
+
+
+def recover_corrupt_status(run_dir: Path, corrupt: rundir.CorruptStatus, out: Print) -> str:
+    """Say which run's status is corrupt and how, move the file aside (status.json.corrupt-<n>), and mark the
+    run pending with a note of it: the run's own checkpoint is what it resumes from. 'submit', or
+    'skip-active' (nothing moved) while a worker holds the run."""
+    run_dir = Path(run_dir)
+    lock = rundir.RunLock(run_dir)
+    if not lock.acquire():
+        out(f"warning: run {run_dir.name}: {corrupt}; left as it is while a worker holds the run ({lock.holder()})")
+        return "skip-active"
+    try:
+        aside = rundir.set_aside_corrupt_status(run_dir)
+        rundir.write_status(run_dir, "pending", recovered={"corrupt_file": aside.name, "problem": corrupt.problem,
+                                                            "at": time.time()})
+    finally:
+        lock.release()
+    out(f"warning: run {run_dir.name}: {corrupt}; moved to {aside} (kept) and the run submitted again: "
+        f"{resume_point(run_dir)}")
+    return "submit"
+
+
+def resume_point(run_dir: Path) -> str:
+    """Where a worker started on this run begins: its last checkpoint (pretrain resumes from LATEST)."""
+    found = latest_checkpoint(Path(run_dir) / "checkpoints")
+    if found is None:
+        return "it has no checkpoint, so the worker starts it from step 0"
+    try:
+        state = rundir.read_json(found / "state.json")
+        step, done = state["global_step"], state.get("done")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"the worker resumes from checkpoints/{found.name} (whose state.json is unreadable: {exc})"
+    return (f"the worker resumes from checkpoints/{found.name} (step {step}"
+            + ("; training had finished: records and evaluation are redone)" if done else ")"))
 
 
 def _progress_line(paths: SweepFolder, run_ids: list[str]) -> tuple[str, dict[str, int]]:
@@ -198,7 +234,7 @@ def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_r
     kind = executor or grid.launcher.executor
     paths = SweepFolder(Path(results_root) / grid.sweep)
     write_sweep_manifest(paths, grid, grid_file, runs)
-    decisions = {r.run_id: classify(paths.run(r.run_id), retry_failed) for r in runs}
+    decisions = {r.run_id: classify(paths.run(r.run_id), retry_failed, out) for r in runs}
     to_run = [rid for rid, d in decisions.items() if d == "submit"]
     skipped = {d: sum(1 for x in decisions.values() if x == d) for d in ("skip-done", "skip-failed", "skip-active")}
     out(f"sweep {grid.sweep}: {len(runs)} runs; to run {len(to_run)}; already done {skipped['skip-done']}; "
@@ -243,6 +279,10 @@ def status_rows(paths: SweepFolder, run_ids: list[str] | None = None) -> list[di
         try:
             status = rundir.read_status(run_dir)
             spec = rundir.read_json(run_dir / "spec.json")
+        except rundir.CorruptStatus as exc:
+            rows.append({"run_id": rid, "state": "corrupt", "detail": f"{exc}; `ablate sweep` sets it aside and "
+                         f"submits the run again: {resume_point(run_dir)}"})
+            continue
         except (OSError, ValueError) as exc:
             rows.append({"run_id": rid, "state": "unreadable", "detail": str(exc)})
             continue

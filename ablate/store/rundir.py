@@ -5,6 +5,7 @@
         status.json      state (pending|submitted|running|interrupted|done|failed|pruned), times, attempts,
                          error tail (failed), step and reason (pruned: a tune's pruner ended it early)
         tune.json        (runs of a tune) the study, storage and trial the run reports to
+        status.json.corrupt-<n>   a status.json that could not be read, set aside when the run was recovered
         progress.json    the running run's phase, step, loss (what `status` and the sweep's progress line show)
         records/run.json       token hash, tokens seen, wall time, family, layers, versions
         records/curves.json    per step: phase, step, tokens, loss, lr
@@ -55,25 +56,36 @@ def read_json(path: Path) -> Any:
         return json.loads(f.read())
 
 
+class CorruptStatus(ValueError):
+    """status.json is there but is no status record: never read as a state, never overwritten; it is moved
+    aside (set_aside_corrupt_status) by whoever recovers the run, explicitly."""
+
+    def __init__(self, path: Path, problem: str):
+        self.path, self.problem = Path(path), problem
+        super().__init__(f"{path} is corrupt: {problem}")
+
+
 def read_status(run_dir: Path) -> dict:
-    """The run's status.json ({"state": "pending"} when there is none); ValueError when it is not a record."""
+    """The run's status.json ({"state": "pending"} when there is none); CorruptStatus when it is not a record."""
     path = os.path.join(run_dir, "status.json")
     try:
         status = read_json(path)
     except FileNotFoundError:
         return {"state": "pending"}
-    if not isinstance(status, dict) or status.get("state", "pending") not in STATES:
-        raise ValueError(f"{path}: not a status record (a mapping with state in {', '.join(STATES)})")
+    except ValueError as exc:        # JSONDecodeError and UnicodeDecodeError both are
+        raise CorruptStatus(path, f"not JSON ({exc})") from None
+    if not isinstance(status, dict):
+        raise CorruptStatus(path, f"a JSON {type(status).__name__}, not a mapping")
+    if status.get("state", "pending") not in STATES:
+        raise CorruptStatus(path, f"state {status.get('state')!r} is none of {', '.join(STATES)}")
     return status
 
 
 def write_status(run_dir: Path, state: str, **fields) -> dict:
-    """Set the state (and fields), keeping the other fields; an unreadable status.json is replaced."""
+    """Set the state (and fields), keeping the other fields. A corrupt status.json is not replaced:
+    CorruptStatus (set_aside_corrupt_status first)."""
     assert state in STATES, state
-    try:
-        previous = read_status(run_dir)
-    except ValueError:
-        previous = {}
+    previous = read_status(run_dir)
     status = {k: v for k, v in previous.items() if k not in ("state", "error")}
     status.update(fields, state=state, updated=time.time())
     atomic.write_json(Path(run_dir) / "status.json", status)
@@ -82,6 +94,22 @@ def write_status(run_dir: Path, state: str, **fields) -> dict:
 
 class AlreadyRunning(RuntimeError):
     """The run folder is locked by a worker elsewhere: the same run never runs twice at once."""
+
+
+def set_aside_corrupt_status(run_dir: Path) -> Path:
+    """Move status.json to status.json.corrupt-<n> (the first n not taken; nothing is ever deleted) and
+    return where it went. The caller holds the run's lock."""
+    source = Path(run_dir) / "status.json"
+    n = 1
+    while True:
+        target = source.with_name(f"status.json.corrupt-{n}")
+        try:
+            os.link(source, target)      # unlike rename, never replaces an earlier corrupt-<n>
+        except FileExistsError:
+            n += 1
+            continue
+        source.unlink()
+        return target
 
 
 class RunLock(FileLock):

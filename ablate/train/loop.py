@@ -5,14 +5,16 @@
      -> loss -> backward -> per-layer grad norms -> clip -> AdamW) ; checkpoint ; measure layers
     -> save_pretrained
 
-Determinism: every random draw of a step (masking, dropout) is seeded from (seed, global step), and the
-batch at a step depends only on the data seed and the data position, so a run resumed from a checkpoint
+Determinism: every random draw of a step is seeded from (seed, global step): the masking of the global batch,
+and the dropout of each micro-batch (also by its index in the global batch), and the batch at a step
+depends only on the data seed and the data position, so a run resumed from a checkpoint
 computes exactly what the uninterrupted run would have. The token stream each phase consumed is hashed
 (a chain of sha256 over the batches) so "identical data" between arms is checked, not assumed.
 
 Data parallel (ablate.train.distributed): every rank builds the same global batch and masking, computes the label
-count over the global batch, runs its own contiguous slice, and the gradients are summed over ranks after
-backward, which gives the single-process gradient. Only rank 0 writes checkpoints, progress and the model;
+count over the global batch, runs its own contiguous slice (its micro-batches draw the dropout that those
+micro-batches draw in one process), and the gradients are summed over ranks after backward, which gives the
+single-process gradient of the same micro_batch_size. Only rank 0 writes checkpoints, progress and the model;
 a checkpoint is the same whatever the world size, so a run resumes under any number of ranks.
 
 On CUDA (all off on CPU): bf16 autocast, fused AdamW, pinned host memory with non-blocking copies, and
@@ -53,6 +55,13 @@ PhaseEndHook = Callable[[str, torch.nn.Module], list[dict]]
 
 def _seed_for(*parts: int) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+def _dropout_seed(seed: int, global_step: int, micro_batch: int) -> int:
+    """The dropout stream of one micro-batch, by its index in the global batch: a data-parallel run draws
+    what one process with the same micro_batch_size draws. Micro-batch 0 keeps the seed the whole step
+    used to have, so runs without gradient accumulation give the numbers they always gave."""
+    return _seed_for(seed, global_step, 1) if micro_batch == 0 else _seed_for(seed, global_step, 1, micro_batch)
 
 
 # ---------------------------------------------------------------- the loop
@@ -107,9 +116,6 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
                opt: Optimizer, lr: float) -> tuple[float, dict[int, float]]:
     """One optimizer step over `batch` (split into micro-batches); returns (mean loss, grad norm per layer)."""
     spec, model, family, dist = ctx.spec, ctx.model, ctx.family, ctx.dist
-    # dropout: rank 0 draws what a single process draws; other ranks their own streams (not a copy of rank 0's)
-    torch.manual_seed(_seed_for(spec.seed, global_step, 1) if dist.rank == 0 else
-                      _seed_for(spec.seed, global_step, 1, dist.rank))
     masking = torch.Generator().manual_seed(_seed_for(spec.seed, global_step, 2))
     ids = torch.from_numpy(batch.astype(np.int64))
     if phase.spec.objective == "mlm":
@@ -129,8 +135,10 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
         inputs, labels = inputs.pin_memory(), labels.pin_memory()
     encoder = ctx.encoder or family.encoder(model)
     micro = spec.micro_batch_size or len(inputs)
+    first = rank_slice(len(ids), dist).start // micro      # this rank's first micro-batch in the global batch
     total = 0.0
-    for start in range(0, len(inputs), micro):
+    for index, start in enumerate(range(0, len(inputs), micro), start=first):
+        torch.manual_seed(_dropout_seed(spec.seed, global_step, index))
         x = inputs[start:start + micro].to(ctx.device, non_blocking=True)
         y = labels[start:start + micro].to(ctx.device, non_blocking=True)
         with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=ctx.autocast), \
