@@ -154,15 +154,17 @@ def cmd_collect(args) -> int:
 
 def cmd_evaluate(args) -> int:
     from ablate.evaluate import runs as evaluate
+    from ablate.evaluate.protocol import check_protocol
 
     overrides = _key_values(args.set, "--set")
     seeds = tuple(args.seeds) if args.seeds else None
+    how = {"protocol": check_protocol(args.protocol), "keep_stale": args.keep_stale}
     sweep = _sweep(args)
     if args.base:
-        folder = evaluate.evaluate_base(sweep.root, args.base, tuple(args.task), seeds or (0,), overrides)
+        folder = evaluate.evaluate_base(sweep.root, args.base, tuple(args.task), seeds or (0,), overrides, **how)
         print(f"base model scores in {folder / 'scores'}")
     if not args.base_only:
-        counts = evaluate.evaluate_sweep(sweep.root, tuple(args.task), seeds, overrides)
+        counts = evaluate.evaluate_sweep(sweep.root, tuple(args.task), seeds, overrides, **how)
         print(f"evaluated {counts['evaluated']} finished runs; {counts['not done']} not finished (skipped)")
     args.cka_ratio = None
     return cmd_collect(args)
@@ -263,6 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--set", action="append", metavar="KEY=VALUE", help="fine-tuning setting override")
     e.add_argument("--base", metavar="MODEL", help="also evaluate this base model as the reference")
     e.add_argument("--base-only", action="store_true", help="only the base model")
+    e.add_argument("--protocol", metavar="NAME", help="fine-tuning profile over the task files: paper or smoke "
+                                                      "(default: each run's eval.protocol, else the task files)")
+    e.add_argument("--keep-stale", action="store_true",
+                   help="keep scores whose task file, data or settings changed (marked stale) instead of "
+                        "recomputing them")
     e.set_defaults(func=cmd_evaluate)
 
     rp = sub.add_parser("report", parents=[sweep], help="draw a figure from a sweep's tidy tables (PNG + SVG/PDF + CSV)")
