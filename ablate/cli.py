@@ -87,6 +87,7 @@ def cmd_sweep(args) -> int:
     from ablate.config.paths import results_root
     from ablate.evaluate.runs import check_eval
     from ablate.plan.grid import expand, plan_table, resolve_layers
+    from ablate.plan.replicates import seed_notes
 
     grid = load_grid(args.grid)
     runs = expand(grid, file=str(args.grid))
@@ -94,6 +95,10 @@ def cmd_sweep(args) -> int:
     check_eval([r.spec for r in runs], file=str(args.grid))
     executor = args.executor or grid.launcher.executor
     sweep_dir = results_root(args.results) / grid.sweep
+    notes, warnings = seed_notes(runs)   # on stderr: stdout is the plan table
+    for note in notes if args.dry_run else ():
+        print(f"note: {note}", file=sys.stderr)
+    _warn(warnings)
     if args.dry_run:
         _print_table(plan_table(runs, plans))
         print(f"{len(runs)} runs; executor {executor}; results in {sweep_dir}; dry run: nothing submitted")
