@@ -93,6 +93,7 @@ def cmd_sweep(args) -> int:
     from ablate.config.paths import results_root
     from ablate.evaluate.runs import check_eval
     from ablate.plan.grid import expand, plan_table, resolve_layers, resolve_models
+    from ablate.plan.replicates import seed_notes
     from ablate.train.preflight import check_models
 
     grid = load_grid(args.grid)
@@ -106,6 +107,10 @@ def cmd_sweep(args) -> int:
     checked = check_models([r.spec for r in runs], file=str(args.grid))
     executor = args.executor or grid.launcher.executor
     sweep_dir = results_root(args.results) / grid.sweep
+    notes, warnings = seed_notes(runs)   # on stderr: stdout is the plan table
+    for note in notes if args.dry_run else ():
+        print(f"note: {note}", file=sys.stderr)
+    _warn(warnings)
     if args.dry_run:
         from ablate.analysis.pairs import describe_pairs
 
@@ -186,15 +191,17 @@ def cmd_collect(args) -> int:
 
 def cmd_evaluate(args) -> int:
     from ablate.evaluate import runs as evaluate
+    from ablate.evaluate.protocol import check_protocol
 
     overrides = _key_values(args.set, "--set")
     seeds = tuple(args.seeds) if args.seeds else None
+    how = {"protocol": check_protocol(args.protocol), "keep_stale": args.keep_stale}
     sweep = _sweep(args)
     if args.base:
-        folder = evaluate.evaluate_base(sweep.root, args.base, tuple(args.task), seeds or (0,), overrides)
+        folder = evaluate.evaluate_base(sweep.root, args.base, tuple(args.task), seeds or (0,), overrides, **how)
         print(f"base model scores in {folder / 'scores'}")
     if not args.base_only:
-        counts = evaluate.evaluate_sweep(sweep.root, tuple(args.task), seeds, overrides)
+        counts = evaluate.evaluate_sweep(sweep.root, tuple(args.task), seeds, overrides, **how)
         print(f"evaluated {counts['evaluated']} finished runs; {counts['not done']} not finished (skipped)")
     args.cka_ratio, args.pairs = None, False
     return cmd_collect(args)
@@ -332,6 +339,11 @@ def _add_run_commands(sub, results, sweep, submit) -> None:
     e.add_argument("--set", action="append", metavar="KEY=VALUE", help="fine-tuning setting override")
     e.add_argument("--base", metavar="MODEL", help="also evaluate this base model as the reference")
     e.add_argument("--base-only", action="store_true", help="only the base model")
+    e.add_argument("--protocol", metavar="NAME", help="fine-tuning profile over the task files: paper or smoke "
+                                                      "(default: each run's eval.protocol, else the task files)")
+    e.add_argument("--keep-stale", action="store_true",
+                   help="keep scores whose task file, data or settings changed (marked stale) instead of "
+                        "recomputing them")
     e.set_defaults(func=cmd_evaluate)
 
 

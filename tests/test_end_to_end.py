@@ -43,6 +43,9 @@ def test_every_arm_is_scored_on_the_grid_task(finished):
     assert set(f1["run_id"]) == set(runs["run_id"]) and len(f1) == 3 * 2
     assert set(f1["language"]) == {"en"} and f1["value"].between(0, 1).all()
     assert {"finetune_seed", "epoch", "wall_time_s"} <= set(scores.columns)
+    assert not scores["stale"].any()
+    # tiny-bert is a random init with dropout: every phase of every run depends on its seed
+    assert runs["seed_independent"].all() and runs["seed_changes"].str.contains("clm: dropout").any()
 
 
 def test_the_frozen_table_is_each_runs_phase_plan(finished):

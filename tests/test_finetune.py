@@ -7,6 +7,7 @@ import torch
 from transformers import (AutoTokenizer, BertConfig, BertForMaskedLM, ModernBertConfig, ModernBertForMaskedLM)
 
 import ablate.evaluate.finetune as ft
+import ablate.evaluate.scores as sc
 from ablate.config.errors import SpecError
 from ablate.evaluate.tasks import TaskSpec, load_task, load_task_data, resolve_settings
 
@@ -191,45 +192,264 @@ def test_multi_label_and_regression_on_real_mcqa(tmp_path, tiny_bert, task_type,
         assert all(0.0 <= r["value"] <= 1.0 for r in rows)
 
 
+# ------------------------------------------------------------------------------------------- protocol pieces
+
+def _two_sentences(tokenizer):
+    return tokenizer(["a short one", "a much longer sentence with several more words in it"], padding=True,
+                     return_tensors="pt")
+
+
+def _chemprot_model(model_dir, pooling):
+    task = load_task("chemprot")
+    torch.manual_seed(0)
+    return ft._load_model(model_dir, task, tuple("abcd"), small(task, pooling=pooling)).eval()
+
+
+def test_bert_pooling_cls_or_mean_as_the_settings_say(tiny_bert, tokenizer):
+    from ablate.evaluate.pooling import masked_mean
+
+    enc = _two_sentences(tokenizer)
+    cls, mean = _chemprot_model(tiny_bert, "cls"), _chemprot_model(tiny_bert, "mean")
+    with torch.no_grad():
+        a, b = cls(**enc).logits, mean(**enc).logits
+        assert not torch.allclose(a, b, atol=1e-4)
+        # mean: BERT's pooler and classifier applied to the mean of the last states over the attention mask
+        hidden = mean.bert(**enc).last_hidden_state
+        expected = mean.classifier(torch.tanh(mean.bert.pooler.dense(masked_mean(hidden, enc["attention_mask"]))))
+        assert torch.allclose(b, expected, atol=1e-5)
+        # padding is not averaged in: the short sentence alone scores as it does padded in the batch
+        alone = tokenizer(["a short one"], return_tensors="pt")
+        assert torch.allclose(mean(**alone).logits[0], b[0], atol=1e-5)
+
+
+def test_mean_pooling_under_lora_still_averages_over_the_mask(tiny_bert, tokenizer):
+    task = load_task("chemprot")
+    enc, alone = _two_sentences(tokenizer), tokenizer(["a short one"], return_tensors="pt")
+    logits = {}
+    for pooling in ("cls", "mean"):
+        torch.manual_seed(0)
+        model = ft._load_model(tiny_bert, task, tuple("abcd"), small(task, method="lora", pooling=pooling)).eval()
+        with torch.no_grad():
+            logits[pooling] = model(**enc).logits
+            assert torch.allclose(model(**alone).logits[0], logits[pooling][0], atol=1e-5)
+    assert not torch.allclose(logits["cls"], logits["mean"], atol=1e-4)
+
+
+def test_modernbert_pooling_is_set_not_inherited_from_the_checkpoint(tiny_modernbert, tokenizer, tmp_path):
+    import shutil
+
+    says_mean = tmp_path / "says_mean"
+    shutil.copytree(tiny_modernbert, says_mean)
+    config = json.loads((says_mean / "config.json").read_text())
+    (says_mean / "config.json").write_text(json.dumps({**config, "classifier_pooling": "mean"}))
+    enc = _two_sentences(tokenizer)
+    with torch.no_grad():
+        a = _chemprot_model(str(says_mean), "cls")
+        assert a.config.classifier_pooling == "cls"
+        assert torch.allclose(a(**enc).logits, _chemprot_model(tiny_modernbert, "cls")(**enc).logits)
+        assert not torch.allclose(a(**enc).logits, _chemprot_model(str(says_mean), "mean")(**enc).logits,
+                                  atol=1e-4)
+
+
+def test_an_architecture_of_unknown_pooling_is_refused(tmp_path, tokenizer):
+    from transformers import DistilBertConfig, DistilBertForMaskedLM
+
+    torch.manual_seed(0)
+    DistilBertForMaskedLM(DistilBertConfig(vocab_size=tokenizer.vocab_size, dim=32, n_layers=1, n_heads=2,
+                                           hidden_dim=64)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(SpecError) as e:
+        _chemprot_model(str(tmp_path), "cls")
+    assert e.value.key == "finetune.pooling" and "distilbert" in e.value.message and "bert" in e.value.allowed
+
+
+def test_pos_weight_is_negatives_over_positives_of_each_label():
+    labels = [[1, 0, 0, 1], [1, 1, 0, 1], [0, 0, 0, 1], [1, 0, 0, 1]]
+    # label 0: 3 positives, 1 negative; label 1: 1 and 3; label 2 never positive, label 3 always: nothing to balance
+    assert ft.pos_weight(labels, 4).tolist() == pytest.approx([1 / 3, 3.0, 1.0, 1.0])
+
+
+def test_multi_label_training_weighs_labels_by_their_train_frequency(tiny_bert, monkeypatch):
+    task = TaskSpec.model_validate({
+        "name": "mcqa", "language": "fr", "type": "multi_label_classification", "source": "tests",
+        "data": {"format": "json", "splits": {s: f"frenchmedmcqa/{s}.json" for s in ("train", "dev", "test")}},
+        "columns": {"text": "question", "text_pair": [f"answers.{c}" for c in "abcde"], "label": "correct_answers"},
+        "metrics": ["micro_f1"]})
+    data = load_task_data(task)
+    train = data.splits["train"][:SMALL["max_train_examples"]]
+    pos = torch.tensor([[lab in ex.label for lab in data.labels] for ex in train], dtype=torch.float64).sum(0)
+    expected = (len(train) - pos) / pos
+    weights = []
+
+    class Spy(torch.nn.BCEWithLogitsLoss):
+        def forward(self, logits, target):
+            weights.append(self.pos_weight.clone())
+            return super().forward(logits, target)
+
+    monkeypatch.setattr(torch.nn, "BCEWithLogitsLoss", Spy)
+    ft.finetune(tiny_bert, task, 0, small(task))
+    assert len(weights) == 4 and torch.allclose(weights[0].double(), expected)   # 32 examples / batch 8
+    weights.clear()
+    ft.finetune(tiny_bert, task, 0, small(task, multi_label_pos_weight=False))
+    assert weights == []   # the model's own, unweighted loss
+
+
+def test_max_length_is_capped_at_the_models_context(tiny_bert, monkeypatch):
+    task = load_task("frenchmedmcqa_nbr")
+    assert task.max_length == 8192
+    used, logs = [], []
+    real = ft.encode
+    monkeypatch.setattr(ft, "encode", lambda tok, t, ex, labels, n: used.append(n) or real(tok, t, ex, labels, n))
+    ft.finetune(tiny_bert, task, 0, small(task, max_length=None, max_train_examples=8, max_eval_examples=8),
+                log=logs.append)
+    assert used == [512, 512, 512]
+    assert logs == ["frenchmedmcqa_nbr: max_length 8192 is more than the model's context (512 positions); "
+                    "inputs are cut at 512"]
+
+
 # ------------------------------------------------------------------------------------------- task x seed loop
 
 def test_finished_task_seed_pairs_are_read_back_not_recomputed(tmp_path, tiny_bert, monkeypatch):
     out = tmp_path / "scores"
-    first = ft.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0, 1], SMALL, out)
+    first = sc.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0, 1], SMALL, out)
     assert sorted(p.name for p in (out / "e3c_fr_ner").iterdir()) == ["seed-0.json", "seed-1.json"]
     stored = json.loads((out / "e3c_fr_ner/seed-1.json").read_text())
     assert stored["seed"] == 1 and values(stored["rows"]) == values(first[len(first) // 2:])
+    assert set(stored["identity"]) == {"task", "data", "settings"} and "stale" not in stored
 
     def boom(*a, **k):
         raise AssertionError("recomputed a finished (task, seed)")
     monkeypatch.setattr(ft, "finetune", boom)
-    again = ft.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0, 1], SMALL, out)
+    again = sc.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0, 1], SMALL, out)
     assert values(again) == values(first) and [r["wall_time_s"] for r in again] == [r["wall_time_s"] for r in first]
+    assert not any(r["stale"] for r in again)
 
     # only the missing seed runs
     monkeypatch.undo()
     done = []
     real = ft.finetune
     monkeypatch.setattr(ft, "finetune", lambda m, t, seed, *a, **k: done.append(seed) or real(m, t, seed, *a, **k))
-    rows = ft.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0, 1, 2], SMALL, out)
+    rows = sc.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0, 1, 2], SMALL, out)
     assert done == [2] and len(rows) == 3 * len(first) // 2
     assert not [p for p in (out / "e3c_fr_ner").iterdir() if p.suffix == ".tmp"]
 
-    # other settings for the same out_dir: an error, not silently mixed scores
-    with pytest.raises(SpecError) as e:
-        ft.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0], {**SMALL, "lr": 1e-4}, out)
-    assert e.value.key == "finetune.lr" and e.value.file.endswith("seed-0.json")
+    # other settings for the same out_dir: recomputed, never silently mixed; the old file is kept aside
+    done.clear()
+    sc.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0], {**SMALL, "lr": 1e-4}, out)
+    assert done == [0]
+    assert json.loads((out / "e3c_fr_ner/seed-0.json").read_text())["settings"]["lr"] == 1e-4
+    aside = list((out / "e3c_fr_ner" / sc.SUPERSEDED).iterdir())
+    assert len(aside) == 1 and json.loads(aside[0].read_text())["settings"]["lr"] == 5e-5
+
+
+@pytest.fixture
+def own_task(tmp_path, monkeypatch):
+    """e3c_fr_ner as a task file and data files of this test's own (40 / 16 / 16 real sentences)."""
+    tasks, data = tmp_path / "tasks", tmp_path / "data" / "e3c_fr_ner"
+    tasks.mkdir()
+    data.mkdir(parents=True)
+    (tasks / "e3c_fr_ner.yaml").write_bytes(Path(load_task("e3c_fr_ner").file).read_bytes())
+    for split, n in (("train", 40), ("dev", 16), ("test", 16)):
+        sents = (DATA / f"e3c_fr_ner/{split}.txt").read_text(encoding="utf-8").split("\n\n")[:n]
+        (data / f"{split}.txt").write_text("\n\n".join(sents) + "\n", encoding="utf-8")
+    monkeypatch.setenv("ABLATE_TASKS_DIR", str(tasks))
+    return tasks / "e3c_fr_ner.yaml", data, tmp_path / "data"
+
+
+def test_editing_a_task_file_or_its_data_recomputes_its_scores(tmp_path, tiny_bert, monkeypatch, own_task):
+    task_file, data, root = own_task
+    out = tmp_path / "scores"
+    computed = []
+    real = ft.finetune
+    monkeypatch.setattr(ft, "finetune", lambda m, t, seed, *a, **k: computed.append(seed) or real(m, t, seed, *a, **k))
+
+    def evaluate(**kw):
+        computed.clear()
+        return sc.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0], SMALL, out, data_root=root, **kw)
+
+    def edit(path, old, new):
+        text = path.read_text(encoding="utf-8")
+        assert old in text
+        path.write_text(text.replace(old, new, 1), encoding="utf-8")
+
+    score_file = out / "e3c_fr_ner/seed-0.json"
+    evaluate()
+    assert computed == [0]
+    before = score_file.read_bytes()
+    evaluate()
+    assert computed == [] and score_file.read_bytes() == before          # unchanged: read back
+    edit(task_file, "# E3C", "# E3C (a comment edit)")
+    edit(task_file, "source: >-", "description: what a description says changes nothing\nsource: >-")
+    evaluate()
+    assert computed == [] and score_file.read_bytes() == before
+
+    for old, new in (("max_length: 512", "max_length: 500"),                    # the task definition
+                     ("metrics: [entity_f1, entity_precision, entity_recall]", "metrics: [entity_f1]"),
+                     ("values: [O, B-ety, I-ety]", "values: [O, I-ety, B-ety]")):
+        edit(task_file, old, new)
+        rows = evaluate()
+        assert computed == [0], f"editing {old!r} did not recompute"
+    assert {r["metric"] for r in rows} == {"entity_f1"}
+    train = data / "train.txt"
+    edit(train, "Nous O", "Vous O")                                              # the data
+    evaluate()
+    assert computed == [0]
+    evaluate()
+    assert computed == []
+    assert len(list((out / "e3c_fr_ner" / sc.SUPERSEDED).iterdir())) == 4       # nothing lost
+
+
+def test_keep_stale_keeps_and_marks_out_of_date_scores(tmp_path, tiny_bert, monkeypatch, own_task):
+    from ablate.launch.scheduler import status_rows
+    from ablate.store import tables
+    from ablate.store.rundir import read_scores
+    from ablate.store.sweep import SweepFolder
+
+    task_file, data, root = own_task
+    run = tmp_path / "results" / "sw" / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "spec.json").write_text(json.dumps({"model": "m", "labels": {"axes": {"schedule": "mlm"}}}))
+    out = run / "scores"
+    first = sc.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0, 1], SMALL, out, data_root=root)
+    (data / "dev.txt").write_text((data / "dev.txt").read_text(encoding="utf-8") + "\nEncore O\n",
+                                  encoding="utf-8")
+    monkeypatch.setattr(ft, "finetune", lambda *a, **k: pytest.fail("recomputed with keep_stale"))
+    kept = sc.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0, 1], SMALL, out, data_root=root, keep_stale=True)
+    assert values(kept) == values(first) and all(r["stale"] for r in kept)
+    record = json.loads((out / "e3c_fr_ner/seed-0.json").read_text())
+    assert record["stale"] == ["the task's data files changed"]
+    assert all(r["stale"] for r in read_scores(run, "r1"))
+    scores = tables.collect(run.parent.parent, write=False).tables["scores"]
+    assert scores.columns[-1] == "stale" and scores["stale"].all()
+    assert status_rows(SweepFolder(run.parent.parent))[0]["stale_scores"] == "e3c_fr_ner: seeds 0,1"
+
+    monkeypatch.undo()
+    fresh = sc.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0], SMALL, out, data_root=root)   # recomputed
+    assert not any(r["stale"] for r in fresh)
+    assert "stale" not in json.loads((out / "e3c_fr_ner/seed-0.json").read_text())
+    assert status_rows(SweepFolder(run.parent.parent))[0]["stale_scores"] == "e3c_fr_ner: seeds 1"
+
+
+def test_evaluate_cli_refuses_an_unknown_protocol(capsys):
+    from ablate.cli import main
+
+    assert main(["evaluate", "--task", "ncbi_disease", "--protocol", "fast"]) == 2
+    err = capsys.readouterr().err
+    assert "--protocol" in err and "'fast'" in err and "allowed: paper, smoke" in err
 
 
 def test_every_task_is_checked_before_any_training(tmp_path, tiny_bert, monkeypatch):
     monkeypatch.setattr(ft, "finetune", lambda *a, **k: pytest.fail("trained before checking all tasks"))
     with pytest.raises(SpecError, match="unknown task"):
-        ft.evaluate_scores(tiny_bert, ["e3c_fr_ner", "no_such_task"], [0], SMALL, tmp_path)
+        sc.evaluate_scores(tiny_bert, ["e3c_fr_ner", "no_such_task"], [0], SMALL, tmp_path)
     with pytest.raises(SpecError) as e:
-        ft.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0], {"epochs": 0}, tmp_path)
+        sc.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0], {"epochs": 0}, tmp_path)
     assert e.value.key == "finetune.epochs"
     with pytest.raises(SpecError, match="data file not found"):
-        ft.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0], SMALL, tmp_path, data_root=tmp_path / "empty")
+        sc.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0], SMALL, tmp_path, data_root=tmp_path / "empty")
+    with pytest.raises(SpecError) as e:
+        sc.evaluate_scores(tiny_bert, ["e3c_fr_ner"], [0], SMALL, tmp_path, protocol="papers")
+    assert e.value.key == "--protocol" and e.value.allowed.startswith("paper, smoke")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -414,6 +414,50 @@ def test_dry_run_of_the_paper_freeze_study_on_modernbert_base(tmp_path, capsys):
     assert "15 runs; executor slurm;" in lines[-1] and "nothing submitted" in lines[-1]
 
 
+def test_dry_run_says_what_a_seed_axis_changes_and_warns_when_it_changes_nothing(tmp_path, capsys):
+    rc, out, err = dry_run(write(tmp_path, FREEZE_STUDY), tmp_path, capsys)
+    assert rc == 0, err
+    notes = [line for line in err.splitlines() if line.startswith("note:")]
+    assert notes[0].startswith("note: seed axis seed [17, 18, 19]") and "data.data_seed" in notes[0]
+    assert "schedule mlm: mlm: MLM masking; mlm_decay: MLM masking" in notes[1]
+    assert "schedule clm_detour: clm: nothing; mlm_decay: MLM masking  (not independent replicates)" in notes[2]
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: seed changes nothing in phase clm for hub:answerdotai/ModernBERT-base: dropout 0, "
+                        "CLM has no masking, data order from data.data_seed, the checkpoint has its MLM head: "
+                        "the 3 seeds repeat the same CLM computation"]
+
+
+def test_a_data_seed_axis_changes_the_data_order_of_every_phase(tmp_path):
+    from ablate.plan.replicates import seed_notes
+
+    notes, warnings = seed_notes(runs_of(tmp_path, grid_dict(axes={"data.data_seed": [1, 2]})))
+    assert notes == ["seed axis data.data_seed [1, 2]: changes the data order of every phase (runs with the same "
+                     "data seed read the same token stream)"] and warnings == []
+
+
+def test_the_shipped_freeze_grid_has_one_pretraining_seed_and_nine_finetuning_seeds(tmp_path, capsys):
+    path = REPO / "grids" / "freeze.yaml"
+    rc, out, err = dry_run(path, tmp_path, capsys)
+    assert rc == 0 and "warning" not in err and "seed axis" not in err
+    runs = expand(load_grid(path))
+    assert len(runs) == 5 and {r.spec.seed for r in runs} == {17}
+    assert all(r.spec.eval.seeds == tuple(range(9)) for r in runs)
+    # the grid's comment says how to get MLM seed noise for the CKA ratio: check that recipe
+    text = path.read_text().replace("  freeze: [none, low_clm, mid_clm, low_decay]\n",
+                                    "  freeze: [none, low_clm, mid_clm, low_decay]\n  seed: [17, 18, 19]\n")
+    text = text.replace("exclude:\n", "exclude:\n  - {schedule: clm_detour, seed: [18, 19]}\n")
+    runs = expand(load_grid(write(tmp_path, text)))
+    assert sorted((r.axes["schedule"], r.spec.seed) for r in runs if r.axes["freeze"] == "none") == [
+        ("clm_detour", 17), ("mlm", 17), ("mlm", 18), ("mlm", 19)]
+
+
+def test_an_unknown_eval_protocol_exits_2_before_anything_runs(tmp_path, capsys):
+    grid = grid_dict(base={**BASE, "eval": {"tasks": ["ncbi_disease"], "protocol": "fast"}})
+    rc, out, err = dry_run(write(tmp_path, grid), tmp_path, capsys)
+    assert rc == 2 and out == ""
+    assert "base.eval.protocol" in err and "'fast'" in err and "allowed: paper, smoke" in err
+
+
 def test_dry_run_of_the_smoke_grid_through_python_m(tmp_path):
     env = {**os.environ, "ABLATE_RESULTS": str(tmp_path / "results")}
     proc = subprocess.run([sys.executable, "-m", "ablate.cli", "sweep", str(REPO / "grids" / "smoke.yaml"),

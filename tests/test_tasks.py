@@ -297,3 +297,56 @@ def test_task_spec_is_frozen():
     task = TaskSpec.model_validate(ner_task())
     with pytest.raises(Exception):
         task.max_length = 64
+
+
+# ---------------------------------------------------------------------------------------------------- protocol
+
+@pytest.mark.parametrize("name", list_tasks())
+def test_every_task_file_states_the_papers_protocol(name):
+    task = load_task(name)
+    own = resolve_settings(task).model_dump()
+    own["max_length"] = own["max_length"] or task.max_length     # the task's max_length when settings say none
+    assert own == resolve_settings(task, protocol="paper").model_dump()
+    if task.type != "token_classification":
+        assert "pooling" in task.finetune.model_fields_set, "a sequence task states its pooling"
+
+
+def test_the_papers_numbers():
+    from ablate.evaluate.protocol import paper_settings
+
+    en_ner, en_cls = paper_settings("en", "token_classification"), paper_settings("en", "sequence_classification")
+    fr_cls = paper_settings("fr", "multi_label_classification")
+    assert {k: en_cls[k] for k in ("lr", "weight_decay", "batch_size", "epochs", "max_length", "patience")} == \
+        {"lr": 5e-5, "weight_decay": 0.01, "batch_size": 16, "epochs": 10, "max_length": 512, "patience": None}
+    assert en_ner["epochs"] == 20 and paper_settings("fr", "token_classification") == en_ner
+    assert (fr_cls["lr"], fr_cls["batch_size"], fr_cls["epochs"], fr_cls["multi_label_pos_weight"]) == \
+        (2e-5, 4, 15, True)
+    assert fr_cls["max_length"] >= 8192 and en_cls["pooling"] == "cls"
+    assert paper_settings("de", "sequence_classification") == en_cls   # a language the paper lacks: English rules
+
+
+def test_settings_resolve_task_file_then_profile_then_overrides():
+    task = TaskSpec.model_validate(ner_task(finetune={"lr": 3e-5, "epochs": 4, "eval_batch_size": 7}))
+    s = resolve_settings(task, {"epochs": 2}, protocol="paper")
+    assert (s.lr, s.epochs, s.eval_batch_size, s.max_length, s.patience) == (5e-5, 2, 7, 512, None)
+    s = resolve_settings(task, {"lr": 1e-3}, protocol="smoke")
+    assert (s.lr, s.epochs, s.max_train_examples, s.max_eval_examples, s.max_length) == (1e-3, 2, 1000, 300, 128)
+    assert resolve_settings(task).lr == 3e-5
+    with pytest.raises(SpecError) as e:
+        resolve_settings(task, protocol="fast")
+    assert e.value.key == "--protocol" and e.value.value == "fast" and e.value.allowed.startswith("paper, smoke")
+
+
+def test_the_smoke_grid_fine_tunes_ncbi_as_before():
+    """grids/smoke.yaml switched from its own overrides to the smoke profile: the settings that decide its
+    NCBI numbers are those it had (patience, now null, never acts within 2 epochs)."""
+    from ablate.config.grid import load_grid
+    from ablate.plan.grid import expand
+
+    spec = expand(load_grid(Path(__file__).resolve().parents[1] / "grids" / "smoke.yaml"))[0].spec
+    task = load_task("ncbi_disease")
+    s = resolve_settings(task, spec.eval.finetune, spec.eval.protocol)
+    before = {"method": "full", "lr": 1e-4, "batch_size": 16, "eval_batch_size": 64, "epochs": 2, "max_length": 128,
+              "max_train_examples": 1000, "max_eval_examples": 300, "warmup_ratio": 0.1, "weight_decay": 0.01,
+              "grad_clip": 1.0}
+    assert {k: getattr(s, k) for k in before} == before and (s.patience is None or s.patience >= s.epochs)

@@ -117,6 +117,8 @@ class EvalSpec(Strict):
     tasks: tuple[str, ...] = ()
     seeds: tuple[int, ...] = (0,)
     finetune: dict[str, Any] = Field(default_factory=dict, description="overrides of the tasks' fine-tuning defaults")
+    protocol: str | None = Field(default=None, description="a fine-tuning profile of ablate.evaluate.protocol "
+                                                           "(paper, smoke) over the task files; null: the files'")
 
 
 class TensorBoardSpec(Strict):

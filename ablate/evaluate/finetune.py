@@ -1,32 +1,34 @@
-"""Downstream fine-tuning of one checkpoint on one task with one seed, and the resumable task x seed loop.
+"""Downstream fine-tuning of one checkpoint on one task with one seed.
 
-`finetune` trains with a plain loop (AdamW, linear warmup then linear decay, early stopping on the task's
-first metric) and returns score rows for dev and test, test taken at the best dev epoch. `evaluate_scores`
-runs every (task, seed) pair once per out_dir: a finished pair is a JSON file that is read back, not redone.
+`finetune` trains with a plain loop (AdamW, linear warmup then linear decay, optional early stopping on the
+task's first metric) and returns score rows for dev and test, test taken at the best dev epoch. Sequence
+tasks pool as the settings say (ablate.evaluate.pooling); multi-label tasks weigh each label's positives by
+its negatives / positives in train; max_length is capped at the model's context. The resumable task x seed
+loop over score files is ablate.evaluate.scores.
+
+May import: config, store, models, evaluate (tasks, metrics, pooling).
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import random
 import time
-from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
-from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
-
-from ablate.store import atomic
+from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification,
+                          AutoTokenizer)
 
 from ablate.evaluate import metrics
 from ablate.config.errors import SpecError
+from ablate.evaluate.pooling import set_pooling
+from ablate.evaluate.tasks import Example, FinetuneSettings, TaskSpec, load_task_data
 from ablate.models.families import FAMILIES, family_of
-from ablate.evaluate.tasks import (Example, FinetuneSettings, TaskSpec, load_task, load_task_data, resolve_settings)
 
-__all__ = ["FinetuneSettings", "finetune", "evaluate_scores", "encode", "align_word_labels"]
+__all__ = ["FinetuneSettings", "finetune", "encode", "align_word_labels", "pos_weight", "context_length"]
 
 IGNORE = -100   # label of sub-tokens that carry no loss (special tokens, non-first pieces of a word, padding)
 
@@ -127,6 +129,8 @@ def _load_model(model_dir: str, task: TaskSpec, labels: tuple[str, ...], setting
         kwargs.update(num_labels=len(labels), id2label=dict(enumerate(labels)),
                       label2id={lab: i for i, lab in enumerate(labels)})
     model = cls.from_pretrained(model_dir, **kwargs)
+    if task.type != "token_classification":
+        set_pooling(model, settings.pooling)
     if settings.method == "lora":
         model = _wrap_lora(model, task, settings)
     return model
@@ -215,8 +219,41 @@ def _better(value: float, best: float | None) -> bool:
     return best is None or (not math.isnan(value) and (math.isnan(best) or value > best))
 
 
+def pos_weight(labels: list[list[float]], n_labels: int) -> torch.Tensor:
+    """BCE pos_weight per label: negatives / positives among the training examples. A label that is positive
+    in none or in all of them gets 1 (there is nothing to balance)."""
+    y = torch.tensor(labels, dtype=torch.float64).reshape(-1, n_labels)
+    pos = y.sum(0)
+    neg = len(y) - pos
+    usable = (pos > 0) & (neg > 0)
+    return torch.where(usable, neg / pos.clamp(min=1), torch.ones_like(pos)).float()
+
+
+def context_length(model_dir: str, tokenizer=None) -> int | None:
+    """The longest input the model takes: its max_position_embeddings, or the tokenizer's model_max_length
+    when that is smaller (RoBERTa-style models reserve positions for padding); None when neither says."""
+    n = getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None)
+    told = getattr(tokenizer, "model_max_length", None)
+    if isinstance(told, int) and told < 10**9:
+        n = told if n is None else min(n, told)
+    return n
+
+
+def _max_length(model_dir: str, tokenizer, task: TaskSpec, settings: FinetuneSettings,
+                log: Callable[[str], None] | None) -> int:
+    wanted = settings.max_length or task.max_length
+    context = context_length(model_dir, tokenizer)
+    if context is None or wanted <= context:
+        return wanted
+    if log is not None:
+        log(f"{task.name}: max_length {wanted} is more than the model's context ({context} positions); "
+            f"inputs are cut at {context}")
+    return context
+
+
 def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettings, data_root=None,
-             device: str = "cpu", progress: Callable[[dict], None] | None = None) -> list[dict]:
+             device: str = "cpu", log: Callable[[str], None] | None = None,
+             progress: Callable[[dict], None] | None = None) -> list[dict]:
     """Fine-tune `model_dir` on `task` with `seed`; rows {task, language, finetune_seed, split, metric, value,
     epoch, wall_time_s} for every metric on dev and test, both at the best dev epoch (1-based).
 
@@ -226,14 +263,18 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
     data = load_task_data(task, data_root)
     train_ex = data.splits["train"][:settings.max_train_examples]
     eval_ex = {s: data.splits[s][:settings.max_eval_examples] for s in ("dev", "test")}
-    max_length = settings.max_length or task.max_length
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if task.type == "token_classification" and not tokenizer.is_fast:
         raise SpecError("token classification needs a fast tokenizer (word_ids)", file=str(model_dir))
+    max_length = _max_length(str(model_dir), tokenizer, task, settings, log)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     train = encode(tokenizer, task, train_ex, data.labels, max_length)
     evals = {s: encode(tokenizer, task, ex, data.labels, max_length) for s, ex in eval_ex.items()}
+    loss_fn = None   # None: the model's own loss
+    if task.type == "multi_label_classification" and settings.multi_label_pos_weight:
+        weights = pos_weight([it.label for it in train], len(data.labels)).to(device)
+        loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=weights)
 
     _seed_everything(seed)
     model = _load_model(str(model_dir), task, data.labels, settings).to(device)
@@ -267,8 +308,13 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
         model.train()
         order = torch.randperm(len(train), generator=order_gen).tolist()
         for start in range(0, len(order), settings.batch_size):
-            batch = _collate([train[i] for i in order[start:start + settings.batch_size]], pad_id, task.type)
-            loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
+            batch = {k: v.to(device) for k, v in
+                     _collate([train[i] for i in order[start:start + settings.batch_size]], pad_id, task.type).items()}
+            if loss_fn is None:
+                loss = model(**batch).loss
+            else:
+                labels = batch.pop("labels")
+                loss = loss_fn(model(**batch).logits.float(), labels)
             loss.backward()
             if settings.grad_clip:
                 torch.nn.utils.clip_grad_norm_([p for _, p in trainable], settings.grad_clip)
@@ -299,50 +345,3 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
     return [{"task": task.name, "language": task.language, "finetune_seed": seed, "split": split, "metric": m,
              "value": v, "epoch": best_epoch, "wall_time_s": wall}
             for split, scores in (("dev", best_dev), ("test", test)) for m, v in scores.items()]
-
-
-# ---------------------------------------------------------------------------------------------------- task x seed
-
-def evaluate_scores(model_dir, tasks: list[str], seeds: list[int], settings_overrides: dict | None,
-                    out_dir: Path, data_root=None, device: str = "cpu",
-                    progress: Callable[[dict], None] | None = None) -> list[dict]:
-    """Fine-tune `model_dir` on every task x seed not yet done under out_dir and return all their rows.
-
-    Each finished pair is out_dir/<task>/seed-<seed>.json (written atomically) and is read back next time.
-    Every task file, override and data file is checked before any training starts.
-    """
-    out_dir = Path(out_dir)
-    plan = []
-    for name in tasks:
-        task = load_task(name)
-        settings = resolve_settings(task, settings_overrides)
-        load_task_data(task, data_root)
-        wanted = settings.model_dump(mode="json")
-        for seed in seeds:
-            path = out_dir / task.name / f"seed-{seed}.json"
-            plan.append((task, settings, seed, path, _read_done(path, wanted) if path.exists() else None))
-    rows: list[dict] = []
-    for task, settings, seed, path, done in plan:
-        if done is None:
-            done = finetune(model_dir, task, seed, settings, data_root=data_root, device=device, progress=progress)
-            atomic.write_json(path, {"task": task.name, "seed": seed, "model_dir": str(model_dir),
-                                      "settings": settings.model_dump(mode="json"), "rows": done})
-        rows += done
-    return rows
-
-
-def _read_done(path: Path, wanted: dict) -> list[dict]:
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        rows, stored = record["rows"], record["settings"]
-        if not isinstance(rows, list) or not isinstance(stored, dict):
-            raise TypeError("rows must be a list and settings a mapping")
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise SpecError(f"unreadable scores file ({e}); delete it to recompute", file=str(path)) from None
-    diff = sorted(k for k in wanted.keys() | stored.keys() if wanted.get(k) != stored.get(k))
-    if diff:
-        k = diff[0]
-        raise SpecError("these scores were computed with other fine-tuning settings; delete the file or use "
-                        "another out_dir", file=str(path), key=f"finetune.{k}", value=wanted.get(k),
-                        allowed=f"{stored.get(k)!r} (stored)")
-    return rows

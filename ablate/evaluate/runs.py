@@ -1,8 +1,10 @@
 """Downstream evaluation of run folders: the sweep's tasks after pretraining, or later, on finished runs
 (`ablate evaluate`), and of a base model as the "no continued pretraining" reference.
 
-Scores live in <run folder>/scores/<task>/seed-<n>.json; a (run, task, seed) already there is read back,
-never recomputed.
+Scores live in <run folder>/scores/<task>/seed-<n>.json; a (run, task, seed) already there is read back
+while its task file, data and fine-tuning settings are unchanged, and recomputed (or kept and marked stale)
+when they changed (ablate.evaluate.scores). The fine-tuning protocol is the caller's, else the run's
+`eval.protocol`, else the task files' own settings (ablate.evaluate.protocol).
 """
 
 from __future__ import annotations
@@ -12,29 +14,34 @@ from pathlib import Path
 from typing import Callable
 
 from ablate.store import rundir
-from ablate.evaluate.finetune import evaluate_scores
+from ablate.evaluate.scores import evaluate_scores
 from ablate.train.loop import pick_device
 from ablate.config.spec import RunSpec
 
 
 def evaluate_run(run_dir: Path, spec: RunSpec, log: Callable[[str], None] = print,
                  tasks: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
-                 overrides: dict | None = None, progress: Callable[[dict], None] | None = None) -> list[dict]:
+                 overrides: dict | None = None, protocol: str | None = None, keep_stale: bool = False,
+                 progress: Callable[[dict], None] | None = None) -> list[dict]:
     tasks = tuple(tasks or spec.eval.tasks)
     seeds = tuple(seeds or spec.eval.seeds)
-    log(f"evaluating on {', '.join(tasks)} (fine-tuning seeds {', '.join(map(str, seeds))})")
+    protocol = protocol or spec.eval.protocol
+    log(f"evaluating on {', '.join(tasks)} (fine-tuning seeds {', '.join(map(str, seeds))}"
+        + (f", protocol {protocol})" if protocol else ")"))
     rows = evaluate_scores(str(Path(run_dir) / "model"), list(tasks), list(seeds),
                            {**spec.eval.finetune, **(overrides or {})}, Path(run_dir) / "scores",
                            data_root=spec.data.data_root, device=str(pick_device(spec.device)),
-                           progress=progress)
+                           protocol=protocol, keep_stale=keep_stale, log=log, progress=progress)
     for row in rows:
         if row["split"] == "test":
-            log(f"  {row['task']} seed {row['finetune_seed']}: test {row['metric']} = {row['value']:.4f}")
+            log(f"  {row['task']} seed {row['finetune_seed']}: test {row['metric']} = {row['value']:.4f}"
+                + ("  (stale)" if row["stale"] else ""))
     return rows
 
 
 def evaluate_sweep(sweep_dir: Path, tasks: tuple[str, ...], seeds: tuple[int, ...] | None,
-                   overrides: dict | None, log: Callable[[str], None] = print) -> dict[str, int]:
+                   overrides: dict | None, log: Callable[[str], None] = print, protocol: str | None = None,
+                   keep_stale: bool = False) -> dict[str, int]:
     """Add tasks/seeds to every finished run of a sweep; returns counts of runs evaluated and skipped."""
     counts = {"evaluated": 0, "not done": 0}
     for run_dir in sorted(rundir.runs_dir(sweep_dir).iterdir()):
@@ -45,7 +52,7 @@ def evaluate_sweep(sweep_dir: Path, tasks: tuple[str, ...], seeds: tuple[int, ..
             continue
         spec = RunSpec.model_validate(rundir.read_json(run_dir / "spec.json"))
         evaluate_run(run_dir, spec, log=lambda m, r=run_dir.name: log(f"[{r}] {m}"), tasks=tasks, seeds=seeds,
-                     overrides=overrides)
+                     overrides=overrides, protocol=protocol, keep_stale=keep_stale)
         counts["evaluated"] += 1
     return counts
 
@@ -55,7 +62,8 @@ def base_folder_name(model_source: str) -> str:
 
 
 def evaluate_base(sweep_dir: Path, model_source: str, tasks: tuple[str, ...], seeds: tuple[int, ...],
-                  overrides: dict | None, data_root: str | None = None, log: Callable[[str], None] = print) -> Path:
+                  overrides: dict | None, data_root: str | None = None, log: Callable[[str], None] = print,
+                  protocol: str | None = None, keep_stale: bool = False) -> Path:
     """The base model itself, as the reference: results/<sweep>/base/<name>/scores/..."""
     from ablate.models.sources import resolve_source
 
@@ -69,7 +77,7 @@ def evaluate_base(sweep_dir: Path, model_source: str, tasks: tuple[str, ...], se
     rundir.atomic.write_json(folder / "source.json", {"model": model_source, "location": location})
     log(f"evaluating base model {model_source} on {', '.join(tasks)}")
     evaluate_scores(location, list(tasks), list(seeds), overrides, folder / "scores", data_root=data_root,
-                    device=str(pick_device("auto")))
+                    device=str(pick_device("auto")), protocol=protocol, keep_stale=keep_stale, log=log)
     return folder
 
 
@@ -77,18 +85,20 @@ def check_eval(specs: list[RunSpec], file: str | None = None) -> None:
     """Every task a sweep will evaluate exists, reads, and takes the sweep's fine-tuning overrides:
     checked before anything is submitted."""
     from ablate.config.errors import SpecError
+    from ablate.evaluate.protocol import check_protocol
     from ablate.evaluate.tasks import load_task, load_task_data, resolve_settings
 
     seen: set[tuple] = set()
     for spec in specs:
+        check_protocol(spec.eval.protocol, key="base.eval.protocol", file=file)
         for name in spec.eval.tasks:
-            key = (name, repr(sorted(spec.eval.finetune.items())), spec.data.data_root)
+            key = (name, repr(sorted(spec.eval.finetune.items())), spec.eval.protocol, spec.data.data_root)
             if key in seen:
                 continue
             seen.add(key)
             try:
                 task = load_task(name)
-                resolve_settings(task, spec.eval.finetune)
+                resolve_settings(task, spec.eval.finetune, spec.eval.protocol)
                 load_task_data(task, spec.data.data_root)
             except SpecError as exc:
                 raise SpecError(f"eval task {name!r}: {exc.message}", file=exc.file or file,

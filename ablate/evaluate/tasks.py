@@ -20,6 +20,7 @@ from pydantic import model_validator
 from ablate.config.base import Located, Strict, read_yaml, validate
 from ablate.config.errors import SpecError
 from ablate.evaluate.metrics import METRICS
+from ablate.evaluate.protocol import profile_settings
 from ablate.config.paths import resolve_data_path
 
 TASKS_DIR_ENV = "ABLATE_TASKS_DIR"   # default: grids/tasks of this checkout
@@ -38,12 +39,14 @@ class FinetuneSettings(Strict):
     eval_batch_size: PositiveInt = 64
     epochs: PositiveInt = 10
     patience: PositiveInt | None = 3          # epochs without dev improvement before stopping; null: never
-    max_length: int | None = Field(None, ge=8)  # null: the task's max_length
+    max_length: int | None = Field(None, ge=8)  # null: the task's max_length; capped at the model's context
     max_train_examples: PositiveInt | None = None   # first N examples of train (tests, CPU budgets)
     max_eval_examples: PositiveInt | None = None    # first N examples of dev and of test
     warmup_ratio: float = Field(0.1, ge=0, le=1)
     weight_decay: float = Field(0.01, ge=0)
     grad_clip: PositiveFloat | None = 1.0
+    pooling: Literal["cls", "mean"] = "cls"   # sequence tasks: the first token's state, or the masked mean
+    multi_label_pos_weight: bool = True       # multi-label: BCE with pos_weight = negatives / positives per label
     lora_r: PositiveInt = 8
     lora_alpha: PositiveFloat = 16
     lora_dropout: float = Field(0.1, ge=0, lt=1)
@@ -174,9 +177,12 @@ def load_task(name_or_path: str | os.PathLike) -> TaskSpec:
     return spec
 
 
-def resolve_settings(task: TaskSpec, overrides: dict[str, Any] | None = None) -> FinetuneSettings:
-    """The task file's fine-tuning defaults with a sweep's overrides on top, validated."""
-    merged = {**task.finetune.model_dump(), **(overrides or {})}
+def resolve_settings(task: TaskSpec, overrides: dict[str, Any] | None = None,
+                     protocol: str | None = None) -> FinetuneSettings:
+    """The task file's fine-tuning settings, then the protocol profile's (ablate.evaluate.protocol), then a
+    sweep's or the command line's overrides, validated."""
+    merged = {**task.finetune.model_dump(), **profile_settings(protocol, task.language, task.type),
+              **(overrides or {})}
     return validate(FinetuneSettings, merged, what="fine-tuning settings", prefix="finetune")
 
 

@@ -270,7 +270,8 @@ def _wait(scheduler: Scheduler, paths: SweepFolder, all_ids: list[str], out: Pri
 
 
 def status_rows(paths: SweepFolder, run_ids: list[str] | None = None) -> list[dict]:
-    """Per-run state, progress, elapsed time and the last error line, from the run folders alone."""
+    """Per-run state, progress, elapsed time, the last error line and, for runs with scores kept out of date
+    (`ablate evaluate --keep-stale`), which those are (column stale_scores), from the run folders alone."""
     ids = run_ids if run_ids is not None else sorted(p.name for p in paths.runs.iterdir() if p.is_dir())
     rows = []
     now = time.time()
@@ -303,6 +304,12 @@ def status_rows(paths: SweepFolder, run_ids: list[str] | None = None) -> list[di
         if state == "pruned":
             detail = f"at step {status.get('pruned_at_step')}: {status.get('reason', '')}"
         row["detail"] = detail
+        stale: dict[str, list[str]] = {}
+        for name in rundir.stale_scores(run_dir):
+            task, seed = name.split("/seed-")
+            stale.setdefault(task, []).append(seed)
+        if stale:
+            row["stale_scores"] = "; ".join(f"{t}: seeds {','.join(sorted(s, key=int))}" for t, s in stale.items())
         rows.append(row)
     return rows
 

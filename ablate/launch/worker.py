@@ -80,9 +80,12 @@ def _probe_hooks(spec: RunSpec, run_dir: Path):
 
 
 def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: float) -> dict:
-    """records/run.json: the run's row of the runs table (what each phase froze is records/frozen.json)."""
+    """records/run.json: the run's row of the runs table (what each phase froze is records/frozen.json).
+    seed_independent / seed_changes: whether its pretraining seed is an independent replicate, and what the
+    seed changes per phase (ablate.plan.replicates), for the statistics' pairing units."""
     from ablate.models.families import family_of, n_layers
     from ablate.models.sources import load_config
+    from ablate.plan.replicates import seed_record
 
     config = load_config(spec.model)
     return {
@@ -98,6 +101,7 @@ def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: floa
         "model_dir": str((Path(run_dir) / "model").resolve()),
         "versions": json.dumps({"ablate": __version__, "torch": torch.__version__,
                                 "transformers": transformers.__version__, "python": platform.python_version()}),
+        **seed_record(spec),
     }
 
 

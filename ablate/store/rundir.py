@@ -12,7 +12,9 @@
         records/grads.json     per logged step: phase, step, layer, grad_norm
         records/layers.json    end of each phase: phase, layer, measure, value
         records/frozen.json    what each phase froze: phase, layer (the resolved plan)
-        scores/<task>/seed-<n>.json   downstream scores
+        scores/<task>/seed-<n>.json   downstream scores, with what they were computed from (identity) and,
+                                      when kept out of date on purpose, why they are `stale`
+        scores/<task>/superseded/     score files replaced by a recomputation
         checkpoints/, model/, log.txt
 
 status.json says "done" only after every record is in place, so a folder is complete exactly when its
@@ -38,7 +40,8 @@ TABLES = ("runs", "scores", "layers", "curves", "grads", "frozen")
 TABLE_COLUMNS = {
     "runs": ("run_id", "sweep", "model", "family", "schedule", "freeze", "seed", "status", "token_hash",
              "tokens_seen", "wall_time_s", "versions"),
-    "scores": ("run_id", "task", "language", "finetune_seed", "split", "metric", "value", "epoch", "wall_time_s"),
+    "scores": ("run_id", "task", "language", "finetune_seed", "split", "metric", "value", "epoch", "wall_time_s",
+               "stale"),
     "layers": ("run_id", "phase", "layer", "measure", "value"),
     "curves": ("run_id", "phase", "step", "tokens", "loss", "lr"),
     "grads": ("run_id", "phase", "step", "layer", "grad_norm"),
@@ -154,7 +157,8 @@ def _columns(rows: list[dict], names: tuple[str, ...]) -> dict[str, list]:
 
 
 def read_scores(folder: Path, run_id: str) -> list[dict]:
-    """Rows of scores/<task>/seed-<n>.json, in path order (os-level calls: collect does this per run)."""
+    """Rows of scores/<task>/seed-<n>.json, in path order (os-level calls: collect does this per run), each
+    with `stale`: whether its file is marked out of date (kept by `ablate evaluate --keep-stale`)."""
     rows: list[dict] = []
     scores = os.path.join(folder, "scores")
     try:
@@ -172,5 +176,20 @@ def read_scores(folder: Path, run_id: str) -> list[dict]:
                 record = read_json(os.path.join(task_dir, name))
                 if not isinstance(record, dict) or not isinstance(record.get("rows"), list):
                     raise ValueError(f"{task_dir}/{name}: not a scores record (a mapping with a list of rows)")
-                rows += [{"run_id": run_id, **row} for row in record["rows"]]
+                stale = bool(record.get("stale"))
+                rows += [{"run_id": run_id, **row, "stale": stale} for row in record["rows"]]
     return rows
+
+
+def stale_scores(folder: Path) -> list[str]:
+    """`<task>/seed-<n>` of each score file in folder/scores marked stale; unreadable files are left to
+    read_scores to report."""
+    out = []
+    for path in sorted(Path(folder).glob("scores/*/seed-*.json")):
+        try:
+            record = read_json(path)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("stale"):
+            out.append(f"{path.parent.name}/{path.stem}")
+    return out

@@ -1,0 +1,72 @@
+"""What a stored score was computed from: a hash of the task definition, of its data files' bytes and of
+the fine-tuning settings. A score file records the three; a score is read back only when all three still
+match, so that editing a task file, its data or a setting recomputes it (ablate.evaluate.scores).
+
+The task hash is over the resolved task file (the validated TaskSpec, defaults filled in) less what does
+not change the computation: `description`, `source` (provenance text; the data are hashed themselves) and
+`finetune` (the settings hash covers the settings actually used, whatever layer they came from). A data
+file's hash is kept per (path, size, mtime) for the life of the process, so a sweep's evaluation reads each
+file once, not once per run.
+
+May import: config, evaluate.tasks.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from typing import Any
+
+from ablate.config.paths import resolve_data_path
+from ablate.evaluate.tasks import SPLITS, FinetuneSettings, TaskSpec
+
+PARTS = {"task": "the task file", "data": "the task's data files", "settings": "the fine-tuning settings"}
+_NOT_COMPUTATION = {"description", "source", "finetune"}
+
+
+def _digest(value: Any) -> str:
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=256)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:   # size and mtime: the cache key
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes, read again only when its size or mtime changed."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return _file_sha256(real, st.st_size, st.st_mtime_ns)
+
+
+def task_hash(task: TaskSpec) -> str:
+    return _digest(task.model_dump(mode="json", exclude=_NOT_COMPUTATION))
+
+
+def data_hash(task: TaskSpec, data_root: str | os.PathLike | None = None) -> str:
+    return _digest({split: file_sha256(resolve_data_path(getattr(task.data.splits, split), data_root))
+                    for split in SPLITS})
+
+
+def settings_hash(settings: FinetuneSettings) -> str:
+    return _digest(settings.model_dump(mode="json"))
+
+
+def score_identity(task: TaskSpec, settings: FinetuneSettings, data_root=None) -> dict[str, str]:
+    """{"task": ..., "data": ..., "settings": ...}: what a score file records and is compared on."""
+    return {"task": task_hash(task), "data": data_hash(task, data_root), "settings": settings_hash(settings)}
+
+
+def changed(stored: Any, wanted: dict[str, str]) -> list[str]:
+    """What differs between a score file's recorded identity and the wanted one, in words; [] when none."""
+    if not isinstance(stored, dict):
+        return ["no identity recorded (computed by an older version)"]
+    return [f"{PARTS[k]} changed" for k in PARTS if stored.get(k) != wanted[k]]

@@ -1,0 +1,65 @@
+"""Fine-tuning protocols: named profiles of fine-tuning settings, the one place their numbers are written.
+
+`paper` is the paper's recipe (Touchent & de la Clergerie 2026, arXiv:2605.12438, appendix: fine-tuning):
+English tasks lr 5e-5, weight decay 0.01, batch 16, 10 epochs (20 for NER), 512 tokens; French
+classification lr 2e-5, batch 4, 15 epochs at long lengths (here: the model's whole context), multi-label
+with a BCE weighted by label frequencies; the model kept is the one of the best dev epoch (no early stop).
+The paper gives no separate recipe for French NER: it gets the NER rule. A language the paper does not
+cover gets the English rules. `smoke` is a fast CPU profile (the smoke grid's budget): 2 epochs on the
+first 1000 training examples, 300 dev/test examples, 128 tokens.
+
+Settings resolve in this order, each layer overriding the one before:
+    FinetuneSettings defaults < the task file (`max_length`, `finetune:`) < the chosen profile
+    (`ablate evaluate --protocol`, or a grid's `eval.protocol`) < the grid's `eval.finetune` < `--set`
+With no profile chosen the task file rules; the shipped task files state the `paper` profile
+(tests/test_tasks.py checks every task file in the registry against it).
+
+May import: config (pure data and lookups: no torch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ablate.config.errors import SpecError
+
+# The largest max_length a profile asks for: the model's context caps it (finetune.context_length).
+WHOLE_CONTEXT = 8192
+
+_PAPER_COMMON = {"lr": 5.0e-5, "weight_decay": 0.01, "batch_size": 16, "epochs": 10, "patience": None,
+                 "max_length": 512, "pooling": "cls", "multi_label_pos_weight": True}
+_PAPER_RULES: dict[tuple[str, str], dict[str, Any]] = {   # (language or "*", "ner" | "classification")
+    ("*", "ner"): {"epochs": 20},
+    ("*", "classification"): {},
+    ("fr", "classification"): {"lr": 2.0e-5, "batch_size": 4, "epochs": 15, "max_length": WHOLE_CONTEXT},
+}
+_SMOKE = {"epochs": 2, "lr": 1.0e-4, "batch_size": 16, "patience": None, "max_length": 128,
+          "max_train_examples": 1000, "max_eval_examples": 300}
+
+PROFILES = ("paper", "smoke")
+
+
+def task_kind(task_type: str) -> str:
+    return "ner" if task_type == "token_classification" else "classification"
+
+
+def paper_settings(language: str, task_type: str) -> dict[str, Any]:
+    """The paper's fine-tuning settings for a task of this language and type (max_length included)."""
+    kind = task_kind(task_type)
+    rule = _PAPER_RULES.get((language, kind), _PAPER_RULES[("*", kind)])
+    return {**_PAPER_COMMON, **rule}
+
+
+def check_protocol(name: str | None, key: str = "--protocol", file: str | None = None) -> str | None:
+    """`name` if it is a profile (or None: the task files' own settings); else a SpecError listing them."""
+    if name is not None and name not in PROFILES:
+        raise SpecError("unknown fine-tuning protocol", file=file, key=key, value=name,
+                        allowed=", ".join(PROFILES) + " (or none: the task files' own settings)")
+    return name
+
+
+def profile_settings(name: str | None, language: str, task_type: str) -> dict[str, Any]:
+    """What profile `name` sets for a task of this language and type ({} for no profile)."""
+    if check_protocol(name) is None:
+        return {}
+    return paper_settings(language, task_type) if name == "paper" else dict(_SMOKE)

@@ -1,0 +1,99 @@
+"""The resumable task x seed loop: every (task, fine-tuning seed) of a model is one score file,
+<out_dir>/<task>/seed-<seed>.json, written atomically, holding the rows and what they were computed from
+(ablate.evaluate.identity: task file, data files, fine-tuning settings).
+
+A score file whose identity matches is read back, not recomputed. One whose identity differs is recomputed,
+its old file kept aside in <task>/superseded/; with keep_stale it is kept instead, marked `stale` (with the
+reasons) so that the scores table and `ablate status` show it. A stale file whose identity matches again is
+unmarked.
+
+May import: config, store, evaluate (tasks, protocol, identity, finetune).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from ablate.config.errors import SpecError
+from ablate.evaluate import finetune as ft
+from ablate.evaluate.identity import changed, score_identity
+from ablate.evaluate.tasks import load_task, load_task_data, resolve_settings
+from ablate.store import atomic
+
+SUPERSEDED = "superseded"
+
+
+def _quiet(_message: str) -> None:
+    pass
+
+
+def evaluate_scores(model_dir, tasks: list[str], seeds: list[int], settings_overrides: dict | None,
+                    out_dir: Path, data_root=None, device: str = "cpu", protocol: str | None = None,
+                    keep_stale: bool = False, log: Callable[[str], None] = _quiet,
+                    progress: Callable[[dict], None] | None = None) -> list[dict]:
+    """Fine-tune `model_dir` on every task x seed whose scores under out_dir are missing or out of date and
+    return all their rows (each with `stale`: True for a score kept out of date by keep_stale).
+
+    Every task file, setting, data file and existing score file is checked before any training starts.
+    """
+    out_dir = Path(out_dir)
+    plan = []
+    for name in tasks:
+        task = load_task(name)
+        settings = resolve_settings(task, settings_overrides, protocol)
+        load_task_data(task, data_root)
+        wanted = score_identity(task, settings, data_root)
+        for seed in seeds:
+            path = out_dir / task.name / f"seed-{seed}.json"
+            plan.append((task, settings, seed, path, wanted, read_record(path) if path.exists() else None))
+    rows: list[dict] = []
+    for task, settings, seed, path, wanted, record in plan:
+        if record is not None:
+            reasons = changed(record.get("identity"), wanted)
+            if not reasons or keep_stale:
+                _mark(path, record, reasons)
+                if reasons:
+                    log(f"{task.name} seed {seed}: kept stale scores ({'; '.join(reasons)})")
+                rows += [{**row, "stale": bool(reasons)} for row in record["rows"]]
+                continue
+            aside = _set_aside(path)
+            log(f"{task.name} seed {seed}: recomputing ({'; '.join(reasons)}); old scores kept in {aside}")
+        done = ft.finetune(model_dir, task, seed, settings, data_root=data_root, device=device, log=log,
+                           progress=progress)
+        atomic.write_json(path, {"task": task.name, "seed": seed, "model_dir": str(model_dir),
+                                 "settings": settings.model_dump(mode="json"), "identity": wanted, "rows": done})
+        rows += [{**row, "stale": False} for row in done]
+    return rows
+
+
+def read_record(path: Path) -> dict:
+    """A score file, checked: a mapping with a list of rows; a SpecError naming the file otherwise."""
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(record, dict) or not isinstance(record["rows"], list):
+            raise TypeError("not a mapping with a list of rows")
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise SpecError(f"unreadable scores file ({e}); delete it to recompute", file=str(path)) from None
+    return record
+
+
+def _mark(path: Path, record: dict, reasons: list[str]) -> None:
+    """Record in the file whether its scores are stale (and why); rewritten only when that changes."""
+    if (record.get("stale") or []) == reasons:
+        return
+    updated = {k: v for k, v in record.items() if k != "stale"}
+    if reasons:
+        updated["stale"] = reasons
+    atomic.write_json(path, updated)
+
+
+def _set_aside(path: Path) -> Path:
+    """Move an out-of-date score file to <task>/superseded/ (never overwritten: lose nothing)."""
+    aside = path.parent / SUPERSEDED / f"{path.stem}.{time.time_ns()}.json"
+    aside.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(path, aside)
+    return aside
