@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import get_args
 
+from ablate.config.base import parse_assignments
 from ablate.config.errors import SpecError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -32,18 +33,6 @@ def _print_table(rows: list[dict]) -> None:
 def _warn(problems: list[str]) -> None:
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
-
-
-def _key_values(pairs: list[str] | None, flag: str) -> dict:
-    from ablate.config.base import parse_yaml
-
-    out = {}
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise SpecError("expected KEY=VALUE", key=flag, value=pair)
-        key, value = pair.split("=", 1)
-        out[key] = parse_yaml(value, file=flag)
-    return out
 
 
 def _sweep(args, collected: bool = False):
@@ -193,7 +182,7 @@ def cmd_evaluate(args) -> int:
     from ablate.evaluate import runs as evaluate
     from ablate.evaluate.protocol import check_protocol
 
-    overrides = _key_values(args.set, "--set")
+    overrides = parse_assignments(args.set, "--set")
     seeds = tuple(args.seeds) if args.seeds else None
     how = {"protocol": check_protocol(args.protocol), "keep_stale": args.keep_stale}
     sweep = _sweep(args)
@@ -220,7 +209,7 @@ def cmd_report(args) -> int:
         return EXIT_OK
     if args.table:
         sweep = _sweep(args, collected=True)
-        options = _key_values(args.set, "--set") | ({"baseline": args.baseline} if args.baseline else {})
+        options = parse_assignments(args.set, "--set") | ({"baseline": args.baseline} if args.baseline else {})
         paths = report.make_table(args.table, sweep.root, args.out, **options)
         print(paths["md"].read_text())
         for kind, path in paths.items():
@@ -230,7 +219,7 @@ def cmd_report(args) -> int:
         print("figures: " + ", ".join(report.FIGURES) + "; tables: scores, freeze, divergence")
         return EXIT_OK
     sweep = _sweep(args, collected=True)
-    options = _key_values(args.set, "--set") | ({"baseline": args.baseline} if args.baseline else {})
+    options = parse_assignments(args.set, "--set") | ({"baseline": args.baseline} if args.baseline else {})
     paths = report.make_figure(args.figure, sweep.root, args.out, **options)
     for kind, path in paths.items():
         print(f"{kind}: {path}")

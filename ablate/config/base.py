@@ -52,6 +52,17 @@ def parse_yaml(text: str, file: str | None = None) -> Any:
                         key=f"line {mark.line + 1}" if mark else None) from None
 
 
+def parse_assignments(pairs: list[str] | None, flag: str) -> dict:
+    """["k=v", ...] from the command line as {k: YAML value of v}; a pair without "=" is a SpecError."""
+    out = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise SpecError("expected KEY=VALUE", key=flag, value=pair)
+        key, value = pair.split("=", 1)
+        out[key] = parse_yaml(value, file=flag)
+    return out
+
+
 def read_yaml(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():
