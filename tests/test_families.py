@@ -269,7 +269,7 @@ def test_lora_sequence_classification_on_the_family_targets(name, family_run):
 
 
 def test_the_layer_figure_has_a_panel_per_family(family_run):
-    from ablate.report.figures import layers, load_sweep
+    from ablate.report import layers_figure, load_sweep
     from ablate.store.tables import collect
 
     for name in NAMES:
@@ -277,7 +277,7 @@ def test_the_layer_figure_has_a_panel_per_family(family_run):
     collected = collect(family_run.sweep)
     assert not collected.problems
     assert sorted(collected.tables["runs"]["family"]) == sorted(NAMES)
-    fig, data = layers(load_sweep(family_run.sweep), measure="weight_rel_change", panel="family")
+    fig, data = layers_figure(load_sweep(family_run.sweep), measure="weight_rel_change", panel="family")
     assert sorted(set(data["family"])) == sorted(NAMES)
     depth = dict(zip(collected.tables["runs"]["family"], collected.tables["runs"]["n_layers"]))
     for name, g in data.groupby("family"):

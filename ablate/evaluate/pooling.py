@@ -31,6 +31,8 @@ FIRST_TOKEN_READER = {
     "electra": "classifier",
     "deberta-v2": "pooler",
 }
+# model types whose head reads position 0 of the base model's output inside its own forward (no module to hook)
+FIRST_TOKEN_OF_OUTPUT = {"distilbert"}
 
 
 def masked_mean(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -45,11 +47,16 @@ def set_pooling(model: torch.nn.Module, pooling: str) -> torch.nn.Module:
     if model_type in CONFIG_POOLING:
         model.config.classifier_pooling = CONFIG_POOLING[model_type][pooling]
         return model
+    if model_type in FIRST_TOKEN_OF_OUTPUT:
+        if pooling == "mean":
+            _mean_in_base_output(model)
+        return model
     reader = FIRST_TOKEN_READER.get(model_type)
     if reader is None:
         raise SpecError(f"no known pooling for sequence classification with model type {model_type!r}",
                         key="finetune.pooling", value=pooling,
-                        allowed="model types " + ", ".join(sorted({*CONFIG_POOLING, *FIRST_TOKEN_READER}))
+                        allowed="model types " + ", ".join(sorted({*CONFIG_POOLING, *FIRST_TOKEN_READER,
+                                                                   *FIRST_TOKEN_OF_OUTPUT}))
                         + " (add the new type to ablate/evaluate/pooling.py)")
     if pooling == "mean":
         _mean_at_first_position(model, model.get_submodule(reader))
@@ -75,3 +82,24 @@ def _mean_at_first_position(model: torch.nn.Module, reader: torch.nn.Module) -> 
 
     model.base_model.register_forward_pre_hook(keep_mask, with_kwargs=True)
     reader.register_forward_pre_hook(mean_first)
+
+
+def _mean_in_base_output(model: torch.nn.Module) -> None:
+    """Hooks for heads that take position 0 of the base model's output themselves (DistilBERT): the masked
+    mean is written into position 0 of that output."""
+    seen: dict[str, torch.Tensor | None] = {}
+
+    def keep_mask(_module, args, kwargs):
+        seen["mask"] = kwargs.get("attention_mask")
+
+    def mean_first(_module, args, output):
+        hidden = output[0]
+        mask = seen.get("mask")
+        if mask is None:
+            mask = torch.ones(hidden.shape[:2], device=hidden.device)
+        output["last_hidden_state"] = torch.cat([masked_mean(hidden, mask).unsqueeze(1), hidden[:, 1:]], dim=1)
+        return output
+
+    model.base_model.register_forward_pre_hook(keep_mask, with_kwargs=True)
+    model.base_model.register_forward_hook(mean_first)
+
