@@ -252,15 +252,16 @@ def test_modernbert_pooling_is_set_not_inherited_from_the_checkpoint(tiny_modern
 
 
 def test_an_architecture_of_unknown_pooling_is_refused(tmp_path, tokenizer):
-    from transformers import DistilBertConfig, DistilBertForMaskedLM
+    from transformers import AlbertConfig, AlbertForMaskedLM
 
     torch.manual_seed(0)
-    DistilBertForMaskedLM(DistilBertConfig(vocab_size=tokenizer.vocab_size, dim=32, n_layers=1, n_heads=2,
-                                           hidden_dim=64)).save_pretrained(tmp_path)
+    AlbertForMaskedLM(AlbertConfig(vocab_size=tokenizer.vocab_size, embedding_size=16, hidden_size=32,
+                                   num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=64)).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     with pytest.raises(SpecError) as e:
         _chemprot_model(str(tmp_path), "cls")
-    assert e.value.key == "finetune.pooling" and "distilbert" in e.value.message and "bert" in e.value.allowed
+    assert e.value.key == "finetune.pooling" and "albert" in e.value.message and "distilbert" in e.value.allowed
 
 
 def test_pos_weight_is_negatives_over_positives_of_each_label():
