@@ -29,7 +29,8 @@ ARMS = [  # schedule, freeze, frozen layers per phase (the frozen table's rows),
 TASKS = {"ner_a": ["f1", "precision"], "cls_b": ["accuracy", "macro_f1"], "sts_c": ["pearson"]}
 
 
-def write_sweep(path: Path, *, rng_seed: int = 0, clm_gain: float = 0.02, models=("tiny-bert",)) -> Path:
+def write_sweep(path: Path, *, rng_seed: int = 0, clm_gain: float = 0.02, models=("tiny-bert",),
+                seed_independent: bool = True) -> Path:
     """A finished sweep as `ablate collect` leaves it: runs, scores, layers, curves, frozen as parquet + csv.
 
     Three seeds per arm; clm/low seed 2 failed (its rows carry absurd values, so using them shows).
@@ -44,7 +45,8 @@ def write_sweep(path: Path, *, rng_seed: int = 0, clm_gain: float = 0.02, models
                 run_id = f"{model}-{schedule}-{freeze}-s{seed}"
                 runs.append(dict(run_id=run_id, sweep=path.name, model=model, schedule=schedule, freeze=freeze,
                                  seed=seed, lr=2e-4, status="failed" if failed else "done", token_hash="abc123",
-                                 tokens_seen=3000, wall_time_s=12.5, model_dir="", n_layers=N_LAYERS))
+                                 tokens_seen=3000, wall_time_s=12.5, model_dir="", n_layers=N_LAYERS,
+                                 seed_independent=seed_independent))
                 frozen_rows += [dict(run_id=run_id, phase=phase, layer=layer)
                                 for phase, idx in frozen.items() for layer in idx]
                 tokens = 0

@@ -90,3 +90,46 @@ def test_bad_baseline_and_table_names_exit_2(sweep_dir, capsys):
     assert main(["report", str(sweep_dir), "--table", "scores", "--baseline", "nope"]) == 2
     assert main(["report", str(sweep_dir), "--table", "scores"]) == 0
     assert "| clm |" in capsys.readouterr().out
+
+
+def test_pretraining_seeds_that_are_not_replicates_pair_on_fine_tuning_seeds(tmp_path):
+    """Runs whose pretraining seed changes nothing independent (records' seed_independent False): the scores of
+    the three pretraining seeds are averaged into each fine-tuning seed, and the bootstrap pairs 3 units."""
+    path = write_sweep(tmp_path / "s", clm_gain=0.03, seed_independent=False)
+    table = report.score_table(report.load_sweep(path))
+    row = table[(table["arm"] == "clm") & (table["task"] == "ner_a")].iloc[0]
+    arm = _units(path, "clm", "none", "ner_a").groupby("finetune_seed").mean()
+    base = _units(path, "mlm", "none", "ner_a").groupby("finetune_seed").mean()
+    boot = paired_bootstrap(arm.to_numpy(), base.loc[arm.index].to_numpy())
+    assert row["n"] == 3 and row["units"] == "finetune_seed" and row["n_pairs"] == 3
+    assert (row["delta"], row["p_value"]) == pytest.approx((boot.delta, boot.p_value))
+    assert "(fine-tuning seed)" in report.make_table("scores", path, tmp_path / "t")["md"].read_text()
+
+
+def test_tasks_option_limits_the_columns_and_a_task_without_scores_exits_2(sweep_dir, capsys):
+    table = report.score_table(report.load_sweep(sweep_dir), tasks=["ner_a"])
+    assert set(table["task"]) == {"ner_a", "average"}
+    ner, avg = (table[(table["arm"] == "clm") & (table["task"] == t)].iloc[0] for t in ("ner_a", "average"))
+    assert avg["mean"] == pytest.approx(ner["mean"]) and avg["n"] == ner["n"]
+    assert main(["report", str(sweep_dir), "--table", "freeze", "--set", "tasks=[ner_a, nope]"]) == 2
+    err = capsys.readouterr().err
+    assert "no scores for task 'nope'" in err and "cls_b, ner_a, sts_c" in err
+
+
+def test_the_base_model_is_a_reference_row_over_its_fine_tuning_seeds(sweep_dir, tmp_path):
+    """`ablate evaluate --base` rows (schedule "base", no pretraining seed) get a row of their own, compared with
+    the baseline per fine-tuning seed (the baseline averaged over its pretraining seeds)."""
+    path = write_sweep(tmp_path / "s", clm_gain=0.03)
+    runs, scores = (pd.read_parquet(path / f"{n}.parquet") for n in ("runs", "scores"))
+    ref = scores[scores["run_id"] == runs["run_id"].iloc[0]].assign(run_id="base-tiny", value=lambda d: d["value"] - 0.05)
+    row = {"run_id": "base-tiny", "sweep": path.name, "schedule": "base", "freeze": "none", "status": "done"}
+    for name, frame in (("runs", pd.concat([runs, pd.DataFrame([row])])), ("scores", pd.concat([scores, ref]))):
+        frame.to_parquet(path / f"{name}.parquet", index=False)
+        (path / f"{name}.csv").unlink()
+    table = report.score_table(report.load_sweep(path))
+    got = table[(table["arm"] == "base") & (table["task"] == "ner_a")].iloc[0]
+    mine = 100 * ref[(ref["task"] == "ner_a") & (ref["split"] == "test") & (ref["metric"] == "f1")
+                     ].set_index("finetune_seed")["value"].sort_index()
+    base = _units(path, "mlm", "none", "ner_a").groupby("finetune_seed").mean()
+    assert got["n"] == 3 and got["mean"] == pytest.approx(mine.mean())
+    assert got["delta"] == pytest.approx((mine - base).mean()) and got["n_pairs"] == 3

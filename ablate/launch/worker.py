@@ -113,6 +113,36 @@ def _execute_follower(run_dir: Path, stop_after_steps: int | None) -> str:
     return "done" if state.done else "interrupted"
 
 
+def _pretrain_then_evaluate(spec: RunSpec, run_dir: Path, log, report, pretraining_report,
+                            trackers: RunTrackers | None, stop_after_steps: int | None) -> str:
+    """The body of one attempt: continue pretraining, write the records, fine-tune, mark done."""
+    started = time.perf_counter()
+    state = pretrain(spec, run_dir, log=log, phase_end_hooks=_probe_hooks(spec, run_dir),
+                     progress=pretraining_report, stop_after_steps=stop_after_steps,
+                     on_log=trackers.feed if trackers else None)
+    if trackers:
+        trackers.feed(state)      # the steps after the last log step
+    if not state.done:
+        rundir.write_status(run_dir, "interrupted")
+        return "interrupted"
+    wall = time.perf_counter() - started
+    rundir.write_records(run_dir, _run_record(spec, state, run_dir, wall), state.curves,
+                         state.grad_norms, state.layer_rows, state.frozen)
+    if spec.eval.tasks:
+        from ablate.evaluate.runs import evaluate_run
+
+        write_progress(run_dir, {"stage": "finetune", "phase": "fine-tuning " + ",".join(spec.eval.tasks),
+                                 "step": 0, "total_steps": 0})     # until the first task reports
+        rows = evaluate_run(run_dir, spec, log=log, progress=report)
+        if trackers:
+            trackers.scores(rows, state.global_step)
+    if trackers:
+        trackers.finish(run_dir / "model")
+    rundir.write_status(run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3))
+    log(f"done: {state.tokens_seen} tokens, token hash {state.token_hash[:16]}")
+    return "done"
+
+
 def execute(run_dir: Path, stop_after_steps: int | None = None,
             on_progress: Callable[[dict], None] | None = None) -> str:
     """Run (or resume, or finish) the run in `run_dir`; returns its final state.
@@ -152,33 +182,10 @@ def execute(run_dir: Path, stop_after_steps: int | None = None,
         attempt = int(rundir.read_status(run_dir).get("attempts", 0)) + 1
         rundir.write_status(run_dir, "running", attempts=attempt, started=time.time(),
                              host=platform.node(), pid=__import__("os").getpid())
-        started = time.perf_counter()
         trackers = RunTrackers.for_spec(spec, run_dir, log)
         try:
-            state = pretrain(spec, run_dir, log=log, phase_end_hooks=_probe_hooks(spec, run_dir),
-                             progress=pretraining_report, stop_after_steps=stop_after_steps,
-                             on_log=trackers.feed if trackers else None)
-            if trackers:
-                trackers.feed(state)      # the steps after the last log step
-            if not state.done:
-                rundir.write_status(run_dir, "interrupted")
-                return "interrupted"
-            wall = time.perf_counter() - started
-            rundir.write_records(run_dir, _run_record(spec, state, run_dir, wall), state.curves,
-                                  state.grad_norms, state.layer_rows, state.frozen)
-            if spec.eval.tasks:
-                from ablate.evaluate.runs import evaluate_run
-
-                write_progress(run_dir, {"stage": "finetune", "phase": "fine-tuning " + ",".join(spec.eval.tasks),
-                                         "step": 0, "total_steps": 0})     # until the first task reports
-                rows = evaluate_run(run_dir, spec, log=log, progress=report)
-                if trackers:
-                    trackers.scores(rows, state.global_step)
-            if trackers:
-                trackers.finish(run_dir / "model")
-            rundir.write_status(run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3))
-            log(f"done: {state.tokens_seen} tokens, token hash {state.token_hash[:16]}")
-            return "done"
+            return _pretrain_then_evaluate(spec, run_dir, log, report, pretraining_report, trackers,
+                                           stop_after_steps)
         except Pruned as exc:
             rundir.write_status(run_dir, "pruned", pruned_at_step=exc.step, reason=exc.reason)
             log(f"pruned at step {exc.step}: {exc.reason}")

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ablate.config.errors import SpecError
+from ablate.evaluate.units import pairing_units
 from ablate.evaluate.bootstrap import N_RESAMPLES, paired_bootstrap
 from ablate.report.arms import (arm_keys, arm_label, arm_sorted, done_runs, in_panel, ordered, panel_column,
                                 panel_title, panels)
@@ -91,7 +92,8 @@ def delta_data(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
                panel: str | None = "auto") -> pd.DataFrame:
     """Per arm and task (and "average" over tasks): arm minus MLM baseline in points, with a 95% CI.
 
-    Replicates are (pretraining seed, fine-tuning seed) units. Arm and baseline units sharing both seeds
+    Replicates are (pretraining seed, fine-tuning seed) units, or fine-tuning seeds alone when the pretraining
+    seeds are not independent (ablate.evaluate.units.pairing_units). Arm and baseline units sharing them
     are paired (the twins see the same token stream and fine-tuning seed): the CI and p-value come from a
     paired bootstrap of the differences (ablate.evaluate.bootstrap). With no shared units, a Welch interval
     on the unpaired scores and no p-value.
@@ -107,6 +109,7 @@ def delta_data(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
     if is_base.all():
         raise SpecError("figure 'deltas' needs at least one arm besides the MLM baseline", file=str(sweep.path))
     tasks = ordered(u.loc[u["task"] != "average", "task"]) + ["average"]
+    units = pairing_units(done_runs(sweep.runs))
     rows = []
     for p in panels(u, pcol):
         up = in_panel(u, pcol, p)
@@ -117,8 +120,8 @@ def delta_data(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
         for (s, f) in dict.fromkeys(zip(arms["schedule"], arms["freeze"])):
             a_all = arms[(arms["schedule"] == s) & (arms["freeze"] == f)]
             for task in tasks:
-                a = a_all[a_all["task"] == task].groupby(["seed", "finetune_seed"])["score"].mean()
-                b = base[base["task"] == task].groupby(["seed", "finetune_seed"])["score"].mean()
+                a = a_all[a_all["task"] == task].groupby(units)["score"].mean()
+                b = base[base["task"] == task].groupby(units)["score"].mean()
                 if a.empty or b.empty:
                     continue
                 d, lo, hi, pv, n, method = arm_vs_baseline(a, b)

@@ -4,9 +4,10 @@ bold) and `freeze` (arm, what each phase froze, average score, difference from t
 schedule and from the baseline). Each is written as a tidy CSV, Markdown and LaTeX (booktabs).
 
 Differences, CIs and p-values come from a paired bootstrap (ablate.evaluate.bootstrap) over the pairing units
-both arms were measured on: (pretraining seed, fine-tuning seed) by default, fine-tuning seeds alone when the
-pretraining seeds are not independent replicates (`units`). With fewer than two units a test is impossible:
-the table says so and has no p-values.
+both arms were measured on: (pretraining seed, fine-tuning seed) when the sweep's pretraining seeds are
+independent replicates, fine-tuning seeds alone when they are not (ablate.evaluate.units.pairing_units; `units`
+overrides). With fewer than two units a test is impossible: the table says so and has no p-values. `tasks`
+(e.g. `--set tasks=[ncbi_disease]`) limits the columns; a task an arm has no score for is a SpecError.
 
 May import: config, evaluate, report.
 """
@@ -19,13 +20,14 @@ import numpy as np
 import pandas as pd
 
 from ablate.config.errors import SpecError
+from ablate.evaluate.units import pairing_units, require_task_scores
 from ablate.report.arms import arm_label, done_runs
 from ablate.report.divergence import divergence_table
 from ablate.report.scores import arm_vs_baseline, unit_scores
 from ablate.report.sweep import Sweep, load_sweep
 
 MARKS = ((0.01, "**"), (0.05, "*"))   # p below -> mark
-DEFAULT_UNITS = ("seed", "finetune_seed")
+BASE_MODEL = "base"    # the schedule of `ablate evaluate --base` rows (ablate.store.tables): a reference row
 
 
 def _marks(p: float) -> str:
@@ -42,11 +44,30 @@ def _baseline_arm(u: pd.DataFrame, baseline: str, sweep: Sweep) -> tuple[str, st
     return wanted
 
 
+def _units(sweep: Sweep, units) -> tuple[str, ...]:
+    return tuple(units) if units else tuple(pairing_units(done_runs(sweep.runs)))
+
+
+def _only_tasks(sweep: Sweep, u: pd.DataFrame, tasks) -> pd.DataFrame:
+    """The unit scores of `tasks` (a list or "a,b"), their average recomputed; every arm must have each."""
+    if tasks is None:
+        return u
+    wanted = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks)]
+    require_task_scores(u.loc[u["task"] != "average", ["run_id", "task"]], done_runs(sweep.runs), wanted)
+    u = u[u["task"].isin(wanted)]
+    unit = ["schedule", "freeze", "run_id", "seed", "finetune_seed"]
+    avg = u.groupby(unit, sort=False).agg(score=("score", "mean"), k=("task", "nunique")).reset_index()
+    avg = avg[avg["k"] == len(set(wanted))].drop(columns="k").assign(task="average")
+    return pd.concat([u, avg], ignore_index=True)
+
+
 def score_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
-                units: tuple[str, ...] = DEFAULT_UNITS, seed: int = 0) -> pd.DataFrame:
+                units: tuple[str, ...] | None = None, tasks=None, seed: int = 0) -> pd.DataFrame:
     """Tidy: one row per (arm, task) with language, mean, std, n, and delta / ci_low / ci_high / p_value
-    against the baseline arm (a schedule name, meaning its unfrozen arm, or an arm label)."""
-    u = unit_scores(sweep, split, None, "table")
+    against the baseline arm (a schedule name, meaning its unfrozen arm, or an arm label), and the pairing
+    units used (column `units`)."""
+    units = _units(sweep, units)
+    u = _only_tasks(sweep, unit_scores(sweep, split, None, "table"), tasks)
     base_arm = _baseline_arm(u, baseline, sweep)
     language = sweep.scores.drop_duplicates("task").set_index("task").get("language", pd.Series(dtype=object))
     tasks = list(dict.fromkeys(t for t in u["task"] if t != "average")) + ["average"]
@@ -54,11 +75,12 @@ def score_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None
     for arm in dict.fromkeys(zip(u["schedule"], u["freeze"])):
         mine = u[(u["schedule"] == arm[0]) & (u["freeze"] == arm[1])]
         base = u[(u["schedule"] == base_arm[0]) & (u["freeze"] == base_arm[1])]
+        by = ["finetune_seed"] if arm[0] == BASE_MODEL else list(units)   # the base model has no pretraining seed
         for task in tasks:
-            a = mine[mine["task"] == task].groupby(list(units))["score"].mean()
+            a = mine[mine["task"] == task].groupby(by)["score"].mean()
             if a.empty:
                 continue
-            b = base[base["task"] == task].groupby(list(units))["score"].mean()
+            b = base[base["task"] == task].groupby(by)["score"].mean()
             delta = lo = hi = p = np.nan
             n_pairs, method = 0, "baseline"
             if arm != base_arm and not b.empty:
@@ -67,7 +89,7 @@ def score_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None
                          "language": "all" if task == "average" else language.get(task, ""),
                          "mean": float(a.mean()), "std": float(a.std()) if len(a) > 1 else np.nan, "n": len(a),
                          "delta": delta, "ci_low": lo, "ci_high": hi, "p_value": p, "n_pairs": n_pairs,
-                         "test": method, "baseline": arm_label(*base_arm)})
+                         "test": method, "baseline": arm_label(*base_arm), "units": "+".join(units)})
     out = pd.DataFrame(rows)
     if out.empty:
         raise SpecError("no scores for done runs", file=str(sweep.path), key="scores")
@@ -75,12 +97,13 @@ def score_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None
 
 
 def freeze_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
-                 units: tuple[str, ...] = DEFAULT_UNITS, seed: int = 0) -> pd.DataFrame:
+                 units: tuple[str, ...] | None = None, tasks=None, seed: int = 0) -> pd.DataFrame:
     """One row per arm: what each phase froze (from the `frozen` table), the average score, and its
     difference from the same schedule without freezing and from the baseline arm."""
-    avg = score_table(sweep, baseline=baseline, split=split, units=units, seed=seed)
+    units = _units(sweep, units)
+    avg = score_table(sweep, baseline=baseline, split=split, units=units, tasks=tasks, seed=seed)
     avg = avg[avg["task"] == "average"].set_index("arm")
-    u = unit_scores(sweep, split, None, "table")
+    u = _only_tasks(sweep, unit_scores(sweep, split, None, "table"), tasks)
     u = u[u["task"] == "average"]
     frozen = _frozen_by_arm(sweep)
     rows = []
@@ -147,7 +170,9 @@ def render_scores(data: pd.DataFrame, fmt: str) -> str:
     best = data.loc[data.groupby("task")["mean"].idxmax()].set_index("task")["arm"]
     cell = {(r["arm"], r["task"]): _cell(r, best.get(r["task"]) == r["arm"], fmt) for _, r in data.iterrows()}
     body = [[arm] + [cell.get((arm, t), "") for t in tasks] for arm in arms]
-    note = "Cells: mean ± std over pairing units; (delta vs baseline; * p < 0.05, ** p < 0.01, paired bootstrap)."
+    units = data["units"].iloc[0].replace("finetune_seed", "fine-tuning seed").replace("seed+", "pretraining seed x ")
+    note = (f"Cells: mean ± std over pairing units ({units}); (delta vs baseline; * p < 0.05, ** p < 0.01, "
+            "paired bootstrap).")
     if data["p_value"].isna().all() and (data["test"] != "baseline").any():
         note += " No p-values: fewer than two pairing units are shared with the baseline, so no test is possible."
     if fmt == "md":
