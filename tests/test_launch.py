@@ -164,6 +164,9 @@ def test_the_sweep_progress_line_counts_runs_and_estimates_from_measured_run_tim
     line, counts = _progress_line(paths, ["a", "b", "c", "d", "e"])
     assert counts == {"pending": 2, "running": 0, "done": 2, "failed": 1}
     assert "2/5 runs done, ETA 3m00s" in line          # mean 90 s x 2 runs left, one at a time
+    # a run's fine-tuning counts: the whole attempt (total_time_s), not its pretraining alone (wall_time_s)
+    rundir.write_status(paths.run("a"), "done", wall_time_s=60.0, total_time_s=240.0)
+    assert "2/5 runs done, ETA 6m00s" in _progress_line(paths, ["a", "b", "c", "d", "e"])[0]
 
 
 def test_a_terminal_gets_a_progress_bar_per_stage_and_a_log_file_plain_lines():

@@ -122,7 +122,8 @@ def resume_point(run_dir: Path) -> str:
 
 def _progress_line(paths: SweepFolder, run_ids: list[str]) -> tuple[str, dict[str, int]]:
     """'pending 1 | running 1 | done 2 | failed 0 | 2/4 runs done, ETA 3m10s  [<run> <its progress>]': the ETA
-    is the mean wall time of the runs done so far times the runs left, over the runs running at once."""
+    is the mean time of the runs done so far (pretraining and fine-tuning) times the runs left, over the runs
+    running at once."""
     counts = {s: 0 for s in ("pending", "running", "done", "failed")}
     running, wall_times = [], []
     for rid in run_ids:
@@ -133,8 +134,9 @@ def _progress_line(paths: SweepFolder, run_ids: list[str]) -> tuple[str, dict[st
         counts[bucket] = counts.get(bucket, 0) + 1
         if state == "running":
             running.append(f"{rid} {describe_progress(read_progress(run_dir))}")
-        if state == "done" and isinstance(status.get("wall_time_s"), (int, float)):
-            wall_times.append(status["wall_time_s"])
+        took = status.get("total_time_s", status.get("wall_time_s"))   # total: pretraining and fine-tuning
+        if state == "done" and isinstance(took, (int, float)):
+            wall_times.append(took)
     line = " | ".join(f"{k} {v}" for k, v in counts.items())
     left = len(run_ids) - counts["done"] - counts["failed"]
     line += f" | {counts['done']}/{len(run_ids)} runs done"
@@ -293,7 +295,7 @@ def status_rows(paths: SweepFolder, run_ids: list[str] | None = None) -> list[di
         if state == "running" and started:
             row["elapsed"] = _fmt_s(now - started)
         elif state == "done":
-            row["elapsed"] = _fmt_s(status.get("wall_time_s") or 0)
+            row["elapsed"] = _fmt_s(status.get("total_time_s") or status.get("wall_time_s") or 0)
         detail = ""
         if state in ("running", "interrupted"):
             detail = describe_progress(read_progress(run_dir))

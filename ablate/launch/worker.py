@@ -138,7 +138,8 @@ def _pretrain_then_evaluate(spec: RunSpec, run_dir: Path, log, report, pretraini
             trackers.scores(rows, state.global_step)
     if trackers:
         trackers.finish(run_dir / "model")
-    rundir.write_status(run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3))
+    rundir.write_status(run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3),
+                        total_time_s=round(time.perf_counter() - started, 3))   # with fine-tuning: for ETAs
     log(f"done: {state.tokens_seen} tokens, token hash {state.token_hash[:16]}")
     return "done"
 
