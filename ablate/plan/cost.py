@@ -283,7 +283,8 @@ def describe_plan(throughput: Throughput | None, grid_file: str, executor: str, 
     for ft in calibration.finetuning if calibration else ():
         lines.append(f"  fine-tuning {ft.model} {ft.task}: {ft.train_examples_per_s:,.1f} train, "
                      f"{ft.eval_examples_per_s:,.1f} eval examples/s on {ft.device}")
-    where = f"{executor}: {gpus} GPU{'s' if gpus != 1 else ''} per run"
+    where = (f"{executor}: {gpus} GPU{'s' if gpus != 1 else ''} per run" if executor == "slurm"
+             else f"{executor}: one machine per run, counted as 1 GPU")
     if ranks > 1:
         where += f", {ranks} data-parallel ranks (assumed {ranks}x one process's tokens/s)"
     lines.append(f"  hours: training steps only (not loading, checkpoints or probes); {where}; "
