@@ -78,22 +78,17 @@ def cmd_run(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from ablate.config.grid import load_grid
     from ablate.config.paths import results_root
-    from ablate.evaluate.runs import check_eval
-    from ablate.plan.grid import expand, plan_table, resolve_layers, resolve_models
+    from ablate.launch.checks import checked_grid
+    from ablate.plan.cost import check_tokens_per_s
+    from ablate.plan.grid import plan_table
     from ablate.plan.replicates import seed_notes
-    from ablate.train.preflight import check_models
 
-    grid = load_grid(args.grid)
-    runs = expand(grid, file=str(args.grid))
-    models = resolve_models(runs, file=str(args.grid))
-    plans = resolve_layers(runs, file=str(args.grid), models=models)
-    check_eval([r.spec for r in runs], file=str(args.grid))
-    from ablate.launch.preparation import check_corpora
-
-    check_corpora([r.spec for r in runs], file=str(args.grid))
-    checked = check_models([r.spec for r in runs], file=str(args.grid))
+    if check_tokens_per_s(args.tokens_per_s) is not None and not args.dry_run:
+        raise SpecError("a throughput is for the cost plan of a dry run", key="--tokens-per-s",
+                        value=args.tokens_per_s, allowed="--tokens-per-s with --dry-run")
+    checked = checked_grid(str(args.grid))
+    grid, runs = checked.grid, checked.runs
     executor = args.executor or grid.launcher.executor
     sweep_dir = results_root(args.results) / grid.sweep
     notes, warnings = seed_notes(runs)   # on stderr: stdout is the plan table
@@ -102,8 +97,15 @@ def cmd_sweep(args) -> int:
     _warn(warnings)
     if args.dry_run:
         from ablate.analysis.pairs import describe_pairs
+        from ablate.launch.estimates import dry_run_cost
 
-        _print_table(plan_table(runs, plans, models, {k: "ok" if r else "-" for k, r in checked.items()}))
+        header, costs = dry_run_cost(grid, str(args.grid), runs, executor, results_root(args.results),
+                                     args.tokens_per_s)
+        _print_table(plan_table(runs, checked.plans, checked.models,
+                                {k: "ok" if r else "-" for k, r in checked.causal.items()}))
+        print()
+        print("\n".join(header))
+        _print_table(costs)
         print(f"{len(runs)} runs; executor {executor}; results in {sweep_dir}; dry run: nothing submitted; "
               + describe_pairs([(r.run_id, r.spec) for r in runs]))
         return EXIT_OK
@@ -125,6 +127,19 @@ def cmd_sweep(args) -> int:
     return EXIT_OK if not failed and not others and not collected.problems else EXIT_FAILED
 
 
+def cmd_calibrate(args) -> int:
+    from ablate.config.paths import results_root
+    from ablate.launch.calibrate import calibrate, check_steps
+    from ablate.launch.checks import checked_grid
+
+    check_steps(args.steps, args.warmup)
+    checked = checked_grid(str(args.grid))
+    path, _ = calibrate(checked.grid.sweep, Path(args.grid), [r.spec for r in checked.runs],
+                        results_root(args.results), args.steps, args.warmup, finetune=not args.no_finetune)
+    print(f"calibration: {path}; `ablate sweep {args.grid} --dry-run` now prints hours and GPU-hours")
+    return EXIT_OK
+
+
 def cmd_prepare(args) -> int:
     from ablate.launch.preparation import check_corpora, prepare_corpora, specs_for_target
 
@@ -137,8 +152,11 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from ablate.launch.estimates import status_comparison
     from ablate.launch.scheduler import status_rows
+    from ablate.plan.cost import check_tokens_per_s
 
+    tokens_per_s = check_tokens_per_s(args.tokens_per_s)
     sweep = _sweep(args)
     rows = status_rows(sweep)
     print(f"sweep {sweep.name} ({sweep.root})")
@@ -147,6 +165,13 @@ def cmd_status(args) -> int:
     for r in rows:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
     print(", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    compared = status_comparison(sweep, tokens_per_s)
+    if compared is not None:
+        source, estimate_rows, totals = compared
+        print(f"\n{source}")
+        if estimate_rows:
+            _print_table(estimate_rows)
+        print(totals)
     bad = sum(v for k, v in counts.items() if k in ("failed", "unreadable", "corrupt"))
     return EXIT_FAILED if bad else EXIT_OK
 
@@ -301,7 +326,17 @@ def _add_run_commands(sub, results, sweep, submit) -> None:
     s = sub.add_parser("sweep", parents=[submit], help="expand a grid and run it (local, slurm or debug executor)")
     s.add_argument("grid", help="grid file (YAML)")
     s.add_argument("--retry-failed", action="store_true", help="re-submit runs that failed before")
+    s.add_argument("--tokens-per-s", type=float, metavar="N", help="with --dry-run: training tokens/s of one "
+                   "process (one GPU), for the cost plan's hours (default: the sweep's `ablate calibrate`)")
     s.set_defaults(func=cmd_sweep)
+
+    cb = sub.add_parser("calibrate", parents=[results], help="time a few steps of each distinct model / objective "
+                        "/ length / batch of a grid here and store the throughput with the sweep (the cost plan)")
+    cb.add_argument("grid", help="grid file (YAML)")
+    cb.add_argument("--steps", type=int, default=3, help="timed steps of each combination (default 3)")
+    cb.add_argument("--warmup", type=int, default=2, help="untimed steps before them (default 2)")
+    cb.add_argument("--no-finetune", action="store_true", help="do not time the grid's fine-tuning")
+    cb.set_defaults(func=cmd_calibrate)
 
     pr = sub.add_parser("prepare", help="tokenize corpora once into memory-mapped shards (where runs read them)")
     pr.add_argument("target", help="a grid, a run spec, or a corpus path (file, glob or folder)")
@@ -312,7 +347,10 @@ def _add_run_commands(sub, results, sweep, submit) -> None:
     pr.add_argument("--shard-tokens", type=int, help="tokens per shard file (default 2**28)")
     pr.set_defaults(func=cmd_prepare)
 
-    st = sub.add_parser("status", parents=[sweep], help="per-run state of a sweep")
+    st = sub.add_parser("status", parents=[sweep], help="per-run state of a sweep (and the cost estimate against "
+                        "what finished runs took)")
+    st.add_argument("--tokens-per-s", type=float, metavar="N", help="estimate with this throughput instead of "
+                    "the sweep's calibration")
     st.set_defaults(func=cmd_status)
 
     c = sub.add_parser("collect", parents=[sweep], help="merge a sweep's run folders into tidy tables")

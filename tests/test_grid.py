@@ -396,7 +396,7 @@ def test_dry_run_of_the_paper_freeze_study_on_modernbert_base(tmp_path, capsys):
     header = lines[0].split()
     assert header == ["run_id", "schedule", "freeze", "seed", "family", "low|mid|high", "causal", "phases", "frozen",
                       "tokens"]
-    body = {line.split()[0]: line for line in lines[1:-1]}
+    body = {line.split()[0]: line for line in lines[1:lines.index("")]}     # then the cost plan
     assert list(body) == [r.run_id for r in runs]
     for run in runs:   # the paper's split of ModernBERT-base; the CLM runs' causal preflight passed under sdpa
         assert body[run.run_id].split()[4:7] == [
@@ -441,6 +441,16 @@ def test_the_shipped_freeze_grid_has_one_pretraining_seed_and_nine_finetuning_se
     assert rc == 0 and "warning" not in err and "seed axis" not in err
     runs = expand(load_grid(path))
     assert len(runs) == 5 and {r.spec.seed for r in runs} == {17}
+    # its cost plan without a throughput: steps and tokens per arm and in total, and how to get hours
+    lines = out.splitlines()
+    plan = lines[lines.index("") + 1:-1]
+    assert plan[0] == (f"cost plan: steps and tokens (training steps, prelude included); for hours and GPU-hours, "
+                       f"run `ablate calibrate {path}` on the target hardware (it stores the measured tokens/s with "
+                       "the sweep) or pass --tokens-per-s N")
+    assert plan[1].split() == ["run_id", "schedule", "freeze", "steps", "tokens"]
+    assert [row.split()[0] for row in plan[2:]] == [r.run_id for r in runs] + ["total"]
+    assert {tuple(row.split()[-2:]) for row in plan[2:-1]} == {("3497", "11,000,610,816")}
+    assert plan[-1].split() == ["total", "17485", "55,003,054,080"]
     assert all(r.spec.eval.seeds == tuple(range(9)) for r in runs)
     # the grid's comment says how to get MLM seed noise for the CKA ratio: check that recipe
     text = path.read_text().replace("  freeze: [none, low_clm, mid_clm, low_decay]\n",
@@ -467,15 +477,17 @@ def test_dry_run_of_the_smoke_grid_through_python_m(tmp_path):
     lines = proc.stdout.splitlines()
     assert lines[0].split() == ["run_id", "schedule", "freeze", "family", "low|mid|high", "causal", "phases", "frozen",
                                 "tokens"]
-    assert [line.split()[0] for line in lines[1:-1]] == [r.run_id for r in runs]
-    assert {tuple(line.split()[3:5]) for line in lines[1:-1]} == {("bert", "0-1|2-3|4-5")}   # MiniLM-L6
-    assert [line.split()[1:3] for line in lines[1:-1]] == [[r.axes["schedule"], r.axes["freeze"]] for r in runs]
-    by_freeze = {line.split()[2]: line for line in lines[1:-1] if "clm_detour" in line}
+    body = lines[1:lines.index("")]                 # then the cost plan
+    assert [line.split()[0] for line in body] == [r.run_id for r in runs]
+    assert {tuple(line.split()[3:5]) for line in body} == {("bert", "0-1|2-3|4-5")}   # MiniLM-L6
+    assert [line.split()[1:3] for line in body] == [[r.axes["schedule"], r.axes["freeze"]] for r in runs]
+    by_freeze = {line.split()[2]: line for line in body if "clm_detour" in line}
     # MiniLM-L6: low = 0-1, mid = 2-3; the warm-up freezes the whole encoder
     assert "head_warmup=emb,0-5; clm=0-1" in by_freeze["low_clm"]
     assert "head_warmup=emb,0-5; clm=2-3" in by_freeze["mid_clm"]
     assert "head_warmup:mlmx10 > clm:clmx32 > mlm_decay:mlmx8" in by_freeze["none"]
-    assert all(line.split()[-1] == str(50 * 8 * 128) for line in lines[1:-1])
+    assert all(line.split()[-1] == str(50 * 8 * 128) for line in body)
+    assert "for hours and GPU-hours, run `ablate calibrate" in proc.stdout
     assert lines[-1].startswith(f"{len(runs)} runs;") and "nothing submitted" in lines[-1]
     assert not (tmp_path / "results").exists()
 

@@ -61,6 +61,15 @@ class Launcher(Strict):
     local: LocalLauncher = LocalLauncher()
     slurm: SlurmLauncher = SlurmLauncher()
 
+    def ranks(self, executor: str | None = None) -> int:
+        """Data-parallel processes per run under `executor` (default: this launcher's): Slurm's nodes x tasks
+        per node; one elsewhere."""
+        return self.slurm.nodes * self.slurm.tasks_per_node if (executor or self.executor) == "slurm" else 1
+
+    def gpus(self, executor: str | None = None) -> int:
+        """GPUs one run holds under `executor`: Slurm's nodes x GPUs per node; one on a local machine."""
+        return self.slurm.nodes * self.slurm.gpus_per_node if (executor or self.executor) == "slurm" else 1
+
 
 class GridSpec(Strict):
     sweep: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")

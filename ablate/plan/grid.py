@@ -210,8 +210,7 @@ def expand(grid: GridSpec, file: str | None = None) -> list[PlannedRun]:
         if coerced:
             axes = {**axes, **coerced}
             spec = spec.model_copy(update={"labels": {"sweep": grid.sweep, "axes": axes}})
-        world = grid.launcher.slurm.nodes * grid.launcher.slurm.tasks_per_node \
-            if grid.launcher.executor == "slurm" else 1
+        world = grid.launcher.ranks()
         micro = spec.micro_batch_size or spec.batch_size // world
         if world > 1 and (micro == 0 or spec.batch_size % (world * micro)):
             raise SpecError(f"batch_size must be a multiple of ranks x micro-batch ({world} x {micro}) "

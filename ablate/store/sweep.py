@@ -3,6 +3,7 @@ what its running runs report.
 
     results/<sweep>/
         sweep.json  grid.yaml        the manifest (run ids in grid order) and the grid as submitted
+        calibration.json             measured throughput of the grid's steps (`ablate calibrate`; the cost plan)
         runs/<run_id>/               one folder per run (ablate.store.rundir)
         jobs/                        submitit's job files and logs
         <table>.parquet / .csv       the tidy tables (ablate.store.tables)
@@ -40,6 +41,10 @@ class SweepFolder:
     @property
     def manifest(self) -> Path:
         return self.root / "sweep.json"
+
+    @property
+    def calibration(self) -> Path:
+        return self.root / "calibration.json"
 
     def run(self, run_id: str) -> Path:
         return self.runs / run_id

@@ -1,0 +1,36 @@
+"""A grid file checked as far as it can be before anything runs or is timed (what `ablate sweep` and
+`ablate calibrate` start with): expanded, every model's family and depth, every phase plan, every eval task,
+every corpus, and the causal preflight per model. Any problem is a SpecError naming the file.
+
+May import: config, plan, evaluate, train, launch.preparation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ablate.config.grid import GridSpec, load_grid
+from ablate.evaluate.runs import check_eval
+from ablate.launch.preparation import check_corpora
+from ablate.plan.grid import PlannedRun, expand, resolve_layers, resolve_models
+from ablate.train.preflight import check_models
+
+
+@dataclass(frozen=True)
+class CheckedGrid:
+    grid: GridSpec
+    runs: list[PlannedRun]
+    models: dict[str, tuple]          # model source -> (family, depth)
+    plans: dict[str, list]            # run id -> its phase plans
+    causal: dict[tuple, object]       # (model, tokenizer, implementation) -> preflight result, None without CLM
+
+
+def checked_grid(path: str) -> CheckedGrid:
+    grid = load_grid(path)
+    runs = expand(grid, file=path)
+    models = resolve_models(runs, file=path)
+    plans = resolve_layers(runs, file=path, models=models)
+    specs = [r.spec for r in runs]
+    check_eval(specs, file=path)
+    check_corpora(specs, file=path)
+    return CheckedGrid(grid, runs, models, plans, check_models(specs, file=path))

@@ -1,0 +1,170 @@
+"""What the cost plan (ablate.plan.cost) needs, gathered from files: the throughput (--tokens-per-s, or the
+sweep's calibration.json, read here and written by ablate.launch.calibrate), the fine-tuning work of each
+run (the tasks' train / dev / test sizes and epochs under the run's fine-tuning settings), and for
+`ablate status` what finished runs took (records/run.json, score files).
+
+May import: config, store, plan, evaluate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ablate.config.base import validate
+from ablate.config.errors import SpecError
+from ablate.config.grid import GridSpec, Launcher, load_grid
+from ablate.config.spec import RunSpec
+from ablate.plan.cost import (Actual, ArmCost, Calibration, FinetuneKey, FinetuneWork, Throughput, arm_cost,
+                              calibrated_throughput, compare_rows, cost_rows, describe_plan, given_throughput,
+                              matching_throughput)
+from ablate.plan.grid import PlannedRun
+from ablate.store import rundir
+from ablate.store.sweep import SweepFolder
+
+
+def read_calibration(path: Path) -> Calibration | None:
+    """The calibration at `path`; None when there is none; a SpecError naming the file when it is unreadable."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        data = rundir.read_json(path)
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"unreadable calibration ({exc}); re-run `ablate calibrate GRID`", file=str(path)) from None
+    return validate(Calibration, data, str(path), "calibration")
+
+
+# the fine-tuning settings that set its speed: one throughput is measured per (model, task, these)
+SPEED_SETTINGS = ("method", "batch_size", "eval_batch_size", "max_length", "lora_r")
+
+
+@dataclass
+class FinetunePlan:
+    work: dict[str, list[FinetuneWork]] = field(default_factory=dict)       # run id -> its fine-tuning
+    jobs: dict[FinetuneKey, tuple] = field(default_factory=dict)            # key -> (a spec, its settings)
+
+
+def _task_work(name: str, spec: RunSpec) -> tuple[str, str, object, tuple[int, int, int]]:
+    """(task name, its speed settings as JSON, the resolved settings, examples fine-tuned on in train, dev,
+    test) of one task under the spec's fine-tuning settings."""
+    from ablate.evaluate.tasks import load_task, load_task_data, resolve_settings
+
+    task = load_task(name)
+    settings = resolve_settings(task, spec.eval.finetune, spec.eval.protocol)
+    splits = load_task_data(task, spec.data.data_root).splits
+    speed = {k: getattr(settings, k) for k in SPEED_SETTINGS}
+    speed["max_length"] = settings.max_length or task.max_length
+    if settings.method != "lora":
+        speed.pop("lora_r")
+    cap = {"train": settings.max_train_examples, "dev": settings.max_eval_examples,
+           "test": settings.max_eval_examples}
+    sizes = tuple(min(len(splits[s]), cap[s] or len(splits[s])) for s in ("train", "dev", "test"))
+    return task.name, json.dumps(speed, sort_keys=True), settings, sizes
+
+
+def finetune_plan(specs: list[RunSpec]) -> FinetunePlan:
+    """Each spec's fine-tuning work, and each distinct (model, task, speed settings) once with a spec and the
+    resolved settings that have it (what `ablate calibrate` times)."""
+    plan, seen = FinetunePlan(), {}
+    for spec in specs:
+        work = []
+        for name in spec.eval.tasks:
+            where = (name, json.dumps(spec.eval.finetune, sort_keys=True, default=str), spec.eval.protocol,
+                     spec.data.data_root)
+            if where not in seen:
+                seen[where] = _task_work(name, spec)
+            task, speed, settings, (n_train, n_dev, n_test) = seen[where]
+            key = FinetuneKey(spec.model, task, speed)
+            work.append(FinetuneWork(key, len(spec.eval.seeds), settings.epochs, n_train, n_dev, n_test))
+            plan.jobs.setdefault(key, (spec, settings))
+        plan.work[spec.run_id] = work
+    return plan
+
+
+def _costs(runs: list[tuple[str, dict, RunSpec]], throughput: Throughput | None, launcher: Launcher,
+           executors: dict[str, str], finetune: FinetunePlan | None) -> dict[str, ArmCost]:
+    return {rid: arm_cost(rid, axes, spec, throughput, launcher.ranks(executors.get(rid)),
+                          launcher.gpus(executors.get(rid)), finetune.work.get(rid) if finetune else None)
+            for rid, axes, spec in runs}
+
+
+def dry_run_cost(grid: GridSpec, grid_file: str, runs: list[PlannedRun], executor: str, results_root: Path,
+                 tokens_per_s: float | None) -> tuple[list[str], list[dict]]:
+    """The cost plan of a grid: its header lines and table rows. The throughput is --tokens-per-s, else the
+    sweep's calibration (a SpecError when that was made for another grid), else none (steps and tokens)."""
+    specs = [r.spec for r in runs]
+    calibration, throughput, finetune = None, None, None
+    if tokens_per_s is not None:
+        throughput = given_throughput(tokens_per_s)
+    else:
+        path = SweepFolder(Path(results_root) / grid.sweep).calibration
+        calibration = read_calibration(path)
+        if calibration is not None:
+            finetune = finetune_plan(specs) if calibration.finetuning else None
+            throughput = matching_throughput(calibration, str(path), grid.sweep, specs,
+                                             list(finetune.jobs) if finetune else [], grid_file)
+    costs = _costs([(r.run_id, r.axes, r.spec) for r in runs], throughput, grid.launcher,
+                   {r.run_id: executor for r in runs}, finetune)
+    header = describe_plan(throughput, grid_file, executor, grid.launcher.gpus(executor),
+                           grid.launcher.ranks(executor), calibration, any(s.eval.tasks for s in specs))
+    return header, cost_rows(list(costs.values()))
+
+
+def _actual(run_dir: Path, spec: RunSpec) -> Actual | None:
+    """What a finished run took: records/run.json's wall time, and its score files' (each task x seed of its
+    eval settings; None when one is missing)."""
+    try:
+        record = rundir.read_json(run_dir / "records" / "run.json")
+        scores = rundir.read_scores(run_dir, run_dir.name)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record.get("wall_time_s"), (int, float)):
+        return None
+    walls = {(r["task"], r["finetune_seed"]): r["wall_time_s"] for r in scores}
+    wanted = [(t, s) for t in spec.eval.tasks for s in spec.eval.seeds]
+    finetune = sum(walls[w] for w in wanted) if all(w in walls for w in wanted) else None
+    return Actual(float(record["wall_time_s"]), finetune)
+
+
+def status_comparison(folder: SweepFolder, tokens_per_s: float | None = None
+                      ) -> tuple[str, list[dict], str] | None:
+    """For `ablate status`: (where the estimate comes from, a row per finished run with an estimate, the
+    totals line), or None when the sweep has no calibration and no --tokens-per-s was given. Runs whose
+    combination the calibration did not measure have no estimate (the grid may have changed since)."""
+    if tokens_per_s is not None:
+        throughput, calibration = given_throughput(tokens_per_s), None
+    else:
+        calibration = read_calibration(folder.calibration)
+        if calibration is None:
+            return None
+        throughput = calibrated_throughput(calibration, str(folder.calibration))
+    try:
+        launcher = load_grid(folder.root / "grid.yaml").launcher
+    except SpecError:        # no grid (a tune's folder) or an unreadable one: one process, one GPU
+        launcher = Launcher()
+    runs, executors, actual = [], {}, {}
+    for rid in folder.run_ids():
+        run_dir = folder.run(rid)
+        try:
+            status = rundir.read_status(run_dir)
+            spec = RunSpec.model_validate(rundir.read_json(run_dir / "spec.json"))
+        except (OSError, ValueError):       # CorruptStatus and invalid specs too: the status table says so
+            continue
+        if status.get("state") != "done":
+            continue
+        done = _actual(run_dir, spec)
+        if done is not None:
+            runs.append((rid, spec.labels.get("axes", {}), spec))
+            executors[rid] = status.get("executor")
+            actual[rid] = done
+    finetune = None
+    if calibration is not None and calibration.finetuning:
+        try:
+            finetune = finetune_plan([spec for _, _, spec in runs])
+        except SpecError:      # a task file or its data gone since: fine-tuning not estimated
+            finetune = None
+    costs = _costs(runs, throughput, launcher, executors, finetune)
+    rows, line = compare_rows(costs, actual)
+    return f"estimate vs actual (throughput {throughput.source}; training steps only):", rows, line

@@ -1,0 +1,348 @@
+"""The cost of a sweep before it runs: per arm and in total, the optimizer steps, the tokens and, given a
+throughput, the hours of pretraining, the hours of fine-tuning (where a fine-tuning throughput is known) and
+the GPU-hours; and, once runs have finished, the estimate against what they took. Pure arithmetic over
+RunSpecs and numbers, plus the calibration file's schema and whether a calibration fits a grid.
+
+Timing steps and reading or writing the calibration file is ablate.launch.calibrate; gathering what the
+estimate needs from a grid, a sweep folder and the task files is ablate.launch.estimates.
+
+The throughput of a pretraining phase is the tokens/s of one process (one GPU) for its (model, objective,
+sequence length, batch); a run of N data-parallel ranks is taken to go N times as fast (linear scaling, an
+optimistic bound). Only the training steps are counted: not loading, checkpoints or phase-end probes.
+A job holds its GPUs through pretraining and fine-tuning, so GPU-hours = (both) x GPUs per run.
+
+May import: config, store, plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+from pydantic import Field
+
+from ablate.config.base import Strict
+from ablate.config.errors import SpecError
+from ablate.config.spec import RunSpec
+from ablate.store.sweep import format_duration
+
+HOW_TO_GET_HOURS = ("for hours and GPU-hours, run `ablate calibrate {grid}` on the target hardware (it stores the "
+                    "measured tokens/s with the sweep) or pass --tokens-per-s N")
+
+
+class Combo(NamedTuple):
+    """What one pretraining throughput is measured for."""
+
+    model: str
+    objective: str
+    seq_len: int
+    batch_size: int
+
+    def describe(self) -> str:
+        return f"{self.model} {self.objective} {self.batch_size}x{self.seq_len}"
+
+
+def combo_of(spec: RunSpec, objective: str) -> Combo:
+    return Combo(spec.model, objective, spec.data.seq_len, spec.batch_size)
+
+
+def pretraining_combos(specs: list[RunSpec]) -> list[Combo]:
+    """Each distinct (model, objective, sequence length, batch) of the specs' phases, in first-seen order."""
+    return list(dict.fromkeys(combo_of(s, p.objective) for s in specs for p in s.phases))
+
+
+class FinetuneKey(NamedTuple):
+    """What one fine-tuning throughput is measured for: the model, the task and the settings that set its
+    speed (JSON, from ablate.launch.estimates)."""
+
+    model: str
+    task: str
+    settings: str
+
+    def describe(self) -> str:
+        return f"{self.model} {self.task} {self.settings}"
+
+
+@dataclass(frozen=True)
+class FinetuneWork:
+    """The fine-tuning of one run on one task: `seeds` times `epochs` passes over `train` examples with a dev
+    evaluation after each, then one test evaluation."""
+
+    key: FinetuneKey
+    seeds: int
+    epochs: int
+    train: int
+    dev: int
+    test: int
+
+
+# ---------------------------------------------------------------- the calibration file (<sweep>/calibration.json)
+
+class PretrainRate(Strict):
+    model: str
+    objective: Literal["mlm", "clm"]
+    seq_len: int = Field(gt=0)
+    batch_size: int = Field(gt=0)
+    tokens_per_s: float = Field(gt=0)
+    device: str
+    warmup: int = Field(ge=0)
+    step_s: tuple[float, ...] = Field(min_length=1, description="the timed steps' seconds")
+
+    @property
+    def combo(self) -> Combo:
+        return Combo(self.model, self.objective, self.seq_len, self.batch_size)
+
+
+class FinetuneRate(Strict):
+    model: str
+    task: str
+    settings: str
+    train_examples_per_s: float = Field(gt=0)
+    eval_examples_per_s: float = Field(gt=0)
+    device: str
+    warmup: int = Field(ge=0)
+    steps: int = Field(gt=0, description="timed training steps")
+
+    @property
+    def key(self) -> FinetuneKey:
+        return FinetuneKey(self.model, self.task, self.settings)
+
+
+class Calibration(Strict):
+    sweep: str
+    grid_file: str
+    created: str = Field(description="ISO date and time of the measurement")
+    hardware: dict[str, Any]
+    torch: str
+    pretraining: tuple[PretrainRate, ...]
+    finetuning: tuple[FinetuneRate, ...] = ()
+
+
+# ---------------------------------------------------------------- throughput
+
+@dataclass(frozen=True)
+class Throughput:
+    """What the estimate divides by: tokens/s per process for each combo (or `default` for every combo),
+    and (train, eval) examples/s for each fine-tuning key; `source` says where they come from."""
+
+    source: str
+    per_combo: dict[Combo, float] = field(default_factory=dict)
+    default: float | None = None
+    finetune: dict[FinetuneKey, tuple[float, float]] = field(default_factory=dict)
+
+    def tokens_per_s(self, combo: Combo) -> float | None:
+        return self.per_combo.get(combo, self.default)
+
+
+def check_tokens_per_s(value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise SpecError("not a throughput", key="--tokens-per-s", value=value,
+                        allowed="a number > 0: training tokens per second of one process (one GPU)")
+    return value
+
+
+def given_throughput(tokens_per_s: float) -> Throughput:
+    return Throughput(f"--tokens-per-s {tokens_per_s:,g} for every phase", default=check_tokens_per_s(tokens_per_s))
+
+
+def calibrated_throughput(calibration: Calibration, where: str) -> Throughput:
+    """The calibration's measurements as they are (no check against a grid: ablate status uses what fits)."""
+    hw = calibration.hardware
+    machine = hw.get("gpu") or hw.get("cpu") or "?"
+    return Throughput(f"calibrated {calibration.created} on {hw.get('host', '?')} ({machine}; torch "
+                      f"{calibration.torch}), {where}",
+                      per_combo={r.combo: r.tokens_per_s for r in calibration.pretraining},
+                      finetune={r.key: (r.train_examples_per_s, r.eval_examples_per_s) for r in calibration.finetuning})
+
+
+def matching_throughput(calibration: Calibration, where: str, sweep: str, specs: list[RunSpec],
+                        finetune_keys: list[FinetuneKey], grid_file: str) -> Throughput:
+    """The calibration as the throughput of this grid; a SpecError when it was made for another grid (another
+    sweep name, or a model / objective / length / batch, or with fine-tuning timed, a task or fine-tuning
+    setting this grid has and it did not measure)."""
+    again = f"re-run `ablate calibrate {grid_file}`"
+    if calibration.sweep != sweep:
+        raise SpecError(f"this calibration is of sweep {calibration.sweep!r} (grid {calibration.grid_file}), not of "
+                        f"this grid's sweep {sweep!r}; {again}", file=where, key="sweep", value=calibration.sweep,
+                        allowed=sweep)
+    throughput = calibrated_throughput(calibration, where)
+    missing = [c.describe() for c in pretraining_combos(specs) if c not in throughput.per_combo]
+    if calibration.finetuning:
+        missing += [f"fine-tuning {k.describe()}" for k in dict.fromkeys(finetune_keys) if k not in throughput.finetune]
+    if missing:
+        raise SpecError(f"the calibration was made for another grid (or an older version of {grid_file}): it "
+                        f"measured nothing for {'; '.join(missing)}; {again}", file=where, key="pretraining",
+                        value=missing[0], allowed="; ".join(c.describe() for c in throughput.per_combo))
+    return throughput
+
+
+# ---------------------------------------------------------------- the estimate
+
+@dataclass(frozen=True)
+class ArmCost:
+    run_id: str
+    axes: dict
+    steps: int
+    tokens: int
+    hours: float | None                 # pretraining; None without a throughput
+    gpus: int
+    finetune_hours: float | None        # None: not estimated (or no task: see has_finetuning)
+    has_finetuning: bool = False
+
+    @property
+    def gpu_hours(self) -> float | None:
+        if self.hours is None:
+            return None
+        return (self.hours + (self.finetune_hours or 0.0)) * self.gpus
+
+
+def pretraining_seconds(spec: RunSpec, throughput: Throughput | None, ranks: int = 1) -> float | None:
+    """Seconds of the spec's training steps: each phase's tokens over its combo's throughput x ranks."""
+    if throughput is None:
+        return None
+    seconds = 0.0
+    for phase, steps in zip(spec.phases, spec.phase_steps()):
+        rate = throughput.tokens_per_s(combo_of(spec, phase.objective))
+        if rate is None:
+            return None
+        seconds += steps * spec.tokens_per_step / (rate * ranks)
+    return seconds
+
+
+def finetune_seconds(work: list[FinetuneWork], throughput: Throughput | None) -> float | None:
+    """Seconds of fine-tuning: per task and seed, epochs x (train / train rate + dev / eval rate) + test / eval
+    rate (early stopping can only make it shorter); None when a key has no measured throughput."""
+    seconds = 0.0
+    for w in work:
+        rates = throughput.finetune.get(w.key) if throughput is not None else None
+        if rates is None:
+            return None
+        train_rate, eval_rate = rates
+        seconds += w.seeds * (w.epochs * (w.train / train_rate + w.dev / eval_rate) + w.test / eval_rate)
+    return seconds
+
+
+def arm_cost(run_id: str, axes: dict, spec: RunSpec, throughput: Throughput | None, ranks: int, gpus: int,
+             finetune: list[FinetuneWork] | None = None) -> ArmCost:
+    """The cost of one run; `finetune` is its fine-tuning work (None: not estimated)."""
+    steps = sum(spec.phase_steps())
+    pre = pretraining_seconds(spec, throughput, ranks)
+    ft = finetune_seconds(finetune, throughput) if finetune is not None else None
+    return ArmCost(run_id, dict(axes), steps, steps * spec.tokens_per_step, None if pre is None else pre / 3600,
+                   gpus, None if ft is None else ft / 3600, bool(spec.eval.tasks))
+
+
+def _total(values: list[float | None]) -> float | None:
+    return None if any(v is None for v in values) else sum(values)
+
+
+def _hours(h: float | None) -> str:
+    if h is None:
+        return "-"
+    return f"{h:.3g}" if h < 10 else f"{h:,.1f}"
+
+
+def _finetune_cell(cost: ArmCost) -> str:
+    if not cost.has_finetuning:
+        return "-"
+    return "not estimated" if cost.finetune_hours is None else _hours(cost.finetune_hours)
+
+
+def cost_rows(costs: list[ArmCost]) -> list[dict[str, Any]]:
+    """One row per arm and a total row: steps, tokens and, when estimated, hours, fine-tuning hours, GPU-hours."""
+    timed = any(c.hours is not None for c in costs)
+    rows = []
+    for c in costs:
+        row = {"run_id": c.run_id, **c.axes, "steps": c.steps, "tokens": f"{c.tokens:,}"}
+        if timed:
+            row.update({"hours": _hours(c.hours), "fine-tuning h": _finetune_cell(c), "GPUs": c.gpus,
+                        "GPU-hours": _hours(c.gpu_hours)})
+        rows.append(row)
+    total = {"run_id": "total", **{k: "" for c in costs for k in c.axes}, "steps": sum(c.steps for c in costs),
+             "tokens": f"{sum(c.tokens for c in costs):,}"}
+    if timed:
+        with_ft = [c for c in costs if c.has_finetuning]
+        ft = _total([c.finetune_hours for c in with_ft])
+        total.update({"hours": _hours(_total([c.hours for c in costs])),
+                      "fine-tuning h": "-" if not with_ft else "not estimated" if ft is None else _hours(ft),
+                      "GPUs": "", "GPU-hours": _hours(_total([c.gpu_hours for c in costs]))})
+    return rows + [total]
+
+
+def describe_plan(throughput: Throughput | None, grid_file: str, executor: str, gpus: int, ranks: int,
+                  calibration: Calibration | None = None, finetuning: bool = False) -> list[str]:
+    """The lines above the cost table: where the throughput comes from, what was measured, GPUs per run
+    (`finetuning`: whether the grid fine-tunes)."""
+    if throughput is None:
+        return ["cost plan: steps and tokens (training steps, prelude included); "
+                + HOW_TO_GET_HOURS.format(grid=grid_file)]
+    lines = [f"cost plan: throughput {throughput.source}"]
+    for rate in calibration.pretraining if calibration else ():
+        lines.append(f"  {rate.combo.describe()}: {rate.tokens_per_s:,.0f} tokens/s on {rate.device}")
+    for ft in calibration.finetuning if calibration else ():
+        lines.append(f"  fine-tuning {ft.model} {ft.task}: {ft.train_examples_per_s:,.1f} train, "
+                     f"{ft.eval_examples_per_s:,.1f} eval examples/s on {ft.device}")
+    where = (f"{executor}: {gpus} GPU{'s' if gpus != 1 else ''} per run" if executor == "slurm"
+             else f"{executor}: one machine per run, counted as 1 GPU")
+    if ranks > 1:
+        where += f", {ranks} data-parallel ranks (assumed {ranks}x one process's tokens/s)"
+    lines.append(f"  hours: training steps only (not loading, checkpoints or probes); {where}; "
+                 "GPU-hours = (hours + fine-tuning h) x GPUs")
+    if finetuning and not throughput.finetune:
+        lines.append(f"  fine-tuning: not estimated (no fine-tuning throughput: `ablate calibrate {grid_file}` "
+                     "times it); GPU-hours count pretraining only")
+    return lines
+
+
+# ---------------------------------------------------------------- estimate vs actual (ablate status)
+
+@dataclass(frozen=True)
+class Actual:
+    """What a finished run took: pretraining wall time (records/run.json) and fine-tuning wall time (its score
+    files; None when some are missing)."""
+
+    pretraining_s: float
+    finetune_s: float | None
+
+
+def _ratio(actual: float | None, estimate: float | None) -> str:
+    return f"{actual / estimate:.2f}x" if actual is not None and estimate else "-"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds:.1f}s" if seconds < 60 else format_duration(seconds)
+
+
+def _runs(n: int) -> str:
+    return f"{n} run{'s' if n != 1 else ''}"
+
+
+def compare_rows(costs: dict[str, ArmCost], actual: dict[str, Actual]) -> tuple[list[dict], str]:
+    """Per finished run with an estimate: estimated and actual pretraining and fine-tuning time and the ratio
+    actual / estimate; and a line with the totals over those runs."""
+    rows, pre, ft = [], [0.0, 0.0], [0.0, 0.0, 0]       # (estimate, actual) sums; fine-tuning: and its runs
+    for run_id, done in actual.items():
+        cost = costs.get(run_id)
+        if cost is None or cost.hours is None:
+            continue
+        est, ft_est = cost.hours * 3600, None if cost.finetune_hours is None else cost.finetune_hours * 3600
+        tuned = cost.has_finetuning
+        rows.append({"run_id": run_id, **cost.axes, "estimate": _duration(est),
+                     "actual": _duration(done.pretraining_s), "actual/estimate": _ratio(done.pretraining_s, est),
+                     "fine-tuning estimate": _duration(ft_est) if tuned else "-",
+                     "fine-tuning actual": _duration(done.finetune_s) if tuned else "-",
+                     "ft actual/estimate": _ratio(done.finetune_s, ft_est) if tuned else "-"})
+        pre[0], pre[1] = pre[0] + est, pre[1] + done.pretraining_s
+        if ft_est is not None and done.finetune_s is not None:
+            ft = [ft[0] + ft_est, ft[1] + done.finetune_s, ft[2] + 1]
+    if not rows:
+        return rows, "estimate vs actual: no finished run has an estimate yet"
+    line = (f"estimate vs actual over {_runs(len(rows))} finished: pretraining estimated {_duration(pre[0])}, "
+            f"took {_duration(pre[1])} ({_ratio(pre[1], pre[0])})")
+    if ft[2]:
+        line += (f"; fine-tuning ({_runs(ft[2])}) estimated {_duration(ft[0])}, took {_duration(ft[1])} "
+                 f"({_ratio(ft[1], ft[0])})")
+    return rows, line
