@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -65,6 +66,8 @@ def measure(config: str, corpus: Path, workers: int) -> dict:
 
     tokenizer = load_tokenizer(DEFAULT_MODEL)
     spec = DataSpec(corpus=str(corpus), prepared_root=str(TMP / "prepared"), seq_len=128)
+    if config in ("prepare", "datasets"):     # timed from nothing: no prepared folder or Arrow cache of a past run
+        shutil.rmtree(TMP / ("prepared" if config == "prepare" else "hf-cache"), ignore_errors=True)
     row = {"config": config, "size_mb": round(corpus.stat().st_size / 1e6)}
     start = time.perf_counter()
     if config == "prepare":
