@@ -81,17 +81,20 @@ def cmd_sweep(args) -> int:
     from ablate.config.grid import load_grid
     from ablate.config.paths import results_root
     from ablate.evaluate.runs import check_eval
+    from ablate.launch.preparation import check_corpora
+    from ablate.launch.transplants import check_tasks
     from ablate.plan.grid import expand, plan_table, resolve_layers, resolve_models
     from ablate.plan.replicates import seed_notes
+    from ablate.plan.transplants import plan_transplants, transplant_table
     from ablate.train.preflight import check_models
 
     grid = load_grid(args.grid)
     runs = expand(grid, file=str(args.grid))
     models = resolve_models(runs, file=str(args.grid))
     plans = resolve_layers(runs, file=str(args.grid), models=models)
+    transplants, transplant_warnings = plan_transplants(grid, runs, models, file=str(args.grid))
     check_eval([r.spec for r in runs], file=str(args.grid))
-    from ablate.launch.preparation import check_corpora
-
+    check_tasks(transplants, file=str(args.grid))
     check_corpora([r.spec for r in runs], file=str(args.grid))
     checked = check_models([r.spec for r in runs], file=str(args.grid))
     executor = args.executor or grid.launcher.executor
@@ -99,12 +102,16 @@ def cmd_sweep(args) -> int:
     notes, warnings = seed_notes(runs)   # on stderr: stdout is the plan table
     for note in notes if args.dry_run else ():
         print(f"note: {note}", file=sys.stderr)
-    _warn(warnings)
+    _warn(warnings + transplant_warnings)
     if args.dry_run:
         from ablate.analysis.pairs import describe_pairs
 
         _print_table(plan_table(runs, plans, models, {k: "ok" if r else "-" for k, r in checked.items()}))
-        print(f"{len(runs)} runs; executor {executor}; results in {sweep_dir}; dry run: nothing submitted; "
+        if transplants:
+            print("transplants (derived runs: built and fine-tuned once the runs they need are done):")
+            _print_table(transplant_table(transplants))
+        print(f"{len(runs)} runs" + (f", {len(transplants)} transplants" if transplants else "")
+              + f"; executor {executor}; results in {sweep_dir}; dry run: nothing submitted; "
               + describe_pairs([(r.run_id, r.spec) for r in runs]))
         return EXIT_OK
     from ablate.launch import scheduler
@@ -113,7 +120,7 @@ def cmd_sweep(args) -> int:
 
     require_executor(executor)
     by_state = scheduler.run_sweep(grid, Path(args.grid), runs, results_root(args.results), executor,
-                                   args.retry_failed, poll_s=args.poll)
+                                   args.retry_failed, poll_s=args.poll, transplants=transplants)
     collected = tables.collect(sweep_dir)
     _warn(collected.problems)
     done, failed = by_state.get("done", []), by_state.get("failed", [])
@@ -229,16 +236,18 @@ def cmd_report(args) -> int:
 
 
 def cmd_transplant(args) -> int:
-    from ablate.evaluate.transplant import transplant
+    from ablate.evaluate.transplant import plan_transplant
+    from ablate.launch.transplants import run_here
     from ablate.store import tables
 
     sweep = _sweep(args)
     runs = tables.collect(sweep.root, write=False).tables["runs"]
-    folders = transplant(sweep.root, runs, args.source, args.target, args.layers,
-                         tuple(args.task) if args.task else None, tuple(args.seeds) if args.seeds else None)
-    print(f"transplants: {', '.join(f.name for f in folders)}")
+    tasks, seeds = tuple(args.task) if args.task else None, tuple(args.seeds) if args.seeds else None
+    planned = plan_transplant(sweep.root, runs, args.source, args.target, args.layers, tasks, seeds)
+    failed = run_here(sweep.root, planned, tasks, seeds)
+    print(f"transplants: {', '.join(t.run_id for t in planned)}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     args.cka_ratio, args.pairs = None, False
-    return cmd_collect(args)
+    return max(cmd_collect(args), EXIT_FAILED if failed else EXIT_OK)
 
 
 def cmd_tune(args) -> int:

@@ -1,6 +1,7 @@
 """Running runs: the worker (one run folder, start to finish), the executors (how a run becomes a submitit
 job), the scheduler (run folders -> jobs -> which have ended; a sweep's submission and status), the
-preparation of a sweep's corpora before its runs.
+preparation of a sweep's corpora before its runs, a sweep's layer transplants waiting for their runs
+(transplants).
 
 May import: config, store, data, models, plan, analysis, train, evaluate.
 """
