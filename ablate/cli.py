@@ -83,18 +83,19 @@ def cmd_sweep(args) -> int:
     from ablate.plan.cost import check_tokens_per_s
     from ablate.plan.grid import plan_table
     from ablate.plan.replicates import seed_notes
+    from ablate.plan.transplants import transplant_table
 
     if check_tokens_per_s(args.tokens_per_s) is not None and not args.dry_run:
         raise SpecError("a throughput is for the cost plan of a dry run", key="--tokens-per-s",
                         value=args.tokens_per_s, allowed="--tokens-per-s with --dry-run")
     checked = checked_grid(str(args.grid))
-    grid, runs = checked.grid, checked.runs
+    grid, runs, transplants = checked.grid, checked.runs, checked.transplants
     executor = args.executor or grid.launcher.executor
     sweep_dir = results_root(args.results) / grid.sweep
     notes, warnings = seed_notes(runs)   # on stderr: stdout is the plan table
     for note in notes if args.dry_run else ():
         print(f"note: {note}", file=sys.stderr)
-    _warn(warnings)
+    _warn(warnings + checked.warnings)
     if args.dry_run:
         from ablate.analysis.pairs import describe_pairs
         from ablate.launch.estimates import dry_run_cost
@@ -103,10 +104,14 @@ def cmd_sweep(args) -> int:
                                      args.tokens_per_s)
         _print_table(plan_table(runs, checked.plans, checked.models,
                                 {k: "ok" if r else "-" for k, r in checked.causal.items()}))
+        if transplants:
+            print("transplants (derived runs: built and fine-tuned once the runs they need are done):")
+            _print_table(transplant_table(transplants))
         print()
         print("\n".join(header))
         _print_table(costs)
-        print(f"{len(runs)} runs; executor {executor}; results in {sweep_dir}; dry run: nothing submitted; "
+        print(f"{len(runs)} runs" + (f", {len(transplants)} transplants" if transplants else "")
+              + f"; executor {executor}; results in {sweep_dir}; dry run: nothing submitted; "
               + describe_pairs([(r.run_id, r.spec) for r in runs]))
         return EXIT_OK
     from ablate.launch import scheduler
@@ -115,7 +120,7 @@ def cmd_sweep(args) -> int:
 
     require_executor(executor)
     by_state = scheduler.run_sweep(grid, Path(args.grid), runs, results_root(args.results), executor,
-                                   args.retry_failed, poll_s=args.poll)
+                                   args.retry_failed, poll_s=args.poll, transplants=transplants)
     collected = tables.collect(sweep_dir)
     _warn(collected.problems)
     done, failed = by_state.get("done", []), by_state.get("failed", [])
@@ -254,16 +259,18 @@ def cmd_report(args) -> int:
 
 
 def cmd_transplant(args) -> int:
-    from ablate.evaluate.transplant import transplant
+    from ablate.evaluate.transplant import plan_transplant
+    from ablate.launch.transplants import run_here
     from ablate.store import tables
 
     sweep = _sweep(args)
     runs = tables.collect(sweep.root, write=False).tables["runs"]
-    folders = transplant(sweep.root, runs, args.source, args.target, args.layers,
-                         tuple(args.task) if args.task else None, tuple(args.seeds) if args.seeds else None)
-    print(f"transplants: {', '.join(f.name for f in folders)}")
+    tasks, seeds = tuple(args.task) if args.task else None, tuple(args.seeds) if args.seeds else None
+    planned = plan_transplant(sweep.root, runs, args.source, args.target, args.layers, tasks, seeds)
+    failed = run_here(sweep.root, planned, tasks, seeds)
+    print(f"transplants: {', '.join(t.run_id for t in planned)}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     args.cka_ratio, args.pairs = None, False
-    return cmd_collect(args)
+    return max(cmd_collect(args), EXIT_FAILED if failed else EXIT_OK)
 
 
 def cmd_tune(args) -> int:

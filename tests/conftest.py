@@ -74,8 +74,9 @@ DECAY_FINETUNE = {"epochs": 1, "max_train_examples": 48, "max_eval_examples": 32
 @pytest.fixture(scope="session")
 def decay_sweep(tmp_path_factory, data_root):
     """The CPU twin of grids/decay.yaml: its schedules for the 10% and 40% decay shares, MLM and CLM detour at
-    each, seeds 17 and 18, on tiny BERT (10 steps of 4 x 32 tokens), run with the debug executor and
-    collected with --pairs. Returns (results root, sweep folder)."""
+    each, seeds 17 and 18, on tiny BERT (10 steps of 4 x 32 tokens), and its transplants (low layers of
+    clm_d10 into mlm_d10 and the reverse, fine-tuned on ncbi_disease), run with the debug executor and
+    collected with --pairs. Returns (results root, sweep folder); the grid is <results root>/../decay.yaml."""
     import sys
 
     import yaml
@@ -88,6 +89,8 @@ def decay_sweep(tmp_path_factory, data_root):
     for phases in grid["schedules"].values():
         phases[0]["lr"] = {"warmup_steps": 1}
     grid["axes"] = {"schedule": ["mlm_d10", "clm_d10", "mlm_d40", "clm_d40"], "seed": [17, 18]}
+    for entry in grid["transplants"]:
+        entry["tasks"] = ["ncbi_disease"]
     grid["launcher"] = {"executor": "debug"}
     path = root / "decay.yaml"
     path.write_text(yaml.safe_dump(grid))

@@ -37,19 +37,29 @@ def _sweep(args: list[str], env: dict, **kw) -> subprocess.Popen:
 
 @pytest.mark.slurm
 def test_a_sweep_runs_on_slurm_and_collects_tidy_tables(tmp_path, slurm_env, data_root):
+    """The runs, and the grid's layer transplant after them, as Slurm jobs."""
     grid = _grid(tmp_path)
+    text = grid.read_text() + "transplants:\n- {from: clm_detour, into: mlm, layers: low, tasks: []}\n"
+    grid.write_text(text)
     proc = _sweep([str(grid), "--results", str(tmp_path / "results")], slurm_env)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
-    assert "3 done, 0 failed" in out
+    assert "4 done, 0 failed" in out
     sweep = tmp_path / "results" / "tiny-slurm"
-    runs = pd.read_parquet(sweep / "runs.parquet")
-    assert set(runs["status"]) == {"done"} and len(runs) == 3
+    every = pd.read_parquet(sweep / "runs.parquet")
+    runs, derived = every[~every["run_id"].str.startswith("tx-")], every[every["run_id"].str.startswith("tx-")]
+    assert set(every["status"]) == {"done"} and len(runs) == 3
+    assert list(derived["schedule"]) == ["mlm_clm_detour[emb,0-1]"]
     assert runs["token_hash"].nunique() == 1          # the arms saw the same tokens
     for table in ("layers", "curves", "grads"):
         assert set(pd.read_parquet(sweep / f"{table}.parquet")["run_id"]) == set(runs["run_id"])
-    statuses = [json.loads(p.read_text()) for p in sweep.glob("runs/*/status.json")]
-    assert all(s["executor"] == "slurm" and s["job_id"] for s in statuses)
+    statuses = {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("runs/*/status.json")}
+    assert len(statuses) == 4 and all(s["executor"] == "slurm" and s["job_id"] for s in statuses.values())
+    built = statuses[derived["run_id"].item()]
+    assert built["job_id"] not in {statuses[r]["job_id"] for r in runs["run_id"]}   # a job of its own, after them
+    assert Path(built["job_stdout"]).is_file()
+    # submitted once its runs were done, so not tied to the corpus-preparation job (Slurm forgets old jobs)
+    assert "dependency" not in (sweep / "jobs" / f"{built['job_id'].split('_')[0]}_submission.sh").read_text()
 
     again = _sweep([str(grid), "--results", str(tmp_path / "results")], slurm_env)
     out2, _ = again.communicate(timeout=120)

@@ -66,11 +66,10 @@ def _digest(obj) -> str:
 
 
 def run_info(run_id: str, spec: RunSpec) -> RunInfo:
-    training = spec.model_dump(mode="json", exclude={*RunSpec.NON_TRAINING_FIELDS, "phases", "seed"})
     phases = spec.model_dump(mode="json")["phases"]
     freeze = (spec.labels.get("axes") or {}).get("freeze", "none")
     baseline = freeze == "none" and all(p.objective == "mlm" for p in spec.phases)
-    return RunInfo(run_id, _digest(training), spec.seed, tuple(p.name for p in spec.phases),
+    return RunInfo(run_id, spec.training_identity, spec.seed, tuple(p.name for p in spec.phases),
                    tuple(int(x) for x in np.cumsum(spec.phase_steps())), _digest(phases), baseline)
 
 

@@ -93,17 +93,22 @@ def _model_class(annotation: Any) -> Any:
     return annotation
 
 
+def _keys(cls: type[BaseModel]) -> dict[str, Any]:
+    """A model's fields by the key a file writes (the alias, where one is set: `from` for a Python keyword)."""
+    return {f.alias or name: f for name, f in cls.model_fields.items()}
+
+
 def keys_at(model: type[BaseModel], loc: tuple) -> list[str] | None:
     """The keys allowed at `loc` inside `model`, when that is a model; else None."""
     cls: Any = model
     for part in loc:
         if isinstance(part, int):
             continue  # an element of a tuple[Model, ...]: cls is the element's class already
-        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or part not in cls.model_fields:
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or part not in _keys(cls):
             return None
-        cls = _model_class(cls.model_fields[part].annotation)
+        cls = _model_class(_keys(cls)[part].annotation)
     if isinstance(cls, type) and issubclass(cls, BaseModel):
-        return list(cls.model_fields)
+        return list(_keys(cls))
     return None
 
 

@@ -9,11 +9,16 @@
     axes: {schedule: [...], freeze: [...], seed: [17, 18], optim.lr: [1e-4, 2e-4]}
     zip: [{model: [small, large], batch_size: [32, 16]}]   # lists that vary together, as one axis
     exclude: [{schedule: mlm, freeze: [low_clm, mid_clm]}]
+    transplants: [{from: clm_detour, into: mlm, layers: low}]   # hybrids built after the runs (config.transplants)
     launcher: {executor: local, local: {...}, slurm: {...}}
 
 Axis names `schedule`, `freeze` and `model` pick named entries (a `model` value that is not a name is a
 model source); any other axis is a dotted RunSpec key (seed, optim.lr, data.data_seed, ...).
 Expansion is a pure function of the file: the same grid always gives the same runs in the same order.
+A transplant's arms and layers are checked here as written; against the runs the grid expands to and the
+model's depth in ablate.plan.transplants.
+
+May import: config.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pydantic import Field
 from ablate.config.base import Strict, read_yaml, validate
 from ablate.config.errors import SpecError
 from ablate.config.spec import FREEZE_ALLOWED, FREEZE_WORDS, parse_layer_range
+from ablate.config.transplants import TransplantSpec, parse_arm, parse_layers
 
 NAMED_AXES = ("schedule", "freeze", "model")
 RESERVED_AXES = {"phases": "phases come from the named schedules: vary them with the `schedule` axis",
@@ -81,6 +87,7 @@ class GridSpec(Strict):
     axes: dict[str, tuple[Any, ...]] = Field(default_factory=dict)
     zip: tuple[dict[str, tuple[Any, ...]], ...] = ()
     exclude: tuple[dict[str, Any], ...] = ()
+    transplants: tuple[TransplantSpec, ...] = ()
     launcher: Launcher = Launcher()
 
 
@@ -168,6 +175,18 @@ def check_references(grid: GridSpec, file: str) -> None:
                 if not isinstance(g, (str, int)) or isinstance(g, bool) or (
                         str(g) not in FREEZE_WORDS and parse_layer_range(str(g)) is None):
                     raise SpecError("unknown freeze group", file=file, key=key, value=g, allowed=FREEZE_ALLOWED)
+    check_transplants(grid, file)
+
+
+def check_transplants(grid: GridSpec, file: str) -> None:
+    """Each entry's arms and layer split parse (which arms exist: ablate.plan.transplants)."""
+    for i, entry in enumerate(grid.transplants):
+        try:
+            parse_arm(entry.source, f"transplants[{i}].from")
+            parse_arm(entry.target, f"transplants[{i}].into")
+            parse_layers(entry.layers, f"transplants[{i}].layers")
+        except SpecError as exc:
+            raise SpecError(exc.message, file=file, key=exc.key, value=exc.value, allowed=exc.allowed) from None
 
 
 def axis_values(grid: GridSpec, axis: str):

@@ -212,6 +212,13 @@ class RunSpec(Strict):
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @property
+    def training_identity(self) -> str:
+        """A digest of what trains the run apart from its phases and seed: the runs of two arms (or two seeds)
+        at one grid point share it (the pairs table, layer transplants)."""
+        content = self.model_dump(mode="json", exclude={*self.NON_TRAINING_FIELDS, "phases", "seed"})
+        return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+    @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.data.seq_len
 

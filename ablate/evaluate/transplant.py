@@ -4,48 +4,34 @@ tasks, so that they appear in the runs and scores tables (`--table scores` rows)
 
 The layer split resolves like a freeze mask (ablate.plan.freezing.resolve_freeze): low / mid / high thirds,
 ranges such as 0-7, `encoder` (embeddings, every block, the final norm) and `head` (the MLM head); the
-embeddings always come with the chosen layers. Runs are matched per seed by ablate.analysis.pairs' identity
-(same model, data, seed and training settings).
+embeddings always come with the chosen layers. Runs are matched per seed (ablate.plan.transplants).
 
-A derived run is a folder runs/tx-<digest> with spec.json (the `into` run's spec; labels.derived holds the
-provenance and labels.axes the arm: schedule "<into>_<from>[<layers>]", freeze "none"), records (run.json
-with derived_from / derived_into / transplant_layers; no curves or layer measures), model/ and scores/.
+A derived run is a folder runs/tx-<digest> with spec.json (ablate.plan.transplants.derived_spec: the `into`
+run's spec; labels.derived holds the provenance and labels.axes the arm: schedule "<into>_<from>[<layers>]",
+freeze "none"), records (run.json with derived_from / derived_into / transplant_layers; no curves or layer
+measures), model/ and scores/. Its job (ablate.launch.worker, as for any run: status, lock, failure) builds
+it with build_hybrid and fine-tunes it on its spec's eval.tasks; a sweep submits it once both source runs
+are done, `ablate transplant` runs it in its own process.
 
 May import: config, store, models, plan, analysis, train, evaluate.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from ablate.analysis.pairs import run_info
 from ablate.config.errors import SpecError
-from ablate.config.spec import FREEZE_ALLOWED, FREEZE_WORDS, RunSpec, parse_layer_range
+from ablate.config.spec import RunSpec
+from ablate.config.transplants import arm_name, derived_id, parse_arm, parse_layers
 from ablate.models.families import family_of, n_layers
+from ablate.models.sources import load_config
 from ablate.plan.freezing import FrozenSet, is_frozen, resolve_freeze
+from ablate.plan.transplants import PlannedTransplant, derived_spec, match_arms
 from ablate.store import rundir
-
-
-def parse_layers(text: str | list, key: str = "--layers") -> tuple[str, ...]:
-    """'0-7' / 'low,mid' / ['embeddings', 3] -> words a freeze mask takes ('none' is no transplant)."""
-    words = tuple(str(w).strip() for w in (text.split(",") if isinstance(text, str) else text) if str(w).strip())
-    bad = [w for w in words if w == "none" or (w not in FREEZE_WORDS and parse_layer_range(w) is None)]
-    if not words or bad:
-        raise SpecError("not a layer split", key=key, value=bad[0] if bad else text, allowed=FREEZE_ALLOWED)
-    return words
-
-
-def parse_arm(text: str, key: str) -> tuple[str, str]:
-    """'schedule' or 'schedule/freeze' -> (schedule, freeze); freeze defaults to "none"."""
-    schedule, _, freeze = text.partition("/")
-    if not schedule:
-        raise SpecError("an arm is SCHEDULE or SCHEDULE/FREEZE", key=key, value=text)
-    return schedule, freeze or "none"
 
 
 def hybrid_state(source, target, words: tuple[str, ...], key: str = "--layers") -> FrozenSet:
@@ -69,82 +55,77 @@ def hybrid_state(source, target, words: tuple[str, ...], key: str = "--layers") 
     return chosen
 
 
-def _arm_runs(runs: pd.DataFrame, arm: tuple[str, str], key: str) -> pd.DataFrame:
+def _arm_runs(sweep_dir: Path, runs: pd.DataFrame, arm: tuple[str, str], key: str) -> dict[str, RunSpec]:
+    """The finished runs of one arm, by id."""
     done = runs[(runs["status"] == "done") & (runs["schedule"].astype(str) == arm[0])
                 & (runs["freeze"].astype(str) == arm[1])]
     if done.empty:
-        arms = sorted({f"{s}/{f}" for s, f in zip(runs["schedule"], runs["freeze"]) if isinstance(s, str)})
-        raise SpecError("no finished run of this arm in the sweep", key=key, value="/".join(arm),
+        arms = sorted({arm_name((s, f)) for s, f in zip(runs["schedule"], runs["freeze"]) if isinstance(s, str)})
+        raise SpecError("no finished run of this arm in the sweep", key=key, value=arm_name(arm),
                         allowed=", ".join(arms))
-    return done
+    return {rid: RunSpec.model_validate(rundir.read_json(rundir.runs_dir(sweep_dir) / rid / "spec.json"))
+            for rid in done["run_id"]}
 
 
-def match_runs(sweep_dir: Path, runs: pd.DataFrame, source: tuple[str, str], target: tuple[str, str]
-               ) -> list[tuple[str, str]]:
-    """(source run, target run) per seed: the runs of the two arms with the same identity and seed."""
-    def infos(arm, key):
-        out = {}
-        for run_id in _arm_runs(runs, arm, key)["run_id"]:
-            spec = RunSpec.model_validate(rundir.read_json(rundir.runs_dir(sweep_dir) / run_id / "spec.json"))
-            info = run_info(run_id, spec)
-            out[(info.identity, info.seed)] = run_id
-        return out
+def plan_transplant(sweep_dir: Path, runs: pd.DataFrame, source: str, target: str, layers: str | list,
+                    tasks: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None
+                    ) -> list[PlannedTransplant]:
+    """`ablate transplant`: the hybrids of arm `source`'s layers in arm `target`, one per seed, from the
+    sweep's finished runs (`runs`: its collected runs table). SpecError for an unknown arm, a seed one arm
+    lacks, layers that do not parse or lie past the depth."""
+    words = parse_layers(layers)
+    arms = (parse_arm(source, "--from"), parse_arm(target, "--into"))
+    names = (arm_name(arms[0]), arm_name(arms[1]))
+    if arms[0] == arms[1]:
+        raise SpecError("--from and --into are the same arm (the hybrid would be the run itself)", key="--into",
+                        value=target)
+    found = (_arm_runs(sweep_dir, runs, arms[0], "--from"), _arm_runs(sweep_dir, runs, arms[1], "--into"))
+    matched, alone = match_arms(*found, names)
+    if alone:
+        seed, arm, rid = alone[0]
+        side = "--into" if arm == names[0] else "--from"
+        raise SpecError(f"run {rid} (arm {arm}, seed {seed}) has no finished {side.strip('-')} run with its seed "
+                        "(the arms must have the same seeds and training settings)", key=side,
+                        value=names[1] if side == "--into" else names[0])
+    root = rundir.runs_dir(sweep_dir)
+    planned = []
+    for from_id, into_id in matched:
+        depth = n_layers(load_config(str(root / into_id / "model")))
+        spec = derived_spec(found[1][into_id], from_id, into_id, words, names, depth, "--layers", tasks, seeds)
+        planned.append(PlannedTransplant(derived_id(from_id, into_id, words), "--from/--into", from_id, into_id,
+                                         spec, tasks is not None))
+    return planned
 
-    a, b = infos(source, "--from"), infos(target, "--into")
-    missing = sorted(set(a) ^ set(b), key=lambda k: k[1])
-    if missing:
-        side = "--into" if missing[0] in a else "--from"
-        raise SpecError(f"no finished {side.strip('-')} run for seed {missing[0][1]} (the arms must have the same "
-                        "seeds and training settings)", key=side, value="/".join(target if side == "--into"
-                                                                                  else source))
-    return [(a[k], b[k]) for k in sorted(a, key=lambda k: k[1])]
+
+def prepare_derived(sweep_dir: Path, planned: PlannedTransplant) -> Path:
+    """The derived run's folder with its spec.json (a folder already done keeps its own)."""
+    folder = rundir.runs_dir(sweep_dir) / planned.run_id
+    if rundir.read_status(folder).get("state") != "done":
+        rundir.atomic.write_json(folder / "spec.json", planned.spec.model_dump(mode="json"))
+    return folder
 
 
-def build_derived(sweep_dir: Path, from_id: str, into_id: str, words: tuple[str, ...], arms: tuple[str, str],
-                  log: Callable[[str], None] = print) -> Path:
-    """The derived run folder of one hybrid (kept as is when it is already done)."""
+def build_hybrid(run_dir: Path, spec: RunSpec, log: Callable[[str], None] = print) -> FrozenSet:
+    """Build the derived run's model (and its records) from the two finished runs its spec names; the
+    caller (the worker) fine-tunes it and marks it done."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     from ablate.train.checkpoint import save_final_model
 
-    root = rundir.runs_dir(sweep_dir)
-    tid = "tx-" + hashlib.sha256(f"{from_id}|{into_id}|{','.join(words)}".encode()).hexdigest()[:10]
-    out = root / tid
-    if rundir.read_status(out).get("state") == "done":
-        return out
-    src = AutoModelForMaskedLM.from_pretrained(root / from_id / "model", dtype=torch.float32)
-    model = AutoModelForMaskedLM.from_pretrained(root / into_id / "model", dtype=torch.float32)
-    chosen = hybrid_state(src, model, words)
-    spec = rundir.read_json(root / into_id / "spec.json")
-    labels = spec.get("labels") or {}
-    arm = f"{arms[1]}_{arms[0]}[{chosen.describe()}]"
-    spec["labels"] = {**labels, "axes": {**(labels.get("axes") or {}), "schedule": arm, "freeze": "none"},
-                      "derived": {"kind": "transplant", "from": from_id, "into": into_id,
-                                  "layers": chosen.describe(), "from_arm": arms[0], "into_arm": arms[1]}}
-    rundir.atomic.write_json(out / "spec.json", spec)
-    save_final_model(model, AutoTokenizer.from_pretrained(root / into_id / "model"), out / "model")
-    rundir.write_records(out, {"model_dir": str((out / "model").resolve()), "n_layers": n_layers(model.config),
-                               "tokens_seen": 0, "derived_from": from_id, "derived_into": into_id,
-                               "transplant_layers": chosen.describe()}, [], [], [], [])
-    rundir.write_status(out, "done", finished=__import__("time").time())
-    log(f"{tid}: {arm}: {chosen.describe()} of {from_id} into {into_id}")
-    return out
-
-
-def transplant(sweep_dir: Path, runs: pd.DataFrame, source: str, target: str, layers: str | list,
-               tasks: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
-               log: Callable[[str], None] = print) -> list[Path]:
-    """Build (or find) the hybrids of arm `source`'s layers in arm `target`, one per seed, and fine-tune each
-    on `tasks` (default: the target run's eval tasks). Everything is checked before anything is built."""
-    from ablate.evaluate.runs import evaluate_run
-
-    words = parse_layers(layers)
-    arms = (parse_arm(source, "--from"), parse_arm(target, "--into"))
-    matched = match_runs(sweep_dir, runs, *arms)
-    names = tuple("/".join(a) if a[1] != "none" else a[0] for a in arms)
-    folders = [build_derived(sweep_dir, a, b, words, names, log) for a, b in matched]
-    for folder in folders:
-        spec = RunSpec.model_validate(rundir.read_json(folder / "spec.json"))
-        if tasks or spec.eval.tasks:
-            evaluate_run(folder, spec, log=lambda m, r=folder.name: log(f"[{r}] {m}"), tasks=tasks, seeds=seeds)
-    return folders
+    run_dir = Path(run_dir)
+    derived = spec.labels["derived"]
+    sources = {side: run_dir.parent / derived[side] for side in ("from", "into")}
+    for side, folder in sources.items():
+        state = rundir.effective_state(folder)
+        if state != "done":
+            raise RuntimeError(f"the {side} run {folder.name} is {state}, not done: nothing to build from")
+    src = AutoModelForMaskedLM.from_pretrained(sources["from"] / "model", dtype=torch.float32)
+    model = AutoModelForMaskedLM.from_pretrained(sources["into"] / "model", dtype=torch.float32)
+    chosen = hybrid_state(src, model, tuple(derived["words"]))
+    save_final_model(model, AutoTokenizer.from_pretrained(sources["into"] / "model"), run_dir / "model")
+    rundir.write_records(run_dir, {"model_dir": str((run_dir / "model").resolve()), "n_layers": n_layers(model.config),
+                                   "tokens_seen": 0, "derived_from": derived["from"], "derived_into": derived["into"],
+                                   "transplant_layers": chosen.describe()}, [], [], [], [])
+    log(f"{run_dir.name}: {spec.labels['axes']['schedule']}: {chosen.describe()} of {derived['from']} "
+        f"into {derived['into']}")
+    return chosen

@@ -1,8 +1,9 @@
 """A grid file checked as far as it can be before anything runs or is timed (what `ablate sweep` and
 `ablate calibrate` start with): expanded, every model's family and depth, every phase plan, every eval task,
-every corpus, and the causal preflight per model. Any problem is a SpecError naming the file.
+every corpus, the grid's transplants against its runs, and the causal preflight per model. Any problem is a
+SpecError naming the file.
 
-May import: config, plan, evaluate, train, launch.preparation.
+May import: config, plan, evaluate, train, launch.preparation, launch.transplants.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from dataclasses import dataclass
 from ablate.config.grid import GridSpec, load_grid
 from ablate.evaluate.runs import check_eval
 from ablate.launch.preparation import check_corpora
+from ablate.launch.transplants import check_tasks
 from ablate.plan.grid import PlannedRun, expand, resolve_layers, resolve_models
+from ablate.plan.transplants import plan_transplants
 from ablate.train.preflight import check_models
 
 
@@ -23,6 +26,8 @@ class CheckedGrid:
     models: dict[str, tuple]          # model source -> (family, depth)
     plans: dict[str, list]            # run id -> its phase plans
     causal: dict[tuple, object]       # (model, tokenizer, implementation) -> preflight result, None without CLM
+    transplants: list                 # the grid's planned transplants (ablate.plan.transplants)
+    warnings: list[str]               # e.g. a transplant's seed one arm lacks
 
 
 def checked_grid(path: str) -> CheckedGrid:
@@ -30,7 +35,9 @@ def checked_grid(path: str) -> CheckedGrid:
     runs = expand(grid, file=path)
     models = resolve_models(runs, file=path)
     plans = resolve_layers(runs, file=path, models=models)
+    transplants, warnings = plan_transplants(grid, runs, models, file=path)
     specs = [r.spec for r in runs]
     check_eval(specs, file=path)
+    check_tasks(transplants, file=path)
     check_corpora(specs, file=path)
-    return CheckedGrid(grid, runs, models, plans, check_models(specs, file=path))
+    return CheckedGrid(grid, runs, models, plans, check_models(specs, file=path), transplants, warnings)

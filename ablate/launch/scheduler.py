@@ -8,9 +8,11 @@ submitted again; one that failed only with --retry-failed; one that is queued or
 its folder locked) is left alone, so the same run never runs twice at once.
 
 Corpora are prepared before the first run is submitted (launch.preparation): here, or on Slurm as one job
-the arms depend on.
+the arms depend on. A grid's layer transplants are derived runs submitted the same way, each once the two
+runs it is built from are done (launch.transplants); a re-run skips those done, like runs.
 
-May import: config, store, plan, launch.worker, launch.executors, launch.preparation.
+May import: config, store, plan, evaluate.transplant, launch.worker, launch.executors, launch.preparation,
+launch.transplants.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ from typing import Callable
 from ablate.config.grid import GridSpec, Launcher
 from ablate.launch import preparation, worker
 from ablate.launch.executors import RunJob, have_slurm, make_executor
+from ablate.evaluate.transplant import prepare_derived
+from ablate.launch.transplants import Waiting
 from ablate.plan.grid import PlannedRun
+from ablate.plan.transplants import PlannedTransplant
 from ablate.store import atomic, rundir
 from ablate.train.checkpoint import latest_checkpoint
 from ablate.store.sweep import SweepFolder, describe_progress, format_duration, read_progress
@@ -36,13 +41,19 @@ __all__ = ["Scheduler", "RunJob", "classify", "have_slurm", "job_alive", "record
 Print = Callable[[str], None]
 
 
-def write_sweep_manifest(paths: SweepFolder, grid: GridSpec, grid_file: Path, runs: list[PlannedRun]) -> None:
+def write_sweep_manifest(paths: SweepFolder, grid: GridSpec, grid_file: Path, runs: list[PlannedRun],
+                         transplants: list[PlannedTransplant] = ()) -> None:
+    """grid.yaml, sweep.json (run ids in grid order, and the derived runs' ids) and each run folder's spec."""
     paths.root.mkdir(parents=True, exist_ok=True)
     atomic.write_text(paths.root / "grid.yaml", Path(grid_file).read_text())
     atomic.write_json(paths.root / "sweep.json", {"sweep": grid.sweep, "grid_file": str(Path(grid_file).resolve()),
-                                                   "run_ids": [r.run_id for r in runs], "updated": time.time()})
+                                                   "run_ids": [r.run_id for r in runs],
+                                                   "transplant_ids": [t.run_id for t in transplants],
+                                                   "updated": time.time()})
     for run in runs:
         worker.prepare_run_dir(run.spec, paths.run(run.run_id))
+    for planned in transplants:
+        prepare_derived(paths.root, planned)
 
 
 def job_alive(status: dict) -> bool:
@@ -231,38 +242,59 @@ class Scheduler:
 
 
 def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_root: Path, executor: str | None,
-              retry_failed: bool, out: Print = print, poll_s: float = 5.0) -> dict[str, list[str]]:
-    """Submit what needs running, wait for it, and return the run ids by final state."""
+              retry_failed: bool, out: Print = print, poll_s: float = 5.0,
+              transplants: list[PlannedTransplant] = ()) -> dict[str, list[str]]:
+    """Submit what needs running, wait for it, and return the run ids by final state. The grid's
+    `transplants` (derived runs) go to the same scheduler once the runs each needs are done."""
     kind = executor or grid.launcher.executor
     paths = SweepFolder(Path(results_root) / grid.sweep)
-    write_sweep_manifest(paths, grid, grid_file, runs)
+    write_sweep_manifest(paths, grid, grid_file, runs, transplants)
     decisions = {r.run_id: classify(paths.run(r.run_id), retry_failed, out) for r in runs}
     to_run = [rid for rid, d in decisions.items() if d == "submit"]
-    skipped = {d: sum(1 for x in decisions.values() if x == d) for d in ("skip-done", "skip-failed", "skip-active")}
-    out(f"sweep {grid.sweep}: {len(runs)} runs; to run {len(to_run)}; already done {skipped['skip-done']}; "
-        f"failed (not retried; --retry-failed) {skipped['skip-failed']}; queued or running elsewhere "
-        f"{skipped['skip-active']}")
-    if not to_run:
+    out(f"sweep {grid.sweep}: {len(runs)} runs; " + _decided(decisions))
+    derived = {t.run_id: classify(paths.run(t.run_id), retry_failed, out) for t in transplants}
+    waiting = Waiting(paths, [t for t in transplants if derived[t.run_id] == "submit"])
+    if transplants:
+        out(f"transplants: {len(transplants)} derived runs, built once the runs each needs are done; "
+            + _decided(derived))
+    if not to_run and not waiting.left:
         out("nothing to submit")
     else:
         scheduler = Scheduler(kind, grid.launcher, paths.jobs, grid.sweep, out)
-        prep_job = preparation.prepare_for_sweep(kind, grid.launcher, [r.spec for r in runs if r.run_id in to_run],
-                                                 paths.jobs, grid.sweep, out)
-        if prep_job is not None:
-            scheduler.executor.update_parameters(**preparation.after(prep_job, grid.launcher))
-        scheduler.submit([paths.run(rid) for rid in to_run])
-        _wait(scheduler, paths, [r.run_id for r in runs], out, poll_s)
+        if to_run:
+            prep_job = preparation.prepare_for_sweep(kind, grid.launcher, [r.spec for r in runs if r.run_id in to_run],
+                                                     paths.jobs, grid.sweep, out)
+            if prep_job is not None:
+                scheduler.executor.update_parameters(**preparation.after(prep_job, grid.launcher))
+            scheduler.submit([paths.run(rid) for rid in to_run])
+            if prep_job is not None:   # every run went to Slurm just now; transplants come hours later, when
+                # Slurm may have forgotten the preparation job: a dependency on it would be refused
+                scheduler.executor.update_parameters(
+                    slurm_additional_parameters=dict(grid.launcher.slurm.additional_parameters))
+        scheduler.submit(waiting.ready())
+        _wait(scheduler, paths, [r.run_id for r in runs] + list(derived), out, poll_s, waiting)
+        for line in waiting.describe_left():
+            out(line)
     by_state: dict[str, list[str]] = {}
-    for r in runs:
-        by_state.setdefault(rundir.effective_state(paths.run(r.run_id)), []).append(r.run_id)
+    for rid in [r.run_id for r in runs] + list(derived):
+        by_state.setdefault(rundir.effective_state(paths.run(rid)), []).append(rid)
     return by_state
 
 
-def _wait(scheduler: Scheduler, paths: SweepFolder, all_ids: list[str], out: Print, poll_s: float) -> None:
-    """Poll until every job has ended, printing the sweep's progress line when it changes (or each minute)."""
+def _decided(decisions: dict[str, str]) -> str:
+    n = {d: sum(1 for x in decisions.values() if x == d) for d in ("submit", "skip-done", "skip-failed", "skip-active")}
+    return (f"to run {n['submit']}; already done {n['skip-done']}; failed (not retried; --retry-failed) "
+            f"{n['skip-failed']}; queued or running elsewhere {n['skip-active']}")
+
+
+def _wait(scheduler: Scheduler, paths: SweepFolder, all_ids: list[str], out: Print, poll_s: float,
+          waiting: Waiting) -> None:
+    """Poll until every job has ended, submitting each transplant once its runs are done and printing the
+    sweep's progress line when it changes (or each minute)."""
     last_line, last_print = "", 0.0
     while scheduler.busy:
         scheduler.poll()
+        scheduler.submit(waiting.ready())
         line, _ = _progress_line(paths, all_ids)
         if line != last_line or time.time() - last_print > 60:
             out(f"[{time.strftime('%H:%M:%S')}] {line}")

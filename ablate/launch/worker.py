@@ -1,4 +1,5 @@
-"""Execute one run folder: lock it, pretrain (resuming if a checkpoint exists), measure, evaluate, record.
+"""Execute one run folder: lock it, pretrain (resuming if a checkpoint exists), measure, evaluate, record;
+or, for a derived run (a layer transplant), build it from its source runs and evaluate it.
 
 This is what `ablate run` calls in-process and what every submitit job calls on a cluster node. Its only
 input is the run folder, whose spec.json the sweep wrote before submitting; a job may add a hook called at
@@ -106,8 +107,9 @@ def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: floa
 
 
 def _execute_follower(run_dir: Path, stop_after_steps: int | None) -> str:
-    """A rank other than 0: no lock, status, records or evaluation; rank 0 keeps those."""
-    if rundir.read_status(run_dir).get("state") == "done":
+    """A rank other than 0: no lock, status, records or evaluation; rank 0 keeps those (and a derived run's
+    whole job: nothing trains)."""
+    if rundir.read_status(run_dir).get("state") == "done" or load_spec(run_dir).labels.get("derived"):
         return "done"
     state = pretrain(load_spec(run_dir), run_dir, log=lambda _m: None, stop_after_steps=stop_after_steps)
     return "done" if state.done else "interrupted"
@@ -141,6 +143,27 @@ def _pretrain_then_evaluate(spec: RunSpec, run_dir: Path, log, report, pretraini
     rundir.write_status(run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3),
                         total_time_s=round(time.perf_counter() - started, 3))   # with fine-tuning: for ETAs
     log(f"done: {state.tokens_seen} tokens, token hash {state.token_hash[:16]}")
+    return "done"
+
+
+def _execute_derived(run_dir: Path, spec: RunSpec, log: Callable[[str], None], report: Callable[[dict], None]
+                     ) -> str:
+    """A derived run (a layer transplant, ablate.evaluate.transplant): build it from its two finished
+    source runs, fine-tune it on its tasks, mark it done."""
+    from ablate.evaluate.transplant import build_hybrid
+
+    started = time.perf_counter()
+    build_hybrid(run_dir, spec, log)
+    if spec.eval.tasks:
+        from ablate.evaluate.runs import evaluate_run
+
+        report({"stage": "finetune", "phase": "fine-tuning " + ",".join(spec.eval.tasks), "step": 0, "total_steps": 0})
+        evaluate_run(run_dir, spec, log=log, progress=report)
+    wall = time.perf_counter() - started
+    rundir.write_status(run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3),
+                        total_time_s=round(wall, 3))
+    log(f"done: transplant {spec.labels['derived']['layers']} of {spec.labels['derived']['from']} "
+        f"into {spec.labels['derived']['into']}")
     return "done"
 
 
@@ -183,8 +206,10 @@ def execute(run_dir: Path, stop_after_steps: int | None = None,
         attempt = int(rundir.read_status(run_dir).get("attempts", 0)) + 1
         rundir.write_status(run_dir, "running", attempts=attempt, started=time.time(),
                              host=platform.node(), pid=__import__("os").getpid())
-        trackers = RunTrackers.for_spec(spec, run_dir, log)
+        trackers = None if spec.labels.get("derived") else RunTrackers.for_spec(spec, run_dir, log)
         try:
+            if spec.labels.get("derived"):
+                return _execute_derived(run_dir, spec, log, report)
             return _pretrain_then_evaluate(spec, run_dir, log, report, pretraining_report, trackers,
                                            stop_after_steps)
         except Pruned as exc:

@@ -1,0 +1,128 @@
+"""Layer transplants against concrete runs: which run of one arm goes with which run of the other (per
+seed), the layer split against the model's depth, and the derived run (its id and spec). For a grid's
+`transplants:` block this is checked before anything is submitted; `ablate transplant` does the same on a
+sweep's finished runs (ablate.evaluate.transplant).
+
+Matching: the runs of the two arms with the same training identity (model, data, data seed, training
+settings: RunSpec.training_identity) and the same seed. A derived run's spec is its `into` run's, with
+labels.axes {schedule: "<into>_<from>[<layers>]", freeze: "none"}, labels.derived (the provenance) and,
+when the entry names tasks, those as eval.tasks.
+
+May import: config, models, plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ablate.config.errors import SpecError
+from ablate.config.grid import GridSpec
+from ablate.config.spec import RunSpec, dump_run_spec
+from ablate.config.transplants import arm_name, derived_id, parse_arm, parse_layers
+from ablate.plan.freezing import resolve_freeze
+from ablate.plan.grid import PlannedRun
+
+
+@dataclass(frozen=True)
+class PlannedTransplant:
+    run_id: str           # the derived run's folder: runs/tx-<digest>
+    key: str              # where it was asked for: transplants[i], or --from/--into
+    from_id: str
+    into_id: str
+    spec: RunSpec         # the derived run's spec
+    own_tasks: bool       # the entry names its tasks (else the into run's eval.tasks)
+
+    @property
+    def derived(self) -> dict[str, Any]:
+        return self.spec.labels["derived"]
+
+
+def match_arms(source: Mapping[str, RunSpec], target: Mapping[str, RunSpec], names: tuple[str, str]
+               ) -> tuple[list[tuple[str, str]], list[tuple[int, str, str]]]:
+    """([(source run, target run)] per identity and seed, in seed order; [(seed, arm, run) of a run whose
+    other arm has no run with its identity and seed]). `names`: the two arms, for the second list."""
+    def keyed(runs: Mapping[str, RunSpec]) -> dict[tuple[str, int], str]:
+        return {(spec.training_identity, spec.seed): rid for rid, spec in runs.items()}
+
+    a, b = keyed(source), keyed(target)
+    matched = [(a[k], b[k]) for k in sorted(a.keys() & b.keys(), key=lambda k: (k[1], k[0]))]
+    alone = sorted([(k[1], names[0], a[k]) for k in a.keys() - b.keys()]
+                   + [(k[1], names[1], b[k]) for k in b.keys() - a.keys()])
+    return matched, alone
+
+
+def derived_spec(into: RunSpec, from_id: str, into_id: str, words: tuple[str, ...], names: tuple[str, str],
+                 depth: int, key: str, tasks: tuple[str, ...] | None = None,
+                 seeds: tuple[int, ...] | None = None) -> RunSpec:
+    """The derived run's spec; SpecError (at `key`) for layers past the model's depth."""
+    layers = resolve_freeze(("embeddings", *words), depth, key).describe()
+    data = dump_run_spec(into)
+    labels = data.get("labels") or {}
+    data["labels"] = {**labels, "axes": {**(labels.get("axes") or {}), "schedule": f"{names[1]}_{names[0]}[{layers}]",
+                                         "freeze": "none"},
+                      "derived": {"kind": "transplant", "from": from_id, "into": into_id, "layers": layers,
+                                  "words": list(words), "from_arm": names[0], "into_arm": names[1]}}
+    if tasks is not None:
+        data["eval"]["tasks"] = list(tasks)
+    if seeds is not None:
+        data["eval"]["seeds"] = list(seeds)
+    return RunSpec.model_validate(data)
+
+
+def plan_transplants(grid: GridSpec, runs: list[PlannedRun], models: dict[str, tuple], file: str | None = None
+                     ) -> tuple[list[PlannedTransplant], list[str]]:
+    """Every derived run of the grid's `transplants:` block, and warnings (runs of one arm whose seed the
+    other arm lacks: they get no hybrid). SpecError: an arm the grid does not expand to, two arms with no
+    seed in common, layers past the depth, the same transplant twice. `models`: plan.grid.resolve_models."""
+    arms: dict[tuple[str, str], dict[str, RunSpec]] = {}
+    for run in runs:
+        arms.setdefault((run.axes["schedule"], run.axes["freeze"]), {})[run.run_id] = run.spec
+    planned: list[PlannedTransplant] = []
+    warnings: list[str] = []
+    seen: dict[str, str] = {}
+    for i, entry in enumerate(grid.transplants):
+        key = f"transplants[{i}]"
+        try:
+            pair = tuple(_arm(text, f"{key}.{side}", arms) for side, text in (("from", entry.source),
+                                                                              ("into", entry.target)))
+            names = (arm_name(pair[0]), arm_name(pair[1]))
+            if pair[0] == pair[1]:
+                raise SpecError("from and into are the same arm (the hybrid would be the run itself)",
+                                key=f"{key}.into", value=entry.target)
+            words = parse_layers(entry.layers, f"{key}.layers")
+            matched, alone = match_arms(arms[pair[0]], arms[pair[1]], names)
+            if not matched:
+                raise SpecError(f"arms {names[0]} and {names[1]} have no run with the same seed and training "
+                                "settings", key=key, value=f"{names[0]} -> {names[1]}")
+            warnings += [f"{key}: run {rid} (arm {arm}, seed {seed}) has no run of the other arm with its seed "
+                         "and training settings: no hybrid for it" for seed, arm, rid in alone]
+            for from_id, into_id in matched:
+                into = arms[pair[1]][into_id]
+                spec = derived_spec(into, from_id, into_id, words, names, models[into.model][1], f"{key}.layers",
+                                    entry.tasks)
+                rid = derived_id(from_id, into_id, words)
+                if rid in seen:
+                    raise SpecError(f"the same transplant as {seen[rid]}", key=key,
+                                    value=f"{names[0]} -> {names[1]} [{','.join(words)}]")
+                seen[rid] = key
+                planned.append(PlannedTransplant(rid, key, from_id, into_id, spec, entry.tasks is not None))
+        except SpecError as exc:
+            raise SpecError(exc.message, file=file, key=exc.key, value=exc.value, allowed=exc.allowed) from None
+    return planned, warnings
+
+
+def _arm(text: str, key: str, arms: Mapping[tuple[str, str], Any]) -> tuple[str, str]:
+    arm = parse_arm(text, key)
+    if arm not in arms:
+        raise SpecError("not an arm this grid expands to", key=key, value=text,
+                        allowed=", ".join(arm_name(a) for a in arms))
+    return arm
+
+
+def transplant_table(planned: list[PlannedTransplant]) -> list[dict[str, Any]]:
+    """One row per derived run for --dry-run."""
+    return [{"run_id": t.run_id, "entry": t.key, "schedule": t.spec.labels["axes"]["schedule"],
+             "seed": t.spec.seed, "from_run": t.from_id, "into_run": t.into_id,
+             "tasks": ",".join(t.spec.eval.tasks) or "-"} for t in planned]
