@@ -104,10 +104,11 @@ def cmd_sweep(args) -> int:
                                      args.tokens_per_s)
         _print_table(plan_table(runs, checked.plans, checked.models,
                                 {k: "ok" if r else "-" for k, r in checked.causal.items()}))
+        print()
         if transplants:
             print("transplants (derived runs: built and fine-tuned once the runs they need are done):")
             _print_table(transplant_table(transplants))
-        print()
+            print()
         print("\n".join(header))
         _print_table(costs)
         print(f"{len(runs)} runs" + (f", {len(transplants)} transplants" if transplants else "")

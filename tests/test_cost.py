@@ -116,7 +116,7 @@ def test_the_dry_run_of_the_freeze_grid_prints_its_cost_plan(tmp_path, capsys, m
                          "fine-tuning h": "not estimated", "GPUs": "", "GPU-hours": f"{5 * hours:,.1f}"}
     assert "cost plan: throughput --tokens-per-s 50,000 for every phase" in out
     assert "slurm: 1 GPU per run" in out and "fine-tuning: not estimated" in out
-    assert lines[-1].startswith("5 runs; executor slurm;")
+    assert lines[-1].startswith("5 runs, 2 transplants; executor slurm;")
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "nan"])

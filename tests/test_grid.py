@@ -443,7 +443,8 @@ def test_the_shipped_freeze_grid_has_one_pretraining_seed_and_nine_finetuning_se
     assert len(runs) == 5 and {r.spec.seed for r in runs} == {17}
     # its cost plan without a throughput: steps and tokens per arm and in total, and how to get hours
     lines = out.splitlines()
-    plan = lines[lines.index("") + 1:-1]
+    plan = lines[next(i for i, line in enumerate(lines) if line.startswith("cost plan:")):-1]
+    assert "2 transplants" in lines[-1]       # the paper's hybrids: low layers CLM -> MLM and back
     assert plan[0] == (f"cost plan: steps and tokens (training steps, prelude included); for hours and GPU-hours, "
                        f"run `ablate calibrate {path}` on the target hardware (it stores the measured tokens/s with "
                        "the sweep) or pass --tokens-per-s N")
