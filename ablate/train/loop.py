@@ -1,8 +1,9 @@
 """Continued pretraining: one explicit loop over the phases of a RunSpec.
 
     load model + tokenizer -> token stream -> for each phase: freeze, then steps of
-    (batch by data position -> objective inputs -> forward on the encoder -> head at labelled positions
-     -> loss -> backward -> per-layer grad norms -> clip -> AdamW) ; checkpoint ; measure layers
+    (batch by data position -> objective inputs -> forward on the encoder -> head transform at labelled
+     positions -> vocabulary projection + cross-entropy, fused and chunked (vocab_loss) -> backward
+     -> per-layer grad norms -> clip -> AdamW) ; checkpoint ; measure layers
     -> save_pretrained
 
 Determinism: every random draw of a step is seeded from (seed, global step): the masking of the global batch,
@@ -47,6 +48,7 @@ from ablate.train.optimizer import Optimizer, fused_adamw
 from ablate.train.objectives import attention_for, clm_labels, mlm_inputs
 from ablate.train.preflight import preflight_run
 from ablate.train.schedule import lr_at
+from ablate.train.vocab_loss import LOSSES
 from ablate.config.spec import RunSpec
 
 Log = Callable[[str], None]
@@ -134,6 +136,7 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
     if ctx.pin_memory:
         inputs, labels = inputs.pin_memory(), labels.pin_memory()
     encoder = ctx.encoder or family.encoder(model)
+    head_loss = LOSSES[spec.vocab_loss]
     micro = spec.micro_batch_size or len(inputs)
     first = rank_slice(len(ids), dist).start // micro      # this rank's first micro-batch in the global batch
     total = 0.0
@@ -146,9 +149,9 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
                               ctx.device) as attn:
             hidden = encoder(input_ids=x, attention_mask=attn).last_hidden_state
             where = y != -100
-            logits = family.head_logits(model, hidden[where])
-        loss = torch.nn.functional.cross_entropy(logits.float(), y[where], reduction="sum") / n_labels
-        del logits, hidden   # backward does not need them: ~250 MB of CLM logits freed before it runs
+            features = family.transform(model, hidden[where])
+            loss = head_loss(features, *family.decoder(model), y[where]) / n_labels
+        del features, hidden     # backward keeps what it needs
         loss.backward()
         total += loss.item()
     if dist.enabled:
