@@ -230,13 +230,8 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
     ckpt_root = run_dir / "checkpoints"
     ctx, tokenizer, plans = setup(spec, dist)
     preflight_run(ctx.model, ctx.family, plans, ctx.sequences, ctx.device, ctx.autocast, log)
-    if dist.enabled:
-        log(f"data parallel: {dist.world_size} ranks, {spec.batch_size // dist.world_size} sequences per rank "
-            f"per step")
-    model, family, groups, sequences = ctx.model, ctx.family, ctx.layer_params, ctx.sequences
-    doc_ids = ctx.doc_ids
-    for p in plans:
-        log(f"phase {p.name}: {p.spec.objective}, {p.steps} steps, frozen: {p.frozen.describe() or 'nothing'}")
+    _log_plan(log, spec, dist, plans)
+    model, family, groups = ctx.model, ctx.family, ctx.layer_params
     params = dict(model.named_parameters())
     base = {n: params[n].detach().float().cpu().clone() for names in groups.values() for n in names}
     opt = Optimizer(model, spec, fused=fused_adamw(ctx.device))
@@ -264,7 +259,7 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
         while state.step_in_phase < plan.steps:
             lr = lr_at(plan.spec.lr, peak, state.step_in_phase, plan.steps)
             idx = ctx.order.take(state.data_position, spec.batch_size)
-            batch, docs = sequences[idx], doc_ids[idx]
+            batch, docs = ctx.sequences[idx], ctx.doc_ids[idx]
             loss, norms = train_step(ctx, plan, batch, docs, state.global_step, opt, lr)
             if not math.isfinite(loss):
                 raise FloatingPointError(f"loss is {loss} at step {state.global_step} (phase {plan.name})")
@@ -306,6 +301,15 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
 
 def _silent(_message: str) -> None:
     pass
+
+
+def _log_plan(log: Log, spec: RunSpec, dist: Dist, plans: list[PhasePlan]) -> None:
+    """What the run is about to do: the ranks, and each phase's objective, length and frozen groups."""
+    if dist.enabled:
+        log(f"data parallel: {dist.world_size} ranks, {spec.batch_size // dist.world_size} sequences per rank "
+            f"per step")
+    for p in plans:
+        log(f"phase {p.name}: {p.spec.objective}, {p.steps} steps, frozen: {p.frozen.describe() or 'nothing'}")
 
 
 def _resume(ckpt_root: Path, model, opt: Optimizer, log: Log) -> TrainState:
