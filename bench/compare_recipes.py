@@ -6,8 +6,9 @@
 Each measurement runs in its own subprocess, so each peak RSS (resource.getrusage ru_maxrss, a process
 maximum) belongs to one recipe alone:
 
-  ablate    bench/pretrain_step.py: the engine's own setup + train_step (sparse MLM head; CLM with a 4D
-            additive causal mask and next-token labels).
+  ablate    bench/pretrain_step.py: the engine's own setup + train_step (MLM head at labelled positions only,
+            the vocabulary projection + cross-entropy fused and chunked; CLM through SDPA's causal path with
+            next-token labels).
   standard  what transformers' examples run_mlm.py / run_clm.py do: datasets "text" loader, tokenize, group_texts
             (concatenate, cut into blocks of --seq-len), Trainer + DataCollatorForLanguageModeling
             (mlm=True, mlm_probability=--mask-rate for MLM; mlm=False for CLM). Model: AutoModelForMaskedLM
@@ -50,7 +51,8 @@ sys.path.insert(0, str(HERE))
 from pretrain_step import (DEFAULT_CORPUS, DEFAULT_MODEL, OtherLoad, busy_cpu_s, load_avg,  # noqa: E402
                            peak_rss_mb, reset_peak_rss, vm_hwm_mb)
 
-GOALS = {"mlm": 1.5, "clm": 1.0}   # tokens/s ratio ablate / standard the issue asks for
+GOALS = {"mlm": 1.8, "clm": 1.2}   # tokens/s ratio ablate / standard issue 15 asks for (issue 2: 1.5, 1.0)
+MEMORY_GOAL = 0.8                  # peak RSS ratio ablate / standard, at most (issue 15; issue 2: 1.0)
 
 
 # ------------------------------------------------------------------ the standard recipe, in this process
@@ -279,7 +281,8 @@ def summarize(runs: dict[str, dict[str, list[dict]]], clean_below: float | None)
                         "rss_ratio": round(a["peak_rss_mb"] / s["peak_rss_mb"], 3),
                         "speed_goal": GOALS[obj],
                         "speed_goal_met": a["tokens_per_s"] / s["tokens_per_s"] >= GOALS[obj],
-                        "memory_goal_met": a["peak_rss_mb"] <= s["peak_rss_mb"]}
+                        "memory_goal": MEMORY_GOAL,
+                        "memory_goal_met": a["peak_rss_mb"] <= MEMORY_GOAL * s["peak_rss_mb"]}
     return summary
 
 
@@ -295,12 +298,12 @@ def markdown_table(summary: dict) -> str:
                         f"{r['min_step_s']:.3f} | {r['peak_rss_mb']:,.0f} | {train} | {r['other_load_cores_max']} | "
                         f"{r['runs_used']}/{r['runs']}{' (all disturbed)' if r['disturbed'] else ''} |")
     rows += ["", "| objective | tokens/s ratio ablate/standard | goal | fastest-step ratio | "
-                 "peak RSS ratio ablate/standard | memory goal (<= 1) |", "|---|---:|---|---:|---:|---|"]
+                 "peak RSS ratio ablate/standard | memory goal |", "|---|---:|---|---:|---:|---|"]
     for obj, s in summary.items():
         ok_speed = "met" if s["speed_ratio"] >= GOALS[obj] else "NOT met"
-        ok_mem = "met" if s["rss_ratio"] <= 1.0 else "NOT met"
+        ok_mem = "met" if s["rss_ratio"] <= MEMORY_GOAL else "NOT met"
         rows.append(f"| {obj.upper()} | {s['speed_ratio']:.2f}x | >= {GOALS[obj]:.1f}x: {ok_speed} | "
-                    f"{s['fastest_step_ratio']:.2f}x | {s['rss_ratio']:.2f} | {ok_mem} |")
+                    f"{s['fastest_step_ratio']:.2f}x | {s['rss_ratio']:.2f} | <= {MEMORY_GOAL}: {ok_mem} |")
     return "\n".join(rows)
 
 

@@ -173,6 +173,10 @@ class RunSpec(Strict):
     log_every: int = Field(default=10, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     compile: bool = Field(default=False, description="torch.compile the encoder (CUDA only; off on CPU)")
+    vocab_loss: Literal["fused", "dense"] = Field(
+        default="fused", description="the MLM head's vocabulary projection + cross-entropy: fused (a chunk of "
+                                     "positions at a time, never all logits at once) or dense (all logits, as the "
+                                     "model's own forward); the same loss and gradients up to float rounding")
     probe: ProbeSpec = ProbeSpec()
     eval: EvalSpec = EvalSpec()
     tracking: TrackingSpec = TrackingSpec()
@@ -198,9 +202,10 @@ class RunSpec(Strict):
             raise ValueError(f"batch_size {self.batch_size} is not a multiple of micro_batch_size {mb}")
         return self
 
-    # Fields that do not change what is trained; they are left out of the run id.
+    # Fields that do not change what is trained; they are left out of the run id. (compile and vocab_loss
+    # change how, not what: the same function up to float rounding.)
     NON_TRAINING_FIELDS: ClassVar[tuple[str, ...]] = ("labels", "eval", "probe", "log_every", "checkpoint_every",
-                                                     "device", "compile", "tracking")
+                                                     "device", "compile", "vocab_loss", "tracking")
 
     @property
     def run_id(self) -> str:

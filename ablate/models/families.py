@@ -1,10 +1,12 @@
 """Encoder families: one short declarative entry per architecture, all of them here.
 
-An entry says where a *ForMaskedLM keeps its embeddings, its ordered blocks and its MLM head, which attention
-implementations it runs under and how each one receives a causal mask (the kinds are implemented in
-ablate.train.objectives and proven by ablate.train.preflight), and where LoRA adapters go when it is
-fine-tuned. Every per-layer feature (freezing, gradient norms, weight change, CKA) goes through the
-parameter-name -> layer map built from these entries.
+An entry says where a *ForMaskedLM keeps its embeddings, its ordered blocks and its MLM head (split into the
+transform before the vocabulary projection and that projection's weight and bias, so that the training loop
+can fuse the projection with the loss: ablate.train.vocab_loss), which attention implementations it runs
+under and how each one receives a causal mask (the kinds are implemented in ablate.train.objectives and
+proven by ablate.train.preflight), and where LoRA adapters go when it is fine-tuned. Every per-layer feature
+(freezing, gradient norms, weight change, CKA) goes through the parameter-name -> layer map built from these
+entries.
 
 Adding a family: add an entry to FAMILIES (and its config.model_type values), ship a tiny random config as
 ablate/models/configs/<tiny_config>.json with the MiniLM vocabulary; tests/test_families.py runs every
@@ -32,23 +34,43 @@ from ablate.config.errors import SpecError
 #                   embeddings by a 2D padding mask and takes a pairwise one in its own attention)
 MASK_KINDS = ("flag", "additive", "per-layer-type", "pairwise-bool")
 HeadFn = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+DecoderFn = Callable[[torch.nn.Module], tuple[torch.Tensor, "torch.Tensor | None"]]
 
 
-def _chain(*names: str) -> HeadFn:
-    """A head that applies the model's modules `names` in order: hidden states -> vocabulary logits."""
-    def head(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        for name in names:
-            hidden = getattr(model, name)(hidden)
+def _modules(*paths: str) -> HeadFn:
+    """A transform that applies the model's submodules `paths` (dotted) in order; none: the identity."""
+    def transform(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        for path in paths:
+            hidden = model.get_submodule(path)(hidden)
         return hidden
-    head.modules = names
-    return head
+    return transform
 
 
-def _deberta_head(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+def _linear(path: str) -> DecoderFn:
+    """The weight and bias of the model's nn.Linear at `path`: the vocabulary projection."""
+    def decoder(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        linear = model.get_submodule(path)
+        return linear.weight, linear.bias
+    return decoder
+
+
+def _roberta_transform(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    head = model.lm_head     # RobertaLMHead.forward up to its decoder: dense, gelu, layer_norm
+    return head.layer_norm(torch.nn.functional.gelu(head.dense(hidden)))
+
+
+def _deberta_transform(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    if model.legacy:
+        return model.cls.predictions.transform(hidden)
+    head = model.lm_predictions.lm_head
+    return head.LayerNorm(head.transform_act_fn(head.dense(hidden)))
+
+
+def _deberta_decoder(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     # the non-legacy head projects on the word embeddings it is handed (DebertaV2ForMaskedLM.forward)
     if model.legacy:
-        return model.cls(hidden)
-    return model.lm_predictions(hidden, model.deberta.embeddings.word_embeddings)
+        return _linear("cls.predictions.decoder")(model)
+    return model.deberta.embeddings.word_embeddings.weight, model.lm_predictions.lm_head.bias
 
 
 @dataclass(frozen=True)
@@ -60,7 +82,10 @@ class Family:
     encoder_attr: str                   # the bare encoder inside the *ForMaskedLM; its parameter-name prefix
     embeddings: tuple[str, ...]         # parameter-name prefixes (inside the encoder) of the embedding block
     layers: re.Pattern                  # parameter name inside the encoder -> block index
-    head: HeadFn                        # hidden states -> vocabulary logits (run at labelled positions only)
+    transform: HeadFn                   # hidden states -> what the vocabulary projection reads (the MLM
+                                        # head's dense + activation + norm; run at labelled positions only)
+    decoder: DecoderFn                  # the vocabulary projection: (weight [vocab, width], bias or None),
+                                        # the weight often tied to the input embeddings
     causal: Mapping[str, str]           # attention implementation -> MASK_KINDS entry; the keys are all it runs
     lora_targets: tuple[str, ...]       # attention projections that get LoRA adapters
     tiny_config: str                    # ablate/models/configs/<name>.json: the random config its tests use
@@ -76,7 +101,8 @@ class Family:
         return getattr(model, self.encoder_attr)
 
     def head_logits(self, model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head(model, hidden)
+        """The MLM head's vocabulary logits, what the model's own forward computes (all of them at once)."""
+        return torch.nn.functional.linear(self.transform(model, hidden), *self.decoder(model))
 
     def mask_kind(self, attn_implementation: str) -> str:
         try:
@@ -91,30 +117,32 @@ _BERT_LAYERS = re.compile(r"^encoder\.layer\.(\d+)\.")
 _QKV = ("query", "key", "value")
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("bert", ("bert",), "bert", ("embeddings.",), _BERT_LAYERS, _chain("cls"),
+    Family("bert", ("bert",), "bert", ("embeddings.",), _BERT_LAYERS,
+           _modules("cls.predictions.transform"), _linear("cls.predictions.decoder"),
            {"sdpa": "flag", "eager": "additive"}, _QKV, "tiny-bert", lora_full=("pooler",)),
     # also CamemBERT (CamemBERT-bio, DrBERT), XLM-R, BioMed-RoBERTa
     Family("roberta", ("roberta", "camembert", "xlm-roberta"), "roberta", ("embeddings.",), _BERT_LAYERS,
-           _chain("lm_head"), {"sdpa": "flag", "eager": "additive"}, _QKV, "tiny-roberta"),
+           _roberta_transform, _linear("lm_head.decoder"), {"sdpa": "flag", "eager": "additive"}, _QKV,
+           "tiny-roberta"),
     Family("distilbert", ("distilbert",), "distilbert", ("embeddings.",), re.compile(r"^transformer\.layer\.(\d+)\."),
-           _chain("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector"),
+           _modules("vocab_transform", "activation", "vocab_layer_norm"), _linear("vocab_projector"),
            {"sdpa": "flag", "eager": "additive"}, ("q_lin", "k_lin", "v_lin"), "tiny-distilbert",
            lora_full=("pre_classifier",)),
     # ElectraForMaskedLM is the generator; embeddings_project exists when embedding_size != hidden_size
     Family("electra", ("electra",), "electra", ("embeddings.", "embeddings_project."), _BERT_LAYERS,
-           _chain("generator_predictions", "generator_lm_head"), {"sdpa": "flag", "eager": "additive"}, _QKV,
-           "tiny-electra"),
+           _modules("generator_predictions"), _linear("generator_lm_head"), {"sdpa": "flag", "eager": "additive"},
+           _QKV, "tiny-electra"),
     # DeBERTa-v3 checkpoints. Disentangled attention has no SDPA path in transformers. The optional convolution
     # (conv_kernel_size > 0: v2-xlarge/xxlarge) mixes neighbouring tokens, the future included, and cannot
     # take a pairwise mask: the preflight rejects such a model for CLM.
-    Family("deberta-v2", ("deberta-v2",), "deberta", ("embeddings.",), _BERT_LAYERS, _deberta_head,
-           {"eager": "pairwise-bool"}, ("query_proj", "key_proj", "value_proj"), "tiny-deberta-v2",
+    Family("deberta-v2", ("deberta-v2",), "deberta", ("embeddings.",), _BERT_LAYERS,
+           _deberta_transform, _deberta_decoder, {"eager": "pairwise-bool"}, ("query_proj", "key_proj", "value_proj"), "tiny-deberta-v2",
            shared=("encoder.rel_embeddings.", "encoder.LayerNorm.", "encoder.conv."), lora_full=("pooler",)),
     Family("modernbert", ("modernbert",), "model", ("embeddings.",), re.compile(r"^layers\.(\d+)\."),
-           _chain("head", "decoder"), {"sdpa": "per-layer-type", "eager": "per-layer-type"}, ("Wqkv",),
+           _modules("head"), _linear("decoder"), {"sdpa": "per-layer-type", "eager": "per-layer-type"}, ("Wqkv",),
            "tiny-modernbert", shared=("final_norm.",), lora_full=("head",)),
     Family("eurobert", ("eurobert",), "model", ("embed_tokens.",), re.compile(r"^layers\.(\d+)\."),
-           _chain("lm_head"), {"sdpa": "flag", "eager": "additive"}, ("q_proj", "k_proj", "v_proj"),
+           _modules(), _linear("lm_head"), {"sdpa": "flag", "eager": "additive"}, ("q_proj", "k_proj", "v_proj"),
            "tiny-eurobert", shared=("norm.",), lora_full=("dense",)),
 )}
 

@@ -1,8 +1,9 @@
 """Continued pretraining: one explicit loop over the phases of a RunSpec.
 
     load model + tokenizer -> token stream -> for each phase: freeze, then steps of
-    (batch by data position -> objective inputs -> forward on the encoder -> head at labelled positions
-     -> loss -> backward -> per-layer grad norms -> clip -> AdamW) ; checkpoint ; measure layers
+    (batch by data position -> objective inputs -> forward on the encoder -> head transform at labelled
+     positions -> vocabulary projection + cross-entropy, fused and chunked (vocab_loss) -> backward
+     -> per-layer grad norms -> clip -> AdamW) ; checkpoint ; measure layers
     -> save_pretrained
 
 Determinism: every random draw of a step is seeded from (seed, global step): the masking of the global batch,
@@ -47,6 +48,7 @@ from ablate.train.optimizer import Optimizer, fused_adamw
 from ablate.train.objectives import attention_for, clm_labels, mlm_inputs
 from ablate.train.preflight import preflight_run
 from ablate.train.schedule import lr_at
+from ablate.train.vocab_loss import LOSSES
 from ablate.config.spec import RunSpec
 
 Log = Callable[[str], None]
@@ -134,6 +136,7 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
     if ctx.pin_memory:
         inputs, labels = inputs.pin_memory(), labels.pin_memory()
     encoder = ctx.encoder or family.encoder(model)
+    head_loss = LOSSES[spec.vocab_loss]
     micro = spec.micro_batch_size or len(inputs)
     first = rank_slice(len(ids), dist).start // micro      # this rank's first micro-batch in the global batch
     total = 0.0
@@ -146,9 +149,9 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
                               ctx.device) as attn:
             hidden = encoder(input_ids=x, attention_mask=attn).last_hidden_state
             where = y != -100
-            logits = family.head_logits(model, hidden[where])
-        loss = torch.nn.functional.cross_entropy(logits.float(), y[where], reduction="sum") / n_labels
-        del logits, hidden   # backward does not need them: ~250 MB of CLM logits freed before it runs
+            features = family.transform(model, hidden[where])
+            loss = head_loss(features, *family.decoder(model), y[where]) / n_labels
+        del features, hidden     # backward keeps what it needs
         loss.backward()
         total += loss.item()
     if dist.enabled:
@@ -227,13 +230,8 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
     ckpt_root = run_dir / "checkpoints"
     ctx, tokenizer, plans = setup(spec, dist)
     preflight_run(ctx.model, ctx.family, plans, ctx.sequences, ctx.device, ctx.autocast, log)
-    if dist.enabled:
-        log(f"data parallel: {dist.world_size} ranks, {spec.batch_size // dist.world_size} sequences per rank "
-            f"per step")
-    model, family, groups, sequences = ctx.model, ctx.family, ctx.layer_params, ctx.sequences
-    doc_ids = ctx.doc_ids
-    for p in plans:
-        log(f"phase {p.name}: {p.spec.objective}, {p.steps} steps, frozen: {p.frozen.describe() or 'nothing'}")
+    _log_plan(log, spec, dist, plans)
+    model, family, groups = ctx.model, ctx.family, ctx.layer_params
     params = dict(model.named_parameters())
     base = {n: params[n].detach().float().cpu().clone() for names in groups.values() for n in names}
     opt = Optimizer(model, spec, fused=fused_adamw(ctx.device))
@@ -261,7 +259,7 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
         while state.step_in_phase < plan.steps:
             lr = lr_at(plan.spec.lr, peak, state.step_in_phase, plan.steps)
             idx = ctx.order.take(state.data_position, spec.batch_size)
-            batch, docs = sequences[idx], doc_ids[idx]
+            batch, docs = ctx.sequences[idx], ctx.doc_ids[idx]
             loss, norms = train_step(ctx, plan, batch, docs, state.global_step, opt, lr)
             if not math.isfinite(loss):
                 raise FloatingPointError(f"loss is {loss} at step {state.global_step} (phase {plan.name})")
@@ -303,6 +301,15 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
 
 def _silent(_message: str) -> None:
     pass
+
+
+def _log_plan(log: Log, spec: RunSpec, dist: Dist, plans: list[PhasePlan]) -> None:
+    """What the run is about to do: the ranks, and each phase's objective, length and frozen groups."""
+    if dist.enabled:
+        log(f"data parallel: {dist.world_size} ranks, {spec.batch_size // dist.world_size} sequences per rank "
+            f"per step")
+    for p in plans:
+        log(f"phase {p.name}: {p.spec.objective}, {p.steps} steps, frozen: {p.frozen.describe() or 'nothing'}")
 
 
 def _resume(ckpt_root: Path, model, opt: Optimizer, log: Log) -> TrainState:

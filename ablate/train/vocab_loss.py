@@ -1,0 +1,125 @@
+"""The MLM head's vocabulary projection and its cross-entropy, fused and a chunk of positions at a time.
+
+    fused_cross_entropy(features, weight, bias, labels)
+        = sum over positions with a label (not ignore_index) of cross_entropy(features @ weight.T + bias, label)
+
+is what dense_cross_entropy computes, without ever holding the (positions x vocabulary) logits, forward or
+backward. Each chunk of `chunk` positions is projected, its log-sum-exp and target logit are read, and its
+logits are turned in place into exp(logit - row max); the gradients w.r.t. the features, the weight and the
+bias are accumulated from them right there, in the forward pass (the softmax's 1/row-sum and the one-hot are
+applied to the small matmul results, not to the chunk), and backward only scales them by the incoming
+gradient. So at most one chunk's logits exist (1,024 x 30,522 float32: 125 MB), nothing vocabulary-sized
+per position is kept for backward, and the matmuls are the dense path's three.
+
+Precision: the matmuls run in the features' dtype, or under autocast in autocast's dtype (bf16), as F.linear
+would; the exponentials, the loss and the sums over chunks are float32 (float64 for float64 inputs); each
+gradient comes back in its input's dtype. A weight tied to the input embeddings gets this gradient added to the embedding's by autograd,
+as with the dense head. With grad disabled (or nothing that needs it) only the loss is computed. On CPU the
+result is deterministic for a given thread count (fixed chunk order; index_add_ is sequential there).
+
+`LOSSES` maps the RunSpec's `vocab_loss` to the function the training loop calls.
+
+May import: nothing from ablate (torch only).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+CHUNK = 1024        # positions per chunk: 125 MB of float32 logits at BERT's 30,522-token vocabulary
+
+
+def dense_cross_entropy(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """The reference: all logits at once (F.linear), then cross-entropy in float32 (float64 for float64 inputs)
+    summed over labelled rows."""
+    logits = F.linear(features, weight, bias)
+    return F.cross_entropy(logits.to(_wide(logits.dtype)), labels, reduction="sum", ignore_index=ignore_index)
+
+
+def fused_cross_entropy(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        labels: torch.Tensor, ignore_index: int = IGNORE_INDEX, chunk: int = CHUNK) -> torch.Tensor:
+    """dense_cross_entropy's value and gradients, a chunk of positions at a time (see the module docstring).
+    features (N, H), weight (V, H), bias (V,) or None, labels (N,) int64; returns a float32 scalar
+    (float64 for float64 inputs)."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    device = features.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else features.dtype
+    grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (features, weight, bias))
+    return _FusedCrossEntropy.apply(features, weight, bias, labels, dtype, ignore_index, chunk, grads)
+
+
+LOSSES = {"fused": fused_cross_entropy, "dense": dense_cross_entropy}
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """float32, or float64 for float64 inputs: what the softmax and the sums run in."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+class _FusedCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, features, weight, bias, labels, dtype, ignore_index, chunk, grads):
+        want = [grads and ctx.needs_input_grad[i] for i in range(3)]
+        with torch.autocast(features.device.type, enabled=False):
+            loss, *ctx.grads = _chunked(features, weight, bias, labels, dtype, ignore_index, chunk, *want)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        if ctx.grads is None:
+            raise RuntimeError("backward through fused_cross_entropy twice: its gradients were handed over already")
+        grads, ctx.grads = ctx.grads, None
+        # in place: these tensors are this call's own, and scaling a copy of the (V, H) weight gradient would
+        # add one at the moment backward starts, the step's memory peak
+        scaled = [None if g is None else g.mul_(grad_loss.to(g.dtype)) for g in grads]
+        return (*scaled, None, None, None, None, None)
+
+
+def _chunked(features, weight, bias, labels, dtype, ignore_index, chunk, want_x, want_w, want_b):
+    """(loss, grad features, grad weight, grad bias), the gradients None where not wanted."""
+    acc = _wide(dtype)                                   # exponentials, loss and gradient sums
+    w = weight.to(dtype)
+    b = None if bias is None else bias.to(dtype)
+    x_all = features.to(dtype)
+    loss = torch.zeros((), dtype=acc, device=features.device)
+    grad_x = torch.empty_like(features) if want_x else None
+    grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if want_w else None
+    grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if want_b else None
+    for start in range(0, features.shape[0], chunk):
+        x, y = x_all[start:start + chunk], labels[start:start + chunk]
+        logits = torch.addmm(b, x, w.t()) if b is not None else x @ w.t()
+        z = logits.to(acc)                               # the same tensor unless dtype is narrower
+        del logits
+        valid = y != ignore_index
+        target = torch.where(valid, y, torch.zeros_like(y))
+        picked = z.gather(1, target[:, None]).squeeze(1)
+        top = z.amax(1, keepdim=True)
+        e = z.sub_(top).exp_()                           # exp(logit - row max), in place
+        total = e.sum(1)
+        loss += torch.where(valid, total.log() + top.squeeze(1) - picked, 0.0).sum()
+        if not (want_x or want_w or want_b):
+            continue
+        # d loss / d logit = softmax - one-hot = e * scale - one-hot on labelled rows, 0 on ignored ones
+        scale = torch.where(valid, total.reciprocal(), 0.0)
+        hot = valid.to(acc)
+        e_low = e.to(dtype)
+        if want_x:
+            gx = (e_low @ w).to(acc).mul_(scale[:, None])
+            gx -= w.index_select(0, target).to(acc) * hot[:, None]
+            grad_x[start:start + chunk] = gx.to(grad_x.dtype)
+        if want_w:
+            xs = x.to(acc) * scale[:, None]
+            if dtype == acc:
+                grad_w.addmm_(e.t(), xs)
+            else:
+                grad_w += (e_low.t() @ xs.to(dtype)).to(acc)
+            grad_w.index_add_(0, target, x.to(acc) * -hot[:, None])
+        if want_b:
+            grad_b.addmv_(e.t(), scale)
+            grad_b.index_add_(0, target, -hot)
+    cast = lambda g, like: None if g is None else g.to(like.dtype)      # noqa: E731
+    return loss, grad_x, cast(grad_w, weight), cast(grad_b, bias)
