@@ -30,7 +30,8 @@ def _pairs(sweep: Sweep, measure: str) -> pd.DataFrame:
     if measure not in MEASURES:
         raise SpecError("unknown divergence measure", key="measure", value=measure, allowed=", ".join(MEASURES))
     if sweep.pairs is None or sweep.pairs.empty:
-        raise SpecError("this sweep has no pairs table: run `ablate collect SWEEP --pairs` first",
+        raise SpecError("this sweep has no pairs table: run `ablate collect SWEEP --pairs` first (it needs each "
+                        "arm's MLM twin and two MLM seeds for the seed-noise band)",
                         file=str(sweep.path), key="pairs")
     runs = done_runs(sweep.runs)[["run_id", "schedule", "freeze"]].rename(columns={"run_id": "run_a"})
     return sweep.pairs.merge(runs, on="run_a")
