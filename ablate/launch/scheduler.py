@@ -131,6 +131,12 @@ def resume_point(run_dir: Path) -> str:
             + ("; training had finished: records and evaluation are redone)" if done else ")"))
 
 
+def _time_taken(status: dict):
+    """A done run's seconds, pretraining and fine-tuning (total_time_s; runs finished by older versions
+    recorded pretraining alone, wall_time_s)."""
+    return status.get("total_time_s", status.get("wall_time_s"))
+
+
 def _progress_line(paths: SweepFolder, run_ids: list[str]) -> tuple[str, dict[str, int]]:
     """'pending 1 | running 1 | done 2 | failed 0 | 2/4 runs done, ETA 3m10s  [<run> <its progress>]': the ETA
     is the mean time of the runs done so far (pretraining and fine-tuning) times the runs left, over the runs
@@ -145,7 +151,7 @@ def _progress_line(paths: SweepFolder, run_ids: list[str]) -> tuple[str, dict[st
         counts[bucket] = counts.get(bucket, 0) + 1
         if state == "running":
             running.append(f"{rid} {describe_progress(read_progress(run_dir))}")
-        took = status.get("total_time_s", status.get("wall_time_s"))   # total: pretraining and fine-tuning
+        took = _time_taken(status)
         if state == "done" and isinstance(took, (int, float)):
             wall_times.append(took)
     line = " | ".join(f"{k} {v}" for k, v in counts.items())
@@ -327,7 +333,7 @@ def status_rows(paths: SweepFolder, run_ids: list[str] | None = None) -> list[di
         if state == "running" and started:
             row["elapsed"] = _fmt_s(now - started)
         elif state == "done":
-            row["elapsed"] = _fmt_s(status.get("total_time_s") or status.get("wall_time_s") or 0)
+            row["elapsed"] = _fmt_s(_time_taken(status) or 0)
         detail = ""
         if state in ("running", "interrupted"):
             detail = describe_progress(read_progress(run_dir))

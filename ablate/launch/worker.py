@@ -115,6 +115,17 @@ def _execute_follower(run_dir: Path, stop_after_steps: int | None) -> str:
     return "done" if state.done else "interrupted"
 
 
+def _fine_tune(run_dir: Path, spec: RunSpec, log, report) -> list[dict]:
+    """Fine-tune the run's model on its eval tasks (none: nothing); the score rows."""
+    if not spec.eval.tasks:
+        return []
+    from ablate.evaluate.runs import evaluate_run
+
+    write_progress(run_dir, {"stage": "finetune", "phase": "fine-tuning " + ",".join(spec.eval.tasks),
+                             "step": 0, "total_steps": 0})     # until the first task reports
+    return evaluate_run(run_dir, spec, log=log, progress=report)
+
+
 def _pretrain_then_evaluate(spec: RunSpec, run_dir: Path, log, report, pretraining_report,
                             trackers: RunTrackers | None, stop_after_steps: int | None) -> str:
     """The body of one attempt: continue pretraining, write the records, fine-tune, mark done."""
@@ -130,14 +141,9 @@ def _pretrain_then_evaluate(spec: RunSpec, run_dir: Path, log, report, pretraini
     wall = time.perf_counter() - started
     rundir.write_records(run_dir, _run_record(spec, state, run_dir, wall), state.curves,
                          state.grad_norms, state.layer_rows, state.frozen)
-    if spec.eval.tasks:
-        from ablate.evaluate.runs import evaluate_run
-
-        write_progress(run_dir, {"stage": "finetune", "phase": "fine-tuning " + ",".join(spec.eval.tasks),
-                                 "step": 0, "total_steps": 0})     # until the first task reports
-        rows = evaluate_run(run_dir, spec, log=log, progress=report)
-        if trackers:
-            trackers.scores(rows, state.global_step)
+    rows = _fine_tune(run_dir, spec, log, report)
+    if trackers and spec.eval.tasks:
+        trackers.scores(rows, state.global_step)
     if trackers:
         trackers.finish(run_dir / "model")
     rundir.write_status(run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3),
@@ -154,11 +160,7 @@ def _execute_derived(run_dir: Path, spec: RunSpec, log: Callable[[str], None], r
 
     started = time.perf_counter()
     build_hybrid(run_dir, spec, log)
-    if spec.eval.tasks:
-        from ablate.evaluate.runs import evaluate_run
-
-        report({"stage": "finetune", "phase": "fine-tuning " + ",".join(spec.eval.tasks), "step": 0, "total_steps": 0})
-        evaluate_run(run_dir, spec, log=log, progress=report)
+    _fine_tune(run_dir, spec, log, report)
     wall = time.perf_counter() - started
     rundir.write_status(run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3),
                         total_time_s=round(wall, 3))

@@ -64,14 +64,16 @@ def unit_scores(sweep: Sweep, split: str | None, pcol: str | None, figure: str) 
         raise SpecError("no scores for done runs", file=str(sweep.path), key="scores")
     parts = [df]
     for p in panels(df, pcol):
-        d = in_panel(df, pcol, p)
-        tasks = d["task"].nunique()
-        unit = [*arm_keys(pcol), "run_id", "seed", "finetune_seed"]
-        avg = d.groupby(unit, sort=False).agg(score=("score", "mean"), k=("task", "nunique")).reset_index()
-        avg = avg[avg["k"] == tasks].drop(columns="k")
-        avg["task"] = "average"
-        parts.append(avg)
+        parts.append(task_average(in_panel(df, pcol, p), [*arm_keys(pcol), "run_id", "seed", "finetune_seed"]))
     return pd.concat(parts, ignore_index=True)
+
+
+def task_average(scores: pd.DataFrame, unit: list[str]) -> pd.DataFrame:
+    """Rows of task "average": per unit, the mean score over the tasks of `scores`, for the units that have
+    every one of them."""
+    tasks = scores["task"].nunique()
+    avg = scores.groupby(unit, sort=False).agg(score=("score", "mean"), k=("task", "nunique")).reset_index()
+    return avg[avg["k"] == tasks].drop(columns="k").assign(task="average")
 
 
 def arm_vs_baseline(a: pd.Series, b: pd.Series, n_resamples: int = N_RESAMPLES, seed: int = 0) -> tuple:

@@ -23,7 +23,7 @@ from ablate.config.errors import SpecError
 from ablate.evaluate.units import pairing_units, require_task_scores
 from ablate.report.arms import arm_label, done_runs
 from ablate.report.divergence import divergence_table
-from ablate.report.scores import arm_vs_baseline, unit_scores
+from ablate.report.scores import arm_vs_baseline, task_average, unit_scores
 from ablate.report.sweep import Sweep, load_sweep
 
 MARKS = ((0.01, "**"), (0.05, "*"))   # p below -> mark
@@ -55,10 +55,8 @@ def _only_tasks(sweep: Sweep, u: pd.DataFrame, tasks) -> pd.DataFrame:
     wanted = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks)]
     require_task_scores(u.loc[u["task"] != "average", ["run_id", "task"]], done_runs(sweep.runs), wanted)
     u = u[u["task"].isin(wanted)]
-    unit = ["schedule", "freeze", "run_id", "seed", "finetune_seed"]
-    avg = u.groupby(unit, sort=False).agg(score=("score", "mean"), k=("task", "nunique")).reset_index()
-    avg = avg[avg["k"] == len(set(wanted))].drop(columns="k").assign(task="average")
-    return pd.concat([u, avg], ignore_index=True)
+    return pd.concat([u, task_average(u, ["schedule", "freeze", "run_id", "seed", "finetune_seed"])],
+                     ignore_index=True)
 
 
 def score_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
