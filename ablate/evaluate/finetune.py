@@ -251,6 +251,31 @@ def _max_length(model_dir: str, tokenizer, task: TaskSpec, settings: FinetuneSet
     return context
 
 
+def _adamw(trainable: list[tuple[str, torch.nn.Parameter]], settings: FinetuneSettings, device: str):
+    """AdamW with no weight decay on biases and normalisation weights (the 1-d parameters)."""
+    groups = [{"params": [p for _, p in trainable if p.ndim >= 2], "weight_decay": settings.weight_decay},
+              {"params": [p for _, p in trainable if p.ndim < 2], "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    return torch.optim.AdamW(groups, lr=settings.lr, fused=torch.device(device).type in ("cpu", "cuda"))
+
+
+def _train_step(model, batch: dict, loss_fn, trainable, grad_clip: float | None, optimizer, scheduler
+                ) -> torch.Tensor:
+    """One optimizer step on `batch`: the model's own loss, or `loss_fn` on its logits; returns the loss."""
+    if loss_fn is None:
+        loss = model(**batch).loss
+    else:
+        labels = batch.pop("labels")
+        loss = loss_fn(model(**batch).logits.float(), labels)
+    loss.backward()
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_([p for _, p in trainable], grad_clip)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
 def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettings, data_root=None,
              device: str = "cpu", log: Callable[[str], None] | None = None,
              progress: Callable[[dict], None] | None = None) -> list[dict]:
@@ -282,11 +307,7 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
         train = [it._replace(token_type_ids=None) for it in train]
         evals = {s: [it._replace(token_type_ids=None) for it in items] for s, items in evals.items()}
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    # No weight decay on biases and normalisation weights (the 1-d parameters).
-    groups = [{"params": [p for _, p in trainable if p.ndim >= 2], "weight_decay": settings.weight_decay},
-              {"params": [p for _, p in trainable if p.ndim < 2], "weight_decay": 0.0}]
-    groups = [g for g in groups if g["params"]]
-    optimizer = torch.optim.AdamW(groups, lr=settings.lr, fused=torch.device(device).type in ("cpu", "cuda"))
+    optimizer = _adamw(trainable, settings, device)
     steps_per_epoch = math.ceil(len(train) / settings.batch_size)
     total = steps_per_epoch * settings.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -310,17 +331,7 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
         for start in range(0, len(order), settings.batch_size):
             batch = {k: v.to(device) for k, v in
                      _collate([train[i] for i in order[start:start + settings.batch_size]], pad_id, task.type).items()}
-            if loss_fn is None:
-                loss = model(**batch).loss
-            else:
-                labels = batch.pop("labels")
-                loss = loss_fn(model(**batch).logits.float(), labels)
-            loss.backward()
-            if settings.grad_clip:
-                torch.nn.utils.clip_grad_norm_([p for _, p in trainable], settings.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            loss = _train_step(model, batch, loss_fn, trainable, settings.grad_clip, optimizer, scheduler)
             step += 1
             if step % every == 0:
                 report(epoch, loss.item())
