@@ -1,3 +1,4 @@
+import functools
 import json
 import os
 from pathlib import Path
@@ -9,6 +10,7 @@ from transformers import (AutoTokenizer, BertConfig, BertForMaskedLM, ModernBert
 import ablate.evaluate.finetune as ft
 import ablate.evaluate.scores as sc
 from ablate.config.errors import SpecError
+from ablate.evaluate.batching import collate, epoch_batches
 from ablate.evaluate.tasks import TaskSpec, load_task, load_task_data, resolve_settings
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -100,6 +102,80 @@ def test_words_cut_by_max_length_are_predicted_o(tokenizer):
     assert tags == ["B-Disease" if i in kept else "O" for i in range(len(words))]
 
 
+# ------------------------------------------------------------------------------------------- batches
+
+def _padded_tokens(batches, lengths):
+    return sum(len(b) * max(lengths[i] for i in b) for b in batches)
+
+
+def test_length_grouped_batches_are_a_seeded_shuffle_with_little_padding(tokenizer):
+    """finetune.group_by_length: true."""
+    task = load_task("ncbi_disease")
+    data = load_task_data(task)
+    encoded = ft.encode(tokenizer, task, data.splits["train"][:900], data.labels, 128)
+    lengths = [len(it.input_ids) for it in encoded]
+
+    def batches(seed, by_length=True):
+        return epoch_batches(lengths, 16, torch.Generator().manual_seed(seed), by_length)
+
+    grouped, plain = batches(1), batches(1, by_length=False)
+    assert batches(1) == grouped and batches(2) != grouped                     # the seed decides, and only it
+    assert sorted(i for b in grouped for i in b) == list(range(900))         # every sentence once an epoch
+    assert len(grouped) == len(plain) == 57 and sum(len(b) < 16 for b in grouped) == 1
+    # padding to each batch's longest: about 2x the real tokens in shuffled batches, almost none when grouped
+    assert _padded_tokens(plain, lengths) > 1.5 * sum(lengths)
+    assert _padded_tokens(grouped, lengths) < 1.1 * sum(lengths)
+    longest = [max(lengths[i] for i in b) for b in grouped]
+    assert longest != sorted(longest) and longest != sorted(longest, reverse=True)   # not a length curriculum
+
+
+@pytest.mark.parametrize("task_name", ["ncbi_disease", "chemprot"])
+def test_a_batch_run_in_length_pieces_takes_the_whole_batchs_step(tiny_bert, tokenizer, task_name):
+    """Cutting a batch into length-sorted pieces saves padding and changes nothing else: one step moves the
+    weights as the whole batch padded together does (losses weighted by labelled tokens, or by examples)."""
+    task = load_task(task_name)
+    data = load_task_data(task)
+    items = ft.encode(tokenizer, task, data.splits["train"][:16], data.labels, 128)
+    to_batch = functools.partial(collate, pad_id=tokenizer.pad_token_id, task_type=task.type, token_types=True)
+
+    def one_step(overhead):
+        torch.manual_seed(0)
+        model = ft._load_model(tiny_bert, task, data.labels, small(task))
+        for m in model.modules():   # no dropout, so that both runs compute the same function
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+        params = [p for p in model.parameters() if p.requires_grad]
+        before = [p.detach().clone() for p in params]
+        sgd = torch.optim.SGD(params, lr=1.0)   # the step is the gradient itself
+        opt = ft._Optim(sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda _: 1.0), params)
+        pieces = ft._pieces(items, task.type, to_batch, overhead)
+        loss = ft._train_epoch(model, [pieces], opt, None, None, "cpu", lambda _: None)
+        padded = sum(x["input_ids"].numel() for x, _ in pieces)
+        return len(pieces), padded, loss.item(), [b - p.detach() for b, p in zip(before, params)]
+
+    n_whole, padded_whole, loss_whole, step_whole = one_step(None)
+    n, padded, loss, step = one_step(8)
+    assert n_whole == 1 and n >= 2 and padded < padded_whole
+    assert loss == pytest.approx(loss_whole, rel=1e-5)
+    for a, b in zip(step, step_whole):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_batch_is_padded_to_its_own_longest_example(tokenizer):
+    task = load_task("ncbi_disease")
+    labels = ("O", "B-Disease", "I-Disease")
+    items = ft.encode(tokenizer, task, [ft.Example(("colon", "cancer"), ("B-Disease", "I-Disease")),
+                                        ft.Example(("no",), ("O",))], labels, max_length=128)
+    batch = collate(items, tokenizer.pad_token_id, task.type, token_types=True)
+    n = len(items[0].input_ids)
+    keys = ("input_ids", "attention_mask", "token_type_ids", "labels")
+    assert {k: tuple(v.shape) for k, v in batch.items()} == {k: (2, n) for k in keys}
+    short = len(items[1].input_ids)
+    assert batch["attention_mask"][1].tolist() == [1] * short + [0] * (n - short)
+    assert batch["labels"][1, short:].tolist() == [-100] * (n - short)
+    assert "token_type_ids" not in collate(items, tokenizer.pad_token_id, task.type, token_types=False)
+
+
 # ------------------------------------------------------------------------------------------- training
 
 def test_ner_learns_and_test_is_scored_at_the_best_dev_epoch(tmp_path, tiny_bert):
@@ -125,9 +201,10 @@ def test_ner_learns_and_test_is_scored_at_the_best_dev_epoch(tmp_path, tiny_bert
     assert 1 <= rows[0]["epoch"] <= 8 and rows[0]["wall_time_s"] > 0
 
 
-def test_same_seed_same_scores(tiny_bert):
+@pytest.mark.parametrize("group_by_length", [False, True])
+def test_same_seed_same_scores(tiny_bert, group_by_length):
     task = load_task("chemprot")
-    s = small(task, epochs=2, lr=1e-3)
+    s = small(task, epochs=2, lr=1e-3, group_by_length=group_by_length)
     a, b = ft.finetune(tiny_bert, task, 3, s), ft.finetune(tiny_bert, task, 3, s)
     assert values(a) == values(b)
     assert {r["metric"] for r in a} == {"micro_f1", "macro_f1", "accuracy"}

@@ -109,10 +109,12 @@ def _identity(source: Source, spec: DataSpec) -> dict:
 # ---------------------------------------------------------------- workers
 
 _ENCODE = None
+_DTYPE = np.dtype(np.int64)
 
 
-def _init_worker(backend_json: str | None, hf_tokenizer, single: bool) -> None:
-    global _ENCODE
+def _init_worker(backend_json: str | None, hf_tokenizer, single: bool, dtype: str) -> None:
+    global _ENCODE, _DTYPE
+    _DTYPE = np.dtype(dtype)     # the shards' own: a worker sends 2 bytes a token, not 8
     if single:      # one tokenizer per core: the Rust thread pool would only oversubscribe
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     if backend_json is not None:
@@ -132,7 +134,7 @@ def _encode(docs: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
     """(the chunk's tokens, each document's token count, its characters for the progress bar)."""
     ids = _ENCODE(docs)
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=_DTYPE, count=int(lengths.sum()))
     return flat, lengths, sum(map(len, docs)) + len(docs)
 
 
@@ -161,7 +163,7 @@ class ShardWriter:
         self._ends.write(ends.tobytes())
         self._ends_hash.update(ends.tobytes())
         self.n_documents += len(lengths)
-        data = tokens.astype(self.dtype)
+        data = np.asarray(tokens, dtype=self.dtype)
         while len(data):
             if self._file is None:
                 name = f"tokens-{len(self.shards):05d}.bin"
@@ -215,7 +217,8 @@ def _tokenize_into(tmp: Path, sources: list[Source], spec: DataSpec, tokenizer, 
     dtype = np.dtype(np.uint16) if len(tokenizer) <= 1 << 16 else np.dtype(np.uint32)
     writer = ShardWriter(tmp, dtype, shard_tokens)
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    initargs = (backend.to_str() if backend is not None else None, None if backend else tokenizer, workers > 1)
+    initargs = (backend.to_str() if backend is not None else None, None if backend else tokenizer, workers > 1,
+                dtype.name)
     bar = _progress_bar(sources, show)
     chunks = _chunks(iter_documents(sources, spec), CHUNK_DOCS)
 
@@ -226,7 +229,7 @@ def _tokenize_into(tmp: Path, sources: list[Source], spec: DataSpec, tokenizer, 
             bar.set_postfix(docs=f"{writer.n_documents:,}", tokens=f"{writer.n_tokens:,}", refresh=False)
 
     if workers <= 1:
-        _init_worker(*initargs[:2], False)
+        _init_worker(*initargs[:2], False, dtype.name)
         consume(map(_encode, chunks))
     else:
         ctx = multiprocessing.get_context("spawn")   # the caller may hold torch threads: no fork

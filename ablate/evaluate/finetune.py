@@ -1,21 +1,23 @@
 """Downstream fine-tuning of one checkpoint on one task with one seed.
 
 `finetune` trains with a plain loop (AdamW, linear warmup then linear decay, optional early stopping on the
-task's first metric) and returns score rows for dev and test, test taken at the best dev epoch. Sequence
+task's first metric; batches padded to their own longest example and, by default, grouped by length:
+ablate.evaluate.batching) and returns score rows for dev and test, test taken at the best dev epoch. Sequence
 tasks pool as the settings say (ablate.evaluate.pooling); multi-label tasks weigh each label's positives by
 its negatives / positives in train; max_length is capped at the model's context. The resumable task x seed
 loop over score files is ablate.evaluate.scores.
 
-May import: config, store, models, evaluate (tasks, metrics, pooling).
+May import: config, store, models, evaluate (tasks, metrics, pooling, batching).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import random
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
 import torch
@@ -23,6 +25,7 @@ from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoMo
                           AutoTokenizer)
 
 from ablate.evaluate import metrics
+from ablate.evaluate.batching import IGNORE, Encoded, collate, epoch_batches, length_pieces
 from ablate.config.errors import SpecError
 from ablate.evaluate.pooling import set_pooling
 from ablate.evaluate.tasks import Example, FinetuneSettings, TaskSpec, load_task_data
@@ -30,20 +33,17 @@ from ablate.models.families import FAMILIES, family_of
 
 __all__ = ["FinetuneSettings", "finetune", "encode", "align_word_labels", "pos_weight", "context_length"]
 
-IGNORE = -100   # label of sub-tokens that carry no loss (special tokens, non-first pieces of a word, padding)
-
 # LoRA adapters go on the attention projections named by the model's family entry (lora_targets); the modules
 # in its lora_full, when the model has them, are trained in full because they may be freshly initialised
 # (BERT's pooler is absent from *ForMaskedLM checkpoints; ModernBERT's head is absent from a bare
 # ModernBertModel). A model of no family needs finetune.lora_target_modules, and gets _LORA_FULL.
 _LORA_FULL = ("pooler", "head")
 
-
-class Encoded(NamedTuple):
-    input_ids: list[int]
-    token_type_ids: list[int] | None
-    label: Any                      # token cls: list of ids (IGNORE for unlabelled pieces); else id/vector/float
-    word_ids: list[int | None] | None
+# On CPU a batch is run in length-sorted pieces (batching.length_pieces) wherever that saves more padding than
+# the fixed cost of one more forward and backward pass, which is about this many tokens' worth (MiniLM-L6 on
+# the 2-core dev machine: about 30 ms a pass, about 1 ms a token on one thread; the cut-off is flat between
+# 32 and 64). On accelerators padding is almost free at fine-tuning sizes: a batch is one piece there.
+PIECE_OVERHEAD_TOKENS = 48
 
 
 def align_word_labels(word_ids: list[int | None], word_labels: list[int]) -> list[int]:
@@ -82,31 +82,6 @@ def encode(tokenizer, task: TaskSpec, examples: list[Example], labels: tuple[str
 
 def _types(enc, i: int) -> list[int] | None:
     return enc["token_type_ids"][i] if "token_type_ids" in enc else None
-
-
-def _collate(items: list[Encoded], pad_id: int, task_type: str) -> dict[str, torch.Tensor]:
-    n = max(len(it.input_ids) for it in items)
-    ids = torch.full((len(items), n), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(items), n), dtype=torch.long)
-    types = torch.zeros((len(items), n), dtype=torch.long)
-    for r, it in enumerate(items):
-        ids[r, :len(it.input_ids)] = torch.tensor(it.input_ids)
-        mask[r, :len(it.input_ids)] = 1
-        if it.token_type_ids is not None:
-            types[r, :len(it.token_type_ids)] = torch.tensor(it.token_type_ids)
-    batch = {"input_ids": ids, "attention_mask": mask}
-    if items[0].token_type_ids is not None:
-        batch["token_type_ids"] = types
-    if task_type == "token_classification":
-        labels = torch.full((len(items), n), IGNORE, dtype=torch.long)
-        for r, it in enumerate(items):
-            labels[r, :len(it.label)] = torch.tensor(it.label)
-    elif task_type in ("multi_label_classification", "regression"):
-        labels = torch.tensor([it.label for it in items], dtype=torch.float)
-    else:
-        labels = torch.tensor([it.label for it in items], dtype=torch.long)
-    batch["labels"] = labels
-    return batch
 
 
 def _seed_everything(seed: int) -> None:
@@ -168,15 +143,15 @@ def _takes_token_types(model) -> bool:
 
 
 def _predict(model, task: TaskSpec, data: list[Encoded], labels: tuple[str, ...], examples: list[Example],
-             settings: FinetuneSettings, pad_id: int, device: str) -> list:
+             batch_size: int, to_batch: Callable[[list[Encoded]], dict], device: str) -> list:
     """Predictions in the form metrics take: tag lists per sentence, label strings, label tuples or floats."""
     model.eval()
     order = sorted(range(len(data)), key=lambda i: len(data[i].input_ids))   # less padding
     preds: list[Any] = [None] * len(data)
-    with torch.no_grad():
-        for start in range(0, len(order), settings.eval_batch_size):
-            idx = order[start:start + settings.eval_batch_size]
-            batch = _collate([data[i] for i in idx], pad_id, task.type)
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            batch = to_batch([data[i] for i in idx])
             batch.pop("labels")
             logits = model(**{k: v.to(device) for k, v in batch.items()}).logits.float().cpu()
             for row, i in enumerate(idx):
@@ -251,29 +226,91 @@ def _max_length(model_dir: str, tokenizer, task: TaskSpec, settings: FinetuneSet
     return context
 
 
-def _adamw(trainable: list[tuple[str, torch.nn.Parameter]], settings: FinetuneSettings, device: str):
-    """AdamW with no weight decay on biases and normalisation weights (the 1-d parameters)."""
-    groups = [{"params": [p for _, p in trainable if p.ndim >= 2], "weight_decay": settings.weight_decay},
-              {"params": [p for _, p in trainable if p.ndim < 2], "weight_decay": 0.0}]
-    groups = [g for g in groups if g["params"]]
-    return torch.optim.AdamW(groups, lr=settings.lr, fused=torch.device(device).type in ("cpu", "cuda"))
+class _Optim(NamedTuple):
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    params: list[torch.nn.Parameter]   # the trainable ones
 
 
-def _train_step(model, batch: dict, loss_fn, trainable, grad_clip: float | None, optimizer, scheduler
-                ) -> torch.Tensor:
-    """One optimizer step on `batch`: the model's own loss, or `loss_fn` on its logits; returns the loss."""
-    if loss_fn is None:
-        loss = model(**batch).loss
-    else:
-        labels = batch.pop("labels")
-        loss = loss_fn(model(**batch).logits.float(), labels)
-    loss.backward()
-    if grad_clip:
-        torch.nn.utils.clip_grad_norm_([p for _, p in trainable], grad_clip)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+def _optimizer(model, settings: FinetuneSettings, device: str, total_steps: int) -> _Optim:
+    """AdamW (fused on CPU and CUDA), linear warmup then linear decay over total_steps."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    # No weight decay on biases and normalisation weights (the 1-d parameters).
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": settings.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=settings.lr,
+                                  fused=torch.device(device).type in ("cpu", "cuda"))
+    warmup = round(total_steps * settings.warmup_ratio)
+    return _Optim(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(warmup, total_steps)), params)
+
+
+def _loss_fn(task: TaskSpec, settings: FinetuneSettings, train: list[Encoded], n_labels: int, device: str):
+    """None (the model's own loss), or for a multi-label task BCE weighing each label's positives."""
+    if task.type == "multi_label_classification" and settings.multi_label_pos_weight:
+        return torch.nn.BCEWithLogitsLoss(pos_weight=pos_weight([it.label for it in train], n_labels).to(device))
+    return None
+
+
+def _pieces(items: list[Encoded], task_type: str, to_batch: Callable[[list[Encoded]], dict],
+            overhead: int | None) -> list[tuple[dict, float]]:
+    """One batch as the length-sorted pieces it is run in (batching.length_pieces), each with its share of the
+    batch's loss terms (labelled tokens for token classification, else examples). A piece's mean loss times its
+    share adds up to the whole batch's mean loss, so the step is the batch's, as if it were padded together."""
+    terms = [sum(lab != IGNORE for lab in it.label) if task_type == "token_classification" else 1 for it in items]
+    total = sum(terms)
+    shares = [(idx, sum(terms[i] for i in idx) / total) for idx in
+              length_pieces([len(it.input_ids) for it in items], overhead)] if total else []
+    return [(to_batch([items[i] for i in idx]), share) for idx, share in shares if share]
+
+
+def _train_epoch(model, steps: Iterable[list[tuple[dict, float]]], opt: _Optim, loss_fn, grad_clip: float | None,
+                 device: str, on_step: Callable[[torch.Tensor], None]) -> torch.Tensor:
+    """An optimizer step for each element of `steps`, the pieces of one batch (_pieces); the last step's loss."""
+    model.train()
+    for pieces in steps:
+        parts = []
+        for inputs, share in pieces:
+            batch = {k: v.to(device) for k, v in inputs.items()}
+            if loss_fn is None:
+                loss = model(**batch).loss
+            else:
+                labels = batch.pop("labels")
+                loss = loss_fn(model(**batch).logits.float(), labels)
+            (loss * share).backward()
+            parts.append(loss.detach() * share)
+        if grad_clip:
+            torch.nn.utils.clip_grad_norm_(opt.params, grad_clip)
+        opt.optimizer.step()
+        opt.scheduler.step()
+        opt.optimizer.zero_grad(set_to_none=True)
+        loss = torch.stack(parts).sum() if parts else torch.zeros(())
+        on_step(loss)
     return loss
+
+
+class _Progress:
+    """finetune's own progress: about 20 reports an epoch and one after each dev evaluation."""
+
+    def __init__(self, progress: Callable[[dict], None] | None, task: TaskSpec, seed: int, epochs: int,
+                 steps_per_epoch: int):
+        self.progress, self.task, self.seed, self.epochs = progress, task, seed, epochs
+        self.total, self.every = steps_per_epoch * epochs, max(1, steps_per_epoch // 20)
+        self.step, self.epoch, self.best, self.started = 0, 1, None, time.perf_counter()
+
+    def step_done(self, loss: torch.Tensor) -> None:
+        self.step += 1
+        if self.step % self.every == 0:
+            self.report(loss)
+
+    def report(self, loss: torch.Tensor) -> None:
+        if self.progress is None:
+            return
+        eta = (time.perf_counter() - self.started) / self.step * (self.total - self.step) if self.step else 0.0
+        task = self.task
+        self.progress({"stage": "finetune", "phase": f"fine-tuning {task.name}", "task": task.name,
+                       "seed": self.seed, "epoch": self.epoch, "epochs": self.epochs, "step": self.step,
+                       "total_steps": self.total, "loss": loss.item(), "dev_metric": task.primary_metric,
+                       "dev": self.best, "eta_s": eta})
 
 
 def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettings, data_root=None,
@@ -286,73 +323,62 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
     stage "finetune", task, seed, epoch / epochs, step / total_steps, loss, the best dev metric so far, ETA."""
     t0 = time.perf_counter()
     data = load_task_data(task, data_root)
-    train_ex = data.splits["train"][:settings.max_train_examples]
-    eval_ex = {s: data.splits[s][:settings.max_eval_examples] for s in ("dev", "test")}
-
+    examples = {"train": data.splits["train"][:settings.max_train_examples],
+                **{s: data.splits[s][:settings.max_eval_examples] for s in ("dev", "test")}}
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if task.type == "token_classification" and not tokenizer.is_fast:
         raise SpecError("token classification needs a fast tokenizer (word_ids)", file=str(model_dir))
     max_length = _max_length(str(model_dir), tokenizer, task, settings, log)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    train = encode(tokenizer, task, train_ex, data.labels, max_length)
-    evals = {s: encode(tokenizer, task, ex, data.labels, max_length) for s, ex in eval_ex.items()}
-    loss_fn = None   # None: the model's own loss
-    if task.type == "multi_label_classification" and settings.multi_label_pos_weight:
-        weights = pos_weight([it.label for it in train], len(data.labels)).to(device)
-        loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=weights)
+    enc = {split: encode(tokenizer, task, ex, data.labels, max_length) for split, ex in examples.items()}
+    train, lengths = enc["train"], [len(it.input_ids) for it in enc["train"]]
+    loss_fn = _loss_fn(task, settings, train, len(data.labels), device)
 
     _seed_everything(seed)
     model = _load_model(str(model_dir), task, data.labels, settings).to(device)
-    if not _takes_token_types(model):   # e.g. DistilBERT or EuroBERT saved with a BERT tokenizer
-        train = [it._replace(token_type_ids=None) for it in train]
-        evals = {s: [it._replace(token_type_ids=None) for it in items] for s, items in evals.items()}
-    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    optimizer = _adamw(trainable, settings, device)
+    to_batch = functools.partial(collate, pad_id=tokenizer.pad_token_id or 0, task_type=task.type,
+                                 token_types=_takes_token_types(model))
     steps_per_epoch = math.ceil(len(train) / settings.batch_size)
-    total = steps_per_epoch * settings.epochs
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _lr_factor(round(total * settings.warmup_ratio), total))
+    opt = _optimizer(model, settings, device, steps_per_epoch * settings.epochs)
     order_gen = torch.Generator().manual_seed(seed)
-    dev_gold = _gold(task, eval_ex["dev"])
+    overhead = PIECE_OVERHEAD_TOKENS if torch.device(device).type == "cpu" else None
+    reporter = _Progress(progress, task, seed, settings.epochs, steps_per_epoch)
 
-    best, best_epoch, best_dev, best_state, stale = None, 0, {}, None, 0
-    step, every, started = 0, max(1, steps_per_epoch // 20), time.perf_counter()
+    def evaluate(split: str) -> dict[str, float]:
+        preds = _predict(model, task, enc[split], data.labels, examples[split], settings.eval_batch_size,
+                         to_batch, device)
+        return metrics.compute(task.type, task.metrics, _gold(task, examples[split]), preds)
 
-    def report(epoch: int, loss: float) -> None:
-        if progress:
-            eta = (time.perf_counter() - started) / step * (total - step) if step else 0.0
-            progress({"stage": "finetune", "phase": f"fine-tuning {task.name}", "task": task.name, "seed": seed,
-                      "epoch": epoch, "epochs": settings.epochs, "step": step, "total_steps": total, "loss": loss,
-                      "dev_metric": task.primary_metric, "dev": best, "eta_s": eta})
-
+    best_epoch, best_dev, best_state, stale = 0, {}, None, 0
     for epoch in range(1, settings.epochs + 1):
-        model.train()
-        order = torch.randperm(len(train), generator=order_gen).tolist()
-        for start in range(0, len(order), settings.batch_size):
-            batch = {k: v.to(device) for k, v in
-                     _collate([train[i] for i in order[start:start + settings.batch_size]], pad_id, task.type).items()}
-            loss = _train_step(model, batch, loss_fn, trainable, settings.grad_clip, optimizer, scheduler)
-            step += 1
-            if step % every == 0:
-                report(epoch, loss.item())
-        preds = _predict(model, task, evals["dev"], data.labels, eval_ex["dev"], settings, pad_id, device)
-        dev = metrics.compute(task.type, task.metrics, dev_gold, preds)
-        if _better(dev[task.primary_metric], best):
-            best, best_epoch, best_dev, stale = dev[task.primary_metric], epoch, dev, 0
-            best_state = {n: p.detach().to("cpu", copy=True) for n, p in trainable}
+        reporter.epoch = epoch
+        batches = epoch_batches(lengths, settings.batch_size, order_gen, settings.group_by_length)
+        steps = (_pieces([train[i] for i in b], task.type, to_batch, overhead) for b in batches)
+        loss = _train_epoch(model, steps, opt, loss_fn, settings.grad_clip, device, reporter.step_done)
+        dev = evaluate("dev")
+        if _better(dev[task.primary_metric], reporter.best):
+            reporter.best, best_epoch, best_dev, stale = dev[task.primary_metric], epoch, dev, 0
+            # the last epoch's weights are tested as they are, so they need no copy
+            best_state = _snapshot(opt.params) if epoch < settings.epochs else None
         else:
             stale += 1
             if settings.patience is not None and stale >= settings.patience:
                 break
-        report(epoch, loss.item())
+        reporter.report(loss)
 
     if best_epoch != epoch:
-        with torch.no_grad():
-            for n, p in trainable:
-                p.copy_(best_state[n])
-    preds = _predict(model, task, evals["test"], data.labels, eval_ex["test"], settings, pad_id, device)
-    test = metrics.compute(task.type, task.metrics, _gold(task, eval_ex["test"]), preds)
+        _restore(opt.params, best_state)
+    test = evaluate("test")
     wall = round(time.perf_counter() - t0, 3)
     return [{"task": task.name, "language": task.language, "finetune_seed": seed, "split": split, "metric": m,
              "value": v, "epoch": best_epoch, "wall_time_s": wall}
             for split, scores in (("dev", best_dev), ("test", test)) for m, v in scores.items()]
+
+
+def _snapshot(params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    return [p.detach().to("cpu", copy=True) for p in params]
+
+
+def _restore(params: list[torch.nn.Parameter], state: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for p, saved in zip(params, state):
+            p.copy_(saved)

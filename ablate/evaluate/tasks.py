@@ -37,6 +37,7 @@ class FinetuneSettings(Strict):
     lr: PositiveFloat = 5e-5
     batch_size: PositiveInt = 16
     eval_batch_size: PositiveInt = 64
+    group_by_length: bool = False             # batches of about one length: less padding, less mixing
     epochs: PositiveInt = 10
     patience: PositiveInt | None = 3          # epochs without dev improvement before stopping; null: never
     max_length: int | None = Field(None, ge=8)  # null: the task's max_length; capped at the model's context

@@ -1,0 +1,82 @@
+"""Batches for fine-tuning: each epoch's order of batches (epoch_batches: shuffled, or grouped by length, drawn
+from a torch.Generator so that the same seed gives the same batches), the length-sorted pieces one batch is run
+in (length_pieces), and the tensors of a batch or piece, padded to its own longest example (collate).
+
+May import: nothing of ablate (torch only).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+IGNORE = -100   # label of sub-tokens that carry no loss (special tokens, non-first pieces of a word, padding)
+
+# Examples are sorted by length within pools of this many batches (transformers' LengthGroupedSampler uses the
+# same 50): enough to make padding rare, while which examples meet in a batch still depends on the shuffle.
+POOL_BATCHES = 50
+
+
+class Encoded(NamedTuple):
+    input_ids: list[int]
+    token_type_ids: list[int] | None
+    label: Any                      # token cls: list of ids (IGNORE for unlabelled pieces); else id/vector/float
+    word_ids: list[int | None] | None
+
+
+def epoch_batches(lengths: list[int], batch_size: int, generator: torch.Generator,
+                  by_length: bool = True) -> list[list[int]]:
+    """One epoch's batches of example indexes, every example once. A random permutation, cut into batches;
+    by_length: cut into pools of POOL_BATCHES batches first, each pool sorted by length (stably) before it is
+    cut, and the batches then shuffled, so that long and short batches alternate at random. As many batches
+    as plain shuffling (only the last pool can end in a partial batch)."""
+    order = torch.randperm(len(lengths), generator=generator).tolist()
+    if not by_length:
+        return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    pool = batch_size * POOL_BATCHES
+    batches = []
+    for start in range(0, len(order), pool):
+        chunk = sorted(order[start:start + pool], key=lengths.__getitem__)
+        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+
+
+def length_pieces(lengths: list[int], overhead: int | None) -> list[list[int]]:
+    """The positions of one batch's examples, cut into pieces to run one after the other (their gradients
+    accumulate into the batch's): sorted by length, and cut where the padding it saves costs more than one more
+    forward and backward pass, `overhead` in tokens. The cuts minimise the sum over pieces of
+    (examples x longest + overhead). overhead None: one piece, in the batch's order."""
+    if overhead is None:
+        return [list(range(len(lengths)))]
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    cost, cut = [0] + [0] * len(order), [0] * (len(order) + 1)   # best cost of the first `end`, and its last cut
+    for end in range(1, len(order) + 1):
+        longest = lengths[order[end - 1]]
+        cost[end], cut[end] = min((cost[s] + (end - s) * longest + overhead, s) for s in range(end))
+    pieces, end = [], len(order)
+    while end:
+        pieces.append(order[cut[end]:end])
+        end = cut[end]
+    return pieces[::-1]
+
+
+def collate(items: list[Encoded], pad_id: int, task_type: str, token_types: bool) -> dict[str, torch.Tensor]:
+    """Model inputs and labels of one batch, padded to its longest example. token_types: pass token_type_ids
+    (False for models that take none, e.g. DistilBERT saved with a BERT tokenizer)."""
+    n = max(len(it.input_ids) for it in items)
+
+    def padded(rows, value):
+        return torch.tensor([list(r) + [value] * (n - len(r)) for r in rows], dtype=torch.long)
+
+    batch = {"input_ids": padded([it.input_ids for it in items], pad_id),
+             "attention_mask": padded([[1] * len(it.input_ids) for it in items], 0)}
+    if token_types and items[0].token_type_ids is not None:
+        batch["token_type_ids"] = padded([it.token_type_ids for it in items], 0)
+    if task_type == "token_classification":
+        batch["labels"] = padded([it.label for it in items], IGNORE)
+    elif task_type in ("multi_label_classification", "regression"):
+        batch["labels"] = torch.tensor([it.label for it in items], dtype=torch.float)
+    else:
+        batch["labels"] = torch.tensor([it.label for it in items], dtype=torch.long)
+    return batch

