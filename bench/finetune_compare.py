@@ -12,9 +12,9 @@ reports the cores other processes kept busy while it ran (other_load_cores), a r
 shared 2-core machine this matters more than anything measured here: one busy core can make a run 5x slower.
 
   ablate  ablate.evaluate.finetune.finetune with the task file's settings and the flags below (patience off):
-          shuffled batches, each run in length-sorted pieces padded to their own longest (its default;
-          --ablate-group-by-length: batches grouped by length), dev scored after every epoch, test at the
-          best dev epoch.
+          shuffled batches padded to their own longest (its default; --ablate-length-pieces: each batch run
+          in length-sorted pieces; --ablate-group-by-length: batches grouped by length), dev scored after
+          every epoch, test at the best dev epoch.
   recipe  what transformers' examples/pytorch/token-classification/run_ner.py does: a `datasets` Dataset of
           words and tag ids, tokenize_and_align_labels (first sub-token of a word labelled, padding=False,
           truncation at --max-length), AutoModelForTokenClassification, DataCollatorForTokenClassification,
@@ -111,11 +111,12 @@ def run_ablate(args, t0: float) -> dict:
                                        "max_length": args.max_length, "batch_size": args.batch_size,
                                        "eval_batch_size": args.eval_batch_size, "lr": args.lr,
                                        "weight_decay": 0.01, "warmup_ratio": 0.1, "grad_clip": 1.0,
-                                       "patience": None, "group_by_length": args.ablate_group_by_length})
+                                       "patience": None, "group_by_length": args.ablate_group_by_length,
+                                       "length_pieces": args.ablate_length_pieces})
     rows = ft.finetune(_model_path(args.model), task, args.seed, settings)
     f1 = {r["split"]: r["value"] for r in rows if r["metric"] == "entity_f1"}
     return {**_result("ablate", args, train, evaluated, f1, other, t0), "best_epoch": rows[0]["epoch"],
-            "group_by_length": settings.group_by_length}
+            "group_by_length": settings.group_by_length, "length_pieces": settings.length_pieces}
 
 
 # ------------------------------------------------------------------ the run_ner recipe, in this process
@@ -229,6 +230,8 @@ def _child(args, side: str, log) -> dict:
             cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     if args.ablate_group_by_length:
         cmd.append("--ablate-group-by-length")
+    if args.ablate_length_pieces:
+        cmd.append("--ablate-length-pieces")
     busy = wait_for_quiet(args.quiet_below, args.quiet_timeout, log) if args.quiet_below > 0 else None
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                TRANSFORMERS_VERBOSITY="error", PYTHONWARNINGS="ignore")
@@ -309,6 +312,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ablate-group-by-length", action="store_true", help="ablate with length-grouped batches")
+    ap.add_argument("--ablate-length-pieces", action="store_true",
+                    help="ablate with each batch run as length-sorted pieces (finetune.length_pieces)")
     ap.add_argument("--repeats", type=int, default=1, help="measurements per side, alternating (default 1)")
     ap.add_argument("--quiet-below", type=float, default=0.3, metavar="CORES",
                     help="before each measurement wait until other processes keep fewer than this many cores busy "
@@ -338,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
             runs[side].append(_measure(args, side, log))
     summary = summarize(runs, args.retry_above)
     out = {"bench": "finetune_compare", "summary": summary, "runs": runs,
-           "settings": {k: getattr(args, k) for k in (*_SHARED, "ablate_group_by_length", "repeats", "retry_above", "retries")},
+           "settings": {k: getattr(args, k) for k in (*_SHARED, "ablate_group_by_length", "ablate_length_pieces", "repeats", "retry_above", "retries")},
            "load_avg_start": load_start, "load_avg_end": load_avg(), "cpu_count": os.cpu_count(),
            "wall_s": round(time.perf_counter() - t0, 1)}
     print(markdown_table(summary), flush=True)

@@ -228,3 +228,60 @@ def test_a_local_sweep_prepares_its_corpus_once(tmp_path, data_root, monkeypatch
     assert len(calls) == 1                                      # one preparation for both arms
     assert lines.index(next(x for x in lines if "tokens (uint16)" in x)) < \
         lines.index(next(x for x in lines if x.startswith("submitted")))   # before the first run
+
+
+# ------------------------------------------------------------------------------------------- the word cache
+
+TRICKY = ["a", "Z", "é", "e\u0301", "ß", "Ω", "中", "😀", " ", "  ", "\t", "\n", "\r", "\x0b", "\x0c", "\x1c", "\x1f",
+          "\x85", "\xa0", "\u2028", "\u3000", "\u200b", "\x00", "\ufffd", ",", "-", "(", "[MASK]", "##", "x" * 120]
+
+
+def _backend(tokenizer):
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    return backend
+
+
+@pytest.mark.parametrize("cache_words", [1 << 21, 50])
+def test_the_word_cache_encodes_every_document_exactly_as_the_tokenizer(cache_words, data_root, minilm_tokenizer,
+                                                                         monkeypatch):
+    """BERT's WordPiece tokenizes whitespace-separated chunks independently, so prepare caches chunks; the ids
+    must be the tokenizer's own on every shipped corpus line and on random strings of characters where
+    Python and the tokenizer disagree about whitespace and control characters."""
+    import ablate.data.encode as encode
+
+    monkeypatch.setattr(encode, "CACHE_WORDS", cache_words)     # 50: the cache is cleared again and again
+    backend = _backend(minilm_tokenizer)
+    assert encode.word_local(backend)
+    rng = np.random.default_rng(0)
+    docs = ["".join(rng.choice(TRICKY, size=int(rng.integers(1, 30)))) for _ in range(3000)]
+    for corpus in ("corpus_en_e3c/train.txt", "corpus_fr_e3c/train.txt"):
+        docs += [line for line in (data_root / corpus).read_text().splitlines() if line.strip()]
+    encoder = encode.make_encoder(backend)
+    got = [ids for start in range(0, len(docs), 512) for ids in encoder(docs[start:start + 512])]
+    want = [e.ids for e in backend.encode_batch(docs, add_special_tokens=True)]
+    assert len(got) == len(want) > 10_000
+    assert [i for i, (g, w) in enumerate(zip(got, want)) if g != w] == []
+
+
+def test_a_tokenizer_that_keeps_whitespace_in_its_tokens_encodes_whole_documents():
+    """Byte-level BPE (RoBERTa) and SentencePiece (CamemBERT, XLM-R, DeBERTa) carry the space inside the token:
+    chunks cannot be tokenized alone."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    from ablate.data.encode import make_encoder, word_local
+
+    byte_level = Tokenizer(models.BPE())
+    byte_level.pre_tokenizer = pre_tokenizers.ByteLevel()
+    metaspace = Tokenizer(models.Unigram([("<unk>", 0.0), ("▁a", -1.0), ("a", -2.0), ("▁", -3.0)], unk_id=0))
+    metaspace.pre_tokenizer = pre_tokenizers.Metaspace()
+    wordpiece_no_clean = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    wordpiece_no_clean.normalizer = normalizers.BertNormalizer(clean_text=False)
+    wordpiece_no_clean.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    for backend in (byte_level, metaspace, wordpiece_no_clean):
+        assert not word_local(backend)
+    docs = ["a a\x0ba", "aa  a"]
+    assert make_encoder(metaspace)(docs) == [e.ids for e in metaspace.encode_batch(docs)] == [[1, 1, 0, 2], [1, 2, 3, 1]]

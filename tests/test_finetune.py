@@ -549,3 +549,23 @@ def test_fine_tuning_reports_its_own_progress(tiny_bert):
     line = describe_progress(reports[-1])
     assert line.startswith(f"fine-tuning chemprot seed 3 epoch 2/2 step {steps[-1]}/{steps[-1]}")
     assert f"dev {task.primary_metric} " in line and "ETA 0m00s" in line
+
+
+def test_settings_added_later_keep_older_score_files_matching_at_their_neutral_values(tiny_bert, tokenizer):
+    """group_by_length and length_pieces came after score files existed: at false they compute what was
+    computed before them (one piece per batch, in the shuffled order), so the settings hash leaves them out
+    and older files keep matching; turned on, they are a different computation and a different identity."""
+    from ablate.evaluate.identity import _digest, settings_hash
+
+    task = load_task("ncbi_disease")
+    before = {k: v for k, v in small(task).model_dump(mode="json").items()
+              if k not in ("group_by_length", "length_pieces")}
+    assert settings_hash(small(task)) == _digest(before)
+    assert len({settings_hash(small(task)), settings_hash(small(task, length_pieces=True)),
+                settings_hash(small(task, group_by_length=True))}) == 3
+
+    data = load_task_data(task)
+    items = ft.encode(tokenizer, task, data.splits["train"][:16], data.labels, 128)
+    to_batch = functools.partial(collate, pad_id=tokenizer.pad_token_id, task_type=task.type, token_types=True)
+    (whole, share), = ft._pieces(items, task.type, to_batch, None)       # length_pieces off: overhead None
+    assert share == 1.0 and torch.equal(whole["input_ids"], to_batch(items)["input_ids"])

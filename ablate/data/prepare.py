@@ -13,7 +13,7 @@ folder is never used, and a preparer killed mid-way leaves only a .partial the n
 The stream is exactly what the in-memory path gave: each document tokenized with add_special_tokens=True and
 no truncation, concatenated in file order.
 
-May import: config, store, data.sources.
+May import: config, store, data.sources, data.encode.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import numpy as np
 from ablate.config.errors import SpecError
 from ablate.config.paths import prepared_root
 from ablate.config.spec import DataSpec
+from ablate.data.encode import make_encoder
 from ablate.data.sources import Source, hub_identity, iter_documents, resolve_sources
 from ablate.store.atomic import publish_dir, write_json
 from ablate.store.lock import FileLock
@@ -123,8 +124,7 @@ def _init_worker(backend_json: str | None, hf_tokenizer, single: bool, dtype: st
         backend = Tokenizer.from_str(backend_json)
         backend.no_truncation()
         backend.no_padding()
-        encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
-        _ENCODE = lambda docs: [e.ids for e in encode(docs, add_special_tokens=True)]   # noqa: E731
+        _ENCODE = make_encoder(backend)
     else:
         _ENCODE = lambda docs: hf_tokenizer(docs, add_special_tokens=True, truncation=False,   # noqa: E731
                                             return_attention_mask=False, verbose=False)["input_ids"]

@@ -1,8 +1,8 @@
 """Downstream fine-tuning of one checkpoint on one task with one seed.
 
 `finetune` trains with a plain loop (AdamW, linear warmup then linear decay, optional early stopping on the
-task's first metric; batches padded to their own longest example and, by default, grouped by length:
-ablate.evaluate.batching) and returns score rows for dev and test, test taken at the best dev epoch. Sequence
+task's first metric; batches padded to their own longest example, optionally grouped by length or run on
+CPU as length-sorted pieces: ablate.evaluate.batching) and returns score rows for dev and test, test taken at the best dev epoch. Sequence
 tasks pool as the settings say (ablate.evaluate.pooling); multi-label tasks weigh each label's positives by
 its negatives / positives in train; max_length is capped at the model's context. The resumable task x seed
 loop over score files is ablate.evaluate.scores.
@@ -39,9 +39,9 @@ __all__ = ["FinetuneSettings", "finetune", "encode", "align_word_labels", "pos_w
 # ModernBertModel). A model of no family needs finetune.lora_target_modules, and gets _LORA_FULL.
 _LORA_FULL = ("pooler", "head")
 
-# On CPU a batch is run in length-sorted pieces (batching.length_pieces) wherever that saves more padding than
-# the fixed cost of one more forward and backward pass, which is about this many tokens' worth (MiniLM-L6 on
-# the 2-core dev machine: about 30 ms a pass, about 1 ms a token on one thread; the cut-off is flat between
+# With finetune.length_pieces, on CPU a batch is run in length-sorted pieces (batching.length_pieces) wherever
+# that saves more padding than the fixed cost of one more forward and backward pass, which is about this many
+# tokens' worth (MiniLM-L6 on the 2-core dev machine: about 30 ms a pass, about 1 ms a token on one thread; the cut-off is flat between
 # 32 and 64). On accelerators padding is almost free at fine-tuning sizes: a batch is one piece there.
 PIECE_OVERHEAD_TOKENS = 48
 
@@ -340,7 +340,7 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
     steps_per_epoch = math.ceil(len(train) / settings.batch_size)
     opt = _optimizer(model, settings, device, steps_per_epoch * settings.epochs)
     order_gen = torch.Generator().manual_seed(seed)
-    overhead = PIECE_OVERHEAD_TOKENS if torch.device(device).type == "cpu" else None
+    overhead = PIECE_OVERHEAD_TOKENS if settings.length_pieces and torch.device(device).type == "cpu" else None
     reporter = _Progress(progress, task, seed, settings.epochs, steps_per_epoch)
 
     def evaluate(split: str) -> dict[str, float]:

@@ -56,8 +56,14 @@ def data_hash(task: TaskSpec, data_root: str | os.PathLike | None = None) -> str
                     for split in SPLITS})
 
 
+# Settings added after score files existed, at the value that computes exactly what was computed before them:
+# left out of the hash at that value, so that older score files still match.
+NEUTRAL_SETTINGS = {"group_by_length": False, "length_pieces": False}
+
+
 def settings_hash(settings: FinetuneSettings) -> str:
-    return _digest(settings.model_dump(mode="json"))
+    dump = settings.model_dump(mode="json")
+    return _digest({k: v for k, v in dump.items() if k not in NEUTRAL_SETTINGS or v != NEUTRAL_SETTINGS[k]})
 
 
 def score_identity(task: TaskSpec, settings: FinetuneSettings, data_root=None) -> dict[str, str]:

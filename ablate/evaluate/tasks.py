@@ -38,6 +38,9 @@ class FinetuneSettings(Strict):
     batch_size: PositiveInt = 16
     eval_batch_size: PositiveInt = 64
     group_by_length: bool = False             # batches of about one length: less padding, less mixing
+    # CPU: run each batch as length-sorted pieces padded to their own longest (evaluate.batching.length_pieces).
+    # The same step in exact arithmetic, not in float rounding, so scores move by seed-level noise: opt-in.
+    length_pieces: bool = False
     epochs: PositiveInt = 10
     patience: PositiveInt | None = 3          # epochs without dev improvement before stopping; null: never
     max_length: int | None = Field(None, ge=8)  # null: the task's max_length; capped at the model's context
