@@ -327,15 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=42, help="Trainer seed (standard recipe)")
     ap.add_argument("--profile", default=None, metavar="FILE",
                     help="with --standard-only: profile the timed steps (torch.profiler), op table to FILE")
-    ap.add_argument("--quiet-below", type=float, default=0.3, metavar="CORES",
-                    help="before each measurement wait until other processes keep fewer than this many cores busy "
-                         "(default 0.3; 0 to not wait)")
-    ap.add_argument("--quiet-timeout", type=float, default=180.0, help="longest wait for quiet, s (default 180)")
-    ap.add_argument("--retry-above", type=float, default=0.2, metavar="CORES",
-                    help="measure again when other processes kept more than this many cores busy during the timed "
-                         "steps (default 0.2; the least disturbed try is kept); the summary uses the repeats "
-                         "under this when there is any")
-    ap.add_argument("--retries", type=int, default=3, help="at most this many extra tries per measurement (default 3)")
+    add_quiet_options(ap, timeout=180.0, retries=3)
     ap.add_argument("--ablate-script", default=str(HERE / "pretrain_step.py"),
                     help="the ablate side: bench/pretrain_step.py (default) or any script with its CLI, e.g. a "
                          "wrapper that runs it against a patched engine")
@@ -385,9 +377,29 @@ def main(argv: list[str] | None = None) -> None:
            "load_avg_start": load_start, "load_avg_end": load_avg(), "cpu_count": os.cpu_count(),
            "torch": first["torch"], "transformers": first["transformers"], "python": first["python"],
            "wall_s": round(time.perf_counter() - started, 1)}
-    print(markdown_table(summary), flush=True)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(out, indent=1))
+    emit(markdown_table(summary), out, args.json_out)
+
+
+def add_quiet_options(ap: argparse.ArgumentParser, timeout: float, retries: int) -> None:
+    """--quiet-below, --quiet-timeout, --retry-above, --retries: measuring on a machine others share."""
+    ap.add_argument("--quiet-below", type=float, default=0.3, metavar="CORES",
+                    help="before each measurement wait until other processes keep fewer than this many cores busy "
+                         "(default 0.3; 0 to not wait)")
+    ap.add_argument("--quiet-timeout", type=float, default=timeout,
+                    help=f"longest wait for quiet, s (default {timeout:g})")
+    ap.add_argument("--retry-above", type=float, default=0.2, metavar="CORES",
+                    help="measure again when other processes kept more than this many cores busy during a "
+                         "measurement (default 0.2; the least disturbed try is kept); the summary uses the runs "
+                         "under this where there are any")
+    ap.add_argument("--retries", type=int, default=retries,
+                    help=f"at most this many extra tries per measurement (default {retries})")
+
+
+def emit(table: str, out: dict, json_out: str | None) -> None:
+    """The Markdown table, then the whole result as the last line (and in json_out)."""
+    print(table, flush=True)
+    if json_out:
+        Path(json_out).write_text(json.dumps(out, indent=1))
     print(json.dumps(out), flush=True)
 
 

@@ -46,7 +46,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from compare_recipes import wait_for_quiet  # noqa: E402
+from compare_recipes import add_quiet_options, emit, wait_for_quiet  # noqa: E402
 from pretrain_step import OtherLoad, load_avg, peak_rss_mb  # noqa: E402
 
 GOAL_SPEED, GOAL_F1_POINTS = 1.3, 1.0   # train sentences/s ratio ablate / recipe, and test F1 within this
@@ -315,14 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ablate-length-pieces", action="store_true",
                     help="ablate with each batch run as length-sorted pieces (finetune.length_pieces)")
     ap.add_argument("--repeats", type=int, default=1, help="measurements per side, alternating (default 1)")
-    ap.add_argument("--quiet-below", type=float, default=0.3, metavar="CORES",
-                    help="before each measurement wait until other processes keep fewer than this many cores busy "
-                         "(default 0.3; 0 to not wait)")
-    ap.add_argument("--quiet-timeout", type=float, default=600.0, help="longest wait for quiet, s (default 600)")
-    ap.add_argument("--retry-above", type=float, default=0.2, metavar="CORES",
-                    help="measure again when other processes kept more than this many cores busy during a run "
-                         "(default 0.2); the summary uses the runs under it where a side has any")
-    ap.add_argument("--retries", type=int, default=2, help="at most this many extra tries per measurement")
+    add_quiet_options(ap, timeout=600.0, retries=2)
     ap.add_argument("--summarize", default=None, metavar="JSON", help="re-make the table from a --json-out file")
     ap.add_argument("--json-out", default=None, help="also write the final JSON object to this file")
     args = ap.parse_args(argv)
@@ -343,13 +336,11 @@ def main(argv: list[str] | None = None) -> None:
             runs[side].append(_measure(args, side, log))
     summary = summarize(runs, args.retry_above)
     out = {"bench": "finetune_compare", "summary": summary, "runs": runs,
-           "settings": {k: getattr(args, k) for k in (*_SHARED, "ablate_group_by_length", "ablate_length_pieces", "repeats", "retry_above", "retries")},
+           "settings": {k: getattr(args, k) for k in (*_SHARED, "ablate_group_by_length", "ablate_length_pieces",
+                                                      "repeats", "retry_above", "retries")},
            "load_avg_start": load_start, "load_avg_end": load_avg(), "cpu_count": os.cpu_count(),
            "wall_s": round(time.perf_counter() - t0, 1)}
-    print(markdown_table(summary), flush=True)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(out, indent=1))
-    print(json.dumps(out), flush=True)
+    emit(markdown_table(summary), out, args.json_out)
 
 
 if __name__ == "__main__":
