@@ -5,7 +5,8 @@
 On the first --docs documents of the 20 MB corpus of bench/data_scale.py (built if missing), one thread, in
 chunks of ablate.data.prepare.CHUNK_DOCS, each round times: the raw tokenizer (`encode_batch_fast`, what a
 worker runs), turning its encodings into id lists (the rest of a worker's own work), and the transformers call
-the datasets.map recipe makes per batch (`tokenizer(batch)["input_ids"]`). Prints one JSON line per round.
+the datasets.map recipe makes per batch (`tokenizer(batch)["input_ids"]`), and what a worker now runs
+(ablate.data.encode.make_encoder: the word cache, new each round, checked equal). Prints one JSON line per round.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def main() -> None:
 
     from tokenizers import Tokenizer
 
+    from ablate.data.encode import make_encoder
     from ablate.data.prepare import CHUNK_DOCS
     from ablate.models.sources import DEFAULT_MODEL, load_tokenizer
     from data_scale import build_corpus
@@ -46,9 +48,13 @@ def main() -> None:
         recipe = [tokenizer(c, add_special_tokens=True, truncation=False, return_attention_mask=False,
                             verbose=False)["input_ids"] for c in chunks]
         t3 = time.perf_counter()
-        assert [i for b in ids for i in b] == [i for b in recipe for i in b]
+        encode = make_encoder(backend)
+        cached = [encode(c) for c in chunks]
+        t4 = time.perf_counter()
+        assert [i for b in ids for i in b] == [i for b in recipe for i in b] == [i for b in cached for i in b]
         print(json.dumps({"round": round_, "documents": len(docs), "encode_s": round(t1 - t0, 3),
-                          "to_lists_s": round(t2 - t1, 3), "transformers_call_s": round(t3 - t2, 3)}))
+                          "to_lists_s": round(t2 - t1, 3), "transformers_call_s": round(t3 - t2, 3),
+                          "word_cache_s": round(t4 - t3, 3)}))
 
 
 if __name__ == "__main__":
