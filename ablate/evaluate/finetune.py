@@ -2,10 +2,10 @@
 
 `finetune` trains with a plain loop (AdamW, linear warmup then linear decay, optional early stopping on the
 task's first metric; batches padded to their own longest example, optionally grouped by length or run on
-CPU as length-sorted pieces: ablate.evaluate.batching) and returns score rows for dev and test, test taken at the best dev epoch. Sequence
-tasks pool as the settings say (ablate.evaluate.pooling); multi-label tasks weigh each label's positives by
-its negatives / positives in train; max_length is capped at the model's context. The resumable task x seed
-loop over score files is ablate.evaluate.scores.
+CPU as length-sorted pieces: ablate.evaluate.batching) and returns score rows for dev and test, test taken at
+the best dev epoch. Sequence tasks pool as the settings say (ablate.evaluate.pooling); multi-label tasks weigh
+each label's positives by its negatives / positives in train; max_length is capped at the model's context.
+The resumable task x seed loop over score files is ablate.evaluate.scores.
 
 May import: config, store, models, evaluate (tasks, metrics, pooling, batching).
 """
@@ -41,8 +41,9 @@ _LORA_FULL = ("pooler", "head")
 
 # With finetune.length_pieces, on CPU a batch is run in length-sorted pieces (batching.length_pieces) wherever
 # that saves more padding than the fixed cost of one more forward and backward pass, which is about this many
-# tokens' worth (MiniLM-L6 on the 2-core dev machine: about 30 ms a pass, about 1 ms a token on one thread; the cut-off is flat between
-# 32 and 64). On accelerators padding is almost free at fine-tuning sizes: a batch is one piece there.
+# tokens' worth (MiniLM-L6 on the 2-core dev machine: about 30 ms a pass, about 1 ms a token on one thread;
+# the cut-off is flat between 32 and 64). On accelerators padding is almost free at fine-tuning sizes: a batch
+# is one piece there.
 PIECE_OVERHEAD_TOKENS = 48
 
 
