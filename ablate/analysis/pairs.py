@@ -133,7 +133,7 @@ def pairs_table(sweep_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
     """The pairs table of a sweep's finished runs (`runs`: the collected runs table), from the run folders'
     spec.json and records/reps/<phase>.npz. SpecError when a pair cannot be formed or a run saved no
     representations (probe.n_texts: 0), or two runs probed different texts."""
-    from ablate.store.rundir import read_json, runs_dir
+    from ablate.store.rundir import read_spec, runs_dir
 
     done = runs[runs["status"] == "done"] if "status" in runs.columns else runs
     infos, folders = [], {}
@@ -141,7 +141,7 @@ def pairs_table(sweep_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
         folder = runs_dir(sweep_dir) / str(run_id)
         if not (folder / "spec.json").is_file():
             continue            # the base model's reference scores: no run folder
-        spec = RunSpec.model_validate(read_json(folder / "spec.json"))
+        spec = read_spec(folder)
         if spec.labels.get("derived"):
             continue            # a layer transplant: no phases of its own
         infos.append(run_info(str(run_id), spec))

@@ -329,15 +329,14 @@ def add_cka_ratio(sweep_dir: Path, tables: dict, n_texts: int) -> int:
     seeds per model)."""
     import pandas as pd
 
-    from ablate.config.spec import RunSpec
     from ablate.data.corpus import read_documents
-    from ablate.store.rundir import read_json
+    from ablate.store.rundir import read_spec
 
     runs = tables["runs"]
     done = runs[runs["status"] == "done"] if "status" in runs else runs
     if done.empty:
         raise SpecError("no finished runs to compare", key="--cka-ratio", file=str(sweep_dir))
-    spec = RunSpec.model_validate(read_json(Path(sweep_dir) / "runs" / done["run_id"].iloc[0] / "spec.json"))
+    spec = read_spec(Path(sweep_dir) / "runs" / done["run_id"].iloc[0])
     if spec.data.valid_corpus is None:
         raise SpecError("the ratio needs held-out texts", key="base.data.valid_corpus", file=str(sweep_dir))
     texts = probe_texts(read_documents(spec.data, "valid_corpus"), n_texts, spec.probe.seed)

@@ -50,7 +50,7 @@ def evaluate_sweep(sweep_dir: Path, tasks: tuple[str, ...], seeds: tuple[int, ..
         if rundir.read_status(run_dir).get("state") != "done":
             counts["not done"] += 1
             continue
-        spec = RunSpec.model_validate(rundir.read_json(run_dir / "spec.json"))
+        spec = rundir.read_spec(run_dir)
         evaluate_run(run_dir, spec, log=lambda m, r=run_dir.name: log(f"[{r}] {m}"), tasks=tasks, seeds=seeds,
                      overrides=overrides, protocol=protocol, keep_stale=keep_stale)
         counts["evaluated"] += 1

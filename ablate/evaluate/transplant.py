@@ -63,8 +63,7 @@ def _arm_runs(sweep_dir: Path, runs: pd.DataFrame, arm: tuple[str, str], key: st
         arms = sorted({arm_name((s, f)) for s, f in zip(runs["schedule"], runs["freeze"]) if isinstance(s, str)})
         raise SpecError("no finished run of this arm in the sweep", key=key, value=arm_name(arm),
                         allowed=", ".join(arms))
-    return {rid: RunSpec.model_validate(rundir.read_json(rundir.runs_dir(sweep_dir) / rid / "spec.json"))
-            for rid in done["run_id"]}
+    return {rid: rundir.read_spec(rundir.runs_dir(sweep_dir) / rid) for rid in done["run_id"]}
 
 
 def plan_transplant(sweep_dir: Path, runs: pd.DataFrame, source: str, target: str, layers: str | list,

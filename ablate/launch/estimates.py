@@ -149,7 +149,7 @@ def status_comparison(folder: SweepFolder, tokens_per_s: float | None = None
         run_dir = folder.run(rid)
         try:
             status = rundir.read_status(run_dir)
-            spec = RunSpec.model_validate(rundir.read_json(run_dir / "spec.json"))
+            spec = rundir.read_spec(run_dir)
         except (OSError, ValueError):       # CorruptStatus and invalid specs too: the status table says so
             continue
         if status.get("state") != "done":

@@ -56,7 +56,7 @@ def prepare_run_dir(spec: RunSpec, run_dir: Path) -> Path:
 
 
 def load_spec(run_dir: Path) -> RunSpec:
-    return RunSpec.model_validate(rundir.read_json(Path(run_dir) / "spec.json"))
+    return rundir.read_spec(run_dir)
 
 
 def _logger(run_dir: Path, console: Console):
@@ -109,9 +109,10 @@ def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: floa
 def _execute_follower(run_dir: Path, stop_after_steps: int | None) -> str:
     """A rank other than 0: no lock, status, records or evaluation; rank 0 keeps those (and a derived run's
     whole job: nothing trains)."""
-    if rundir.read_status(run_dir).get("state") == "done" or load_spec(run_dir).labels.get("derived"):
+    spec = load_spec(run_dir)
+    if rundir.read_status(run_dir).get("state") == "done" or spec.labels.get("derived"):
         return "done"
-    state = pretrain(load_spec(run_dir), run_dir, log=lambda _m: None, stop_after_steps=stop_after_steps)
+    state = pretrain(spec, run_dir, log=lambda _m: None, stop_after_steps=stop_after_steps)
     return "done" if state.done else "interrupted"
 
 

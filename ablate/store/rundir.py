@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ablate.config.spec import RunSpec
 from ablate.store import atomic
 from ablate.store.lock import FileLock
 
@@ -57,6 +58,11 @@ def runs_dir(sweep_dir: Path) -> Path:
 def read_json(path: Path) -> Any:
     with open(path, "rb") as f:
         return json.loads(f.read())
+
+
+def read_spec(run_dir: str | os.PathLike) -> RunSpec:
+    """The run's spec.json as a RunSpec (OSError when absent, ValueError when unreadable or invalid)."""
+    return RunSpec.model_validate(read_json(Path(run_dir) / "spec.json"))
 
 
 class CorruptStatus(ValueError):
