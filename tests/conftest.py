@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from ablate.config.paths import absolute_env_paths
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA_ROOT = REPO.parent / "shared" / "data"
 os.environ.setdefault("ABLATE_DATA_ROOT", str(DEFAULT_DATA_ROOT))
+absolute_env_paths()     # subprocesses of the tests start in their own tmp folders
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 

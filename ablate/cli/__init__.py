@@ -12,12 +12,14 @@ import sys
 
 from ablate.cli.commands import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
 from ablate.config.errors import SpecError
+from ablate.config.paths import absolute_env_paths
 
 
 def main(argv: list[str] | None = None) -> int:
     from ablate.cli.parser import build_parser
     from ablate.store.rundir import AlreadyRunning
 
+    absolute_env_paths()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -15,6 +15,14 @@ RESULTS_ENV = "ABLATE_RESULTS"        # default: ./results
 PREPARED_ENV = "ABLATE_PREPARED"      # default: <cache>/prepared (on a cluster: shared storage)
 
 
+def absolute_env_paths() -> None:
+    """Make the location variables that are set absolute, against this process's working directory: jobs,
+    workers and subprocesses inherit them but may start elsewhere (`ABLATE_DATA_ROOT=../shared/data`)."""
+    for name in (DATA_ROOT_ENV, CACHE_ENV, RESULTS_ENV, PREPARED_ENV):
+        if os.environ.get(name):
+            os.environ[name] = str(Path(os.environ[name]).expanduser().absolute())
+
+
 def data_root(explicit: str | os.PathLike | None = None) -> Path:
     if explicit:
         return Path(explicit).expanduser()
