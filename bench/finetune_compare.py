@@ -2,6 +2,7 @@
 
     ABLATE_DATA_ROOT=../shared/data python bench/finetune_compare.py                       # one round
     ABLATE_DATA_ROOT=../shared/data python bench/finetune_compare.py --repeats 2 --json-out ft.json
+    ABLATE_DATA_ROOT=../shared/data python bench/finetune_compare.py --seeds 1 2 3 --ablate-group-by-length
     python bench/finetune_compare.py --summarize ft.json                                   # the tables again
 
 Each measurement is a subprocess of its own (`--side ablate|recipe` runs one in this process and prints its
@@ -209,12 +210,12 @@ _SHARED = ("task", "model", "max_train", "epochs", "max_length", "batch_size", "
            "threads")
 
 
-def _measure(args, side: str, log) -> dict:
-    """One side's measurement; taken again (up to --retries times) while other processes kept more than
-    --retry-above cores busy during it, keeping the least disturbed."""
+def _measure(args, side: str, seed: int, log) -> dict:
+    """One side's measurement with this fine-tuning seed; taken again (up to --retries times) while other
+    processes kept more than --retry-above cores busy during it, keeping the least disturbed."""
     tries = []
     for attempt in range(args.retries + 1):
-        tries.append({**_child(args, side, log), "attempt": attempt + 1})
+        tries.append({**_child(args, side, seed, log), "attempt": attempt + 1})
         other = tries[-1]["other_load_cores"]
         if other is None or other <= args.retry_above:
             break
@@ -223,10 +224,10 @@ def _measure(args, side: str, log) -> dict:
     return min(tries, key=lambda r: r["other_load_cores"] or 0.0)
 
 
-def _child(args, side: str, log) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side]
+def _child(args, side: str, seed: int, log) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--seed", str(seed)]
     for key in _SHARED:
-        if getattr(args, key) is not None:
+        if key != "seed" and getattr(args, key) is not None:
             cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     if args.ablate_group_by_length:
         cmd.append("--ablate-group-by-length")
@@ -249,14 +250,18 @@ def _child(args, side: str, log) -> dict:
 
 
 def summarize(runs: dict[str, list[dict]], clean_below: float) -> dict:
-    """Medians per side over its undisturbed measurements (other processes at most clean_below cores) when it
-    has any, else over all of them (marked disturbed); peak RSS over all."""
-    keys = ("train_sentences_per_s", "eval_sentences_per_s", "test_entity_f1", "dev_entity_f1", "process_s")
+    """Per side: speeds and process time as medians over its undisturbed measurements (other processes at most
+    clean_below cores) when it has any, else over all of them (marked disturbed); F1 as the mean over all its
+    runs (a seed's F1 does not depend on the load; with several seeds, each seed weighs the same when each
+    was run as often); peak RSS over all."""
+    speeds = ("train_sentences_per_s", "eval_sentences_per_s", "process_s")
     med = {}
     for side, rs in runs.items():
         clean = [r for r in rs if (r["other_load_cores"] or 0.0) <= clean_below]
         used = clean or rs
-        med[side] = {k: statistics.median(r[k] for r in used) for k in keys}
+        med[side] = {k: statistics.median(r[k] for r in used) for k in speeds}
+        med[side].update({k: statistics.fmean(r[k] for r in rs) for k in ("test_entity_f1", "dev_entity_f1")},
+                         seeds=sorted({r["seed"] for r in rs}))
         med[side].update(peak_rss_mb=max(r["peak_rss_mb"] for r in rs), runs_used=f"{len(used)}/{len(rs)}",
                          disturbed=not clean,
                          other_load_cores_max=max((r["other_load_cores"] or 0.0) for r in used))
@@ -272,6 +277,8 @@ def summarize(runs: dict[str, list[dict]], clean_below: float) -> dict:
                                           for x, y in zip(runs["ablate"], runs["recipe"])],
             "paired_other_load_cores": [(x["other_load_cores"], y["other_load_cores"])
                                         for x, y in zip(runs["ablate"], runs["recipe"])],
+            "paired_test_f1_difference_points": [round(100 * (x["test_entity_f1"] - y["test_entity_f1"]), 2)
+                                                 for x, y in zip(runs["ablate"], runs["recipe"])],
             # a speed ratio with a side measured only under load is not a measurement of the code
             "speed_goal_met": None if a["disturbed"] or r["disturbed"] else speed >= GOAL_SPEED,
             "f1_goal_met": abs(f1_points) <= GOAL_F1_POINTS}
@@ -289,7 +296,8 @@ def markdown_table(s: dict) -> str:
     rows += ["", f"train sentences/s ablate/recipe: {s['train_speed_ratio']:.2f}x (goal >= {GOAL_SPEED}x: "
              f"{verdict[s['speed_goal_met']]}; per round {s['paired_train_speed_ratios']}, other "
              f"processes' cores (ablate, recipe) {s['paired_other_load_cores']}); "
-             f"test F1 ablate - recipe: {s['test_f1_difference_points']:+.2f} points (goal within "
+             f"test F1 ablate - recipe: {s['test_f1_difference_points']:+.2f} points, mean over seeds "
+             f"{s['sides']['ablate']['seeds']} (per round {s['paired_test_f1_difference_points']}; goal within "
              f"{GOAL_F1_POINTS:g}: {'met' if s['f1_goal_met'] else 'NOT met'}); eval sentences/s "
              f"{s['eval_speed_ratio']:.2f}x; peak RSS {s['rss_ratio']:.2f}; "
              f"whole process {s['process_time_ratio']:.2f}x"]
@@ -310,6 +318,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-batch-size", type=int, default=64, help="both sides (ablate's default is 64)")
     ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seeds", type=int, nargs="+", default=None,
+                    help="fine-tuning seeds, each measured on both sides (default: --seed); F1 is compared as "
+                         "the mean over them, since one seed's F1 moves by a point or more with the batch order")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ablate-group-by-length", action="store_true", help="ablate with length-grouped batches")
     ap.add_argument("--ablate-length-pieces", action="store_true",
@@ -331,12 +342,13 @@ def main(argv: list[str] | None = None) -> None:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     load_start = load_avg()
     runs: dict[str, list[dict]] = {"ablate": [], "recipe": []}
-    for rep in range(args.repeats):
-        for side in (("ablate", "recipe") if rep % 2 == 0 else ("recipe", "ablate")):
-            runs[side].append(_measure(args, side, log))
+    rounds = [seed for seed in (args.seeds or [args.seed]) for _ in range(args.repeats)]
+    for n, seed in enumerate(rounds):
+        for side in (("ablate", "recipe") if n % 2 == 0 else ("recipe", "ablate")):
+            runs[side].append(_measure(args, side, seed, log))
     summary = summarize(runs, args.retry_above)
     out = {"bench": "finetune_compare", "summary": summary, "runs": runs,
-           "settings": {k: getattr(args, k) for k in (*_SHARED, "ablate_group_by_length", "ablate_length_pieces",
+           "settings": {k: getattr(args, k) for k in (*_SHARED, "seeds", "ablate_group_by_length", "ablate_length_pieces",
                                                       "repeats", "retry_above", "retries")},
            "load_avg_start": load_start, "load_avg_end": load_avg(), "cpu_count": os.cpu_count(),
            "wall_s": round(time.perf_counter() - t0, 1)}
