@@ -348,8 +348,8 @@ def main(argv: list[str] | None = None) -> None:
             runs[side].append(_measure(args, side, seed, log))
     summary = summarize(runs, args.retry_above)
     out = {"bench": "finetune_compare", "summary": summary, "runs": runs,
-           "settings": {k: getattr(args, k) for k in (*_SHARED, "seeds", "ablate_group_by_length", "ablate_length_pieces",
-                                                      "repeats", "retry_above", "retries")},
+           "settings": {k: getattr(args, k) for k in (*_SHARED, "seeds", "ablate_group_by_length",
+                                                      "ablate_length_pieces", "repeats", "retry_above", "retries")},
            "load_avg_start": load_start, "load_avg_end": load_avg(), "cpu_count": os.cpu_count(),
            "wall_s": round(time.perf_counter() - t0, 1)}
     emit(markdown_table(summary), out, args.json_out)
