@@ -206,8 +206,7 @@ def run_recipe(args, t0: float) -> dict:
 
 # ------------------------------------------------------------------ the comparison
 
-_SHARED = ("task", "model", "max_train", "epochs", "max_length", "batch_size", "eval_batch_size", "lr", "seed",
-           "threads")
+_SHARED = ("task", "model", "max_train", "epochs", "max_length", "batch_size", "eval_batch_size", "lr", "threads")
 
 
 def _measure(args, side: str, seed: int, log) -> dict:
@@ -227,7 +226,7 @@ def _measure(args, side: str, seed: int, log) -> dict:
 def _child(args, side: str, seed: int, log) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--seed", str(seed)]
     for key in _SHARED:
-        if key != "seed" and getattr(args, key) is not None:
+        if getattr(args, key) is not None:
             cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     if args.ablate_group_by_length:
         cmd.append("--ablate-group-by-length")
@@ -268,17 +267,17 @@ def summarize(runs: dict[str, list[dict]], clean_below: float) -> dict:
     a, r = med["ablate"], med["recipe"]
     speed = a["train_sentences_per_s"] / r["train_sentences_per_s"]
     f1_points = 100 * (a["test_entity_f1"] - r["test_entity_f1"])
+    pairs = list(zip(runs["ablate"], runs["recipe"]))   # the two sides' measurements of one round
     return {"sides": med, "train_speed_ratio": round(speed, 3),
             "eval_speed_ratio": round(a["eval_sentences_per_s"] / r["eval_sentences_per_s"], 3),
             "rss_ratio": round(a["peak_rss_mb"] / r["peak_rss_mb"], 3),
             "process_time_ratio": round(r["process_s"] / a["process_s"], 3),
             "test_f1_difference_points": round(f1_points, 2),
             "paired_train_speed_ratios": [round(x["train_sentences_per_s"] / y["train_sentences_per_s"], 3)
-                                          for x, y in zip(runs["ablate"], runs["recipe"])],
-            "paired_other_load_cores": [(x["other_load_cores"], y["other_load_cores"])
-                                        for x, y in zip(runs["ablate"], runs["recipe"])],
+                                          for x, y in pairs],
+            "paired_other_load_cores": [(x["other_load_cores"], y["other_load_cores"]) for x, y in pairs],
             "paired_test_f1_difference_points": [round(100 * (x["test_entity_f1"] - y["test_entity_f1"]), 2)
-                                                 for x, y in zip(runs["ablate"], runs["recipe"])],
+                                                 for x, y in pairs],
             # a speed ratio with a side measured only under load is not a measurement of the code
             "speed_goal_met": None if a["disturbed"] or r["disturbed"] else speed >= GOAL_SPEED,
             "f1_goal_met": abs(f1_points) <= GOAL_F1_POINTS}
@@ -348,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
             runs[side].append(_measure(args, side, seed, log))
     summary = summarize(runs, args.retry_above)
     out = {"bench": "finetune_compare", "summary": summary, "runs": runs,
-           "settings": {k: getattr(args, k) for k in (*_SHARED, "seeds", "ablate_group_by_length",
+           "settings": {k: getattr(args, k) for k in (*_SHARED, "seed", "seeds", "ablate_group_by_length",
                                                       "ablate_length_pieces", "repeats", "retry_above", "retries")},
            "load_avg_start": load_start, "load_avg_end": load_avg(), "cpu_count": os.cpu_count(),
            "wall_s": round(time.perf_counter() - t0, 1)}
