@@ -38,6 +38,13 @@ def _problem(n=50, width=12, vocab=97, dtype=torch.float64, ignored=0.3, seed=0,
     return [t.to(device, dtype).requires_grad_() for t in (x, w, b)] + [y.to(device)]
 
 
+@pytest.fixture(params=["position-major", "vocabulary-major"])
+def layout(request, monkeypatch):
+    """Every chunk's logits stored one way or the other (the engine picks by chunk size on CPU)."""
+    monkeypatch.setattr(vocab_loss, "VOCAB_MAJOR_FROM", 10**9 if request.param == "position-major" else 1)
+    return request.param
+
+
 def _loss_and_grads(loss_fn, x, w, b, y, autocast=False, **kw):
     for t in (x, w, b):
         if t is not None:
@@ -55,7 +62,7 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("chunk", [1, 7, 50, 1024])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_float64_loss_and_gradients_equal_the_dense_head(chunk, with_bias):
+def test_float64_loss_and_gradients_equal_the_dense_head(chunk, with_bias, layout):
     x, w, b, y = _problem()
     b = b if with_bias else None
     fused = _loss_and_grads(fused_cross_entropy, x, w, b, y, chunk=chunk)
@@ -68,7 +75,7 @@ def test_float64_loss_and_gradients_equal_the_dense_head(chunk, with_bias):
     assert ignored.any() and fused[1][ignored].abs().max() == 0       # no gradient from an ignored position
 
 
-def test_float32_is_as_close_to_float64_as_the_dense_float32_head():
+def test_float32_is_as_close_to_float64_as_the_dense_float32_head(layout):
     x, w, b, y = _problem(n=600, width=64, vocab=3000, ignored=0.2)
     truth = _loss_and_grads(dense_cross_entropy, x, w, b, y)
     x32, w32, b32 = (t.detach().float().requires_grad_() for t in (x, w, b))
@@ -80,7 +87,7 @@ def test_float32_is_as_close_to_float64_as_the_dense_float32_head():
 
 
 @pytest.mark.parametrize("how", ["bf16 tensors", "cpu autocast"])
-def test_bf16_is_as_close_to_float64_as_the_dense_bf16_head(how):
+def test_bf16_is_as_close_to_float64_as_the_dense_bf16_head(how, layout):
     x, w, b, y = _problem(n=600, width=64, vocab=3000, ignored=0.2)
     truth = _loss_and_grads(dense_cross_entropy, x, w, b, y)
     autocast = how == "cpu autocast"
@@ -95,7 +102,7 @@ def test_bf16_is_as_close_to_float64_as_the_dense_bf16_head(how):
         assert err <= 1.25 * _rel(ref, want) + 1e-6
 
 
-def test_positions_all_ignored_or_none_give_zero_loss_and_zero_gradients_like_the_dense_head():
+def test_positions_all_ignored_or_none_give_zero_loss_and_zero_gradients_like_the_dense_head(layout):
     x, w, b, y = _problem(n=20)
     for labels, rows in ((torch.full_like(y, IGNORE_INDEX), 20), (y[:0], 0)):
         xs = x[:rows].detach().requires_grad_()
@@ -105,7 +112,7 @@ def test_positions_all_ignored_or_none_give_zero_loss_and_zero_gradients_like_th
             assert torch.equal(got, want) and not got.any()
 
 
-def test_without_grad_only_the_loss_is_computed():
+def test_without_grad_only_the_loss_is_computed(layout):
     x, w, b, y = _problem()
     with torch.no_grad():
         loss = fused_cross_entropy(x, w, b, y, chunk=16)
@@ -126,7 +133,7 @@ class _LargestTensor(TorchDispatchMode):
         return out
 
 
-def test_no_more_than_one_chunk_of_logits_exists_forward_or_backward():
+def test_no_more_than_one_chunk_of_logits_exists_forward_or_backward(layout):
     n, vocab, chunk = 3000, 5000, 512
     x, w, b, y = _problem(n=n, width=8, vocab=vocab, dtype=torch.float32)
     with _LargestTensor() as fused:

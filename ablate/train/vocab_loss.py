@@ -5,11 +5,18 @@
 
 is what dense_cross_entropy computes, without ever holding the (positions x vocabulary) logits, forward or
 backward. Each chunk of `chunk` positions is projected, its log-sum-exp and target logit are read, and its
-logits are turned in place into exp(logit - row max); the gradients w.r.t. the features, the weight and the
-bias are accumulated from them right there, in the forward pass (the softmax's 1/row-sum and the one-hot are
-applied to the small matmul results, not to the chunk), and backward only scales them by the incoming
-gradient. So at most one chunk's logits exist (1,024 x 30,522 float32: 125 MB), nothing vocabulary-sized
-per position is kept for backward, and the matmuls are the dense path's three.
+logits are turned in place into exp(logit - position's max); the gradients w.r.t. the features, the weight
+and the bias are accumulated from them right there, in the forward pass (the softmax's 1/sum and the one-hot
+are applied to the small matmul results, not to the chunk), and backward only scales them by the incoming
+gradient. So one chunk's logits exist (512 x 30,522 float32: 62 MB, one buffer that every chunk reuses),
+nothing vocabulary-sized per position is kept for backward, and the matmuls are the dense path's three.
+
+Layout: the loop indexes a chunk as (vocabulary x positions), weight @ features.T. On CPU a chunk of at least
+VOCAB_MAJOR_FROM positions is stored that way (vocabulary-major), where MKL runs the three matmuls faster than
+in (positions x vocabulary) (bench/vocab_head.py at a CLM batch's 2,017 positions; BENCHMARKS.md). Smaller
+chunks (MLM's 307 masked positions of a 16 x 128 batch), where position-major storage is the faster, and
+CUDA, where the layouts were not compared, stay position-major, as the head was before (the same numbers,
+bit for bit, on CPU). The layout changes float rounding only.
 
 Precision: the matmuls run in the features' dtype, or under autocast in autocast's dtype (bf16), as F.linear
 would; the exponentials, the loss and the sums over chunks are float32 (float64 for float64 inputs); each
@@ -28,7 +35,10 @@ import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100
-CHUNK = 1024        # positions per chunk: 125 MB of float32 logits at BERT's 30,522-token vocabulary
+CHUNK = 512         # positions per chunk: 62 MB of float32 logits at BERT's 30,522-token vocabulary
+# On CPU, chunks of this many positions or more are stored vocabulary-major: measured, position-major is the
+# faster at 307 positions and vocabulary-major at 448 and more (bench/vocab_head.py).
+VOCAB_MAJOR_FROM = 400
 
 
 def dense_cross_entropy(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -79,47 +89,58 @@ class _FusedCrossEntropy(torch.autograd.Function):
         return (*scaled, None, None, None, None, None)
 
 
+def _logits_view(flat: torch.Tensor, vocab: int, positions: int) -> torch.Tensor:
+    """A (vocabulary x positions) view of `flat` for one chunk's logits, in the memory layout its matmuls run
+    fastest in: vocabulary-major (contiguous) for big CPU chunks, position-major (the transpose of a contiguous
+    (positions x vocabulary)) otherwise. Every op of the loop reads either layout through the same view."""
+    if flat.device.type == "cpu" and positions >= VOCAB_MAJOR_FROM:
+        return flat.view(vocab, positions)
+    return flat.view(positions, vocab).t()
+
+
 def _chunked(features, weight, bias, labels, dtype, ignore_index, chunk, want_x, want_w, want_b):
     """(loss, grad features, grad weight, grad bias), the gradients None where not wanted."""
     acc = _wide(dtype)                                   # exponentials, loss and gradient sums
     w = weight.to(dtype)
-    b = None if bias is None else bias.to(dtype)
+    b = None if bias is None else bias.to(dtype)[:, None]
     x_all = features.to(dtype)
+    n, vocab = features.shape[0], weight.shape[0]
     loss = torch.zeros((), dtype=acc, device=features.device)
     grad_x = torch.empty_like(features) if want_x else None
     grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if want_w else None
     grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if want_b else None
-    for start in range(0, features.shape[0], chunk):
+    buffer = torch.empty(vocab * min(chunk, n), dtype=dtype, device=features.device)
+    for start in range(0, n, chunk):
         x, y = x_all[start:start + chunk], labels[start:start + chunk]
-        logits = torch.addmm(b, x, w.t()) if b is not None else x @ w.t()
+        logits = _logits_view(buffer[:vocab * len(x)], vocab, len(x))   # (vocabulary x positions), either layout
+        torch.addmm(b, w, x.t(), out=logits) if b is not None else torch.mm(w, x.t(), out=logits)
         z = logits.to(acc)                               # the same tensor unless dtype is narrower
-        del logits
         valid = y != ignore_index
         target = torch.where(valid, y, torch.zeros_like(y))
-        picked = z.gather(1, target[:, None]).squeeze(1)
-        top = z.amax(1, keepdim=True)
-        e = z.sub_(top).exp_()                           # exp(logit - row max), in place
-        total = e.sum(1)
-        loss += torch.where(valid, total.log() + top.squeeze(1) - picked, 0.0).sum()
+        picked = z.gather(0, target[None, :]).squeeze(0)
+        top = z.amax(0, keepdim=True)
+        e = z.sub_(top).exp_()                           # exp(logit - position's max), in place
+        total = e.sum(0)
+        loss += torch.where(valid, total.log() + top.squeeze(0) - picked, 0.0).sum()
         if not (want_x or want_w or want_b):
             continue
-        # d loss / d logit = softmax - one-hot = e * scale - one-hot on labelled rows, 0 on ignored ones
+        # d loss / d logit = softmax - one-hot = e * scale - one-hot on labelled positions, 0 on ignored ones
         scale = torch.where(valid, total.reciprocal(), 0.0)
         hot = valid.to(acc)
         e_low = e.to(dtype)
         if want_x:
-            gx = (e_low @ w).to(acc).mul_(scale[:, None])
+            gx = (e_low.t() @ w).to(acc).mul_(scale[:, None])
             gx -= w.index_select(0, target).to(acc) * hot[:, None]
             grad_x[start:start + chunk] = gx.to(grad_x.dtype)
         if want_w:
             xs = x.to(acc) * scale[:, None]
             if dtype == acc:
-                grad_w.addmm_(e.t(), xs)
+                grad_w.addmm_(e, xs)
             else:
-                grad_w += (e_low.t() @ xs.to(dtype)).to(acc)
+                grad_w += (e_low @ xs.to(dtype)).to(acc)
             grad_w.index_add_(0, target, x.to(acc) * -hot[:, None])
         if want_b:
-            grad_b.addmv_(e.t(), scale)
+            grad_b.addmv_(e, scale)
             grad_b.index_add_(0, target, -hot)
     cast = lambda g, like: None if g is None else g.to(like.dtype)      # noqa: E731
     return loss, grad_x, cast(grad_w, weight), cast(grad_b, bias)
