@@ -48,15 +48,25 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def vm_hwm_mb() -> float | None:
-    """The RSS high-water mark as /proc reports it (follows reset_peak_rss), in MiB."""
+def _proc_status_mb(field: str) -> float | None:
+    """One memory field of /proc/self/status (VmHWM, VmRSS, ...), in MiB; None off Linux."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return round(int(line.split()[1]) / 1024, 1)
     except OSError:
         pass
     return None
+
+
+def vm_hwm_mb() -> float | None:
+    """The RSS high-water mark as /proc reports it (follows reset_peak_rss), in MiB."""
+    return _proc_status_mb("VmHWM")
+
+
+def vm_rss_mb() -> float | None:
+    """The process's resident memory now, in MiB."""
+    return _proc_status_mb("VmRSS")
 
 
 def busy_cpu_s() -> float | None:

@@ -25,14 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from pretrain_step import reset_peak_rss, vm_hwm_mb  # noqa: E402
-
-
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+from pretrain_step import reset_peak_rss, vm_hwm_mb, vm_rss_mb  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -62,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
     for round_ in range(args.rounds + 1):                 # round 0 warms up and is not kept
         for name in (heads if round_ % 2 == 0 else reversed(heads)):
             x.grad = w.grad = b.grad = None
-            before = rss_mb()
+            before = vm_rss_mb()
             reset_peak_rss()
             start = time.perf_counter()
             heads[name](x, w, b, y).backward()
