@@ -10,6 +10,7 @@
     zip: [{model: [small, large], batch_size: [32, 16]}]   # lists that vary together, as one axis
     exclude: [{schedule: mlm, freeze: [low_clm, mid_clm]}]
     transplants: [{from: clm_detour, into: mlm, layers: low}]   # hybrids built after the runs (config.transplants)
+    allow_unequal_compute: false      # arms compared with each other must train the same tokens (plan.parity)
     launcher: {executor: local, local: {...}, slurm: {...}}
 
 Axis names `schedule`, `freeze` and `model` pick named entries (a `model` value that is not a name is a
@@ -88,6 +89,8 @@ class GridSpec(Strict):
     zip: tuple[dict[str, tuple[Any, ...]], ...] = ()
     exclude: tuple[dict[str, Any], ...] = ()
     transplants: tuple[TransplantSpec, ...] = ()
+    allow_unequal_compute: bool = Field(default=False, description="let arms that the tables, pairs or "
+                                        "transplants compare train different numbers of tokens")
     launcher: Launcher = Launcher()
 
 

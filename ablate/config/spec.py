@@ -95,13 +95,21 @@ class DataSpec(Strict):
                                                  "replaced by U+FFFD")
     prepared_root: str | None = Field(default=None, description="where prepared token shards live; overrides "
                                                                 "ABLATE_PREPARED (default: the cache)")
+    max_epochs: float = Field(default=1.0, gt=0, description="how many times a run may read its corpus; a run "
+                                                             "planned to read it more often is refused")
 
 
 class OptimSpec(Strict):
+    """AdamW. `weight_decay_form: composer` is the recipe's (Composer's DecoupledAdamW): each step a decayed
+    weight is multiplied by 1 - (lr_t / lr) x weight_decay, lr being this peak (1e-5 a step at peak).
+    `torch` is torch.optim.AdamW's 1 - lr_t x weight_decay (2e-9 a step at the recipe's values: in float32
+    a weight stays bitwise unchanged)."""
+
     lr: float = Field(default=2e-4, gt=0)
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = Field(default=1e-6, gt=0)
     weight_decay: float = Field(default=1e-5, ge=0)
+    weight_decay_form: Literal["composer", "torch"] = "composer"
     grad_clip: float | None = Field(default=1.0, gt=0)
 
 
@@ -195,8 +203,13 @@ class RunSpec(Strict):
 
     @model_validator(mode="after")
     def _check(self):
-        if any(p.fraction is not None for p in self.phases) and self.budget_tokens is None:
+        fractions = [p.fraction for p in self.phases if p.fraction is not None]
+        if fractions and self.budget_tokens is None:
             raise ValueError("a phase length given as a fraction needs budget_tokens")
+        if fractions and not math.isclose(sum(fractions), 1.0, rel_tol=0, abs_tol=1e-9):
+            raise ValueError(f"the phases' fractions of budget_tokens add up to {sum(fractions):g}, not 1: "
+                             f"{' + '.join(f'{f:g}' for f in fractions)} (give the rest as a fraction too, or "
+                             "lengths in steps or tokens)")
         mb = self.micro_batch_size
         if mb is not None and self.batch_size % mb:
             raise ValueError(f"batch_size {self.batch_size} is not a multiple of micro_batch_size {mb}")
@@ -211,6 +224,7 @@ class RunSpec(Strict):
     def run_id(self) -> str:
         content = self.model_dump(mode="json", exclude=set(self.NON_TRAINING_FIELDS))
         content["data"].pop("prepared_root")            # where tokens are kept does not change them
+        content["data"].pop("max_epochs")               # a guard on the plan, not part of it
         if content["data"]["errors"] == "strict":       # the default leaves ids of older runs as they were
             content["data"].pop("errors")
         blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
@@ -221,6 +235,7 @@ class RunSpec(Strict):
         """A digest of what trains the run apart from its phases and seed: the runs of two arms (or two seeds)
         at one grid point share it (the pairs table, layer transplants)."""
         content = self.model_dump(mode="json", exclude={*self.NON_TRAINING_FIELDS, "phases", "seed"})
+        content["data"].pop("max_epochs")
         return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
     @property

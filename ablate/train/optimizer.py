@@ -1,5 +1,10 @@
 """AdamW over a model whose trainable set changes per phase, with moments kept by parameter name.
 
+Weight decay has the recipe's meaning by default (Composer's DecoupledAdamW, which the paper trained with):
+each step multiplies a decayed weight by 1 - (lr_t / peak) x weight_decay, peak being `optim.lr`. That is
+torch's AdamW with its decay coefficient divided by the peak: torch multiplies by 1 - lr_t x coefficient,
+before the Adam update, as Composer does. `weight_decay_form: torch` keeps torch's own meaning.
+
 May import: config.
 """
 
@@ -7,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ablate.config.spec import RunSpec
+from ablate.config.spec import OptimSpec, RunSpec
 
 
 def _no_decay(name: str) -> bool:
@@ -27,7 +32,7 @@ class Optimizer:
         self.decay_names = [n for n in self.named if not _no_decay(n)]
         self.plain_names = [n for n in self.named if _no_decay(n)]
         self.torch = torch.optim.AdamW(
-            [{"params": [self.named[n] for n in self.decay_names], "weight_decay": o.weight_decay},
+            [{"params": [self.named[n] for n in self.decay_names], "weight_decay": torch_decay(o)},
              {"params": [self.named[n] for n in self.plain_names], "weight_decay": 0.0}],
             lr=o.lr, betas=o.betas, eps=o.eps, **({"fused": True} if fused else {}))
 
@@ -46,6 +51,13 @@ class Optimizer:
         for n, moments in state.items():
             p = self.named[n]
             self.torch.state[p] = {k: v.to(p.device) if k != "step" else v for k, v in moments.items()}
+
+
+def torch_decay(optim: OptimSpec) -> float:
+    """The coefficient torch.optim.AdamW needs to decay as `optim.weight_decay_form` says."""
+    if optim.weight_decay_form == "composer":
+        return optim.weight_decay / optim.lr
+    return optim.weight_decay
 
 
 def fused_adamw(device: torch.device) -> bool:
