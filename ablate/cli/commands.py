@@ -106,6 +106,7 @@ def cmd_sweep(args) -> int:
             print()
         print("\n".join(header))
         _print_table(costs)
+        print("\n".join(checked.parity))
         print(f"{len(runs)} runs" + (f", {len(transplants)} transplants" if transplants else "")
               + f"; executor {executor}; results in {sweep_dir}; dry run: nothing submitted; "
               + describe_pairs([(r.run_id, r.spec) for r in runs]))

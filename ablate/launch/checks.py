@@ -1,6 +1,7 @@
 """A grid file checked as far as it can be before anything runs or is timed (what `ablate sweep` and
 `ablate calibrate` start with): expanded, every model's family and depth, every phase plan, every eval task,
-every corpus, the grid's transplants against its runs, and the causal preflight per model. Any problem is a
+every corpus, compute parity of the arms it compares, the grid's transplants against its runs, and the
+causal preflight per model. Any problem is a
 SpecError naming the file.
 
 May import: config, plan, evaluate, train, launch.preparation, launch.transplants.
@@ -15,6 +16,7 @@ from ablate.evaluate.runs import check_eval
 from ablate.launch.preparation import check_corpora
 from ablate.launch.transplants import check_tasks
 from ablate.plan.grid import PlannedRun, expand, resolve_layers, resolve_models
+from ablate.plan.parity import check_parity, comparison_groups, parity_lines
 from ablate.plan.transplants import plan_transplants
 from ablate.train.preflight import check_models
 
@@ -28,6 +30,7 @@ class CheckedGrid:
     causal: dict[tuple, object]       # (model, tokenizer, implementation) -> preflight result, None without CLM
     transplants: list                 # the grid's planned transplants (ablate.plan.transplants)
     warnings: list[str]               # e.g. a transplant's seed one arm lacks
+    parity: list[str]                 # the compute parity check, a line per comparison group
 
 
 def checked_grid(path: str) -> CheckedGrid:
@@ -35,9 +38,12 @@ def checked_grid(path: str) -> CheckedGrid:
     runs = expand(grid, file=path)
     models = resolve_models(runs, file=path)
     plans = resolve_layers(runs, file=path, models=models)
+    groups = comparison_groups(runs, plans)
+    check_parity(groups, grid.allow_unequal_compute, file=path)
     transplants, warnings = plan_transplants(grid, runs, models, file=path)
     specs = [r.spec for r in runs]
     check_eval(specs, file=path)
     check_tasks(transplants, file=path)
     check_corpora(specs, file=path)
-    return CheckedGrid(grid, runs, models, plans, check_models(specs, file=path), transplants, warnings)
+    return CheckedGrid(grid, runs, models, plans, check_models(specs, file=path), transplants, warnings,
+                       parity_lines(groups, grid.allow_unequal_compute))
