@@ -243,15 +243,21 @@ class RunSpec(Strict):
         return self.batch_size * self.data.seq_len
 
     def phase_steps(self) -> list[int]:
-        """Each phase's length in optimizer steps (a token count rounds up to whole steps)."""
-        out = []
+        """Each phase's length in optimizer steps (a token count rounds up to whole steps). Fractions are cut
+        at their cumulative boundaries, so any split of the budget trains ceil(budget_tokens / step) steps."""
+        out, done = [], 0.0
         for p in self.phases:
             if p.steps is not None:
                 out.append(p.steps)
+            elif p.tokens is not None:
+                out.append(max(1, math.ceil(p.tokens / self.tokens_per_step)))
             else:
-                tokens = p.tokens if p.tokens is not None else p.fraction * self.budget_tokens
-                out.append(max(1, math.ceil(tokens / self.tokens_per_step)))
+                start, done = self._steps_for(done * self.budget_tokens), done + p.fraction
+                out.append(max(1, self._steps_for(done * self.budget_tokens) - start))
         return out
+
+    def _steps_for(self, tokens: float) -> int:
+        return math.ceil(tokens / self.tokens_per_step - 1e-9)   # 0.7 * 1000 is 700.0000000000001
 
 
 def parse_layer_range(text: str) -> tuple[int, int] | None:
