@@ -174,7 +174,7 @@ def test_run_ids_are_pinned(tmp_path):
     runs = runs_of(tmp_path, grid_dict(axes={"seed": [17]}))
     assert runs[0].run_id == runs[0].spec.run_id
     # changed on purpose once: optim.weight_decay_form (the recipe's decay) made every older score another recipe's
-    assert runs[0].run_id == "4178656a60e6", "run ids changed for unchanged grids: existing results would be re-run"
+    assert runs[0].run_id == "9eb2ce5082a5", "run ids changed for unchanged grids: existing results would be re-run"
 
 
 def test_ids_do_not_depend_on_labels_or_evaluation(tmp_path):
@@ -290,7 +290,7 @@ def test_a_missing_file_and_a_file_that_is_not_yaml(tmp_path):
     (lambda g: g.update(zip=[{"optim.lr": [-1.0], "seed": [1]}]), "zip[0].optim.lr (= -1.0): optim.lr",
      "greater than 0", None),
     (lambda g: g.update(axes={"optim.lrr": [1.0]}), "axes.optim.lrr (= 1.0): optim.lrr", "unknown key",
-     "lr, betas, eps, weight_decay, grad_clip"),
+     "lr, betas, eps, weight_decay, weight_decay_form, grad_clip"),
     (lambda g: g.update(axes={"batch_size.x": [1]}), "axes.batch_size.x", "not a mapping", None),
     (lambda g: g.update(axes={"seed.x": [1]}), "axes.seed.x (= 1): seed", "integer", None),
     (lambda g: g.update(models={"small": {"batch_size": -1}}, axes={"model": ["small"]}),
@@ -444,7 +444,9 @@ def test_the_shipped_freeze_grid_has_one_pretraining_seed_and_nine_finetuning_se
     assert len(runs) == 5 and {r.spec.seed for r in runs} == {17}
     # its cost plan without a throughput: steps and tokens per arm and in total, and how to get hours
     lines = out.splitlines()
-    plan = lines[next(i for i, line in enumerate(lines) if line.startswith("cost plan:")):-1]
+    plan = lines[next(i for i, line in enumerate(lines) if line.startswith("cost plan:")):-2]
+    assert lines[-2] == "compute parity (the whole grid): ok, 5 arm(s) train 11,000,610,816 tokens each " \
+                        "(prelude included)"
     assert "2 transplants" in lines[-1]       # the paper's hybrids: low layers CLM -> MLM and back
     assert plan[0] == (f"cost plan: steps and tokens (training steps, prelude included); for hours and GPU-hours, "
                        f"run `ablate calibrate {path}` on the target hardware (it stores the measured tokens/s with "
