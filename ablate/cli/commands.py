@@ -44,12 +44,14 @@ def cmd_run(args) -> int:
     from ablate.evaluate.runs import check_eval
     from ablate.launch import worker
     from ablate.launch.preparation import check_corpora
+    from ablate.plan.model_fit import check_model_fit
     from ablate.plan.phases import check_plan
     from ablate.store import rundir
     from ablate.train.preflight import check_models
 
     spec = load_run_spec(args.spec)
     check_plan(spec, file=str(args.spec))
+    check_model_fit([spec], file=str(args.spec))
     check_eval([spec], file=str(args.spec))
     check_corpora([spec], file=str(args.spec))
     for result in check_models([spec], file=str(args.spec)).values():

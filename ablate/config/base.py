@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 import types
 from pathlib import Path
-from typing import Any, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from ablate.config.errors import SpecError
 
@@ -24,6 +24,29 @@ class Strict(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1 for an int field (seed: true would be seed 1); a boolean is no number
+        if isinstance(value, bool) and _number_not_bool(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"expected a number, not {str(value).lower()}")
+        return value
+
+
+def _leaf_types(annotation: Any) -> set:
+    """The plain types an annotation admits at its top level (through X | Y, Optional and Annotated)."""
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        return set().union(*(_leaf_types(a) for a in get_args(annotation)))
+    if origin is Annotated:
+        return _leaf_types(get_args(annotation)[0])
+    return {annotation}
+
+
+def _number_not_bool(annotation: Any) -> bool:
+    leaves = _leaf_types(annotation)
+    return bool(leaves & {int, float}) and bool not in leaves and Any not in leaves
+
 
 class Located(ValueError):
     """A cross-field error raised inside a validator, carrying the key path pydantic cannot know."""
@@ -34,12 +57,49 @@ class Located(ValueError):
 
 
 class _Loader(yaml.SafeLoader):
-    """Safe YAML that reads 1e-4 as a number (YAML 1.2), not as the string PyYAML's 1.1 rules give."""
+    """Safe YAML with the YAML 1.2 core schema's scalars, not PyYAML's 1.1 ones: 1e-4 is a number (1.1: a
+    string); yes/no/on/off stay strings (1.1: booleans, so a label `no` became False); 012 is twelve (1.1:
+    octal ten); 1:30 is a string (1.1: ninety, base 60); 2024-01-01 is a string (1.1: a date). A key given
+    twice in one mapping is an error (PyYAML keeps the last one without a word)."""
 
 
+_YAML11_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float", "timestamp")}
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML11_TAGS]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+                              list("-+0123456789"))
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
     r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
     r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """Decimal as written (no octal for a leading 0), 0o octal, 0x hexadecimal."""
+    text = loader.construct_scalar(node)
+    return int(text, 0) if text.lstrip("+-")[:2] in ("0o", "0x") else int(text)
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict:
+    """A mapping whose keys are each written once (a `<<` merge may still be overridden: that is its use)."""
+    first: dict = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        if isinstance(key, (str, int, float, bool)) and key in first:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} is given twice in one mapping (first on line {first[key] + 1})",
+                key_node.start_mark)
+        first.setdefault(key, key_node.start_mark.line)
+    loader.flatten_mapping(node)
+    return dict(loader.construct_pairs(node, deep=True))
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_Loader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
 
 
 def parse_yaml(text: str, file: str | None = None) -> Any:

@@ -97,6 +97,7 @@ class GridSpec(Strict):
 def load_grid(path: str | Path) -> GridSpec:
     grid = validate(GridSpec, read_yaml(path), str(path), "grid")
     check_references(grid, str(path))
+    check_replaced_mappings(grid, str(path))
     return grid
 
 
@@ -129,9 +130,14 @@ def check_references(grid: GridSpec, file: str) -> None:
     if dupes:
         raise SpecError("an axis is given twice (in axes and/or zip)", file=file, key="axes", value=sorted(dupes)[0])
     for name in axis_names:
-        if name in RESERVED_AXES:
+        if name.split(".")[0] in RESERVED_AXES:
             where = next(axis_values(grid, name))[0]
-            raise SpecError(f"this key cannot be an axis: {RESERVED_AXES[name]}", file=file, key=where)
+            raise SpecError(f"this key cannot be an axis: {RESERVED_AXES[name.split('.')[0]]}", file=file, key=where)
+    for model_name, entry in grid.models.items():
+        for k in entry:
+            if str(k).split(".")[0] in RESERVED_AXES:
+                raise SpecError(f"not a model setting: {RESERVED_AXES[str(k).split('.')[0]]}", file=file,
+                                key=f"models.{model_name}.{k}")
     for name, values in grid.axes.items():
         if not values:
             raise SpecError("an axis needs at least one value", file=file, key=f"axes.{name}")
@@ -178,7 +184,33 @@ def check_references(grid: GridSpec, file: str) -> None:
                 if not isinstance(g, (str, int)) or isinstance(g, bool) or (
                         str(g) not in FREEZE_WORDS and parse_layer_range(str(g)) is None):
                     raise SpecError("unknown freeze group", file=file, key=key, value=g, allowed=FREEZE_ALLOWED)
+            check_mask_groups(grid, phase_name, [str(g) for g in as_list(groups)], file, key)
     check_transplants(grid, file)
+
+
+def check_mask_groups(grid: GridSpec, phase_name: str, groups: list[str], file: str, key: str) -> None:
+    """A mask's groups are added to the phase's own freeze: 'none' among others, or a group the phase
+    freezes already, would be dropped in the merge without a word."""
+    if "none" in groups and len(groups) > 1:
+        raise SpecError("'none' cannot be combined with other freeze groups", file=file, key=key,
+                        value=", ".join(groups))
+    for where, phase in _phases_named(grid, phase_name):
+        own = {str(g).strip() for g in as_list(phase.get("freeze", "none"))} - {"none"}
+        again = [g for g in groups if g in own]
+        if again:
+            raise SpecError(f"{where} freezes {again[0]!r} already: the mask would add nothing there", file=file,
+                            key=key, value=again[0], allowed="groups the phase does not freeze itself")
+
+
+def _phases_named(grid: GridSpec, name: str):
+    """(key, phase as written) of every phase called `name` in the prelude and the schedules."""
+    for i, phase in enumerate(grid.prelude):
+        if phase.get("name") == name:
+            yield f"prelude[{i}]", phase
+    for schedule, phases in grid.schedules.items():
+        for i, phase in enumerate(phases):
+            if phase.get("name") == name:
+                yield f"schedules.{schedule}[{i}]", phase
 
 
 def check_transplants(grid: GridSpec, file: str) -> None:
@@ -204,3 +236,49 @@ def axis_key(grid: GridSpec, axis: str) -> str:
     return next(axis_values(grid, axis), (f"axes.{axis}", ()))[0]
 
 
+
+
+def unused_entries(grid: GridSpec) -> list[str]:
+    """Warnings: without a `schedule` axis every run takes the first schedule, without `freeze` the mask
+    `none`, and without `model` no models entry, so the other entries are not run. (With an axis, the axis
+    says which entries run.)"""
+    has_axis = set(grid.axes) | {k for group in grid.zip for k in group}
+    used = {"schedule": [next(iter(grid.schedules))], "freeze": ["none"], "model": []}
+    tables = {"schedule": ("schedules", grid.schedules), "freeze": ("freeze_masks", grid.freeze_masks),
+              "model": ("models", grid.models)}
+    out = []
+    for axis, (key, table) in tables.items():
+        if axis in has_axis:
+            continue
+        out += [f"{key}.{name}: no run uses this entry (the grid has no `{axis}` axis); runs use "
+                f"{', '.join(map(str, used[axis])) or 'base'}" for name, entry in table.items()
+                if name not in used[axis] and not (axis == "freeze" and not entry)]
+    return out
+
+
+def leaf_paths(mapping: dict, prefix: str = "") -> list[str]:
+    """The dotted keys of a mapping's leaves ({data: {seq_len: 1}} -> data.seq_len)."""
+    out = []
+    for k, v in mapping.items():
+        path = f"{prefix}.{k}" if prefix else str(k)
+        out += leaf_paths(v, path) if isinstance(v, dict) and v else [path]
+    return out
+
+
+def _sets(key: str, path: str) -> bool:
+    """Setting dotted `key` replaces what is at dotted `path`."""
+    return path == key or path.startswith(key + ".")
+
+
+def check_replaced_mappings(grid: GridSpec, file: str) -> None:
+    """A models entry that sets a mapping (data: {...}) replaces base's mapping whole: base settings in it
+    that the entry does not give again would be dropped for that model without a word."""
+    for name, entry in grid.models.items():
+        for k, v in entry.items():
+            dropped = [p for p in leaf_paths(grid.base) if p.startswith(f"{k}.")
+                       and not any(_sets(f"{k}.{q}", p) or _sets(p, f"{k}.{q}") for q in leaf_paths(v))] \
+                if isinstance(v, dict) else []
+            if dropped:
+                raise SpecError(f"this mapping replaces base.{k} whole, dropping base.{dropped[0]}", file=file,
+                                key=f"models.{name}.{k}", allowed=f"dotted keys ({k}.KEY: VALUE) to change "
+                                                                  "single settings")

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ablate.config.base import Strict, read_yaml, validate
+from ablate.config.base import Located, Strict, read_yaml, validate
 
 FREEZE_WORDS = ("none", "embeddings", "low", "mid", "high", "encoder", "head")
 FREEZE_ALLOWED = "none, embeddings, low, mid, high, encoder, head, or a layer range like 0-7 or 3"
@@ -36,6 +36,10 @@ class LRSchedule(Strict):
     def _one_warmup(self):
         if self.warmup_steps and self.warmup_fraction:
             raise ValueError("give warmup_steps or warmup_fraction, not both")
+        # compared with the default, not with what was written: a dumped spec (spec.json) writes every field
+        if self.decay == "constant" and self.final_fraction != 0.0:
+            raise Located("a constant LR never decays to final_fraction: give decay too", "final_fraction",
+                          self.final_fraction, "decay: linear, 1-sqrt or cosine")
         return self
 
 
@@ -52,8 +56,10 @@ class PhaseSpec(Strict):
     @field_validator("freeze", mode="before")
     @classmethod
     def _freeze_list(cls, v):
-        if isinstance(v, (str, int)):
+        if isinstance(v, (str, int)) and not isinstance(v, bool):
             v = [v]
+        if not isinstance(v, (list, tuple)) or any(isinstance(x, bool) or not isinstance(x, (str, int)) for x in v):
+            raise ValueError(f"a freeze mask is a group or a list of groups, got {v!r}; allowed: {FREEZE_ALLOWED}")
         return tuple(str(x).strip() for x in v)
 
     @field_validator("freeze")
@@ -97,6 +103,13 @@ class DataSpec(Strict):
                                                                 "ABLATE_PREPARED (default: the cache)")
     max_epochs: float = Field(default=1.0, gt=0, description="how many times a run may read its corpus; a run "
                                                              "planned to read it more often is refused")
+
+    @model_validator(mode="after")
+    def _text_field_read(self):
+        if self.format == "text" and self.text_field != "text":
+            raise Located("a text corpus has one document per line and no fields", "text_field", self.text_field,
+                          "text_field with format jsonl, parquet or hf")
+        return self
 
 
 class OptimSpec(Strict):
@@ -210,6 +223,9 @@ class RunSpec(Strict):
             raise ValueError(f"the phases' fractions of budget_tokens add up to {sum(fractions):g}, not 1: "
                              f"{' + '.join(f'{f:g}' for f in fractions)} (give the rest as a fraction too, or "
                              "lengths in steps or tokens)")
+        if self.compile and self.device == "cpu":
+            raise Located("torch.compile runs on CUDA only: on the CPU it would be skipped", "compile", True,
+                          "compile: false with device: cpu")
         mb = self.micro_batch_size
         if mb is not None and self.batch_size % mb:
             raise ValueError(f"batch_size {self.batch_size} is not a multiple of micro_batch_size {mb}")

@@ -101,5 +101,30 @@ def check_eval(specs: list[RunSpec], file: str | None = None) -> None:
                 resolve_settings(task, spec.eval.finetune, spec.eval.protocol)
                 load_task_data(task, spec.data.data_root)
             except SpecError as exc:
+                key = f"eval.{exc.key}" if exc.file is None and (exc.key or "").startswith("finetune") else exc.key
                 raise SpecError(f"eval task {name!r}: {exc.message}", file=exc.file or file,
-                                key=exc.key or "base.eval.tasks", value=exc.value, allowed=exc.allowed) from None
+                                key=key or "base.eval.tasks", value=exc.value, allowed=exc.allowed) from None
+        read_key = (spec.eval.tasks, repr(sorted(spec.eval.finetune.items())), spec.eval.protocol)
+        if read_key not in seen:
+            seen.add(read_key)
+            check_overrides_read(spec, file)
+
+
+def check_overrides_read(spec: RunSpec, file: str | None) -> None:
+    """Every key of `eval.finetune` is read by at least one of the run's tasks (a pooling for NER tasks
+    only, LoRA settings without method lora: dropped without a word otherwise)."""
+    from ablate.config.errors import SpecError
+    from ablate.evaluate.tasks import load_task, resolve_settings, unread_settings
+
+    if not spec.eval.tasks:
+        return                       # kept for a later `ablate evaluate --task`
+    unread: dict[str, str] = {}
+    for n, name in enumerate(spec.eval.tasks):
+        task = load_task(name)
+        method = resolve_settings(task, spec.eval.finetune, spec.eval.protocol).method
+        here = unread_settings(spec.eval.finetune, method, task.type)
+        unread = here if n == 0 else {k: why for k, why in unread.items() if k in here}
+    if unread:
+        key, why = next(iter(unread.items()))
+        raise SpecError(f"no eval task reads it: {why}", file=file, key=f"eval.finetune.{key}",
+                        value=spec.eval.finetune[key], allowed=f"settings the tasks {', '.join(spec.eval.tasks)} read")

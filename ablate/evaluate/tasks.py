@@ -57,6 +57,18 @@ class FinetuneSettings(Strict):
     lora_target_modules: tuple[str, ...] | None = None   # null: a default per architecture (finetune.py)
 
 
+LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
+
+
+def unread_settings(keys, method: str, task_type: str) -> dict[str, str]:
+    """The fine-tuning settings among `keys` that a `task_type` task fine-tuned by `method` never reads: why."""
+    why = {"pooling": "token classification pools nothing" if task_type == "token_classification" else None,
+           "multi_label_pos_weight": None if task_type == "multi_label_classification"
+           else f"a {task_type} task has no multi-label loss to weigh",
+           **{k: "LoRA settings apply with method: lora only" if method != "lora" else None for k in LORA_FIELDS}}
+    return {k: why[k] for k in keys if why.get(k)}
+
+
 class Splits(Strict):
     train: str
     dev: str
@@ -141,6 +153,13 @@ class TaskSpec(Strict):
             raise Located(f"{self.data.format} files have no delimiter", "data.delimiter", self.data.delimiter)
         if self.type == "regression" and self.labels.values is not None:
             raise Located("a regression task has no label set", "labels.values", self.labels.values)
+        if self.finetune.max_length is not None and "max_length" in self.model_fields_set:
+            raise Located("the task's max_length and finetune.max_length are both given: finetune's would win",
+                          "finetune.max_length", self.finetune.max_length, "one of the two")
+        unread = unread_settings(self.finetune.model_fields_set, self.finetune.method, self.type)
+        if unread:
+            key, why = next(iter(unread.items()))
+            raise Located(f"never read: {why}", f"finetune.{key}", getattr(self.finetune, key))
         if self.type == "token_classification" and self.labels.values:
             bad = [v for v in self.labels.values if not _IOB2_TAG.match(v)]
             if bad:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ablate.config.grid import GridSpec, load_grid
+from ablate.config.grid import GridSpec, load_grid, unused_entries
 from ablate.evaluate.runs import check_eval
 from ablate.launch.preparation import check_corpora
 from ablate.launch.transplants import check_tasks
 from ablate.plan.grid import PlannedRun, expand, resolve_layers, resolve_models
+from ablate.plan.model_fit import check_model_fit
 from ablate.plan.parity import check_parity, comparison_groups, parity_lines
 from ablate.plan.transplants import plan_transplants
 from ablate.train.preflight import check_models
@@ -38,12 +39,14 @@ def checked_grid(path: str) -> CheckedGrid:
     runs = expand(grid, file=path)
     models = resolve_models(runs, file=path)
     plans = resolve_layers(runs, file=path, models=models)
+    specs = [r.spec for r in runs]
+    check_model_fit(specs, file=path)
     groups = comparison_groups(runs, plans)
     check_parity(groups, grid.allow_unequal_compute, file=path)
     transplants, warnings = plan_transplants(grid, runs, models, file=path)
-    specs = [r.spec for r in runs]
     check_eval(specs, file=path)
     check_tasks(transplants, file=path)
     check_corpora(specs, file=path)
-    return CheckedGrid(grid, runs, models, plans, check_models(specs, file=path), transplants, warnings,
+    return CheckedGrid(grid, runs, models, plans, check_models(specs, file=path), transplants,
+                       [f"{path}: {w}" for w in unused_entries(grid)] + warnings,
                        parity_lines(groups, grid.allow_unequal_compute))

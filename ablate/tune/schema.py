@@ -27,12 +27,13 @@ May import: config.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from ablate.config.base import Strict
+from ablate.config.base import Located, Strict
 from ablate.config.errors import SpecError
 from ablate.config.grid import Launcher
 from ablate.config.spec import RunSpec
@@ -48,6 +49,19 @@ class Objective(Strict):
     tasks: tuple[str, ...] | None = Field(default=None, description="downstream: default the base's eval.tasks")
     split: Literal["test", "dev"] = "test"
     name: str | None = Field(default=None, description="downstream metric; default each task's primary one")
+
+    @model_validator(mode="after")
+    def _fields_of_the_metric(self):
+        # each metric reads only its own fields: the other metric's would be dropped without a word
+        if self.metric == "loss":
+            other = {"tasks": self.tasks, "split": None if self.split == "test" else self.split, "name": self.name}
+        else:
+            other = {"last_n": None if self.last_n == 10 else self.last_n}
+        given = next((k for k, v in other.items() if v is not None), None)
+        if given is not None:
+            raise Located(f"metric {self.metric} does not read {given}", given, other[given],
+                          "loss: last_n; downstream: tasks, split, name")
+        return self
 
 
 class TuneSpec(Strict):
@@ -114,17 +128,19 @@ class Tune:
 
 
 def _number(value: Any, file, key) -> float:
-    """YAML reads 1e-4 as a string (1.0e-4 is a float): accept both, refuse anything else."""
+    """A finite number, or a string that reads as one ("1e-4" quoted); anything else is refused."""
     if isinstance(value, bool):
         raise SpecError("expected a number", file=file, key=key, value=value)
-    if isinstance(value, (int, float)):
-        return value
+    number = value
     if isinstance(value, str):
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
             pass
-    raise SpecError("expected a number", file=file, key=key, value=value if isinstance(value, str) else None)
+    if isinstance(number, (int, float)) and math.isfinite(number):
+        return number
+    raise SpecError("expected a finite number", file=file, key=key,
+                    value=value if isinstance(value, (str, float)) else None)
 
 
 def parse_param(key: str, raw: Any, file: str | None) -> Param:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ablate.config.base import read_yaml, validate
 from ablate.config.errors import SpecError
+from ablate.config.grid import RESERVED_AXES
 from ablate.config.spec import RunSpec
 from ablate.plan.grid import PlannedRun, resolve_layers
 from ablate.tune.sampling import check_sampler, make_pruner
@@ -27,6 +28,9 @@ def load_tune(path: str | Path, storage: str | None = None) -> Tune:
         spec = spec.model_copy(update={"storage": storage})
     if not spec.schedules:
         raise SpecError("at least one schedule is needed", file=file, key="schedules")
+    for name in RESERVED_AXES:      # the trial's run writes these: a value in base would be dropped
+        if name in spec.base:
+            raise SpecError(f"not a base setting: {RESERVED_AXES[name]}", file=file, key=f"base.{name}")
     if not spec.search_space:
         raise SpecError("the search space is empty", file=file, key="search_space",
                         allowed="at least one parameter: " + KEY_FORMS)
@@ -88,6 +92,9 @@ def _check_runs(tune: Tune) -> None:
                             value=exc.value, allowed=exc.allowed) from None
     _check_objective(tune, planned[0].spec)
     from ablate.evaluate.runs import check_eval
+    from ablate.plan.model_fit import check_model_fit
+
+    check_model_fit([run.spec for run in planned], file=tune.file)   # lengths, attention, vocabulary
     from ablate.train.preflight import check_models
 
     check_eval([planned[0].spec], file=tune.file)
