@@ -43,7 +43,7 @@ def _table(lines: list[str], columns: list[str]) -> list[dict]:
     return rows
 
 
-COSTS = ["run_id", "schedule", "freeze", "steps", "tokens", "hours", "fine-tuning h", "GPUs", "GPU-hours"]
+COSTS = ["run_id", "schedule", "freeze", "steps", "tokens", "epochs", "hours", "fine-tuning h", "GPUs", "GPU-hours"]
 
 
 # ------------------------------------------------------------------------------------------- arithmetic
@@ -111,8 +111,9 @@ def test_the_dry_run_of_the_freeze_grid_prints_its_cost_plan(tmp_path, capsys, m
         assert cost["steps"] == str(steps) and cost["tokens"] == f"{steps * 384 * 8192:,}"
         assert cost["hours"] == f"{hours:,.1f}" and cost["GPUs"] == "1" and cost["GPU-hours"] == f"{hours:,.1f}"
         assert cost["fine-tuning h"] == "not estimated"          # no fine-tuning throughput
+        assert cost["epochs"] == "missing"                       # the corpus the user supplies is not here
     assert costs[-1] == {"run_id": "total", "schedule": "", "freeze": "", "steps": str(5 * steps),
-                         "tokens": f"{5 * steps * 384 * 8192:,}", "hours": f"{5 * hours:,.1f}",
+                         "tokens": f"{5 * steps * 384 * 8192:,}", "epochs": "", "hours": f"{5 * hours:,.1f}",
                          "fine-tuning h": "not estimated", "GPUs": "", "GPU-hours": f"{5 * hours:,.1f}"}
     assert "cost plan: throughput --tokens-per-s 50,000 for every phase" in out
     assert "slurm: 1 GPU per run" in out and "fine-tuning: not estimated" in out
@@ -166,8 +167,8 @@ def test_calibrate_times_each_combination_and_the_dry_run_then_prints_hours(cali
     assert f"calibrated {calibration['created']}" in out and str(results / "tiny" / "calibration.json") in out
     lines = out.splitlines()
     costs = {c["run_id"]: c for c in _table(lines[lines.index(""):], ["run_id", "schedule", "freeze", "steps",
-                                                                        "tokens", "hours", "fine-tuning h", "GPUs",
-                                                                        "GPU-hours"])}
+                                                                        "tokens", "epochs", "hours",
+                                                                        "fine-tuning h", "GPUs", "GPU-hours"])}
     rate = {o: measured[("config:tiny-bert", o, 32, 4)]["tokens_per_s"] for o in ("mlm", "clm")}
     ft_seconds = 2 * (2 * (40 / ft["train_examples_per_s"] + 20 / ft["eval_examples_per_s"])
                       + 20 / ft["eval_examples_per_s"])

@@ -451,9 +451,11 @@ def test_the_shipped_freeze_grid_has_one_pretraining_seed_and_nine_finetuning_se
     assert plan[0] == (f"cost plan: steps and tokens (training steps, prelude included); for hours and GPU-hours, "
                        f"run `ablate calibrate {path}` on the target hardware (it stores the measured tokens/s with "
                        "the sweep) or pass --tokens-per-s N")
-    assert plan[1].split() == ["run_id", "schedule", "freeze", "steps", "tokens"]
+    assert plan[1].split() == ["run_id", "schedule", "freeze", "steps", "tokens", "epochs"]
     assert [row.split()[0] for row in plan[2:]] == [r.run_id for r in runs] + ["total"]
-    assert {tuple(row.split()[-2:]) for row in plan[2:-1]} == {("3497", "11,000,610,816")}
+    # the corpus is the user's to supply: its epochs are unknown here, and the plan says it is missing
+    assert {tuple(row.split()[-3:]) for row in plan[2:-1]} == {("3497", "11,000,610,816", "missing")}
+    assert any(line.startswith(f"warning: {path}: data.corpus ") and "biomed_fr/train" in line for line in lines)
     assert plan[-1].split() == ["total", "17485", "55,003,054,080"]
     assert all(r.spec.eval.seeds == tuple(range(9)) for r in runs)
     # the grid's comment says how to get MLM seed noise for the CKA ratio: check that recipe

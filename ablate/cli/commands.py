@@ -43,7 +43,7 @@ def cmd_run(args) -> int:
     from ablate.config.spec import load_run_spec
     from ablate.evaluate.runs import check_eval
     from ablate.launch import worker
-    from ablate.launch.preparation import check_corpora
+    from ablate.launch.preparation import check_budgets, prepare_corpora, require_corpora, unprepared
     from ablate.plan.model_fit import check_model_fit
     from ablate.plan.phases import check_plan
     from ablate.store import rundir
@@ -53,7 +53,9 @@ def cmd_run(args) -> int:
     check_plan(spec, file=str(args.spec))
     check_model_fit([spec], file=str(args.spec))
     check_eval([spec], file=str(args.spec))
-    check_corpora([spec], file=str(args.spec))
+    require_corpora([spec], file=str(args.spec))
+    prepare_corpora(unprepared([spec]))              # what the run would do first (a changed corpus: exit 2)
+    check_budgets([spec], file=str(args.spec))       # before the run folder exists
     for result in check_models([spec], file=str(args.spec)).values():
         if result is not None:
             print(result.describe())
@@ -135,9 +137,11 @@ def cmd_calibrate(args) -> int:
     from ablate.config.paths import results_root
     from ablate.launch.calibrate import calibrate, check_steps
     from ablate.launch.checks import checked_grid
+    from ablate.launch.preparation import require_corpora
 
     check_steps(args.steps, args.warmup)
     checked = checked_grid(str(args.grid))
+    require_corpora([r.spec for r in checked.runs], file=str(args.grid))
     path, _ = calibrate(checked.grid.sweep, Path(args.grid), [r.spec for r in checked.runs],
                         results_root(args.results), args.steps, args.warmup, finetune=not args.no_finetune)
     print(f"calibration: {path}; `ablate sweep {args.grid} --dry-run` now prints hours and GPU-hours")
@@ -145,12 +149,12 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_prepare(args) -> int:
-    from ablate.launch.preparation import check_corpora, prepare_corpora, specs_for_target
+    from ablate.launch.preparation import prepare_corpora, require_corpora, specs_for_target
 
     specs = specs_for_target(args.target, args.tokenizer)
     if args.tokenizer:
         specs = [s.model_copy(update={"tokenizer": args.tokenizer}) for s in specs]
-    check_corpora(specs, file=args.target)
+    require_corpora(specs, file=args.target)
     prepare_corpora(specs, workers=args.workers, verify=args.verify, shard_tokens=args.shard_tokens)
     return EXIT_OK
 

@@ -23,10 +23,15 @@ from ablate.config.errors import SpecError
 from ablate.config.spec import DataSpec
 from ablate.data.prepare import changed_sources, prepare, prepared_folder, read_manifest, tokenizer_fingerprint
 from ablate.data.prepared import PackedView, PreparedCorpus
-from ablate.data.sources import iter_documents, resolve_sources
+from ablate.data.sources import Source, iter_documents, resolve_sources
 
-__all__ = ["SequenceOrder", "TokenStream", "load_packed", "open_prepared", "read_documents", "tokenize_documents",
-           "tokenizer_fingerprint"]
+__all__ = ["SequenceOrder", "TokenStream", "estimated_tokens", "load_packed", "open_prepared", "prepared_tokens",
+           "read_documents", "tokenize_documents", "tokenizer_fingerprint"]
+
+# UTF-8 bytes a token, roughly, for biomedical text: measured 4.4 (English clinical cases, BERT WordPiece) and
+# 3.2 (French clinical cases); only for the dry run's estimate of a corpus that is not prepared
+BYTES_PER_TOKEN = 4.0
+UNCOMPRESSED = ("text", "jsonl")
 
 
 def open_prepared(spec: DataSpec, tokenizer, which: str = "corpus", workers: int | None = None) -> PreparedCorpus:
@@ -44,6 +49,25 @@ def open_prepared(spec: DataSpec, tokenizer, which: str = "corpus", workers: int
                             f"re-prepare it: ablate prepare <this run spec or grid>", key=f"data.{which}",
                             value=getattr(spec, which))
     return PreparedCorpus(folder)
+
+
+def prepared_tokens(spec: DataSpec, tokenizer) -> int | None:
+    """The corpus's token count from its prepared manifest, reading no document; None when it is not prepared
+    (or changed since it was: preparing it again is what counts it)."""
+    sources = resolve_sources(spec)
+    manifest = read_manifest(prepared_folder(spec, sources, tokenizer_fingerprint(tokenizer)))
+    if manifest is None or changed_sources(manifest, sources, spec):
+        return None
+    return int(manifest["n_tokens"])
+
+
+def estimated_tokens(spec: DataSpec, sources: list[Source]) -> int | None:
+    """About how many tokens uncompressed text or jsonl sources hold, from their bytes alone; None when the
+    bytes say little (compressed files, parquet, datasets, or `max_documents` keeping only some documents)."""
+    plain = all(s.fmt in UNCOMPRESSED and not s.path.name.lower().endswith((".gz", ".zst")) for s in sources)
+    if spec.max_documents is not None or not plain:
+        return None
+    return round(sum(s.stat()["size"] for s in sources) / BYTES_PER_TOKEN)
 
 
 def load_packed(spec: DataSpec, tokenizer) -> tuple[PackedView, PackedView]:

@@ -32,6 +32,10 @@ SUFFIXES = (".txt", ".text", ".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl
 HASH_BLOCK = 1 << 22
 
 
+class CorpusNotFound(SpecError):
+    """No file matches a corpus reference: a dry run only warns of it, a submission refuses it."""
+
+
 @dataclass(frozen=True)
 class Source:
     """One file (or saved dataset folder) of a corpus and how to read it."""
@@ -82,9 +86,9 @@ def resolve_sources(spec: DataSpec, which: str = "corpus") -> list[Source]:
     else:
         paths = []
     if not paths:
-        raise SpecError("corpus not found (relative paths are under the data root: ABLATE_DATA_ROOT or "
-                        "data.data_root; a glob or folder must match at least one corpus file)", key=key,
-                        value=str(path))
+        raise CorpusNotFound("corpus not found (relative paths are under the data root: ABLATE_DATA_ROOT or "
+                             "data.data_root; a glob or folder must match at least one corpus file)", key=key,
+                             value=str(path))
     sources = [Source(p.resolve(), _fmt_of(p, spec.format)) for p in paths]
     for s in sources:
         if not os.access(s.path, os.R_OK):

@@ -1,9 +1,11 @@
 """What the cost plan (ablate.plan.cost) needs, gathered from files: the throughput (--tokens-per-s, or the
 sweep's calibration.json, read here and written by ablate.launch.calibrate), the fine-tuning work of each
-run (the tasks' train / dev / test sizes and epochs under the run's fine-tuning settings), and for
-`ablate status` what finished runs took (records/run.json, score files).
+run (the tasks' train / dev / test sizes and epochs under the run's fine-tuning settings), what is known of
+each corpus's tokens (launch.preparation.corpus_sizes: prepared, estimated from its bytes, unknown or
+missing) for the epochs each run reads it, and for `ablate status` what finished runs took (records/run.json,
+score files).
 
-May import: config, store, plan, evaluate.
+May import: config, store, plan, evaluate, launch.preparation.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from ablate.config.base import validate
 from ablate.config.errors import SpecError
 from ablate.config.grid import GridSpec, Launcher, load_grid
 from ablate.config.spec import RunSpec
+from ablate.launch.preparation import corpus_key, corpus_sizes
 from ablate.plan.cost import (Actual, ArmCost, Calibration, FinetuneKey, FinetuneWork, Throughput, arm_cost,
                               calibrated_throughput, compare_rows, cost_rows, describe_plan, given_throughput,
                               matching_throughput)
+from ablate.plan.epochs import GRID_KEY, OVER, epochs_cell
 from ablate.plan.grid import PlannedRun
 from ablate.store import rundir
 from ablate.store.sweep import SweepFolder
@@ -109,7 +113,22 @@ def dry_run_cost(grid: GridSpec, grid_file: str, runs: list[PlannedRun], executo
                    {r.run_id: executor for r in runs}, finetune)
     header = describe_plan(throughput, grid_file, executor, grid.launcher.gpus(executor),
                            grid.launcher.ranks(executor), calibration, any(s.eval.tasks for s in specs))
-    return header, cost_rows(list(costs.values()))
+    corpus_lines, epochs = corpus_epochs(specs, grid_file)
+    return corpus_lines + header, cost_rows(list(costs.values()), epochs)
+
+
+def corpus_epochs(specs: list[RunSpec], grid_file: str) -> tuple[list[str], dict[str, str]]:
+    """The dry run's lines on each corpus (its tokens, and how they are known; a warning when it is missing or
+    some run reads it too often) and each run's epochs cell, by run id."""
+    sizes, lines = corpus_sizes(specs, grid_file)
+    epochs = {spec.run_id: epochs_cell(spec, sizes[corpus_key(spec)]) for spec in specs}
+    over = [rid for rid, cell in epochs.items() if cell.endswith(OVER)]
+    if over:
+        estimated = " (by the estimate)" if any("estimate" in epochs[rid] for rid in over) else ""
+        lines.append(f"warning: {len(over)} of {len(specs)} runs (epochs marked{OVER}) would{estimated} read their "
+                     f"corpus more than data.max_epochs times, or hold more sequences in a batch than it has: a real "
+                     f"submission refuses them (exit 2); supply a larger corpus, or allow repetition with {GRID_KEY}")
+    return lines, epochs
 
 
 def _actual(run_dir: Path, spec: RunSpec) -> Actual | None:

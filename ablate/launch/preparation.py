@@ -1,9 +1,12 @@
-"""Corpora of a set of runs, prepared once before the runs start: checked (missing, empty, unreadable: a
-SpecError before anything is submitted), then tokenized into prepared folders, each distinct (corpus,
-tokenizer) once. Locally in this process; on Slurm as one job the arms depend on (afterok), and no job at
-all when every prepared folder is complete.
+"""Corpora of a set of runs, prepared once before the runs start: checked (empty, unreadable: a SpecError
+before anything is submitted; missing: refused by a submission, only warned of by a dry run), then tokenized
+into prepared folders, each distinct (corpus, tokenizer) once. Locally in this process; on Slurm as one job
+the arms depend on (afterok), and no job at all when every prepared folder is complete. Once a corpus is
+prepared, its runs are checked against it (ablate.plan.epochs): a run that would read it more than
+`data.max_epochs` times, or whose global batch holds more sequences than it has, is refused before it is
+submitted (and, when the corpus is prepared by a job, at the run's own start: ablate.train.loop.setup).
 
-May import: config, store, data, models, launch.executors.
+May import: config, store, data, models, plan, launch.executors.
 """
 
 from __future__ import annotations
@@ -15,34 +18,153 @@ from typing import Callable
 from ablate.config.errors import SpecError
 from ablate.config.grid import Launcher
 from ablate.config.spec import DataSpec, RunSpec
-from ablate.data.corpus import open_prepared
+from ablate.data.corpus import BYTES_PER_TOKEN, estimated_tokens, open_prepared, prepared_tokens
 from ablate.data.prepare import prepared_folder, read_manifest, tokenizer_fingerprint
-from ablate.data.sources import resolve_sources
+from ablate.data.sources import CorpusNotFound, resolve_sources
 from ablate.launch.executors import make_executor
+from ablate.plan.epochs import CorpusSize, check_epochs
 
 Print = Callable[[str], None]
 # what decides the prepared tokens; the other data fields (seq_len, data_seed, valid_corpus) do not
 READING_FIELDS = ("corpus", "format", "text_field", "max_documents", "errors", "data_root", "prepared_root")
 
 
+def corpus_key(spec: RunSpec) -> str:
+    """Equal for runs that read the same prepared tokens (same corpus reading and tokenizer)."""
+    return repr(([getattr(spec.data, f) for f in READING_FIELDS], spec.tokenizer or spec.model))
+
+
 def distinct_corpora(specs: list[RunSpec]) -> list[tuple[DataSpec, str]]:
     """(data spec, tokenizer reference) for each distinct corpus reading and tokenizer, in first-seen order."""
     seen: dict[str, tuple[DataSpec, str]] = {}
     for spec in specs:
-        tok = spec.tokenizer or spec.model
-        key = repr(([getattr(spec.data, f) for f in READING_FIELDS], tok))
-        seen.setdefault(key, (spec.data, tok))
+        seen.setdefault(corpus_key(spec), (spec.data, spec.tokenizer or spec.model))
     return list(seen.values())
 
 
-def check_corpora(specs: list[RunSpec], file: str | None = None) -> None:
-    """Every corpus exists, is readable and not empty (SpecError naming the grid or spec file otherwise)."""
-    for data, _ in distinct_corpora(specs):
+def _by_corpus(specs: list[RunSpec]) -> list[tuple[DataSpec, str, list[RunSpec]]]:
+    """distinct_corpora, each with the runs that read it."""
+    groups: dict[str, list[RunSpec]] = {}
+    for spec in specs:
+        groups.setdefault(corpus_key(spec), []).append(spec)
+    return [(group[0].data, group[0].tokenizer or group[0].model, group) for group in groups.values()]
+
+
+def _reads(specs: list[RunSpec]) -> list[tuple[DataSpec, str]]:
+    """(data spec, which field) of every distinct corpus the runs read: the training corpus, and the held-out
+    one of runs with layer probes."""
+    seen: dict[tuple, tuple[DataSpec, str]] = {}
+    for spec in specs:
+        fields = ["corpus"] + (["valid_corpus"] if spec.probe.n_texts > 0 and spec.data.valid_corpus else [])
+        for which in fields:
+            seen.setdefault((which, getattr(spec.data, which), spec.data.data_root), (spec.data, which))
+    return list(seen.values())
+
+
+def _located(exc: SpecError, file: str | None) -> SpecError:
+    """The same error (same type) naming `file` when it names none."""
+    return type(exc)(exc.message, file=exc.file or file, key=exc.key, value=exc.value, allowed=exc.allowed)
+
+
+def check_corpora(specs: list[RunSpec], file: str | None = None) -> list[SpecError]:
+    """Every corpus (and held-out corpus of runs with probes) that exists is readable and not empty: a SpecError
+    naming the grid or spec file otherwise. Returns those that are missing, as the errors a real submission
+    raises (require_corpora): a dry run goes on and warns of them."""
+    missing = []
+    for data, which in _reads(specs):
         try:
-            resolve_sources(data)
+            resolve_sources(data, which)
+        except CorpusNotFound as exc:
+            missing.append(_located(exc, file))
         except SpecError as exc:
-            raise SpecError(exc.message, file=exc.file or file, key=exc.key, value=exc.value,
-                            allowed=exc.allowed) from None
+            raise _located(exc, file) from None
+    return missing
+
+
+def require_corpora(specs: list[RunSpec], file: str | None = None) -> None:
+    """check_corpora, and a missing corpus is a SpecError too: what a submission starts with."""
+    missing = check_corpora(specs, file)
+    if missing:
+        raise missing[0]
+
+
+def check_budgets(specs: list[RunSpec], file: str | None = None) -> list[RunSpec]:
+    """Refuse (SpecError) a run that would read its prepared corpus more than data.max_epochs times or whose
+    global batch holds more sequences than the corpus has. Returns the runs whose corpus is not prepared yet:
+    those are checked at their own start."""
+    from ablate.models.sources import load_tokenizer
+
+    unchecked = []
+    for data, tok, group in _by_corpus(specs):
+        tokens = prepared_tokens(data, load_tokenizer(tok))
+        if tokens is None:
+            unchecked += group
+            continue
+        for spec in group:
+            check_epochs(spec, tokens, file=file)
+    return unchecked
+
+
+def _local_tokenizer(tok: str):
+    """The tokenizer when it loads here without a hub (None otherwise: the dry run then estimates)."""
+    from ablate.models.sources import load_tokenizer
+
+    try:
+        return load_tokenizer(tok, local_only=True)
+    except SpecError:
+        return None
+
+
+def _about(n: int) -> str:
+    """Two significant digits: 1.5M, 420k, 11B."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{float(f'{n / scale:.2g}'):g}{unit}"
+    return f"{float(f'{n:.2g}'):g}"
+
+
+def _missing_line(exc: SpecError, target: str) -> str:
+    return (f"warning: {target}: {exc.key} {exc.value}: {exc.message}; the dry run goes on, a real submission "
+            "refuses it (exit 2)")
+
+
+def _sequences(tokens: int, seq_lens: set[int]) -> str:
+    return "".join(f", {tokens // n:,} sequences of {n}" for n in sorted(seq_lens))
+
+
+def known_size(data: DataSpec, tok: str, target: str, seq_lens: set[int]) -> tuple[CorpusSize, str]:
+    """What a dry run knows of a corpus's tokens without tokenizing it, and a line saying how it knows:
+    counted when prepared, else estimated from its bytes, else unknown; `target` is what `ablate prepare`
+    takes to count them, `seq_lens` the runs' sequence lengths."""
+    name = f"corpus {data.corpus} ({tok})"
+    try:
+        sources = resolve_sources(data)
+    except CorpusNotFound as exc:
+        return CorpusSize(None, missing=True), _missing_line(exc, target)
+    tokenizer = _local_tokenizer(tok)
+    tokens = None if tokenizer is None else prepared_tokens(data, tokenizer)
+    if tokens is not None:
+        return CorpusSize(tokens, exact=True), f"{name}: {tokens:,} tokens{_sequences(tokens, seq_lens)} (prepared)"
+    why = "its tokenizer is not available here" if tokenizer is None else "not prepared yet"
+    exact = f"`ablate prepare {target}` counts them"
+    estimate = estimated_tokens(data, sources)
+    if estimate is None:
+        return CorpusSize(None), (f"{name}: tokens unknown ({why}; its bytes say little: compressed, a dataset "
+                                  f"or max_documents); {exact}")
+    size = sum(src.stat()["size"] for src in sources)
+    return CorpusSize(estimate), (f"{name}: ~{_about(estimate)} tokens, an estimate from its {_about(size)} bytes "
+                                  f"at ~{BYTES_PER_TOKEN:g} bytes a token ({why}); {exact}")
+
+
+def corpus_sizes(specs: list[RunSpec], target: str) -> tuple[dict[str, CorpusSize], list[str]]:
+    """known_size of each distinct corpus, by corpus_key, and the lines of the dry run: one per corpus, and a
+    warning per missing held-out corpus."""
+    sizes, lines = {}, []
+    for data, tok, group in _by_corpus(specs):
+        sizes[corpus_key(group[0])], line = known_size(data, tok, target, {s.data.seq_len for s in group})
+        lines.append(line)
+    held_out = [exc for exc in check_corpora(specs, target) if exc.key == "data.valid_corpus"]
+    return sizes, lines + [_missing_line(exc, target) for exc in held_out]
 
 
 def prepare_corpora(specs: list[RunSpec], workers: int | None = None, verify: bool = False,
@@ -80,11 +202,11 @@ def unprepared(specs: list[RunSpec]) -> list[RunSpec]:
     from ablate.models.sources import load_tokenizer
 
     missing = []
-    for data, tok in distinct_corpora(specs):
+    for data, tok, group in _by_corpus(specs):
         tokenizer = load_tokenizer(tok)
         folder = prepared_folder(data, resolve_sources(data), tokenizer_fingerprint(tokenizer))
         if read_manifest(folder) is None:
-            missing += [s for s in specs if s.data == data and (s.tokenizer or s.model) == tok]
+            missing += group
         else:
             open_prepared(data, tokenizer)      # refuses a corpus that changed since it was prepared
     return missing
@@ -97,13 +219,17 @@ def prepare_job(spec_dicts: list[dict]) -> str:
 
 
 def prepare_for_sweep(kind: str, launcher: Launcher, specs: list[RunSpec], folder: Path, name: str,
-                      out: Print = print) -> str | None:
+                      out: Print = print, file: str | None = None) -> str | None:
     """Prepare before the first run: here for local and debug executors; on Slurm submit one preparation
-    job and return its id (the arms then depend on it), or None when nothing needs preparing."""
+    job and return its id (the arms then depend on it), or None when nothing needs preparing. Either way the
+    runs of every prepared corpus are checked against it first (check_budgets; `file` names the grid)."""
     if kind != "slurm":
         prepare_corpora(specs, out=out)
+        check_budgets(specs, file)
         return None
     todo = unprepared(specs)
+    waiting = {spec.run_id for spec in todo}
+    check_budgets([spec for spec in specs if spec.run_id not in waiting], file)
     if not todo:
         return None
     s = launcher.slurm
@@ -112,7 +238,7 @@ def prepare_for_sweep(kind: str, launcher: Launcher, specs: list[RunSpec], folde
     executor = make_executor("slurm", one_task, folder, f"ablate-prepare-{name}")
     job = executor.submit(prepare_job, [spec.model_dump(mode="json") for spec in todo])
     out(f"submitted the preparation of {len(distinct_corpora(todo))} corpora as job {job.job_id}; the runs wait "
-        f"for it (afterok)")
+        f"for it (afterok) and each checks its corpus's epochs (data.max_epochs) at its start")
     return str(job.job_id)
 
 

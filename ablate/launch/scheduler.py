@@ -8,8 +8,10 @@ submitted again; one that failed only with --retry-failed; one that is queued or
 its folder locked) is left alone, so the same run never runs twice at once.
 
 Corpora are prepared before the first run is submitted (launch.preparation): here, or on Slurm as one job
-the arms depend on. A grid's layer transplants are derived runs submitted the same way, each once the two
-runs it is built from are done (launch.transplants); a re-run skips those done, like runs.
+the arms depend on. A missing corpus is refused before anything is written, and a run that would read its
+prepared corpus more than data.max_epochs times before anything is submitted. A grid's layer transplants
+are derived runs submitted the same way, each once the two runs it is built from are done
+(launch.transplants); a re-run skips those done, like runs.
 
 May import: config, store, plan, evaluate.transplant, launch.worker, launch.executors, launch.preparation,
 launch.transplants.
@@ -254,6 +256,7 @@ def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_r
     `transplants` (derived runs) go to the same scheduler once the runs each needs are done."""
     kind = executor or grid.launcher.executor
     paths = SweepFolder(Path(results_root) / grid.sweep)
+    preparation.require_corpora(_unfinished(paths, runs), file=str(grid_file))    # before anything is written
     write_sweep_manifest(paths, grid, grid_file, runs, transplants)
     decisions = {r.run_id: classify(paths.run(r.run_id), retry_failed, out) for r in runs}
     to_run = [rid for rid, d in decisions.items() if d == "submit"]
@@ -269,7 +272,7 @@ def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_r
         scheduler = Scheduler(kind, grid.launcher, paths.jobs, grid.sweep, out)
         if to_run:
             prep_job = preparation.prepare_for_sweep(kind, grid.launcher, [r.spec for r in runs if r.run_id in to_run],
-                                                     paths.jobs, grid.sweep, out)
+                                                     paths.jobs, grid.sweep, out, file=str(grid_file))
             if prep_job is not None:
                 scheduler.executor.update_parameters(**preparation.after(prep_job, grid.launcher))
             scheduler.submit([paths.run(rid) for rid in to_run])
@@ -285,6 +288,17 @@ def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_r
     for rid in [r.run_id for r in runs] + list(derived):
         by_state.setdefault(rundir.effective_state(paths.run(rid)), []).append(rid)
     return by_state
+
+
+def _unfinished(paths: SweepFolder, runs: list[PlannedRun]) -> list:
+    """The specs of runs not done yet: only those need their corpus (a corrupt status counts as not done)."""
+    def done(run_id: str) -> bool:
+        try:
+            return rundir.read_status(paths.run(run_id)).get("state") == "done"
+        except rundir.CorruptStatus:
+            return False
+
+    return [r.spec for r in runs if not done(r.run_id)]
 
 
 def _decided(decisions: dict[str, str]) -> str:

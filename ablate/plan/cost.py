@@ -249,18 +249,21 @@ def _finetune_cell(cost: ArmCost) -> str:
     return "not estimated" if cost.finetune_hours is None else _hours(cost.finetune_hours)
 
 
-def cost_rows(costs: list[ArmCost]) -> list[dict[str, Any]]:
-    """One row per arm and a total row: steps, tokens and, when estimated, hours, fine-tuning hours, GPU-hours."""
+def cost_rows(costs: list[ArmCost], epochs: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """One row per arm and a total row: steps, tokens, with `epochs` (run id -> its cell: ablate.plan.epochs)
+    the epochs over its corpus, and when estimated, hours, fine-tuning hours, GPU-hours."""
     timed = any(c.hours is not None for c in costs)
     rows = []
     for c in costs:
         row = {"run_id": c.run_id, **c.axes, "steps": c.steps, "tokens": f"{c.tokens:,}"}
+        if epochs is not None:
+            row["epochs"] = epochs.get(c.run_id, "unknown")
         if timed:
             row.update({"hours": _hours(c.hours), "fine-tuning h": _finetune_cell(c), "GPUs": c.gpus,
                         "GPU-hours": _hours(c.gpu_hours)})
         rows.append(row)
     total = {"run_id": "total", **{k: "" for c in costs for k in c.axes}, "steps": sum(c.steps for c in costs),
-             "tokens": f"{sum(c.tokens for c in costs):,}"}
+             "tokens": f"{sum(c.tokens for c in costs):,}", **({"epochs": ""} if epochs is not None else {})}
     if timed:
         with_ft = [c for c in costs if c.has_finetuning]
         ft = _total([c.finetune_hours for c in with_ft])

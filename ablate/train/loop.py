@@ -37,8 +37,9 @@ import torch
 
 from ablate.train.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint, save_final_model
 from ablate.train.distributed import Dist, init as init_distributed, local_device_index, rank_slice
-from ablate.data.corpus import SequenceOrder, load_packed
+from ablate.data.corpus import SequenceOrder, open_prepared
 from ablate.config.errors import SpecError
+from ablate.plan.epochs import check_epochs
 from ablate.plan.freezing import apply_freeze, is_frozen
 from ablate.plan.phases import PhasePlan, frozen_rows, plan_phases
 from ablate.models.families import Family, family_of, n_layers
@@ -179,6 +180,10 @@ def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, lis
     check_data_parallel(spec, dist.world_size)
     device = pick_device(spec.device, dist.local_rank)
     tokenizer = load_tokenizer(spec.tokenizer or spec.model)
+    corpus = open_prepared(spec.data, tokenizer)       # memory-mapped; prepared first if need be
+    sequences, doc_ids = corpus.packed(spec.data.seq_len)
+    # a job whose corpus was prepared after submission (Slurm) is checked here: it never loops silently
+    check_epochs(spec, corpus.n_tokens)
     model = load_masked_lm(spec.model, spec.attn_implementation, seed=spec.seed).to(device)
     family = family_of(model.config)
     plans = plan_phases(spec, n_layers(model.config))
@@ -187,7 +192,6 @@ def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, lis
         if all(is_frozen(n, family, plan.frozen) for n in names):
             raise SpecError("the freeze mask leaves nothing to train", key=f"phases[{plan.index}].freeze",
                             value=",".join(plan.spec.freeze))
-    sequences, doc_ids = load_packed(spec.data, tokenizer)    # memory-mapped; prepared first if need be
     special = sorted(set(tokenizer.all_special_ids))
     ctx = Context(spec, model, family, device, sequences, doc_ids, SequenceOrder(len(sequences), spec.data.data_seed),
                   torch.tensor(special), tokenizer.mask_token_id, model.config.vocab_size,
