@@ -29,8 +29,8 @@ from ablate.store.tables import collect
 from ablate.config.spec import dump_run_spec
 
 PHASES = ("mlm", "mlm_decay")
-RUNS_COLUMNS = ["run_id", "sweep", "model", "family", "schedule", "freeze", "seed", "status", "token_hash",
-                "tokens_seen", "wall_time_s", "versions"]
+RUNS_COLUMNS = ["run_id", "sweep", "model", "family", "schedule", "freeze", "seed", "status", "token_hash", "twin",
+                "twin_tokens", "tokens_seen", "wall_time_s", "versions"]
 
 
 def curve_rows(n: int = 6) -> list[dict]:

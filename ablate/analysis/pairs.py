@@ -17,7 +17,10 @@ transplants) have no phase ends and are not paired.
 Rows: run_a, run_b, relation, position (1-based phase end), phase (run_a's phase), phase_b (run_b's),
 layer (-1 = embeddings output), measure, value. Measures: "cka" (both relations) and "cka_ratio" (twins:
 (1 - CKA(arm, twin)) / mean over the twin's seed-noise partners of (1 - CKA(twin, partner)), the paper's
-ratio).
+ratio; NaN where that seed noise is float rounding: below analysis.probe.NOISE_FLOOR, or every one of the
+runs' representations bitwise the same, as behind a frozen encoder). Column `tokens`: whether the two runs
+read the same tokens in that phase ("same" / "differ"; records older than token_hash_format 2: by the whole
+stream).
 
 May import: config, store, models, plan, analysis.
 """
@@ -25,17 +28,19 @@ May import: config, store, models, plan, analysis.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from ablate.analysis.probe import REPS_DIR, cka_vs_reference, load_representations
+from ablate.analysis.probe import REPS_DIR, cka_vs_reference, load_representations, noise_ratio
 from ablate.config.errors import SpecError
 from ablate.config.spec import RunSpec
+# the rule's view of a run lives in the store, so that `ablate collect` checks twins' tokens by the same rule
+from ablate.store.rundir import (SAME_TOKENS, RunInfo, TokenStream, baselines_by_group, compare_streams,
+                                 differing_phases, read_json, read_spec, run_info, runs_dir, token_stream,
+                                 twins_of)
 
 PAIR_COLUMNS = ("run_a", "run_b", "relation", "position", "phase", "phase_b", "layer", "measure", "value")
 TWIN, NOISE = "twin", "seed-noise"
@@ -44,42 +49,14 @@ RULE = ("twin: an arm and the MLM baseline (every phase MLM, freeze none) with t
         "baselines that differ only in seed")
 
 
-@dataclass(frozen=True)
-class RunInfo:
-    """What the pairing rule reads of one finished run."""
-
-    run_id: str
-    identity: str                 # digest of the spec without phases, seed and non-training fields
-    seed: int
-    phases: tuple[str, ...]
-    ends: tuple[int, ...]         # global step at the end of each phase
-    schedule: str                 # digest of the phases themselves (seed-noise pairs share it)
-    baseline: bool
-
-    @property
-    def group(self) -> tuple:
-        return self.identity, self.seed, self.ends
-
-
-def _digest(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
-
-
-def run_info(run_id: str, spec: RunSpec) -> RunInfo:
-    phases = spec.model_dump(mode="json")["phases"]
-    freeze = (spec.labels.get("axes") or {}).get("freeze", "none")
-    baseline = freeze == "none" and all(p.objective == "mlm" for p in spec.phases)
-    return RunInfo(run_id, spec.training_identity, spec.seed, tuple(p.name for p in spec.phases),
-                   tuple(int(x) for x in np.cumsum(spec.phase_steps())), _digest(phases), baseline)
-
-
 def form_pairs(infos: Sequence[RunInfo]) -> list[tuple[RunInfo, RunInfo, str]]:
     """(run_a, run_b, relation) by the module's rule; SpecError naming the run whose twin or second seed
     is missing."""
     baselines = [i for i in infos if i.baseline]
+    by_group = baselines_by_group(infos)
     out = []
     for arm in (i for i in infos if not i.baseline):
-        twins = [b for b in baselines if b.group == arm.group]
+        twins = twins_of(arm, by_group)
         if not twins:
             raise SpecError(f"run {arm.run_id} (seed {arm.seed}, phases {' > '.join(arm.phases)}) has no finished "
                             "MLM twin: no MLM-baseline run with the same model, data, seed and phase ends",
@@ -96,16 +73,32 @@ def form_pairs(infos: Sequence[RunInfo]) -> list[tuple[RunInfo, RunInfo, str]]:
     return out
 
 
+def layer_digests(reps: Sequence[np.ndarray]) -> list[bytes]:
+    """A digest of each layer's representations (dtype, shape and bytes): equal digests, bitwise-equal arrays."""
+    arrays = [np.ascontiguousarray(r) for r in reps]
+    return [hashlib.sha256(f"{a.dtype}{a.shape}".encode() + a.tobytes()).digest() for a in arrays]
+
+
+def identical_layers(digests: Sequence[Sequence[bytes]]) -> np.ndarray:
+    """Per layer, whether every run's representations are bitwise the same (`digests`: layer_digests per run)."""
+    return np.array([len(set(layer)) == 1 for layer in zip(*digests)], dtype=bool)
+
+
 def pair_rows(pairs: Sequence[tuple[RunInfo, RunInfo, str]],
               reps_of: Callable[[str, int], Sequence[np.ndarray]]) -> pd.DataFrame:
     """The pairs table for `pairs`; `reps_of(run_id, position)` gives a run's representations at the end
     of its phase `position` (1-based). Each pair's CKA is computed once."""
     cka: dict[tuple[str, str, int], np.ndarray] = {}
+    digests: dict[tuple[str, int], list[bytes]] = {}    # (run, position) -> layer_digests, for the ratio
 
     def between(a: RunInfo, b: RunInfo, pos: int) -> np.ndarray:
         key = (*sorted((a.run_id, b.run_id)), pos)
         if key not in cka:
-            cka[key] = np.asarray(cka_vs_reference(reps_of(a.run_id, pos), reps_of(b.run_id, pos)))
+            reps_a, reps_b = reps_of(a.run_id, pos), reps_of(b.run_id, pos)
+            for run_id, reps in ((a.run_id, reps_a), (b.run_id, reps_b)):
+                if (run_id, pos) not in digests:
+                    digests[(run_id, pos)] = layer_digests(reps)
+            cka[key] = np.asarray(cka_vs_reference(reps_a, reps_b))
         return cka[key]
 
     noise_partners: dict[str, list[RunInfo]] = {}
@@ -123,8 +116,8 @@ def pair_rows(pairs: Sequence[tuple[RunInfo, RunInfo, str]],
                 partners = noise_partners.get(b.run_id, [])
                 noise = np.mean([1.0 - between(b, p, pos) for p in partners], axis=0) if partners \
                     else np.full(len(values), np.nan)
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    ratio = (1.0 - values) / noise
+                same = identical_layers([digests[(r.run_id, pos)] for r in (a, b, *partners)])
+                ratio = noise_ratio(1.0 - values, noise, same)
                 rows += [(*head, layer - 1, "cka_ratio", float(v)) for layer, v in enumerate(ratio)]
     return pd.DataFrame(rows, columns=list(PAIR_COLUMNS))
 
@@ -133,8 +126,6 @@ def pairs_table(sweep_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
     """The pairs table of a sweep's finished runs (`runs`: the collected runs table), from the run folders'
     spec.json and records/reps/<phase>.npz. SpecError when a pair cannot be formed or a run saved no
     representations (probe.n_texts: 0), or two runs probed different texts."""
-    from ablate.store.rundir import read_spec, runs_dir
-
     done = runs[runs["status"] == "done"] if "status" in runs.columns else runs
     infos, folders = [], {}
     for run_id in done["run_id"]:
@@ -165,7 +156,29 @@ def pairs_table(sweep_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
                             key="probe", value=key, allowed=first)
         return list(reps)
 
-    return pair_rows(pairs, reps_of)
+    rows = pair_rows(pairs, reps_of)
+    streams = {run_id: _token_stream(folders[run_id], by_id[run_id]) for run_id in folders}
+    rows["tokens"] = [_phase_tokens(streams[a], streams[b], pos)
+                      for a, b, pos in zip(rows["run_a"], rows["run_b"], rows["position"])]
+    return rows
+
+
+def _token_stream(folder: Path, info: RunInfo) -> TokenStream:
+    try:
+        record = read_json(folder / "records" / "run.json")
+    except (OSError, ValueError):
+        record = {}
+    return token_stream(record if isinstance(record, dict) else {}, info.phases)
+
+
+def _phase_tokens(a: TokenStream, b: TokenStream, position: int) -> str:
+    """Whether two runs read the same tokens in phase `position`: by the phase hashes where both records
+    compare them, else by the whole streams ("same", "differ", or "unrecorded")."""
+    verdict = compare_streams(a, b)
+    if verdict in (SAME_TOKENS, "unrecorded"):
+        return verdict
+    positions = differing_phases(a, b)
+    return SAME_TOKENS if positions and position not in positions else "differ"
 
 
 # --- summaries -------------------------------------------------------------------------------------------

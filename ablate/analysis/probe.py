@@ -56,13 +56,51 @@ def cka_vs_reference(reps_a: Sequence[np.ndarray], reps_b: Sequence[np.ndarray])
 
 # --- representations -------------------------------------------------------------------------------------
 
-def probe_texts(valid_texts: Sequence[str], n: int, seed: int) -> list[str]:
-    """A fixed set of `n` held-out texts (all of them if fewer), chosen by `seed`, in corpus order."""
+def probe_texts(valid_texts: Sequence[str], n: int, seed: int, *, corpus: str = "data.valid_corpus",
+                key: str = "probe.n_texts", file: str | None = None) -> list[str]:
+    """A fixed set of `n` held-out texts, chosen by `seed`, in corpus order. SpecError (naming the corpus, and
+    `key` in `file`) when it has fewer usable (non-blank) texts: a probe never measures fewer than it says."""
     candidates = [t for t in valid_texts if t and t.strip()]
-    if n >= len(candidates):
+    if n > len(candidates):
+        raise SpecError(f"the layer probe asks for {n} held-out texts, but the validation corpus {corpus} has "
+                        f"{len(candidates)} usable (non-blank) texts", file=file or corpus, key=key, value=n,
+                        allowed=f"at most {len(candidates)} (0: no probe), or a data.valid_corpus with at least "
+                                f"{n} texts")
+    if n == len(candidates):
         return candidates
     idx = np.sort(np.random.default_rng(seed).choice(len(candidates), size=n, replace=False))
     return [candidates[i] for i in idx]
+
+
+def held_out_texts(spec, file: str | None = None) -> list[str]:
+    """The documents of the run's data.valid_corpus; SpecError when it names none."""
+    from ablate.data.corpus import read_documents
+
+    if spec.data.valid_corpus is None:
+        raise SpecError("layer probes need held-out texts", file=file, key="data.valid_corpus",
+                        allowed="a corpus path, or probe.n_texts: 0")
+    return read_documents(spec.data, "valid_corpus")
+
+
+def check_probe_texts(specs: list, file: str | None) -> None:
+    """Before anything is submitted: each distinct (data.valid_corpus, probe.n_texts) of the runs that probe
+    has that many usable held-out texts (probe_texts' SpecError otherwise). Reads each corpus once and loads
+    no model. A held-out file that does not exist is left to the corpus check (a dry run's warning, a
+    submission's error). `specs`: RunSpecs; `file`: the grid or run file they come from."""
+    from ablate.data.sources import CorpusNotFound
+
+    reading = {"valid_corpus", "format", "text_field", "max_documents", "data_root", "errors"}
+    texts: dict[str, list[str] | None] = {}
+    for spec in (s for s in specs if s.probe.n_texts > 0):
+        which = spec.data.model_dump_json(include=reading)
+        if which not in texts:
+            try:
+                texts[which] = held_out_texts(spec, file)
+            except CorpusNotFound:
+                texts[which] = None
+        if texts[which] is None:
+            continue
+        probe_texts(texts[which], spec.probe.n_texts, spec.probe.seed, corpus=spec.data.valid_corpus, file=file)
 
 
 def _encoder(model):
@@ -180,6 +218,26 @@ def layer_grad_norms(model) -> dict[int, float]:
 
 RATIO_MEASURE = "cka_ratio_vs_mlm"
 
+# Seed noise (1 - CKA between MLM seeds) below this is float rounding, and a ratio over it is undefined (NaN).
+# 1 - CKA is second order in a difference of representations: 1e-10 is what a relative difference of ~1e-5
+# (about 100 float32 ulps) in every representation gives. Measured on MiniLM-L6, 64 held-out corpus_en_e3c
+# texts: bitwise-identical float32 sets give |1 - CKA| <= 2.2e-16 (float64 rounding of the CKA itself), the
+# float64 -> float32 rounding of saving <= 6.7e-16, a float32 recomputation with other kernels (eager vs SDPA
+# attention) <= 1.2e-13; random 500 x 768 sets ~2 float32 ulps apart <= 8e-14. The floor is ~1000x above these.
+NOISE_FLOOR = 1e-10
+
+
+def noise_ratio(moved, noise, identical=None) -> np.ndarray:
+    """The paper's ratio per layer, moved / noise (1 - CKA(arm, twin) over the MLM seed noise); NaN where the
+    noise is below NOISE_FLOOR (or NaN) and where `identical` says all the runs' representations are the same."""
+    moved, noise = np.asarray(moved, dtype=np.float64), np.asarray(noise, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = moved / noise
+    undefined = ~(noise >= NOISE_FLOOR)
+    if identical is not None:
+        undefined |= np.asarray(identical, dtype=bool)
+    return np.where(undefined, np.nan, ratio)
+
 
 def _load_for_probe(model_dir: str, tokenizer=None):
     from transformers import AutoModel, AutoTokenizer
@@ -200,11 +258,12 @@ def cka_ratio(runs, texts: Sequence[str], *, baseline_schedule: str = "mlm", mat
     """Rows (run_id, phase="final", layer, measure="cka_ratio_vs_mlm", value) for every arm of a sweep.
 
     value = (1 - CKA(arm, MLM seed a)) / mean_b (1 - CKA(MLM seed b, MLM seed a)) per layer: how far the
-    arm moved a layer relative to seed-to-seed noise of the MLM baseline. The baseline runs are the done
-    runs with schedule == `baseline_schedule` and freeze == "none" that agree with the arm on the `match`
-    columns; seed a is the baseline sharing the arm's seed (its twin on the same token stream) when there
-    is one, else the lowest baseline seed; b ranges over the other baseline seeds. Arms without at least
-    two such baseline seeds get no rows. Every other done run with a model folder is an arm.
+    arm moved a layer relative to seed-to-seed noise of the MLM baseline; NaN where that noise is rounding
+    (noise_ratio). The baseline runs are the done runs with schedule == `baseline_schedule` and freeze ==
+    "none" that agree with the arm on the `match` columns; seed a is the baseline sharing the arm's seed (its
+    twin on the same token stream) when there is one, else the lowest baseline seed; b ranges over the other
+    baseline seeds. Arms without at least two such baseline seeds get no rows. Every other done run with a
+    model folder is an arm.
 
     Representations come from `reps` (run_id -> per-layer arrays on `texts`) when given, else from the
     run's `model_dir` (its own tokenizer unless `tokenizer` is passed); each model is encoded once.
@@ -250,8 +309,9 @@ def cka_ratio(runs, texts: Sequence[str], *, baseline_schedule: str = "mlm", mat
         others = [b for b in bases.itertuples(index=False) if b.run_id != a.run_id]
         noise = np.mean([1.0 - cka_between(b, a) for b in others], axis=0)
         moved = 1.0 - cka_between(arm, a)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = moved / noise
+        layers = zip(*map(reps_of, (arm, a, *others)))    # per layer: each run's representations
+        same = [all(np.array_equal(layer[0], y) for y in layer[1:]) for layer in layers]
+        ratio = noise_ratio(moved, noise, same)
         rows += [(arm.run_id, "final", layer - 1, RATIO_MEASURE, float(v)) for layer, v in enumerate(ratio)]
     return pd.DataFrame(rows, columns=columns)
 
@@ -298,13 +358,9 @@ def cka_vs_base_hook(spec, run_dir: Path | None = None):
 
     The base representations are computed once, from a fresh load of the base model (same seed, so the
     same weights the run started from, also when the run resumes from a checkpoint)."""
-    from ablate.data.corpus import read_documents
     from ablate.models.sources import load_masked_lm, load_tokenizer
 
-    if spec.data.valid_corpus is None:
-        raise SpecError("layer probes need held-out texts", key="data.valid_corpus",
-                        allowed="a corpus path, or probe.n_texts: 0")
-    texts = probe_texts(read_documents(spec.data, "valid_corpus"), spec.probe.n_texts, spec.probe.seed)
+    texts = probe_texts(held_out_texts(spec), spec.probe.n_texts, spec.probe.seed, corpus=spec.data.valid_corpus)
     tokenizer = load_tokenizer(spec.tokenizer or spec.model)
     base = load_masked_lm(spec.model, spec.attn_implementation, seed=spec.seed)
     base_reps = representations_for(base, tokenizer, texts, spec.probe.max_length)
@@ -329,7 +385,6 @@ def add_cka_ratio(sweep_dir: Path, tables: dict, n_texts: int) -> int:
     seeds per model)."""
     import pandas as pd
 
-    from ablate.data.corpus import read_documents
     from ablate.store.rundir import read_spec
 
     runs = tables["runs"]
@@ -337,9 +392,8 @@ def add_cka_ratio(sweep_dir: Path, tables: dict, n_texts: int) -> int:
     if done.empty:
         raise SpecError("no finished runs to compare", key="--cka-ratio", file=str(sweep_dir))
     spec = read_spec(Path(sweep_dir) / "runs" / done["run_id"].iloc[0])
-    if spec.data.valid_corpus is None:
-        raise SpecError("the ratio needs held-out texts", key="base.data.valid_corpus", file=str(sweep_dir))
-    texts = probe_texts(read_documents(spec.data, "valid_corpus"), n_texts, spec.probe.seed)
+    texts = probe_texts(held_out_texts(spec, str(sweep_dir)), n_texts, spec.probe.seed,
+                        corpus=spec.data.valid_corpus, key="--cka-ratio")
     ratio = cka_ratio(done, texts, max_length=spec.probe.max_length)
     if ratio.empty:
         return 0

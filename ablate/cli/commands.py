@@ -39,6 +39,7 @@ def _sweep(args, collected: bool = False):
 # ------------------------------------------------------------------ commands
 
 def cmd_run(args) -> int:
+    from ablate.analysis.probe import check_probe_texts
     from ablate.config.paths import results_root
     from ablate.config.spec import load_run_spec
     from ablate.evaluate.runs import check_eval
@@ -54,6 +55,7 @@ def cmd_run(args) -> int:
     check_model_fit([spec], file=str(args.spec))
     check_eval([spec], file=str(args.spec))
     require_corpora([spec], file=str(args.spec))
+    check_probe_texts([spec], file=str(args.spec))
     prepare_corpora(unprepared([spec]))              # what the run would do first (a changed corpus: exit 2)
     check_budgets([spec], file=str(args.spec))       # before the run folder exists
     for result in check_models([spec], file=str(args.spec)).values():
@@ -123,7 +125,7 @@ def cmd_sweep(args) -> int:
     by_state = scheduler.run_sweep(grid, Path(args.grid), runs, results_root(args.results), executor,
                                    args.retry_failed, poll_s=args.poll, transplants=transplants)
     collected = tables.collect(sweep_dir)
-    _warn(collected.problems)
+    _warn(collected.problems + collected.warnings)
     done, failed = by_state.get("done", []), by_state.get("failed", [])
     others = {k: v for k, v in by_state.items() if k not in ("done", "failed")}
     print(f"summary: {len(done)} done, {len(failed)} failed"
@@ -189,7 +191,7 @@ def cmd_collect(args) -> int:
 
     sweep = _sweep(args)
     collected = tables.collect(sweep.root)
-    _warn(collected.problems)
+    _warn(collected.problems + collected.warnings)
     if args.cka_ratio:
         from ablate.analysis.probe import add_cka_ratio
 

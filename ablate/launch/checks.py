@@ -1,16 +1,17 @@
 """A grid file checked as far as it can be before anything runs or is timed (what `ablate sweep` and
-`ablate calibrate` start with): expanded, every model's family and depth, every phase plan, every eval task,
-every corpus, compute parity of the arms it compares, the grid's transplants against its runs, and the
-causal preflight per model. Any problem is a
-SpecError naming the file.
+`ablate calibrate` start with): expanded, every model's family and depth, every phase plan against its model's
+config, compute parity of the arms it compares, every eval task, every corpus and the probe's held-out texts,
+the grid's transplants against its runs, and the causal preflight per model. Any problem is a SpecError
+naming the file.
 
-May import: config, plan, evaluate, train, launch.preparation, launch.transplants.
+May import: config, plan, analysis, evaluate, train, launch.preparation, launch.transplants.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ablate.analysis.probe import check_probe_texts
 from ablate.config.grid import GridSpec, load_grid, unused_entries
 from ablate.evaluate.runs import check_eval
 from ablate.launch.preparation import check_corpora
@@ -47,6 +48,7 @@ def checked_grid(path: str) -> CheckedGrid:
     check_eval(specs, file=path)
     check_tasks(transplants, file=path)
     check_corpora(specs, file=path)
+    check_probe_texts(specs, file=path)
     return CheckedGrid(grid, runs, models, plans, check_models(specs, file=path), transplants,
                        [f"{path}: {w}" for w in unused_entries(grid)] + warnings,
                        parity_lines(groups, grid.allow_unequal_compute))

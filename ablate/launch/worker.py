@@ -27,6 +27,7 @@ from ablate.store.rundir import AlreadyRunning  # noqa: F401  (raised here; tune
 from ablate.store.sweep import write_progress
 from ablate.launch.console import Console
 from ablate.launch.trackers import RunTrackers
+from ablate.train.checkpoint import TOKEN_HASH_FORMAT
 from ablate.train.loop import TrainState, pretrain
 from ablate.config.spec import RunSpec, dump_run_spec
 
@@ -93,6 +94,7 @@ def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: floa
         "token_hash": state.token_hash,
         "tokens_seen": state.tokens_seen,
         "phase_token_hashes": state.phase_token_hashes,
+        "token_hash_format": TOKEN_HASH_FORMAT,      # phase hashes comparable across objectives
         "phase_tokens": state.phase_tokens,
         "steps": state.global_step,
         "train_time_s": round(state.elapsed_s, 3),

@@ -73,3 +73,17 @@ def in_panel(data: pd.DataFrame, pcol: str | None, value) -> pd.DataFrame:
 
 def panel_title(pcol, value) -> str:
     return f"{pcol} = {value}" if pcol else ""
+
+
+def arm_tokens_match(runs: pd.DataFrame) -> dict[tuple[str, str], bool | None]:
+    """Per arm (schedule, freeze) of the done runs, whether they read the same tokens as their MLM twins (the
+    runs table's twin_tokens, from `ablate collect`): False when any run's differ, True when every run's are
+    the same, None when unchecked (an MLM baseline, no twin, or tables collected before the check)."""
+    done = done_runs(runs)
+    if "twin_tokens" not in done.columns:
+        return {}
+    out: dict[tuple[str, str], bool | None] = {}
+    for arm, group in done.groupby(["schedule", "freeze"], sort=False):
+        verdicts = group["twin_tokens"].fillna("").astype(str)
+        out[arm] = False if verdicts.str.startswith("differ").any() else True if (verdicts == "same").all() else None
+    return out

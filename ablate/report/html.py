@@ -2,9 +2,9 @@
 
 The page needs no network: every figure is a PNG embedded as a base64 data URI, the style and the tiny
 table-sorting script are inline. It holds the grid and its axes, a sortable runs table (state, tokens, wall
-time, a link to each run's log), the scores table, every figure of the sweep (the registered figures redrawn
-into <sweep>/figures/, one layer plot per measure, and any other PNG already there), and the failed runs
-with their last log lines. Re-running it redraws the figures and rewrites the page.
+time, a link to each run's log), the token check (each arm's token stream against its MLM twin's), the scores
+table, every figure of the sweep (the registered figures redrawn into <sweep>/figures/, one layer plot per
+measure, and any other PNG already there), and the failed runs with their last log lines. Re-running it redraws the figures and rewrites the page.
 
 May import: config, store, plan, tune, report.
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ablate.report.arms import done_runs
 from ablate.report.registry import FIGURES
 from ablate.report.style import save_figure
 from ablate.report.sweep import Sweep, load_sweep
@@ -27,6 +28,7 @@ from ablate.store.rundir import read_status
 
 LOG_LINES = 20
 RUN_COLUMNS = ("run_id", "model", "schedule", "freeze", "seed", "status", "tokens_seen", "wall_time_s")
+TWIN_COLUMNS = ("run_id", "model", "schedule", "freeze", "seed", "twin", "twin_tokens")
 
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
@@ -108,6 +110,27 @@ def grid_section(sweep: Sweep) -> str:
     return f"<p>{len(runs)} runs ({html.escape(states)})</p><ul>{items}</ul>{text}"
 
 
+def tokens_section(sweep: Sweep) -> str:
+    """The twins' token check: per finished arm, its MLM twin and whether they read the same tokens (rows
+    that differ in red)."""
+    runs = done_runs(sweep.runs)
+    if "twin_tokens" not in runs.columns:
+        return '<p class="muted">no token check in the runs table: collect the sweep again (ablate collect)</p>'
+    verdicts = runs["twin_tokens"].fillna("").astype(str)
+    arms = runs[~verdicts.isin(["", "baseline"])]
+    if arms.empty:
+        return '<p class="muted">no arm to check: the finished runs are all MLM baselines</p>'
+    verdicts = verdicts[arms.index]
+    counts = {"same": int((verdicts == "same").sum()), "differ": int(verdicts.str.startswith("differ").sum())}
+    counts["other (no twin, unchecked)"] = len(arms) - sum(counts.values())
+    summary = ("<p>Each arm's token stream against its MLM twin's (the baseline with the same model, data, seed "
+               "and phase ends; per phase where both runs record it): "
+               + ", ".join(f"{n} {html.escape(k)}" for k, n in counts.items()) + ".</p>")
+    frame = _text_frame(arms[[c for c in TWIN_COLUMNS if c in arms.columns]].fillna("").copy())
+    return summary + html_table(frame, row_class=lambda row: "failed" if str(row["twin_tokens"]).startswith(
+        "differ") else "")
+
+
 def scores_section(sweep: Sweep) -> str:
     if sweep.scores is None or sweep.scores.empty:
         return '<p class="muted">no scores in this sweep</p>'
@@ -169,7 +192,8 @@ def failures_section(sweep: Sweep) -> str:
 
 def render_page(sweep: Sweep) -> str:
     pngs, notes = draw_figures(sweep)
-    sections = [("Grid", grid_section(sweep)), ("Runs", runs_section(sweep)), ("Scores", scores_section(sweep)),
+    sections = [("Grid", grid_section(sweep)), ("Runs", runs_section(sweep)), ("Tokens", tokens_section(sweep)),
+                ("Scores", scores_section(sweep)),
                 ("Figures", figures_section(pngs, notes)), ("Failures", failures_section(sweep))]
     body = "".join(f'<h2 id="{t.lower()}">{t}</h2>{s}' for t, s in sections)
     title = html.escape(f"ablate sweep {sweep.name}")

@@ -8,6 +8,8 @@ both arms were measured on: (pretraining seed, fine-tuning seed) when the sweep'
 independent replicates, fine-tuning seeds alone when they are not (ablate.evaluate.units.pairing_units; `units`
 overrides). With fewer than two units a test is impossible: the table says so and has no p-values. `tasks`
 (e.g. `--set tasks=[ncbi_disease]`) limits the columns; a task an arm has no score for is a SpecError.
+`tokens_match` says whether an arm's runs read the same tokens as their MLM twins (`ablate collect`'s check);
+an arm whose tokens differ carries a dagger in Markdown and LaTeX.
 
 May import: config, evaluate, report.
 """
@@ -21,12 +23,15 @@ import pandas as pd
 
 from ablate.config.errors import SpecError
 from ablate.evaluate.units import pairing_units, require_task_scores
-from ablate.report.arms import arm_label, done_runs
+from ablate.report.arms import arm_label, arm_tokens_match, done_runs
 from ablate.report.divergence import divergence_table
 from ablate.report.scores import arm_vs_baseline, task_average, unit_scores
 from ablate.report.sweep import Sweep, load_sweep
 
 MARKS = ((0.01, "**"), (0.05, "*"))   # p below -> mark
+DAGGER = {"md": "†", "tex": "$^\\dagger$"}
+TOKENS_NOTE = ("† the arm's runs read other tokens than their MLM twins (runs table: twin_tokens): its comparison "
+               "does not rest on identical data.")
 BASE_MODEL = "base"    # the schedule of `ablate evaluate --base` rows (ablate.store.tables): a reference row
 
 
@@ -69,6 +74,7 @@ def score_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None
     base_arm = _baseline_arm(u, baseline, sweep)
     language = sweep.scores.drop_duplicates("task").set_index("task").get("language", pd.Series(dtype=object))
     tasks = list(dict.fromkeys(t for t in u["task"] if t != "average")) + ["average"]
+    tokens_match = arm_tokens_match(sweep.runs)
     rows = []
     for arm in dict.fromkeys(zip(u["schedule"], u["freeze"])):
         mine = u[(u["schedule"] == arm[0]) & (u["freeze"] == arm[1])]
@@ -87,7 +93,8 @@ def score_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None
                          "language": "all" if task == "average" else language.get(task, ""),
                          "mean": float(a.mean()), "std": float(a.std()) if len(a) > 1 else np.nan, "n": len(a),
                          "delta": delta, "ci_low": lo, "ci_high": hi, "p_value": p, "n_pairs": n_pairs,
-                         "test": method, "baseline": arm_label(*base_arm), "units": "+".join(units)})
+                         "test": method, "baseline": arm_label(*base_arm), "units": "+".join(units),
+                         "tokens_match": tokens_match.get(arm)})
     out = pd.DataFrame(rows)
     if out.empty:
         raise SpecError("no scores for done runs", file=str(sweep.path), key="scores")
@@ -167,12 +174,15 @@ def render_scores(data: pd.DataFrame, fmt: str) -> str:
     arms = list(dict.fromkeys(data["arm"]))
     best = data.loc[data.groupby("task")["mean"].idxmax()].set_index("task")["arm"]
     cell = {(r["arm"], r["task"]): _cell(r, best.get(r["task"]) == r["arm"], fmt) for _, r in data.iterrows()}
-    body = [[arm] + [cell.get((arm, t), "") for t in tasks] for arm in arms]
+    differ = _tokens_differ(data)
+    body = [[_arm_name(arm, arm in differ, fmt)] + [cell.get((arm, t), "") for t in tasks] for arm in arms]
     units = data["units"].iloc[0].replace("finetune_seed", "fine-tuning seed").replace("seed+", "pretraining seed x ")
     note = (f"Cells: mean ± std over pairing units ({units}); (delta vs baseline; * p < 0.05, ** p < 0.01, "
             "paired bootstrap).")
     if data["p_value"].isna().all() and (data["test"] != "baseline").any():
         note += " No p-values: fewer than two pairing units are shared with the baseline, so no test is possible."
+    if differ:
+        note += " " + TOKENS_NOTE
     if fmt == "md":
         head = ["arm"] + [t if lang == "all" else f"{t} ({lang})" for lang, ts in groups.items() for t in ts]
         return _markdown(head, body) + "\n" + note + "\n"
@@ -183,8 +193,19 @@ def render_scores(data: pd.DataFrame, fmt: str) -> str:
         start += len(ts)
     lines = ["\\begin{tabular}{l" + "c" * len(tasks) + "}", "\\toprule", f" & {spans} \\\\", " ".join(rules),
              "arm & " + " & ".join(_tex(t) for t in tasks) + " \\\\", "\\midrule"]
-    lines += [_tex(r[0]) + " & " + " & ".join(r[1:]) + " \\\\" for r in body]
+    lines += [" & ".join(r) + " \\\\" for r in body]
     return "\n".join(lines + ["\\bottomrule", "\\end{tabular}", "% " + note]) + "\n"
+
+
+def _tokens_differ(data: pd.DataFrame) -> set[str]:
+    """The arms whose runs read other tokens than their MLM twins (tokens_match False)."""
+    if "tokens_match" not in data.columns:
+        return set()
+    return set(data.loc[data["tokens_match"].astype(str) == "False", "arm"])
+
+
+def _arm_name(arm: str, tokens_differ: bool, fmt: str) -> str:
+    return (arm if fmt == "md" else _tex(arm)) + (DAGGER[fmt] if tokens_differ else "")
 
 
 def render_plain(frame: pd.DataFrame, fmt: str) -> str:

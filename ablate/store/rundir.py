@@ -7,7 +7,8 @@
         tune.json        (runs of a tune) the study, storage and trial the run reports to
         status.json.corrupt-<n>   a status.json that could not be read, set aside when the run was recovered
         progress.json    the running run's phase, step, loss (what `status` and the sweep's progress line show)
-        records/run.json       token hash, tokens seen, wall time, family, layers, versions
+        records/run.json       token hashes (whole stream, per phase; token_hash_format), tokens seen, wall
+                               time, family, layers, versions
         records/curves.json    per step: phase, step, tokens, loss, lr
         records/grads.json     per logged step: phase, step, layer, grad_norm
         records/layers.json    end of each phase: phase, layer, measure, value
@@ -25,9 +26,12 @@ May import: config, store.atomic.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +44,7 @@ TABLES = ("runs", "scores", "layers", "curves", "grads", "frozen")
 
 TABLE_COLUMNS = {
     "runs": ("run_id", "sweep", "model", "family", "schedule", "freeze", "seed", "status", "token_hash",
-             "tokens_seen", "wall_time_s", "versions"),
+             "twin", "twin_tokens", "tokens_seen", "wall_time_s", "versions"),
     "scores": ("run_id", "task", "language", "finetune_seed", "split", "metric", "value", "epoch", "wall_time_s",
                "stale"),
     "layers": ("run_id", "phase", "layer", "measure", "value"),
@@ -49,6 +53,9 @@ TABLE_COLUMNS = {
     "frozen": ("run_id", "phase", "layer"),     # the resolved phase plan: what each phase froze (-1: embeddings)
 }
 RECORD_TABLES = ("curves", "grads", "layers", "frozen")   # records/<table>.json, column-oriented
+# records/run.json's `token_hash_format` from which on the per-phase token hashes start from one constant
+# (ablate.train.checkpoint), so that phase k of two runs can be compared; earlier records seed them by name
+TOKEN_HASH_FORMAT = 2
 
 
 def runs_dir(sweep_dir: Path) -> Path:
@@ -160,8 +167,6 @@ def _columns(rows: list[dict], names: tuple[str, ...]) -> dict[str, list]:
     return {n: [r[n] for r in rows] for n in names}
 
 
-
-
 def read_scores(folder: Path, run_id: str) -> list[dict]:
     """Rows of scores/<task>/seed-<n>.json, in path order (os-level calls: collect does this per run), each
     with `stale`: whether its file is marked out of date (kept by `ablate evaluate --keep-stale`)."""
@@ -199,3 +204,89 @@ def stale_scores(folder: Path) -> list[str]:
         if isinstance(record, dict) and record.get("stale"):
             out.append(f"{path.parent.name}/{path.stem}")
     return out
+
+
+# --- what the pairing rule reads of a run (the rule: ablate.analysis.pairs; here so that collect can use it)
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What the pairing rule reads of one finished run."""
+
+    run_id: str
+    identity: str                 # digest of the spec without phases, seed and non-training fields
+    seed: int
+    phases: tuple[str, ...]
+    ends: tuple[int, ...]         # global step at the end of each phase
+    schedule: str                 # digest of the phases themselves (seed-noise pairs share it)
+    baseline: bool
+
+    @property
+    def group(self) -> tuple:
+        return self.identity, self.seed, self.ends
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def run_info(run_id: str, spec: RunSpec) -> RunInfo:
+    phases = spec.model_dump(mode="json")["phases"]
+    freeze = (spec.labels.get("axes") or {}).get("freeze", "none")
+    baseline = freeze == "none" and all(p.objective == "mlm" for p in spec.phases)
+    steps = spec.phase_steps()
+    ends = tuple(sum(steps[:k + 1]) for k in range(len(steps)))
+    return RunInfo(run_id, spec.training_identity, spec.seed, tuple(p.name for p in spec.phases), ends,
+                   _digest(phases), baseline)
+
+
+def baselines_by_group(infos: Sequence[RunInfo]) -> dict[tuple, list[RunInfo]]:
+    """The MLM baselines of `infos` by their group (identity, seed, phase ends), for twins_of."""
+    out: dict[tuple, list[RunInfo]] = {}
+    for info in infos:
+        if info.baseline:
+            out.setdefault(info.group, []).append(info)
+    return out
+
+
+def twins_of(arm: RunInfo, baselines: dict[tuple, list[RunInfo]]) -> list[RunInfo]:
+    """The arm's twins: the MLM baselines (baselines_by_group) with its identity, seed and phase ends."""
+    return list(baselines.get(arm.group, []))
+
+
+# --- the token stream a run consumed, as records/run.json says
+
+@dataclass(frozen=True)
+class TokenStream:
+    whole: str | None                       # token_hash: the whole stream
+    phases: tuple[str | None, ...] | None   # per phase by position; None: older records (seeded by phase name)
+
+
+def token_stream(run_record: dict, phases: Sequence[str]) -> TokenStream:
+    """The run's token hashes; its per-phase hashes only when its record's token_hash_format makes them
+    comparable with another run's."""
+    by_name = run_record.get("phase_token_hashes")
+    comparable = run_record.get("token_hash_format") == TOKEN_HASH_FORMAT and isinstance(by_name, dict)
+    return TokenStream(run_record.get("token_hash"), tuple(by_name.get(p) for p in phases) if comparable else None)
+
+
+def differing_phases(a: TokenStream, b: TokenStream) -> list[int]:
+    """The 1-based phase positions whose hashes differ; none when either record cannot compare phases."""
+    if a.phases is None or b.phases is None:
+        return []
+    n = max(len(a.phases), len(b.phases))
+    padded_a, padded_b = a.phases + (None,) * (n - len(a.phases)), b.phases + (None,) * (n - len(b.phases))
+    return [k + 1 for k, (x, y) in enumerate(zip(padded_a, padded_b)) if x != y]
+
+
+SAME_TOKENS = "same"
+
+
+def compare_streams(a: TokenStream, b: TokenStream) -> str:
+    """"same", "differ at phase 2, 3" (positions, where both records compare phases), "differ (whole
+    stream)" (older records: whole streams only), or "unrecorded" (a record without a token hash)."""
+    if a.whole is None or b.whole is None:
+        return "unrecorded"
+    positions = differing_phases(a, b)
+    if positions:
+        return "differ at phase " + ", ".join(map(str, positions))
+    return SAME_TOKENS if a.whole == b.whole else "differ (whole stream)"

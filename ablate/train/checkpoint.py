@@ -19,7 +19,13 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from ablate.store import atomic
+from ablate.store.rundir import TOKEN_HASH_FORMAT  # noqa: F401  (what records/run.json says these hashes are)
 from ablate.train.optimizer import Optimizer
+
+STREAM_START = hashlib.sha256(b"ablate-token-stream").hexdigest()
+# Every phase's chain starts from one constant, so phase k of two runs that read the same sequences has the
+# same hash whatever the phases' names or objectives (format 1 started each phase from sha256(its name)).
+PHASE_START = hashlib.sha256(b"ablate-phase-tokens").hexdigest()
 
 
 @dataclass
@@ -31,7 +37,7 @@ class TrainState:
     global_step: int = 0
     data_position: int = 0          # sequences consumed so far
     tokens_seen: int = 0
-    token_hash: str = hashlib.sha256(b"ablate-token-stream").hexdigest()
+    token_hash: str = STREAM_START
     phase_token_hashes: dict[str, str] = field(default_factory=dict)
     phase_tokens: dict[str, int] = field(default_factory=dict)
     curves: list[dict] = field(default_factory=list)
@@ -44,7 +50,7 @@ class TrainState:
 
     def record_step(self, phase: str, batch: np.ndarray, loss: float, lr: float, norms: dict[int, float]) -> None:
         """Book one optimizer step: data position, token counts and hashes, the curve and gradient norms."""
-        start = self.phase_token_hashes.get(phase, hashlib.sha256(phase.encode()).hexdigest())
+        start = self.phase_token_hashes.get(phase, PHASE_START)
         self.token_hash = chain_hash(self.token_hash, batch)
         self.phase_token_hashes[phase] = chain_hash(start, batch)
         self.phase_tokens[phase] = self.phase_tokens.get(phase, 0) + batch.size
