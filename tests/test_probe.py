@@ -12,8 +12,9 @@ from scipy.stats import ortho_group
 
 from ablate.config.errors import SpecError
 from ablate.models.families import FAMILIES, layer_of
-from ablate.analysis.probe import (cka_ratio, cka_vs_reference, layer_grad_norms, layer_representations,
-                          linear_cka, probe_texts, representations_for, weight_relative_change)
+from ablate.analysis.probe import (cka_vs_reference, layer_grad_norms, layer_representations, linear_cka,
+                                   probe_texts, representations_for, weight_relative_change)
+from ablate.analysis.ratio import cka_ratio
 
 
 
@@ -164,6 +165,24 @@ def test_layer_representations_shapes_and_padding(make):
     alone = layer_representations(model.base_model, [ids[1:2, :7]], [mask[1:2, :7]])
     for r, a in zip(reps, alone):
         np.testing.assert_allclose(r[1], a[0], rtol=1e-4, atol=1e-5)
+
+
+def test_every_block_is_measured_before_the_final_norm_as_the_others_are():
+    """transformers >= 5 hands ModernBERT's last hidden state after final_norm; the probe takes the last
+    block's own output, like every other block's."""
+    model = tiny_modernbert(layers=3).eval()
+    ids = torch.randint(5, 100, (2, 10))
+    mask = torch.ones_like(ids)
+    outputs = []
+    hook = model.model.layers[-1].register_forward_hook(
+        lambda _m, _a, out: outputs.append(out[0] if isinstance(out, tuple) else out))
+    reps = layer_representations(model, [ids], [mask])
+    hook.remove()
+    last_block = outputs[0].double().mean(dim=1).numpy()
+    np.testing.assert_allclose(reps[-1], last_block, rtol=1e-6, atol=1e-7)
+    normed = model.model.final_norm(outputs[0]).double().mean(dim=1).detach().numpy()
+    assert not np.allclose(reps[-1], normed, atol=1e-3)
+    assert getattr(model.model.config, "tie_last_hidden_states", None) is None     # the config left as it was
 
 
 def test_representations_for_real_model(minilm):

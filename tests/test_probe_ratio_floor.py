@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from ablate.analysis.pairs import NOISE, TWIN, pair_rows
-from ablate.analysis.probe import (NOISE_FLOOR, add_cka_ratio, check_probe_texts, cka_ratio, linear_cka,
-                                   noise_ratio, probe_texts)
+from ablate.analysis.probe import check_probe_texts, linear_cka, probe_texts
+from ablate.analysis.ratio import NOISE_FLOOR, add_cka_ratio, cka_ratio, noise_ratio
 from ablate.config.errors import SpecError
 from ablate.config.grid import load_grid
 from ablate.config.spec import dump_run_spec

@@ -17,7 +17,7 @@ transplants) have no phase ends and are not paired.
 Rows: run_a, run_b, relation, position (1-based phase end), phase (run_a's phase), phase_b (run_b's),
 layer (-1 = embeddings output), measure, value. Measures: "cka" (both relations) and "cka_ratio" (twins:
 (1 - CKA(arm, twin)) / mean over the twin's seed-noise partners of (1 - CKA(twin, partner)), the paper's
-ratio; NaN where that seed noise is float rounding: below analysis.probe.NOISE_FLOOR, or every one of the
+ratio; NaN where that seed noise is float rounding: below analysis.ratio.NOISE_FLOOR, or every one of the
 runs' representations bitwise the same, as behind a frozen encoder). Column `tokens`: whether the two runs
 read the same tokens in that phase ("same" / "differ"; records older than token_hash_format 2: by the whole
 stream).
@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ablate.analysis.probe import REPS_DIR, cka_vs_reference, load_representations, noise_ratio
+from ablate.analysis.probe import REPS_DIR, cka_vs_reference, load_representations
+from ablate.analysis.ratio import noise_ratio
 from ablate.config.errors import SpecError
 from ablate.config.spec import RunSpec
 # the rule's view of a run lives in the store, so that `ablate collect` checks twins' tokens by the same rule

@@ -193,7 +193,7 @@ def cmd_collect(args) -> int:
     collected = tables.collect(sweep.root)
     _warn(collected.problems + collected.warnings)
     if args.cka_ratio:
-        from ablate.analysis.probe import add_cka_ratio
+        from ablate.analysis.ratio import add_cka_ratio
 
         n = add_cka_ratio(sweep.root, collected.tables, args.cka_ratio)
         if n:
