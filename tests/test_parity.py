@@ -68,3 +68,12 @@ def test_any_split_of_the_budget_trains_the_same_steps():
     totals = {sum(steps(f)) for f in (0.05, 0.1, 0.3, 0.6, 0.7, 0.95)}
     assert totals == {86}                            # ceil(11,000 / 128): one rounding, not one per phase
     assert steps(0.7) == [61, 25]
+
+
+def test_the_shipped_mechanism_grid_forms_its_twin_and_seed_noise_pairs_at_equal_compute(tmp_path, capsys):
+    from tests.test_grid import REPO
+
+    rc, out, err = dry_run(REPO / "grids" / "mechanism.yaml", tmp_path, capsys)
+    assert rc == 0, err
+    assert "compute parity (the whole grid): ok, 2 arm(s) train 92,160 tokens each" in out
+    assert "pairs (ablate collect --pairs): 1 twin, 3 seed-noise" in out

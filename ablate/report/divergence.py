@@ -116,6 +116,9 @@ def divergence_figure(sweep: Sweep, *, measure: str = "cka", baseline: str = "ml
             ax.plot(g["layer"], g["mean"], color=colors[s], ls=ls, marker=marker, ms=3.5, label=arm_label(s, f))
         if measure == "cka_ratio":
             ax.axhline(1.0, color="0.4", lw=0.8, ls=":")
+            if not d["mean"].notna().any():
+                ax.text(0.5, 0.5, "undefined: no MLM seed noise\n(identical representations)", ha="center",
+                        va="center", transform=ax.transAxes, color="0.4", fontsize=8)
         ax.set_title(_panel_title(d))
         ax.set_ylabel(MEASURES[measure] if j == 0 else "")
         ax.set_xlabel("layer (emb = embeddings output)")
