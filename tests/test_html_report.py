@@ -1,5 +1,6 @@
 """`ablate report --html`: the sweep's page, opened in headless Chromium, renders its tables and every figure
-(no broken image, no script error), works without network, sorts its runs table, shows the failures' logs."""
+(no broken image, no script error), opens on the scores and figures with the grid's YAML folded, works without
+network, sorts its runs table, shows the failures' logs."""
 
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ var th=document.querySelector('#runs + table th');th.click();th.click();
 var d=document.createElement('pre');d.id='probe';d.textContent=JSON.stringify({images:imgs.length,
 broken:imgs.filter(function(i){return !(i.complete&&i.naturalWidth>0)}).map(function(i){return i.alt}),
 tables:document.querySelectorAll('table').length,
-first_run:document.querySelector('#runs + table tbody tr td').textContent,errors:window.__errors});
+first_run:document.querySelector('#runs + table tbody tr td').textContent,errors:window.__errors,
+screen:window.innerHeight,top:{scores:document.querySelector('#scores ~ .wide table').getBoundingClientRect().top,
+figure:document.images[0].getBoundingClientRect().top,runs:document.getElementById('runs').getBoundingClientRect().top},
+yaml_height:document.querySelector('#grid ~ details').getBoundingClientRect().height});
 document.body.appendChild(d);});</script>"""
 
 
@@ -52,6 +56,7 @@ def headless(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def page(tmp_path_factory) -> Path:
     sweep = write_sweep(tmp_path_factory.mktemp("html") / "syn")
+    shutil.copy(REPO / "grids" / "smoke.yaml", sweep / "grid.yaml")
     failed = sweep / "runs" / "tiny-bert-clm-low-s2"
     failed.mkdir(parents=True)
     (failed / "log.txt").write_text("".join(f"line {i}\n" for i in range(30)) + "failed: FloatingPointError: nan\n")
@@ -61,7 +66,7 @@ def page(tmp_path_factory) -> Path:
 def test_the_page_renders_tables_and_every_figure_in_chromium(page):
     probed = page.with_name("probe.html")
     probed.write_text(page.read_text().replace("<head>", "<head>" + PROBE, 1))
-    done = headless("--virtual-time-budget=10000", "--dump-dom", probed.as_uri())
+    done = headless("--virtual-time-budget=10000", "--window-size=1280,1400", "--dump-dom", probed.as_uri())
     assert done.returncode == 0, done.stderr[-2000:]
     found = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout)
     assert found, done.stdout[-2000:]
@@ -72,6 +77,21 @@ def test_the_page_renders_tables_and_every_figure_in_chromium(page):
     assert probe["tables"] == 2 and probe["errors"] == []                 # runs + scores, no script error
     assert probe["first_run"] == "tiny-bert-mlm-none-s2"                  # sorted descending by run_id
     assert "Uncaught" not in done.stderr and ":ERROR:CONSOLE" not in done.stderr
+    # the first screen: the scores table and the first figure; the runs below them; the grid's YAML folded
+    top = probe["top"]
+    assert top["scores"] < top["figure"] < probe["screen"] < top["runs"], probe
+    assert 0 < probe["yaml_height"] < 40                                 # one summary line, not 51 of YAML
+
+
+def test_the_page_puts_results_first_and_folds_the_grid(page):
+    text = page.read_text()
+    assert re.findall(r'<h2 id="(\w+)">', text) == ["scores", "tokens", "figures", "runs", "failures", "grid"]
+    folded = re.search(r"<details><summary>grid\.yaml \((\d+) lines\)</summary><pre>(.*?)</pre></details>",
+                       text, re.S)
+    grid = (REPO / "grids" / "smoke.yaml").read_text()
+    assert folded and int(folded.group(1)) == len(grid.splitlines())
+    assert "sweep: smoke" in folded.group(2) and text.count("sweep: smoke") == 1   # the YAML only there
+    assert text.index("11 done, 1 failed") < text.index('<h2 id="scores">')     # the run counts on top
 
 
 def test_the_page_needs_no_network_and_screenshots(page):

