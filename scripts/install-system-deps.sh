@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian/Ubuntu packages that scripts/slurm-local.sh needs:
-# Slurm (slurmctld, slurmd, clients), munge, slurmdbd and MariaDB; and Chromium, the headless browser the
+# Slurm (slurmctld, slurmd, clients), munge, slurmdbd and MariaDB (Slurm accounting, and Optuna's database
+# for parallel tunes); and Chromium, the headless browser the
 # tests open `ablate report --html` pages in.
 # Idempotent: returns at once when everything is already installed.
 # Runs as root (CI) or through sudo.  Daemons are NOT started here.

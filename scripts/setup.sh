@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check "${ABLATE_TORCH:-torch==2.13.0}"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,mysql]"
 if [ "${1:-}" = "--with-slurm" ]; then
   bash scripts/install-system-deps.sh
   bash scripts/slurm-local.sh start >/dev/null

@@ -3,7 +3,13 @@
 # accounting (slurmdbd + a private MariaDB bound to 127.0.0.1) so that sacct
 # (and therefore submitit's job.state) works.
 #
-# Usage: scripts/slurm-local.sh {start|stop|status|clean}
+# Usage: scripts/slurm-local.sh {start|stop|status|clean|optuna-db}
+#
+# `start` also gives Optuna a database of its own on that MariaDB (database and
+# user `optuna`, reachable over 127.0.0.1 and the unix socket), so that `ablate
+# tune` can run parallel trials against a server instead of SQLite.
+# `optuna-db` (idempotent; needs the MariaDB of `start`) makes sure it exists and
+# prints its storage URL, also kept in $ABLATE_SLURM_DIR/etc/optuna.url.
 #
 # Must run as root (the daemons run as root; munged runs as the munge user).
 # No systemd needed: every daemon is started directly.  All config, state and
@@ -17,6 +23,7 @@
 #   ABLATE_SLURM_CLUSTER        ClusterName                [ablate]
 #   ABLATE_SLURM_PORT_BASE      slurmctld port; slurmd=+1, slurmdbd=+2  [6817]
 #   ABLATE_SLURM_DB_PORT        private MariaDB TCP port (127.0.0.1)    [3307]
+#   ABLATE_OPTUNA_DB            Optuna's database and user name         [optuna]
 #   ABLATE_SLURM_CPUS           node CPUs                  [$(nproc)]
 #   ABLATE_SLURM_MEM_MB         node RealMemory (MB)       [95% of `slurmd -C`]
 #   ABLATE_SLURM_TIMEOUT        seconds to wait for readiness/shutdown  [60]
@@ -34,6 +41,7 @@ CTLD_PORT="$PORT_BASE"
 SLURMD_PORT=$((PORT_BASE + 1))
 DBD_PORT=$((PORT_BASE + 2))
 DB_PORT="${ABLATE_SLURM_DB_PORT:-3307}"
+OPTUNA_DB="${ABLATE_OPTUNA_DB:-optuna}"
 TIMEOUT="${ABLATE_SLURM_TIMEOUT:-60}"
 CRED_EXPIRE="${ABLATE_SLURM_CRED_EXPIRE:-10}"
 GRACE_TIME="${ABLATE_SLURM_GRACE_TIME:-30}"
@@ -205,6 +213,45 @@ SQL
 }
 
 stop_mariadb() { stop_pid "$RUN/mariadbd.pid" mariadbd; }
+
+# ---------------------------------------------------------------- optuna's database
+
+OPTUNA_URL_FILE="$ETC/optuna.url"
+
+# setup_optuna_db: idempotent; database + user $OPTUNA_DB for Optuna studies, its
+# URL (TCP on 127.0.0.1, PyMySQL) in $OPTUNA_URL_FILE.  The file is readable by
+# local users (their tunes and jobs need it): the user can reach only this
+# database, and the server listens on loopback only.
+setup_optuna_db() {
+    [[ "$OPTUNA_DB" =~ ^[A-Za-z0-9_]+$ ]] || die "ABLATE_OPTUNA_DB must be letters, digits, _ (got '$OPTUNA_DB')"
+    if [[ ! -s "$ETC/optuna-dbpass" ]]; then
+        (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$ETC/optuna-dbpass")
+    fi
+    local pass
+    pass=$(cat "$ETC/optuna-dbpass")
+    db_sql <<SQL
+CREATE DATABASE IF NOT EXISTS \`$OPTUNA_DB\`;
+CREATE USER IF NOT EXISTS '$OPTUNA_DB'@'localhost' IDENTIFIED BY '$pass';
+CREATE USER IF NOT EXISTS '$OPTUNA_DB'@'127.0.0.1' IDENTIFIED BY '$pass';
+ALTER USER '$OPTUNA_DB'@'localhost' IDENTIFIED BY '$pass';
+ALTER USER '$OPTUNA_DB'@'127.0.0.1' IDENTIFIED BY '$pass';
+GRANT ALL ON \`$OPTUNA_DB\`.* TO '$OPTUNA_DB'@'localhost';
+GRANT ALL ON \`$OPTUNA_DB\`.* TO '$OPTUNA_DB'@'127.0.0.1';
+FLUSH PRIVILEGES;
+SQL
+    printf 'mysql+pymysql://%s:%s@127.0.0.1:%s/%s\n' "$OPTUNA_DB" "$pass" "$DB_PORT" "$OPTUNA_DB" \
+        >"$OPTUNA_URL_FILE.new"
+    install_if_changed "$OPTUNA_URL_FILE.new" "$OPTUNA_URL_FILE" 0644
+}
+
+cmd_optuna_db() {
+    need_root
+    [[ -f "$MARKER" ]] && db_ok >/dev/null 2>&1 ||
+        die "no MariaDB of this script answers on $DB_SOCK: run '$0 start' first"
+    setup_optuna_db
+    log "Optuna storage (TCP; over the socket: mysql+pymysql://$OPTUNA_DB:PASS@localhost/$OPTUNA_DB?unix_socket=$DB_SOCK):"
+    cat "$OPTUNA_URL_FILE"
+}
 
 # ---------------------------------------------------------------- config
 
@@ -434,6 +481,7 @@ cmd_start() {
     if [[ -f "$MARKER" ]] && all_running; then
         # Config is not rewritten here: 'stop' then 'start' to apply new settings.
         log "already running (state in $DIR)"
+        setup_optuna_db
         wait_node_idle
         wait_for "sacct" "$LOG/slurmdbd.log" sacct_ok
         echo "export SLURM_CONF=$ETC/slurm.conf"
@@ -447,6 +495,7 @@ cmd_start() {
     write_config
     start_munge
     start_mariadb
+    setup_optuna_db
     start_slurmdbd
     start_slurmctld
     start_slurmd
@@ -519,8 +568,9 @@ start) cmd_start ;;
 stop) cmd_stop ;;
 status) cmd_status ;;
 clean) cmd_clean ;;
+optuna-db) cmd_optuna_db ;;
 *)
-    echo "usage: $0 {start|stop|status|clean}" >&2
+    echo "usage: $0 {start|stop|status|clean|optuna-db}" >&2
     exit 2
     ;;
 esac

@@ -1,6 +1,6 @@
 """optuna-dashboard served on a study's storage (ablate.tune.storage.resolve_storage says which).
 
-May import: tune.storage.
+May import: tune.storage, tune.rdb.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
+from ablate.tune.rdb import shown_url
 from ablate.tune.storage import open_storage
 
 
@@ -25,7 +26,7 @@ def serve_dashboard(url: str, host: str = "127.0.0.1", port: int = 8080, out: Ca
     app = optuna_dashboard.wsgi(storage)
     server = make_server(host, port, app, handler_class=Quiet)
     shown = f"[{host}]" if ":" in host else host
-    out(f"optuna-dashboard on {url}")
+    out(f"optuna-dashboard on {shown_url(url)}")
     out(f"open http://{shown}:{server.server_port}/dashboard/  (Ctrl-C to stop)")
     sys.stdout.flush()
     try:

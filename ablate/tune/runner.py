@@ -24,6 +24,7 @@ from ablate.plan.grid import PlannedRun
 from ablate.store import atomic, rundir, tables
 from ablate.store.sweep import SweepFolder
 from ablate.tune.pruning import trial_hook
+from ablate.tune.rdb import shown_url
 from ablate.tune.schema import Tune
 from ablate.tune.storage import StudyLock, open_study, storage_url, study_dir, trial_id
 from ablate.tune.trials import logged_losses, objective_value, read_curves, trial_run, write_trial_record
@@ -39,8 +40,8 @@ def dry_run_line(tune: Tune, executor: str, results_root: Path) -> str:
     """What `ablate tune --dry-run` prints for a checked tune file."""
     url = storage_url(tune.spec.storage, study_dir(results_root, tune.study))
     return (f"study {tune.study}: {len(tune.params)} parameters ({', '.join(tune.params)}); "
-            f"{tune.spec.n_trials} trials, {tune.spec.parallel} in flight; executor {executor}; storage {url}; "
-            "dry run: nothing submitted")
+            f"{tune.spec.n_trials} trials, {tune.spec.parallel} in flight; executor {executor}; "
+            f"storage {shown_url(url)}; dry run: nothing submitted")
 
 
 def run_study(tune: Tune, results_root: Path, executor: str | None = None, poll_s: float = 2.0,
@@ -53,6 +54,10 @@ def run_study(tune: Tune, results_root: Path, executor: str | None = None, poll_
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     kind = executor or tune.spec.launcher.executor
+    cap = tune.spec.launcher.local.parallel
+    if kind == "local" and cap < tune.spec.parallel:
+        warn(f"parallel: {tune.spec.parallel} trials in flight, but launcher.local.parallel is {cap}: at most "
+             f"{cap} run at once on this machine")
     folder = SweepFolder(study_dir(results_root, tune.study))
     folder.root.mkdir(parents=True, exist_ok=True)
     with StudyLock(folder.root):
@@ -62,7 +67,7 @@ def run_study(tune: Tune, results_root: Path, executor: str | None = None, poll_
         stale = [t for t in trials if t.state == TrialState.RUNNING]
         to_ask = max(0, tune.spec.n_trials - len(finished) - len(stale))
         out(f"study {tune.study}: {len(finished)} finished trials, {len(stale)} left running by an earlier "
-            f"process (resumed), {to_ask} to ask; storage {url}; executor {kind}")
+            f"process (resumed), {to_ask} to ask; storage {shown_url(url)}; executor {kind}")
         loop = TrialLoop(tune, study, storage, url, folder, Scheduler(kind, tune.spec.launcher, folder.jobs,
                                                                       tune.study, out), out, warn)
         try:

@@ -2,7 +2,7 @@
 trials could give built at each parameter's bounds (and each choice), so that a file whose trials would
 give an invalid run is refused before anything runs. Nothing is run or submitted.
 
-May import: config, plan, evaluate, tune.schema, tune.sampling, tune.trials.
+May import: config, plan, evaluate, tune.schema, tune.sampling, tune.trials, tune.rdb.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from ablate.config.errors import SpecError
 from ablate.config.grid import RESERVED_AXES
 from ablate.config.spec import RunSpec
 from ablate.plan.grid import PlannedRun, resolve_layers
+from ablate.tune.rdb import check_storage_driver
 from ablate.tune.sampling import check_sampler, make_pruner
 from ablate.tune.schema import KEY_FORMS, SPECIAL_PREFIXES, Tune, TuneSpec, check_key, parse_param
 from ablate.tune.trials import trial_run
@@ -26,6 +27,7 @@ def load_tune(path: str | Path, storage: str | None = None) -> Tune:
     spec = validate(TuneSpec, read_yaml(path), file, "tune file")
     if storage:
         spec = spec.model_copy(update={"storage": storage})
+    check_storage_driver(spec.storage, file)
     if not spec.schedules:
         raise SpecError("at least one schedule is needed", file=file, key="schedules")
     for name in RESERVED_AXES:      # the trial's run writes these: a value in base would be dropped

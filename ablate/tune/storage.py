@@ -3,7 +3,7 @@ optuna.journal), its storage URL and the Optuna storage behind it, the study ope
 tune, the lock that lets one `ablate tune` at a time drive it, and which storage a dashboard or a figure
 means.
 
-May import: config, store, tune.schema, tune.sampling.
+May import: config, store, tune.schema, tune.sampling, tune.rdb.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from ablate.config.errors import SpecError
 from ablate.config.paths import results_root
 from ablate.store import atomic, rundir
 from ablate.store.lock import FileLock
+from ablate.tune.rdb import in_file, open_rdb
 from ablate.tune.sampling import make_sampler
 from ablate.tune.schema import Tune
 
@@ -35,8 +36,8 @@ def storage_url(storage: str, sdir: Path) -> str:
 
 
 def open_storage(url: str):
-    """sqlite:///..., any SQLAlchemy URL, journal:PATH or a path ending in .journal."""
-    import optuna
+    """sqlite:///..., any SQLAlchemy URL (its driver and server checked), journal:PATH or a path ending in
+    .journal."""
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     if url.startswith("journal:") or url.endswith(".journal"):
@@ -46,11 +47,8 @@ def open_storage(url: str):
     if "://" not in url:
         raise SpecError("not a storage URL", key="storage", value=url,
                         allowed="sqlite, journal, journal:PATH, a .journal path, or an RDB URL (sqlite:///..., "
-                                "postgresql://..., mysql://...)")
-    try:
-        return optuna.storages.RDBStorage(url)
-    except Exception as exc:  # bad driver / unreachable database
-        raise SpecError(f"cannot open storage: {type(exc).__name__}: {exc}", key="storage", value=url) from None
+                                "mysql+pymysql://USER:PASS@HOST:PORT/DB, postgresql://...)")
+    return open_rdb(url)
 
 
 def trial_id(storage, study: str, number: int) -> int:
@@ -83,7 +81,10 @@ def open_study(tune: Tune, sdir: Path):
     spec = tune.spec
     sdir.mkdir(parents=True, exist_ok=True)
     url = storage_url(spec.storage, sdir)
-    storage = open_storage(url)
+    try:
+        storage = open_storage(url)
+    except SpecError as exc:
+        raise in_file(exc, tune.file) from None
     try:
         n_existing = len(optuna.load_study(study_name=spec.study, storage=storage).trials)
     except KeyError:
