@@ -259,19 +259,20 @@ def cka_vs_base_hook(spec, run_dir: Path | None = None):
     on `spec.probe.n_texts` held-out texts (data.valid_corpus), chosen by `spec.probe.seed`; with `run_dir`
     it also saves the representations to records/reps/<phase>.npz (for cross-run CKA at every phase end).
 
-    The base representations are computed once, from a fresh load of the base model (same seed, so the
-    same weights the run started from, also when the run resumes from a checkpoint)."""
-    from ablate.models.sources import load_masked_lm, load_tokenizer
+    The base representations come from a fresh load of the base model (same seed, so the same weights the
+    run started from, also when the run resumes from a checkpoint), at the first phase end, on the device of
+    the model the hook is given: the run's device, once the process group exists (the hook is built before
+    pretraining forms it, and the other ranks would wait on the probe there)."""
+    from ablate.models.sources import load_tokenizer
 
     texts = probe_texts(held_out_texts(spec), spec.probe.n_texts, spec.probe.seed, corpus=spec.data.valid_corpus)
     tokenizer = load_tokenizer(spec.tokenizer or spec.model)
-    base = load_masked_lm(spec.model, spec.attn_implementation, seed=spec.seed)
-    base_reps = representations_for(base, tokenizer, texts, spec.probe.max_length)
-    del base
-
     key = probe_key(texts, spec.probe.max_length)
+    base_reps: list[np.ndarray] = []
 
     def hook(phase: str, model) -> list[dict]:
+        if not base_reps:
+            base_reps.extend(base_representations(spec, tokenizer, texts, next(model.parameters()).device))
         reps = representations_for(model, tokenizer, texts, spec.probe.max_length)
         if run_dir is not None:
             save_representations(Path(run_dir).joinpath(*REPS_DIR, f"{phase}.npz"), reps, key)
@@ -279,3 +280,16 @@ def cka_vs_base_hook(spec, run_dir: Path | None = None):
                 for i, v in enumerate(cka_vs_reference(reps, base_reps))]
 
     return hook
+
+
+def base_representations(spec, tokenizer, texts: Sequence[str], device) -> list[np.ndarray]:
+    """The probe's representations of the run's base model (a fresh load, seeded as the run's), on `device`.
+    Loading seeds torch's generators; they are restored after, so a probe mid-run draws nothing of the run's."""
+    import torch
+
+    from ablate.models.sources import load_masked_lm
+
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        base = load_masked_lm(spec.model, spec.attn_implementation, seed=spec.seed).to(device)
+    return representations_for(base, tokenizer, texts, spec.probe.max_length)

@@ -27,9 +27,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from ablate.config.base import Strict, read_yaml, validate
+from ablate.config.base import Located, Strict, read_yaml, validate
 from ablate.config.errors import SpecError
 from ablate.config.spec import FREEZE_ALLOWED, FREEZE_WORDS, parse_layer_range
 from ablate.config.transplants import TransplantSpec, parse_arm, parse_layers
@@ -61,6 +61,19 @@ class SlurmLauncher(Strict):
     max_array_size: int = Field(default=1000, gt=0, description="the cluster's MaxArraySize")
     max_requeues: int = Field(default=3, ge=0, description="timeouts/preemptions before giving up")
     setup: tuple[str, ...] = Field(default=(), description="shell lines run before the job (module load ...)")
+
+    @model_validator(mode="after")
+    def _one_rank_per_gpu(self) -> "SlurmLauncher":
+        """With GPUs, each task (rank) trains on one GPU of its own. gpus_per_node: 0 (CPU ranks, gloo, or
+        GPUs asked for through additional_parameters) takes any number of tasks."""
+        gpus, tasks = self.gpus_per_node, self.tasks_per_node
+        if gpus and tasks != gpus:
+            why = (f"{gpus - tasks} GPU(s) per node would be held and never train" if tasks < gpus
+                   else f"{tasks - gpus} rank(s) per node would have no GPU of their own")
+            raise Located(f"one data-parallel rank per GPU: launcher.slurm.gpus_per_node is {gpus}, so "
+                          f"tasks_per_node must be {gpus} ({why})", "tasks_per_node", tasks,
+                          f"{gpus} (= gpus_per_node), or gpus_per_node: 0 for CPU ranks")
+        return self
 
 
 class Launcher(Strict):

@@ -74,6 +74,8 @@ def _logger(run_dir: Path, console: Console):
 
 
 def _probe_hooks(spec: RunSpec, run_dir: Path):
+    """The phase-end probe, built before pretrain forms the process group: it reads the held-out texts and
+    the tokenizer here, and loads and probes the base model at the first phase end, on the run's device."""
     if spec.probe.n_texts <= 0:
         return ()
     from ablate.analysis.probe import cka_vs_base_hook

@@ -2,6 +2,7 @@
 temporary folder and published atomically; and the final *ForMaskedLM folder.
 
 Weights go through safetensors and tensors through torch.load(weights_only=True): loading runs no code.
+A checkpoint loads to CPU, then onto the parameters' devices, whatever device it was saved from.
 
 May import: config, store, train.optimizer.
 """
@@ -101,9 +102,14 @@ def save_checkpoint(ckpt_root: Path, model, opt: Optimizer, state: TrainState) -
 
 
 def load_checkpoint(path: Path, model, opt: Optimizer) -> TrainState:
-    """Weights via safetensors and tensors via torch.load(weights_only=True): loading runs no code."""
-    load_model(model, str(path / "model.safetensors"))
-    opt.load_state_by_name(torch.load(path / "optimizer.pt", weights_only=True)["moments"])
+    """Weights via safetensors and tensors via torch.load(weights_only=True): loading runs no code.
+
+    Both are read to CPU and then copied onto each parameter's device: optimizer.pt remembers the device
+    rank 0 saved it from (cuda:0), where every rank of a requeued job would otherwise allocate a context
+    and the whole set of moments, and which a machine without that device cannot load at all."""
+    load_model(model, str(path / "model.safetensors"), device="cpu")
+    moments = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)["moments"]
+    opt.load_state_by_name(moments)
     return TrainState(**json.loads((path / "state.json").read_text()))
 
 

@@ -48,9 +48,23 @@ class Optimizer:
         return {n: {k: v for k, v in by_param[p].items()} for n, p in self.named.items() if p in by_param}
 
     def load_state_by_name(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Moments saved by name (read to CPU) onto each parameter's device, `step` where torch keeps it."""
+        step_with_param = self.keeps_step_on_param_device()
         for n, moments in state.items():
             p = self.named[n]
-            self.torch.state[p] = {k: v.to(p.device) if k != "step" else v for k, v in moments.items()}
+            self.torch.state[p] = {k: _placed(k, v, p, step_with_param) for k, v in moments.items()}
+
+    def keeps_step_on_param_device(self) -> bool:
+        """torch's fused and capturable AdamW need `step` on the parameter's device (float32); the other
+        paths keep it as a CPU scalar tensor (torch's own Optimizer.load_state_dict places it the same)."""
+        return bool(self.torch.defaults.get("fused") or self.torch.defaults.get("capturable"))
+
+
+def _placed(key: str, value: torch.Tensor, param: torch.Tensor, step_with_param: bool) -> torch.Tensor:
+    """One saved optimizer tensor where the resumed step needs it."""
+    if key != "step":
+        return value.to(param.device)
+    return value.to(param.device, torch.float32) if step_with_param else value.cpu()
 
 
 def torch_decay(optim: OptimSpec) -> float:
