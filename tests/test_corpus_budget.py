@@ -210,8 +210,9 @@ def test_the_dry_run_estimates_a_corpus_it_cannot_count_and_flags_the_refused_ru
     _no_preflight(monkeypatch)
     grid = tmp_path / "toy.yaml"
     grid.write_text(FREEZE.read_text().replace("biomed_fr/train/", "corpus_fr_e3c/train.txt")
-                    .replace("biomed_fr/valid.txt", "corpus_fr_e3c/valid.txt"))
-    assert main(["sweep", str(grid), "--dry-run", "--results", str(tmp_path / "r")]) == 0
+                    .replace("biomed_fr/valid.txt", "corpus_fr_e3c/valid.txt")
+                    .replace("n_texts: 500", "n_texts: 32"))      # the toy file has 37 held-out texts
+    assert main(["sweep", str(grid), "--dry-run", "--results", str(tmp_path / "r")]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert ("corpus corpus_fr_e3c/train.txt (hub:answerdotai/ModernBERT-base): ~420k tokens, an estimate from its "
             "1.7M bytes") in out
