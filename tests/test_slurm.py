@@ -81,18 +81,21 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_matches_an_uninterrupted
                                capture_output=True, text=True, timeout=600)
     assert reference.returncode == 0, reference.stdout + reference.stderr
 
-    proc = _sweep([str(grid), "--results", str(tmp_path / "results")], slurm_env)
+    # the job holds after its checkpoint at step 10 (ablate.train.loop.PAUSE_ENV) until it is requeued: the
+    # requeue lands mid-run however fast this machine trains
+    held = {**slurm_env, "ABLATE_PAUSE_AT": f"10:{tmp_path / 'never'}"}
+    proc = _sweep([str(grid), "--results", str(tmp_path / "results")], held)
     run_dir = next(iter((tmp_path / "reference" / "requeue" / "runs").iterdir()))
     run_dir = tmp_path / "results" / "requeue" / "runs" / run_dir.name
     deadline = time.time() + 300
     job_id = None
     while time.time() < deadline:
-        latest = run_dir / "checkpoints" / "LATEST"
-        if latest.is_file() and int(latest.read_text().split("-")[1]) >= 10:
+        log_file = run_dir / "log.txt"
+        if log_file.is_file() and "holding after the checkpoint at step 10" in log_file.read_text():
             job_id = json.loads((run_dir / "status.json").read_text()).get("job_id")
             break
         time.sleep(0.1)
-    assert job_id, "the run never reached its first checkpoints"
+    assert job_id, "the run never reached its checkpoint at step 10"
     assert not (run_dir / "model").exists(), "the run finished before the requeue"
     subprocess.run(["scontrol", "requeue", job_id], env=slurm_env, check=True, timeout=30)
     out, _ = proc.communicate(timeout=600)

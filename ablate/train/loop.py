@@ -285,6 +285,7 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
             stopping = stop_after_steps is not None and steps_this_call >= stop_after_steps
             if last_of_phase or state.global_step % spec.checkpoint_every == 0 or stopping:
                 checkpoint()
+                _hold_if_asked(state.global_step, log)
             if stopping:
                 log(f"stopping after {steps_this_call} steps (checkpoint at step {state.global_step})")
                 return state
@@ -305,6 +306,23 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
 
 def _silent(_message: str) -> None:
     pass
+
+
+PAUSE_ENV = "ABLATE_PAUSE_AT"   # STEP:FILE
+PAUSE_LIMIT_S = 300.0
+
+
+def _hold_if_asked(global_step: int, log: Log) -> None:
+    """ABLATE_PAUSE_AT=STEP:FILE holds a run right after its checkpoint at global step STEP until FILE exists
+    (at most PAUSE_LIMIT_S): a preemption, requeue or kill sent meanwhile lands mid-run for certain (how the
+    tests requeue a Slurm job; a resumed run does not stop there again, its first step is past STEP)."""
+    step, _, path = os.environ.get(PAUSE_ENV, "").partition(":")
+    if not step.isdigit() or int(step) != global_step:
+        return
+    log(f"holding after the checkpoint at step {global_step} until {path} exists ({PAUSE_ENV})")
+    deadline = time.monotonic() + PAUSE_LIMIT_S
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def _log_plan(log: Log, spec: RunSpec, dist: Dist, plans: list[PhasePlan]) -> None:
