@@ -42,7 +42,7 @@ def checked_grid(path: str) -> CheckedGrid:
     plans = resolve_layers(runs, file=path, models=models)
     specs = [r.spec for r in runs]
     check_model_fit(specs, file=path)
-    groups = comparison_groups(runs, plans)
+    groups = comparison_groups(runs)
     check_parity(groups, grid.allow_unequal_compute, file=path)
     transplants, warnings = plan_transplants(grid, runs, models, file=path)
     check_eval(specs, file=path)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ablate.config.errors import SpecError
 from ablate.plan.grid import PlannedRun
-from ablate.plan.phases import PhasePlan
+from ablate.plan.epochs import planned_tokens
 
 ARM_AXES = ("schedule", "freeze", "seed")
 SETTING = "allow_unequal_compute"
@@ -39,23 +39,19 @@ class ComparisonGroup:
                          + " tokens" for arm, counts in self.tokens.items())
 
 
-def run_tokens(run: PlannedRun, plans: list[PhasePlan]) -> int:
-    """Tokens a run trains: every phase's steps, the prelude's included, at the run's step size."""
-    return sum(p.steps for p in plans) * run.spec.tokens_per_step
-
-
 def _arm(run: PlannedRun) -> str:
     freeze = run.axes.get("freeze", "none")
     return str(run.axes.get("schedule")) + ("" if freeze == "none" else f", freeze {freeze}")
 
 
-def comparison_groups(runs: list[PlannedRun], plans: dict[str, list[PhasePlan]]) -> list[ComparisonGroup]:
-    """The runs grouped by every axis but schedule, freeze mask and seed, in grid order."""
+def comparison_groups(runs: list[PlannedRun]) -> list[ComparisonGroup]:
+    """The runs grouped by every axis but schedule, freeze mask and seed, in grid order, with the tokens each
+    trains (plan.epochs.planned_tokens: every phase, the prelude's included)."""
     grouped: dict[str, tuple[tuple, dict[str, set[int]], dict[str, list[str]]]] = {}
     for run in runs:
         point = tuple((k, v) for k, v in run.axes.items() if k not in ARM_AXES)
         _, tokens, ids = grouped.setdefault(repr(point), (point, {}, {}))   # repr: axis values may be lists
-        tokens.setdefault(_arm(run), set()).add(run_tokens(run, plans[run.run_id]))
+        tokens.setdefault(_arm(run), set()).add(planned_tokens(run.spec))
         ids.setdefault(_arm(run), []).append(run.run_id)
     return [ComparisonGroup(point, {arm: tuple(sorted(t)) for arm, t in tokens.items()}, ids)
             for point, tokens, ids in grouped.values()]

@@ -32,6 +32,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate, zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -233,8 +234,7 @@ def run_info(run_id: str, spec: RunSpec) -> RunInfo:
     phases = spec.model_dump(mode="json")["phases"]
     freeze = (spec.labels.get("axes") or {}).get("freeze", "none")
     baseline = freeze == "none" and all(p.objective == "mlm" for p in spec.phases)
-    steps = spec.phase_steps()
-    ends = tuple(sum(steps[:k + 1]) for k in range(len(steps)))
+    ends = tuple(accumulate(spec.phase_steps()))
     return RunInfo(run_id, spec.training_identity, spec.seed, tuple(p.name for p in spec.phases), ends,
                    _digest(phases), baseline)
 
@@ -273,9 +273,7 @@ def differing_phases(a: TokenStream, b: TokenStream) -> list[int]:
     """The 1-based phase positions whose hashes differ; none when either record cannot compare phases."""
     if a.phases is None or b.phases is None:
         return []
-    n = max(len(a.phases), len(b.phases))
-    padded_a, padded_b = a.phases + (None,) * (n - len(a.phases)), b.phases + (None,) * (n - len(b.phases))
-    return [k + 1 for k, (x, y) in enumerate(zip(padded_a, padded_b)) if x != y]
+    return [k + 1 for k, (x, y) in enumerate(zip_longest(a.phases, b.phases)) if x != y]
 
 
 SAME_TOKENS = "same"
