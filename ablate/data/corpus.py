@@ -16,6 +16,7 @@ May import: config, store, data.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -25,8 +26,8 @@ from ablate.data.prepare import changed_sources, prepare, prepared_folder, read_
 from ablate.data.prepared import PackedView, PreparedCorpus
 from ablate.data.sources import Source, iter_documents, resolve_sources
 
-__all__ = ["SequenceOrder", "TokenStream", "estimated_tokens", "load_packed", "open_prepared", "prepared_tokens",
-           "read_documents", "tokenize_documents", "tokenizer_fingerprint"]
+__all__ = ["SequenceOrder", "TokenStream", "estimated_tokens", "find_prepared", "load_packed", "open_prepared",
+           "prepared_tokens", "read_documents", "tokenize_documents", "tokenizer_fingerprint"]
 
 # UTF-8 bytes a token, roughly, for biomedical text: measured 4.4 (English clinical cases, BERT WordPiece) and
 # 3.2 (French clinical cases); only for the dry run's estimate of a corpus that is not prepared
@@ -37,9 +38,7 @@ UNCOMPRESSED = ("text", "jsonl")
 def open_prepared(spec: DataSpec, tokenizer, which: str = "corpus", workers: int | None = None) -> PreparedCorpus:
     """The memory-mapped prepared corpus; prepared here (under its lock) when no complete folder exists.
     A corpus that changed since it was prepared is a SpecError naming the command that re-prepares it."""
-    sources = resolve_sources(spec, which)
-    folder = prepared_folder(spec, sources, tokenizer_fingerprint(tokenizer))
-    manifest = read_manifest(folder)
+    folder, manifest, sources = find_prepared(spec, tokenizer, which)
     if manifest is None:
         folder = prepare(spec, tokenizer, which, workers=workers)
     else:
@@ -51,11 +50,18 @@ def open_prepared(spec: DataSpec, tokenizer, which: str = "corpus", workers: int
     return PreparedCorpus(folder)
 
 
+def find_prepared(spec: DataSpec, tokenizer, which: str = "corpus") -> tuple[Path, dict | None, list]:
+    """(the prepared folder of this corpus reading and tokenizer, its manifest or None when not prepared, the
+    sources), reading no document."""
+    sources = resolve_sources(spec, which)
+    folder = prepared_folder(spec, sources, tokenizer_fingerprint(tokenizer))
+    return folder, read_manifest(folder), sources
+
+
 def prepared_tokens(spec: DataSpec, tokenizer) -> int | None:
     """The corpus's token count from its prepared manifest, reading no document; None when it is not prepared
     (or changed since it was: preparing it again is what counts it)."""
-    sources = resolve_sources(spec)
-    manifest = read_manifest(prepared_folder(spec, sources, tokenizer_fingerprint(tokenizer)))
+    _, manifest, sources = find_prepared(spec, tokenizer)
     if manifest is None or changed_sources(manifest, sources, spec):
         return None
     return int(manifest["n_tokens"])

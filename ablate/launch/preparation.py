@@ -18,8 +18,7 @@ from typing import Callable
 from ablate.config.errors import SpecError
 from ablate.config.grid import Launcher
 from ablate.config.spec import DataSpec, RunSpec
-from ablate.data.corpus import BYTES_PER_TOKEN, estimated_tokens, open_prepared, prepared_tokens
-from ablate.data.prepare import prepared_folder, read_manifest, tokenizer_fingerprint
+from ablate.data.corpus import BYTES_PER_TOKEN, estimated_tokens, find_prepared, open_prepared, prepared_tokens
 from ablate.data.sources import CorpusNotFound, resolve_sources
 from ablate.launch.executors import make_executor
 from ablate.plan.epochs import CorpusSize, check_epochs
@@ -204,8 +203,7 @@ def unprepared(specs: list[RunSpec]) -> list[RunSpec]:
     missing = []
     for data, tok, group in _by_corpus(specs):
         tokenizer = load_tokenizer(tok)
-        folder = prepared_folder(data, resolve_sources(data), tokenizer_fingerprint(tokenizer))
-        if read_manifest(folder) is None:
+        if find_prepared(data, tokenizer)[1] is None:
             missing += group
         else:
             open_prepared(data, tokenizer)      # refuses a corpus that changed since it was prepared

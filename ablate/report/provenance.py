@@ -119,16 +119,14 @@ def corpus_fingerprint(spec: RunSpec) -> dict:
 def _prepared_manifest(spec: RunSpec) -> tuple[Path, dict] | None:
     """(folder, manifest) of the run's prepared corpus; None when it cannot be found here (the tokenizer does
     not load offline, the sources moved, or the prepared folder was removed)."""
-    from ablate.data.prepare import prepared_folder, read_manifest, tokenizer_fingerprint
-    from ablate.data.sources import resolve_sources
+    from ablate.data.corpus import find_prepared
     from ablate.models.sources import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(spec.tokenizer or spec.model, local_only=True)
         if tokenizer is None:
             return None
-        folder = prepared_folder(spec.data, resolve_sources(spec.data), tokenizer_fingerprint(tokenizer))
+        folder, manifest, _ = find_prepared(spec.data, tokenizer)
     except (SpecError, OSError):
         return None
-    manifest = read_manifest(folder)
     return None if manifest is None else (folder, manifest)
