@@ -22,6 +22,7 @@ from ablate.data.corpus import BYTES_PER_TOKEN, estimated_tokens, find_prepared,
 from ablate.data.sources import CorpusNotFound, resolve_sources
 from ablate.launch.executors import make_executor
 from ablate.plan.epochs import CorpusSize, check_epochs
+from ablate.plan.model_fit import local_tokenizer
 
 Print = Callable[[str], None]
 # what decides the prepared tokens; the other data fields (seq_len, data_seed, valid_corpus) do not
@@ -104,16 +105,6 @@ def check_budgets(specs: list[RunSpec], file: str | None = None) -> list[RunSpec
     return unchecked
 
 
-def _local_tokenizer(tok: str):
-    """The tokenizer when it loads here without a hub (None otherwise: the dry run then estimates)."""
-    from ablate.models.sources import load_tokenizer
-
-    try:
-        return load_tokenizer(tok, local_only=True)
-    except SpecError:
-        return None
-
-
 def _about(n: int) -> str:
     """Two significant digits: 1.5M, 420k, 11B."""
     for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
@@ -140,7 +131,7 @@ def known_size(data: DataSpec, tok: str, target: str, seq_lens: set[int]) -> tup
         sources = resolve_sources(data)
     except CorpusNotFound as exc:
         return CorpusSize(None, missing=True), _missing_line(exc, target)
-    tokenizer = _local_tokenizer(tok)
+    tokenizer = local_tokenizer(tok)
     tokens = None if tokenizer is None else prepared_tokens(data, tokenizer)
     if tokens is not None:
         return CorpusSize(tokens, exact=True), f"{name}: {tokens:,} tokens{_sequences(tokens, seq_lens)} (prepared)"
