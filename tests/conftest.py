@@ -76,10 +76,12 @@ DECAY_FINETUNE = {"epochs": 1, "max_train_examples": 48, "max_eval_examples": 32
 
 @pytest.fixture(scope="session")
 def decay_sweep(tmp_path_factory, data_root):
-    """The CPU twin of grids/decay.yaml: its schedules for the 10% and 40% decay shares, MLM and CLM detour at
-    each, seeds 17 and 18, on tiny BERT (10 steps of 4 x 32 tokens), and its transplants (low layers of
-    clm_d10 into mlm_d10 and the reverse, fine-tuned on ncbi_disease), run with the debug executor and
-    collected with --pairs. Returns (results root, sweep folder); the grid is <results root>/../decay.yaml."""
+    """The CPU twin of grids/decay.yaml: its schedules for the 10% and 40% decay lengths (a main phase of 10
+    steps of 4 x 32 tokens, decays of 1 and 4 steps), MLM and CLM detour at each, seeds 17 and 18, on tiny BERT,
+    branched as the grid is (each 10% run starts from its 40% twin's checkpoint at the main phase's end), and
+    its transplants (low layers of clm_d10 into mlm_d10 and the reverse, fine-tuned on ncbi_disease), run with
+    the debug executor and collected with --pairs. Returns (results root, sweep folder); the grid is
+    <results root>/../decay.yaml."""
     import sys
 
     import yaml
@@ -87,10 +89,13 @@ def decay_sweep(tmp_path_factory, data_root):
     root = tmp_path_factory.mktemp("decay")
     grid = yaml.safe_load((REPO / "grids" / "decay.yaml").read_text())
     tiny = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())["base"]
-    grid["base"] = {**tiny, "budget_tokens": 10 * 4 * 32,
-                    "eval": {"tasks": [], "seeds": [0], "finetune": DECAY_FINETUNE}}
+    grid["base"] = {**tiny, "eval": {"tasks": [], "seeds": [0], "finetune": DECAY_FINETUNE}}
+    step_tokens = 4 * 32
     for phases in grid["schedules"].values():
-        phases[0]["lr"] = {"warmup_steps": 1}
+        main, decay = phases
+        share = decay["tokens"] / main["tokens"]
+        main.update(tokens=10 * step_tokens, lr={"warmup_steps": 1})
+        decay["tokens"] = round(share * 10 * step_tokens)
     grid["axes"] = {"schedule": ["mlm_d10", "clm_d10", "mlm_d40", "clm_d40"], "seed": [17, 18]}
     for entry in grid["transplants"]:
         entry["tasks"] = ["ncbi_disease"]

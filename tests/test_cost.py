@@ -104,17 +104,22 @@ def test_the_dry_run_of_the_freeze_grid_prints_its_cost_plan(tmp_path, capsys, m
     assert [line.split()[0] for line in lines[1:lines.index("")]] == [r.run_id for r in runs]   # the plan
     costs = _table(lines[lines.index(""):], COSTS)
     steps = -(-10_000_000_000 // (384 * 8192)) + -(-1_000_000_000 // (384 * 8192))
-    hours = steps * 384 * 8192 / 50_000 / 3600
     assert [c["run_id"] for c in costs] == [r.run_id for r in runs] + ["total"]
+    decay = -(-1_000_000_000 // (384 * 8192))    # low_decay branches from the unfrozen detour: trains its decay
     for run, cost in zip(runs, costs):
         assert [cost["schedule"], cost["freeze"]] == [run.axes["schedule"], run.axes["freeze"]]
-        assert cost["steps"] == str(steps) and cost["tokens"] == f"{steps * 384 * 8192:,}"
-        assert cost["hours"] == f"{hours:,.1f}" and cost["GPUs"] == "1" and cost["GPU-hours"] == f"{hours:,.1f}"
+        n = decay if run.axes["freeze"] == "low_decay" else steps
+        h = n * 384 * 8192 / 50_000 / 3600
+        assert cost["steps"] == str(n) and cost["tokens"] == f"{n * 384 * 8192:,}"
+        assert cost["hours"] == (f"{h:,.1f}" if h >= 10 else f"{h:.3g}")
+        assert cost["GPUs"] == "1" and cost["GPU-hours"] == cost["hours"]
         assert cost["fine-tuning h"] == "not estimated"          # no fine-tuning throughput
         assert cost["epochs"] == "missing"                       # the corpus the user supplies is not here
-    assert costs[-1] == {"run_id": "total", "schedule": "", "freeze": "", "steps": str(5 * steps),
-                         "tokens": f"{5 * steps * 384 * 8192:,}", "epochs": "", "hours": f"{5 * hours:,.1f}",
-                         "fine-tuning h": "not estimated", "GPUs": "", "GPU-hours": f"{5 * hours:,.1f}"}
+    total_h = (4 * steps + decay) * 384 * 8192 / 50_000 / 3600
+    assert costs[-1] == {"run_id": "total", "schedule": "", "freeze": "", "steps": str(4 * steps + decay),
+                         "tokens": f"{(4 * steps + decay) * 384 * 8192:,}", "epochs": "", "hours": f"{total_h:,.1f}",
+                         "fine-tuning h": "not estimated", "GPUs": "", "GPU-hours": f"{total_h:,.1f}"}
+    assert "(0.82x)" in out and "GPU-hours saved" in out      # against branching: false
     assert "cost plan: throughput --tokens-per-s 50,000 for every phase" in out
     assert "slurm: 1 GPU per run" in out and "fine-tuning: not estimated" in out
     assert lines[-1].startswith("5 runs, 2 transplants; executor slurm;")

@@ -55,6 +55,20 @@ def test_pairs_join_twins_and_seeds_of_the_same_decay_share_only(decay_sweep):
     assert set(pairs.groupby("relation")["measure"].unique().map(tuple)) == {("cka", "cka_ratio"), ("cka",)}
 
 
+def test_the_twin_trains_each_main_phase_once_the_shorter_decay_branching_from_the_longer(decay_sweep):
+    _, sweep = decay_sweep
+    runs = _runs(sweep)
+    for objective in ("mlm", "clm"):
+        for seed in (17, 18):
+            child, parent = _id(runs, f"{objective}_d10", seed), _id(runs, f"{objective}_d40", seed)
+            assert read_json(sweep / "runs" / child / "branch.json") == {"parent": parent, "step": 10}
+            assert read_json(sweep / "runs" / child / "branched.json")["from"] == "parent"
+            # every child of that step started: the parent's branch-point checkpoint is gone
+            assert not list((sweep / "runs" / parent / "checkpoints" / "branch").glob("step-*"))
+            curves = read_json(sweep / "runs" / child / "records" / "curves.json")
+            assert curves["step"] == list(range(1, 12))       # the whole curve, the parent's prefix included
+
+
 def test_twin_cka_and_ratio_equal_direct_computations_on_the_saved_representations(decay_sweep):
     _, sweep = decay_sweep
     runs, pairs = _runs(sweep), pd.read_parquet(sweep / "pairs.parquet").set_index(

@@ -437,6 +437,8 @@ def test_a_data_seed_axis_changes_the_data_order_of_every_phase(tmp_path):
 
 
 def test_the_shipped_freeze_grid_has_one_pretraining_seed_and_nine_finetuning_seeds(tmp_path, capsys):
+    from ablate.evaluate.suites import spec_items
+
     path = REPO / "grids" / "freeze.yaml"
     rc, out, err = dry_run(path, tmp_path, capsys)
     assert rc == 0 and "warning" not in err and "seed axis" not in err
@@ -451,13 +453,18 @@ def test_the_shipped_freeze_grid_has_one_pretraining_seed_and_nine_finetuning_se
     assert plan[0] == (f"cost plan: steps and tokens (training steps, prelude included); for hours and GPU-hours, "
                        f"run `ablate calibrate {path}` on the target hardware (it stores the measured tokens/s with "
                        "the sweep) or pass --tokens-per-s N")
+    # what is trained: low_decay starts from the unfrozen detour's checkpoint at the CLM phase's end (branching)
+    assert plan[1].startswith("branching: 1 runs start from another run's checkpoint") and "(0.82x)" in plan[1]
+    plan = [plan[0]] + plan[3:]
     assert plan[1].split() == ["run_id", "schedule", "freeze", "steps", "tokens", "epochs"]
     assert [row.split()[0] for row in plan[2:]] == [r.run_id for r in runs] + ["total"]
     # the corpus is the user's to supply: its epochs are unknown here, and the plan says it is missing
-    assert {tuple(row.split()[-3:]) for row in plan[2:-1]} == {("3497", "11,000,610,816", "missing")}
+    assert {tuple(row.split()[-3:]) for row in plan[2:-1]} == {("3497", "11,000,610,816", "missing"),
+                                                               ("318", "1,000,341,504", "missing")}
     assert any(line.startswith(f"warning: {path}: data.corpus ") and "biomed_fr/train" in line for line in lines)
-    assert plan[-1].split() == ["total", "17485", "55,003,054,080"]
-    assert all(r.spec.eval.seeds == tuple(range(9)) for r in runs)
+    assert plan[-1].split() == ["total", "14306", "45,002,784,768"]
+    assert all(i.seeds == tuple(range(9)) for r in runs for i in spec_items(r.spec))    # suite:fr_paper
+    assert "  suite:fr_paper: 8 tasks (" in out and "fine-tuning seeds 0-8" in out
     # the grid's comment says how to get MLM seed noise for the CKA ratio: check that recipe
     text = path.read_text().replace("  freeze: [none, low_clm, mid_clm, low_decay]\n",
                                     "  freeze: [none, low_clm, mid_clm, low_decay]\n  seed: [17, 18, 19]\n")

@@ -118,3 +118,20 @@ def test_cli_writes_the_page(tmp_path):
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"html: {sweep / 'report.html'}" in done.stdout and (sweep / "report.html").is_file()
+
+
+def test_a_bilingual_sweeps_page_leads_with_the_language_averages_in_chromium(tmp_path):
+    sweep = write_sweep(tmp_path / "bi", clm_gain=0.03, languages={"ner_a": "en", "cls_b": "fr", "sts_c": "en"},
+                        n_examples={"ner_a": 500, "cls_b": 300, "sts_c": 20})
+    shutil.copy(REPO / "grids" / "smoke.yaml", sweep / "grid.yaml")
+    page = write_html(sweep)
+    text = page.read_text()
+    scores = text[text.index('<h2 id="scores">'):text.index('<h2 id="tokens">')]
+    assert scores.index("<th>average (en)</th><th>average (fr)</th><th>average</th>") < scores.index('class="wide"')
+    assert "too few test examples for the metric: sts_c (20)" in scores
+    probed = page.with_name("probe.html")
+    probed.write_text(text.replace("<head>", "<head>" + PROBE, 1))
+    done = headless("--virtual-time-budget=10000", "--window-size=1280,1400", "--dump-dom", probed.as_uri())
+    probe = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', done.stdout).group(1).replace("&quot;", '"'))
+    assert probe["tables"] == 3 and probe["errors"] == [] and probe["broken"] == []   # averages, scores, runs
+    assert "Uncaught" not in done.stderr

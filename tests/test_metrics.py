@@ -101,3 +101,26 @@ def test_compute_by_task_type_keeps_order():
     assert out["accuracy"] == 0.5
     assert set(metrics.METRICS["token_classification"]) >= {"entity_f1"}
     assert set(metrics.METRICS["regression"]) == {"pearson", "spearman"}
+
+
+def test_f1_without_a_negative_label():
+    gold = ["DDI-false", "DDI-false", "DDI-effect", "DDI-int", "DDI-effect"]
+    pred = ["DDI-false", "DDI-effect", "DDI-effect", "DDI-false", "DDI-int"]
+    # positives: gold 3 (effect, int, effect), predicted 3 (effect, effect, int), correct 1 -> P = R = F1 = 1/3
+    assert metrics.micro_f1(gold, pred, negative_label="DDI-false") == pytest.approx(1 / 3)
+    assert metrics.micro_f1(gold, pred) == pytest.approx(2 / 5)           # all labels: accuracy
+    # per positive class: effect P 1/2 R 1/2 -> 1/2; int P 0 R 0 -> 0: macro 1/4
+    assert metrics.macro_f1(gold, pred, negative_label="DDI-false") == pytest.approx(1 / 4)
+    # binary: micro F1 over the positive label alone is the F1 of that label
+    assert metrics.micro_f1(["1", "0", "1", "1"], ["1", "1", "0", "1"], negative_label="0") == pytest.approx(2 / 3)
+    assert metrics.micro_f1(["0", "0"], ["0", "0"], negative_label="0") == 0.0   # no positive anywhere
+    scores = metrics.compute("sequence_classification", ["micro_f1", "accuracy"], gold, pred, "DDI-false")
+    assert scores == {"micro_f1": pytest.approx(1 / 3), "accuracy": pytest.approx(2 / 5)}
+
+
+def test_multilabel_weighted_f1_weighs_labels_by_gold_count():
+    gold = [("a",), ("a",), ("a", "b"), ()]
+    pred = [("a",), (), ("b",), ("b",)]
+    # a: gold 3, pred 1, tp 1 -> F1 = 2/4 = 1/2; b: gold 1, pred 2, tp 1 -> F1 = 2/3; weighted (3, 1)
+    assert metrics.multilabel_weighted_f1(gold, pred) == pytest.approx((3 * 0.5 + 1 * 2 / 3) / 4)
+    assert metrics.multilabel_macro_f1(gold, pred) == pytest.approx((0.5 + 2 / 3) / 2)

@@ -51,6 +51,7 @@ def test_modernbert_local_layers_stay_windowed_under_clm(impl):
     model.config.layer_types = ["sliding_attention"] * 4
     for layer in model.model.layers:
         layer.attention_type = "sliding_attention"
+        layer.attn.sliding_window = model.config.sliding_window + 1    # what __init__ gives a local layer
     window = model.config.sliding_window
     ids = torch.randint(1000, 2000, (1, 40), generator=torch.Generator().manual_seed(1))
     changed = ids.clone()

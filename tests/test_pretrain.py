@@ -81,9 +81,9 @@ def test_a_layer_frozen_in_one_phase_keeps_its_adamw_moments_and_trains_on_from_
     moments: dict[int, dict[str, dict[str, torch.Tensor]]] = {}    # global step -> the optimizer's, by name
     save = loop.save_checkpoint
 
-    def saving_and_recording(root, model, opt, state):
+    def saving_and_recording(root, model, opt, state, **kw):
         moments[state.global_step] = {n: {k: v.clone() for k, v in m.items()} for n, m in opt.state_by_name().items()}
-        return save(root, model, opt, state)
+        return save(root, model, opt, state, **kw)
 
     monkeypatch.setattr(loop, "save_checkpoint", saving_and_recording)   # checkpoint_every 2: end of each phase
     spec = parse_run_spec(tiny_spec(phases=[

@@ -30,10 +30,13 @@ TASKS = {"ner_a": ["f1", "precision"], "cls_b": ["accuracy", "macro_f1"], "sts_c
 
 
 def write_sweep(path: Path, *, rng_seed: int = 0, clm_gain: float = 0.02, models=("tiny-bert",),
-                seed_independent: bool = True) -> Path:
+                seed_independent: bool = True, languages: dict | None = None,
+                n_examples: dict | None = None) -> Path:
     """A finished sweep as `ablate collect` leaves it: runs, scores, layers, curves, frozen as parquet + csv.
 
     Three seeds per arm; clm/low seed 2 failed (its rows carry absurd values, so using them shows).
+    `languages` (task -> language; default all "en") and `n_examples` (task -> examples per split, the
+    column score files record; default none) shape the scores table.
     """
     rng = np.random.default_rng(rng_seed)
     runs, scores, layers, curves, frozen_rows = [], [], [], [], []
@@ -76,9 +79,10 @@ def write_sweep(path: Path, *, rng_seed: int = 0, clm_gain: float = 0.02, models
                             base = 0.6 + 0.05 * t + clm_gain * (schedule == "clm") - 0.01 * (freeze == "low") \
                                 + 0.01 * rng.normal() + bad
                             for m, metric in enumerate(metrics):
-                                scores.append(dict(run_id=run_id, task=task, language="en",
+                                scores.append(dict(run_id=run_id, task=task, language=(languages or {}).get(task, "en"),
                                                    finetune_seed=ft_seed, split=split, metric=metric,
-                                                   value=base - 0.02 * m, epoch=3, wall_time_s=1.0))
+                                                   value=base - 0.02 * m, epoch=3, wall_time_s=1.0,
+                                                   **({"n_examples": n_examples[task]} if n_examples else {})))
     path.mkdir(parents=True, exist_ok=True)
     for name, rows in (("runs", runs), ("scores", scores), ("layers", layers), ("curves", curves),
                        ("frozen", frozen_rows)):

@@ -92,11 +92,6 @@ def test_a_final_fraction_without_decay_is_refused():
     assert err.key == "phases[0].lr.final_fraction"
 
 
-def test_compile_on_the_cpu_is_refused():
-    err = _run_error(lambda r: r.update(compile=True, device="cpu"))
-    assert err.key == "compile"
-
-
 def test_a_text_field_of_a_text_corpus_is_refused():
     err = _run_error(lambda r: r["data"].update(format="text", text_field="body"))
     assert err.key == "data.text_field"

@@ -77,9 +77,10 @@ def test_every_shipped_task_file_validates(name):
 @needs_data
 @pytest.mark.parametrize("name", list_tasks())
 def test_every_shipped_task_loads_its_real_data(name):
-    data = load_task_data(load_task(name))
+    task = load_task(name)
+    data = load_task_data(task)
     assert all(data.splits[s] for s in ("train", "dev", "test"))
-    assert len(data.labels) >= 2
+    assert len(data.labels) >= 2 if task.type != "regression" else data.labels == ()
 
 
 @needs_data
@@ -236,6 +237,13 @@ def test_unknown_metric_names_file_and_key(tmp_path):
     ({"finetune": {"method": "qlora"}}, "finetune.method"),
     ({"columns": {"text": "tok", "label": 1}}, "columns.text"),      # conll columns are indexes
     ({"data": {"format": "jsonl", "splits": {"train": "a", "dev": "b", "test": "c"}}}, "data.format"),
+    ({"metric_options": {"negative_label": "O"}}, "metric_options.negative_label"),   # not for NER
+    ({"labels": {"keep_entity_types": []}}, "labels.keep_entity_types"),
+    ({"data": {"format": "conll", "dataset": "x", "splits": {"train": "a", "dev": "b", "test": "c"}}},
+     "data.dataset"),                                                # dataset is for format hf
+    ({"data": {"format": "hf", "dataset": "hf:org/name", "delimiter": ",",
+               "splits": {"train": "a", "dev": "b", "test": "c"}}, "columns": {"text": "t", "label": "l"}},
+     "data.delimiter"),
 ])
 def test_bad_task_file_keys(tmp_path, over, key):
     path = write_task(tmp_path, ner_task(**over))
@@ -350,3 +358,18 @@ def test_the_smoke_grid_fine_tunes_ncbi_as_before():
               "max_train_examples": 1000, "max_eval_examples": 300, "warmup_ratio": 0.1, "weight_decay": 0.01,
               "grad_clip": 1.0}
     assert {k: getattr(s, k) for k in before} == before and (s.patience is None or s.patience >= s.epochs)
+
+
+def test_negative_label_must_be_one_of_the_declared_labels(tmp_path):
+    path = write_task(tmp_path, cls_task(labels={"values": ["neg", "pos"]}, metric_options={"negative_label": "0"}))
+    with pytest.raises(SpecError) as e:
+        load_task(path)
+    assert e.value.key == "metric_options.negative_label" and e.value.value == "0" and e.value.allowed == "neg, pos"
+
+
+def test_keep_entity_types_turns_the_other_types_into_o(tmp_path):
+    train = "Aspirin\tB-Chemical\ncauses\tO\nulcers\tB-Disease\n"
+    ner_files(tmp_path, train=train, dev=train, test=train)
+    task = load_task(write_task(tmp_path, ner_task(labels={"keep_entity_types": ["Disease"]})))
+    data = load_task_data(task, data_root=tmp_path)
+    assert data.splits["test"][0].label == ("O", "O", "B-Disease") and data.labels == ("B-Disease", "O")

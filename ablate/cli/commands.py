@@ -37,11 +37,37 @@ def _sweep(args, collected: bool = False):
 
 
 def _check_tasks(names) -> None:
-    """Every --task names a task file: an unknown name lists the known ones, sweep or no sweep."""
+    """Every --task names a task file or a suite (suite:NAME): an unknown name lists the known ones, sweep
+    or no sweep."""
+    from ablate.evaluate.suites import eval_items
     from ablate.evaluate.tasks import load_task
 
-    for name in names or ():
-        load_task(name, key="--task")
+    for item in eval_items(names or (), (0,), key="--task"):
+        load_task(item.task, key="--task")
+
+
+def _print_finetuning(grid, runs, root) -> None:
+    """The dry run's evaluation cost: the suites the grid names, then a row per task (ablate.launch.estimates)."""
+    from ablate.launch.estimates import finetune_breakdown
+
+    lines, rows = finetune_breakdown(grid, runs, root)
+    if rows:
+        print("evaluation (fine-tuning per task; hours from `ablate calibrate`):"
+              + "".join(f"\n  {line}" for line in lines))
+        _print_table(rows)
+        print()
+
+
+def _print_tree(tree, runs) -> None:
+    """The dry run's tree of shared prefixes (ablate.plan.branching): who branches from whom, at which step."""
+    from ablate.plan.branching import tree_lines
+
+    if tree is None:
+        print("branching: off (`branching: false`): every run trains from step 0\n")
+        return
+    labels = {r.run_id: ", ".join(f"{k}={v}" for k, v in r.axes.items() if k != "freeze" or v != "none")
+              for r in runs}
+    print("\n".join(tree_lines(tree, labels)) + "\n")
 
 
 # ------------------------------------------------------------------ commands
@@ -110,7 +136,7 @@ def cmd_sweep(args) -> int:
         from ablate.launch.estimates import dry_run_cost
 
         header, costs = dry_run_cost(grid, str(args.grid), runs, executor, results_root(args.results),
-                                     args.tokens_per_s)
+                                     args.tokens_per_s, checked.tree)
         _print_table(plan_table(runs, checked.plans, checked.models,
                                 {k: "ok" if r else "-" for k, r in checked.causal.items()}))
         print()
@@ -118,6 +144,8 @@ def cmd_sweep(args) -> int:
             print("transplants (derived runs: built and fine-tuned once the runs they need are done):")
             _print_table(transplant_table(transplants))
             print()
+        _print_tree(checked.tree, runs)
+        _print_finetuning(grid, runs, results_root(args.results))
         print("\n".join(header))
         _print_table(costs)
         print("\n".join(checked.parity))
@@ -131,7 +159,8 @@ def cmd_sweep(args) -> int:
 
     require_executor(executor, key="--executor" if args.executor else "launcher.executor")
     by_state = scheduler.run_sweep(grid, Path(args.grid), runs, results_root(args.results), executor,
-                                   args.retry_failed, poll_s=args.poll, transplants=transplants)
+                                   args.retry_failed, poll_s=args.poll, transplants=transplants,
+                                   tree=checked.tree)
     collected = tables.collect(sweep_dir)
     _warn(collected.problems + collected.warnings)
     done, failed = by_state.get("done", []), by_state.get("failed", [])
@@ -235,7 +264,7 @@ def cmd_evaluate(args) -> int:
         resolve_source(args.base, key="--base")
     sweep = _sweep(args)
     if args.base:
-        folder = evaluate.evaluate_base(sweep.root, args.base, tuple(args.task), seeds or (0,), overrides, **how)
+        folder = evaluate.evaluate_base(sweep.root, args.base, tuple(args.task), seeds, overrides, **how)
         print(f"base model scores in {folder / 'scores'}")
     if not args.base_only:
         counts = evaluate.evaluate_sweep(sweep.root, tuple(args.task), seeds, overrides, **how)

@@ -85,8 +85,10 @@ def _add_run_commands(sub, results, sweep, submit) -> None:
     c.set_defaults(func=cmd_collect)
 
     e = sub.add_parser("evaluate", parents=[sweep], help="fine-tune finished runs (and the base model) on tasks")
-    e.add_argument("--task", action="append", required=True, help="task name in grids/tasks (repeatable)")
-    e.add_argument("--seeds", type=int, nargs="+", help="fine-tuning seeds (default: each run's eval seeds)")
+    e.add_argument("--task", action="append", required=True,
+                   help="task name in grids/tasks, or suite:NAME of grids/suites (repeatable)")
+    e.add_argument("--seeds", type=int, nargs="+",
+                   help="fine-tuning seeds (default: each run's eval seeds; a suite's tasks, the suite's)")
     e.add_argument("--set", action="append", metavar="KEY=VALUE", help="fine-tuning setting override")
     e.add_argument("--base", metavar="MODEL", help="also evaluate this base model as the reference")
     e.add_argument("--base-only", action="store_true", help="only the base model")

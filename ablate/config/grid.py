@@ -11,6 +11,7 @@
     exclude: [{schedule: mlm, freeze: [low_clm, mid_clm]}]
     transplants: [{from: clm_detour, into: mlm, layers: low}]   # hybrids built after the runs (config.transplants)
     allow_unequal_compute: false      # arms compared with each other must train the same tokens (plan.parity)
+    branching: true                   # shared prefixes trained once (plan.branching); a run may say false too
     launcher: {executor: local, local: {...}, slurm: {...}}
 
 Axis names `schedule`, `freeze` and `model` pick named entries (a `model` value that is not a name is a
@@ -104,6 +105,9 @@ class GridSpec(Strict):
     transplants: tuple[TransplantSpec, ...] = ()
     allow_unequal_compute: bool = Field(default=False, description="let arms that the tables, pairs or "
                                         "transplants compare train different numbers of tokens")
+    branching: bool = Field(default=True, description="runs that compute the same first steps train them once: "
+                            "the others start from that run's checkpoint (ablate.plan.branching); false: every "
+                            "run from step 0")
     launcher: Launcher = Launcher()
 
 

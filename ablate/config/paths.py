@@ -51,3 +51,14 @@ def resolve_data_path(path: str | os.PathLike, root: str | os.PathLike | None = 
     """A relative data path is relative to the data root; an absolute one stays as it is."""
     p = Path(path).expanduser()
     return p if p.is_absolute() else data_root(root) / p
+
+
+def registry_dir(env: str, shipped: str) -> Path:
+    """A registry of declarative files (tasks, suites): $env if set, else grids/<shipped> of this checkout."""
+    value = os.environ.get(env)
+    return Path(value).expanduser() if value else Path(__file__).resolve().parents[2] / "grids" / shipped
+
+
+def registry_names(folder: Path) -> list[str]:
+    """The names of a registry's files: the stems of its *.yaml."""
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []

@@ -183,6 +183,8 @@ class RunSpec(Strict):
                                    "for a random init")
     tokenizer: str | None = Field(default=None, description="same forms as model; defaults to the model's")
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    document_masking: bool = Field(default=False, description="attention stays inside each packed document "
+                                                             "(as unpadded varlen training); in the run id when on")
     data: DataSpec
     batch_size: int = Field(default=16, gt=0, description="sequences per optimizer step")
     micro_batch_size: int | None = Field(default=None, gt=0, description="for gradient accumulation")
@@ -193,7 +195,12 @@ class RunSpec(Strict):
     checkpoint_every: int = Field(default=50, gt=0, description="optimizer steps")
     log_every: int = Field(default=10, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    compile: bool = Field(default=False, description="torch.compile the encoder (CUDA only; off on CPU)")
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        default="auto", description="auto: bf16 autocast on CUDA, float32 on the CPU; bf16 (autocast, float32 master "
+                                    "weights) or fp32 on any device")
+    compile: bool = Field(default=False, description="torch.compile the encoder, on CUDA or the CPU")
+    deterministic: bool = Field(default=False, description="deterministic algorithms (torch, cuDNN, cuBLAS): "
+                                                           "repeatable CUDA steps at some speed; no change on CPU")
     vocab_loss: Literal["fused", "dense"] = Field(
         default="fused", description="the MLM head's vocabulary projection + cross-entropy: fused (a chunk of "
                                      "positions at a time, never all logits at once) or dense (all logits, as the "
@@ -203,6 +210,9 @@ class RunSpec(Strict):
     tracking: TrackingSpec = TrackingSpec()
     labels: dict[str, Any] = Field(default_factory=dict, description="names that do not change training "
                                                                      "(sweep, axis values)")
+    branching: bool = Field(default=True, description="may start from another run's checkpoint of the same "
+                                                      "sweep where both compute the same first steps (false: "
+                                                      "always from step 0); the same bits either way")
 
     @field_validator("phases")
     @classmethod
@@ -223,18 +233,18 @@ class RunSpec(Strict):
             raise ValueError(f"the phases' fractions of budget_tokens add up to {sum(fractions):g}, not 1: "
                              f"{' + '.join(f'{f:g}' for f in fractions)} (give the rest as a fraction too, or "
                              "lengths in steps or tokens)")
-        if self.compile and self.device == "cpu":
-            raise Located("torch.compile runs on CUDA only: on the CPU it would be skipped", "compile", True,
-                          "compile: false with device: cpu")
         mb = self.micro_batch_size
         if mb is not None and self.batch_size % mb:
             raise ValueError(f"batch_size {self.batch_size} is not a multiple of micro_batch_size {mb}")
         return self
 
-    # Fields that do not change what is trained; they are left out of the run id. (compile and vocab_loss
-    # change how, not what: the same function up to float rounding.)
+    # Fields that do not change what is trained; they are left out of the run id. (compile, deterministic and
+    # vocab_loss change how, not what: the same function up to float rounding. precision is in the id once
+    # it is written, bf16 or fp32; auto, which resolves by device as device itself, is left out, so the ids
+    # of runs from before the field stay as they were.)
     NON_TRAINING_FIELDS: ClassVar[tuple[str, ...]] = ("labels", "eval", "probe", "log_every", "checkpoint_every",
-                                                     "device", "compile", "vocab_loss", "tracking")
+                                                     "device", "compile", "deterministic", "vocab_loss",
+                                                     "tracking", "branching")
 
     @property
     def run_id(self) -> str:
@@ -243,6 +253,10 @@ class RunSpec(Strict):
         content["data"].pop("max_epochs")               # a guard on the plan, not part of it
         if content["data"]["errors"] == "strict":       # the default leaves ids of older runs as they were
             content["data"].pop("errors")
+        if content["precision"] == "auto":               # so does this one
+            content.pop("precision")
+        if not content["document_masking"]:              # off: the ids of older runs as they were
+            content.pop("document_masking")
         blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -252,6 +266,10 @@ class RunSpec(Strict):
         at one grid point share it (the pairs table, layer transplants)."""
         content = self.model_dump(mode="json", exclude={*self.NON_TRAINING_FIELDS, "phases", "seed"})
         content["data"].pop("max_epochs")
+        if content["precision"] == "auto":
+            content.pop("precision")
+        if not content["document_masking"]:
+            content.pop("document_masking")
         return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
     @property

@@ -316,12 +316,15 @@ class _Progress:
 
 def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettings, data_root=None,
              device: str = "cpu", log: Callable[[str], None] | None = None,
-             progress: Callable[[dict], None] | None = None) -> list[dict]:
+             progress: Callable[[dict], None] | None = None,
+             on_predictions: Callable[[str, list, list], None] | None = None) -> list[dict]:
     """Fine-tune `model_dir` on `task` with `seed`; rows {task, language, finetune_seed, split, metric, value,
     epoch, wall_time_s} for every metric on dev and test, both at the best dev epoch (1-based).
 
     progress (optional) gets the stage's own progress about 20 times an epoch and after each dev evaluation:
-    stage "finetune", task, seed, epoch / epochs, step / total_steps, loss, the best dev metric so far, ETA."""
+    stage "finetune", task, seed, epoch / epochs, step / total_steps, loss, the best dev metric so far, ETA.
+    on_predictions (optional) gets (split, gold, predictions) for dev and for test, both at the best dev
+    epoch, in the form the metrics take (the scores are those metrics of them)."""
     t0 = time.perf_counter()
     data = load_task_data(task, data_root)
     examples = {"train": data.splits["train"][:settings.max_train_examples],
@@ -344,20 +347,23 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
     overhead = PIECE_OVERHEAD_TOKENS if settings.length_pieces and torch.device(device).type == "cpu" else None
     reporter = _Progress(progress, task, seed, settings.epochs, steps_per_epoch)
 
-    def evaluate(split: str) -> dict[str, float]:
+    def evaluate(split: str) -> tuple[dict[str, float], list, list]:
         preds = _predict(model, task, enc[split], data.labels, examples[split], settings.eval_batch_size,
                          to_batch, device)
-        return metrics.compute(task.type, task.metrics, _gold(task, examples[split]), preds)
+        gold = _gold(task, examples[split])
+        return (metrics.compute(task.type, task.metrics, gold, preds, task.metric_options.negative_label),
+                gold, preds)
 
-    best_epoch, best_dev, best_state, stale = 0, {}, None, 0
+    best_epoch, best_dev, best_state, stale, best_dev_out = 0, {}, None, 0, ([], [])
     for epoch in range(1, settings.epochs + 1):
         reporter.epoch = epoch
         batches = epoch_batches(lengths, settings.batch_size, order_gen, settings.group_by_length)
         steps = (_pieces([train[i] for i in b], task.type, to_batch, overhead) for b in batches)
         loss = _train_epoch(model, steps, opt, loss_fn, settings.grad_clip, device, reporter.step_done)
-        dev = evaluate("dev")
+        dev, *dev_out = evaluate("dev")
         if _better(dev[task.primary_metric], reporter.best):
             reporter.best, best_epoch, best_dev, stale = dev[task.primary_metric], epoch, dev, 0
+            best_dev_out = dev_out
             # the last epoch's weights are tested as they are, so they need no copy
             best_state = _snapshot(opt.params) if epoch < settings.epochs else None
         else:
@@ -368,7 +374,10 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
 
     if best_epoch != epoch:
         _restore(opt.params, best_state)
-    test = evaluate("test")
+    test, *test_out = evaluate("test")
+    if on_predictions is not None:
+        on_predictions("dev", *best_dev_out)
+        on_predictions("test", *test_out)
     wall = round(time.perf_counter() - t0, 3)
     return [{"task": task.name, "language": task.language, "finetune_seed": seed, "split": split, "metric": m,
              "value": v, "epoch": best_epoch, "wall_time_s": wall}

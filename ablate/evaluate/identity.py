@@ -19,8 +19,7 @@ import json
 import os
 from typing import Any
 
-from ablate.config.paths import resolve_data_path
-from ablate.evaluate.tasks import SPLITS, FinetuneSettings, TaskSpec
+from ablate.evaluate.tasks import FinetuneSettings, TaskSpec, data_files
 
 PARTS = {"task": "the task file", "data": "the task's data files", "settings": "the fine-tuning settings"}
 _NOT_COMPUTATION = {"description", "source", "finetune"}
@@ -52,8 +51,7 @@ def task_hash(task: TaskSpec) -> str:
 
 
 def data_hash(task: TaskSpec, data_root: str | os.PathLike | None = None) -> str:
-    return _digest({split: file_sha256(resolve_data_path(getattr(task.data.splits, split), data_root))
-                    for split in SPLITS})
+    return _digest({name: file_sha256(path) for name, path in data_files(task, data_root).items()})
 
 
 # Settings added after score files existed, at the value that computes exactly what was computed before them:

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Callable
 
 from ablate.store import rundir
-from ablate.evaluate.scores import evaluate_scores
+from ablate.evaluate.scores import evaluate_items
+from ablate.evaluate.suites import EvalItem, eval_items, spec_items
 from ablate.train.loop import pick_device
 from ablate.config.spec import RunSpec
 
@@ -23,20 +24,29 @@ def evaluate_run(run_dir: Path, spec: RunSpec, log: Callable[[str], None] = prin
                  tasks: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
                  overrides: dict | None = None, protocol: str | None = None, keep_stale: bool = False,
                  progress: Callable[[dict], None] | None = None) -> list[dict]:
-    tasks = tuple(tasks or spec.eval.tasks)
-    seeds = tuple(seeds or spec.eval.seeds)
+    """Fine-tune a run folder's model on `tasks` (task names and `suite:NAME`s; default the spec's
+    eval.tasks) with `seeds` (default each task's: eval.seeds, or its suite's)."""
+    items = spec_items(spec, tasks=tasks, seeds=seeds, overrides=overrides,
+                       key="--task" if tasks else "eval.tasks")
     protocol = protocol or spec.eval.protocol
-    log(f"evaluating on {', '.join(tasks)} (fine-tuning seeds {', '.join(map(str, seeds))}"
-        + (f", protocol {protocol})" if protocol else ")"))
-    rows = evaluate_scores(str(Path(run_dir) / "model"), list(tasks), list(seeds),
-                           {**spec.eval.finetune, **(overrides or {})}, Path(run_dir) / "scores",
-                           data_root=spec.data.data_root, device=str(pick_device(spec.device)),
-                           protocol=protocol, keep_stale=keep_stale, log=log, progress=progress)
+    log(f"evaluating on {_described(items)}" + (f", protocol {protocol}" if protocol else ""))
+    rows = evaluate_items(str(Path(run_dir) / "model"), items, Path(run_dir) / "scores",
+                          data_root=spec.data.data_root, device=str(pick_device(spec.device)),
+                          protocol=protocol, keep_stale=keep_stale, log=log, progress=progress)
     for row in rows:
         if row["split"] == "test":
             log(f"  {row['task']} seed {row['finetune_seed']}: test {row['metric']} = {row['value']:.4f}"
                 + ("  (stale)" if row["stale"] else ""))
     return rows
+
+
+def _described(items: list[EvalItem]) -> str:
+    """'ncbi_disease, chemprot (fine-tuning seeds 0, 1); ...': the tasks grouped by their seeds."""
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for item in items:
+        groups.setdefault(item.seeds, []).append(item.task)
+    return "; ".join(f"{', '.join(names)} (fine-tuning seeds {', '.join(map(str, seeds))})"
+                     for seeds, names in groups.items())
 
 
 def evaluate_sweep(sweep_dir: Path, tasks: tuple[str, ...], seeds: tuple[int, ...] | None,
@@ -61,10 +71,11 @@ def base_folder_name(model_source: str) -> str:
     return "base-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", model_source.split(":")[-1].rstrip("/").split("/")[-1])
 
 
-def evaluate_base(sweep_dir: Path, model_source: str, tasks: tuple[str, ...], seeds: tuple[int, ...],
+def evaluate_base(sweep_dir: Path, model_source: str, tasks: tuple[str, ...], seeds: tuple[int, ...] | None,
                   overrides: dict | None, data_root: str | None = None, log: Callable[[str], None] = print,
                   protocol: str | None = None, keep_stale: bool = False) -> Path:
-    """The base model itself, as the reference: results/<sweep>/base/<name>/scores/..."""
+    """The base model itself, as the reference: results/<sweep>/base/<name>/scores/... (seeds None: each
+    task's suite seeds, else seed 0)."""
     from ablate.models.sources import resolve_source
 
     kind, location = resolve_source(model_source)
@@ -76,14 +87,15 @@ def evaluate_base(sweep_dir: Path, model_source: str, tasks: tuple[str, ...], se
     folder = Path(sweep_dir) / "base" / base_folder_name(model_source)
     rundir.atomic.write_json(folder / "source.json", {"model": model_source, "location": location})
     log(f"evaluating base model {model_source} on {', '.join(tasks)}")
-    evaluate_scores(location, list(tasks), list(seeds), overrides, folder / "scores", data_root=data_root,
-                    device=str(pick_device("auto")), protocol=protocol, keep_stale=keep_stale, log=log)
+    items = eval_items(tasks, (0,), overrides, seeds_override=seeds, key="--task")
+    evaluate_items(location, items, folder / "scores", data_root=data_root, device=str(pick_device("auto")),
+                   protocol=protocol, keep_stale=keep_stale, log=log)
     return folder
 
 
 def check_eval(specs: list[RunSpec], file: str | None = None) -> None:
-    """Every task a sweep will evaluate exists, reads, and takes the sweep's fine-tuning overrides:
-    checked before anything is submitted."""
+    """Every task a sweep will evaluate (suites expanded) exists, reads, and takes the sweep's fine-tuning
+    overrides: checked before anything is submitted."""
     from ablate.config.errors import SpecError
     from ablate.evaluate.protocol import check_protocol
     from ablate.evaluate.tasks import load_task, load_task_data, resolve_settings
@@ -91,40 +103,72 @@ def check_eval(specs: list[RunSpec], file: str | None = None) -> None:
     seen: set[tuple] = set()
     for spec in specs:
         check_protocol(spec.eval.protocol, key="base.eval.protocol", file=file)
-        for name in spec.eval.tasks:
-            key = (name, repr(sorted(spec.eval.finetune.items())), spec.eval.protocol, spec.data.data_root)
+        items = spec_items(spec, key="base.eval.tasks", file=file)
+        _check_seeds_read(spec, file)
+        for item in items:
+            key = (item.task, repr(sorted(item.finetune.items())), spec.eval.protocol, spec.data.data_root)
             if key in seen:
                 continue
             seen.add(key)
             try:
-                task = load_task(name)
-                resolve_settings(task, spec.eval.finetune, spec.eval.protocol)
+                task = load_task(item.task)
+                resolve_settings(task, item.finetune, spec.eval.protocol)
                 load_task_data(task, spec.data.data_root)
             except SpecError as exc:
                 key = f"eval.{exc.key}" if exc.file is None and (exc.key or "").startswith("finetune") else exc.key
-                raise SpecError(f"eval task {name!r}: {exc.message}", file=exc.file or file,
+                raise SpecError(f"eval task {item.task!r}: {exc.message}", file=exc.file or file,
                                 key=key or "base.eval.tasks", value=exc.value, allowed=exc.allowed) from None
         read_key = (spec.eval.tasks, repr(sorted(spec.eval.finetune.items())), spec.eval.protocol)
         if read_key not in seen:
             seen.add(read_key)
-            check_overrides_read(spec, file)
+            check_overrides_read(spec, file, items)
 
 
-def check_overrides_read(spec: RunSpec, file: str | None) -> None:
-    """Every key of `eval.finetune` is read by at least one of the run's tasks (a pooling for NER tasks
-    only, LoRA settings without method lora: dropped without a word otherwise)."""
+def _check_seeds_read(spec: RunSpec, file: str | None) -> None:
+    """`eval.seeds` other than the default, when every entry is a suite (whose tasks take its seeds), would
+    be dropped without a word."""
     from ablate.config.errors import SpecError
-    from ablate.evaluate.tasks import load_task, resolve_settings, unread_settings
+    from ablate.config.spec import EvalSpec
+    from ablate.evaluate.suites import is_suite
+
+    tasks = spec.eval.tasks
+    if tasks and all(is_suite(t) for t in tasks) and spec.eval.seeds != EvalSpec().seeds:
+        raise SpecError("no eval task reads it: a suite's tasks take the suite's seeds", file=file,
+                        key="base.eval.seeds", value=list(spec.eval.seeds),
+                        allowed="no eval.seeds with suites alone (write a suite file for other seeds)")
+
+
+def check_overrides_read(spec: RunSpec, file: str | None, items: list[EvalItem] | None = None) -> None:
+    """Every key of `eval.finetune` (and of each suite's `finetune`) is read by at least one of the run's
+    tasks (a pooling for NER tasks only, LoRA settings without method lora: dropped without a word
+    otherwise)."""
+    from ablate.config.errors import SpecError
+    from ablate.evaluate.suites import PREFIX, load_suite, suites_dir
 
     if not spec.eval.tasks:
         return                       # kept for a later `ablate evaluate --task`
+    items = items if items is not None else spec_items(spec, file=file)
+    groups = [(items, spec.eval.finetune, "eval.finetune", file)]
+    for suite in dict.fromkeys(i.suite for i in items if i.suite):
+        groups.append(([i for i in items if i.suite == suite], load_suite(suite).finetune, "finetune",
+                       str(suites_dir() / f"{suite}.yaml")))
+    for group, keys, where, in_file in groups:
+        unread = _unread(spec, group, keys)
+        if unread:
+            key, why = next(iter(unread.items()))
+            raise SpecError(f"no eval task reads it: {why}", file=in_file, key=f"{where}.{key}", value=keys[key],
+                            allowed="settings the tasks " + ", ".join(i.task for i in group) + " read"
+                            + (f" (of {PREFIX}{group[0].suite})" if where == "finetune" else ""))
+
+
+def _unread(spec: RunSpec, items: list[EvalItem], keys: dict) -> dict[str, str]:
+    """The keys of `keys` that none of `items` reads, with why."""
+    from ablate.evaluate.tasks import load_task, resolve_settings, unread_settings
+
     unread: dict[str, str] = {}
-    for n, name in enumerate(spec.eval.tasks):
-        task = load_task(name)
-        method = resolve_settings(task, spec.eval.finetune, spec.eval.protocol).method
-        here = unread_settings(spec.eval.finetune, method, task.type)
+    for n, item in enumerate(items):
+        task = load_task(item.task)
+        method = resolve_settings(task, item.finetune, spec.eval.protocol).method
+        here = unread_settings(keys, method, task.type)
         unread = here if n == 0 else {k: why for k, why in unread.items() if k in here}
-    if unread:
-        key, why = next(iter(unread.items()))
-        raise SpecError(f"no eval task reads it: {why}", file=file, key=f"eval.finetune.{key}",
-                        value=spec.eval.finetune[key], allowed=f"settings the tasks {', '.join(spec.eval.tasks)} read")
+    return unread

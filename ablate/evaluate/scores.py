@@ -7,7 +7,7 @@ its old file kept aside in <task>/superseded/; with keep_stale it is kept instea
 reasons) so that the scores table and `ablate status` show it. A stale file whose identity matches again is
 unmarked.
 
-May import: config, store, evaluate (tasks, protocol, identity, finetune).
+May import: config, store, evaluate (tasks, protocol, identity, finetune, suites).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Callable
 from ablate.config.errors import SpecError
 from ablate.evaluate import finetune as ft
 from ablate.evaluate.identity import changed, score_identity
+from ablate.evaluate.suites import EvalItem
 from ablate.evaluate.tasks import load_task, load_task_data, resolve_settings
 from ablate.store import atomic
 
@@ -36,22 +37,32 @@ def evaluate_scores(model_dir, tasks: list[str], seeds: list[int], settings_over
                     keep_stale: bool = False, log: Callable[[str], None] = _quiet,
                     progress: Callable[[dict], None] | None = None) -> list[dict]:
     """Fine-tune `model_dir` on every task x seed whose scores under out_dir are missing or out of date and
-    return all their rows (each with `stale`: True for a score kept out of date by keep_stale).
+    return all their rows (each with `stale`: True for a score kept out of date by keep_stale)."""
+    items = [EvalItem(name, tuple(seeds), dict(settings_overrides or {})) for name in tasks]
+    return evaluate_items(model_dir, items, out_dir, data_root=data_root, device=device, protocol=protocol,
+                          keep_stale=keep_stale, log=log, progress=progress)
 
-    Every task file, setting, data file and existing score file is checked before any training starts.
-    """
+
+def evaluate_items(model_dir, items: list[EvalItem], out_dir: Path, data_root=None, device: str = "cpu",
+                   protocol: str | None = None, keep_stale: bool = False, log: Callable[[str], None] = _quiet,
+                   progress: Callable[[dict], None] | None = None) -> list[dict]:
+    """evaluate_scores with seeds and overrides per task (ablate.evaluate.suites.EvalItem). Every task file,
+    setting, data file and existing score file is checked before any training starts. Each row carries
+    `n_examples`, the examples of its split the score was computed on."""
     out_dir = Path(out_dir)
     plan = []
-    for name in tasks:
-        task = load_task(name)
-        settings = resolve_settings(task, settings_overrides, protocol)
-        load_task_data(task, data_root)
+    for item in items:
+        task = load_task(item.task)
+        settings = resolve_settings(task, item.finetune, protocol)
+        data = load_task_data(task, data_root)
         wanted = score_identity(task, settings, data_root)
-        for seed in seeds:
+        sizes = {s: len(data.splits[s][:settings.max_eval_examples]) for s in ("dev", "test")}
+        for seed in item.seeds:
             path = out_dir / task.name / f"seed-{seed}.json"
-            plan.append((task, settings, seed, path, wanted, read_record(path) if path.exists() else None))
+            plan.append((task, settings, seed, path, wanted, sizes,
+                         read_record(path) if path.exists() else None))
     rows: list[dict] = []
-    for task, settings, seed, path, wanted, record in plan:
+    for task, settings, seed, path, wanted, sizes, record in plan:
         if record is not None:
             reasons = changed(record.get("identity"), wanted)
             if not reasons or keep_stale:
@@ -62,8 +73,9 @@ def evaluate_scores(model_dir, tasks: list[str], seeds: list[int], settings_over
                 continue
             aside = _set_aside(path)
             log(f"{task.name} seed {seed}: recomputing ({'; '.join(reasons)}); old scores kept in {aside}")
-        done = ft.finetune(model_dir, task, seed, settings, data_root=data_root, device=device, log=log,
-                           progress=progress)
+        done = [{**row, "n_examples": sizes.get(row["split"])}
+                for row in ft.finetune(model_dir, task, seed, settings, data_root=data_root, device=device,
+                                       log=log, progress=progress)]
         atomic.write_json(path, {"task": task.name, "seed": seed, "model_dir": str(model_dir),
                                  "settings": settings.model_dump(mode="json"), "identity": wanted, "rows": done})
         rows += [{**row, "stale": False} for row in done]

@@ -7,10 +7,7 @@ read from the data: a label in dev/test that train lacks is an error unless the 
 
 from __future__ import annotations
 
-import csv
-import json
 import os
-import re
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -19,15 +16,14 @@ from pydantic import model_validator
 
 from ablate.config.base import Located, Strict, read_yaml, validate
 from ablate.config.errors import SpecError
+from ablate.config.paths import registry_dir, registry_names
 from ablate.evaluate.metrics import METRICS
 from ablate.evaluate.protocol import profile_settings
-from ablate.config.paths import resolve_data_path
+from ablate.evaluate.task_readers import HUB_PREFIX, IOB2_TAG, SPLITS, Example, data_files, read_splits
 
 TASKS_DIR_ENV = "ABLATE_TASKS_DIR"   # default: grids/tasks of this checkout
-SPLITS = ("train", "dev", "test")
 TaskType = Literal["token_classification", "sequence_classification", "sequence_pair_classification",
                    "multi_label_classification", "regression"]
-_IOB2_TAG = re.compile(r"^(O|[BI]-\S.*)$")
 
 
 class FinetuneSettings(Strict):
@@ -70,21 +66,25 @@ def unread_settings(keys, method: str, task_type: str) -> dict[str, str]:
 
 
 class Splits(Strict):
+    """File paths (relative to the data root); for format hf, the dataset's split names."""
+
     train: str
     dev: str
     test: str
 
 
 class DataSpec(Strict):
-    format: Literal["conll", "jsonl", "csv", "json"]
+    format: Literal["conll", "jsonl", "csv", "json", "hf"]
     delimiter: str | None = None   # conll: column separator (null: any whitespace); csv: default ","
+    dataset: str | None = None     # hf: "hf:ORG/NAME" on the hub, or a save_to_disk folder (relative: data root)
+    config: str | None = None      # hf hub datasets: the configuration (load_dataset's name)
     splits: Splits
 
 
 class Columns(Strict):
     """conll: `text` and `label` are column indexes (negative counts from the end).
-    jsonl/csv/json: field names; a dotted name reaches into nested objects (answers.a); a list of names is
-    joined with a space."""
+    jsonl/csv/json/hf: field names; a dotted name reaches into nested objects (answers.a); a list of names is
+    joined with a space. hf token classification: a list-of-tokens field and a list-of-tags field."""
 
     text: int | str | list[str]
     text_pair: str | list[str] | None = None
@@ -94,6 +94,13 @@ class Columns(Strict):
 class LabelOptions(Strict):
     values: list[str] | None = None            # the expected label set; any other label in the data is an error
     allow_unseen_eval_labels: bool = False     # allow dev/test labels that train lacks
+    keep_entity_types: list[str] | None = Field(None, min_length=1)   # NER: other types' tags become O
+
+
+class MetricOptions(Strict):
+    # single-label classification: micro_f1 / macro_f1 / weighted_f1 average over the other labels only
+    # (BLURB's DDI: DDI-false; GAD's binary F1 of label 1: negative_label "0"); accuracy counts every label
+    negative_label: str | None = None
 
 
 class TaskSpec(Strict):
@@ -105,6 +112,7 @@ class TaskSpec(Strict):
     data: DataSpec
     columns: Columns
     metrics: list[str] = Field(min_length=1)    # the first drives early stopping
+    metric_options: MetricOptions = MetricOptions()
     labels: LabelOptions = LabelOptions()
     max_length: int = Field(128, ge=8)
     finetune: FinetuneSettings = FinetuneSettings()
@@ -127,32 +135,8 @@ class TaskSpec(Strict):
                 raise Located(f"unknown metric for a {self.type} task", f"metrics.{i}", m, ", ".join(allowed))
         if len(set(self.metrics)) != len(self.metrics):
             raise Located("a metric is listed twice", "metrics", self.metrics)
-        conll, c = self.data.format == "conll", self.columns
-        if conll != (self.type == "token_classification"):
-            raise Located("token_classification reads conll files, and conll files are for token_classification",
-                           "data.format", self.data.format)
-        if conll:
-            for key in ("text", "label"):
-                if not isinstance(getattr(c, key), int):
-                    raise Located("a conll column is an index (0, 1, ... or -1 for the last)", f"columns.{key}",
-                                   getattr(c, key))
-            if c.text_pair is not None:
-                raise Located("conll tasks have no text_pair", "columns.text_pair", c.text_pair)
-        else:
-            for key in ("text", "label"):
-                if isinstance(getattr(c, key), int):
-                    raise Located(f"a {self.data.format} column is a field name", f"columns.{key}", getattr(c, key))
-        if self.type == "sequence_pair_classification" and c.text_pair is None:
-            raise Located("a pair task needs columns.text_pair", "columns.text_pair")
-        if self.type == "sequence_classification" and c.text_pair is not None:
-            raise Located("a task with text_pair is of type sequence_pair_classification", "columns.text_pair",
-                           c.text_pair)
-        if self.data.format == "csv" and self.data.delimiter is not None and len(self.data.delimiter) != 1:
-            raise Located("a csv delimiter is one character", "data.delimiter", self.data.delimiter)
-        if self.data.format in ("jsonl", "json") and self.data.delimiter is not None:
-            raise Located(f"{self.data.format} files have no delimiter", "data.delimiter", self.data.delimiter)
-        if self.type == "regression" and self.labels.values is not None:
-            raise Located("a regression task has no label set", "labels.values", self.labels.values)
+        _check_data(self)
+        _check_labels(self)
         if self.finetune.max_length is not None and "max_length" in self.model_fields_set:
             raise Located("the task's max_length and finetune.max_length are both given: finetune's would win",
                           "finetune.max_length", self.finetune.max_length, "one of the two")
@@ -160,24 +144,84 @@ class TaskSpec(Strict):
         if unread:
             key, why = next(iter(unread.items()))
             raise Located(f"never read: {why}", f"finetune.{key}", getattr(self.finetune, key))
-        if self.type == "token_classification" and self.labels.values:
-            bad = [v for v in self.labels.values if not _IOB2_TAG.match(v)]
-            if bad:
-                raise Located("not an IOB2 tag", "labels.values", bad[0], "O, B-<type>, I-<type>")
         return self
+
+
+def _check_data(t: TaskSpec) -> None:
+    """data: and columns: agree with each other and with the task type."""
+    fmt, c, d = t.data.format, t.columns, t.data
+    if fmt == "conll" and t.type != "token_classification":
+        raise Located("conll files are for token_classification", "data.format", fmt)
+    if t.type == "token_classification" and fmt not in ("conll", "hf"):
+        raise Located("token_classification reads conll files or a hf dataset", "data.format", fmt, "conll, hf")
+    if fmt == "conll":
+        for key in ("text", "label"):
+            if not isinstance(getattr(c, key), int):
+                raise Located("a conll column is an index (0, 1, ... or -1 for the last)", f"columns.{key}",
+                              getattr(c, key))
+        if c.text_pair is not None:
+            raise Located("conll tasks have no text_pair", "columns.text_pair", c.text_pair)
+    else:
+        for key in ("text", "label"):
+            if isinstance(getattr(c, key), int):
+                raise Located(f"a {fmt} column is a field name", f"columns.{key}", getattr(c, key))
+    if t.type == "token_classification" and fmt == "hf" and not isinstance(c.text, str):
+        raise Located("a hf token task's text is one field holding the tokens", "columns.text", c.text)
+    if t.type == "sequence_pair_classification" and c.text_pair is None:
+        raise Located("a pair task needs columns.text_pair", "columns.text_pair")
+    if t.type == "sequence_classification" and c.text_pair is not None:
+        raise Located("a task with text_pair is of type sequence_pair_classification", "columns.text_pair",
+                      c.text_pair)
+    if fmt == "csv" and d.delimiter is not None and len(d.delimiter) != 1:
+        raise Located("a csv delimiter is one character", "data.delimiter", d.delimiter)
+    if fmt in ("jsonl", "json", "hf") and d.delimiter is not None:
+        raise Located(f"{fmt} data has no delimiter", "data.delimiter", d.delimiter)
+    if fmt == "hf" and not d.dataset:
+        raise Located("format hf needs data.dataset", "data.dataset", None,
+                      f"{HUB_PREFIX}ORG/NAME, or a folder saved with save_to_disk")
+    if fmt != "hf" and (d.dataset is not None or d.config is not None):
+        key = "data.dataset" if d.dataset is not None else "data.config"
+        raise Located("dataset and config are for format hf", key, d.dataset or d.config)
+    if fmt == "hf" and d.config is not None and not d.dataset.startswith(HUB_PREFIX):
+        raise Located("a config selects a hub dataset's configuration; a saved folder has none", "data.config",
+                      d.config, f"with data.dataset {HUB_PREFIX}ORG/NAME")
+
+
+def _check_labels(t: TaskSpec) -> None:
+    """labels: and metric_options: agree with the task type."""
+    values, keep, negative = t.labels.values, t.labels.keep_entity_types, t.metric_options.negative_label
+    if t.type == "regression" and values is not None:
+        raise Located("a regression task has no label set", "labels.values", values)
+    if t.type == "token_classification" and values:
+        bad = [v for v in values if not IOB2_TAG.match(v)]
+        if bad:
+            raise Located("not an IOB2 tag", "labels.values", bad[0], "O, B-<type>, I-<type>")
+    if keep is not None:
+        if t.type != "token_classification":
+            raise Located("keep_entity_types selects NER entity types", "labels.keep_entity_types", keep,
+                          "only with type token_classification")
+        dropped = [v for v in values or () if v != "O" and v[2:] not in keep]
+        if dropped:
+            raise Located("labels.values lists a tag of a type keep_entity_types drops", "labels.values",
+                          dropped[0], "O and the B-/I- tags of " + ", ".join(keep))
+    if negative is not None:
+        if t.type not in ("sequence_classification", "sequence_pair_classification"):
+            raise Located("negative_label is for single-label classification", "metric_options.negative_label",
+                          negative)
+        if values is not None and negative not in values:
+            raise Located("the negative label is not in labels.values", "metric_options.negative_label",
+                          negative, ", ".join(values))
 
 
 # ---------------------------------------------------------------------------------------------------- registry
 
 def tasks_dir() -> Path:
-    env = os.environ.get(TASKS_DIR_ENV)
-    return Path(env).expanduser() if env else Path(__file__).resolve().parents[2] / "grids" / "tasks"
+    return registry_dir(TASKS_DIR_ENV, "tasks")
 
 
 def list_tasks() -> list[str]:
     """Names of the task files in the registry folder."""
-    d = tasks_dir()
-    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+    return registry_names(tasks_dir())
 
 
 def load_task(name_or_path: str | os.PathLike, key: str = "task") -> TaskSpec:
@@ -212,162 +256,16 @@ def resolve_settings(task: TaskSpec, overrides: dict[str, Any] | None = None,
 
 # ---------------------------------------------------------------------------------------------------- data
 
-class Example(NamedTuple):
-    """token_classification: text = the words, label = one IOB2 tag per word.
-    (pair) classification: text (and text_pair) strings, label a string; multi-label: label a tuple of
-    strings; regression: label a float."""
-
-    text: str | tuple[str, ...]
-    label: str | tuple[str, ...] | float
-    text_pair: str | None = None
-
-
 class TaskData(NamedTuple):
     splits: dict[str, list[Example]]   # train, dev, test
     labels: tuple[str, ...]            # model output order; () for regression
 
 
 def load_task_data(task: TaskSpec, data_root: str | os.PathLike | None = None) -> TaskData:
-    """Read and check every split. Raises SpecError for a missing file, an unknown column, an empty split,
-    a malformed line, or a label set problem."""
-    splits: dict[str, list[Example]] = {}
-    for split in SPLITS:
-        rel = getattr(task.data.splits, split)
-        path = resolve_data_path(rel, data_root)
-        key = f"data.splits.{split}"
-        if not path.is_file():
-            raise SpecError(f"data file not found: {path}", file=task.file, key=key, value=rel)
-        try:
-            examples = _read_conll(task, path) if task.data.format == "conll" else _read_records(task, path)
-        except UnicodeDecodeError as e:
-            raise SpecError(f"not UTF-8 text: {e}", file=str(path)) from None
-        if not examples:
-            raise SpecError(f"split has no examples: {path}", file=task.file, key=key, value=rel)
-        splits[split] = examples
+    """Read and check every split (ablate.evaluate.task_readers). Raises SpecError for a missing file or
+    dataset, an unknown column, an empty split, a malformed line, or a label set problem."""
+    splits = read_splits(task, data_root)
     return TaskData(splits, _label_set(task, splits))
-
-
-def _read_conll(task: TaskSpec, path: Path) -> list[Example]:
-    delim, ti, li = task.data.delimiter, task.columns.text, task.columns.label
-    need = max(ti if ti >= 0 else -ti - 1, li if li >= 0 else -li - 1) + 1
-    examples: list[Example] = []
-    words: list[str] = []
-    tags: list[str] = []
-
-    def flush():
-        if words:
-            examples.append(Example(tuple(words), tuple(tags)))
-            words.clear()
-            tags.clear()
-
-    with open(path, encoding="utf-8", newline="") as f:
-        for n, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                flush()
-                continue
-            if line.startswith("-DOCSTART-"):
-                flush()
-                continue
-            parts = line.split(delim) if delim else line.split()
-            if len(parts) < need:
-                sep = repr(delim) if delim else "whitespace"
-                raise SpecError(f"malformed line: expected at least {need} columns separated by {sep}",
-                                file=str(path), key=f"line {n}", value=line)
-            word, tag = parts[ti], parts[li].strip()
-            if not word.strip():
-                raise SpecError("malformed line: empty token", file=str(path), key=f"line {n}", value=line)
-            if not _IOB2_TAG.match(tag):
-                raise SpecError("malformed IOB2 tag", file=str(path), key=f"line {n}", value=tag,
-                                allowed="O, B-<type>, I-<type>")
-            words.append(word)
-            tags.append(tag)
-    flush()
-    return examples
-
-
-def _iter_records(task: TaskSpec, path: Path):
-    """(location, record) pairs; location names the line or item for error messages."""
-    fmt = task.data.format
-    if fmt == "jsonl":
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise SpecError(f"not valid JSON: {e.msg}", file=str(path), key=f"line {n}") from None
-                if not isinstance(rec, dict):
-                    raise SpecError("a JSON line must be an object", file=str(path), key=f"line {n}")
-                yield f"line {n}", rec
-    elif fmt == "json":
-        try:
-            items = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise SpecError(f"not valid JSON: {e.msg}", file=str(path), key=f"line {e.lineno}") from None
-        if not isinstance(items, list):
-            raise SpecError("a json data file must hold an array of objects", file=str(path))
-        for i, rec in enumerate(items):
-            if not isinstance(rec, dict):
-                raise SpecError("array items must be objects", file=str(path), key=f"item {i}")
-            yield f"item {i}", rec
-    else:
-        with open(path, encoding="utf-8", newline="") as f:
-            reader = csv.DictReader(f, delimiter=task.data.delimiter or ",")
-            for rec in reader:
-                yield f"line {reader.line_num}", rec
-
-
-def _field(rec: dict, name: str, where: str, path: Path, task: TaskSpec, key: str):
-    if name in rec:
-        return rec[name]
-    value: Any = rec
-    for part in name.split("."):
-        if not isinstance(value, dict) or part not in value:
-            raise SpecError(f"{path} {where} has no column {name!r}", file=task.file, key=key, value=name,
-                            allowed=", ".join(sorted(map(str, rec))))
-        value = value[part]
-    return value
-
-
-def _text(rec, names, where, path, task, key) -> str:
-    parts = []
-    for name in [names] if isinstance(names, str) else names:
-        v = _field(rec, name, where, path, task, key)
-        if v is None or isinstance(v, (dict, list)):
-            raise SpecError(f"{path} {where}: column {name!r} is not text", file=task.file, key=key,
-                            value=type(v).__name__)
-        parts.append(str(v))
-    return " ".join(parts)
-
-
-def _read_records(task: TaskSpec, path: Path) -> list[Example]:
-    c, examples = task.columns, []
-    for where, rec in _iter_records(task, path):
-        text = _text(rec, c.text, where, path, task, "columns.text")
-        pair = _text(rec, c.text_pair, where, path, task, "columns.text_pair") if c.text_pair else None
-        raw = _field(rec, c.label, where, path, task, "columns.label")
-        examples.append(Example(text, _label(task, raw, where, path), pair))
-    return examples
-
-
-def _label(task: TaskSpec, raw: Any, where: str, path: Path) -> str | tuple[str, ...] | float:
-    def bad(msg):
-        return SpecError(f"{path} {where}: {msg}", file=task.file, key="columns.label", value=raw)
-
-    if task.type == "regression":
-        try:
-            return float(raw)
-        except (TypeError, ValueError):
-            raise bad("a regression label must be a number") from None
-    if task.type == "multi_label_classification":
-        if not isinstance(raw, list) or any(isinstance(v, (dict, list)) or v is None for v in raw):
-            raise bad("a multi-label label must be a list of labels")
-        return tuple(sorted({str(v) for v in raw}))
-    if raw is None or isinstance(raw, (dict, list)) or (isinstance(raw, str) and not raw.strip()):
-        raise bad("a label must be one non-empty value")
-    return str(raw)
 
 
 def _label_set(task: TaskSpec, splits: dict[str, list[Example]]) -> tuple[str, ...]:

@@ -33,6 +33,7 @@ class CheckedGrid:
     transplants: list                 # the grid's planned transplants (ablate.plan.transplants)
     warnings: list[str]               # e.g. a transplant's seed one arm lacks
     parity: list[str]                 # the compute parity check, a line per comparison group
+    tree: object = None               # shared prefixes (plan.branching.BranchTree); None: `branching: false`
 
 
 def checked_grid(path: str) -> CheckedGrid:
@@ -51,4 +52,14 @@ def checked_grid(path: str) -> CheckedGrid:
     check_probe_texts(specs, file=path)
     return CheckedGrid(grid, runs, models, plans, check_models(specs, file=path), transplants,
                        [f"{path}: {w}" for w in unused_entries(grid)] + warnings,
-                       parity_lines(groups, grid.allow_unequal_compute))
+                       parity_lines(groups, grid.allow_unequal_compute), sweep_tree(grid, runs, plans))
+
+
+def sweep_tree(grid: GridSpec, runs: list[PlannedRun], plans: dict[str, list]):
+    """The grid's tree of shared prefixes (ablate.plan.branching), None with `branching: false`."""
+    from ablate.plan.branching import RunPlan, plan_tree
+    from ablate.train.schedule import lr_at
+
+    if not grid.branching:
+        return None
+    return plan_tree([RunPlan(r.run_id, r.spec, tuple(plans[r.run_id])) for r in runs], lr_at)

@@ -19,9 +19,11 @@ from ablate.config.errors import SpecError
 from ablate.config.grid import GridSpec, Launcher, load_grid
 from ablate.config.spec import RunSpec
 from ablate.launch.preparation import corpus_key, corpus_sizes
+from ablate.plan.cost import branched_cost, branching_lines
 from ablate.plan.cost import (Actual, ArmCost, Calibration, FinetuneKey, FinetuneWork, Throughput, arm_cost,
                               calibrated_throughput, compare_rows, cost_rows, describe_plan, given_throughput,
                               matching_throughput)
+from ablate.plan.eval_cost import finetune_task_rows
 from ablate.plan.epochs import GRID_KEY, OVER, epochs_cell
 from ablate.plan.grid import PlannedRun
 from ablate.store import rundir
@@ -50,13 +52,13 @@ class FinetunePlan:
     jobs: dict[FinetuneKey, tuple] = field(default_factory=dict)            # key -> (a spec, its settings)
 
 
-def _task_work(name: str, spec: RunSpec) -> tuple[str, str, object, tuple[int, int, int]]:
+def _task_work(item, spec: RunSpec) -> tuple[str, str, object, tuple[int, int, int]]:
     """(task name, its speed settings as JSON, the resolved settings, examples fine-tuned on in train, dev,
-    test) of one task under the spec's fine-tuning settings."""
+    test) of one task (an ablate.evaluate.suites.EvalItem) under its fine-tuning settings."""
     from ablate.evaluate.tasks import load_task, load_task_data, resolve_settings
 
-    task = load_task(name)
-    settings = resolve_settings(task, spec.eval.finetune, spec.eval.protocol)
+    task = load_task(item.task)
+    settings = resolve_settings(task, item.finetune, spec.eval.protocol)
     splits = load_task_data(task, spec.data.data_root).splits
     speed = {k: getattr(settings, k) for k in SPEED_SETTINGS}
     speed["max_length"] = settings.max_length or task.max_length
@@ -71,17 +73,19 @@ def _task_work(name: str, spec: RunSpec) -> tuple[str, str, object, tuple[int, i
 def finetune_plan(specs: list[RunSpec]) -> FinetunePlan:
     """Each spec's fine-tuning work, and each distinct (model, task, speed settings) once with a spec and the
     resolved settings that have it (what `ablate calibrate` times)."""
+    from ablate.evaluate.suites import spec_items
+
     plan, seen = FinetunePlan(), {}
     for spec in specs:
         work = []
-        for name in spec.eval.tasks:
-            where = (name, json.dumps(spec.eval.finetune, sort_keys=True, default=str), spec.eval.protocol,
+        for item in spec_items(spec):
+            where = (item.task, json.dumps(item.finetune, sort_keys=True, default=str), spec.eval.protocol,
                      spec.data.data_root)
             if where not in seen:
-                seen[where] = _task_work(name, spec)
+                seen[where] = _task_work(item, spec)
             task, speed, settings, (n_train, n_dev, n_test) = seen[where]
             key = FinetuneKey(spec.model, task, speed)
-            work.append(FinetuneWork(key, len(spec.eval.seeds), settings.epochs, n_train, n_dev, n_test))
+            work.append(FinetuneWork(key, len(item.seeds), settings.epochs, n_train, n_dev, n_test))
             plan.jobs.setdefault(key, (spec, settings))
         plan.work[spec.run_id] = work
     return plan
@@ -95,9 +99,10 @@ def _costs(runs: list[tuple[str, dict, RunSpec]], throughput: Throughput | None,
 
 
 def dry_run_cost(grid: GridSpec, grid_file: str, runs: list[PlannedRun], executor: str, results_root: Path,
-                 tokens_per_s: float | None) -> tuple[list[str], list[dict]]:
+                 tokens_per_s: float | None, tree=None) -> tuple[list[str], list[dict]]:
     """The cost plan of a grid: its header lines and table rows. The throughput is --tokens-per-s, else the
-    sweep's calibration (a SpecError when that was made for another grid), else none (steps and tokens)."""
+    sweep's calibration (a SpecError when that was made for another grid), else none (steps and tokens).
+    With `tree` (ablate.plan.branching) a branched run counts only its steps after its branch step."""
     specs = [r.spec for r in runs]
     calibration, throughput, finetune = None, None, None
     if tokens_per_s is not None:
@@ -114,7 +119,35 @@ def dry_run_cost(grid: GridSpec, grid_file: str, runs: list[PlannedRun], executo
     header = describe_plan(throughput, grid_file, executor, grid.launcher.gpus(executor),
                            grid.launcher.ranks(executor), calibration, any(s.eval.tasks for s in specs))
     corpus_lines, epochs = corpus_epochs(specs, grid_file)
-    return corpus_lines + header, cost_rows(list(costs.values()), epochs)
+    costs, saved = _branched(costs, runs, tree, throughput, grid.launcher, executor)
+    return corpus_lines + header + saved, cost_rows(list(costs.values()), epochs)
+
+
+def _branched(costs: dict[str, ArmCost], runs: list[PlannedRun], tree, throughput: Throughput | None,
+              launcher: Launcher, executor: str) -> tuple[dict[str, ArmCost], list[str]]:
+    """The costs of what is really trained under the tree (children: after their branch step), and the
+    savings lines."""
+    if tree is None or not tree.branches:
+        return costs, []
+    trained = {r.run_id: branched_cost(costs[r.run_id], r.spec, getattr(tree.branches.get(r.run_id), "step", 0),
+                                       throughput, launcher.ranks(executor)) for r in runs}
+    return trained, branching_lines(list(costs.values()), list(trained.values()), len(tree.branches))
+
+
+def finetune_breakdown(grid: GridSpec, runs: list[PlannedRun], results_root: Path) -> tuple[list[str], list[dict]]:
+    """The dry run's fine-tuning per task: a line per suite the grid names (its tasks and seeds), and a row per
+    task (ablate.plan.cost.finetune_task_rows), timed from the sweep's calibration when it timed fine-tuning."""
+    from ablate.evaluate.suites import PREFIX, spec_items, suite_lines
+
+    specs = [r.spec for r in runs if r.spec.eval.tasks]
+    if not specs:
+        return [], []
+    path = SweepFolder(Path(results_root) / grid.sweep).calibration
+    calibration = read_calibration(path)
+    throughput = calibrated_throughput(calibration, str(path)) if calibration and calibration.finetuning else None
+    groups = {i.task: PREFIX + i.suite for s in specs for i in spec_items(s) if i.suite}
+    lines = [line for tasks in dict.fromkeys(s.eval.tasks for s in specs) for line in suite_lines(tasks)]
+    return lines, finetune_task_rows(finetune_plan(specs).work, throughput, groups)
 
 
 def corpus_epochs(specs: list[RunSpec], grid_file: str) -> tuple[list[str], dict[str, str]]:
@@ -142,7 +175,9 @@ def _actual(run_dir: Path, spec: RunSpec) -> Actual | None:
     if not isinstance(record.get("wall_time_s"), (int, float)):
         return None
     walls = {(r["task"], r["finetune_seed"]): r["wall_time_s"] for r in scores}
-    wanted = [(t, s) for t in spec.eval.tasks for s in spec.eval.seeds]
+    from ablate.evaluate.suites import spec_items
+
+    wanted = [(i.task, s) for i in spec_items(spec) for s in i.seeds]
     finetune = sum(walls[w] for w in wanted) if all(w in walls for w in wanted) else None
     return Actual(float(record["wall_time_s"]), finetune)
 
@@ -185,5 +220,10 @@ def status_comparison(folder: SweepFolder, tokens_per_s: float | None = None
         except SpecError:      # a task file or its data gone since: fine-tuning not estimated
             finetune = None
     costs = _costs(runs, throughput, launcher, executors, finetune)
+    for rid, _, spec in runs:      # a run that started from its parent's checkpoint trained only what followed
+        started = rundir.branched(folder.run(rid))
+        if started and started.get("from") == "parent":
+            costs[rid] = branched_cost(costs[rid], spec, started["step"], throughput,
+                                       launcher.ranks(executors.get(rid)))
     rows, line = compare_rows(costs, actual)
     return f"estimate vs actual (throughput {throughput.source}; training steps only):", rows, line

@@ -11,10 +11,12 @@ Corpora are prepared before the first run is submitted (launch.preparation): her
 the arms depend on. A missing corpus is refused before anything is written, and a run that would read its
 prepared corpus more than data.max_epochs times before anything is submitted. A grid's layer transplants
 are derived runs submitted the same way, each once the two runs it is built from are done
-(launch.transplants); a re-run skips those done, like runs.
+(launch.transplants); a re-run skips those done, like runs. A run that shares its first steps with another run of
+the sweep starts from that run's checkpoint (plan.branching): it is submitted once its parent can start it
+(launch.branches).
 
 May import: config, store, plan, evaluate.transplant, launch.worker, launch.executors, launch.preparation,
-launch.transplants.
+launch.transplants, launch.branches.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from pathlib import Path
 from typing import Callable
 
 from ablate.config.grid import GridSpec, Launcher
-from ablate.launch import preparation, worker
+from ablate.launch import branches, preparation, worker
 from ablate.launch.executors import RunJob, have_slurm, make_executor
 from ablate.evaluate.transplant import prepare_derived
 from ablate.launch.transplants import Waiting
+from ablate.plan.branching import BranchTree
 from ablate.plan.grid import PlannedRun
 from ablate.plan.transplants import PlannedTransplant
 from ablate.store import atomic, rundir
@@ -173,6 +176,10 @@ def record_job_failure(run_dir: Path, job) -> None:
     status = rundir.read_status(run_dir)
     if rundir.effective_state(run_dir, status) in ("done", "failed", "pruned", "running"):
         return
+    lost = branches.parent_lost(SweepFolder(Path(run_dir).parent.parent), Path(run_dir).name)
+    if lost:         # Slurm cancelled it: afterok on a parent that failed
+        rundir.write_status(run_dir, "failed", error=f"job {job.job_id}: {lost}")
+        return
     detail = ""
     try:
         exc = job.exception()
@@ -251,15 +258,21 @@ class Scheduler:
 
 def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_root: Path, executor: str | None,
               retry_failed: bool, out: Print = print, poll_s: float = 5.0,
-              transplants: list[PlannedTransplant] = ()) -> dict[str, list[str]]:
+              transplants: list[PlannedTransplant] = (), tree: BranchTree | None = None) -> dict[str, list[str]]:
     """Submit what needs running, wait for it, and return the run ids by final state. The grid's
-    `transplants` (derived runs) go to the same scheduler once the runs each needs are done."""
+    `transplants` (derived runs) go to the same scheduler once the runs each needs are done; the children of
+    `tree` (shared prefixes, ablate.plan.branching) once their parents can start them (launch.branches)."""
     kind = executor or grid.launcher.executor
     paths = SweepFolder(Path(results_root) / grid.sweep)
     preparation.require_corpora(_unfinished(paths, runs), file=str(grid_file))    # before anything is written
     write_sweep_manifest(paths, grid, grid_file, runs, transplants)
+    branches.write_tree(paths, tree, [r.run_id for r in runs])
     decisions = {r.run_id: classify(paths.run(r.run_id), retry_failed, out) for r in runs}
     to_run = [rid for rid, d in decisions.items() if d == "submit"]
+    children = branches.Children(paths, to_run)        # held until their parents can start them
+    if tree is not None and tree.branches:
+        out(f"branching: {len(tree.branches)} runs start from another run's checkpoint "
+            f"({len(children.left)} of those to run wait for their parents)")
     out(f"sweep {grid.sweep}: {len(runs)} runs; " + _decided(decisions))
     derived = {t.run_id: classify(paths.run(t.run_id), retry_failed, out) for t in transplants}
     waiting = Waiting(paths, [t for t in transplants if derived[t.run_id] == "submit"])
@@ -275,14 +288,17 @@ def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_r
                                                      paths.jobs, grid.sweep, out, file=str(grid_file))
             if prep_job is not None:
                 scheduler.executor.update_parameters(**preparation.after(prep_job, grid.launcher))
-            scheduler.submit([paths.run(rid) for rid in to_run])
+            scheduler.submit([paths.run(rid) for rid in children.first(to_run)])
             if prep_job is not None:   # every run went to Slurm just now; transplants come hours later, when
                 # Slurm may have forgotten the preparation job: a dependency on it would be refused
                 scheduler.executor.update_parameters(
                     slurm_additional_parameters=dict(grid.launcher.slurm.additional_parameters))
-        scheduler.submit(waiting.ready())
-        _wait(scheduler, paths, [r.run_id for r in runs] + list(derived), out, poll_s, waiting)
-        for line in waiting.describe_left():
+            if kind == "slurm" and tree is not None:      # children after their parents' jobs
+                branches.slurm_children(scheduler, paths, tree, children.left, out)
+                children.left = []
+        scheduler.submit(children.ready() + waiting.ready())
+        _wait(scheduler, paths, [r.run_id for r in runs] + list(derived), out, poll_s, waiting, children)
+        for line in waiting.describe_left() + children.describe_left():
             out(line)
     by_state: dict[str, list[str]] = {}
     for rid in [r.run_id for r in runs] + list(derived):
@@ -308,12 +324,13 @@ def _decided(decisions: dict[str, str]) -> str:
 
 
 def _wait(scheduler: Scheduler, paths: SweepFolder, all_ids: list[str], out: Print, poll_s: float,
-          waiting: Waiting) -> None:
-    """Poll until every job has ended, submitting each transplant once its runs are done and printing the
-    sweep's progress line when it changes (or each minute)."""
+          waiting: Waiting, children: branches.Children) -> None:
+    """Poll until every job has ended, submitting each transplant once its runs are done and each child once
+    its parent can start it, and printing the sweep's progress line when it changes (or each minute)."""
     last_line, last_print = "", 0.0
     while scheduler.busy:
         scheduler.poll()
+        scheduler.submit(children.ready())
         scheduler.submit(waiting.ready())
         line, _ = _progress_line(paths, all_ids)
         if line != last_line or time.time() - last_print > 60:
@@ -358,6 +375,9 @@ def status_rows(paths: SweepFolder, run_ids: list[str] | None = None) -> list[di
         if state == "pruned":
             detail = f"at step {status.get('pruned_at_step')}: {status.get('reason', '')}"
         row["detail"] = detail
+        branch = branches.branch_cell(run_dir)
+        if branch:
+            row["branch"] = branch
         stale: dict[str, list[str]] = {}
         for name in rundir.stale_scores(run_dir):
             task, seed = name.split("/seed-")

@@ -1,5 +1,6 @@
-"""Execute one run folder: lock it, pretrain (resuming if a checkpoint exists), measure, evaluate, record;
-or, for a derived run (a layer transplant), build it from its source runs and evaluate it.
+"""Execute one run folder: lock it, pretrain (resuming if a checkpoint exists; a child of the sweep's tree of
+shared prefixes first adopts its parent's checkpoint at its branch step), measure, evaluate, record; or, for a
+derived run (a layer transplant), build it from its source runs and evaluate it.
 
 This is what `ablate run` calls in-process and what every submitit job calls on a cluster node. Its only
 input is the run folder, whose spec.json the sweep wrote before submitting; a job may add a hook called at
@@ -11,7 +12,9 @@ May import: config, store, data, models, plan, analysis, train, evaluate.
 from __future__ import annotations
 
 import json
+import os
 import platform
+import shutil
 import time
 import traceback
 from pathlib import Path
@@ -27,8 +30,9 @@ from ablate.store.rundir import AlreadyRunning  # noqa: F401  (raised here; tune
 from ablate.store.sweep import write_progress
 from ablate.launch.console import Console
 from ablate.launch.trackers import RunTrackers
-from ablate.train.checkpoint import TOKEN_HASH_FORMAT
-from ablate.train.loop import TrainState, pretrain
+from ablate.analysis.probe import REPS_DIR
+from ablate.train.checkpoint import TOKEN_HASH_FORMAT, adopt_checkpoint, kept_checkpoint, kept_path, latest_checkpoint
+from ablate.train.loop import TrainState, _hold_if_asked, pretrain
 from ablate.config.spec import RunSpec, dump_run_spec
 
 
@@ -131,10 +135,55 @@ def _fine_tune(run_dir: Path, spec: RunSpec, log, report) -> list[dict]:
     return evaluate_run(run_dir, spec, log=log, progress=report)
 
 
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
+
+
+def start_from_parent(run_dir: Path, log) -> None:
+    """A child of the sweep's tree (branch.json) that has not started: adopt its parent's checkpoint at the
+    branch step, with the phase-end representations the parent's probe saved up to there; or, when the
+    parent has no checkpoint there (trained before the tree named that step), start from step 0: the same
+    bits either way. Once every child of that step has started, the parent's checkpoint there goes."""
+    branch = rundir.read_branch(run_dir)
+    if branch is None or rundir.branched(run_dir) is not None:
+        return
+    parent_dir, step = run_dir.parent / branch["parent"], int(branch["step"])
+    source = "parent"
+    if latest_checkpoint(run_dir / "checkpoints") is None:      # else: adopted, killed before the mark
+        found = kept_checkpoint(parent_dir / "checkpoints", step)
+        if found is None:
+            source = "scratch"
+            log(f"branch of {branch['parent']} @ step {step}: the parent has no checkpoint there (trained before "
+                "the tree named this step, or gone); training from step 0 (the same result)")
+        else:
+            state = rundir.read_json(found / "state.json")
+            for phase in dict.fromkeys(row["phase"] for row in state["layer_rows"]):
+                reps = parent_dir.joinpath(*REPS_DIR, f"{phase}.npz")
+                if reps.is_file():
+                    _link_or_copy(reps, run_dir.joinpath(*REPS_DIR, f"{phase}.npz"))
+            adopt_checkpoint(found, run_dir / "checkpoints")
+            log(f"branch of {branch['parent']} @ step {step}: started from its checkpoint "
+                f"(phase {state['phase_index']}, {state['tokens_seen']} tokens seen)")
+    rundir.mark_branched(run_dir, source, step)
+    siblings = rundir.branch_points(parent_dir).get(step, [])
+    if all(rundir.branched(run_dir.parent / c) is not None for c in siblings):
+        shutil.rmtree(kept_path(parent_dir / "checkpoints", step), ignore_errors=True)
+    if source == "parent":
+        _hold_if_asked(step, log)       # ABLATE_PAUSE_AT: how the tests kill a child right after it branched
+
+
 def _pretrain_then_evaluate(spec: RunSpec, run_dir: Path, log, report, pretraining_report,
                             trackers: RunTrackers | None, stop_after_steps: int | None) -> str:
     """The body of one attempt: continue pretraining, write the records, fine-tune, mark done."""
     started = time.perf_counter()
+    start_from_parent(run_dir, log)
     state = pretrain(spec, run_dir, log=log, phase_end_hooks=_probe_hooks(spec, run_dir),
                      progress=pretraining_report, stop_after_steps=stop_after_steps,
                      on_log=trackers.feed if trackers else None)

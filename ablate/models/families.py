@@ -32,7 +32,10 @@ from ablate.config.errors import SpecError
 #   per-layer-type  {layer type: additive mask}, local layers causal AND within their sliding window
 #   pairwise-bool   a (1, L, L) bool mask for the encoder, none for the embeddings (DeBERTa multiplies its
 #                   embeddings by a 2D padding mask and takes a pairwise one in its own attention)
-MASK_KINDS = ("flag", "additive", "per-layer-type", "pairwise-bool")
+#   banded          no mask: the model runs under ablate.models.attention for the step (global layers SDPA's
+#                   fused kernels with the causal flag, local layers score only the keys inside their window);
+#                   for MLM too, where transformers would build (B, 1, L, L) sliding-window masks
+MASK_KINDS = ("flag", "additive", "per-layer-type", "pairwise-bool", "banded")
 HeadFn = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
 DecoderFn = Callable[[torch.nn.Module], tuple[torch.Tensor, "torch.Tensor | None"]]
 
@@ -138,8 +141,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("deberta-v2", ("deberta-v2",), "deberta", ("embeddings.",), _BERT_LAYERS,
            _deberta_transform, _deberta_decoder, {"eager": "pairwise-bool"}, ("query_proj", "key_proj", "value_proj"), "tiny-deberta-v2",
            shared=("encoder.rel_embeddings.", "encoder.LayerNorm.", "encoder.conv."), lora_full=("pooler",)),
+    # sdpa: banded (ablate.models.attention, no L x L mask); eager: today's dense masks per layer type
     Family("modernbert", ("modernbert",), "model", ("embeddings.",), re.compile(r"^layers\.(\d+)\."),
-           _modules("head"), _linear("decoder"), {"sdpa": "per-layer-type", "eager": "per-layer-type"}, ("Wqkv",),
+           _modules("head"), _linear("decoder"), {"sdpa": "banded", "eager": "per-layer-type"}, ("Wqkv",),
            "tiny-modernbert", shared=("final_norm.",), lora_full=("head",)),
     Family("eurobert", ("eurobert",), "model", ("embed_tokens.",), re.compile(r"^layers\.(\d+)\."),
            _modules(), _linear("lm_head"), {"sdpa": "flag", "eager": "additive"}, ("q_proj", "k_proj", "v_proj"),

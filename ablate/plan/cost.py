@@ -17,7 +17,7 @@ May import: config, store, plan.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple
 
 from pydantic import Field
@@ -231,6 +231,44 @@ def arm_cost(run_id: str, axes: dict, spec: RunSpec, throughput: Throughput | No
     ft = finetune_seconds(finetune, throughput) if finetune is not None else None
     return ArmCost(run_id, dict(axes), steps, steps * spec.tokens_per_step, None if pre is None else pre / 3600,
                    gpus, None if ft is None else ft / 3600, bool(spec.eval.tasks))
+
+
+# ---------------------------------------------------------------- shared prefixes (ablate.plan.branching)
+
+def steps_after(spec: RunSpec, start: int) -> list[int]:
+    """Each phase's steps after global step `start`: what a run that branches there trains."""
+    out, begin = [], 0
+    for steps in spec.phase_steps():
+        out.append(max(0, min(steps, begin + steps - start)))
+        begin += steps
+    return out
+
+
+def branched_cost(cost: ArmCost, spec: RunSpec, start: int, throughput: Throughput | None, ranks: int) -> ArmCost:
+    """The cost of a run that starts from another run's checkpoint at global step `start`: its steps after it."""
+    if not start:
+        return cost
+    after = steps_after(spec, start)
+    hours = None
+    if throughput is not None:
+        rates = [throughput.tokens_per_s(combo_of(spec, p.objective)) for p in spec.phases]
+        if all(rates):
+            hours = sum(n * spec.tokens_per_step / (r * ranks) for n, r in zip(after, rates)) / 3600
+    return replace(cost, steps=sum(after), tokens=sum(after) * spec.tokens_per_step, hours=hours)
+
+
+def branching_lines(planned: list[ArmCost], trained: list[ArmCost], n_branched: int) -> list[str]:
+    """The dry run's savings: tokens (and GPU-hours, when estimated) trained against planned."""
+    if not n_branched:
+        return []
+    p_tokens, t_tokens = sum(c.tokens for c in planned), sum(c.tokens for c in trained)
+    line = (f"branching: {n_branched} runs start from another run's checkpoint; the plan below counts what is "
+            f"trained: {t_tokens:,} of {p_tokens:,} tokens ({t_tokens / p_tokens:.2f}x), {p_tokens - t_tokens:,} "
+            "saved")
+    p_gpu, t_gpu = _total([c.gpu_hours for c in planned]), _total([c.gpu_hours for c in trained])
+    if p_gpu is not None and t_gpu is not None:
+        line += f", {_hours(p_gpu - t_gpu)} GPU-hours saved ({_hours(t_gpu)} of {_hours(p_gpu)})"
+    return [line, "  (`branching: false` in the grid trains every run from step 0; the tree is printed above)"]
 
 
 def _total(values: list[float | None]) -> float | None:

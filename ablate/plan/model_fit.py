@@ -1,7 +1,7 @@
 """Run specs against the models they name, from each model's config alone (no weights, no hub): every
 length a spec asks for fits the model's positions, the attention implementation is one its family runs
-under, and a local tokenizer's ids fit its vocabulary. What does not fit is a SpecError before anything
-is submitted, not a RuntimeError in a job hours later.
+under (eager at most EAGER_MAX_TOKENS tokens), and a local tokenizer's ids fit its vocabulary. What does
+not fit is a SpecError before anything is submitted, not a RuntimeError in a job hours later.
 
 Positions: a model takes max_position_embeddings tokens, except RoBERTa-style models, whose position ids
 start after the padding index (cumsum of the mask + pad_token_id): max_position_embeddings - pad_token_id - 1
@@ -78,6 +78,26 @@ def check_attention(spec: RunSpec, family: Any, file: str | None) -> None:
                         value=spec.attn_implementation, allowed=", ".join(family.attn_implementations))
 
 
+EAGER_MAX_TOKENS = 4096     # eager attention materialises every layer's weights: (micro-batch, heads, L, L)
+
+
+def check_eager_length(spec: RunSpec, config: Any, family: Any, file: str | None) -> None:
+    """Eager attention keeps each layer's (micro-batch x heads x L x L) float32 weights for backward: past
+    EAGER_MAX_TOKENS it is refused, naming what it would hold and the implementation to use instead."""
+    if spec.attn_implementation != "eager" or spec.data.seq_len <= EAGER_MAX_TOKENS:
+        return
+    micro = spec.micro_batch_size or spec.batch_size
+    heads = int(getattr(config, "num_attention_heads", 1))
+    gib = micro * heads * spec.data.seq_len ** 2 * 4 / 2**30
+    others = [i for i in family.attn_implementations if i != "eager"]
+    instead = (f"attn_implementation: {', '.join(others)} (fused kernels, no L x L attention weights)" if others
+               else f"data.seq_len at most {EAGER_MAX_TOKENS} (family {family.name} runs under eager only)")
+    raise SpecError(f"attn_implementation eager at {spec.data.seq_len} tokens would hold {gib:.1f} GiB of "
+                    f"attention weights per layer (micro-batch {micro} x {heads} heads x {spec.data.seq_len}^2 x "
+                    f"4 bytes){_where(spec)}; eager runs at most {EAGER_MAX_TOKENS} tokens",
+                    file=file, key="attn_implementation", value="eager", allowed=instead)
+
+
 def local_tokenizer(source: str):
     """The tokenizer when it is on this machine (a package, a folder, the HF cache), else None. A source
     that is no tokenizer at all is train.preflight.check_models' error to report."""
@@ -136,6 +156,7 @@ def check_model_fit(specs: list[RunSpec], file: str | None) -> None:
         except SpecError as exc:
             raise SpecError(exc.message, file=file, key="model", value=exc.value, allowed=exc.allowed) from None
         check_attention(spec, family, file)
+        check_eager_length(spec, config, family, file)
         if (spec.model, spec.tokenizer) not in vocab_checked:
             vocab_checked.add((spec.model, spec.tokenizer))
             check_vocabulary(spec, config, file)

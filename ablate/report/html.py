@@ -24,6 +24,7 @@ from ablate.report.arms import done_runs
 from ablate.report.registry import FIGURES
 from ablate.report.style import save_figure
 from ablate.report.sweep import Sweep, load_sweep
+from ablate.report.scores import average_names, is_average
 from ablate.report.tables import score_table
 from ablate.store import atomic
 from ablate.store.rundir import read_status
@@ -152,7 +153,44 @@ def scores_section(sweep: Sweep) -> str:
         table = score_table(sweep)
     except Exception as exc:   # noqa: BLE001  (the page still shows everything else)
         return f'<p class="muted">scores table not made: {html.escape(str(exc))}</p>'
-    return f'<div class="wide">{html_table(_text_frame(table))}</div>'
+    return averages_block(table) + f'<div class="wide">{html_table(_text_frame(table))}</div>'
+
+
+def averages_block(table: pd.DataFrame) -> str:
+    """The paper's summary first, when the tasks span languages: per arm, each language's average and the
+    overall one, with the difference from the baseline, its 95% paired-bootstrap interval and p-value; then
+    the tasks whose test sets are too small for their metric."""
+    avg = table[table["task"].map(is_average)]
+    names = average_names(avg["task"])
+    return (_averages_table(avg, names, str(table["baseline"].iloc[0])) if len(names) > 1 else "") + \
+        _small_tests_note(table)
+
+
+def _averages_table(avg: pd.DataFrame, names: list[str], baseline: str) -> str:
+    cells: dict[str, dict[str, str]] = {}
+    for _, r in avg.iterrows():
+        text = f"{r['mean']:.1f}"
+        if r["delta"] == r["delta"]:
+            text += f" ({r['delta']:+.1f}"
+            text += f" [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}]" if r["ci_low"] == r["ci_low"] else ""
+            p = r["p_value"]
+            text += ")" if p != p else f", p {p:.3f})" if p >= 0.001 else ", p < 0.001)"
+        cells.setdefault(r["arm"], {})[r["task"]] = text
+    frame = pd.DataFrame([{"arm": arm, **row} for arm, row in cells.items()], columns=["arm", *names])
+    return (f"<p>Averages over tasks (mean score; in brackets the difference from the baseline "
+            f"{html.escape(baseline)}, its 95% paired-bootstrap interval and p-value over the pairing units both "
+            "arms share).</p>" + html_table(_text_frame(frame.fillna(""))))
+
+
+def _small_tests_note(table: pd.DataFrame) -> str:
+    if "small_test" not in table.columns:
+        return ""
+    small = table[table["small_test"].astype(str) == "True"].drop_duplicates("task")
+    if small.empty:
+        return ""
+    return ('<p class="muted">too few test examples for the metric: ' + ", ".join(
+        html.escape(f"{t} ({int(n)})") for t, n in zip(small["task"], small["test_examples"]))
+        + " (ablate.evaluate.sizes.MIN_TEST_EXAMPLES)</p>")
 
 
 def draw_figures(sweep: Sweep) -> tuple[list[Path], list[str]]:

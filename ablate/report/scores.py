@@ -52,6 +52,9 @@ def primary_scores(sweep: Sweep, *, split: str | None = None, figure: str = "sco
     out = s[["run_id", "task", "finetune_seed", "metric"]].copy()
     out["score"] = 100.0 * s["value"].astype(float)
     out["split"] = split
+    for extra in ("language", "n_examples"):      # absent from tables of older score files
+        if extra in s.columns:
+            out[extra] = s[extra].to_numpy()
     return out.reset_index(drop=True)
 
 
@@ -64,8 +67,44 @@ def unit_scores(sweep: Sweep, split: str | None, pcol: str | None, figure: str) 
         raise SpecError("no scores for done runs", file=str(sweep.path), key="scores")
     parts = [df]
     for p in panels(df, pcol):
-        parts.append(task_average(in_panel(df, pcol, p), [*arm_keys(pcol), "run_id", "seed", "finetune_seed"]))
+        unit = [*arm_keys(pcol), "run_id", "seed", "finetune_seed"]
+        parts += [task_average(in_panel(df, pcol, p), unit), *language_averages(in_panel(df, pcol, p), unit)]
     return pd.concat(parts, ignore_index=True)
+
+
+AVERAGE = "average"
+
+
+def language_average(language: str) -> str:
+    """The task name of a language's average row: "average (fr)"."""
+    return f"{AVERAGE} ({language})"
+
+
+def is_average(task) -> bool:
+    """Whether a task name is an average row ("average", "average (en)"), not a task."""
+    return str(task) == AVERAGE or str(task).startswith(AVERAGE + " (")
+
+
+def task_languages(scores: pd.DataFrame) -> dict[str, str]:
+    """task -> its language, from the scores' `language` column (empty when the table has none)."""
+    if "language" not in scores.columns:
+        return {}
+    known = scores.dropna(subset=["language"]).drop_duplicates("task")
+    return {t: str(lang) for t, lang in zip(known["task"], known["language"]) if not is_average(t) and lang}
+
+
+def language_averages(scores: pd.DataFrame, unit: list[str]) -> list[pd.DataFrame]:
+    """Rows of task "average (LANG)" per language, the mean over that language's tasks per unit (complete
+    units only, as task_average), when the tasks span two languages or more (else it is the average)."""
+    tasks = scores[~scores["task"].map(is_average)]
+    languages = task_languages(tasks)
+    if len(set(languages.values())) < 2:
+        return []
+    out = []
+    for lang in dict.fromkeys(languages.values()):
+        mine = tasks[tasks["task"].map(languages) == lang]
+        out.append(task_average(mine, unit).assign(task=language_average(lang), language=lang))
+    return out
 
 
 def task_average(scores: pd.DataFrame, unit: list[str]) -> pd.DataFrame:
@@ -73,7 +112,13 @@ def task_average(scores: pd.DataFrame, unit: list[str]) -> pd.DataFrame:
     every one of them."""
     tasks = scores["task"].nunique()
     avg = scores.groupby(unit, sort=False).agg(score=("score", "mean"), k=("task", "nunique")).reset_index()
-    return avg[avg["k"] == tasks].drop(columns="k").assign(task="average")
+    return avg[avg["k"] == tasks].drop(columns="k").assign(task=AVERAGE)
+
+
+def average_names(tasks) -> list[str]:
+    """The average rows among `tasks` in display order: the per-language ones, then the overall one."""
+    names = [t for t in dict.fromkeys(tasks) if is_average(t)]
+    return sorted(n for n in names if n != AVERAGE) + ([AVERAGE] if AVERAGE in names else [])
 
 
 def arm_vs_baseline(a: pd.Series, b: pd.Series, n_resamples: int = N_RESAMPLES, seed: int = 0) -> tuple:
@@ -110,7 +155,7 @@ def delta_data(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
                         value=baseline)
     if is_base.all():
         raise SpecError("figure 'deltas' needs at least one arm besides the MLM baseline", file=str(sweep.path))
-    tasks = ordered(u.loc[u["task"] != "average", "task"]) + ["average"]
+    tasks = ordered(u.loc[~u["task"].map(is_average), "task"]) + average_names(u["task"])
     units = pairing_units(done_runs(sweep.runs))
     rows = []
     for p in panels(u, pcol):
@@ -147,10 +192,13 @@ def score_summary(sweep: Sweep, *, baseline: str = "mlm", split: str | None = No
 
 def plot_deltas(data: pd.DataFrame, *, panel_col: str | None = None, baseline: str = "mlm", split: str = "test"):
     names = panels(data, panel_col)
-    tasks = ordered(data.loc[data["task"] != "average", "task"]) + ["average"]
+    plain = ordered(data.loc[~data["task"].map(is_average), "task"])
+    averages = average_names(data["task"])
+    tasks = plain + averages
     arms = list(dict.fromkeys(zip(data["schedule"], data["freeze"])))
     colors, styles = arm_styles(data, baseline)
-    x = {t: i for i, t in enumerate(tasks[:-1])} | {"average": len(tasks) - 0.6}
+    # the averages (per language, then overall) right of a dotted rule, a little apart from the tasks
+    x = {t: i for i, t in enumerate(plain)} | {t: len(plain) + 0.4 + i for i, t in enumerate(averages)}
     width = min(0.8, 0.18 * len(arms))
     offsets = np.linspace(-width / 2, width / 2, len(arms)) if len(arms) > 1 else [0.0]
     fig = new_figure(min(7.2, max(3.6, 1.2 + len(tasks) * max(0.5, 0.2 * len(arms)))), 1.3 + 2.3 * len(names))
@@ -159,7 +207,7 @@ def plot_deltas(data: pd.DataFrame, *, panel_col: str | None = None, baseline: s
     for ax, p in zip(axes, names):
         d = in_panel(data, panel_col, p)
         ax.axhline(0.0, color="0.3", lw=0.8)
-        ax.axvline(len(tasks) - 1.3, color="0.7", lw=0.6, ls=":")
+        ax.axvline(len(plain) - 0.3, color="0.7", lw=0.6, ls=":")
         for off, (s, f) in zip(offsets, arms):
             g = d[(d["schedule"] == s) & (d["freeze"] == f)]
             if g.empty:
@@ -197,7 +245,7 @@ def freeze_data(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None
     pcol = panel_column(done_runs(sweep.runs), panel)
     keys = arm_keys(pcol)
     u = unit_scores(sweep, split, pcol, "freeze")
-    u = u[u["task"] != "average"]
+    u = u[~u["task"].map(is_average)]
     per_task = u.groupby([*keys, "run_id", "task"], sort=False)["score"].mean().reset_index()
     # only runs scored on every task of their panel, so that cells average the same tasks
     n_tasks = per_task.groupby(pcol)["task"].transform("nunique") if pcol else per_task["task"].nunique()

@@ -25,13 +25,18 @@ from ablate.config.errors import SpecError
 from ablate.evaluate.units import pairing_units, require_task_scores
 from ablate.report.arms import arm_label, arm_tokens_match, done_runs
 from ablate.report.divergence import divergence_table
-from ablate.report.scores import arm_vs_baseline, task_average, unit_scores
+from ablate.evaluate.sizes import min_test_examples
+from ablate.report.scores import (AVERAGE, arm_vs_baseline, average_names, is_average, language_averages,
+                                  task_average, task_languages, unit_scores)
 from ablate.report.sweep import Sweep, load_sweep
 
 MARKS = ((0.01, "**"), (0.05, "*"))   # p below -> mark
 DAGGER = {"md": "†", "tex": "$^\\dagger$"}
 TOKENS_NOTE = ("† the arm's runs read other tokens than their MLM twins (runs table: twin_tokens): its comparison "
                "does not rest on identical data.")
+SMALL_MARK = {"md": "‡", "tex": "$^\\ddagger$"}
+SMALL_NOTE = ("‡ too few test examples for the metric ({tasks}; ablate.evaluate.sizes.MIN_TEST_EXAMPLES): one "
+              "example moves the score by about as much as the differences between arms.")
 BASE_MODEL = "base"    # the schedule of `ablate evaluate --base` rows (ablate.store.tables): a reference row
 
 
@@ -58,10 +63,10 @@ def _only_tasks(sweep: Sweep, u: pd.DataFrame, tasks) -> pd.DataFrame:
     if tasks is None:
         return u
     wanted = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks)]
-    require_task_scores(u.loc[u["task"] != "average", ["run_id", "task"]], done_runs(sweep.runs), wanted)
+    require_task_scores(u.loc[~u["task"].map(is_average), ["run_id", "task"]], done_runs(sweep.runs), wanted)
     u = u[u["task"].isin(wanted)]
-    return pd.concat([u, task_average(u, ["schedule", "freeze", "run_id", "seed", "finetune_seed"])],
-                     ignore_index=True)
+    unit = ["schedule", "freeze", "run_id", "seed", "finetune_seed"]
+    return pd.concat([u, task_average(u, unit), *language_averages(u, unit)], ignore_index=True)
 
 
 def score_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
@@ -72,8 +77,9 @@ def score_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None
     units = _units(sweep, units)
     u = _only_tasks(sweep, unit_scores(sweep, split, None, "table"), tasks)
     base_arm = _baseline_arm(u, baseline, sweep)
-    language = sweep.scores.drop_duplicates("task").set_index("task").get("language", pd.Series(dtype=object))
-    tasks = list(dict.fromkeys(t for t in u["task"] if t != "average")) + ["average"]
+    language = task_languages(sweep.scores)
+    tasks = list(dict.fromkeys(t for t in u["task"] if not is_average(t))) + average_names(u["task"])
+    test_size = _test_sizes(u)
     tokens_match = arm_tokens_match(sweep.runs)
     rows = []
     for arm in dict.fromkeys(zip(u["schedule"], u["freeze"])):
@@ -90,7 +96,7 @@ def score_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None
             if arm != base_arm and not b.empty:
                 delta, lo, hi, p, n_pairs, method = arm_vs_baseline(a, b, seed=seed)
             rows.append({"arm": arm_label(*arm), "schedule": arm[0], "freeze": arm[1], "task": task,
-                         "language": "all" if task == "average" else language.get(task, ""),
+                         "language": _language_of(task, language), **test_size.get(task, _NO_SIZE),
                          "mean": float(a.mean()), "std": float(a.std()) if len(a) > 1 else np.nan, "n": len(a),
                          "delta": delta, "ci_low": lo, "ci_high": hi, "p_value": p, "n_pairs": n_pairs,
                          "test": method, "baseline": arm_label(*base_arm), "units": "+".join(units),
@@ -98,6 +104,30 @@ def score_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None
     out = pd.DataFrame(rows)
     if out.empty:
         raise SpecError("no scores for done runs", file=str(sweep.path), key="scores")
+    return out
+
+
+_NO_SIZE = {"test_examples": np.nan, "small_test": False}
+
+
+def _language_of(task: str, language: dict[str, str]) -> str:
+    if task == AVERAGE:
+        return "all"
+    if is_average(task):
+        return task[len(AVERAGE) + 2:-1]          # "average (fr)" -> fr
+    return language.get(task, "")
+
+
+def _test_sizes(u: pd.DataFrame) -> dict[str, dict]:
+    """task -> its test examples (the fewest any score used) and whether that is fewer than its metric's
+    threshold (ablate.evaluate.sizes.MIN_TEST_EXAMPLES); tasks whose score files predate the count: none."""
+    if "n_examples" not in u.columns or (u["split"] != "test").all():
+        return {}
+    out = {}
+    for task, g in u[~u["task"].map(is_average)].groupby("task", sort=False):
+        n = pd.to_numeric(g["n_examples"], errors="coerce").min()
+        if n == n:
+            out[task] = {"test_examples": int(n), "small_test": bool(n < min_test_examples(g["metric"].iloc[0]))}
     return out
 
 
@@ -175,6 +205,7 @@ def render_scores(data: pd.DataFrame, fmt: str) -> str:
     best = data.loc[data.groupby("task")["mean"].idxmax()].set_index("task")["arm"]
     cell = {(r["arm"], r["task"]): _cell(r, best.get(r["task"]) == r["arm"], fmt) for _, r in data.iterrows()}
     differ = _tokens_differ(data)
+    small = _small_tests(data)
     body = [[_arm_name(arm, arm in differ, fmt)] + [cell.get((arm, t), "") for t in tasks] for arm in arms]
     units = data["units"].iloc[0].replace("finetune_seed", "fine-tuning seed").replace("seed+", "pretraining seed x ")
     note = (f"Cells: mean ± std over pairing units ({units}); (delta vs baseline; * p < 0.05, ** p < 0.01, "
@@ -183,8 +214,11 @@ def render_scores(data: pd.DataFrame, fmt: str) -> str:
         note += " No p-values: fewer than two pairing units are shared with the baseline, so no test is possible."
     if differ:
         note += " " + TOKENS_NOTE
+    if small:
+        note += " " + SMALL_NOTE.format(tasks=", ".join(f"{t} ({n})" for t, n in small.items()))
     if fmt == "md":
-        head = ["arm"] + [t if lang == "all" else f"{t} ({lang})" for lang, ts in groups.items() for t in ts]
+        head = ["arm"] + [(t if is_average(t) else f"{t} ({lang})") + (SMALL_MARK["md"] if t in small else "")
+                          for lang, ts in groups.items() for t in ts]
         return _markdown(head, body) + "\n" + note + "\n"
     spans = " & ".join(f"\\multicolumn{{{len(ts)}}}{{c}}{{{_tex(lang)}}}" for lang, ts in groups.items())
     rules, start = [], 2
@@ -192,9 +226,18 @@ def render_scores(data: pd.DataFrame, fmt: str) -> str:
         rules.append(f"\\cmidrule(lr){{{start}-{start + len(ts) - 1}}}")
         start += len(ts)
     lines = ["\\begin{tabular}{l" + "c" * len(tasks) + "}", "\\toprule", f" & {spans} \\\\", " ".join(rules),
-             "arm & " + " & ".join(_tex(t) for t in tasks) + " \\\\", "\\midrule"]
+             "arm & " + " & ".join(_tex(t) + (SMALL_MARK["tex"] if t in small else "") for t in tasks) + " \\\\",
+             "\\midrule"]
     lines += [" & ".join(r) + " \\\\" for r in body]
     return "\n".join(lines + ["\\bottomrule", "\\end{tabular}", "% " + note]) + "\n"
+
+
+def _small_tests(data: pd.DataFrame) -> dict[str, int]:
+    """task -> its test examples, for the tasks flagged `small_test` (too few for their metric)."""
+    if "small_test" not in data.columns:
+        return {}
+    flagged = data[data["small_test"].astype(str) == "True"].drop_duplicates("task")
+    return {t: int(n) for t, n in zip(flagged["task"], flagged["test_examples"])}
 
 
 def _tokens_differ(data: pd.DataFrame) -> set[str]:

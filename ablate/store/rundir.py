@@ -16,6 +16,9 @@
         scores/<task>/seed-<n>.json   downstream scores, with what they were computed from (identity) and,
                                       when kept out of date on purpose, why they are `stale`
         scores/<task>/superseded/     score files replaced by a recomputation
+        branch.json      (a child of the sweep's tree) the parent run and the step it starts from
+        branch_points.json  (a parent) the steps whose checkpoints it keeps (checkpoints/branch/) for children
+        branched.json    (a child that started) from the parent's checkpoint or, without one, from step 0
         checkpoints/, model/, log.txt
 
 status.json says "done" only after every record is in place, so a folder is complete exactly when its
@@ -47,7 +50,7 @@ TABLE_COLUMNS = {
     "runs": ("run_id", "sweep", "model", "family", "schedule", "freeze", "seed", "status", "token_hash",
              "twin", "twin_tokens", "tokens_seen", "wall_time_s", "versions"),
     "scores": ("run_id", "task", "language", "finetune_seed", "split", "metric", "value", "epoch", "wall_time_s",
-               "stale"),
+               "n_examples", "stale"),    # n_examples: of the split, as fine-tuned on (older score files: none)
     "layers": ("run_id", "phase", "layer", "measure", "value"),
     "curves": ("run_id", "phase", "step", "tokens", "loss", "lr"),
     "grads": ("run_id", "phase", "step", "layer", "grad_norm"),
@@ -144,6 +147,53 @@ def effective_state(run_dir: Path, status: dict | None = None) -> str:
     if state == "running" and not RunLock(run_dir).held_elsewhere():
         return "interrupted"
     return state
+
+
+# ---------------------------------------------------------------- shared prefixes (ablate.plan.branching)
+# branch.json (a child): {"parent": run id, "step": N}; branch_points.json (a parent): {"steps": {N: [children]}};
+# branched.json (a child that started): {"from": "parent" | "scratch", "step": N, "at": time}
+
+def write_branch(run_dir: Path, parent: str | None, step: int = 0) -> None:
+    """Where the run starts (the sweep writes it before submitting); parent None: from step 0."""
+    path = Path(run_dir) / "branch.json"
+    if parent is None:
+        path.unlink(missing_ok=True)
+    else:
+        atomic.write_json(path, {"parent": parent, "step": int(step)})
+
+
+def read_branch(run_dir: Path) -> dict | None:
+    try:
+        return read_json(Path(run_dir) / "branch.json")
+    except FileNotFoundError:
+        return None
+
+
+def write_branch_points(run_dir: Path, steps: dict[int, list[str]]) -> None:
+    """The steps whose checkpoints the run keeps for its children (none: the file goes)."""
+    path = Path(run_dir) / "branch_points.json"
+    if not steps:
+        path.unlink(missing_ok=True)
+    else:
+        atomic.write_json(path, {"steps": {str(k): sorted(v) for k, v in steps.items()}})
+
+
+def branch_points(run_dir: Path) -> dict[int, list[str]]:
+    try:
+        return {int(k): v for k, v in read_json(Path(run_dir) / "branch_points.json")["steps"].items()}
+    except FileNotFoundError:
+        return {}
+
+
+def mark_branched(run_dir: Path, source: str, step: int) -> None:
+    atomic.write_json(Path(run_dir) / "branched.json", {"from": source, "step": int(step), "at": time.time()})
+
+
+def branched(run_dir: Path) -> dict | None:
+    try:
+        return read_json(Path(run_dir) / "branched.json")
+    except FileNotFoundError:
+        return None
 
 
 def write_records(run_dir: Path, run: dict, curves: list[dict], grads: list[dict], layers: list[dict],

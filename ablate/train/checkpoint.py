@@ -1,5 +1,6 @@
 """Checkpoints of a run: what a resumed run needs (TrainState, weights, AdamW moments by name), written to a
-temporary folder and published atomically; and the final *ForMaskedLM folder.
+temporary folder and published atomically; the branch points a sweep's children start from (kept under
+checkpoints/branch/, adopted by a child as its own first checkpoint); and the final *ForMaskedLM folder.
 
 Weights go through safetensors and tensors through torch.load(weights_only=True): loading runs no code.
 A checkpoint loads to CPU, then onto the parameters' devices, whatever device it was saved from.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,7 +85,10 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
     return complete[-1] if complete else None
 
 
-def save_checkpoint(ckpt_root: Path, model, opt: Optimizer, state: TrainState) -> Path:
+def save_checkpoint(ckpt_root: Path, model, opt: Optimizer, state: TrainState, keep: bool = False) -> Path:
+    """The state now, published atomically; older checkpoints go, except those kept for children (`keep`:
+    this one is a branch point too, linked under branch/ before LATEST names it, so a kill between the two
+    re-trains to this step and links it again)."""
     name = f"step-{state.global_step:09d}-p{state.phase_index}"
     tmp = ckpt_root / f".tmp-{name}"
     if tmp.exists():
@@ -94,11 +99,64 @@ def save_checkpoint(ckpt_root: Path, model, opt: Optimizer, state: TrainState) -
     (tmp / "state.json").write_text(json.dumps(state.__dict__))
     final = ckpt_root / name
     atomic.publish_dir(tmp, final)
+    if keep:
+        _link_dir(final, kept_path(ckpt_root, state.global_step))
     atomic.write_text(ckpt_root / "LATEST", name)
     for old in ckpt_root.glob("step-*"):
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+BRANCH_DIR = "branch"      # checkpoints/branch/step-<N>: a parent's checkpoints its children start from
+
+
+def kept_path(ckpt_root: Path, step: int) -> Path:
+    return Path(ckpt_root) / BRANCH_DIR / f"step-{step:09d}"
+
+
+def kept_checkpoint(ckpt_root: Path, step: int) -> Path | None:
+    """The branch-point checkpoint at global step `step`, when it is complete."""
+    path = kept_path(ckpt_root, step)
+    return path if (path / "state.json").is_file() else None
+
+
+def _link_dir(src: Path, dst: Path) -> None:
+    """dst as a copy of src's files, hard links where the filesystem allows (no second copy on disk),
+    published atomically."""
+    tmp = dst.with_name(f".tmp-{dst.name}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    for f in src.iterdir():
+        try:
+            os.link(f, tmp / f.name)
+        except OSError:
+            shutil.copy2(f, tmp / f.name)
+    atomic.publish_dir(tmp, dst)
+
+
+def adopt_checkpoint(src: Path, ckpt_root: Path) -> Path:
+    """Start a run from another run's checkpoint: its weights and moments (hard links: neither run ever
+    writes into a published checkpoint) and its state, not done (a parent may end where the child goes on),
+    published as this run's latest checkpoint."""
+    state = json.loads((Path(src) / "state.json").read_text())
+    state["done"] = False
+    name = f"step-{state['global_step']:09d}-p{state['phase_index']}"
+    ckpt_root = Path(ckpt_root)
+    tmp = ckpt_root / f".tmp-{name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    for f in ("model.safetensors", "optimizer.pt"):
+        try:
+            os.link(Path(src) / f, tmp / f)
+        except OSError:
+            shutil.copy2(Path(src) / f, tmp / f)
+    (tmp / "state.json").write_text(json.dumps(state))
+    atomic.publish_dir(tmp, ckpt_root / name)
+    atomic.write_text(ckpt_root / "LATEST", name)
+    return ckpt_root / name
 
 
 def load_checkpoint(path: Path, model, opt: Optimizer) -> TrainState:

@@ -18,8 +18,10 @@ micro-batches draw in one process), and the gradients are summed over ranks afte
 single-process gradient of the same micro_batch_size. Only rank 0 writes checkpoints, progress and the model;
 a checkpoint is the same whatever the world size, so a run resumes under any number of ranks.
 
-On CUDA (all off on CPU): bf16 autocast, fused AdamW, pinned host memory with non-blocking copies, and
-torch.compile of the encoder when ABLATE_COMPILE=1.
+How it computes (ablate.train.precision; each path runs on the CPU too, so the tests run what a GPU runs):
+bf16 autocast by `precision` (auto: on CUDA only), torch.compile of the encoder with `compile: true` (or
+ABLATE_COMPILE=1), deterministic algorithms with `deterministic: true`; fused AdamW on both devices; pinned
+host memory with non-blocking copies on CUDA.
 """
 
 from __future__ import annotations
@@ -47,10 +49,12 @@ from ablate.models.sources import load_masked_lm, load_tokenizer
 from ablate.analysis.probe import grad_norms, layer_params, weight_rel_change
 from ablate.train.optimizer import Optimizer, fused_adamw
 from ablate.train.objectives import attention_for, clm_labels, mlm_inputs
+from ablate.train.precision import compiled_encoder, set_determinism, uses_autocast
 from ablate.train.preflight import preflight_run
 from ablate.train.schedule import lr_at
 from ablate.train.vocab_loss import LOSSES
 from ablate.config.spec import RunSpec
+from ablate.store.rundir import branch_points
 
 Log = Callable[[str], None]
 PhaseEndHook = Callable[[str, torch.nn.Module], list[dict]]
@@ -101,7 +105,8 @@ def pick_device(choice: str, local_rank: int = 0) -> torch.device:
 
 
 def compile_requested() -> bool:
-    """torch.compile of the encoder: ABLATE_COMPILE=1 (CUDA only; or a RunSpec `compile: true` once it has one)."""
+    """torch.compile of the encoder for every run of this process: ABLATE_COMPILE=1 (what a RunSpec's
+    `compile: true` does for one run; bench/gpu_step.py --compile sets it)."""
     return os.environ.get("ABLATE_COMPILE", "0") not in ("", "0", "false", "no")
 
 
@@ -136,7 +141,7 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
         inputs, labels = inputs[mine], labels[mine]
     if ctx.pin_memory:
         inputs, labels = inputs.pin_memory(), labels.pin_memory()
-    encoder = ctx.encoder or family.encoder(model)
+    encoder = ctx.encoder if ctx.encoder is not None else family.encoder(model)   # (a compiled one has no bool)
     head_loss = LOSSES[spec.vocab_loss]
     micro = spec.micro_batch_size or len(inputs)
     first = rank_slice(len(ids), dist).start // micro      # this rank's first micro-batch in the global batch
@@ -146,8 +151,9 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
         x = inputs[start:start + micro].to(ctx.device, non_blocking=True)
         y = labels[start:start + micro].to(ctx.device, non_blocking=True)
         with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=ctx.autocast), \
-                attention_for(model, family, phase.spec.objective, x.shape[1], mask_dtype,
-                              ctx.device) as attn:
+                attention_for(model, family, phase.spec.objective, x.shape[1], mask_dtype, ctx.device,
+                              docs[rank_slice(len(ids), dist)][start:start + micro]
+                              if spec.document_masking else None) as attn:
             hidden = encoder(input_ids=x, attention_mask=attn).last_hidden_state
             where = y != -100
             features = family.transform(model, hidden[where])
@@ -179,6 +185,7 @@ def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, lis
     dist = dist or Dist()
     check_data_parallel(spec, dist.world_size)
     device = pick_device(spec.device, dist.local_rank)
+    set_determinism(spec.deterministic)                # before the model touches the device (cuBLAS)
     tokenizer = load_tokenizer(spec.tokenizer or spec.model)
     corpus = open_prepared(spec.data, tokenizer)       # memory-mapped; prepared first if need be
     sequences, doc_ids = corpus.packed(spec.data.seq_len)
@@ -195,10 +202,10 @@ def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, lis
     special = sorted(set(tokenizer.all_special_ids))
     ctx = Context(spec, model, family, device, sequences, doc_ids, SequenceOrder(len(sequences), spec.data.data_seed),
                   torch.tensor(special), tokenizer.mask_token_id, model.config.vocab_size,
-                  layer_params(model), autocast=device.type == "cuda", dist=dist,
+                  layer_params(model), autocast=uses_autocast(spec, device), dist=dist,
                   pin_memory=device.type == "cuda")
-    if device.type == "cuda" and (getattr(spec, "compile", False) or compile_requested()):
-        ctx.encoder = torch.compile(family.encoder(model))
+    if spec.compile or compile_requested():
+        ctx.encoder = compiled_encoder(family.encoder(model))
     return ctx, tokenizer, plans
 
 
@@ -240,9 +247,11 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
     base = {n: params[n].detach().float().cpu().clone() for names in groups.values() for n in names}
     opt = Optimizer(model, spec, fused=fused_adamw(ctx.device))
 
+    keep = set(branch_points(run_dir))      # steps whose checkpoints children of a sweep's tree start from
+
     def checkpoint() -> None:
         if main:
-            save_checkpoint(ckpt_root, model, opt, state)
+            save_checkpoint(ckpt_root, model, opt, state, keep=state.global_step in keep)
         dist.barrier()
 
     state = _resume(ckpt_root, model, opt, log)
@@ -259,6 +268,12 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
         opt.set_trainable()
         peak = plan.spec.lr.peak_lr or spec.optim.lr
         window_start, window_tokens = time.perf_counter(), 0
+        if state.step_in_phase == plan.steps:    # started from a parent's checkpoint at this phase's end
+            _finish_phase(state, plan, model, base, groups, phase_end_hooks)
+            if on_log:
+                on_log(state)
+            checkpoint()
+            continue
 
         while state.step_in_phase < plan.steps:
             lr = lr_at(plan.spec.lr, peak, state.step_in_phase, plan.steps)
@@ -283,7 +298,8 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
                 on_log(state)
             state.elapsed_s = time.perf_counter() - started
             stopping = stop_after_steps is not None and steps_this_call >= stop_after_steps
-            if last_of_phase or state.global_step % spec.checkpoint_every == 0 or stopping:
+            if last_of_phase or state.global_step % spec.checkpoint_every == 0 or stopping or \
+                    state.global_step in keep:
                 checkpoint()
                 _hold_if_asked(state.global_step, log)
             if stopping:
@@ -292,6 +308,14 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
             if last_of_phase:
                 break
 
+    _finish_run(state, started, main, model, tokenizer, run_dir, checkpoint)
+    dist.barrier()
+    return state
+
+
+def _finish_run(state: TrainState, started: float, main: bool, model, tokenizer, run_dir: Path,
+                checkpoint: Callable[[], None]) -> None:
+    """The final model, and the last checkpoint marked done (a rerun of a done run only restores the model)."""
     if not state.done:
         state.done = True
         state.elapsed_s = time.perf_counter() - started
@@ -300,8 +324,6 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
         checkpoint()
     elif main and not (run_dir / "model" / "config.json").is_file():
         save_final_model(model, tokenizer, run_dir / "model")
-    dist.barrier()
-    return state
 
 
 def _silent(_message: str) -> None:

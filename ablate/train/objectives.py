@@ -9,7 +9,9 @@ How a causal mask reaches the attention is a property of the family and the atte
 (the family entry's `causal`, ablate.models.families.MASK_KINDS); ablate.train.preflight proves each one by
 perturbing a later token. Additive masks are float (0 = attend, dtype-min = blocked): transformers passes a
 4D mask through unchanged and eager attention adds it, whereas a bool mask would be silently wrong under
-eager (see shared notes on causal masks).
+eager (see shared notes on causal masks). The banded kind builds no mask at all: the model runs under
+ablate.models.attention for the duration of the forward. Document masking (RunSpec.document_masking)
+keeps attention inside each packed document under every kind.
 
 May import: config, models.
 """
@@ -20,6 +22,7 @@ from contextlib import contextmanager
 
 import torch
 
+from ablate.models import attention
 from ablate.models.families import MASK_KINDS, Family
 
 IGNORE = -100
@@ -53,14 +56,28 @@ def clm_labels(input_ids: torch.Tensor, doc_ids: torch.Tensor) -> torch.Tensor:
 def additive_causal_mask(seq_len: int, dtype: torch.dtype, device: torch.device | str = "cpu",
                          window: int | None = None) -> torch.Tensor:
     """(1, 1, L, L): 0 where query q may attend key k (k <= q, and q - k <= window if given), else dtype-min."""
+    return dense_mask(seq_len, dtype, device, causal=True, window=window)
+
+
+def dense_mask(seq_len: int, dtype: torch.dtype, device: torch.device | str = "cpu", causal: bool = True,
+               window: int | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
+    """(1 or B, 1, L, L) additive mask (dtype-min = blocked; dtype bool: True = attend): k <= q if causal,
+    |q - k| <= window if given, and q, k in the same document if doc ids (B, L) are given."""
     q = torch.arange(seq_len, device=device)[:, None]
     k = torch.arange(seq_len, device=device)[None, :]
-    allowed = k <= q
+    allowed = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device)
+    if causal:
+        allowed &= k <= q
     if window is not None:
-        allowed &= (q - k) <= window
-    mask = torch.zeros(seq_len, seq_len, dtype=dtype, device=device)
+        allowed &= (q - k).abs() <= window
+    allowed = allowed[None]
+    if documents is not None:
+        allowed = allowed & (documents[:, :, None] == documents[:, None, :])
+    if dtype == torch.bool:
+        return allowed[:, None]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    return mask[:, None]
 
 
 def _causal_flags(model) -> list[torch.nn.Module]:
@@ -70,32 +87,72 @@ def _causal_flags(model) -> list[torch.nn.Module]:
 
 
 @contextmanager
+def _flags(model, family: Family, causal: bool):
+    modules = _causal_flags(family.encoder(model))
+    before = [m.is_causal for m in modules]
+    for m in modules:
+        m.is_causal = causal
+    try:
+        yield modules
+    finally:
+        for m, flag in zip(modules, before):
+            m.is_causal = flag
+
+
+@contextmanager
+def _registered(model, family: Family, causal: bool, documents: torch.Tensor | None):
+    """The model under ablate.models.attention's implementation for the duration: its config's
+    implementation switched, the attention modules' is_causal set and the doc ids attached."""
+    with _flags(model, family, causal) as modules:
+        configs = {id(c): c for c in (model.config, *(getattr(m, "config", None) for m in modules))
+                   if c is not None}
+        before = {key: c._attn_implementation for key, c in configs.items()}
+        try:
+            for c in configs.values():
+                c._attn_implementation = attention.IMPLEMENTATION
+            for m in modules:
+                setattr(m, attention.DOCUMENTS_ATTR, documents)
+            yield
+        finally:
+            for key, c in configs.items():
+                c._attn_implementation = before[key]
+            for m in modules:
+                if hasattr(m, attention.DOCUMENTS_ATTR):
+                    delattr(m, attention.DOCUMENTS_ATTR)
+
+
+@contextmanager
 def attention_for(model, family: Family, objective: str, seq_len: int, dtype: torch.dtype,
-                  device: torch.device | str = "cpu"):
-    """Yields the attention_mask to pass to the family's encoder for this objective: None (bidirectional, no
-    padding: packed sequences) for MLM; for CLM what the family's mask kind under the model's attention
-    implementation needs. Whatever a kind changes on the model (is_causal flags, an embeddings hook) is
-    restored on exit.
+                  device: torch.device | str = "cpu", documents=None, kind: str | None = None):
+    """Yields the attention_mask to pass to the family's encoder for this objective: for MLM None
+    (bidirectional, no padding: packed sequences), for CLM what the family's mask kind under the model's
+    attention implementation needs. Whatever a kind changes on the model (is_causal flags, an embeddings
+    hook, the attention implementation) is restored on exit.
+
+    documents: the batch's doc ids (B, L) when attention stays inside each packed document
+    (RunSpec.document_masking), else None. kind: the family's unless given (the benchmark and the tests
+    compare kinds on one model).
 
     flag: SDPA runs its fused causal kernel instead of materialising an L x L mask and attention matrix
-    (what BertLMHeadModel does)."""
-    if objective == "mlm":
-        yield None
-        return
-    config = model.config
-    kind = family.mask_kind(config._attn_implementation)
-    if kind == "flag":
-        modules = _causal_flags(family.encoder(model))
-        before = [m.is_causal for m in modules]
-        for m in modules:
-            m.is_causal = True
-        try:
+    (what BertLMHeadModel does); with documents the model runs under ablate.models.attention, one fused
+    call per document. banded: ablate.models.attention (no L x L mask; local layers score their window
+    only). The other kinds build dense masks, documents included."""
+    kind = kind or family.mask_kind(model.config._attn_implementation)
+    if kind not in MASK_KINDS:
+        raise ValueError(f"family {family.name}: unknown mask kind {kind!r}; one of {MASK_KINDS}")
+    causal = objective == "clm"
+    if documents is not None:
+        documents = torch.as_tensor(documents, dtype=torch.long, device=device)
+    if kind == "banded" or (kind == "flag" and documents is not None):
+        with _registered(model, family, causal, documents):
             yield None
-        finally:
-            for m, flag in zip(modules, before):
-                m.is_causal = flag
+    elif not causal and documents is None:
+        yield None
+    elif kind == "flag":
+        with _flags(model, family, True):
+            yield None
     elif kind == "pairwise-bool":
-        allowed = additive_causal_mask(seq_len, torch.float32, device)[:, 0] == 0     # (1, L, L) bool
+        allowed = dense_mask(seq_len, torch.bool, device, causal, documents=documents)[:, 0]   # (1|B, L, L)
         # the embeddings would multiply by the mask as if it were a 2D padding mask: they get none
         hook = family.encoder(model).embeddings.register_forward_pre_hook(
             lambda _module, args, kwargs: (args, {**kwargs, "mask": None}), with_kwargs=True)
@@ -104,11 +161,15 @@ def attention_for(model, family: Family, objective: str, seq_len: int, dtype: to
         finally:
             hook.remove()
     elif kind == "per-layer-type":
-        full = additive_causal_mask(seq_len, dtype, device)
-        # ModernBERT's bidirectional local window is |q - k| <= config.sliding_window (masking_utils).
-        local = additive_causal_mask(seq_len, dtype, device, window=config.sliding_window)
-        yield {"full_attention": full, "sliding_attention": local}
-    elif kind == "additive":
+        # ModernBERT's local window is |q - k| <= config.sliding_window (masking_utils)
+        window = model.config.sliding_window
+        if documents is None:
+            yield {"full_attention": additive_causal_mask(seq_len, dtype, device),
+                   "sliding_attention": additive_causal_mask(seq_len, dtype, device, window=window)}
+        else:
+            yield {"full_attention": dense_mask(seq_len, dtype, device, causal, documents=documents),
+                   "sliding_attention": dense_mask(seq_len, dtype, device, causal, window, documents)}
+    elif documents is None:      # additive
         yield additive_causal_mask(seq_len, dtype, device)
     else:
-        raise ValueError(f"family {family.name}: unknown mask kind {kind!r}; one of {MASK_KINDS}")
+        yield dense_mask(seq_len, dtype, device, causal, documents=documents)

@@ -9,7 +9,11 @@ position's must differ (else the check proves nothing). It runs
 - when a run or a sweep is validated (`ablate run`, `ablate sweep`, also with --dry-run, `ablate tune`), once
   per distinct model x attention implementation, on the architecture with random weights (check_models),
   together with the checks that need no training: the family entry finds the model's layers, the family
-  runs under the implementation, the tokenizer loads.
+  runs under the implementation, the tokenizer loads; a spec with `document_masking` is checked on three
+  packed documents as well (preflight_documents).
+
+Every path a mask kind takes is the one training takes (ablate.train.objectives.attention_for), the banded
+one (ablate.models.attention: no L x L mask) included.
 
 A leak is a SpecError naming the family, the implementation and what to use instead: exit 2.
 
@@ -62,16 +66,17 @@ class Preflight:
                 f"{self.leak:.3g}, later {self.reach:.3g})")
 
 
-def _hidden(model, family: Family, ids: torch.Tensor, device, autocast: bool) -> torch.Tensor:
+def _hidden(model, family: Family, ids: torch.Tensor, device, autocast: bool, documents=None) -> torch.Tensor:
     dtype = torch.bfloat16 if autocast else torch.float32
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast), \
-            attention_for(model, family, "clm", ids.shape[1], dtype, device) as attn:
+            attention_for(model, family, "clm", ids.shape[1], dtype, device, documents) as attn:
         return family.encoder(model)(input_ids=ids.to(device), attention_mask=attn).last_hidden_state[0]
 
 
 def measure(model, family: Family, ids: torch.Tensor, device: torch.device | str = "cpu",
-            autocast: bool = False) -> Preflight:
-    """Run the preflight on `ids` (1, L) with the model as it is (in eval mode for the duration)."""
+            autocast: bool = False, documents: torch.Tensor | None = None) -> Preflight:
+    """Run the preflight on `ids` (1, L) with the model as it is (in eval mode for the duration); with doc
+    ids (1, L), under document masking (the changed token then lies in the last document)."""
     device = torch.device(device)
     length = ids.shape[1]
     position = max(1, length * 3 // 4)
@@ -84,7 +89,7 @@ def measure(model, family: Family, ids: torch.Tensor, device: torch.device | str
     try:
         with torch.no_grad():
             try:
-                a, b = (_hidden(model, family, x, device, autocast) for x in (ids, changed))
+                a, b = (_hidden(model, family, x, device, autocast, documents) for x in (ids, changed))
             except (RuntimeError, ValueError, TypeError, IndexError) as exc:
                 # e.g. DeBERTa-v2's convolution cannot take a pairwise mask
                 error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
@@ -138,16 +143,22 @@ def preflight_ids(tokenizer, vocab_size: int, length: int, seed: int = 0) -> tor
     return torch.tensor([ids], dtype=torch.long)
 
 
+def preflight_documents(length: int) -> torch.Tensor:
+    """(1, length) doc ids of three packed documents (the last holds the changed token)."""
+    return (torch.arange(length) * 3 // length)[None]
+
+
 def _preflight_source(spec: RunSpec, tokenizer, family: Family) -> tuple[Preflight, list[str]]:
     """The preflight for the spec's model and implementation; when it fails, the family's other
     implementations are tried too, to say which to use instead."""
     vocab = load_config(spec.model).vocab_size
     ids = preflight_ids(tokenizer, vocab, min(spec.data.seq_len, PREFLIGHT_TOKENS))
-    result = measure(random_masked_lm(spec.model, spec.attn_implementation), family, ids)
+    documents = preflight_documents(ids.shape[1]) if spec.document_masking else None
+    result = measure(random_masked_lm(spec.model, spec.attn_implementation), family, ids, documents=documents)
     instead = []
     if not result.causal:
         instead = [impl for impl in family.attn_implementations if impl != spec.attn_implementation
-                   and measure(random_masked_lm(spec.model, impl), family, ids).causal]
+                   and measure(random_masked_lm(spec.model, impl), family, ids, documents=documents).causal]
     return result, instead
 
 
@@ -158,15 +169,17 @@ def _grid_key(key: str | None, spec: RunSpec) -> str:
 def check_models(specs: list[RunSpec], file: str | None = None) -> dict[tuple, Preflight | None]:
     """Validate each distinct model x tokenizer x attention implementation of `specs` before anything runs:
     family entry and layers, implementation, tokenizer, and the causal preflight when some spec with that
-    model has a CLM phase. Returns {(model, tokenizer, attn_implementation): Preflight, or None without CLM}."""
+    model has a CLM phase (under document masking too where a spec asks for it). Returns {(model, tokenizer,
+    attn_implementation): Preflight, or None without CLM}."""
     from ablate.models.sources import check_attn, model_layout
 
     done: dict[tuple, Preflight | None] = {}
+    proven: set[tuple] = set()        # (key, document_masking) whose CLM preflight passed
     for spec in specs:
         tok_source = spec.tokenizer or spec.model
         key = (spec.model, tok_source, spec.attn_implementation)
         clm = any(p.objective == "clm" for p in spec.phases)
-        if key in done and (done[key] is not None or not clm):
+        if key in done and (not clm or (key, spec.document_masking) in proven):
             continue
         try:
             family, _ = model_layout(spec.model)
@@ -175,10 +188,11 @@ def check_models(specs: list[RunSpec], file: str | None = None) -> dict[tuple, P
         except SpecError as exc:
             raise SpecError(exc.message, file=file, key=_grid_key(exc.key, spec), value=exc.value,
                             allowed=exc.allowed) from None
-        done[key] = None
+        done.setdefault(key, None)
         if clm:
             result, instead = _preflight_source(spec, tokenizer, family)
             if not result.causal:
                 raise _failure(result, instead, file, _grid_key("attn_implementation", spec))
             done[key] = result
+            proven.add((key, spec.document_masking))
     return done

@@ -1,0 +1,137 @@
+"""A sweep's tree of shared prefixes (ablate.plan.branching) as jobs.
+
+Before submission every run folder says where it starts (branch.json: parent and step) and, for a parent,
+which steps it keeps a checkpoint at for its children (branch_points.json). Locally (and in debug) a child is
+submitted once its parent has published the checkpoint of its branch step (checkpoints/branch/step-N) or is
+done; on Slurm at once, with `--dependency=afterok:<parent's job>` (and killed by Slurm if the parent fails).
+A parent that failed or was pruned before its branch step fails its children, saying so; --retry-failed
+re-runs the parent and then its children. A child whose parent is done starts at once (from step 0 if the
+parent's checkpoint there is gone: the same bits).
+
+May import: store, plan, train.checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ablate.plan.branching import BranchTree
+from ablate.store import rundir
+from ablate.store.sweep import SweepFolder
+from ablate.train.checkpoint import kept_checkpoint
+
+NOT_STARTING = ("failed", "pruned")      # a parent in one of these states gives no start to its children
+
+
+def write_tree(paths: SweepFolder, tree: BranchTree | None, run_ids: list[str]) -> None:
+    """Each run folder's branch.json and branch_points.json, as the tree says (None: no branching; stale
+    files of an earlier tree go)."""
+    for rid in run_ids:
+        folder = paths.run(rid)
+        branch = tree.branches.get(rid) if tree else None
+        if rundir.branched(folder) is None:       # a child that started keeps the record of where it did
+            rundir.write_branch(folder, branch.parent if branch else None, branch.step if branch else 0)
+        rundir.write_branch_points(folder, tree.keep_steps(rid) if tree else {})
+
+
+def _state(run_dir: Path) -> str:
+    try:
+        return rundir.effective_state(run_dir)
+    except rundir.CorruptStatus:
+        return "corrupt"
+
+
+def parent_ready(paths: SweepFolder, child: str) -> bool:
+    """The child can start now: its parent's checkpoint at the branch step is there, or the parent is done."""
+    branch = rundir.read_branch(paths.run(child))
+    if branch is None:
+        return True
+    parent = paths.run(branch["parent"])
+    return kept_checkpoint(parent / "checkpoints", branch["step"]) is not None or _state(parent) == "done"
+
+
+def parent_lost(paths: SweepFolder, child: str) -> str | None:
+    """Why the child cannot start (its parent failed or was pruned without reaching the branch step), or None."""
+    branch = rundir.read_branch(paths.run(child))
+    if branch is None or parent_ready(paths, child):
+        return None
+    state = _state(paths.run(branch["parent"]))
+    if state in NOT_STARTING:
+        return (f"not run: its parent run {branch['parent']} is {state} before step {branch['step']}, where this "
+                f"run starts from its checkpoint (--retry-failed re-runs the parent, then this run)")
+    return None
+
+
+class Children:
+    """The children a sweep holds back until their parents can start them (local and debug executors)."""
+
+    def __init__(self, paths: SweepFolder, to_run: list[str]):
+        self.paths = paths
+        self.left = [rid for rid in to_run if not parent_ready(paths, rid)]
+        for rid in self.left:
+            rundir.write_status(paths.run(rid), "pending")
+
+    def first(self, to_run: list[str]) -> list[str]:
+        return [rid for rid in to_run if rid not in self.left]
+
+    def ready(self) -> list[Path]:
+        """The held children whose parents can start them now; those whose parents failed are marked failed,
+        naming the parent. Both leave the list."""
+        out = []
+        for rid in list(self.left):
+            lost = parent_lost(self.paths, rid)
+            if lost:
+                rundir.write_status(self.paths.run(rid), "failed", error=lost)
+            elif not parent_ready(self.paths, rid):
+                continue
+            else:
+                out.append(self.paths.run(rid))
+            self.left.remove(rid)
+        return out
+
+    def describe_left(self) -> list[str]:
+        lines = []
+        for rid in self.left:
+            branch = rundir.read_branch(self.paths.run(rid)) or {}
+            lines.append(f"run {rid} waits for its parent run {branch.get('parent')} to reach step "
+                         f"{branch.get('step')} (queued or running elsewhere, or interrupted): run the sweep again")
+        return lines
+
+
+def slurm_children(scheduler, paths: SweepFolder, tree: BranchTree, to_run: list[str], out) -> None:
+    """Submit the held children to Slurm parents first, each group with afterok on its parent's job (a parent
+    submitted now or queued/running from before); children of a ready parent go without a dependency."""
+    base = dict(scheduler.launcher.slurm.additional_parameters)
+    wanted = set(to_run)
+    for rid in tree.depth_order():
+        if rid not in wanted or parent_ready(paths, rid):
+            continue
+        lost = parent_lost(paths, rid)
+        if lost:
+            rundir.write_status(paths.run(rid), "failed", error=lost)
+            out(f"{rid}: {lost}")
+            continue
+        parent = tree.branches[rid].parent
+        job = rundir.read_status(paths.run(parent)).get("job_id")
+        if not job:
+            out(f"run {rid} waits for its parent run {parent}, which has no Slurm job: run the sweep again")
+            continue
+        scheduler.executor.update_parameters(slurm_additional_parameters={
+            **base, "dependency": f"afterok:{job}", "kill_on_invalid_dep": "yes"})
+        scheduler.submit([paths.run(rid)])
+    scheduler.executor.update_parameters(slurm_additional_parameters=base)
+
+
+def slurm_first(paths: SweepFolder, to_run: list[str]) -> list[str]:
+    """The runs a Slurm sweep submits before the children: roots and children whose parent is ready."""
+    return [rid for rid in to_run if parent_ready(paths, rid)]
+
+
+def branch_cell(run_dir: Path) -> str:
+    """`ablate status`'s column: 'branch of <run> @ step N' (and how it started), '' for a run from step 0."""
+    branch = rundir.read_branch(run_dir)
+    if branch is None:
+        return ""
+    started = rundir.branched(run_dir)
+    how = "" if started is None else " (started)" if started["from"] == "parent" else " (from step 0: no checkpoint)"
+    return f"branch of {branch['parent']} @ step {branch['step']}{how}"

@@ -1,0 +1,167 @@
+"""Attention that scores only the keys a layer may see: no L x L mask, for training at long sequences.
+
+Registered with transformers as the attention implementation IMPLEMENTATION ("ablate_sdpa"); the training
+loop switches a model to it for the duration of a step (ablate.train.objectives.attention_for, mask kind
+"banded"), so a saved model's config and fine-tuning keep transformers' own "sdpa". Its mask function
+(padding_only) builds no 4D mask: the attention function gets the model's 2D padding mask (None in
+training: packed sequences) and reads from the attention module
+
+- `is_causal` (set by attention_for for CLM, as the "flag" kind does);
+- `sliding_window` (ModernBERT's local layers: config.sliding_window + 1, flash attention's inclusive bound;
+  a query sees keys with |q - k| <= config.sliding_window, causal: 0 <= q - k <= config.sliding_window,
+  exactly transformers' masks);
+- DOCUMENTS_ATTR: the doc ids of the batch (B, L) when attention stays inside each packed document
+  (`document_masking`), set by attention_for too. Documents are contiguous runs of one id, as packing
+  makes them.
+
+How each layer is computed (all through torch's scaled_dot_product_attention, so CUDA gets its fused
+kernels as well):
+
+- global layers: SDPA with is_causal for CLM and no mask for MLM (the fused kernels); with documents, one
+  SDPA call per document (what unpadded varlen training computes: sum of len^2, not L^2);
+- local layers: queries in blocks of `block` positions, each block against the keys of its own block and
+  `window` positions either side (causal: before only), with a (block, block + 2 window) boolean mask;
+  documents and padding add to that small mask.
+
+Why (measured on this project's 2-core CPU, torch 2.13, 12 heads x 64, fp32, forward + backward of one
+layer at 8192 tokens; bench/attention_8192.py measures the whole step): a dense additive CLM mask 9.6 s,
+the causal flag 2.7 s; a local layer under today's dense masks 9.6 s (CLM) / 10.6 s (MLM bool), banded
+0.3-0.7 s. FlexAttention has no backward on CPU in torch 2.13 ("FlexAttention does not support backward on
+CPU"), and FlashAttention is not installed (nor built for CPU): blocked SDPA is what runs on both devices.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+IMPLEMENTATION = "ablate_sdpa"
+DOCUMENTS_ATTR = "ablate_documents"      # attention-module attribute: (B, L) doc ids, or absent
+MIN_BLOCK = 16                           # query block of a local layer: its window, at least this
+
+
+def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+              sliding_window: int | None = None, is_causal: bool | None = None, **_kwargs
+              ) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function interface: (B, H, L, D) query/key/value -> ((B, L, H, D), None).
+    A 4D attention_mask (prepared by hand) goes to transformers' own SDPA function unchanged."""
+    if attention_mask is not None and attention_mask.dim() == 4:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal)
+    groups = getattr(module, "num_key_value_groups", 1)
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    causal = bool(getattr(module, "is_causal", False) if is_causal is None else is_causal)
+    documents = getattr(module, DOCUMENTS_ATTR, None)
+    keep = None if attention_mask is None else attention_mask.to(torch.bool)     # (B, L): False = padding
+    if documents is not None and keep is not None:
+        raise ValueError("document masking takes packed sequences without padding; got a padding mask too")
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    if sliding_window is not None and sliding_window - 1 < query.shape[2] - 1:
+        out = banded(query, key, value, sliding_window - 1, causal, keep, documents, dropout, scale)
+    elif documents is not None:
+        out = per_document(query, key, value, causal, documents, dropout, scale)
+    else:
+        out = full(query, key, value, causal, keep, dropout, scale)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def full(q, k, v, causal: bool, keep: torch.Tensor | None, dropout: float, scale: float) -> torch.Tensor:
+    """Every key (causal: every earlier one): the fused kernels when there is no padding."""
+    if keep is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale)
+    allowed = keep[:, None, None, :]                       # (B, 1, 1, L): padding keys out
+    if causal:      # only outside training (padding and CLM): the one place a (B, 1, L, L) mask is built
+        length = q.shape[2]
+        allowed = allowed & torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout, scale=scale)
+
+
+def document_spans(documents: torch.Tensor) -> list[list[tuple[int, int]]]:
+    """Per row, the [start, end) of each contiguous run of one doc id."""
+    rows = []
+    for row in documents.detach().cpu():
+        change = (torch.nonzero(row[1:] != row[:-1]).flatten() + 1).tolist()
+        bounds = [0, *change, len(row)]
+        rows.append(list(zip(bounds[:-1], bounds[1:])))
+    return rows
+
+
+def per_document(q, k, v, causal: bool, documents: torch.Tensor, dropout: float, scale: float) -> torch.Tensor:
+    """Each document of each row on its own: SDPA (fused, causal flag) per document."""
+    rows = []
+    for b, spans in enumerate(document_spans(documents)):
+        parts = [F.scaled_dot_product_attention(q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e],
+                                                dropout_p=dropout, is_causal=causal, scale=scale)
+                 for s, e in spans]
+        rows.append(torch.cat(parts, dim=2))
+    return torch.cat(rows, dim=0)
+
+
+def _band_allowed(length: int, window: int, block: int, n_blocks: int, causal: bool,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(allowed (n, block, span) bool, key positions (n, span)) of the blocked layout: block i's queries are
+    positions i*block + [0, block), its keys i*block - window + [0, span)."""
+    span = block + window + (0 if causal else window)
+    q_pos = torch.arange(n_blocks * block, device=device).view(n_blocks, block, 1)
+    k_pos = (torch.arange(n_blocks, device=device)[:, None] * block - window
+             + torch.arange(span, device=device)).view(n_blocks, 1, span)
+    distance = q_pos - k_pos
+    allowed = (distance <= window) & ((distance >= 0) if causal else (distance >= -window))
+    allowed &= (k_pos >= 0) & (k_pos < length)
+    # queries past the end (the last block's padding) see everything: their rows are dropped, never NaN
+    allowed |= q_pos >= length
+    return allowed, k_pos.view(n_blocks, span)
+
+
+def _blocks(x: torch.Tensor, before: int, after: int, block: int, span: int) -> torch.Tensor:
+    """(B, H, L, D) -> (B, H, n, span, D): overlapping windows of `span` keys, `block` apart."""
+    padded = F.pad(x, (0, 0, before, after))
+    return padded.unfold(2, span, block).transpose(-1, -2)
+
+
+def banded(q, k, v, window: int, causal: bool, keep: torch.Tensor | None, documents: torch.Tensor | None,
+           dropout: float, scale: float) -> torch.Tensor:
+    """Sliding-window attention (|q - k| <= window; causal: 0 <= q - k <= window) scoring only the keys of
+    each query block's neighbourhood: work and memory linear in L."""
+    batch, heads, length, dim = q.shape
+    block = max(window, MIN_BLOCK)
+    n = -(-length // block)
+    tail = n * block - length
+    span = block + window + (0 if causal else window)
+    allowed, k_pos = _band_allowed(length, window, block, n, causal, q.device)
+    kb = _blocks(k, window, tail + span - block - window, block, span)
+    vb = _blocks(v, window, tail + span - block - window, block, span)
+    qb = F.pad(q, (0, 0, 0, tail)).view(batch, heads, n, block, dim)
+    mask = allowed[None]                                                   # (1, n, block, span)
+    if keep is not None or documents is not None:
+        index = k_pos.clamp(0, length - 1).flatten()
+        per_row = torch.ones(batch, n, block, span, dtype=torch.bool, device=q.device)
+        if keep is not None:
+            per_row &= keep[:, index].view(batch, n, 1, span)
+        if documents is not None:
+            q_docs = F.pad(documents, (0, tail), value=-1).view(batch, n, block, 1)
+            per_row &= (q_docs == documents[:, index].view(batch, n, 1, span)) | (q_docs == -1)
+        mask = (allowed & per_row)[:, None].expand(batch, heads, n, block, span).reshape(batch * heads, n,
+                                                                                        block, span)
+    # 4D (B*H, n, block, D): the layout SDPA's fused CPU kernel takes (measured faster than 5D)
+    out = F.scaled_dot_product_attention(qb.reshape(batch * heads, n, block, dim),
+                                         kb.reshape(batch * heads, n, span, dim),
+                                         vb.reshape(batch * heads, n, span, dim),
+                                         attn_mask=mask, dropout_p=dropout, scale=scale)
+    return out.view(batch, heads, n * block, dim)[:, :, :length]
+
+
+def padding_only(attention_mask: torch.Tensor | None = None, **_kwargs) -> torch.Tensor | None:
+    """transformers' mask-function interface: the 2D padding mask as it came (bool; None without padding),
+    no 4D mask. Without a mask function of its own, an implementation gets no mask at all: padding lost."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return attention_mask
+
+
+AttentionInterface.register(IMPLEMENTATION, attention)
+AttentionMaskInterface.register(IMPLEMENTATION, padding_only)

@@ -1,0 +1,48 @@
+"""How a run computes on its device: bf16 autocast or float32, torch.compile of the encoder, deterministic
+algorithms. Each is a RunSpec field and each path runs on the CPU too, so the tests execute what a GPU runs.
+
+- `precision`: auto is bf16 autocast on CUDA and float32 on the CPU (what runs always did); bf16 and fp32 say
+  it whatever the device. Master weights, AdamW moments and the saved model stay float32 either way.
+- `compile`: the encoder goes through torch.compile (inductor; on the CPU it needs a C++ compiler). The head
+  and the fused vocabulary loss stay eager. The compiled encoder is the model's own module, so it reads the
+  live parameters; Dynamo guards on each parameter's requires_grad (and on the is_causal flags a CLM phase
+  sets), so a phase that freezes other layers recompiles instead of reusing a graph traced for another
+  trainable set (tests/test_precision_compile.py checks the weights).
+- `deterministic`: torch.use_deterministic_algorithms, cuDNN's deterministic kernels and a fixed cuBLAS
+  workspace. On CUDA this is what makes the fused loss's index_add_ and SDPA's backward repeatable; on the CPU
+  our kernels are already deterministic for a given thread count and the switch changes no number.
+
+May import: config.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ablate.config.spec import RunSpec
+
+CUBLAS_DETERMINISTIC = ":4096:8"     # torch's reproducibility notes: cuBLAS needs a fixed workspace
+
+
+def uses_autocast(spec: RunSpec, device: torch.device) -> bool:
+    """Whether the run's forward runs under bf16 autocast on `device`."""
+    return spec.precision == "bf16" or (spec.precision == "auto" and device.type == "cuda")
+
+
+def set_determinism(on: bool) -> None:
+    """Process-wide, as torch keeps it: set by every run's setup, so a run asking for nothing after one that
+    asked for determinism runs with torch's defaults again. CUBLAS_WORKSPACE_CONFIG is read when cuBLAS makes
+    its handle: this runs before the model touches the GPU."""
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
+        torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(on)
+    torch.backends.cudnn.deterministic = on
+
+
+def compiled_encoder(encoder: torch.nn.Module) -> torch.nn.Module:
+    """The encoder under torch.compile (the same module and parameters: checkpoints and the saved model see
+    no wrapper). dynamic=False: a run's micro-batches all have one shape."""
+    return torch.compile(encoder, dynamic=False)
