@@ -552,17 +552,17 @@ def test_fine_tuning_reports_its_own_progress(tiny_bert):
 
 
 def test_settings_added_later_keep_older_score_files_matching_at_their_neutral_values(tiny_bert, tokenizer):
-    """group_by_length and length_pieces came after score files existed: at false they compute what was
+    """group_by_length, length_pieces and subset came after score files existed: at false / first they compute what was
     computed before them (one piece per batch, in the shuffled order), so the settings hash leaves them out
     and older files keep matching; turned on, they are a different computation and a different identity."""
     from ablate.evaluate.identity import _digest, settings_hash
 
     task = load_task("ncbi_disease")
     before = {k: v for k, v in small(task).model_dump(mode="json").items()
-              if k not in ("group_by_length", "length_pieces")}
+              if k not in ("group_by_length", "length_pieces", "subset")}
     assert settings_hash(small(task)) == _digest(before)
     assert len({settings_hash(small(task)), settings_hash(small(task, length_pieces=True)),
-                settings_hash(small(task, group_by_length=True))}) == 3
+                settings_hash(small(task, group_by_length=True)), settings_hash(small(task, subset="spread"))}) == 4
 
     data = load_task_data(task)
     items = ft.encode(tokenizer, task, data.splits["train"][:16], data.labels, 128)

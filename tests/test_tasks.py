@@ -373,3 +373,20 @@ def test_keep_entity_types_turns_the_other_types_into_o(tmp_path):
     task = load_task(write_task(tmp_path, ner_task(labels={"keep_entity_types": ["Disease"]})))
     data = load_task_data(task, data_root=tmp_path)
     assert data.splits["test"][0].label == ("O", "O", "B-Disease") and data.labels == ("B-Disease", "O")
+
+
+def test_a_spread_subset_of_a_label_sorted_split_sees_every_class_and_the_default_keeps_score_ids():
+    from ablate.evaluate.identity import settings_hash
+    from ablate.evaluate.tasks import capped
+
+    test = load_task_data(load_task("gad")).splits["test"]          # GAD's files are sorted by label
+    assert {ex.label for ex in capped(test, 200, "first")} == {"1"}
+    spread = capped(test, 200, "spread")
+    assert len(spread) == 200 and {ex.label for ex in spread} == {"0", "1"}
+    where = {id(ex): i for i, ex in enumerate(test)}
+    positions = [where[id(ex)] for ex in spread]
+    assert positions == sorted(set(positions))                       # file order kept, no example twice
+    assert capped(test, None, "spread") == test and capped(test, 10_000, "spread") == test
+    first = FinetuneSettings(max_train_examples=200)
+    assert settings_hash(first) == settings_hash(FinetuneSettings(max_train_examples=200, subset="first"))
+    assert settings_hash(first) != settings_hash(FinetuneSettings(max_train_examples=200, subset="spread"))

@@ -28,7 +28,7 @@ from ablate.evaluate import metrics
 from ablate.evaluate.batching import IGNORE, Encoded, collate, epoch_batches, length_pieces
 from ablate.config.errors import SpecError
 from ablate.evaluate.pooling import set_pooling
-from ablate.evaluate.tasks import Example, FinetuneSettings, TaskSpec, load_task_data
+from ablate.evaluate.tasks import Example, FinetuneSettings, TaskSpec, capped, load_task_data
 from ablate.models.families import FAMILIES, family_of
 
 __all__ = ["FinetuneSettings", "finetune", "encode", "align_word_labels", "pos_weight", "context_length"]
@@ -327,8 +327,8 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
     epoch, in the form the metrics take (the scores are those metrics of them)."""
     t0 = time.perf_counter()
     data = load_task_data(task, data_root)
-    examples = {"train": data.splits["train"][:settings.max_train_examples],
-                **{s: data.splits[s][:settings.max_eval_examples] for s in ("dev", "test")}}
+    examples = {"train": capped(data.splits["train"], settings.max_train_examples, settings.subset),
+                **{s: capped(data.splits[s], settings.max_eval_examples, settings.subset) for s in ("dev", "test")}}
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if task.type == "token_classification" and not tokenizer.is_fast:
         raise SpecError("token classification needs a fast tokenizer (word_ids)", file=str(model_dir))

@@ -56,7 +56,7 @@ def data_hash(task: TaskSpec, data_root: str | os.PathLike | None = None) -> str
 
 # Settings added after score files existed, at the value that computes exactly what was computed before them:
 # left out of the hash at that value, so that older score files still match.
-NEUTRAL_SETTINGS = {"group_by_length": False, "length_pieces": False}
+NEUTRAL_SETTINGS = {"group_by_length": False, "length_pieces": False, "subset": "first"}
 
 
 def settings_hash(settings: FinetuneSettings) -> str:

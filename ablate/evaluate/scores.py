@@ -22,7 +22,7 @@ from ablate.config.errors import SpecError
 from ablate.evaluate import finetune as ft
 from ablate.evaluate.identity import changed, score_identity
 from ablate.evaluate.suites import EvalItem
-from ablate.evaluate.tasks import load_task, load_task_data, resolve_settings
+from ablate.evaluate.tasks import capped, load_task, load_task_data, resolve_settings
 from ablate.store import atomic
 
 SUPERSEDED = "superseded"
@@ -56,7 +56,7 @@ def evaluate_items(model_dir, items: list[EvalItem], out_dir: Path, data_root=No
         settings = resolve_settings(task, item.finetune, protocol)
         data = load_task_data(task, data_root)
         wanted = score_identity(task, settings, data_root)
-        sizes = {s: len(data.splits[s][:settings.max_eval_examples]) for s in ("dev", "test")}
+        sizes = {s: len(capped(data.splits[s], settings.max_eval_examples)) for s in ("dev", "test")}
         for seed in item.seeds:
             path = out_dir / task.name / f"seed-{seed}.json"
             plan.append((task, settings, seed, path, wanted, sizes,

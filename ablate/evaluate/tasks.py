@@ -40,8 +40,11 @@ class FinetuneSettings(Strict):
     epochs: PositiveInt = 10
     patience: PositiveInt | None = 3          # epochs without dev improvement before stopping; null: never
     max_length: int | None = Field(None, ge=8)  # null: the task's max_length; capped at the model's context
-    max_train_examples: PositiveInt | None = None   # first N examples of train (tests, CPU budgets)
-    max_eval_examples: PositiveInt | None = None    # first N examples of dev and of test
+    max_train_examples: PositiveInt | None = None   # N examples of train (tests, CPU budgets), by `subset`
+    max_eval_examples: PositiveInt | None = None    # N examples of dev and of test, by `subset`
+    # which N: the first ones, or N spread evenly over the split in file order (a file sorted by label, as
+    # GAD's is, gives one class in its first N)
+    subset: Literal["first", "spread"] = "first"
     warmup_ratio: float = Field(0.1, ge=0, le=1)
     weight_decay: float = Field(0.01, ge=0)
     grad_clip: PositiveFloat | None = 1.0
@@ -54,6 +57,15 @@ class FinetuneSettings(Strict):
 
 
 LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
+
+
+def capped(examples: list, n: int | None, subset: str = "first") -> list:
+    """At most n of `examples` (None: all): the first n, or n spread evenly over them, in their order."""
+    if n is None or n >= len(examples):
+        return list(examples)
+    if subset == "first":
+        return list(examples[:n])
+    return [examples[i * len(examples) // n] for i in range(n)]
 
 
 def unread_settings(keys, method: str, task_type: str) -> dict[str, str]:
