@@ -117,12 +117,11 @@ def test_ablate_evaluate_fine_tunes_a_finished_run_on_a_suite_and_records_the_ex
 # ------------------------------------------------------------------------------------------- the dry run
 
 def _grid(tmp_path: Path, evaluation: dict) -> Path:
-    grid = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())
-    grid["base"]["eval"] = evaluation
-    grid["axes"] = {"schedule": ["mlm"], "freeze": ["none"]}
-    grid.pop("exclude")
-    path = tmp_path / "grid.yaml"
-    path.write_text(yaml.safe_dump(grid))
+    """The tiny grid's MLM arm alone, evaluating `evaluation`."""
+    tiny = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())
+    grid = {**{k: v for k, v in tiny.items() if k != "exclude"}, "axes": {"schedule": ["mlm"], "freeze": ["none"]},
+            "base": {**tiny["base"], "eval": evaluation}}
+    (path := tmp_path / "grid.yaml").write_text(yaml.safe_dump(grid))
     return path
 
 
