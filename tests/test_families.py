@@ -159,9 +159,9 @@ def test_an_implementation_a_family_does_not_run_is_an_error_naming_the_one_to_u
 
 def test_a_bidirectional_mask_is_caught_and_the_working_implementation_named(monkeypatch, tmp_path, data_root):
     # every additive mask lets everything through: eager attention is bidirectional, SDPA's causal flag is not
-    monkeypatch.setattr(objectives, "additive_causal_mask",
-                        lambda seq_len, dtype, device="cpu", window=None: torch.zeros(1, 1, seq_len, seq_len,
-                                                                                   dtype=dtype, device=device))
+    monkeypatch.setattr(objectives, "dense_mask",
+                        lambda seq_len, dtype, device="cpu", causal=True, window=None, documents=None:
+                        torch.zeros(1, 1, seq_len, seq_len, dtype=dtype, device=device))
     spec = parse_run_spec(run_spec("roberta", attn_implementation="eager"))
     with pytest.raises(SpecError) as err:
         check_models([spec], file="run.yaml")

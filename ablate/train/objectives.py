@@ -53,12 +53,6 @@ def clm_labels(input_ids: torch.Tensor, doc_ids: torch.Tensor) -> torch.Tensor:
     return labels
 
 
-def additive_causal_mask(seq_len: int, dtype: torch.dtype, device: torch.device | str = "cpu",
-                         window: int | None = None) -> torch.Tensor:
-    """(1, 1, L, L): 0 where query q may attend key k (k <= q, and q - k <= window if given), else dtype-min."""
-    return dense_mask(seq_len, dtype, device, causal=True, window=window)
-
-
 def dense_mask(seq_len: int, dtype: torch.dtype, device: torch.device | str = "cpu", causal: bool = True,
                window: int | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
     """(1 or B, 1, L, L) additive mask (dtype-min = blocked; dtype bool: True = attend): k <= q if causal,
@@ -163,13 +157,7 @@ def attention_for(model, family: Family, objective: str, seq_len: int, dtype: to
     elif kind == "per-layer-type":
         # ModernBERT's local window is |q - k| <= config.sliding_window (masking_utils)
         window = model.config.sliding_window
-        if documents is None:
-            yield {"full_attention": additive_causal_mask(seq_len, dtype, device),
-                   "sliding_attention": additive_causal_mask(seq_len, dtype, device, window=window)}
-        else:
-            yield {"full_attention": dense_mask(seq_len, dtype, device, causal, documents=documents),
-                   "sliding_attention": dense_mask(seq_len, dtype, device, causal, window, documents)}
-    elif documents is None:      # additive
-        yield additive_causal_mask(seq_len, dtype, device)
-    else:
+        yield {"full_attention": dense_mask(seq_len, dtype, device, causal, documents=documents),
+               "sliding_attention": dense_mask(seq_len, dtype, device, causal, window, documents)}
+    else:                        # additive
         yield dense_mask(seq_len, dtype, device, causal, documents=documents)
