@@ -34,20 +34,14 @@ def write_tree(paths: SweepFolder, tree: BranchTree | None, run_ids: list[str]) 
         rundir.write_branch_points(folder, tree.keep_steps(rid) if tree else {})
 
 
-def _state(run_dir: Path) -> str:
-    try:
-        return rundir.effective_state(run_dir)
-    except rundir.CorruptStatus:
-        return "corrupt"
-
-
 def parent_ready(paths: SweepFolder, child: str) -> bool:
     """The child can start now: its parent's checkpoint at the branch step is there, or the parent is done."""
     branch = rundir.read_branch(paths.run(child))
     if branch is None:
         return True
     parent = paths.run(branch["parent"])
-    return kept_checkpoint(parent / "checkpoints", branch["step"]) is not None or _state(parent) == "done"
+    return (kept_checkpoint(parent / "checkpoints", branch["step"]) is not None
+            or rundir.state_or_corrupt(parent) == "done")
 
 
 def parent_lost(paths: SweepFolder, child: str) -> str | None:
@@ -55,7 +49,7 @@ def parent_lost(paths: SweepFolder, child: str) -> str | None:
     branch = rundir.read_branch(paths.run(child))
     if branch is None or parent_ready(paths, child):
         return None
-    state = _state(paths.run(branch["parent"]))
+    state = rundir.state_or_corrupt(paths.run(branch["parent"]))
     if state in NOT_STARTING:
         return (f"not run: its parent run {branch['parent']} is {state} before step {branch['step']}, where this "
                 f"run starts from its checkpoint (--retry-failed re-runs the parent, then this run)")
@@ -120,11 +114,6 @@ def slurm_children(scheduler, paths: SweepFolder, tree: BranchTree, to_run: list
             **base, "dependency": f"afterok:{job}", "kill_on_invalid_dep": "yes"})
         scheduler.submit([paths.run(rid)])
     scheduler.executor.update_parameters(slurm_additional_parameters=base)
-
-
-def slurm_first(paths: SweepFolder, to_run: list[str]) -> list[str]:
-    """The runs a Slurm sweep submits before the children: roots and children whose parent is ready."""
-    return [rid for rid in to_run if parent_ready(paths, rid)]
 
 
 def branch_cell(run_dir: Path) -> str:

@@ -19,9 +19,8 @@ from ablate.config.errors import SpecError
 from ablate.config.grid import GridSpec, Launcher, load_grid
 from ablate.config.spec import RunSpec
 from ablate.launch.preparation import corpus_key, corpus_sizes
-from ablate.plan.cost import branched_cost, branching_lines
 from ablate.plan.cost import (Actual, ArmCost, Calibration, FinetuneKey, FinetuneWork, Throughput, arm_cost,
-                              calibrated_throughput, compare_rows, cost_rows, describe_plan, given_throughput,
+                              branched_cost, branching_lines, calibrated_throughput, compare_rows, cost_rows, describe_plan, given_throughput,
                               matching_throughput)
 from ablate.plan.eval_cost import finetune_task_rows
 from ablate.plan.epochs import GRID_KEY, OVER, epochs_cell

@@ -33,13 +33,6 @@ def check_tasks(planned: list[PlannedTransplant], file: str) -> None:
             raise SpecError(exc.message, file=exc.file, key=key, value=exc.value, allowed=exc.allowed) from None
 
 
-def _state(run_dir: Path) -> str:
-    try:
-        return rundir.effective_state(run_dir)
-    except rundir.CorruptStatus:
-        return "corrupt"         # the sweep reported it and submitted the run again
-
-
 class Waiting:
     """The derived runs a sweep submits, each once both its source runs are done."""
 
@@ -52,7 +45,7 @@ class Waiting:
         submitted again with --retry-failed, after its source)."""
         out = []
         for t in list(self.left):
-            states = {rid: _state(self.paths.run(rid)) for rid in (t.from_id, t.into_id)}
+            states = {rid: rundir.state_or_corrupt(self.paths.run(rid)) for rid in (t.from_id, t.into_id)}
             folder = self.paths.run(t.run_id)
             lost = [f"its source run {rid} is {state}" for rid, state in states.items() if state in NOT_BUILDABLE]
             if lost:

@@ -149,6 +149,14 @@ def effective_state(run_dir: Path, status: dict | None = None) -> str:
     return state
 
 
+def state_or_corrupt(run_dir: Path) -> str:
+    """effective_state, or 'corrupt' for an unreadable status (the sweep reports it and submits the run again)."""
+    try:
+        return effective_state(run_dir)
+    except CorruptStatus:
+        return "corrupt"
+
+
 # ---------------------------------------------------------------- shared prefixes (ablate.plan.branching)
 # branch.json (a child): {"parent": run id, "step": N}; branch_points.json (a parent): {"steps": {N: [children]}};
 # branched.json (a child that started): {"from": "parent" | "scratch", "step": N, "at": time}
