@@ -253,10 +253,7 @@ class RunSpec(Strict):
         content["data"].pop("max_epochs")               # a guard on the plan, not part of it
         if content["data"]["errors"] == "strict":       # the default leaves ids of older runs as they were
             content["data"].pop("errors")
-        if content["precision"] == "auto":               # so does this one
-            content.pop("precision")
-        if not content["document_masking"]:              # off: the ids of older runs as they were
-            content.pop("document_masking")
+        _drop_later_defaults(content)
         blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -266,10 +263,7 @@ class RunSpec(Strict):
         at one grid point share it (the pairs table, layer transplants)."""
         content = self.model_dump(mode="json", exclude={*self.NON_TRAINING_FIELDS, "phases", "seed"})
         content["data"].pop("max_epochs")
-        if content["precision"] == "auto":
-            content.pop("precision")
-        if not content["document_masking"]:
-            content.pop("document_masking")
+        _drop_later_defaults(content)
         return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
     @property
@@ -292,6 +286,15 @@ class RunSpec(Strict):
 
     def _steps_for(self, tokens: float) -> int:
         return math.ceil(tokens / self.tokens_per_step - 1e-9)   # 0.7 * 1000 is 700.0000000000001
+
+
+def _drop_later_defaults(content: dict) -> None:
+    """Fields added after runs existed, at the value that computes what those runs computed: left out of the
+    identities, so the ids of older runs stay as they were."""
+    if content["precision"] == "auto":
+        content.pop("precision")
+    if not content["document_masking"]:
+        content.pop("document_masking")
 
 
 def parse_layer_range(text: str) -> tuple[int, int] | None:
