@@ -24,6 +24,7 @@ from ablate.report.arms import done_runs
 from ablate.report.registry import FIGURES
 from ablate.report.style import save_figure
 from ablate.report.sweep import Sweep, load_sweep
+from ablate.report.tables import small_tests
 from ablate.report.scores import average_names, is_average
 from ablate.report.tables import score_table
 from ablate.store import atomic
@@ -183,14 +184,11 @@ def _averages_table(avg: pd.DataFrame, names: list[str], baseline: str) -> str:
 
 
 def _small_tests_note(table: pd.DataFrame) -> str:
-    if "small_test" not in table.columns:
-        return ""
-    small = table[table["small_test"].astype(str) == "True"].drop_duplicates("task")
-    if small.empty:
+    small = small_tests(table)
+    if not small:
         return ""
     return ('<p class="muted">too few test examples for the metric: ' + ", ".join(
-        html.escape(f"{t} ({int(n)})") for t, n in zip(small["task"], small["test_examples"]))
-        + " (ablate.evaluate.sizes.MIN_TEST_EXAMPLES)</p>")
+        html.escape(f"{t} ({n})") for t, n in small.items()) + " (ablate.evaluate.sizes.MIN_TEST_EXAMPLES)</p>")
 
 
 def draw_figures(sweep: Sweep) -> tuple[list[Path], list[str]]:

@@ -137,9 +137,9 @@ def freeze_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = Non
     difference from the same schedule without freezing and from the baseline arm."""
     units = _units(sweep, units)
     avg = score_table(sweep, baseline=baseline, split=split, units=units, tasks=tasks, seed=seed)
-    avg = avg[avg["task"] == "average"].set_index("arm")
+    avg = avg[avg["task"] == AVERAGE].set_index("arm")
     u = _only_tasks(sweep, unit_scores(sweep, split, None, "table"), tasks)
-    u = u[u["task"] == "average"]
+    u = u[u["task"] == AVERAGE]
     frozen = _frozen_by_arm(sweep)
     rows = []
     for arm, row in avg.iterrows():
@@ -205,7 +205,7 @@ def render_scores(data: pd.DataFrame, fmt: str) -> str:
     best = data.loc[data.groupby("task")["mean"].idxmax()].set_index("task")["arm"]
     cell = {(r["arm"], r["task"]): _cell(r, best.get(r["task"]) == r["arm"], fmt) for _, r in data.iterrows()}
     differ = _tokens_differ(data)
-    small = _small_tests(data)
+    small = small_tests(data)
     body = [[_arm_name(arm, arm in differ, fmt)] + [cell.get((arm, t), "") for t in tasks] for arm in arms]
     units = data["units"].iloc[0].replace("finetune_seed", "fine-tuning seed").replace("seed+", "pretraining seed x ")
     note = (f"Cells: mean ± std over pairing units ({units}); (delta vs baseline; * p < 0.05, ** p < 0.01, "
@@ -232,7 +232,7 @@ def render_scores(data: pd.DataFrame, fmt: str) -> str:
     return "\n".join(lines + ["\\bottomrule", "\\end{tabular}", "% " + note]) + "\n"
 
 
-def _small_tests(data: pd.DataFrame) -> dict[str, int]:
+def small_tests(data: pd.DataFrame) -> dict[str, int]:
     """task -> its test examples, for the tasks flagged `small_test` (too few for their metric)."""
     if "small_test" not in data.columns:
         return {}
