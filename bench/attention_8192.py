@@ -41,7 +41,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from pretrain_step import reset_peak_rss, vm_hwm_mb, vm_rss_mb  # noqa: E402
+from pretrain_step import peak_rss_mb, reset_peak_rss, vm_hwm_mb, vm_rss_mb  # noqa: E402
 
 VARIANTS = {"masks": ("per-layer-type", False), "banded": ("banded", False), "banded+docs": ("banded", True)}
 
@@ -120,10 +120,8 @@ def worker(args) -> dict:
         times.append(time.perf_counter() - start)
         peak = vm_hwm_mb()
         step_peaks.append(None if peak is None or before is None else peak - before)
-    import resource
-
     return {"objective": args.objective, "variant": args.variant, "step_s": times, "loss": losses,
-            "step_peak_mb": step_peaks, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "step_peak_mb": step_peaks, "peak_mb": peak_rss_mb()}
 
 
 def square_tensors(model, family, objective: str, ids, length: int) -> int:

@@ -6,6 +6,7 @@ May import: plan (cost).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ablate.plan.cost import FinetuneWork, Throughput, _hours, _total, finetune_seconds   # one hours format
@@ -17,18 +18,18 @@ def finetune_task_rows(work: dict[str, list[FinetuneWork]], throughput: Throughp
     total: how many runs fine-tune it, seeds per run, fine-tunings in all, training examples x epochs and
     dev / test examples of one fine-tuning, and when a fine-tuning throughput was measured, the hours of one
     fine-tuning and of all. `groups` (task -> e.g. "suite:fr_paper") fills the column `from`."""
-    by_key: dict[tuple, list[FinetuneWork]] = {}
+    runs: dict[FinetuneWork, int] = {}          # the same work (frozen, hashable) -> how many runs do it
     for items in work.values():
         for w in items:
-            by_key.setdefault((w.key, w.seeds, w.epochs, w.train, w.dev, w.test), []).append(w)
+            runs[w] = runs.get(w, 0) + 1
     rows, hours = [], []
-    for (key, seeds, epochs, train, dev, test), ws in by_key.items():
-        one = finetune_seconds([FinetuneWork(key, 1, epochs, train, dev, test)], throughput)
-        total = None if one is None else one * seeds * len(ws) / 3600
+    for w, n in runs.items():
+        one = finetune_seconds([replace(w, seeds=1)], throughput)
+        total = None if one is None else one * w.seeds * n / 3600
         hours.append(total)
-        rows.append({"task": key.task, "from": (groups or {}).get(key.task, "-"), "runs": len(ws),
-                     "seeds": seeds, "fine-tunings": seeds * len(ws), "train x epochs": f"{train:,} x {epochs}",
-                     "dev / test": f"{dev:,} / {test:,}",
+        rows.append({"task": w.key.task, "from": (groups or {}).get(w.key.task, "-"), "runs": n,
+                     "seeds": w.seeds, "fine-tunings": w.seeds * n, "train x epochs": f"{w.train:,} x {w.epochs}",
+                     "dev / test": f"{w.dev:,} / {w.test:,}",
                      "h each": "not estimated" if one is None else _hours(one / 3600),
                      "h total": "not estimated" if total is None else _hours(total)})
     if rows:
