@@ -22,7 +22,8 @@ from ablate.data.catalog import dataset
 from ablate.data.converters.blurb import (biosses_records, gad_records, hoc_abstracts, hoc_sentences, jnlpba_lines,
                                           tsv_rows)
 from ablate.data.converters.common import write_jsonl
-from ablate.data.converters.e3c_corpus import EN_LICENCES, corpus_lines, e3c_documents
+from ablate.data.converters.e3c_corpus import (EN_LICENCES, FR_LICENCES, LEAFLET_LICENCE, corpus_lines, e3c_documents,
+                                               up_to_chars)
 from ablate.data.converters.others import conll_sentences, convert_e3c_fr_ner, convert_pubmedqa, morfitt_records
 from ablate.launch.data_needs import target_datasets
 
@@ -252,19 +253,32 @@ def test_e3c_fr_ner_sample_gives_the_shipped_dev_and_the_ends_of_train_and_test(
     assert conll_sentences((tmp_path / "test.txt").read_text(encoding="utf-8")) == shipped_test[:3]
 
 
-def test_corpus_en_e3c_sample_gives_the_shipped_lines(data_root):
-    """Kept documents give exactly their shipped line; a CC BY-NC one and one under 200 characters are dropped.
-    (Which split a document lands in depends on the whole corpus's shuffle.)"""
-    ds = dataset("corpus_en_e3c")
-    kept = corpus_lines(e3c_documents(SAMPLES / "corpus_en_e3c" / "archive.tar.gz", ds.archive), EN_LICENCES)
-    rows = [line.split("\t") for line in _lines(data_root / "corpus_en_e3c" / "doc_ids.tsv")[1:]]
-    shipped = {"train": _lines(data_root / "corpus_en_e3c" / "train.txt"),
-               "valid": _lines(data_root / "corpus_en_e3c" / "valid.txt")}
-    where = {}
-    for split in ("train", "valid"):
-        ids = [r[1] for r in rows if r[0] == split]
-        where.update({doc_id: (split, i) for i, doc_id in enumerate(ids)})
-    assert sorted(d["id"] for d, _ in kept) == ["EN112374", "EN114836", "EN117429"]
-    for doc, line in kept:
-        split, i = where[doc["id"]]
-        assert shipped[split][i] == line
+def _shipped_lines(data_root: Path, name: str) -> dict[str, str]:
+    """Document id -> its line in the shipped corpus files (doc_ids.tsv says which file and line)."""
+    files = {"extra": "extra_leaflets_cc-by-nc.txt"}
+    rows = [line.split("\t") for line in _lines(data_root / name / "doc_ids.tsv")[1:]]
+    lines = {}
+    for split in dict.fromkeys(r[0] for r in rows):
+        texts = _lines(data_root / name / files.get(split, f"{split}.txt"))
+        lines.update(zip([r[1] for r in rows if r[0] == split], texts, strict=True))
+    return lines
+
+
+@pytest.mark.parametrize("name, licences, kept_ids", [
+    ("corpus_en_e3c", EN_LICENCES, ["EN112374", "EN114836", "EN117429"]),      # a CC BY-NC one, a short one dropped
+    ("corpus_fr_e3c", FR_LICENCES, ["EN101041", "EN101261", "EN101292"]),      # FR101041 repeats EN101041's text
+    ("corpus_fr_e3c", (LEAFLET_LICENCE,), ["EN103644"])])                      # the extra leaflets
+def test_e3c_corpus_samples_give_the_shipped_lines(data_root, name, licences, kept_ids):
+    """Kept documents give exactly their shipped line. (Which split a document lands in depends on the whole
+    corpus's shuffle, which a sample cannot reproduce.)"""
+    ds = dataset(name)
+    kept = corpus_lines(e3c_documents(SAMPLES / name / "archive.tar.gz", ds.archive), licences)
+    assert sorted(d["id"] for d, _ in kept) == kept_ids
+    shipped = _shipped_lines(data_root, name)
+    assert all(shipped[doc["id"]] == line for doc, line in kept)
+
+
+def test_leaflets_are_taken_up_to_a_character_budget():
+    kept = [({"id": str(i)}, "x" * 9) for i in range(5)]        # 10 characters a line with its newline
+    assert [d["id"] for d, _ in up_to_chars(kept, 25)] == ["0", "1", "2"]
+    assert [d["id"] for d, _ in up_to_chars(kept, 20)] == ["0", "1"]

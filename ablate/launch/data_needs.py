@@ -19,23 +19,35 @@ from ablate.evaluate.tasks import list_tasks, load_task
 TARGETS = "a dataset name, a task name, suite:NAME, or a grid / run spec file (YAML)"
 
 
-def task_paths(task_names) -> list[str]:
-    """The data-root-relative split files of these tasks (`datasets` tasks read no file of the data root)."""
+def task_paths(task_names, lenient: bool = False) -> list[str]:
+    """The data-root-relative split files of these tasks (`datasets` tasks read no file of the data root);
+    `lenient`: a task that does not load is left out (check_eval says what is wrong with it)."""
     paths = []
     for name in dict.fromkeys(task_names):
-        task = load_task(name)
+        try:
+            task = load_task(name)
+        except SpecError:
+            if lenient:
+                continue
+            raise
         if task.data.format != "hf":
             paths += [task.data.splits.train, task.data.splits.dev, task.data.splits.test]
     return paths
 
 
-def spec_reads(specs) -> list[tuple[str, str | None]]:
-    """(path, the spec's data_root) of every corpus, held-out corpus and task split file the runs read."""
+def spec_reads(specs, lenient: bool = False) -> list[tuple[str, str | None]]:
+    """(path, the spec's data_root) of every corpus, held-out corpus and task split file the runs read;
+    `lenient`: an eval block or task that does not load is left out (check_eval reports it)."""
     reads = []
     for spec in specs:
         corpora = [spec.data.corpus] + ([spec.data.valid_corpus] if spec.data.valid_corpus else [])
-        tasks = [item.task for item in spec_items(spec)]
-        reads += [(path, spec.data.data_root) for path in corpora + task_paths(tasks)]
+        try:
+            tasks = [item.task for item in spec_items(spec)]
+        except SpecError:
+            if not lenient:
+                raise
+            tasks = []
+        reads += [(path, spec.data.data_root) for path in corpora + task_paths(tasks, lenient)]
     return list(dict.fromkeys(reads))
 
 
@@ -65,7 +77,7 @@ def target_datasets(target: str) -> list[Dataset]:
 def missing_datasets(specs) -> dict[str, list[str]]:
     """Catalogued dataset -> the files the runs read from it that are not in their data root."""
     missing: dict[str, list[str]] = {}
-    for path, root in spec_reads(specs):
+    for path, root in spec_reads(specs, lenient=True):
         name = dataset_of_path(path)
         where = resolve_data_path(path, root)
         if name and not (where.exists() or glob.glob(str(where))):
