@@ -22,6 +22,7 @@ from ablate.data.catalog import dataset
 from ablate.data.converters.blurb import (biosses_records, gad_records, hoc_abstracts, hoc_sentences, jnlpba_lines,
                                           tsv_rows)
 from ablate.data.converters.common import write_jsonl
+from ablate.data.converters.ddi import convert_ddi
 from ablate.data.converters.e3c_corpus import (EN_LICENCES, FR_LICENCES, LEAFLET_LICENCE, corpus_lines, e3c_documents,
                                                up_to_chars)
 from ablate.data.converters.others import conll_sentences, convert_e3c_fr_ner, convert_pubmedqa, morfitt_records
@@ -157,10 +158,11 @@ def test_an_archive_source_is_downloaded_and_converted_and_a_sample_is_refused(t
 
 
 def test_a_dataset_without_a_converter_says_how_to_build_it(tmp_path, capsys):
-    assert fetch(tmp_path, "http://127.0.0.1:9", "ddi") == 2
+    assert fetch(tmp_path, "http://127.0.0.1:9", "corpus_fr_leaflets_e3c") == 2
     out, err = capsys.readouterr()
-    assert "ddi: NON-COMMERCIAL licence" in out
-    assert "no converter yet" in err and "isegura/DDICorpus" in err and "ablate data verify ddi" in err
+    assert "corpus_fr_leaflets_e3c: NON-COMMERCIAL licence" in out
+    assert "no converter yet" in err and "hltfbk/E3C-Corpus" in err
+    assert "ablate data verify corpus_fr_leaflets_e3c" in err
 
 
 def test_targets_name_datasets_tasks_suites_and_grids():
@@ -282,3 +284,20 @@ def test_leaflets_are_taken_up_to_a_character_budget():
     kept = [({"id": str(i)}, "x" * 9) for i in range(5)]        # 10 characters a line with its newline
     assert [d["id"] for d, _ in up_to_chars(kept, 25)] == ["0", "1", "2"]
     assert [d["id"] for d, _ in up_to_chars(kept, 20)] == ["0", "1"]
+
+
+def test_ddi_sample_gives_the_shipped_pairs_of_its_documents(tmp_path, data_root):
+    """Dextroamphetamine holds the one true pair without a type (dropped), Abciximab overlapping mentions
+    (@DRUG-DRUG$), MedLine.d119 is one of BLURB's dev documents; one test document."""
+    inputs = {"corpus": SAMPLES / "ddi" / "DDICorpus-2013.zip", "blurb_dev": SAMPLES / "ddi" / "dev.tsv"}
+    convert_ddi(inputs, tmp_path, dataset("ddi"))
+    assert _lines(tmp_path / "dev_doc_ids.txt") == ["DDI-MedLine.d119"]
+    documents = {"train": ("DDI-DrugBank.d236.", "DDI-DrugBank.d532."), "dev": ("DDI-MedLine.d119.",),
+                 "test": ("DDI-MedLine.d",)}
+    for split, prefixes in documents.items():
+        converted = _lines(tmp_path / f"{split}.jsonl")
+        ids = {json.loads(line)["id"].rsplit(".s", 1)[0] + "." for line in converted}
+        shipped = [line for line in _lines(data_root / "ddi" / f"{split}.jsonl")
+                   if json.loads(line)["id"].rsplit(".s", 1)[0] + "." in ids]
+        assert converted and converted == shipped and all(i.startswith(prefixes) for i in ids)
+    assert any("@DRUG-DRUG$" in line for line in _lines(tmp_path / "train.jsonl"))

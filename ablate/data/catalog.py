@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path, PurePosixPath
@@ -23,6 +24,7 @@ MANIFEST = HERE / "manifest.tsv"
 MANIFEST_COLUMNS = ("dataset", "file", "size", "sha256")
 NOT_DATA = {"SOURCE.md", "README.md"}     # notes beside the data: not fetched, not checked
 HASH_BLOCK = 1 << 22
+OTHER_REPO = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)@(?P<commit>[0-9a-f]{40}):(?P<path>.+)$")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,13 @@ def dataset(name: str, key: str = "dataset") -> Dataset:
     if name not in known:
         raise SpecError("unknown dataset", key=key, value=name, allowed=", ".join(sorted(known)))
     return known[name]
+
+
+def source_location(ds: Dataset, path: str) -> tuple[str, str, str]:
+    """(repository, commit, path) of a source: a path in the dataset's repository, or OWNER/REPO@COMMIT:PATH."""
+    if match := OTHER_REPO.match(path):
+        return match["repo"], match["commit"], match["path"]
+    return ds.repo, ds.commit, path
 
 
 def dataset_of_path(rel: str) -> str | None:

@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from ablate.config.errors import SpecError
-from ablate.data.catalog import Dataset
+from ablate.data.catalog import Dataset, source_location
 
 RAW_HOST = "https://raw.githubusercontent.com"
 ARCHIVE_HOST = "https://codeload.github.com"
@@ -39,7 +39,8 @@ def mirror_of(explicit: str | None = None) -> str | None:
 
 
 def file_url(ds: Dataset, path: str, mirror: str | None = None) -> str:
-    return f"{mirror or RAW_HOST}/{ds.repo}/{ds.commit}/{path}"
+    repo, commit, path = source_location(ds, path)
+    return f"{mirror or RAW_HOST}/{repo}/{commit}/{path}"
 
 
 def archive_url(ds: Dataset, mirror: str | None = None) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ablate.config.errors import SpecError
-from ablate.data.catalog import Dataset, dataset_problems
+from ablate.data.catalog import Dataset, dataset_problems, source_location
 from ablate.data.converters import CONVERTERS
 from ablate.data.download import DownloadError, archive_url, download, file_url, remove_quietly
 
@@ -64,7 +64,7 @@ def _licence_line(ds: Dataset) -> str:
 
 
 def _fetch_one(ds: Dataset, root: Path, mirror: str | None) -> None:
-    inputs = _download_sources(ds, root / CACHE / ds.repo / ds.commit, mirror, root)
+    inputs = _download_sources(ds, root / CACHE, mirror, root)
     with tempfile.TemporaryDirectory(dir=root, prefix=f".fetch-{ds.name}-") as tmp:
         out = Path(tmp)
         CONVERTERS[ds.converter](inputs, out, ds)
@@ -79,9 +79,10 @@ def _fetch_one(ds: Dataset, root: Path, mirror: str | None) -> None:
 
 
 def _download_sources(ds: Dataset, cache: Path, mirror: str | None, root: Path) -> dict[str, Path]:
-    wanted = [(name, file_url(ds, path, mirror), cache / path) for name, path in ds.sources]
+    wanted = [(name, file_url(ds, path, mirror), cache / "/".join(source_location(ds, path)))
+              for name, path in ds.sources]
     if ds.archive:
-        wanted.append(("archive", archive_url(ds, mirror), cache / "archive.tar.gz"))
+        wanted.append(("archive", archive_url(ds, mirror), cache / ds.repo / "tar.gz" / ds.commit))
     inputs = {}
     for name, url, dest in wanted:
         try:

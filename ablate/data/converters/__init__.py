@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ablate.data.converters.blurb import convert_biosses, convert_gad, convert_hoc, convert_jnlpba
 from ablate.data.converters.common import convert_copy
+from ablate.data.converters.ddi import convert_ddi
 from ablate.data.converters.e3c_corpus import convert_corpus_en_e3c, convert_corpus_fr_e3c
 from ablate.data.converters.others import convert_e3c_fr_ner, convert_morfitt, convert_pubmedqa
 
@@ -23,4 +24,5 @@ CONVERTERS = {
     "e3c_fr_ner": convert_e3c_fr_ner,
     "corpus_en_e3c": convert_corpus_en_e3c,
     "corpus_fr_e3c": convert_corpus_fr_e3c,
+    "ddi": convert_ddi,
 }
