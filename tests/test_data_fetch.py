@@ -13,6 +13,7 @@ import json
 import shutil
 import socket
 import threading
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from ablate.cli import main
 from ablate.data.catalog import dataset
 from ablate.data.converters.blurb import (biosses_records, gad_records, hoc_abstracts, hoc_sentences, jnlpba_lines,
                                           tsv_rows)
+from ablate.data.converters.brat import MANTRA_FOLDERS, convert_quaero, mantra_group, mantra_spans, tagged_tokens
 from ablate.data.converters.common import write_jsonl
 from ablate.data.converters.ddi import convert_ddi
 from ablate.data.converters.e3c_corpus import (EN_LICENCES, FR_LICENCES, LEAFLET_LICENCE, corpus_lines, e3c_documents,
@@ -240,7 +242,7 @@ def test_pubmedqa_sample_gives_the_shipped_records(tmp_path, data_root):
     convert_pubmedqa(inputs, tmp_path, dataset("pubmedqa_pqal"))
     shipped_test = _lines(data_root / "pubmedqa_pqal" / "test.jsonl")
     assert _lines(tmp_path / "test.jsonl") == shipped_test[:2]
-    shipped = set(_lines(data_root / "pubmedqa_pqal" / "train.jsonl") + _lines(data_root / "pubmedqa_pqal" / "dev.jsonl"))
+    shipped = {line for split in ("train", "dev") for line in _lines(data_root / "pubmedqa_pqal" / f"{split}.jsonl")}
     others = _lines(tmp_path / "train.jsonl") + _lines(tmp_path / "dev.jsonl")
     assert len(others) == 3 and all(line in shipped for line in others)
 
@@ -301,3 +303,37 @@ def test_ddi_sample_gives_the_shipped_pairs_of_its_documents(tmp_path, data_root
                    if json.loads(line)["id"].rsplit(".s", 1)[0] + "." in ids]
         assert converted and converted == shipped and all(i.startswith(prefixes) for i in ids)
     assert any("@DRUG-DRUG$" in line for line in _lines(tmp_path / "train.jsonl"))
+
+
+def _sentences(path: Path) -> list[str]:
+    return [s for s in path.read_text(encoding="utf-8").split("\n\n") if s.strip()]
+
+
+@pytest.mark.parametrize("name, n_sentences", [("quaero_emea", 40), ("quaero_medline", 2)])
+def test_quaero_sample_gives_the_first_shipped_sentences(tmp_path, data_root, name, n_sentences):
+    """The sample is the first training document(s) of each corpus: EMEA 318 (split into sentences),
+    MEDLINE 10051979 and 1006003 (a title each)."""
+    convert_quaero({"archive": SAMPLES / "quaero" / "archive.tar.gz"}, tmp_path, dataset(name))
+    converted = _sentences(tmp_path / "train.tsv")
+    assert len(converted) >= n_sentences
+    assert converted == _sentences(data_root / name / "train.tsv")[: len(converted)]
+
+
+def test_mantra_sample_gives_the_shipped_sentence_of_each_unit(data_root):
+    """One unit per file; the groups come from the notes (`"OBJC|CHEM"`: OBJC; a type name last: the code
+    quoted before it). Which split a unit lands in depends on all the units."""
+    shipped = {}
+    for name in MANTRA_FOLDERS:
+        for split in ("train", "dev", "test"):
+            ids = _lines(data_root / name / f"{split}_ids.txt")
+            shipped.update(zip(ids, _sentences(data_root / name / f"{split}.tsv"), strict=True))
+    with zipfile.ZipFile(SAMPLES / "mantragsc_fr" / "Mantra-GSC-brat.zip") as archive:
+        texts = sorted(n for n in archive.namelist() if n.endswith(".txt"))
+        assert len(texts) == 5
+        for name in texts:
+            text, ann = archive.read(name).decode("utf-8"), archive.read(name[:-4] + ".ann").decode("utf-8")
+            tokens = tagged_tokens(text, mantra_spans(ann))
+            unit = name.rsplit("/", 1)[1][:-4]
+            assert "\n".join(f"{w}\t{t}" for w, t, _, _ in tokens) == shipped[unit]
+    assert mantra_group('"C0034036", "Publications", "OBJC" ,"Manufactured Object"') == "OBJC"
+    assert mantra_group('"C0037570", "Sodium, Dietary", "Food|Inorganic Chemical" ,"OBJC|CHEM"') == "OBJC"

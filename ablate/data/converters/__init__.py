@@ -8,6 +8,7 @@ May import: config, data.
 from __future__ import annotations
 
 from ablate.data.converters.blurb import convert_biosses, convert_gad, convert_hoc, convert_jnlpba
+from ablate.data.converters.brat import convert_mantra, convert_quaero
 from ablate.data.converters.common import convert_copy
 from ablate.data.converters.ddi import convert_ddi
 from ablate.data.converters.e3c_corpus import convert_corpus_en_e3c, convert_corpus_fr_e3c
@@ -25,4 +26,6 @@ CONVERTERS = {
     "corpus_en_e3c": convert_corpus_en_e3c,
     "corpus_fr_e3c": convert_corpus_fr_e3c,
     "ddi": convert_ddi,
+    "quaero": convert_quaero,
+    "mantragsc_fr": convert_mantra,
 }
