@@ -22,6 +22,7 @@ from ablate.cli import main
 from ablate.data.catalog import dataset
 from ablate.data.converters.blurb import (biosses_records, gad_records, hoc_abstracts, hoc_sentences, jnlpba_lines,
                                           tsv_rows)
+from ablate.data.converters.articles import convert_craft, journal_and_notice
 from ablate.data.converters.brat import MANTRA_FOLDERS, convert_quaero, mantra_group, mantra_spans, tagged_tokens
 from ablate.data.converters.common import write_jsonl
 from ablate.data.converters.ddi import convert_ddi
@@ -337,3 +338,17 @@ def test_mantra_sample_gives_the_shipped_sentence_of_each_unit(data_root):
             assert "\n".join(f"{w}\t{t}" for w, t, _, _ in tokens) == shipped[unit]
     assert mantra_group('"C0034036", "Publications", "OBJC" ,"Manufactured Object"') == "OBJC"
     assert mantra_group('"C0037570", "Sodium, Dietary", "Food|Inorganic Chemical" ,"OBJC|CHEM"') == "OBJC"
+
+
+def test_craft_sample_gives_the_shipped_line_and_doc_ids_rows(tmp_path, data_root):
+    """One article through the converter; the journal and notice of four .copyright files (a PLoS CC BY, a
+    BMC open-access notice cut at 300 characters, an Oxford one without a licence: empty)."""
+    sample = SAMPLES / "corpus_en_craft"
+    convert_craft({p.name: p for p in sample.iterdir() if p.name.startswith("15018652")}, tmp_path,
+                  dataset("corpus_en_craft"))
+    assert _lines(tmp_path / "train.txt") == [_shipped_lines(data_root, "corpus_en_craft")["15018652"]]
+    rows = {line.split("\t")[1]: line for line in _lines(data_root / "corpus_en_craft" / "doc_ids.tsv")}
+    assert _lines(tmp_path / "doc_ids.tsv")[1] == rows["15018652"]
+    for path in sample.glob("*.copyright"):
+        journal, notice = journal_and_notice(path.read_text(encoding="utf-8"))
+        assert f"train\t{path.stem}\t{journal}\t{notice}" == rows[path.stem]

@@ -54,9 +54,17 @@ def catalog() -> dict[str, Dataset]:
     entries = yaml.safe_load(CATALOG.read_text(encoding="utf-8"))
     manifest = read_manifest(MANIFEST)
     return {name: Dataset(name, e["repo"], e["commit"], e["licence"], e.get("converter"),
-                          bool(e.get("non_commercial", False)), tuple((e.get("sources") or {}).items()),
-                          tuple(e.get("archive") or ()), tuple(manifest.get(name, ())))
+                          bool(e.get("non_commercial", False)), _sources(e), tuple(e.get("archive") or ()),
+                          tuple(manifest.get(name, ())))
             for name, e in entries.items()}
+
+
+def _sources(entry: dict) -> tuple[tuple[str, str], ...]:
+    """`sources` as written, then `each`: every path template once per id, named by its file name."""
+    each = entry.get("each") or {"paths": [], "ids": []}
+    templated = [(PurePosixPath(path).name, path) for i in each["ids"] for path in
+                 (template.format(id=i) for template in each["paths"])]
+    return tuple((entry.get("sources") or {}).items()) + tuple(templated)
 
 
 def dataset(name: str, key: str = "dataset") -> Dataset:

@@ -7,6 +7,7 @@ May import: config, data.
 
 from __future__ import annotations
 
+from ablate.data.converters.articles import convert_craft
 from ablate.data.converters.blurb import convert_biosses, convert_gad, convert_hoc, convert_jnlpba
 from ablate.data.converters.brat import convert_mantra, convert_quaero
 from ablate.data.converters.common import convert_copy
@@ -26,6 +27,7 @@ CONVERTERS = {
     "corpus_en_e3c": convert_corpus_en_e3c,
     "corpus_fr_e3c": convert_corpus_fr_e3c,
     "ddi": convert_ddi,
+    "corpus_en_craft": convert_craft,
     "quaero": convert_quaero,
     "mantragsc_fr": convert_mantra,
 }
