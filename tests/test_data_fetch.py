@@ -26,8 +26,9 @@ from ablate.data.converters.articles import convert_craft, journal_and_notice
 from ablate.data.converters.brat import MANTRA_FOLDERS, convert_quaero, mantra_group, mantra_spans, tagged_tokens
 from ablate.data.converters.common import write_jsonl
 from ablate.data.converters.ddi import convert_ddi
-from ablate.data.converters.e3c_corpus import (EN_LICENCES, FR_LICENCES, LEAFLET_LICENCE, corpus_lines, e3c_documents,
-                                               up_to_chars)
+from ablate.data.converters.e3c_corpus import (EN_LICENCES, FR_LICENCES, LEAFLET_LICENCE, archive_members, corpus_lines,
+                                               e3c_documents, up_to_chars)
+from ablate.data.converters.medquad import kept_documents, medquad_documents
 from ablate.data.converters.others import conll_sentences, convert_e3c_fr_ner, convert_pubmedqa, morfitt_records
 from ablate.launch.data_needs import target_datasets
 
@@ -352,3 +353,22 @@ def test_craft_sample_gives_the_shipped_line_and_doc_ids_rows(tmp_path, data_roo
     for path in sample.glob("*.copyright"):
         journal, notice = journal_and_notice(path.read_text(encoding="utf-8"))
         assert f"train\t{path.stem}\t{journal}\t{notice}" == rows[path.stem]
+
+
+def test_medquad_sample_gives_the_shipped_lines(data_root):
+    """GHR 0000005 repeats an answer of GHR 0000003 (dropped from the second); CDC 0000397 has no document
+    id (its id: 9_CDC_QA/0000397)."""
+    ds = dataset("corpus_en_medquad")
+    files = dict(archive_members(SAMPLES / "corpus_en_medquad" / "archive.tar.gz", ds.archive))
+    documents = medquad_documents(files, ds.archive)
+    kept = kept_documents(documents)
+    assert [(d["collection"], d["id"]) for d, _ in kept] == [
+        ("3_GHR_QA", "0000003"), ("3_GHR_QA", "0000005"), ("9_CDC_QA", "9_CDC_QA/0000397")]
+    rows = [line.split("\t") for line in _lines(data_root / "corpus_en_medquad" / "doc_ids.tsv")[1:]]
+    shipped = {}
+    for split in ("train", "valid"):
+        keys = [(r[2], r[1]) for r in rows if r[0] == split]
+        shipped.update(zip(keys, _lines(data_root / "corpus_en_medquad" / f"{split}.txt"), strict=True))
+    assert all(shipped[(d["collection"], d["id"])] == line for d, line in kept)
+    alone = medquad_documents({k: v for k, v in files.items() if "0000005" in k}, ds.archive)
+    assert len(alone[0]["text"]) > len(kept[1][1])      # with 0000003 before it, a repeated answer went
