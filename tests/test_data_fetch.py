@@ -372,3 +372,22 @@ def test_medquad_sample_gives_the_shipped_lines(data_root):
     assert all(shipped[(d["collection"], d["id"])] == line for d, line in kept)
     alone = medquad_documents({k: v for k, v in files.items() if "0000005" in k}, ds.archive)
     assert len(alone[0]["text"]) > len(kept[1][1])      # with 0000003 before it, a repeated answer went
+
+
+def test_a_derived_dataset_is_fetched_converted_and_checked_end_to_end(tmp_path, data_root, capsys):
+    """BIOSSES is small enough to keep its whole upstream files (tests/data/fetch_samples/biosses)."""
+    ds = dataset("biosses")
+    for split, path in ds.sources:
+        dest = tmp_path / "mirror" / ds.repo / ds.commit / path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(SAMPLES / "biosses" / f"{split}.tsv", dest)
+    with serving(tmp_path / "mirror") as url:
+        assert fetch(tmp_path / "root", url, "biosses") == 0, capsys.readouterr().err
+    for split in ("train", "dev", "test"):
+        assert (tmp_path / "root" / "biosses" / f"{split}.jsonl").read_bytes() == \
+            (data_root / "biosses" / f"{split}.jsonl").read_bytes()
+
+
+def test_fetch_without_a_target_is_bad_input(tmp_path, capsys):
+    assert main(["data", "fetch", "--data-root", str(tmp_path)]) == 2
+    assert "name what to fetch" in capsys.readouterr().err
