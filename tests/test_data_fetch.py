@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ablate.cli import main
-from ablate.data.catalog import dataset
+from ablate.data.catalog import dataset, with_requirements
 from ablate.data.converters.blurb import (biosses_records, gad_records, hoc_abstracts, hoc_sentences, jnlpba_lines,
                                           tsv_rows)
 from ablate.data.converters.articles import convert_craft, journal_and_notice
@@ -28,6 +28,7 @@ from ablate.data.converters.common import write_jsonl
 from ablate.data.converters.ddi import convert_ddi
 from ablate.data.converters.e3c_corpus import (EN_LICENCES, FR_LICENCES, LEAFLET_LICENCE, archive_members, corpus_lines,
                                                e3c_documents, up_to_chars)
+from ablate.data.converters.leaflets import TEST_SETS, novel_leaflets, overlapping, sentence_grams_of
 from ablate.data.converters.medquad import kept_documents, medquad_documents
 from ablate.data.converters.others import conll_sentences, convert_e3c_fr_ner, convert_pubmedqa, morfitt_records
 from ablate.launch.data_needs import target_datasets
@@ -159,14 +160,6 @@ def test_an_archive_source_is_downloaded_and_converted_and_a_sample_is_refused(t
     assert out.splitlines()[1].startswith("corpus_en_e3c: NON-COMMERCIAL licence")   # said before the fetch
     assert "do not match the manifest (doc_ids.tsv: size" in err and "train.txt: size" in err
     assert not (tmp_path / "root" / "corpus_en_e3c").exists() and leftovers(tmp_path / "root") == []
-
-
-def test_a_dataset_without_a_converter_says_how_to_build_it(tmp_path, capsys):
-    assert fetch(tmp_path, "http://127.0.0.1:9", "corpus_fr_leaflets_e3c") == 2
-    out, err = capsys.readouterr()
-    assert "corpus_fr_leaflets_e3c: NON-COMMERCIAL licence" in out
-    assert "no converter yet" in err and "hltfbk/E3C-Corpus" in err
-    assert "ablate data verify corpus_fr_leaflets_e3c" in err
 
 
 def test_targets_name_datasets_tasks_suites_and_grids():
@@ -391,3 +384,32 @@ def test_a_derived_dataset_is_fetched_converted_and_checked_end_to_end(tmp_path,
 def test_fetch_without_a_target_is_bad_input(tmp_path, capsys):
     assert main(["data", "fetch", "--data-root", str(tmp_path)]) == 2
     assert "name what to fetch" in capsys.readouterr().err
+
+
+def test_leaflets_sample_gives_the_shipped_lines_shares_and_removal(data_root):
+    """EN111634, EN106103, EN112845 are the first three leaflets the near-duplicate filter reads (their shares
+    depend only on each other); EN108642 shares a distinctive 8-gram with a QUAERO-EMEA / Mantra test sentence."""
+    ds = dataset("corpus_fr_leaflets_e3c")
+    docs = {d["id"]: d for d in e3c_documents(SAMPLES / ds.name / "archive.tar.gz", ds.archive)}
+    first = [(docs[i], " ".join(docs[i]["text"].split())) for i in ("EN111634", "EN106103", "EN112845")]
+    kept = novel_leaflets(first)
+    rows = {r[1]: r for r in (line.split("\t") for line in _lines(data_root / ds.name / "doc_ids.tsv")[1:])}
+    assert [f"{share:.2f}" for _, _, share in kept] == [rows[d["id"]][4] for d, _ in first] == ["0.98", "0.94", "0.92"]
+    shipped = _shipped_lines(data_root, ds.name)
+    assert all(shipped[d["id"]] == line for d, line, _ in kept)
+    removed = dict(line.split("\t") for line in _lines(data_root / ds.name / "removed_for_test_overlap.tsv")[1:])
+    grams = sentence_grams_of([data_root / name / "test.tsv" for name in TEST_SETS])
+    suspect = [(docs["EN108642"], " ".join(docs["EN108642"]["text"].split()), 1.0)]
+    assert overlapping(suspect, grams) == {"EN108642"} and "EN108642" in removed
+    # EN111634 shares boilerplate with the test sentences: in 20 leaflets it is not distinctive (in the whole
+    # corpus it is in far more), in 19 it is
+    def copies(n):
+        return [({**d, "id": f"{d['id']}-{k}"}, line, share) for k in range(n) for d, line, share in kept]
+
+    assert overlapping(copies(20) + suspect, grams) == {"EN108642"}
+    assert "EN111634-0" in overlapping(copies(19) + suspect, grams)
+
+
+def test_a_dataset_that_requires_others_comes_after_them():
+    order = with_requirements([dataset("corpus_fr_leaflets_e3c"), dataset("quaero_emea")])
+    assert [d.name for d in order] == ["quaero_emea", "mantragsc_fr_emea", "corpus_fr_leaflets_e3c"]

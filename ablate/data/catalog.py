@@ -46,6 +46,7 @@ class Dataset:
     non_commercial: bool = False
     sources: tuple[tuple[str, str], ...] = ()     # (name the converter reads it by, path in the repository)
     archive: tuple[str, ...] = ()                 # folders read from the repository's archive at the commit
+    requires: tuple[str, ...] = ()                # datasets the converter reads (from the data root)
     files: tuple[Expected, ...] = ()              # what the data root must hold (the manifest)
 
 
@@ -55,7 +56,7 @@ def catalog() -> dict[str, Dataset]:
     manifest = read_manifest(MANIFEST)
     return {name: Dataset(name, e["repo"], e["commit"], e["licence"], e.get("converter"),
                           bool(e.get("non_commercial", False)), _sources(e), tuple(e.get("archive") or ()),
-                          tuple(manifest.get(name, ())))
+                          tuple(e.get("requires") or ()), tuple(manifest.get(name, ())))
             for name, e in entries.items()}
 
 
@@ -72,6 +73,20 @@ def dataset(name: str, key: str = "dataset") -> Dataset:
     if name not in known:
         raise SpecError("unknown dataset", key=key, value=name, allowed=", ".join(sorted(known)))
     return known[name]
+
+
+def with_requirements(datasets: list[Dataset]) -> list[Dataset]:
+    """The datasets and those they require, each requirement before the first dataset that needs it."""
+    ordered: dict[str, Dataset] = {}
+
+    def add(ds: Dataset) -> None:
+        for name in ds.requires:
+            add(dataset(name))
+        ordered.setdefault(ds.name, ds)
+
+    for ds in datasets:
+        add(ds)
+    return list(ordered.values())
 
 
 def source_location(ds: Dataset, path: str) -> tuple[str, str, str]:

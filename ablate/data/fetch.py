@@ -1,10 +1,10 @@
 """`ablate data fetch`: datasets from their public sources into the data root, checked against the manifest.
 
-Per dataset: skipped when its files already match the manifest; else its licence is printed (a
-non-commercial one said so first), its sources downloaded (kept in <root>/.fetch-cache until every dataset of
-the command is in place, so an interrupted fetch resumes), its converter writes the shipped files into a
-temporary folder beside the data root, every file is checked (size, sha256), and only then are the files
-renamed into <root>/<dataset>/. A failure at any point leaves the data root as it was.
+Per dataset (the datasets it requires first): skipped when its files already match the manifest; else its
+licence is printed (a non-commercial one said so first), its sources downloaded (kept in <root>/.fetch-cache
+until every dataset of the command is in place, so an interrupted fetch resumes), its converter writes the
+shipped files into a temporary folder beside the data root, every file is checked (size, sha256), and only
+then are the files renamed into <root>/<dataset>/. A failure at any point leaves the data root as it was.
 
 May import: config, data.
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ablate.config.errors import SpecError
-from ablate.data.catalog import Dataset, dataset_problems, source_location
+from ablate.data.catalog import Dataset, dataset_problems, source_location, with_requirements
 from ablate.data.converters import CONVERTERS
 from ablate.data.download import DownloadError, archive_url, download, file_url, remove_quietly
 
@@ -43,7 +43,7 @@ def fetch_datasets(datasets: list[Dataset], root: Path, mirror: str | None = Non
     that cannot be fetched, after the ones before it were placed."""
     root.mkdir(parents=True, exist_ok=True)
     fetched = []
-    for ds in datasets:
+    for ds in with_requirements(datasets):
         if not dataset_problems(root / ds.name, ds):
             say(f"{ds.name}: in place, every file matches the manifest")
             continue
@@ -64,18 +64,22 @@ def _licence_line(ds: Dataset) -> str:
 
 
 def _fetch_one(ds: Dataset, root: Path, mirror: str | None) -> None:
-    inputs = _download_sources(ds, root / CACHE, mirror, root)
+    inputs = _download_sources(ds, root / CACHE, mirror, root) | {name: root / name for name in ds.requires}
     with tempfile.TemporaryDirectory(dir=root, prefix=f".fetch-{ds.name}-") as tmp:
         out = Path(tmp)
         CONVERTERS[ds.converter](inputs, out, ds)
         problems = dataset_problems(out, ds)
         if problems:
-            for path in inputs.values():       # a corrupt download must not be reused
+            for path in _downloaded(inputs, ds):       # a corrupt download must not be reused
                 remove_quietly(path)
             raise ChecksumMismatch(f"dataset {ds.name}: the derived files do not match the manifest ("
                                    f"{'; '.join(problems)}); nothing was placed in {root / ds.name}", key="dataset",
                                    value=ds.name)
         _place(out, root / ds.name, ds)
+
+
+def _downloaded(inputs: dict[str, Path], ds: Dataset) -> list[Path]:
+    return [path for name, path in inputs.items() if name not in ds.requires]
 
 
 def _download_sources(ds: Dataset, cache: Path, mirror: str | None, root: Path) -> dict[str, Path]:

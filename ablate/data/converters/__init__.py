@@ -13,6 +13,7 @@ from ablate.data.converters.brat import convert_mantra, convert_quaero
 from ablate.data.converters.common import convert_copy
 from ablate.data.converters.ddi import convert_ddi
 from ablate.data.converters.e3c_corpus import convert_corpus_en_e3c, convert_corpus_fr_e3c
+from ablate.data.converters.leaflets import convert_leaflets
 from ablate.data.converters.medquad import convert_medquad
 from ablate.data.converters.others import convert_e3c_fr_ner, convert_morfitt, convert_pubmedqa
 
@@ -30,6 +31,7 @@ CONVERTERS = {
     "ddi": convert_ddi,
     "corpus_en_craft": convert_craft,
     "corpus_en_medquad": convert_medquad,
+    "corpus_fr_leaflets_e3c": convert_leaflets,
     "quaero": convert_quaero,
     "mantragsc_fr": convert_mantra,
 }

@@ -82,13 +82,17 @@ def convert_corpus_en_e3c(inputs: dict[str, Path], out: Path, ds) -> None:
     write_corpus(shuffled_split(kept, random.Random(SHUFFLE_SEED)), out)
 
 
-def convert_corpus_fr_e3c(inputs: dict[str, Path], out: Path, ds) -> None:
+def french_parts(docs: list[dict]) -> dict[str, list[tuple[dict, str]]]:
     """The CC BY clinical cases as train/valid; then, shuffled by the same generator, leaflets (CC-BY-NC)
-    up to 2.5 M characters as a separate extra file."""
-    docs = e3c_documents(inputs["archive"], ds.archive)
+    up to 2.5 M characters as the extra part."""
     rng = random.Random(SHUFFLE_SEED)
     parts = shuffled_split(corpus_lines(docs, FR_LICENCES), rng)
     leaflets = corpus_lines(docs, (LEAFLET_LICENCE,))
     rng.shuffle(leaflets)
     parts["extra"] = up_to_chars(leaflets, FR_EXTRA_CHARS)
-    write_corpus(parts, out, {"extra": "extra_leaflets_cc-by-nc.txt"})
+    return parts
+
+
+def convert_corpus_fr_e3c(inputs: dict[str, Path], out: Path, ds) -> None:
+    write_corpus(french_parts(e3c_documents(inputs["archive"], ds.archive)), out,
+                 {"extra": "extra_leaflets_cc-by-nc.txt"})
