@@ -38,17 +38,22 @@ def task_paths(task_names, lenient: bool = False) -> list[str]:
 def spec_reads(specs, lenient: bool = False) -> list[tuple[str, str | None]]:
     """(path, the spec's data_root) of every corpus, held-out corpus and task split file the runs read;
     `lenient`: an eval block or task that does not load is left out (check_eval reports it)."""
-    reads = []
+    reads, task_files = [], {}
     for spec in specs:
         corpora = [spec.data.corpus] + ([spec.data.valid_corpus] if spec.data.valid_corpus else [])
-        try:
-            tasks = [item.task for item in spec_items(spec)]
-        except SpecError:
-            if not lenient:
-                raise
-            tasks = []
-        reads += [(path, spec.data.data_root) for path in corpora + task_paths(tasks, lenient)]
+        if tuple(spec.eval.tasks) not in task_files:      # a grid's runs mostly share their eval block
+            task_files[tuple(spec.eval.tasks)] = task_paths(_eval_tasks(spec, lenient), lenient)
+        reads += [(path, spec.data.data_root) for path in corpora + task_files[tuple(spec.eval.tasks)]]
     return list(dict.fromkeys(reads))
+
+
+def _eval_tasks(spec, lenient: bool) -> list[str]:
+    try:
+        return [item.task for item in spec_items(spec)]
+    except SpecError:
+        if lenient:
+            return []
+        raise
 
 
 def datasets_of(paths) -> list[Dataset]:
