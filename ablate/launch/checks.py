@@ -1,10 +1,11 @@
 """A grid file checked as far as it can be before anything runs or is timed (what `ablate sweep` and
 `ablate calibrate` start with): expanded, every model's family and depth, every phase plan against its model's
-config, compute parity of the arms it compares, every eval task, every corpus and the probe's held-out texts,
-the grid's transplants against its runs, and the causal preflight per model. Any problem is a SpecError
-naming the file.
+config, compute parity of the arms it compares, the catalogued datasets it reads (the data root lacking one:
+the fetch command is named), every eval task, every corpus and the probe's held-out texts, the grid's
+transplants against its runs, and the causal preflight per model. Any problem is a SpecError naming the file.
 
-May import: config, plan, analysis, evaluate, train, launch.preparation, launch.transplants.
+May import: config, data, plan, analysis, evaluate, train, launch.data_needs, launch.preparation,
+launch.transplants.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from ablate.analysis.probe import check_probe_texts
 from ablate.config.grid import GridSpec, load_grid, unused_entries
 from ablate.evaluate.runs import check_eval
+from ablate.launch.data_needs import check_data_root
 from ablate.launch.preparation import check_corpora
 from ablate.launch.transplants import check_tasks
 from ablate.plan.grid import PlannedRun, expand, resolve_layers, resolve_models
@@ -46,6 +48,7 @@ def checked_grid(path: str) -> CheckedGrid:
     groups = comparison_groups(runs)
     check_parity(groups, grid.allow_unequal_compute, file=path)
     transplants, warnings = plan_transplants(grid, runs, models, file=path)
+    check_data_root(specs, path)
     check_eval(specs, file=path)
     check_tasks(transplants, file=path)
     check_corpora(specs, file=path)
