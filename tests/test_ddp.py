@@ -270,6 +270,18 @@ def _scores(run_dir: Path) -> dict[str, list]:
             for f in sorted((run_dir / "scores").glob("*/seed-*.json"))}
 
 
+@pytest.mark.parametrize("world", [1, 2, 3, 7])
+def test_the_ranks_shares_of_the_fine_tunings_cover_every_unit_once(world):
+    from ablate.evaluate.scores import units_of
+
+    units = [(task, seed) for task in ("a", "b", "c") for seed in range(5)]
+    shares = [units_of(units, (rank, world)) for rank in range(world)]
+    assert sorted(u for share in shares for u in share) == sorted(units)
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    with pytest.raises(ValueError):
+        units_of(units, (world, world))
+
+
 def test_two_gloo_ranks_share_the_fine_tunings_and_give_one_process_scores(tmp_path, data_root):
     from ablate.launch import worker
     from ablate.store import rundir
