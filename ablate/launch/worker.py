@@ -6,7 +6,7 @@ This is what `ablate run` calls in-process and what every submitit job calls on 
 input is the run folder, whose spec.json the sweep wrote before submitting; a job may add a hook called at
 each log step, which ends the run as `pruned` by raising Pruned (how a tune's trial prunes itself).
 
-May import: config, store, data, models, plan, analysis, train, evaluate, launch.shares.
+May import: config, store, data, models, plan, analysis, train, evaluate, launch.shares, launch.branches.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ablate import __version__
 from ablate.store import rundir
 from ablate.store.rundir import AlreadyRunning  # noqa: F401  (raised here; tune and the CLI catch it)
 from ablate.store.sweep import write_progress
-from ablate.launch import shares
+from ablate.launch import branches, shares
 from ablate.launch.console import Console
 from ablate.launch.trackers import RunTrackers
 from ablate.analysis.probe import REPS_DIR
@@ -185,15 +185,34 @@ def start_from_parent(run_dir: Path, log) -> None:
         _hold_if_asked(step, log)       # ABLATE_PAUSE_AT: how the tests kill a child right after it branched
 
 
+def _child_release(run_dir: Path, log) -> Callable[[], None]:
+    """What a parent of the sweep's tree calls at each log step and after pretraining: its children's Slurm
+    jobs stop waiting for this job once their branch checkpoint is written (launch.branches)."""
+    points, released = rundir.branch_points(run_dir), set()
+
+    def release() -> None:
+        for line in branches.release_children(run_dir, points, released) if points else ():
+            log(line)
+
+    return release
+
+
 def _pretrain_then_evaluate(spec: RunSpec, run_dir: Path, log, report, pretraining_report,
                             trackers: RunTrackers | None, stop_after_steps: int | None) -> str:
     """The body of one attempt: continue pretraining, write the records, fine-tune, mark done."""
     started = time.perf_counter()
     start_from_parent(run_dir, log)
     hooks = _probe_hooks(spec, run_dir)
+    release = _child_release(run_dir, log)
+
+    def report_and_release(progress: dict) -> None:
+        pretraining_report(progress)
+        release()
+
     with shares.team_for(spec) as team:       # several ranks: held over pretraining and fine-tuning
-        state = pretrain(spec, run_dir, log=log, phase_end_hooks=hooks, progress=pretraining_report,
+        state = pretrain(spec, run_dir, log=log, phase_end_hooks=hooks, progress=report_and_release,
                          stop_after_steps=stop_after_steps, on_log=trackers.feed if trackers else None)
+        release()
         if trackers:
             trackers.feed(state)      # the steps after the last log step
         if not state.done:
