@@ -16,7 +16,7 @@ the sweep starts from that run's checkpoint (plan.branching): it is submitted on
 (launch.branches).
 
 May import: config, store, plan, evaluate.transplant, launch.worker, launch.executors, launch.preparation,
-launch.transplants, launch.branches.
+launch.transplants, launch.branches, launch.gpus.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from ablate.config.grid import GridSpec, Launcher
-from ablate.launch import branches, preparation, worker
+from ablate.launch import branches, gpus, preparation, worker
 from ablate.launch.executors import RunJob, have_slurm, make_executor
 from ablate.evaluate.transplant import prepare_derived
 from ablate.launch.transplants import Waiting
@@ -200,13 +200,15 @@ class Scheduler:
     allows: local runs at most `launcher.local.parallel` at once, debug one at a time in this process (at
     `poll`), Slurm all at once as job arrays split at `max_array_size`. A submitted run's status says
     `submitted` with its job id and log files. `poll` returns the run folders whose jobs ended since the
-    last poll, after recording a job that died without finishing its run as a failure of the run."""
+    last poll, after recording a job that died without finishing its run as a failure of the run. Each
+    local job sees GPUs of its own (launch.gpus)."""
 
     def __init__(self, kind: str, launcher: Launcher, folder: Path, name: str, out: Print = print):
         self.kind, self.launcher, self.out = kind, launcher, out
         self.executor = make_executor(kind, launcher, Path(folder), f"ablate-{name}")
         self.queued: list[tuple[Path, RunJob]] = []
         self.active: dict[Path, object] = {}       # run folder -> its submitit job
+        self.gpus = gpus.local_pool(launcher.local.parallel) if kind == "local" else gpus.GpuPool([])
 
     @property
     def busy(self) -> bool:
@@ -230,6 +232,7 @@ class Scheduler:
             if job.done():
                 record_job_failure(run_dir, job)
                 del self.active[run_dir]
+                self.gpus.give_back(run_dir)
                 ended.append(run_dir)
         self._fill()
         return ended
@@ -248,7 +251,10 @@ class Scheduler:
             for first in range(0, len(run_dirs), size):
                 jobs += self.executor.map_array(fn, [str(d) for d in run_dirs[first:first + size]])
         else:
-            jobs = [self.executor.submit(fn, str(d)) for d in run_dirs]
+            jobs = []
+            for run_dir in run_dirs:            # each local job with GPUs of its own
+                self.executor.update_parameters(**gpus.job_parameters(self.gpus.take(run_dir)))
+                jobs.append(self.executor.submit(fn, str(run_dir)))
         for run_dir, job in zip(run_dirs, jobs):
             self.active[run_dir] = job
             rundir.write_status(run_dir, "submitted", job_id=str(job.job_id), executor=self.kind,

@@ -35,6 +35,7 @@ from ablate.config.errors import SpecError
 BUCKET_ELEMENTS = 25_000_000     # gradients are flattened into buckets of at most this many elements
 TIMEOUT_ENV = "ABLATE_DIST_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 1800.0
+FINISH_TIMEOUT_S = 7 * 24 * 3600.0     # how long ranks wait for each other's fine-tunings (finishing_group)
 EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LINUX_EPHEMERAL = (32768, 60999)     # the kernel's default, when the file above cannot be read
 # what a task of a multi-task submitit job needs to know its rank and its master (submitit defaults the
@@ -212,6 +213,24 @@ def local_device_index(local_rank: int) -> int:
                     allowed=f"one rank per visible GPU: local ranks 0..{visible - 1} (launcher.slurm."
                             "tasks_per_node = gpus_per_node, or torchrun --nproc-per-node <= GPUs)"
                     if visible else "a machine with GPUs, or device: cpu")
+
+
+def finishing_group():
+    """A gloo group of all ranks in which they wait for each other's share of the fine-tunings (every rank
+    calls this, once, right after the process group is formed). Its timeout is FINISH_TIMEOUT_S: the training
+    group's (ABLATE_DIST_TIMEOUT_S) is sized for one collective, not for a share of a task suite."""
+    return tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=FINISH_TIMEOUT_S))
+
+
+def wait_for_ranks(group) -> str | None:
+    """Every rank calls this when its share is done: None once all have, else why not (a rank died, or
+    gave up): the caller then computes what is missing itself."""
+    try:
+        tdist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=FINISH_TIMEOUT_S),
+                                wait_all_ranks=True)
+    except RuntimeError as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
 
 
 def rank_slice(batch_size: int, dist: Dist) -> slice:
