@@ -98,11 +98,13 @@ def test_auto_precision_is_bf16_on_cuda_and_fp32_on_the_cpu():
         assert (uses_autocast(spec, cpu), uses_autocast(spec, cuda)) == (on_cpu, on_cuda)
 
 
-def test_auto_compile_is_on_for_cuda_and_off_on_the_cpu():
+def test_auto_compile_is_on_for_cuda_and_off_on_the_cpu(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     for compile_, on_cpu, on_cuda in (("auto", False, True), (True, True, True), (False, False, False)):
         spec = parse_run_spec(_spec("config:tiny-bert", compile=compile_))
         assert (uses_compile(spec, cpu), uses_compile(spec, cuda)) == (on_cpu, on_cuda)
+    monkeypatch.setenv("ABLATE_COMPILE", "1")          # every run of the process (bench/gpu_step.py --compile)
+    assert uses_compile(parse_run_spec(_spec("config:tiny-bert", compile=False)), cpu)
     with pytest.raises(SpecError) as err:
         parse_run_spec(_spec("config:tiny-bert", compile="always"))
     assert err.value.key == "compile"

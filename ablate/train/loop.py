@@ -104,12 +104,6 @@ def pick_device(choice: str, local_rank: int = 0) -> torch.device:
     return torch.device(choice)
 
 
-def compile_requested() -> bool:
-    """torch.compile of the encoder for every run of this process: ABLATE_COMPILE=1 (what a RunSpec's
-    `compile: true` does for one run; bench/gpu_step.py --compile sets it)."""
-    return os.environ.get("ABLATE_COMPILE", "0") not in ("", "0", "false", "no")
-
-
 def check_data_parallel(spec: RunSpec, world_size: int) -> None:
     """Each rank takes an equal slice of the global batch, itself a whole number of micro-batches."""
     if world_size <= 1:
@@ -141,7 +135,7 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
         mine = rank_slice(len(ids), dist)
         inputs, labels = inputs[mine], labels[mine]
     if ctx.pin_memory:
-        inputs, labels = inputs.pin_memory(), labels.pin_memory()
+        inputs = inputs.pin_memory()
     encoder = ctx.encoder if ctx.encoder is not None else family.encoder(model)   # (a compiled one has no bool)
     head_loss = LOSSES[spec.vocab_loss]
     micro = spec.micro_batch_size or len(inputs)
@@ -153,9 +147,7 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
         # the labelled positions found on the host: a boolean index on the device would wait for it
         where = torch.nonzero(labels[start:start + micro].flatten() != -100).flatten()
         y = labels[start:start + micro].flatten()[where]
-        if ctx.pin_memory:
-            where, y = where.pin_memory(), y.pin_memory()
-        where, y = where.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
+        where, y = ((t.pin_memory() if ctx.pin_memory else t).to(ctx.device, non_blocking=True) for t in (where, y))
         with autocast(ctx.device, ctx.autocast), \
                 attention_for(model, family, phase.spec.objective, x.shape[1], mask_dtype, ctx.device,
                               docs[rank_slice(len(ids), dist)][start:start + micro]
@@ -209,7 +201,7 @@ def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, lis
                   torch.tensor(special), tokenizer.mask_token_id, model.config.vocab_size,
                   layer_params(model), autocast=uses_autocast(spec, device), dist=dist,
                   pin_memory=device.type == "cuda")
-    if uses_compile(spec, device) or compile_requested():
+    if uses_compile(spec, device):
         ctx.encoder = compiled_encoder(family.encoder(model))
     return ctx, tokenizer, plans
 

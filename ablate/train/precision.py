@@ -34,7 +34,10 @@ def uses_autocast(spec: RunSpec, device: torch.device) -> bool:
 
 
 def uses_compile(spec: RunSpec, device: torch.device) -> bool:
-    """Whether the run's encoder goes through torch.compile on `device` (auto: on CUDA only)."""
+    """Whether the run's encoder goes through torch.compile on `device` (auto: on CUDA only), or every run of
+    this process with ABLATE_COMPILE=1 (bench/gpu_step.py --compile sets it)."""
+    if os.environ.get("ABLATE_COMPILE", "0") not in ("", "0", "false", "no"):
+        return True
     return spec.compile is True or (spec.compile == "auto" and device.type == "cuda")
 
 
