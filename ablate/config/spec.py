@@ -198,7 +198,9 @@ class RunSpec(Strict):
     precision: Literal["auto", "bf16", "fp32"] = Field(
         default="auto", description="auto: bf16 autocast on CUDA, float32 on the CPU; bf16 (autocast, float32 master "
                                     "weights) or fp32 on any device")
-    compile: bool = Field(default=False, description="torch.compile the encoder, on CUDA or the CPU")
+    compile: Literal["auto", True, False] = Field(
+        default="auto", description="torch.compile the encoder: auto is on for CUDA and off on the CPU (where "
+                                    "compiling costs more than it saves on short runs); true or false on any device")
     deterministic: bool = Field(default=False, description="deterministic algorithms (torch, cuDNN, cuBLAS): "
                                                            "repeatable CUDA steps at some speed; no change on CPU")
     vocab_loss: Literal["fused", "dense"] = Field(

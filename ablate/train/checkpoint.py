@@ -53,6 +53,11 @@ class TrainState:
 
     def record_step(self, phase: str, batch: np.ndarray, loss: float, lr: float, norms: dict[int, float]) -> None:
         """Book one optimizer step: data position, token counts and hashes, the curve and gradient norms."""
+        self.advance(phase, batch)
+        self.book_step(phase, self.global_step, self.tokens_seen, loss, lr, norms)
+
+    def advance(self, phase: str, batch: np.ndarray) -> None:
+        """One optimizer step over `batch`: data position, step counters, token counts and hashes."""
         start = self.phase_token_hashes.get(phase, PHASE_START)
         self.token_hash = chain_hash(self.token_hash, batch)
         self.phase_token_hashes[phase] = chain_hash(start, batch)
@@ -61,12 +66,15 @@ class TrainState:
         self.tokens_seen += batch.size
         self.global_step += 1
         self.step_in_phase += 1
-        self.curves.append({"phase": phase, "step": self.global_step, "tokens": self.tokens_seen, "loss": loss,
-                            "lr": lr})
+
+    def book_step(self, phase: str, step: int, tokens: int, loss: float, lr: float, norms: dict[int, float]) -> None:
+        """The curve row and gradient norms of global step `step` (read back later than the step itself:
+        ablate.train.readback)."""
+        self.curves.append({"phase": phase, "step": step, "tokens": tokens, "loss": loss, "lr": lr})
         for layer, value in norms.items():
             key = f"{phase}/{layer}"
             self.grad_norm_sums[key] = self.grad_norm_sums.get(key, 0.0) + value
-        self.grad_norms += [{"phase": phase, "step": self.global_step, "layer": layer, "grad_norm": value}
+        self.grad_norms += [{"phase": phase, "step": step, "layer": layer, "grad_norm": value}
                             for layer, value in norms.items()]
 
 

@@ -64,13 +64,13 @@ class Dist:
         if self.enabled:
             tdist.barrier()
 
-    def sum_float(self, value: float, device: torch.device) -> float:
-        """Sum of a Python float over ranks (loss for logging)."""
+    def sum_tensor(self, value: torch.Tensor) -> torch.Tensor:
+        """A 0-dim tensor summed over ranks, on its device (the loss for logging: nothing read back)."""
         if not self.enabled:
             return value
-        t = torch.tensor([value], dtype=torch.float64, device=device)
+        t = value.detach().reshape(1).clone()
         tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
-        return float(t.item())
+        return t[0]
 
     def sum_grads(self, grads: list[torch.Tensor]) -> None:
         """In place: every gradient becomes its sum over ranks (flattened into buckets, one all-reduce each)."""

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ablate.models import attention
+from ablate.models import attention, flex
 from ablate.models.families import MASK_KINDS, Family
 
 IGNORE = -100
@@ -94,9 +94,11 @@ def _flags(model, family: Family, causal: bool):
 
 
 @contextmanager
-def _registered(model, family: Family, causal: bool, documents: torch.Tensor | None):
+def _registered(model, family: Family, causal: bool, documents: attention.Documents | None,
+                block_mask=None):
     """The model under ablate.models.attention's implementation for the duration: its config's
-    implementation switched, the attention modules' is_causal set and the doc ids attached."""
+    implementation switched, the attention modules' is_causal set, the documents and the block masks
+    attached."""
     with _flags(model, family, causal) as modules:
         configs = {id(c): c for c in (model.config, *(getattr(m, "config", None) for m in modules))
                    if c is not None}
@@ -106,18 +108,21 @@ def _registered(model, family: Family, causal: bool, documents: torch.Tensor | N
                 c._attn_implementation = attention.IMPLEMENTATION
             for m in modules:
                 setattr(m, attention.DOCUMENTS_ATTR, documents)
+                setattr(m, attention.FLEX_ATTR, block_mask)
             yield
         finally:
             for key, c in configs.items():
                 c._attn_implementation = before[key]
             for m in modules:
-                if hasattr(m, attention.DOCUMENTS_ATTR):
-                    delattr(m, attention.DOCUMENTS_ATTR)
+                for attr in (attention.DOCUMENTS_ATTR, attention.FLEX_ATTR):
+                    if hasattr(m, attr):
+                        delattr(m, attr)
 
 
 @contextmanager
 def attention_for(model, family: Family, objective: str, seq_len: int, dtype: torch.dtype,
-                  device: torch.device | str = "cpu", documents=None, kind: str | None = None):
+                  device: torch.device | str = "cpu", documents=None, kind: str | None = None,
+                  use_flex: bool | None = None):
     """Yields the attention_mask to pass to the family's encoder for this objective: for MLM None
     (bidirectional, no padding: packed sequences), for CLM what the family's mask kind under the model's
     attention implementation needs. Whatever a kind changes on the model (is_causal flags, an embeddings
@@ -130,17 +135,27 @@ def attention_for(model, family: Family, objective: str, seq_len: int, dtype: to
     flag: SDPA runs its fused causal kernel instead of materialising an L x L mask and attention matrix
     (what BertLMHeadModel does); with documents the model runs under ablate.models.attention, one fused
     call per document. banded: ablate.models.attention (no L x L mask; local layers score their window
-    only). The other kinds build dense masks, documents included."""
+    only). The other kinds build dense masks, documents included.
+
+    use_flex (None: on CUDA): with documents, under ablate.models.attention, the global layers' FlexAttention
+    block mask, built here once for the micro-batch (ablate.models.flex)."""
     kind = kind or family.mask_kind(model.config._attn_implementation)
     if kind not in MASK_KINDS:
         raise ValueError(f"family {family.name}: unknown mask kind {kind!r}; one of {MASK_KINDS}")
     causal = objective == "clm"
+    if kind == "banded" or (kind == "flag" and documents is not None):
+        docs = None if documents is None else attention.documents_of(documents, device)
+        block_mask = None
+        if docs is not None and (use_flex if use_flex is not None else torch.device(device).type == "cuda"):
+            block_mask = flex.block_mask(len(docs.ids), seq_len, causal, None, docs.ids, device)
+        with _registered(model, family, causal, docs, block_mask):
+            yield None
+        return
     if documents is not None:
         documents = torch.as_tensor(documents, dtype=torch.long, device=device)
-    if kind == "banded" or (kind == "flag" and documents is not None):
-        with _registered(model, family, causal, documents):
-            yield None
-    elif not causal and documents is None:
+    if not causal and documents is None and kind != "pairwise-bool":
+        # (DeBERTa gets its pairwise mask for MLM too: without one its forward reads the ids back to the
+        # host in every step, looking for padding; an all-True mask changes no number)
         yield None
     elif kind == "flag":
         with _flags(model, family, True):
