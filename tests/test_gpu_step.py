@@ -26,10 +26,11 @@ RECORD_IMPORTS = r"""
 import builtins, importlib, json, runpy, sys
 out, script, args = sys.argv[1], sys.argv[2], sys.argv[3:]
 repo = script.rsplit("/bench/", 1)[0] + "/"
+own = (repo + "ablate/", repo + "bench/")    # the repository's modules (a .venv inside the clone is not)
 seen = {}
 
 def note(name, caller):
-    if caller.get("__file__", "").startswith(repo) and name and not name.startswith("."):
+    if caller.get("__file__", "").startswith(own) and name and not name.startswith("."):
         seen.setdefault(name.split(".")[0], caller.get("__name__"))
 
 plain_import, import_module = builtins.__import__, importlib.import_module
