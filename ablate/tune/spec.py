@@ -2,7 +2,7 @@
 trials could give built at each parameter's bounds (and each choice), so that a file whose trials would
 give an invalid run is refused before anything runs. Nothing is run or submitted.
 
-May import: config, plan, evaluate, tune.schema, tune.sampling, tune.trials, tune.rdb.
+May import: config, plan, evaluate, tune.schema, tune.sampling, tune.trials, tune.rdb, tune.secrets.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from ablate.config.errors import SpecError
 from ablate.config.grid import RESERVED_AXES
 from ablate.config.spec import RunSpec
 from ablate.plan.grid import PlannedRun, resolve_layers
-from ablate.tune.rdb import check_storage_driver
+from ablate.tune.rdb import check_storage_driver, in_file
 from ablate.tune.sampling import check_sampler, make_pruner
+from ablate.tune.secrets import resolve, written_reference
 from ablate.tune.schema import KEY_FORMS, SPECIAL_PREFIXES, Tune, TuneSpec, check_key, parse_param
 from ablate.tune.trials import trial_run
 
@@ -25,9 +26,12 @@ def load_tune(path: str | Path, storage: str | None = None) -> Tune:
     model's depth, too), the objective is one the runs can provide. Nothing is run or submitted."""
     file = str(path)
     spec = validate(TuneSpec, read_yaml(path), file, "tune file")
-    if storage:
-        spec = spec.model_copy(update={"storage": storage})
-    check_storage_driver(spec.storage, file)
+    try:
+        spec = spec.model_copy(update={"storage": written_reference(storage or spec.storage, file)})
+        url = resolve(spec.storage)
+    except SpecError as exc:
+        raise in_file(exc, file) from None
+    check_storage_driver(url, file)
     if not spec.schedules:
         raise SpecError("at least one schedule is needed", file=file, key="schedules")
     for name in RESERVED_AXES:      # the trial's run writes these: a value in base would be dropped
