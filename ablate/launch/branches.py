@@ -8,13 +8,14 @@ A parent that failed or was pruned before its branch step fails its children, sa
 re-runs the parent and then its children. A child whose parent is done starts at once (from step 0 if the
 parent's checkpoint there is gone: the same bits).
 
-May import: store, plan, train.checkpoint.
+May import: store, plan, train.checkpoint, launch.drivers.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ablate.launch.drivers import me
 from ablate.plan.branching import BranchTree
 from ablate.store import rundir
 from ablate.store.sweep import SweepFolder
@@ -63,7 +64,7 @@ class Children:
         self.paths = paths
         self.left = [rid for rid in to_run if not parent_ready(paths, rid)]
         for rid in self.left:
-            rundir.write_status(paths.run(rid), "pending")
+            rundir.write_status(paths.run(rid), "pending", driver=me())     # held by this driver
 
     def first(self, to_run: list[str]) -> list[str]:
         return [rid for rid in to_run if rid not in self.left]

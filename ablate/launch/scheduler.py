@@ -5,7 +5,9 @@ Each run is one job whose only argument is its run folder. On Slurm the jobs go 
 cluster's MaxArraySize, with a parallelism cap); a timeout or preemption requeues the job (submitit's
 Checkpointable), and the requeued job resumes from the run's last checkpoint. A run that is done is never
 submitted again; one that failed only with --retry-failed; one that is queued or running (its job alive or
-its folder locked) is left alone, so the same run never runs twice at once.
+its folder locked) is left alone, so the same run never runs twice at once; so is one another live driver of
+the sweep has queued, and each run's state is checked again right before its job is submitted
+(launch.drivers).
 
 Corpora are prepared before the first run is submitted (launch.preparation): here, or on Slurm as one job
 the arms depend on. A missing corpus is refused before anything is written, and a run that would read its
@@ -16,20 +18,18 @@ the sweep starts from that run's checkpoint (plan.branching): it is submitted on
 (launch.branches).
 
 May import: config, store, plan, evaluate.transplant, launch.worker, launch.executors, launch.preparation,
-launch.transplants, launch.branches.
+launch.transplants, launch.branches, launch.drivers.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Callable
 
 from ablate.config.grid import GridSpec, Launcher
-from ablate.launch import branches, preparation, worker
+from ablate.launch import branches, drivers, preparation, worker
 from ablate.launch.executors import RunJob, have_slurm, make_executor
 from ablate.evaluate.transplant import prepare_derived
 from ablate.launch.transplants import Waiting
@@ -40,7 +40,7 @@ from ablate.store import atomic, rundir
 from ablate.train.checkpoint import latest_checkpoint
 from ablate.store.sweep import SweepFolder, describe_progress, format_duration, read_progress
 
-__all__ = ["Scheduler", "RunJob", "classify", "have_slurm", "job_alive", "record_job_failure", "run_sweep",
+__all__ = ["Scheduler", "RunJob", "classify", "have_slurm", "record_job_failure", "run_sweep",
            "status_rows", "write_sweep_manifest"]
 
 Print = Callable[[str], None]
@@ -61,27 +61,6 @@ def write_sweep_manifest(paths: SweepFolder, grid: GridSpec, grid_file: Path, ru
         prepare_derived(paths.root, planned)
 
 
-def job_alive(status: dict) -> bool:
-    """Is the job that a 'submitted' status names still queued or running?"""
-    job_id, executor = status.get("job_id"), status.get("executor")
-    if not job_id:
-        return False
-    if executor == "slurm":
-        try:
-            out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
-                                 timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return True  # cannot tell: do not risk a second copy
-        return bool(out.stdout.strip())
-    if executor == "local":
-        try:
-            os.kill(int(job_id), 0)
-            return True
-        except (OSError, ValueError):
-            return False
-    return False
-
-
 def classify(run_dir: Path, retry_failed: bool, out: Print = print) -> str:
     """'skip-done', 'skip-failed', 'skip-active' or 'submit'. A run a tune's pruner ended (`pruned`) is
     unfinished to a sweep: it is submitted, and resumes from its last checkpoint. A corrupt status.json is
@@ -93,9 +72,9 @@ def classify(run_dir: Path, retry_failed: bool, out: Print = print) -> str:
     state = rundir.effective_state(run_dir, status)
     if state == "done":
         return "skip-done"
-    if state == "running" or rundir.RunLock(run_dir).held_elsewhere():
+    if state == "running" or rundir.RunLock(run_dir).held_elsewhere() or drivers.owned_elsewhere(status):
         return "skip-active"
-    if state == "submitted" and job_alive(status):
+    if state == "submitted" and drivers.job_alive(status):
         return "skip-active"
     if state == "failed" and not retry_failed:
         return "skip-failed"
@@ -214,10 +193,22 @@ class Scheduler:
 
     def submit(self, run_dirs: list[Path], job: RunJob | None = None) -> None:
         job = job or RunJob()
-        for run_dir in run_dirs:
-            rundir.write_status(run_dir, "pending")
-            self.queued.append((Path(run_dir), job))
+        with drivers.claimed(run_dirs):
+            for run_dir in self._still_free(run_dirs):
+                rundir.write_status(run_dir, "pending", driver=drivers.me())
+                self.queued.append((Path(run_dir), job))
         self._fill()
+
+    def _still_free(self, run_dirs: list[Path]) -> list[Path]:
+        """The runs no other driver or job has taken since this driver decided to run them (claims held)."""
+        free = []
+        for run_dir in run_dirs:
+            why = drivers.taken(run_dir)
+            if why:
+                self.out(f"not submitted {Path(run_dir).name}: {why}")
+            else:
+                free.append(Path(run_dir))
+        return free
 
     def poll(self) -> list[Path]:
         ended = []
@@ -242,6 +233,10 @@ class Scheduler:
             self._start([run_dir for run_dir, _ in group], fn)
 
     def _start(self, run_dirs: list[Path], fn: RunJob) -> None:
+        with drivers.claimed(run_dirs):      # checked again right before the job goes
+            self._submit_jobs(self._still_free(run_dirs), fn)
+
+    def _submit_jobs(self, run_dirs: list[Path], fn: RunJob) -> None:
         if self.kind == "slurm":
             jobs = []
             size = self.launcher.slurm.max_array_size
@@ -251,7 +246,7 @@ class Scheduler:
             jobs = [self.executor.submit(fn, str(d)) for d in run_dirs]
         for run_dir, job in zip(run_dirs, jobs):
             self.active[run_dir] = job
-            rundir.write_status(run_dir, "submitted", job_id=str(job.job_id), executor=self.kind,
+            rundir.write_status(run_dir, "submitted", job_id=str(job.job_id), executor=self.kind, driver=drivers.me(),
                                  job_stdout=str(job.paths.stdout), job_stderr=str(job.paths.stderr))
             self.out(f"submitted {run_dir.name} as job {job.job_id}")
 
@@ -267,13 +262,23 @@ def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_r
     preparation.require_corpora(_unfinished(paths, runs), file=str(grid_file))    # before anything is written
     write_sweep_manifest(paths, grid, grid_file, runs, transplants)
     branches.write_tree(paths, tree, [r.run_id for r in runs])
+    watch = drivers.Watch(paths.root, out)
+    try:
+        return _drive(grid, grid_file, runs, paths, kind, retry_failed, out, poll_s, transplants, tree, watch)
+    finally:
+        watch.close()
+
+
+def _drive(grid, grid_file, runs, paths, kind, retry_failed, out, poll_s, transplants, tree, watch):
+    """run_sweep once the sweep folder is written and this driver is in its drivers.json."""
     decisions = {r.run_id: classify(paths.run(r.run_id), retry_failed, out) for r in runs}
     to_run = [rid for rid, d in decisions.items() if d == "submit"]
     children = branches.Children(paths, to_run)        # held until their parents can start them
     if tree is not None and tree.branches:
         out(f"branching: {len(tree.branches)} runs start from another run's checkpoint "
             f"({len(children.left)} of those to run wait for their parents)")
-    out(f"sweep {grid.sweep}: {len(runs)} runs; " + _decided(decisions))
+    watch.did = _decided(decisions)
+    out(f"sweep {grid.sweep}: {len(runs)} runs; " + watch.did)
     derived = {t.run_id: classify(paths.run(t.run_id), retry_failed, out) for t in transplants}
     waiting = Waiting(paths, [t for t in transplants if derived[t.run_id] == "submit"])
     if transplants:
@@ -297,7 +302,7 @@ def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_r
                 branches.slurm_children(scheduler, paths, tree, children.left, out)
                 children.left = []
         scheduler.submit(children.ready() + waiting.ready())
-        _wait(scheduler, paths, [r.run_id for r in runs] + list(derived), out, poll_s, waiting, children)
+        _wait(scheduler, paths, [r.run_id for r in runs] + list(derived), out, poll_s, waiting, children, watch)
         for line in waiting.describe_left() + children.describe_left():
             out(line)
     by_state: dict[str, list[str]] = {}
@@ -324,12 +329,13 @@ def _decided(decisions: dict[str, str]) -> str:
 
 
 def _wait(scheduler: Scheduler, paths: SweepFolder, all_ids: list[str], out: Print, poll_s: float,
-          waiting: Waiting, children: branches.Children) -> None:
+          waiting: Waiting, children: branches.Children, watch: drivers.Watch) -> None:
     """Poll until every job has ended, submitting each transplant once its runs are done and each child once
     its parent can start it, and printing the sweep's progress line when it changes (or each minute)."""
     last_line, last_print = "", 0.0
     while scheduler.busy:
         scheduler.poll()
+        watch.poll()
         scheduler.submit(children.ready())
         scheduler.submit(waiting.ready())
         line, _ = _progress_line(paths, all_ids)
