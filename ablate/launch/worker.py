@@ -250,7 +250,7 @@ def execute(run_dir: Path, stop_after_steps: int | None = None,
         spec = load_spec(run_dir)
         attempt = int(rundir.read_status(run_dir).get("attempts", 0)) + 1
         rundir.write_status(run_dir, "running", attempts=attempt, started=time.time(),
-                             host=platform.node(), pid=__import__("os").getpid())
+                             host=platform.node(), pid=os.getpid())
         trackers = None if spec.labels.get("derived") else RunTrackers.for_spec(spec, run_dir, log)
         try:
             if spec.labels.get("derived"):
