@@ -297,3 +297,25 @@ def test_bad_input_exits_2_and_submits_nothing(case, tmp_path, capsys, data_root
     err = capsys.readouterr().err
     assert f"{f}: {key}" in err, err
     assert not results.exists()
+
+
+def test_a_downstream_objective_reads_the_tasks_of_a_suite_the_base_evaluates(tmp_path, monkeypatch, capsys,
+                                                                              data_root):
+    from ablate.evaluate.suites import SUITES_DIR_ENV
+    from ablate.tune.trials import objective_tasks
+
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "pair.yaml").write_text(yaml.safe_dump(
+        {"name": "pair", "seeds": [0, 1], "tasks": ["ncbi_disease", "chemprot"]}))
+    monkeypatch.setenv(SUITES_DIR_ENV, str(tmp_path / "suites"))
+    base = {**TUNE["base"], "eval": {"tasks": ["suite:pair"]}}
+    tune = load_tune(write_tune(tmp_path, base=base, objective={"metric": "downstream"}))
+    spec = trial_run(tune, {k: p.extremes()[0] for k, p in tune.params.items()}, trial=None).spec
+    assert objective_tasks(tune.spec.objective, spec) == ["ncbi_disease", "chemprot"]
+    one = load_tune(write_tune(tmp_path, "one.yaml", base=base, objective={"metric": "downstream", "tasks": ["chemprot"]}))
+    assert one.spec.objective.tasks == ("chemprot",)
+    bad = write_tune(tmp_path, "bad.yaml", base=base, objective={"metric": "downstream", "tasks": ["pubmedqa_pqal"]})
+    assert main(["tune", str(bad), "--results", str(tmp_path / "results")]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: objective.tasks: objective task is not evaluated by the runs" in err
+    assert "allowed: ncbi_disease, chemprot" in err, err

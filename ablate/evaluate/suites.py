@@ -15,6 +15,7 @@ May import: config, evaluate (tasks).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ def load_suite(name: str, key: str = "eval.tasks", file: str | None = None) -> S
     if not name or not path.is_file():
         known = ", ".join(PREFIX + s for s in list_suites()) or f"(no suite files in {suites_dir()})"
         raise SpecError("unknown task suite", file=file, key=key, value=PREFIX + name, allowed=known)
-    suite = validate(SuiteSpec, read_yaml(path), str(path), "suite file")
+    suite = _read_suite(str(path), path.stat().st_mtime_ns)
     if suite.name != name:
         raise SpecError("a suite's name is its file name", file=str(path), key="name", value=suite.name,
                         allowed=name)
@@ -89,6 +90,12 @@ def load_suite(name: str, key: str = "eval.tasks", file: str | None = None) -> S
         if task in names[:i]:
             raise SpecError("a task listed twice", file=str(path), key=f"tasks[{i}]", value=task)
     return suite
+
+
+@functools.lru_cache(maxsize=64)
+def _read_suite(path: str, _mtime_ns: int) -> SuiteSpec:
+    """A suite file read and checked once per version (the dry run and every consumer expand it again)."""
+    return validate(SuiteSpec, read_yaml(path), path, "suite file")
 
 
 def eval_items(tasks, seeds, finetune: dict | None = None, *, seeds_override=None, key: str = "eval.tasks",

@@ -133,12 +133,14 @@ def _branched(costs: dict[str, ArmCost], runs: list[PlannedRun], tree, throughpu
     return trained, branching_lines(list(costs.values()), list(trained.values()), len(tree.branches))
 
 
-def finetune_breakdown(grid: GridSpec, runs: list[PlannedRun], results_root: Path) -> tuple[list[str], list[dict]]:
-    """The dry run's fine-tuning per task: a line per suite the grid names (its tasks and seeds), and a row per
-    task (ablate.plan.cost.finetune_task_rows), timed from the sweep's calibration when it timed fine-tuning."""
+def finetune_breakdown(grid: GridSpec, runs: list[PlannedRun], results_root: Path,
+                       transplants=()) -> tuple[list[str], list[dict]]:
+    """The dry run's fine-tuning per task, the transplants' (derived runs) included: a line per suite the grid
+    names (its tasks and seeds), and a row per task (ablate.plan.cost.finetune_task_rows), timed from the
+    sweep's calibration when it timed fine-tuning."""
     from ablate.evaluate.suites import PREFIX, spec_items, suite_lines
 
-    specs = [r.spec for r in runs if r.spec.eval.tasks]
+    specs = [r.spec for r in [*runs, *transplants] if r.spec.eval.tasks]
     if not specs:
         return [], []
     path = SweepFolder(Path(results_root) / grid.sweep).calibration

@@ -18,7 +18,7 @@ from ablate.tune.rdb import check_storage_driver, in_file
 from ablate.tune.sampling import check_sampler, make_pruner
 from ablate.tune.secrets import resolve, written_reference
 from ablate.tune.schema import KEY_FORMS, SPECIAL_PREFIXES, Tune, TuneSpec, check_key, parse_param
-from ablate.tune.trials import trial_run
+from ablate.tune.trials import objective_tasks, trial_run
 
 
 def load_tune(path: str | Path, storage: str | None = None) -> Tune:
@@ -111,14 +111,15 @@ def _check_objective(tune: Tune, spec: RunSpec) -> None:
     obj = tune.spec.objective
     if obj.metric != "downstream":
         return
-    tasks = obj.tasks if obj.tasks is not None else spec.eval.tasks
+    tasks = objective_tasks(obj, spec, tune.file)
     if not tasks:
         raise SpecError("a downstream objective needs tasks: give objective.tasks or base.eval.tasks",
                         file=tune.file, key="objective.tasks")
-    missing = [t for t in tasks if t not in spec.eval.tasks]
+    evaluated = objective_tasks(obj.model_copy(update={"tasks": None}), spec, tune.file)   # suites expanded
+    missing = [t for t in tasks if t not in evaluated]
     if missing:
         raise SpecError("objective task is not evaluated by the runs (add it to base.eval.tasks)", file=tune.file,
-                        key="objective.tasks", value=missing[0], allowed=", ".join(spec.eval.tasks) or "(none)")
+                        key="objective.tasks", value=missing[0], allowed=", ".join(evaluated) or "(none)")
     if obj.name:
         from ablate.evaluate.tasks import load_task
 
