@@ -19,6 +19,7 @@ from ablate.launch.transplants import check_tasks
 from ablate.plan.grid import PlannedRun, expand, resolve_layers, resolve_models
 from ablate.plan.model_fit import check_model_fit
 from ablate.plan.parity import check_parity, comparison_groups, parity_lines
+from ablate.plan.rounding import rounding_warnings
 from ablate.plan.transplants import plan_transplants
 from ablate.train.preflight import check_models
 
@@ -51,7 +52,7 @@ def checked_grid(path: str) -> CheckedGrid:
     check_corpora(specs, file=path)
     check_probe_texts(specs, file=path)
     return CheckedGrid(grid, runs, models, plans, check_models(specs, file=path), transplants,
-                       [f"{path}: {w}" for w in unused_entries(grid)] + warnings,
+                       [f"{path}: {w}" for w in unused_entries(grid) + rounding_warnings(specs)] + warnings,
                        parity_lines(groups, grid.allow_unequal_compute), sweep_tree(grid, runs, plans))
 
 
