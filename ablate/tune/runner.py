@@ -44,6 +44,18 @@ def dry_run_line(tune: Tune, executor: str, results_root: Path) -> str:
             f"storage {shown_url(url)}; dry run: nothing submitted")
 
 
+def in_flight_warnings(tune: Tune, kind: str) -> list[str]:
+    """`parallel` where fewer trials can be in flight than it says."""
+    cap, parallel, n_trials = tune.spec.launcher.local.parallel, tune.spec.parallel, tune.spec.n_trials
+    out = []
+    if kind == "local" and cap < parallel:
+        out.append(f"parallel: {parallel} trials in flight, but launcher.local.parallel is {cap}: at most {cap} run "
+                   "at once on this machine")
+    if parallel > n_trials:
+        out.append(f"parallel: {parallel} trials in flight, but n_trials is {n_trials}: at most {n_trials} run at once")
+    return out
+
+
 def run_study(tune: Tune, results_root: Path, executor: str | None = None, poll_s: float = 2.0,
               out: Print = print, warn: Print = _warn) -> dict[str, int]:
     """Ask, run, tell until the study holds n_trials finished trials (resuming trials an earlier process
@@ -54,10 +66,8 @@ def run_study(tune: Tune, results_root: Path, executor: str | None = None, poll_
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     kind = executor or tune.spec.launcher.executor
-    cap = tune.spec.launcher.local.parallel
-    if kind == "local" and cap < tune.spec.parallel:
-        warn(f"parallel: {tune.spec.parallel} trials in flight, but launcher.local.parallel is {cap}: at most "
-             f"{cap} run at once on this machine")
+    for line in in_flight_warnings(tune, kind):
+        warn(line)
     folder = SweepFolder(study_dir(results_root, tune.study))
     folder.root.mkdir(parents=True, exist_ok=True)
     with StudyLock(folder.root):

@@ -46,6 +46,7 @@ def load_tune(path: str | Path, storage: str | None = None) -> Tune:
     tune = Tune(spec, file, params)
     check_sampler(tune)
     make_pruner(spec.pruner, file)
+    _check_enqueue_counts(spec, file)
     for i, fixed in enumerate(spec.enqueue):
         if not isinstance(fixed, dict):
             raise SpecError("an enqueued trial is a mapping of parameters", file=file, key=f"enqueue[{i}]")
@@ -57,6 +58,18 @@ def load_tune(path: str | Path, storage: str | None = None) -> Tune:
                 raise SpecError("outside the parameter's range", file=file, key=f"enqueue[{i}].{k}", value=v)
     _check_runs(tune)
     return tune
+
+
+def _check_enqueue_counts(spec: TuneSpec, file: str) -> None:
+    """Enqueued trials past n_trials would never run, and one enqueued twice would run twice: both refused."""
+    if len(spec.enqueue) > spec.n_trials:
+        raise SpecError(f"{len(spec.enqueue)} trials are enqueued but n_trials is {spec.n_trials}: the last "
+                        f"{len(spec.enqueue) - spec.n_trials} would never run", file=file, key="n_trials",
+                        value=spec.n_trials, allowed=f"n_trials >= {len(spec.enqueue)}, or fewer enqueued trials")
+    for i, fixed in enumerate(spec.enqueue):
+        if fixed in spec.enqueue[:i]:
+            raise SpecError(f"the same trial as enqueue[{spec.enqueue.index(fixed)}]: it would run twice", file=file,
+                            key=f"enqueue[{i}]", value=fixed)
 
 
 def _check_runs(tune: Tune) -> None:
@@ -97,6 +110,7 @@ def _check_runs(tune: Tune) -> None:
             raise SpecError(f"gives an invalid run: {exc.message}", file=tune.file, key=w,
                             value=exc.value, allowed=exc.allowed) from None
     _check_objective(tune, planned[0].spec)
+    _check_last_n(tune, [run.spec for run in planned])
     from ablate.evaluate.runs import check_eval
     from ablate.plan.model_fit import check_model_fit
 
@@ -105,6 +119,20 @@ def _check_runs(tune: Tune) -> None:
 
     check_eval([planned[0].spec], file=tune.file)
     check_models([run.spec for run in planned], file=tune.file)   # tokenizer, causal preflight
+
+
+def _check_last_n(tune: Tune, specs: list[RunSpec]) -> None:
+    """A loss objective's last_n within the final phase of every run the trials can give (its losses, one a
+    step): a longer tail would quietly be the whole phase."""
+    obj = tune.spec.objective
+    if obj.metric != "loss" or "last_n" not in obj.model_fields_set:     # the default: the last 10 or fewer
+        return
+    spec = min(specs, key=lambda s: s.phase_steps()[-1])
+    final = spec.phase_steps()[-1]
+    if obj.last_n > final:
+        raise SpecError(f"the final phase {spec.phases[-1].name!r} trains {final} steps in some trial: a mean over "
+                        f"its last {obj.last_n} losses would be over {final}", file=tune.file,
+                        key="objective.last_n", value=obj.last_n, allowed=f"1-{final}")
 
 
 def _check_objective(tune: Tune, spec: RunSpec) -> None:
