@@ -76,3 +76,22 @@ def test_a_suite_or_the_command_line_listing_a_seed_twice_is_refused(tmp_path, m
     with pytest.raises(SpecError) as exc:
         suites.eval_items(["chemprot"], (0,), seeds_override=(4, 4))
     assert exc.value.key == "--seeds" and "fine-tuning seed 4 is listed twice" in exc.value.message
+
+
+def test_fine_tuning_caps_past_a_tasks_data_are_said_in_the_dry_run(tmp_path, capsys, data_root):
+    from ablate.cli import main
+    from ablate.evaluate.tasks import load_task, load_task_data
+
+    grid = yaml.safe_load((Path(__file__).parent / "grids" / "tiny.yaml").read_text())
+    grid["axes"] = {"schedule": ["mlm"]}
+    grid.pop("exclude")
+    grid["base"]["eval"] = {"tasks": ["biosses"], "finetune": {"max_train_examples": 8, "max_eval_examples": 500}}
+    (path := tmp_path / "g.yaml").write_text(yaml.safe_dump(grid))
+    assert main(["sweep", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    splits = load_task_data(load_task("biosses")).splits
+    for split in ("dev", "test"):
+        n = len(splits[split])
+        assert f"warning: biosses: max_eval_examples 500 is more than its {n:,} {split} examples: all {n:,} are used" \
+            in out, out
+    assert "max_train_examples 8 is more" not in out
