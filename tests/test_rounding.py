@@ -95,3 +95,14 @@ def test_fine_tuning_caps_past_a_tasks_data_are_said_in_the_dry_run(tmp_path, ca
         assert f"warning: biosses: max_eval_examples 500 is more than its {n:,} {split} examples: all {n:,} are used" \
             in out, out
     assert "max_train_examples 8 is more" not in out
+
+
+def test_a_label_listed_twice_in_a_task_file_is_refused(tmp_path):
+    from ablate.evaluate.tasks import load_task
+
+    spec = yaml.safe_load(Path(load_task("chemprot").file).read_text())
+    spec["labels"] = {"values": ["CPR:3", "CPR:4", "CPR:3"]}
+    (path := tmp_path / "chemprot_twice.yaml").write_text(yaml.safe_dump({**spec, "name": "chemprot_twice"}))
+    with pytest.raises(SpecError) as exc:
+        load_task(str(path))
+    assert str(exc.value) == f"{path}: labels.values: label 'CPR:3' is listed twice"
