@@ -106,3 +106,18 @@ def test_a_label_listed_twice_in_a_task_file_is_refused(tmp_path):
     with pytest.raises(SpecError) as exc:
         load_task(str(path))
     assert str(exc.value) == f"{path}: labels.values: label 'CPR:3' is listed twice"
+
+
+def test_max_documents_past_the_corpus_is_said_when_it_is_prepared(tmp_path, capsys, minilm_tokenizer):
+    from ablate.config.spec import DataSpec
+    from ablate.data.prepare import prepare
+
+    text = tmp_path / "small.txt"
+    text.write_text("one document\n\nanother one\na third\n")
+    prepare(DataSpec(corpus=str(text), max_documents=10, prepared_root=str(tmp_path / "p")), minilm_tokenizer,
+            workers=1, show=False)
+    err = capsys.readouterr().err
+    assert f"warning: data.max_documents 10 is more than the corpus's 3 documents ({text}): all 3 are used" in err
+    prepare(DataSpec(corpus=str(text), max_documents=3, prepared_root=str(tmp_path / "q")), minilm_tokenizer,
+            workers=1, show=False)
+    assert "max_documents" not in capsys.readouterr().err
