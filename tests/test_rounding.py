@@ -121,3 +121,14 @@ def test_max_documents_past_the_corpus_is_said_when_it_is_prepared(tmp_path, cap
     prepare(DataSpec(corpus=str(text), max_documents=3, prepared_root=str(tmp_path / "q")), minilm_tokenizer,
             workers=1, show=False)
     assert "max_documents" not in capsys.readouterr().err
+
+
+def test_a_warmup_longer_than_its_phase_or_rounding_to_nothing_is_said():
+    spec = parse_run_spec(tiny_spec(phases=[
+        {"name": "a", "objective": "mlm", "steps": 3, "lr": {"warmup_steps": 5}},
+        {"name": "b", "objective": "mlm", "steps": 4, "lr": {"warmup_fraction": 0.1}},
+        {"name": "c", "objective": "mlm", "steps": 20, "lr": {"warmup_fraction": 0.1}}]))
+    assert rounding_warnings([spec]) == [
+        "phase a: lr.warmup_steps 5 is more than its 3 steps: it warms up over all 3 and reaches the peak LR at its "
+        "last step",
+        "phase b: lr.warmup_fraction 0.1 of its 4 steps rounds to 0 steps: it has no warmup"]

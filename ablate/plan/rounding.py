@@ -1,8 +1,8 @@
 """What a run's lengths become once counted in whole optimizer steps, said out loud: a phase written in tokens
-that is not a whole number of steps trains up to the next step (one line for all such phases); a phase whose fraction of budget_tokens is
-under one step still trains one; budget_tokens that no phase reads. Pure: warnings (the dry run and the
-sweep print them on stderr), one per distinct case with the runs it concerns counted.
-
+that is not a whole number of steps trains up to the next step (one line for all such phases); a phase whose
+fraction of budget_tokens is under one step still trains one; budget_tokens that no phase reads; a warmup
+longer than its phase, or a warmup fraction that rounds to no step. Pure: warnings (the dry run and the sweep
+print them on stderr), one per distinct case with the runs it concerns counted.
 May import: config.
 """
 
@@ -26,6 +26,13 @@ def spec_rounding(spec: RunSpec) -> list[str]:
     notes = [f"phase {p.name}: fraction {p.fraction:g} of budget_tokens is {p.fraction * spec.budget_tokens:,.0f} "
              f"tokens, under one step of {step:,}: it trains 1 step"
              for p in spec.phases if p.fraction is not None and p.fraction * spec.budget_tokens < step]
+    for p, steps in zip(spec.phases, spec.phase_steps()):
+        if p.lr.warmup_steps > steps:
+            notes.append(f"phase {p.name}: lr.warmup_steps {p.lr.warmup_steps} is more than its {steps} steps: it "
+                         f"warms up over all {steps} and reaches the peak LR at its last step")
+        if p.lr.warmup_fraction and not round(p.lr.warmup_fraction * steps):
+            notes.append(f"phase {p.name}: lr.warmup_fraction {p.lr.warmup_fraction:g} of its {steps} steps rounds "
+                         "to 0 steps: it has no warmup")
     fractions = [p for p in spec.phases if p.fraction is not None]
     if spec.budget_tokens is not None and not fractions:
         notes.append(f"budget_tokens {spec.budget_tokens:,} is read by no phase (none gives its length as a "
