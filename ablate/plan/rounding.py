@@ -3,6 +3,7 @@ that is not a whole number of steps trains up to the next step (one line for all
 fraction of budget_tokens is under one step still trains one; budget_tokens that no phase reads; a warmup
 longer than its phase, or a warmup fraction that rounds to no step. Pure: warnings (the dry run and the sweep
 print them on stderr), one per distinct case with the runs it concerns counted.
+
 May import: config.
 """
 
