@@ -101,6 +101,7 @@ def test_a_run_finished_after_the_driver_decided_to_run_it_is_not_submitted(tmp_
     scheduler.submit([run_dir])
     assert said == [f"not submitted {run_dir.name}: finished meanwhile (by another driver or job)"]
     assert not scheduler.busy and rundir.read_status(run_dir)["attempts"] == 1
+    assert scheduler.poll() == [run_dir] and scheduler.poll() == []     # ended here: a tune settles its trial
 
 
 def test_a_run_another_live_driver_has_queued_is_left_to_it(tmp_path, data_root):

@@ -108,6 +108,19 @@ def taken(run_dir: Path) -> str | None:
     return None
 
 
+def still_free(run_dirs: list[Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """The runs no other driver or job has taken since this driver decided to run them (the caller holds their
+    claims), and the others with why."""
+    free, gone = [], []
+    for run_dir in map(Path, run_dirs):
+        why = taken(run_dir)
+        if why:
+            gone.append((run_dir, why))
+        else:
+            free.append(run_dir)
+    return free, gone
+
+
 class Watch:
     """This driver's entry in the sweep's drivers.json: says which other drivers watch the sweep when it
     starts, and (at `poll`) any that started since, with what they did if they have ended."""

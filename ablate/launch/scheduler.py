@@ -179,13 +179,15 @@ class Scheduler:
     allows: local runs at most `launcher.local.parallel` at once, debug one at a time in this process (at
     `poll`), Slurm all at once as job arrays split at `max_array_size`. A submitted run's status says
     `submitted` with its job id and log files. `poll` returns the run folders whose jobs ended since the
-    last poll, after recording a job that died without finishing its run as a failure of the run."""
+    last poll (and those another driver or job took meanwhile), after recording a job that died without
+    finishing its run as a failure of the run."""
 
     def __init__(self, kind: str, launcher: Launcher, folder: Path, name: str, out: Print = print):
         self.kind, self.launcher, self.out = kind, launcher, out
         self.executor = make_executor(kind, launcher, Path(folder), f"ablate-{name}")
         self.queued: list[tuple[Path, RunJob]] = []
         self.active: dict[Path, object] = {}       # run folder -> its submitit job
+        self.dropped: list[Path] = []              # taken elsewhere meanwhile: `poll` returns them as ended here
 
     @property
     def busy(self) -> bool:
@@ -200,18 +202,14 @@ class Scheduler:
         self._fill()
 
     def _still_free(self, run_dirs: list[Path]) -> list[Path]:
-        """The runs no other driver or job has taken since this driver decided to run them (claims held)."""
-        free = []
-        for run_dir in run_dirs:
-            why = drivers.taken(run_dir)
-            if why:
-                self.out(f"not submitted {Path(run_dir).name}: {why}")
-            else:
-                free.append(Path(run_dir))
+        free, gone = drivers.still_free(run_dirs)     # the claims held
+        for run_dir, why in gone:
+            self.out(f"not submitted {run_dir.name}: {why}")
+        self.dropped += [run_dir for run_dir, _ in gone]
         return free
 
     def poll(self) -> list[Path]:
-        ended = []
+        ended, self.dropped = self.dropped, []
         for run_dir, job in list(self.active.items()):
             if self.kind == "debug":
                 try:
