@@ -50,7 +50,7 @@ def test_the_dry_run_prints_the_rounding(tmp_path, capsys, data_root):
     (path := tmp_path / "g.yaml").write_text(yaml.safe_dump(grid))
     assert main(["sweep", str(path), "--dry-run", "--results", str(tmp_path / "r")]) == 0
     err = capsys.readouterr().err
-    assert f"warning: {path}: phase lengths in tokens round up to whole steps of 128 tokens" in err
+    assert "note: phase lengths in tokens round up to whole steps of 128 tokens" in err
     assert "mlm 300 -> 3 steps (384 tokens)" in err
 
 

@@ -327,10 +327,6 @@ LOOSE = {   # values the study would quietly clamp, round or run twice
     "int step not whole": ({"search_space": {"freeze_layers.clm": {"type": "int", "low": -1, "high": 1,
                                                                    "step": 0.5}}},
                            "search_space.freeze_layers.clm.step", "needs a whole-number step"),
-    "more enqueued than trials": ({"enqueue": [{"optim.lr": 1e-3}, {"optim.lr": 2e-3}, {"optim.lr": 3e-3}]},
-                                  "n_trials", "the last 1 would never run"),
-    "a trial enqueued twice": ({"enqueue": [{"optim.lr": 1e-3}, {"optim.lr": 1e-3}]}, "enqueue[1]",
-                               "the same trial as enqueue[0]: it would run twice"),
     "last_n longer than the final phase": ({"objective": {"metric": "loss", "last_n": 5}}, "objective.last_n",
                                            "trains 1 steps in some trial"),
 }
@@ -354,3 +350,9 @@ def test_parallel_beyond_what_can_be_in_flight_is_said(tmp_path, data_root):
         "parallel: 3 trials in flight, but launcher.local.parallel is 2: at most 2 run at once on this machine",
         "parallel: 3 trials in flight, but n_trials is 2: at most 2 run at once"]
     assert in_flight_warnings(load_tune(write_tune(tmp_path, "ok.yaml")), "debug") == []
+    enqueued = load_tune(write_tune(tmp_path, "enq.yaml", enqueue=[{"optim.lr": 1e-3}, {"optim.lr": 2e-3},
+                                                                   {"optim.lr": 1e-3}]))
+    assert in_flight_warnings(enqueued, "debug") == [
+        "enqueue[2] is the same trial as enqueue[0]: it reuses that run, and the study counts its value twice",
+        "3 trials are enqueued but n_trials is 2: the last 1 wait in the study for a later tune with a larger "
+        "n_trials"]

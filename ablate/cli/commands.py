@@ -129,7 +129,7 @@ def cmd_sweep(args) -> int:
     executor = args.executor or grid.launcher.executor
     sweep_dir = results_root(args.results) / grid.sweep
     notes, warnings = seed_notes(runs)   # on stderr: stdout is the plan table
-    for note in notes if args.dry_run else ():
+    for note in [*notes, *checked.notes] if args.dry_run else ():
         print(f"note: {note}", file=sys.stderr)
     _warn(warnings + checked.warnings)
     if args.dry_run:

@@ -1,8 +1,9 @@
 """What a run's lengths become once counted in whole optimizer steps, said out loud: a phase written in tokens
 that is not a whole number of steps trains up to the next step (one line for all such phases); a phase whose
 fraction of budget_tokens is under one step still trains one; budget_tokens that no phase reads; a warmup
-longer than its phase, or a warmup fraction that rounds to no step. Pure: warnings (the dry run and the sweep
-print them on stderr), one per distinct case with the runs it concerns counted.
+longer than its phase, or a warmup fraction that rounds to no step. Pure: the token rounding is a note of the
+dry run, the rest warnings (the dry run and the sweep print them on stderr), one per distinct case with the
+runs it concerns counted.
 
 May import: config.
 """
@@ -46,8 +47,14 @@ def spec_rounding(spec: RunSpec) -> list[str]:
 
 
 def rounding_warnings(specs: list[RunSpec]) -> list[str]:
-    """One line per step size for the phases written in tokens, then each other note once, saying how many
-    of the runs it concerns."""
+    """The notes and the warnings of rounding_notes, in one list (what a test or a single run reads)."""
+    notes, warnings = rounding_notes(specs)
+    return notes + warnings
+
+
+def rounding_notes(specs: list[RunSpec]) -> tuple[list[str], list[str]]:
+    """(notes, warnings): a note per step size for the phases written in tokens (under one step of difference:
+    the dry run says it), then each other case once as a warning, saying how many of the runs it concerns."""
     by_step: dict[int, dict[tuple, None]] = {}
     counts: dict[str, int] = {}
     for spec in specs:
@@ -58,4 +65,4 @@ def rounding_warnings(specs: list[RunSpec]) -> list[str]:
     lines = [f"phase lengths in tokens round up to whole steps of {step:,} tokens (batch_size x data.seq_len): "
              + "; ".join(f"{name} {tokens:,} -> {steps:,} steps ({steps * step:,} tokens)"
                          for name, tokens, steps in phases) for step, phases in by_step.items()]
-    return lines + [f"{note} ({n} of {len(specs)} runs)" if len(specs) > 1 else note for note, n in counts.items()]
+    return lines, [f"{note} ({n} of {len(specs)} runs)" if len(specs) > 1 else note for note, n in counts.items()]

@@ -45,9 +45,15 @@ def dry_run_line(tune: Tune, executor: str, results_root: Path) -> str:
 
 
 def in_flight_warnings(tune: Tune, kind: str) -> list[str]:
-    """`parallel` where fewer trials can be in flight than it says."""
+    """`parallel` where fewer trials can be in flight than it says; enqueued trials this call will not run, or
+    that repeat one another (the run is reused, and its value counts twice in the study)."""
     cap, parallel, n_trials = tune.spec.launcher.local.parallel, tune.spec.parallel, tune.spec.n_trials
-    out = []
+    enqueue = tune.spec.enqueue
+    out = [f"enqueue[{i}] is the same trial as enqueue[{enqueue.index(fixed)}]: it reuses that run, and the "
+           "study counts its value twice" for i, fixed in enumerate(enqueue) if fixed in enqueue[:i]]
+    if len(enqueue) > n_trials:
+        out.append(f"{len(enqueue)} trials are enqueued but n_trials is {n_trials}: the last {len(enqueue) - n_trials} "
+                   "wait in the study for a later tune with a larger n_trials")
     if kind == "local" and cap < parallel:
         out.append(f"parallel: {parallel} trials in flight, but launcher.local.parallel is {cap}: at most {cap} run "
                    "at once on this machine")

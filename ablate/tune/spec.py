@@ -46,7 +46,6 @@ def load_tune(path: str | Path, storage: str | None = None) -> Tune:
     tune = Tune(spec, file, params)
     check_sampler(tune)
     make_pruner(spec.pruner, file)
-    _check_enqueue_counts(spec, file)
     for i, fixed in enumerate(spec.enqueue):
         if not isinstance(fixed, dict):
             raise SpecError("an enqueued trial is a mapping of parameters", file=file, key=f"enqueue[{i}]")
@@ -58,18 +57,6 @@ def load_tune(path: str | Path, storage: str | None = None) -> Tune:
                 raise SpecError("outside the parameter's range", file=file, key=f"enqueue[{i}].{k}", value=v)
     _check_runs(tune)
     return tune
-
-
-def _check_enqueue_counts(spec: TuneSpec, file: str) -> None:
-    """Enqueued trials past n_trials would never run, and one enqueued twice would run twice: both refused."""
-    if len(spec.enqueue) > spec.n_trials:
-        raise SpecError(f"{len(spec.enqueue)} trials are enqueued but n_trials is {spec.n_trials}: the last "
-                        f"{len(spec.enqueue) - spec.n_trials} would never run", file=file, key="n_trials",
-                        value=spec.n_trials, allowed=f"n_trials >= {len(spec.enqueue)}, or fewer enqueued trials")
-    for i, fixed in enumerate(spec.enqueue):
-        if fixed in spec.enqueue[:i]:
-            raise SpecError(f"the same trial as enqueue[{spec.enqueue.index(fixed)}]: it would run twice", file=file,
-                            key=f"enqueue[{i}]", value=fixed)
 
 
 def _check_runs(tune: Tune) -> None:
