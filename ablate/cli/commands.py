@@ -46,11 +46,12 @@ def _check_tasks(names) -> None:
         load_task(item.task, key="--task")
 
 
-def _print_finetuning(grid, runs, root) -> None:
-    """The dry run's evaluation cost: the suites the grid names, then a row per task (ablate.launch.estimates)."""
+def _print_finetuning(grid, runs, root, transplants) -> None:
+    """The dry run's evaluation cost: the suites the grid names, then a row per task, the transplants'
+    fine-tuning included (ablate.launch.estimates)."""
     from ablate.launch.estimates import finetune_breakdown
 
-    lines, rows = finetune_breakdown(grid, runs, root)
+    lines, rows = finetune_breakdown(grid, runs, root, transplants)
     if rows:
         print("evaluation (fine-tuning per task; hours from `ablate calibrate`):"
               + "".join(f"\n  {line}" for line in lines))
@@ -128,7 +129,7 @@ def cmd_sweep(args) -> int:
     executor = args.executor or grid.launcher.executor
     sweep_dir = results_root(args.results) / grid.sweep
     notes, warnings = seed_notes(runs)   # on stderr: stdout is the plan table
-    for note in notes if args.dry_run else ():
+    for note in [*notes, *checked.notes] if args.dry_run else ():
         print(f"note: {note}", file=sys.stderr)
     _warn(warnings + checked.warnings)
     if args.dry_run:
@@ -145,7 +146,7 @@ def cmd_sweep(args) -> int:
             _print_table(transplant_table(transplants))
             print()
         _print_tree(checked.tree, runs)
-        _print_finetuning(grid, runs, results_root(args.results))
+        _print_finetuning(grid, runs, results_root(args.results), transplants)
         print("\n".join(header))
         _print_table(costs)
         print("\n".join(checked.parity))

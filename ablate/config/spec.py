@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ablate.config.base import Located, Strict, read_yaml, validate
+from ablate.config.base import Located, Strict, read_yaml, unique_items, validate
 
 FREEZE_WORDS = ("none", "embeddings", "low", "mid", "high", "encoder", "head")
 FREEZE_ALLOWED = "none, embeddings, low, mid, high, encoder, head, or a layer range like 0-7 or 3"
@@ -140,6 +140,11 @@ class EvalSpec(Strict):
     finetune: dict[str, Any] = Field(default_factory=dict, description="overrides of the tasks' fine-tuning defaults")
     protocol: str | None = Field(default=None, description="a fine-tuning profile of ablate.evaluate.protocol "
                                                            "(paper, smoke) over the task files; null: the files'")
+
+    @field_validator("seeds")
+    @classmethod
+    def _each_seed_once(cls, seeds):
+        return unique_items(seeds, "fine-tuning seed")
 
 
 class TensorBoardSpec(Strict):

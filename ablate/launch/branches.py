@@ -13,7 +13,7 @@ A parent that failed or was pruned before its branch step fails its children, sa
 re-runs the parent and then its children. A child whose parent is done starts at once (from step 0 if the
 parent's checkpoint there is gone: the same bits).
 
-May import: store, plan, train.checkpoint.
+May import: store, plan, train.checkpoint, launch.drivers.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from ablate.launch.drivers import me
 from ablate.plan.branching import BranchTree
 from ablate.store import rundir
 from ablate.store.sweep import SweepFolder
@@ -69,7 +70,7 @@ class Children:
         self.paths = paths
         self.left = [rid for rid in to_run if not parent_ready(paths, rid)]
         for rid in self.left:
-            rundir.write_status(paths.run(rid), "pending")
+            rundir.write_status(paths.run(rid), "pending", driver=me())     # held by this driver
 
     def first(self, to_run: list[str]) -> list[str]:
         return [rid for rid in to_run if rid not in self.left]

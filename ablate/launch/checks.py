@@ -21,6 +21,7 @@ from ablate.launch.transplants import check_tasks
 from ablate.plan.grid import PlannedRun, expand, resolve_layers, resolve_models
 from ablate.plan.model_fit import check_model_fit
 from ablate.plan.parity import check_parity, comparison_groups, parity_lines
+from ablate.plan.rounding import rounding_notes
 from ablate.plan.transplants import plan_transplants
 from ablate.train.preflight import check_models
 
@@ -36,6 +37,7 @@ class CheckedGrid:
     warnings: list[str]               # e.g. a transplant's seed one arm lacks
     parity: list[str]                 # the compute parity check, a line per comparison group
     tree: object = None               # shared prefixes (plan.branching.BranchTree); None: `branching: false`
+    notes: tuple = ()                 # what the dry run says on stderr, e.g. token lengths rounded to whole steps
 
 
 def checked_grid(path: str) -> CheckedGrid:
@@ -53,9 +55,10 @@ def checked_grid(path: str) -> CheckedGrid:
     check_tasks(transplants, file=path)
     check_corpora(specs, file=path)
     check_probe_texts(specs, file=path)
+    notes, rounded = rounding_notes(specs)
     return CheckedGrid(grid, runs, models, plans, check_models(specs, file=path), transplants,
-                       [f"{path}: {w}" for w in unused_entries(grid)] + warnings,
-                       parity_lines(groups, grid.allow_unequal_compute), sweep_tree(grid, runs, plans))
+                       [f"{path}: {w}" for w in unused_entries(grid) + rounded] + warnings,
+                       parity_lines(groups, grid.allow_unequal_compute), sweep_tree(grid, runs, plans), tuple(notes))
 
 
 def sweep_tree(grid: GridSpec, runs: list[PlannedRun], plans: dict[str, list]):

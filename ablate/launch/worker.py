@@ -141,17 +141,6 @@ def _fine_tune(run_dir: Path, spec: RunSpec, log, report, team: shares.Team = sh
     return shares.fine_tune_share(run_dir, spec, team, log=log, progress=report)
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copy2(src, tmp)
-    os.replace(tmp, dst)
-
-
 def start_from_parent(run_dir: Path, log) -> None:
     """A child of the sweep's tree (branch.json) that has not started: adopt its parent's checkpoint at the
     branch step, with the phase-end representations the parent's probe saved up to there; or, when the
@@ -173,7 +162,7 @@ def start_from_parent(run_dir: Path, log) -> None:
             for phase in dict.fromkeys(row["phase"] for row in state["layer_rows"]):
                 reps = parent_dir.joinpath(*REPS_DIR, f"{phase}.npz")
                 if reps.is_file():
-                    _link_or_copy(reps, run_dir.joinpath(*REPS_DIR, f"{phase}.npz"))
+                    rundir.atomic.link_or_copy(reps, run_dir.joinpath(*REPS_DIR, f"{phase}.npz"))
             adopt_checkpoint(found, run_dir / "checkpoints")
             log(f"branch of {branch['parent']} @ step {step}: started from its checkpoint "
                 f"(phase {state['phase_index']}, {state['tokens_seen']} tokens seen)")

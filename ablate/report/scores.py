@@ -68,7 +68,7 @@ def unit_scores(sweep: Sweep, split: str | None, pcol: str | None, figure: str) 
     parts = [df]
     for p in panels(df, pcol):
         unit = [*arm_keys(pcol), "run_id", "seed", "finetune_seed"]
-        parts += [task_average(in_panel(df, pcol, p), unit), *language_averages(in_panel(df, pcol, p), unit)]
+        parts += [*averages(in_panel(df, pcol, p), unit)]
     return pd.concat(parts, ignore_index=True)
 
 
@@ -105,6 +105,13 @@ def language_averages(scores: pd.DataFrame, unit: list[str]) -> list[pd.DataFram
         mine = tasks[tasks["task"].map(languages) == lang]
         out.append(task_average(mine, unit).assign(task=language_average(lang), language=lang))
     return out
+
+
+def averages(scores: pd.DataFrame, unit: list[str]) -> list[pd.DataFrame]:
+    """The average rows of `scores`: the overall one (none for a single task: it would repeat the task) and the
+    per-language ones."""
+    several = scores.loc[~scores["task"].map(is_average), "task"].nunique() > 1
+    return [*([task_average(scores, unit)] if several else []), *language_averages(scores, unit)]
 
 
 def task_average(scores: pd.DataFrame, unit: list[str]) -> pd.DataFrame:

@@ -26,8 +26,8 @@ from ablate.evaluate.units import pairing_units, require_task_scores
 from ablate.report.arms import arm_label, arm_tokens_match, done_runs
 from ablate.report.divergence import divergence_table
 from ablate.evaluate.sizes import min_test_examples
-from ablate.report.scores import (AVERAGE, arm_vs_baseline, average_names, is_average, language_averages,
-                                  task_average, task_languages, unit_scores)
+from ablate.report.scores import (AVERAGE, arm_vs_baseline, average_names, averages, is_average, task_languages,
+                                  unit_scores)
 from ablate.report.sweep import Sweep, load_sweep
 
 MARKS = ((0.01, "**"), (0.05, "*"))   # p below -> mark
@@ -66,7 +66,7 @@ def _only_tasks(sweep: Sweep, u: pd.DataFrame, tasks) -> pd.DataFrame:
     require_task_scores(u.loc[~u["task"].map(is_average), ["run_id", "task"]], done_runs(sweep.runs), wanted)
     u = u[u["task"].isin(wanted)]
     unit = ["schedule", "freeze", "run_id", "seed", "finetune_seed"]
-    return pd.concat([u, task_average(u, unit), *language_averages(u, unit)], ignore_index=True)
+    return pd.concat([u, *averages(u, unit)], ignore_index=True)
 
 
 def score_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
@@ -137,9 +137,10 @@ def freeze_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = Non
     difference from the same schedule without freezing and from the baseline arm."""
     units = _units(sweep, units)
     avg = score_table(sweep, baseline=baseline, split=split, units=units, tasks=tasks, seed=seed)
-    avg = avg[avg["task"] == AVERAGE].set_index("arm")
+    summary = AVERAGE if (avg["task"] == AVERAGE).any() else avg["task"].iloc[0]    # one task: no average of it
+    avg = avg[avg["task"] == summary].set_index("arm")
     u = _only_tasks(sweep, unit_scores(sweep, split, None, "table"), tasks)
-    u = u[u["task"] == AVERAGE]
+    u = u[u["task"] == summary]
     frozen = _frozen_by_arm(sweep)
     rows = []
     for arm, row in avg.iterrows():
