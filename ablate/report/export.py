@@ -33,12 +33,12 @@ from ablate.report.arms import arm_label, done_runs
 from ablate.report.card import Card, CardScores, render_card
 from ablate.report.provenance import RunFacts, read_run_facts
 from ablate.report.sweep import Sweep, load_sweep
+from ablate.config.grid import DEFAULT_BASELINE   # as `ablate report --table scores`
 
 WEIGHTS = ".safetensors"
 INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model")
 FIGURE = "figures/layers"
-DEFAULT_BASELINE = "mlm"       # as `ablate report --table scores`
 
 
 @dataclass(frozen=True)

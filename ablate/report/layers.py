@@ -18,6 +18,7 @@ from ablate.report.arms import (arm_keys, arm_label, arm_sorted, done_runs, in_p
 from ablate.report.stats import mean_ci
 from ablate.report.style import arm_styles, figure_legend, layer_ticks, new_figure, styled
 from ablate.report.sweep import Sweep
+from ablate.config.grid import DEFAULT_BASELINE
 
 MEASURE_LABELS = {
     "cka_vs_base": "1 − CKA vs base model",
@@ -94,7 +95,7 @@ def _measure_rows(sweep: Sweep, runs: pd.DataFrame, measure: str, phase: str) ->
     return table
 
 
-def layer_data(sweep: Sweep, *, measure: str = "cka_vs_base", phase: str = "last", baseline: str = "mlm",
+def layer_data(sweep: Sweep, *, measure: str = "cka_vs_base", phase: str = "last", baseline: str = DEFAULT_BASELINE,
                panel: str | None = "auto") -> pd.DataFrame:
     """Per arm and layer: mean over seeds of the plotted measure at the end of `phase`, with a 95% CI.
 
@@ -149,7 +150,7 @@ def _draw_strip(sx, rows, n_rows: int, colors: dict, same_labels_as_first: bool)
     sx.set_title("frozen layers (mask · phase)", loc="left", fontsize=7.5, color="0.3")
 
 
-def plot_layers(data: pd.DataFrame, *, panel_col: str | None = None, baseline: str = "mlm", logy: bool = False):
+def plot_layers(data: pd.DataFrame, *, panel_col: str | None = None, baseline: str = DEFAULT_BASELINE, logy: bool = False):
     measure = data["measure"].iloc[0]
     base_measure = measure.removeprefix("1 - ")
     names = panels(data, panel_col)
@@ -187,7 +188,7 @@ def plot_layers(data: pd.DataFrame, *, panel_col: str | None = None, baseline: s
 
 
 @styled
-def layers_figure(sweep: Sweep, *, measure: str = "cka_vs_base", phase: str = "last", baseline: str = "mlm",
+def layers_figure(sweep: Sweep, *, measure: str = "cka_vs_base", phase: str = "last", baseline: str = DEFAULT_BASELINE,
                   panel: str | None = "auto", logy: bool = False):
     """How far each layer moved, per arm: 1 - CKA vs the base model (or another layer measure).
 

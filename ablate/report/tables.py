@@ -29,6 +29,7 @@ from ablate.evaluate.sizes import min_test_examples
 from ablate.report.scores import (AVERAGE, arm_vs_baseline, average_names, is_average, language_averages,
                                   task_average, task_languages, unit_scores)
 from ablate.report.sweep import Sweep, load_sweep
+from ablate.config.grid import DEFAULT_BASELINE
 
 MARKS = ((0.01, "**"), (0.05, "*"))   # p below -> mark
 DAGGER = {"md": "†", "tex": "$^\\dagger$"}
@@ -69,7 +70,7 @@ def _only_tasks(sweep: Sweep, u: pd.DataFrame, tasks) -> pd.DataFrame:
     return pd.concat([u, task_average(u, unit), *language_averages(u, unit)], ignore_index=True)
 
 
-def score_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
+def score_table(sweep: Sweep, *, baseline: str = DEFAULT_BASELINE, split: str | None = None,
                 units: tuple[str, ...] | None = None, tasks=None, seed: int = 0) -> pd.DataFrame:
     """Tidy: one row per (arm, task) with language, mean, std, n, and delta / ci_low / ci_high / p_value
     against the baseline arm (a schedule name, meaning its unfrozen arm, or an arm label), and the pairing
@@ -131,7 +132,7 @@ def _test_sizes(u: pd.DataFrame) -> dict[str, dict]:
     return out
 
 
-def freeze_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
+def freeze_table(sweep: Sweep, *, baseline: str = DEFAULT_BASELINE, split: str | None = None,
                  units: tuple[str, ...] | None = None, tasks=None, seed: int = 0) -> pd.DataFrame:
     """One row per arm: what each phase froze (from the `frozen` table), the average score, and its
     difference from the same schedule without freezing and from the baseline arm."""

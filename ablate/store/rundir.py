@@ -39,6 +39,7 @@ from itertools import accumulate, zip_longest
 from pathlib import Path
 from typing import Any
 
+from ablate.config.grid import DEFAULT_BASELINE, is_baseline_arm
 from ablate.config.spec import RunSpec
 from ablate.store import atomic
 from ablate.store.lock import FileLock
@@ -290,8 +291,8 @@ def _digest(obj) -> str:
 
 def run_info(run_id: str, spec: RunSpec) -> RunInfo:
     phases = spec.model_dump(mode="json")["phases"]
-    freeze = (spec.labels.get("axes") or {}).get("freeze", "none")
-    baseline = freeze == "none" and all(p.objective == "mlm" for p in spec.phases)
+    axes = spec.labels.get("axes") or {}
+    baseline = is_baseline_arm(axes.get("schedule", DEFAULT_BASELINE), axes.get("freeze", "none"), spec.labels)
     ends = tuple(accumulate(spec.phase_steps()))
     return RunInfo(run_id, spec.training_identity, spec.seed, tuple(p.name for p in spec.phases), ends,
                    _digest(phases), baseline)

@@ -51,8 +51,10 @@ class TrainState:
     elapsed_s: float = 0.0
     done: bool = False
 
-    def record_step(self, phase: str, batch: np.ndarray, loss: float, lr: float, norms: dict[int, float]) -> None:
-        """Book one optimizer step: data position, token counts and hashes, the curve and gradient norms."""
+    def record_step(self, phase: str, batch: np.ndarray, loss: float, lr: float, norms: dict[int, float],
+                    notes: dict | None = None) -> None:
+        """Book one optimizer step: data position, token counts and hashes, the curve (with `notes`: the
+        masking rate, a mixture's per-member losses) and gradient norms."""
         start = self.phase_token_hashes.get(phase, PHASE_START)
         self.token_hash = chain_hash(self.token_hash, batch)
         self.phase_token_hashes[phase] = chain_hash(start, batch)
@@ -62,7 +64,7 @@ class TrainState:
         self.global_step += 1
         self.step_in_phase += 1
         self.curves.append({"phase": phase, "step": self.global_step, "tokens": self.tokens_seen, "loss": loss,
-                            "lr": lr})
+                            "lr": lr, **(notes or {})})
         for layer, value in norms.items():
             key = f"{phase}/{layer}"
             self.grad_norm_sums[key] = self.grad_norm_sums.get(key, 0.0) + value

@@ -48,11 +48,13 @@ from ablate.models.families import Family, family_of, n_layers
 from ablate.models.sources import load_masked_lm, load_tokenizer
 from ablate.analysis.probe import grad_norms, layer_params, weight_rel_change
 from ablate.train.optimizer import Optimizer, fused_adamw
-from ablate.train.objectives import attention_for, clm_labels, mlm_inputs
+from ablate.train.objectives import attention_for
 from ablate.train.precision import compiled_encoder, set_determinism, uses_autocast
 from ablate.train.preflight import preflight_run
 from ablate.train.schedule import lr_at
 from ablate.train.vocab_loss import LOSSES
+from ablate.config import objectives
+from ablate.config.objectives.base import Batch, Draws, TokenInfo, pattern_of_rows
 from ablate.config.spec import RunSpec
 from ablate.store.rundir import branch_points
 
@@ -120,25 +122,37 @@ def check_data_parallel(spec: RunSpec, world_size: int) -> None:
                         key="batch_size", value=spec.batch_size, allowed=f"a multiple of {world_size * micro}")
 
 
+def objective_batch(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarray, global_step: int) -> Batch:
+    """The phase's objective entry on the global batch: every draw from (seed, global step), the masking
+    stream as it always was, a mixture's member draws from a stream of their own."""
+    spec = ctx.spec
+    draws = Draws(masking=torch.Generator().manual_seed(_seed_for(spec.seed, global_step, 2)),
+                  choice=torch.Generator().manual_seed(_seed_for(spec.seed, global_step, 4)),
+                  step=global_step - phase.first_step, steps=phase.steps,
+                  micro=spec.micro_batch_size or spec.batch_size)
+    tokens = TokenInfo(ctx.special_ids, ctx.mask_id, ctx.vocab_size)
+    ids, doc_ids = torch.from_numpy(batch.astype(np.int64)), torch.from_numpy(docs.astype(np.int64))
+    return objectives.get(phase.spec.objective).batch(ids, doc_ids, draws, tokens, phase.spec)
+
+
 def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarray, global_step: int,
-               opt: Optimizer, lr: float) -> tuple[float, dict[int, float]]:
-    """One optimizer step over `batch` (split into micro-batches); returns (mean loss, grad norm per layer)."""
+               opt: Optimizer, lr: float, notes: dict | None = None) -> tuple[float, dict[int, float]]:
+    """One optimizer step over `batch` (split into micro-batches); returns (mean loss, grad norm per layer).
+    notes, when given, receives what the curves record beside the loss: the masking rate(s) and, in a
+    mixture, each member's mean loss."""
     spec, model, family, dist = ctx.spec, ctx.model, ctx.family, ctx.dist
-    masking = torch.Generator().manual_seed(_seed_for(spec.seed, global_step, 2))
-    ids = torch.from_numpy(batch.astype(np.int64))
-    if phase.spec.objective == "mlm":
-        inputs, labels = mlm_inputs(ids, phase.spec.effective_mask_rate, ctx.special_ids, ctx.mask_id,
-                                    ctx.vocab_size, masking)
-    else:
-        inputs, labels = ids, clm_labels(ids, torch.from_numpy(docs.astype(np.int64)))
+    made = objective_batch(ctx, phase, batch, docs, global_step)
+    ids, inputs, labels, prefix, member = made.inputs, made.inputs, made.labels, made.prefix, made.member
     n_labels = int((labels != -100).sum())
     if n_labels == 0:
         raise RuntimeError(f"step {global_step}: the batch has no position with a loss")
 
     mask_dtype = torch.bfloat16 if ctx.autocast else torch.float32
+    mixed = len(made.labels_of) > 1
+    member_sums = torch.zeros(len(made.labels_of), dtype=torch.float64)
     if dist.enabled:                       # masking and n_labels above are over the global batch
         mine = rank_slice(len(ids), dist)
-        inputs, labels = inputs[mine], labels[mine]
+        inputs, labels, prefix, member = inputs[mine], labels[mine], prefix[mine], member[mine]
     if ctx.pin_memory:
         inputs, labels = inputs.pin_memory(), labels.pin_memory()
     encoder = ctx.encoder if ctx.encoder is not None else family.encoder(model)   # (a compiled one has no bool)
@@ -148,22 +162,31 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
     total = 0.0
     for index, start in enumerate(range(0, len(inputs), micro), start=first):
         torch.manual_seed(_dropout_seed(spec.seed, global_step, index))
-        x = inputs[start:start + micro].to(ctx.device, non_blocking=True)
-        y = labels[start:start + micro].to(ctx.device, non_blocking=True)
+        rows = slice(start, start + micro)
+        x = inputs[rows].to(ctx.device, non_blocking=True)
+        y = labels[rows].to(ctx.device, non_blocking=True)
+        pattern = pattern_of_rows(prefix[rows], x.shape[1])
         with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=ctx.autocast), \
-                attention_for(model, family, phase.spec.objective, x.shape[1], mask_dtype, ctx.device,
+                attention_for(model, family, pattern, x.shape[1], mask_dtype, ctx.device,
                               docs[rank_slice(len(ids), dist)][start:start + micro]
-                              if spec.document_masking else None) as attn:
+                              if spec.document_masking else None, prefix=prefix[rows]) as attn:
             hidden = encoder(input_ids=x, attention_mask=attn).last_hidden_state
             where = y != -100
             features = family.transform(model, hidden[where])
-            loss = head_loss(features, *family.decoder(model), y[where]) / n_labels
+            if mixed:
+                loss = _member_losses(head_loss, family.decoder(model), features, y[where],
+                                      member[rows].to(ctx.device)[:, None].expand_as(y)[where], member_sums) / n_labels
+            else:
+                loss = head_loss(features, *family.decoder(model), y[where]) / n_labels
         del features, hidden     # backward keeps what it needs
         loss.backward()
         total += loss.item()
     if dist.enabled:
         dist.sum_grads([p.grad for p in opt.trainable() if p.grad is not None])
         total = dist.sum_float(total, ctx.device)
+        member_sums = torch.tensor([dist.sum_float(float(v), ctx.device) for v in member_sums])
+    if notes is not None:
+        notes.update(_step_notes(made, member_sums, mixed))
 
     norms = grad_norms(opt.named, ctx.layer_params)
     if spec.optim.grad_clip is not None:
@@ -173,6 +196,33 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
     opt.torch.step()
     opt.torch.zero_grad(set_to_none=True)
     return total, norms
+
+
+def _member_losses(head_loss, decoder, features: torch.Tensor, targets: torch.Tensor, members: torch.Tensor,
+                   sums: torch.Tensor) -> torch.Tensor:
+    """A mixture's micro-batch: the summed loss of each member's positions (each added to `sums`, as floats
+    after the step), and their total."""
+    total = features.new_zeros(())
+    for index in members.unique().tolist():
+        mine = members == index
+        part = head_loss(features[mine], *decoder, targets[mine])
+        sums[index] += part.detach().double().cpu()
+        total = total + part
+    return total
+
+
+def _step_notes(made: Batch, member_sums: torch.Tensor, mixed: bool) -> dict:
+    """The curves' extra columns of a step: mask_rate (one masking objective) or mask_rate/<member>, and
+    loss/<member> (a mixture: each member's mean loss over its labelled positions; NaN when it drew no row)."""
+    out: dict = {}
+    if not mixed:
+        out.update({"mask_rate": rate for rate in made.mask_rates.values()})
+        return out
+    out.update({f"mask_rate/{label}": rate for label, rate in made.mask_rates.items()})
+    for index, label in enumerate(made.labels_of):
+        n = int(((made.labels != -100) & (made.member[:, None] == index)).sum())
+        out[f"loss/{label}"] = float(member_sums[index]) / n if n else float("nan")
+    return out
 
 
 def _fmt_time(seconds: float) -> str:
@@ -279,10 +329,11 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
             lr = lr_at(plan.spec.lr, peak, state.step_in_phase, plan.steps)
             idx = ctx.order.take(state.data_position, spec.batch_size)
             batch, docs = ctx.sequences[idx], ctx.doc_ids[idx]
-            loss, norms = train_step(ctx, plan, batch, docs, state.global_step, opt, lr)
+            notes: dict = {}
+            loss, norms = train_step(ctx, plan, batch, docs, state.global_step, opt, lr, notes)
             if not math.isfinite(loss):
                 raise FloatingPointError(f"loss is {loss} at step {state.global_step} (phase {plan.name})")
-            state.record_step(plan.name, batch, loss, lr, norms)
+            state.record_step(plan.name, batch, loss, lr, norms, notes)
             steps_this_call += 1
             window_tokens += batch.size
             last_of_phase = state.step_in_phase == plan.steps
