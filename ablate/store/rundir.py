@@ -223,8 +223,10 @@ def _plain(value: Any) -> Any:
 
 
 def _columns(rows: list[dict], names: tuple[str, ...]) -> dict[str, list]:
-    """Column-oriented JSON: compact, and fast to turn into a DataFrame."""
-    return {n: [r[n] for r in rows] for n in names}
+    """Column-oriented JSON: compact, and fast to turn into a DataFrame. Columns some rows carry beyond
+    `names` (the curves' mask_rate, a mixture's loss/<member>) follow, None where a row lacks them."""
+    extra = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in names]
+    return {**{n: [r[n] for r in rows] for n in names}, **{k: [r.get(k) for r in rows] for k in extra}}
 
 
 def read_scores(folder: Path, run_id: str) -> list[dict]:
