@@ -232,3 +232,36 @@ def test_branching_never_shares_a_prefix_between_objectives_that_differ_in_an_id
     by_seq = _spec({"objective": "mixture", "mixture": members, "granularity": "sequence"})
     assert _step(other, mix) == 0 and _step(by_seq, mix) == 0
     assert _step(_spec({"objective": "mixture", "mixture": members, "granularity": "step"}), mix) > 0
+
+
+# ---------------------------------------------------------------- the baseline arm, declared once
+
+def _grid(tmp_path, **over) -> Path:
+    import yaml
+
+    grid = {"sweep": "b", "base": {"model": "config:tiny-bert", "data": {"corpus": "c.txt"}},
+            "schedules": {"long_mlm": [{"name": "m", "objective": "mlm", "steps": 4}],
+                          "clm_detour": [{"name": "c", "objective": "clm", "steps": 4}]},
+            "axes": {"schedule": ["long_mlm", "clm_detour"]}, **over}
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    return path
+
+
+def test_a_grid_names_its_baseline_arm_and_twins_tables_and_reports_read_it(tmp_path):
+    from ablate.config.errors import SpecError
+    from ablate.config.grid import declared_baseline, load_grid
+    from ablate.plan.grid import expand
+    from ablate.store.rundir import run_info
+
+    path = _grid(tmp_path, baseline="long_mlm")
+    runs = expand(load_grid(path), str(path))
+    assert {r.axes["schedule"]: run_info(r.run_id, r.spec).baseline for r in runs} == {"long_mlm": True,
+                                                                                         "clm_detour": False}
+    assert declared_baseline(tmp_path) == "long_mlm"      # what load_sweep gives the reports and the card
+    default = expand(load_grid(_grid(tmp_path)), None)
+    assert not any(run_info(r.run_id, r.spec).baseline for r in default)       # no schedule named mlm
+    assert [r.run_id for r in default] == [r.run_id for r in runs]            # a label, not an identity
+    with pytest.raises(SpecError, match="names no schedule") as err:
+        load_grid(_grid(tmp_path, baseline="nope"))
+    assert err.value.key == "baseline" and "long_mlm" in err.value.allowed

@@ -104,6 +104,16 @@ def is_baseline_arm(schedule: str | None, freeze: str, labels: dict) -> bool:
     return freeze == "none" and schedule == baseline_schedule(labels)
 
 
+def declared_baseline(sweep_dir: str | Path) -> str:
+    """The `baseline:` of the grid a sweep was submitted with (grid.yaml in its folder), else the default."""
+    try:
+        grid = read_yaml(Path(sweep_dir) / "grid.yaml")
+    except (OSError, SpecError):
+        return DEFAULT_BASELINE
+    value = grid.get("baseline") if isinstance(grid, dict) else None
+    return value if isinstance(value, str) and value else DEFAULT_BASELINE
+
+
 class GridSpec(Strict):
     sweep: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     base: dict[str, Any]

@@ -19,7 +19,6 @@ from ablate.report.arms import arm_label, done_runs, ordered
 from ablate.report.stats import mean_ci
 from ablate.report.style import arm_styles, figure_legend, layer_ticks, new_figure, styled
 from ablate.report.sweep import Sweep
-from ablate.config.grid import DEFAULT_BASELINE
 
 MEASURES = {"cka": "1 − CKA vs MLM twin", "cka_ratio": "1 − CKA vs MLM twin, in units of\nMLM seed-to-seed (1 − CKA)"}
 NOISE_ARM = "MLM seed noise"
@@ -94,9 +93,10 @@ def _panel_title(d: pd.DataFrame) -> str:
 
 
 @styled
-def divergence_figure(sweep: Sweep, *, measure: str = "cka", baseline: str = DEFAULT_BASELINE):
+def divergence_figure(sweep: Sweep, *, measure: str = "cka", baseline: str | None = None):
     """Per layer, 1 - CKA between each arm and its MLM twin (mean over seeds, 95% CI), with the MLM
     seed-to-seed band (grey), one panel per phase end."""
+    baseline = baseline or sweep.baseline
     data = divergence_data(sweep, measure=measure)
     arms = data[data["relation"] == TWIN]
     colors, styles = arm_styles(arms, baseline)

@@ -136,7 +136,7 @@ def arm_vs_baseline(a: pd.Series, b: pd.Series, n_resamples: int = N_RESAMPLES, 
     return (*welch_ci(a, b), np.nan, 0, "welch")
 
 
-def delta_data(sweep: Sweep, *, baseline: str = DEFAULT_BASELINE, split: str | None = None,
+def delta_data(sweep: Sweep, *, baseline: str | None = None, split: str | None = None,
                panel: str | None = "auto") -> pd.DataFrame:
     """Per arm and task (and "average" over tasks): arm minus MLM baseline in points, with a 95% CI.
 
@@ -146,6 +146,7 @@ def delta_data(sweep: Sweep, *, baseline: str = DEFAULT_BASELINE, split: str | N
     paired bootstrap of the differences (ablate.evaluate.bootstrap). With no shared units, a Welch interval
     on the unpaired scores and no p-value.
     """
+    baseline = baseline or sweep.baseline
     pcol = panel_column(done_runs(sweep.runs), panel)
     u = unit_scores(sweep, split, pcol, "deltas")
     is_base = (u["schedule"] == baseline) & (u["freeze"] == "none")
@@ -180,9 +181,10 @@ def delta_data(sweep: Sweep, *, baseline: str = DEFAULT_BASELINE, split: str | N
     return arm_sorted(out, sweep.runs, baseline, pcol)  # stable: tasks keep their order within an arm
 
 
-def score_summary(sweep: Sweep, *, baseline: str = DEFAULT_BASELINE, split: str | None = None) -> pd.DataFrame:
+def score_summary(sweep: Sweep, *, baseline: str | None = None, split: str | None = None) -> pd.DataFrame:
     """Per arm and task: mean and standard deviation of the primary metric (points) over all
     (pretraining seed, fine-tuning seed) units, their count, and the difference from the MLM baseline."""
+    baseline = baseline or sweep.baseline
     u = unit_scores(sweep, split, None, "summary")
     out = (u.groupby(["schedule", "freeze", "task"], sort=False)["score"]
            .agg(mean="mean", std="std", n="count").reset_index())
@@ -191,7 +193,8 @@ def score_summary(sweep: Sweep, *, baseline: str = DEFAULT_BASELINE, split: str 
     return out.round(2)
 
 
-def plot_deltas(data: pd.DataFrame, *, panel_col: str | None = None, baseline: str = DEFAULT_BASELINE, split: str = "test"):
+def plot_deltas(data: pd.DataFrame, *, panel_col: str | None = None,
+                baseline: str = DEFAULT_BASELINE, split: str = "test"):
     names = panels(data, panel_col)
     plain = ordered(data.loc[~data["task"].map(is_average), "task"])
     averages = average_names(data["task"])
@@ -228,8 +231,9 @@ def plot_deltas(data: pd.DataFrame, *, panel_col: str | None = None, baseline: s
 
 
 @styled
-def deltas_figure(sweep: Sweep, *, baseline: str = DEFAULT_BASELINE, split: str | None = None, panel: str | None = "auto"):
+def deltas_figure(sweep: Sweep, *, baseline: str | None = None, split: str | None = None, panel: str | None = "auto"):
     """Downstream difference from the MLM baseline per task and on average, per arm, 95% paired-bootstrap CIs."""
+    baseline = baseline or sweep.baseline
     pcol = panel_column(done_runs(sweep.runs), panel)
     data = delta_data(sweep, baseline=baseline, split=split, panel=pcol)
     if data.empty:
@@ -237,12 +241,13 @@ def deltas_figure(sweep: Sweep, *, baseline: str = DEFAULT_BASELINE, split: str 
     return plot_deltas(data, panel_col=pcol, baseline=baseline, split=pick_split(sweep.scores, split)), data
 
 
-def freeze_data(sweep: Sweep, *, baseline: str = DEFAULT_BASELINE, split: str | None = None,
+def freeze_data(sweep: Sweep, *, baseline: str | None = None, split: str | None = None,
                 panel: str | None = "auto") -> pd.DataFrame:
     """Mean downstream score (average over tasks, points) per freeze mask x schedule, 95% CI over seeds.
 
     A run's score is its average over tasks of the mean over fine-tuning seeds; the interval is over runs.
     """
+    baseline = baseline or sweep.baseline
     pcol = panel_column(done_runs(sweep.runs), panel)
     keys = arm_keys(pcol)
     u = unit_scores(sweep, split, pcol, "freeze")
@@ -286,8 +291,9 @@ def plot_freeze(data: pd.DataFrame, *, panel_col: str | None = None, split: str 
 
 
 @styled
-def freeze_figure(sweep: Sweep, *, baseline: str = DEFAULT_BASELINE, split: str | None = None, panel: str | None = "auto"):
+def freeze_figure(sweep: Sweep, *, baseline: str | None = None, split: str | None = None, panel: str | None = "auto"):
     """Heatmap of mean downstream score per freeze mask x schedule (cells: mean, ± CI half-width)."""
+    baseline = baseline or sweep.baseline
     pcol = panel_column(done_runs(sweep.runs), panel)
     data = freeze_data(sweep, baseline=baseline, split=split, panel=pcol)
     if data.empty:

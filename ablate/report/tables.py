@@ -29,7 +29,6 @@ from ablate.evaluate.sizes import min_test_examples
 from ablate.report.scores import (AVERAGE, arm_vs_baseline, average_names, is_average, language_averages,
                                   task_average, task_languages, unit_scores)
 from ablate.report.sweep import Sweep, load_sweep
-from ablate.config.grid import DEFAULT_BASELINE
 
 MARKS = ((0.01, "**"), (0.05, "*"))   # p below -> mark
 DAGGER = {"md": "†", "tex": "$^\\dagger$"}
@@ -70,11 +69,12 @@ def _only_tasks(sweep: Sweep, u: pd.DataFrame, tasks) -> pd.DataFrame:
     return pd.concat([u, task_average(u, unit), *language_averages(u, unit)], ignore_index=True)
 
 
-def score_table(sweep: Sweep, *, baseline: str = DEFAULT_BASELINE, split: str | None = None,
+def score_table(sweep: Sweep, *, baseline: str | None = None, split: str | None = None,
                 units: tuple[str, ...] | None = None, tasks=None, seed: int = 0) -> pd.DataFrame:
     """Tidy: one row per (arm, task) with language, mean, std, n, and delta / ci_low / ci_high / p_value
     against the baseline arm (a schedule name, meaning its unfrozen arm, or an arm label), and the pairing
     units used (column `units`)."""
+    baseline = baseline or sweep.baseline
     units = _units(sweep, units)
     u = _only_tasks(sweep, unit_scores(sweep, split, None, "table"), tasks)
     base_arm = _baseline_arm(u, baseline, sweep)
@@ -132,10 +132,11 @@ def _test_sizes(u: pd.DataFrame) -> dict[str, dict]:
     return out
 
 
-def freeze_table(sweep: Sweep, *, baseline: str = DEFAULT_BASELINE, split: str | None = None,
+def freeze_table(sweep: Sweep, *, baseline: str | None = None, split: str | None = None,
                  units: tuple[str, ...] | None = None, tasks=None, seed: int = 0) -> pd.DataFrame:
     """One row per arm: what each phase froze (from the `frozen` table), the average score, and its
     difference from the same schedule without freezing and from the baseline arm."""
+    baseline = baseline or sweep.baseline
     units = _units(sweep, units)
     avg = score_table(sweep, baseline=baseline, split=split, units=units, tasks=tasks, seed=seed)
     avg = avg[avg["task"] == AVERAGE].set_index("arm")

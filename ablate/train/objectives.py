@@ -109,7 +109,8 @@ def attention_for(model, family: Family, pattern: str, seq_len: int, dtype: torc
     """Yields the attention_mask to pass to the family's encoder for this attention pattern (bidirectional,
     causal, prefix; or an objective's name, whose entry's pattern it is): bidirectional None (no padding:
     packed sequences), causal what the family's mask kind under the model's attention implementation needs,
-    prefix (per-row prefix lengths `prefix` (B,)) a dense per-row mask (_prefix_attention). Whatever a kind changes on the model (is_causal flags, an embeddings
+    prefix (per-row prefix lengths `prefix` (B,)) a dense per-row mask (_prefix_attention).
+    Whatever a kind changes on the model (is_causal flags, an embeddings
     hook, the attention implementation) is restored on exit.
 
     documents: the batch's doc ids (B, L) when attention stays inside each packed document
