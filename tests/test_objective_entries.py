@@ -265,3 +265,31 @@ def test_a_grid_names_its_baseline_arm_and_twins_tables_and_reports_read_it(tmp_
     with pytest.raises(SpecError, match="names no schedule") as err:
         load_grid(_grid(tmp_path, baseline="nope"))
     assert err.value.key == "baseline" and "long_mlm" in err.value.allowed
+
+
+def test_a_mixture_s_member_losses_and_the_masking_rate_reach_the_trackers(tmp_path, monkeypatch):
+    from ablate.launch import trackers
+    from ablate.train.checkpoint import TrainState
+
+    sent: dict[int, dict] = {}
+
+    class Recorder:
+        id = "rec"
+
+        def __init__(self, *args):
+            pass
+
+        def log_params(self, params):
+            pass
+
+        def log_metrics(self, metrics, step):
+            sent[step] = metrics
+
+    monkeypatch.setitem(trackers.TRACKERS, "tensorboard", Recorder)
+    spec = parse_run_spec({**BASE, "tracking": {"tensorboard": True}})
+    run = trackers.RunTrackers(spec, tmp_path, lambda _m: None)
+    state = TrainState(curves=[{"phase": "a", "step": 1, "tokens": 8, "loss": 2.0, "lr": 1e-4, "loss/clm": 3.0,
+                                "loss/mlm": float("nan"), "mask_rate/mlm": 0.3}])
+    run.feed(state)
+    assert sent[1]["train/loss/clm"] == 3.0 and sent[1]["train/mask_rate/mlm"] == 0.3
+    assert "train/loss/mlm" not in sent[1]         # a member that drew no row this step
