@@ -136,6 +136,29 @@ class Objective:
         return Batch(inputs, labels, prefix, torch.zeros(len(ids), dtype=torch.long), (self.name,), rates)
 
 
+class MaskingObjective(Objective):
+    """An objective that masks tokens at a (scheduled) rate and corrupts them by the corruption rule: its
+    subclasses say which tokens may be masked, how they are chosen and where each is predicted."""
+
+    pattern = BIDIRECTIONAL
+    fields = ("mask_rate", "mask_rate_end", "corruption")
+
+    def candidates(self, ids: torch.Tensor, docs: torch.Tensor, tokens: TokenInfo) -> torch.Tensor:
+        return maskable(ids, tokens)
+
+    def choose(self, ids: torch.Tensor, candidates: torch.Tensor, rate: float, draws: Draws, params) -> torch.Tensor:
+        return candidates & (torch.rand(ids.shape, generator=draws.masking) < rate)
+
+    def targets(self, ids: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        """Labels: each masked token predicted in place."""
+        return torch.where(masked, ids, torch.full_like(ids, IGNORE))
+
+    def make(self, ids, docs, draws, tokens, params):
+        rate = mask_rate_at(params, draws.step, draws.steps)
+        masked = self.choose(ids, self.candidates(ids, docs, tokens), rate, draws, params)
+        return corrupt(ids, masked, params.corruption, tokens, draws.masking), self.targets(ids, masked), None
+
+
 _ENTRIES: dict[str, Objective] = {}
 
 

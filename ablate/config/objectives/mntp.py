@@ -6,25 +6,24 @@ from __future__ import annotations
 
 import torch
 
-from ablate.config.objectives.base import (BIDIRECTIONAL, IGNORE, Objective, corrupt, mask_rate_at, maskable)
+from ablate.config.objectives.base import IGNORE, MaskingObjective, maskable
 
 
-class MaskedNextToken(Objective):
+class MaskedNextToken(MaskingObjective):
     name = "mntp"
-    pattern = BIDIRECTIONAL
     random_draws = ("MNTP masking",)
-    fields = ("mask_rate", "mask_rate_end", "corruption")
     summary = "masked tokens predicted at the position before them (LLM2Vec); bidirectional"
 
-    def make(self, ids, docs, draws, tokens, params):
-        rate = mask_rate_at(params, draws.step, draws.steps)
+    def candidates(self, ids, docs, tokens):
         candidates = maskable(ids, tokens)
         candidates[:, 0] = False
         candidates[:, 1:] &= docs[:, 1:] == docs[:, :-1]
-        masked = candidates & (torch.rand(ids.shape, generator=draws.masking) < rate)
+        return candidates
+
+    def targets(self, ids, masked):
         labels = torch.full_like(ids, IGNORE)
         labels[:, :-1] = torch.where(masked[:, 1:], ids[:, 1:], torch.full_like(ids[:, 1:], IGNORE))
-        return corrupt(ids, masked, params.corruption, tokens, draws.masking), labels, None
+        return labels
 
 
 ENTRY = MaskedNextToken()

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from ablate.config.objectives.base import (BIDIRECTIONAL, IGNORE, Objective, corrupt, mask_rate_at, maskable)
+from ablate.config.objectives.base import MaskingObjective
 
 DEFAULT_SPAN_LENGTH = 3.0
 
@@ -29,9 +29,8 @@ def span_mask(ids: torch.Tensor, candidates: torch.Tensor, rate: float, mean: fl
     return candidates & (reach >= positions)
 
 
-class SpanMasking(Objective):
+class SpanMasking(MaskingObjective):
     name = "span"
-    pattern = BIDIRECTIONAL
     random_draws = ("span masking",)
     fields = ("mask_rate", "mask_rate_end", "corruption", "span_length")
     summary = "spans of mean span_length masked, predicted in place; bidirectional"
@@ -41,11 +40,8 @@ class SpanMasking(Objective):
             return DEFAULT_SPAN_LENGTH if params.span_length is None else params.span_length
         return super().effective(params, name)
 
-    def make(self, ids, docs, draws, tokens, params):
-        rate = mask_rate_at(params, draws.step, draws.steps)
-        masked = span_mask(ids, maskable(ids, tokens), rate, self.effective(params, "span_length"), draws.masking)
-        labels = torch.where(masked, ids, torch.full_like(ids, IGNORE))
-        return corrupt(ids, masked, params.corruption, tokens, draws.masking), labels, None
+    def choose(self, ids, candidates, rate, draws, params):
+        return span_mask(ids, candidates, rate, self.effective(params, "span_length"), draws.masking)
 
 
 ENTRY = SpanMasking()
