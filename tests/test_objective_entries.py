@@ -293,3 +293,14 @@ def test_a_mixture_s_member_losses_and_the_masking_rate_reach_the_trackers(tmp_p
     run.feed(state)
     assert sent[1]["train/loss/clm"] == 3.0 and sent[1]["train/mask_rate/mlm"] == 0.3
     assert "train/loss/mlm" not in sent[1]         # a member that drew no row this step
+
+
+def test_calibration_times_a_mixture_phase_with_its_members():
+    from ablate.launch.calibrate import _one_phase
+
+    members = [{"objective": "clm", "weight": 1}, {"objective": "mlm", "weight": 3, "mask_rate": 0.3}]
+    spec = parse_run_spec({**BASE, "phases": [{"name": "mix", "objective": "mixture", "mixture": members,
+                                               "granularity": "sequence", "fraction": 1.0, "freeze": "low"}]})
+    phase = _one_phase(spec, "mixture", 5).phases[0]
+    assert (phase.steps, phase.freeze, phase.granularity) == (5, ("none",), "sequence")
+    assert phase.mixture == spec.phases[0].mixture
