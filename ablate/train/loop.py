@@ -26,7 +26,6 @@ host memory with non-blocking copies on CUDA.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import time
@@ -48,13 +47,13 @@ from ablate.models.families import Family, family_of, n_layers
 from ablate.models.sources import load_masked_lm, load_tokenizer
 from ablate.analysis.probe import grad_norms, layer_params, weight_rel_change
 from ablate.train.optimizer import Optimizer, fused_adamw
+from ablate.train.batches import batch_loss, objective_batch, seed_for, step_notes
 from ablate.train.objectives import attention_for
 from ablate.train.precision import compiled_encoder, set_determinism, uses_autocast
 from ablate.train.preflight import preflight_run
 from ablate.train.schedule import lr_at
 from ablate.train.vocab_loss import LOSSES
-from ablate.config import objectives
-from ablate.config.objectives.base import Batch, Draws, TokenInfo, pattern_of_rows
+from ablate.config.objectives.base import pattern_of_rows
 from ablate.config.spec import RunSpec
 from ablate.store.rundir import branch_points
 
@@ -62,15 +61,11 @@ Log = Callable[[str], None]
 PhaseEndHook = Callable[[str, torch.nn.Module], list[dict]]
 
 
-def _seed_for(*parts: int) -> int:
-    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") & (2**63 - 1)
-
-
 def _dropout_seed(seed: int, global_step: int, micro_batch: int) -> int:
     """The dropout stream of one micro-batch, by its index in the global batch: a data-parallel run draws
     what one process with the same micro_batch_size draws. Micro-batch 0 keeps the seed the whole step
     used to have, so runs without gradient accumulation give the numbers they always gave."""
-    return _seed_for(seed, global_step, 1) if micro_batch == 0 else _seed_for(seed, global_step, 1, micro_batch)
+    return seed_for(seed, global_step, 1) if micro_batch == 0 else seed_for(seed, global_step, 1, micro_batch)
 
 
 # ---------------------------------------------------------------- the loop
@@ -122,27 +117,14 @@ def check_data_parallel(spec: RunSpec, world_size: int) -> None:
                         key="batch_size", value=spec.batch_size, allowed=f"a multiple of {world_size * micro}")
 
 
-def objective_batch(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarray, global_step: int) -> Batch:
-    """The phase's objective entry on the global batch: every draw from (seed, global step), the masking
-    stream as it always was, a mixture's member draws from a stream of their own."""
-    spec = ctx.spec
-    draws = Draws(masking=torch.Generator().manual_seed(_seed_for(spec.seed, global_step, 2)),
-                  choice=torch.Generator().manual_seed(_seed_for(spec.seed, global_step, 4)),
-                  step=global_step - phase.first_step, steps=phase.steps,
-                  micro=spec.micro_batch_size or spec.batch_size)
-    tokens = TokenInfo(ctx.special_ids, ctx.mask_id, ctx.vocab_size)
-    ids, doc_ids = torch.from_numpy(batch.astype(np.int64)), torch.from_numpy(docs.astype(np.int64))
-    return objectives.get(phase.spec.objective).batch(ids, doc_ids, draws, tokens, phase.spec)
-
-
 def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarray, global_step: int,
                opt: Optimizer, lr: float, notes: dict | None = None) -> tuple[float, dict[int, float]]:
-    """One optimizer step over `batch` (split into micro-batches); returns (mean loss, grad norm per layer).
-    notes, when given, receives what the curves record beside the loss: the masking rate(s) and, in a
-    mixture, each member's mean loss."""
+    """One optimizer step over `batch` (split into micro-batches); returns (mean loss, grad norm per layer);
+    `notes`, when given, receives the curves' columns beside the loss (ablate.train.batches.step_notes)."""
     spec, model, family, dist = ctx.spec, ctx.model, ctx.family, ctx.dist
     made = objective_batch(ctx, phase, batch, docs, global_step)
-    ids, inputs, labels, prefix, member = made.inputs, made.inputs, made.labels, made.prefix, made.member
+    inputs, labels, prefix, member = made.inputs, made.labels, made.prefix, made.member
+    n_rows = len(inputs)                   # of the global batch
     n_labels = int((labels != -100).sum())
     if n_labels == 0:
         raise RuntimeError(f"step {global_step}: the batch has no position with a loss")
@@ -151,33 +133,29 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
     mixed = len(made.labels_of) > 1
     member_sums = torch.zeros(len(made.labels_of), dtype=torch.float64)
     if dist.enabled:                       # masking and n_labels above are over the global batch
-        mine = rank_slice(len(ids), dist)
+        mine = rank_slice(n_rows, dist)
         inputs, labels, prefix, member = inputs[mine], labels[mine], prefix[mine], member[mine]
     if ctx.pin_memory:
         inputs, labels = inputs.pin_memory(), labels.pin_memory()
     encoder = ctx.encoder if ctx.encoder is not None else family.encoder(model)   # (a compiled one has no bool)
     head_loss = LOSSES[spec.vocab_loss]
     micro = spec.micro_batch_size or len(inputs)
-    first = rank_slice(len(ids), dist).start // micro      # this rank's first micro-batch in the global batch
+    first = rank_slice(n_rows, dist).start // micro      # this rank's first micro-batch in the global batch
     total = 0.0
     for index, start in enumerate(range(0, len(inputs), micro), start=first):
         torch.manual_seed(_dropout_seed(spec.seed, global_step, index))
         rows = slice(start, start + micro)
         x = inputs[rows].to(ctx.device, non_blocking=True)
         y = labels[rows].to(ctx.device, non_blocking=True)
-        pattern = pattern_of_rows(prefix[rows], x.shape[1])
         with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=ctx.autocast), \
-                attention_for(model, family, pattern, x.shape[1], mask_dtype, ctx.device,
-                              docs[rank_slice(len(ids), dist)][start:start + micro]
+                attention_for(model, family, pattern_of_rows(prefix[rows], x.shape[1]), x.shape[1], mask_dtype, ctx.device,
+                              docs[rank_slice(n_rows, dist)][start:start + micro]
                               if spec.document_masking else None, prefix=prefix[rows]) as attn:
             hidden = encoder(input_ids=x, attention_mask=attn).last_hidden_state
             where = y != -100
             features = family.transform(model, hidden[where])
-            if mixed:
-                loss = _member_losses(head_loss, family.decoder(model), features, y[where],
-                                      member[rows].to(ctx.device)[:, None].expand_as(y)[where], member_sums) / n_labels
-            else:
-                loss = head_loss(features, *family.decoder(model), y[where]) / n_labels
+            loss = batch_loss(head_loss, family.decoder(model), features, y[where], where,
+                              member[rows] if mixed else None, member_sums) / n_labels
         del features, hidden     # backward keeps what it needs
         loss.backward()
         total += loss.item()
@@ -186,7 +164,7 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
         total = dist.sum_float(total, ctx.device)
         member_sums = torch.tensor([dist.sum_float(float(v), ctx.device) for v in member_sums])
     if notes is not None:
-        notes.update(_step_notes(made, member_sums, mixed))
+        notes.update(step_notes(made, member_sums, mixed))
 
     norms = grad_norms(opt.named, ctx.layer_params)
     if spec.optim.grad_clip is not None:
@@ -196,33 +174,6 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
     opt.torch.step()
     opt.torch.zero_grad(set_to_none=True)
     return total, norms
-
-
-def _member_losses(head_loss, decoder, features: torch.Tensor, targets: torch.Tensor, members: torch.Tensor,
-                   sums: torch.Tensor) -> torch.Tensor:
-    """A mixture's micro-batch: the summed loss of each member's positions (each added to `sums`, as floats
-    after the step), and their total."""
-    total = features.new_zeros(())
-    for index in members.unique().tolist():
-        mine = members == index
-        part = head_loss(features[mine], *decoder, targets[mine])
-        sums[index] += part.detach().double().cpu()
-        total = total + part
-    return total
-
-
-def _step_notes(made: Batch, member_sums: torch.Tensor, mixed: bool) -> dict:
-    """The curves' extra columns of a step: mask_rate (one masking objective) or mask_rate/<member>, and
-    loss/<member> (a mixture: each member's mean loss over its labelled positions; NaN when it drew no row)."""
-    out: dict = {}
-    if not mixed:
-        out.update({"mask_rate": rate for rate in made.mask_rates.values()})
-        return out
-    out.update({f"mask_rate/{label}": rate for label, rate in made.mask_rates.items()})
-    for index, label in enumerate(made.labels_of):
-        n = int(((made.labels != -100) & (made.member[:, None] == index)).sum())
-        out[f"loss/{label}"] = float(member_sums[index]) / n if n else float("nan")
-    return out
 
 
 def _fmt_time(seconds: float) -> str:
