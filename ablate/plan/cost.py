@@ -81,7 +81,7 @@ class FinetuneWork:
 
 class PretrainRate(Strict):
     model: str
-    objective: Literal["mlm", "clm"]
+    objective: str = Field(description="a registered objective (ablate.config.objectives)")
     seq_len: int = Field(gt=0)
     batch_size: int = Field(gt=0)
     tokens_per_s: float = Field(gt=0)

@@ -69,11 +69,12 @@ def _only_tasks(sweep: Sweep, u: pd.DataFrame, tasks) -> pd.DataFrame:
     return pd.concat([u, *averages(u, unit)], ignore_index=True)
 
 
-def score_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
+def score_table(sweep: Sweep, *, baseline: str | None = None, split: str | None = None,
                 units: tuple[str, ...] | None = None, tasks=None, seed: int = 0) -> pd.DataFrame:
     """Tidy: one row per (arm, task) with language, mean, std, n, and delta / ci_low / ci_high / p_value
     against the baseline arm (a schedule name, meaning its unfrozen arm, or an arm label), and the pairing
     units used (column `units`)."""
+    baseline = baseline or sweep.baseline
     units = _units(sweep, units)
     u = _only_tasks(sweep, unit_scores(sweep, split, None, "table"), tasks)
     base_arm = _baseline_arm(u, baseline, sweep)
@@ -131,10 +132,11 @@ def _test_sizes(u: pd.DataFrame) -> dict[str, dict]:
     return out
 
 
-def freeze_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
+def freeze_table(sweep: Sweep, *, baseline: str | None = None, split: str | None = None,
                  units: tuple[str, ...] | None = None, tasks=None, seed: int = 0) -> pd.DataFrame:
     """One row per arm: what each phase froze (from the `frozen` table), the average score, and its
     difference from the same schedule without freezing and from the baseline arm."""
+    baseline = baseline or sweep.baseline
     units = _units(sweep, units)
     avg = score_table(sweep, baseline=baseline, split=split, units=units, tasks=tasks, seed=seed)
     summary = AVERAGE if (avg["task"] == AVERAGE).any() else avg["task"].iloc[0]    # one task: no average of it

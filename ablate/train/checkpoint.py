@@ -52,10 +52,12 @@ class TrainState:
     elapsed_s: float = 0.0
     done: bool = False
 
-    def record_step(self, phase: str, batch: np.ndarray, loss: float, lr: float, norms: dict[int, float]) -> None:
-        """Book one optimizer step: data position, token counts and hashes, the curve and gradient norms."""
+    def record_step(self, phase: str, batch: np.ndarray, loss: float, lr: float, norms: dict[int, float],
+                    notes: dict | None = None) -> None:
+        """Book one optimizer step: data position, token counts and hashes, the curve (with `notes`: the
+        masking rate, a mixture's per-member losses) and gradient norms."""
         self.advance(phase, batch)
-        self.book_step(phase, self.global_step, self.tokens_seen, loss, lr, norms)
+        self.book_step(phase, self.global_step, self.tokens_seen, loss, lr, norms, notes)
 
     def advance(self, phase: str, batch: np.ndarray) -> None:
         """One optimizer step over `batch`: data position, step counters, token counts and hashes."""
@@ -68,10 +70,11 @@ class TrainState:
         self.global_step += 1
         self.step_in_phase += 1
 
-    def book_step(self, phase: str, step: int, tokens: int, loss: float, lr: float, norms: dict[int, float]) -> None:
-        """The curve row and gradient norms of global step `step` (read back later than the step itself:
-        ablate.train.readback)."""
-        self.curves.append({"phase": phase, "step": step, "tokens": tokens, "loss": loss, "lr": lr})
+    def book_step(self, phase: str, step: int, tokens: int, loss: float, lr: float, norms: dict[int, float],
+                  notes: dict | None = None) -> None:
+        """The curve row (with `notes`' columns) and gradient norms of global step `step` (read back later than
+        the step itself: ablate.train.readback)."""
+        self.curves.append({"phase": phase, "step": step, "tokens": tokens, "loss": loss, "lr": lr, **(notes or {})})
         for layer, value in norms.items():
             key = f"{phase}/{layer}"
             self.grad_norm_sums[key] = self.grad_norm_sums.get(key, 0.0) + value

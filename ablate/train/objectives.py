@@ -1,9 +1,9 @@
-"""Batches for the two objectives, and the attention mask each one needs.
+"""The attention mask each attention pattern needs (the objectives' batches are their entries',
+ablate.config.objectives; mlm_inputs and clm_labels are re-exported here).
 
-MLM: mask a fraction of non-special tokens (80% [MASK], 10% random, 10% kept), loss at masked positions.
-CLM: next-token labels (labels[t] = input[t+1]), no label across a document boundary or at the last
-position, and a causal attention mask. Both return labels with -100 where there is no loss, so the
-training loop runs the vocabulary projection only at labelled positions (sparse prediction).
+Every batch has labels -100 where there is no loss, so the training loop runs the vocabulary projection only
+at labelled positions (sparse prediction). A prefix pattern (prefix-LM, or a mixture's rows of different
+patterns in one micro-batch) is a dense per-row mask: bidirectional is prefix L, causal prefix 0.
 
 How a causal mask reaches the attention is a property of the family and the attention implementation
 (the family entry's `causal`, ablate.models.families.MASK_KINDS); ablate.train.preflight proves each one by
@@ -22,41 +22,26 @@ from contextlib import contextmanager
 
 import torch
 
+from ablate.config import objectives
+from ablate.config.objectives.clm import clm_labels  # noqa: F401  (re-exported: the batches live in the entries)
+from ablate.config.objectives.mlm import mlm_inputs  # noqa: F401
 from ablate.models import attention, flex
 from ablate.models.families import MASK_KINDS, Family
 
 IGNORE = -100
 
 
-def mlm_inputs(input_ids: torch.Tensor, mask_rate: float, special_ids: torch.Tensor, mask_id: int,
-               vocab_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """(masked inputs, labels) with the usual 80/10/10 replacement; special tokens are never masked."""
-    candidates = ~torch.isin(input_ids, special_ids)
-    draw = torch.rand(input_ids.shape, generator=generator)
-    masked = candidates & (draw < mask_rate)
-    labels = torch.where(masked, input_ids, torch.full_like(input_ids, IGNORE))
-
-    how = torch.rand(input_ids.shape, generator=generator)
-    random_tokens = torch.randint(vocab_size, input_ids.shape, generator=generator)
-    inputs = input_ids.clone()
-    inputs[masked & (how < 0.8)] = mask_id
-    swap = masked & (how >= 0.8) & (how < 0.9)
-    inputs[swap] = random_tokens[swap]
-    return inputs, labels
-
-
-def clm_labels(input_ids: torch.Tensor, doc_ids: torch.Tensor) -> torch.Tensor:
-    """labels[t] = input_ids[t+1] when t and t+1 belong to the same document, else -100."""
-    labels = torch.full_like(input_ids, IGNORE)
-    same_doc = doc_ids[:, 1:] == doc_ids[:, :-1]
-    labels[:, :-1] = torch.where(same_doc, input_ids[:, 1:], torch.full_like(input_ids[:, 1:], IGNORE))
-    return labels
+def pattern_of(what: str) -> str:
+    """An attention pattern (bidirectional, causal, prefix), or the pattern of a registered objective."""
+    return what if what in objectives.PATTERNS else objectives.get(what).pattern
 
 
 def dense_mask(seq_len: int, dtype: torch.dtype, device: torch.device | str = "cpu", causal: bool = True,
-               window: int | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
+               window: int | None = None, documents: torch.Tensor | None = None,
+               prefix: torch.Tensor | None = None) -> torch.Tensor:
     """(1 or B, 1, L, L) additive mask (dtype-min = blocked; dtype bool: True = attend): k <= q if causal,
-    |q - k| <= window if given, and q, k in the same document if doc ids (B, L) are given."""
+    |q - k| <= window if given, and q, k in the same document if doc ids (B, L) are given. prefix (B,): each
+    row's keys k < prefix are seen from every query (a prefix-LM's bidirectional prefix; causal after it)."""
     q = torch.arange(seq_len, device=device)[:, None]
     k = torch.arange(seq_len, device=device)[None, :]
     allowed = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device)
@@ -65,6 +50,8 @@ def dense_mask(seq_len: int, dtype: torch.dtype, device: torch.device | str = "c
     if window is not None:
         allowed &= (q - k).abs() <= window
     allowed = allowed[None]
+    if prefix is not None:
+        allowed = allowed | (k[None] < prefix.to(device)[:, None, None])
     if documents is not None:
         allowed = allowed & (documents[:, :, None] == documents[:, None, :])
     if dtype == torch.bool:
@@ -120,12 +107,14 @@ def _registered(model, family: Family, causal: bool, documents: attention.Docume
 
 
 @contextmanager
-def attention_for(model, family: Family, objective: str, seq_len: int, dtype: torch.dtype,
+def attention_for(model, family: Family, pattern: str, seq_len: int, dtype: torch.dtype,
                   device: torch.device | str = "cpu", documents=None, kind: str | None = None,
-                  use_flex: bool | None = None):
-    """Yields the attention_mask to pass to the family's encoder for this objective: for MLM None
-    (bidirectional, no padding: packed sequences), for CLM what the family's mask kind under the model's
-    attention implementation needs. Whatever a kind changes on the model (is_causal flags, an embeddings
+                  prefix: torch.Tensor | None = None, use_flex: bool | None = None):
+    """Yields the attention_mask to pass to the family's encoder for this attention pattern (bidirectional,
+    causal, prefix; or an objective's name, whose entry's pattern it is): bidirectional None (no padding:
+    packed sequences), causal what the family's mask kind under the model's attention implementation needs,
+    prefix (per-row prefix lengths `prefix` (B,)) a dense per-row mask (_prefix_attention).
+    Whatever a kind changes on the model (is_causal flags, an embeddings
     hook, the attention implementation) is restored on exit.
 
     documents: the batch's doc ids (B, L) when attention stays inside each packed document
@@ -142,7 +131,13 @@ def attention_for(model, family: Family, objective: str, seq_len: int, dtype: to
     kind = kind or family.mask_kind(model.config._attn_implementation)
     if kind not in MASK_KINDS:
         raise ValueError(f"family {family.name}: unknown mask kind {kind!r}; one of {MASK_KINDS}")
-    causal = objective == "clm"
+    pattern = pattern_of(pattern)
+    causal = pattern == objectives.CAUSAL
+    if pattern == objectives.PREFIX:
+        documents = None if documents is None else torch.as_tensor(documents, dtype=torch.long, device=device)
+        with _prefix_attention(model, family, kind, seq_len, dtype, device, documents, prefix) as attn:
+            yield attn
+        return
     if kind == "banded" or (kind == "flag" and documents is not None):
         docs = None if documents is None else attention.documents_of(documents, device)
         block_mask = None
@@ -154,21 +149,15 @@ def attention_for(model, family: Family, objective: str, seq_len: int, dtype: to
     if documents is not None:
         documents = torch.as_tensor(documents, dtype=torch.long, device=device)
     if not causal and documents is None and kind != "pairwise-bool":
-        # (DeBERTa gets its pairwise mask for MLM too: without one its forward reads the ids back to the
-        # host in every step, looking for padding; an all-True mask changes no number)
+        # (DeBERTa gets its pairwise mask for the bidirectional pattern too: without one its forward reads the
+        # ids back to the host in every step, looking for padding; an all-True mask changes no number)
         yield None
     elif kind == "flag":
         with _flags(model, family, True):
             yield None
     elif kind == "pairwise-bool":
-        allowed = dense_mask(seq_len, torch.bool, device, causal, documents=documents)[:, 0]   # (1|B, L, L)
-        # the embeddings would multiply by the mask as if it were a 2D padding mask: they get none
-        hook = family.encoder(model).embeddings.register_forward_pre_hook(
-            lambda _module, args, kwargs: (args, {**kwargs, "mask": None}), with_kwargs=True)
-        try:
-            yield allowed
-        finally:
-            hook.remove()
+        with _pairwise(model, family, dense_mask(seq_len, torch.bool, device, causal, documents=documents)) as attn:
+            yield attn
     elif kind == "per-layer-type":
         # ModernBERT's local window is |q - k| <= config.sliding_window (masking_utils)
         window = model.config.sliding_window
@@ -176,3 +165,39 @@ def attention_for(model, family: Family, objective: str, seq_len: int, dtype: to
                "sliding_attention": dense_mask(seq_len, dtype, device, causal, window, documents)}
     else:                        # additive
         yield dense_mask(seq_len, dtype, device, causal, documents=documents)
+
+
+@contextmanager
+def _pairwise(model, family: Family, allowed: torch.Tensor):
+    """(1|B, L, L) bool for the encoder; the embeddings would multiply by the mask as if it were a 2D padding
+    mask: they get none."""
+    hook = family.encoder(model).embeddings.register_forward_pre_hook(
+        lambda _module, args, kwargs: (args, {**kwargs, "mask": None}), with_kwargs=True)
+    try:
+        yield allowed[:, 0]
+    finally:
+        hook.remove()
+
+
+@contextmanager
+def _prefix_attention(model, family: Family, kind: str, seq_len: int, dtype: torch.dtype, device, documents,
+                      prefix: torch.Tensor | None):
+    """Per-row prefix masks (B, 1, L, L): transformers passes a prepared 4D mask through unchanged, so the
+    flag kind (SDPA) takes the additive one as eager does. The banded kind (no L x L mask by design) has no
+    prefix form: the preflight reports it and names the family's other implementations."""
+    if prefix is None:
+        raise ValueError("a prefix attention pattern needs the rows' prefix lengths")
+    prefix = torch.as_tensor(prefix, dtype=torch.long, device=device)
+    if kind == "banded":
+        raise ValueError(f"family {family.name}: the banded attention (ablate.models.attention) has no prefix "
+                         "pattern; a prefix-LM phase runs under the family's dense-mask implementation")
+    if kind == "pairwise-bool":
+        with _pairwise(model, family, dense_mask(seq_len, torch.bool, device, True, documents=documents,
+                                                 prefix=prefix)) as attn:
+            yield attn
+    elif kind == "per-layer-type":
+        window = model.config.sliding_window
+        yield {"full_attention": dense_mask(seq_len, dtype, device, True, documents=documents, prefix=prefix),
+               "sliding_attention": dense_mask(seq_len, dtype, device, True, window, documents, prefix)}
+    else:                        # additive, flag
+        yield dense_mask(seq_len, dtype, device, True, documents=documents, prefix=prefix)
