@@ -267,6 +267,27 @@ def test_a_grid_names_its_baseline_arm_and_twins_tables_and_reports_read_it(tmp_
     assert err.value.key == "baseline" and "long_mlm" in err.value.allowed
 
 
+def test_a_grid_may_name_several_baselines_each_arm_s_twin_the_one_of_its_length(tmp_path):
+    """grids/decay.yaml: an MLM baseline per decay length; tables compare with the first named."""
+    from ablate.config.errors import SpecError
+    from ablate.config.grid import declared_baseline, load_grid
+    from ablate.plan.grid import expand
+    from ablate.store.rundir import run_info
+
+    schedules = {"long_mlm": [{"name": "m", "objective": "mlm", "steps": 4}],
+                 "short_mlm": [{"name": "m", "objective": "mlm", "steps": 2}],
+                 "clm_detour": [{"name": "c", "objective": "clm", "steps": 4}]}
+    path = _grid(tmp_path, schedules=schedules, axes={"schedule": list(schedules)}, baseline=["long_mlm", "short_mlm"])
+    runs = expand(load_grid(path), str(path))
+    assert {r.axes["schedule"]: run_info(r.run_id, r.spec).baseline for r in runs} == {
+        "long_mlm": True, "short_mlm": True, "clm_detour": False}
+    assert declared_baseline(tmp_path) == "long_mlm"
+    for wrong, message in ((["long_mlm", "nope"], "names no schedule"), (["long_mlm", "long_mlm"], "once")):
+        with pytest.raises(SpecError, match=message) as err:
+            load_grid(_grid(tmp_path, schedules=schedules, baseline=wrong))
+        assert err.value.key == "baseline"
+
+
 def test_a_mixture_s_member_losses_and_the_masking_rate_reach_the_trackers(tmp_path, monkeypatch):
     from ablate.launch import trackers
     from ablate.train.checkpoint import TrainState

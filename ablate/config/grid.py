@@ -95,22 +95,35 @@ class Launcher(Strict):
 DEFAULT_BASELINE = "mlm"     # the baseline arm: this schedule without freezing, unless a grid names another
 
 
+def baseline_schedules(labels: dict) -> tuple[str, ...]:
+    """The baseline arms' schedules of a run (its grid's `baseline`, kept in the labels), declared once here: one
+    schedule, or several where a grid compares each arm with the baseline of its own length (grids/decay.yaml)."""
+    return tuple((labels.get("baseline") or DEFAULT_BASELINE).split(","))
+
+
 def baseline_schedule(labels: dict) -> str:
-    """The baseline arm's schedule of a run (its grid's `baseline`, kept in the labels), declared once here."""
-    return labels.get("baseline") or DEFAULT_BASELINE
+    """The baseline arm's schedule of a run: the first the grid names (what a table compares with)."""
+    return baseline_schedules(labels)[0]
 
 
 def is_baseline_arm(schedule: str | None, freeze: str, labels: dict) -> bool:
-    return freeze == "none" and schedule == baseline_schedule(labels)
+    return freeze == "none" and schedule in baseline_schedules(labels)
+
+
+def baseline_label(baseline: str | tuple[str, ...]) -> str:
+    """A grid's `baseline:` as the runs' label keeps it (several schedules joined by commas)."""
+    return baseline if isinstance(baseline, str) else ",".join(baseline)
 
 
 def declared_baseline(sweep_dir: str | Path) -> str:
-    """The `baseline:` of the grid a sweep was submitted with (grid.yaml in its folder), else the default."""
+    """The (first) `baseline:` of the grid a sweep was submitted with (grid.yaml in its folder), else the default."""
     try:
         grid = read_yaml(Path(sweep_dir) / "grid.yaml")
     except (OSError, SpecError):
         return DEFAULT_BASELINE
     value = grid.get("baseline") if isinstance(grid, dict) else None
+    if isinstance(value, list) and value and isinstance(value[0], str):
+        value = value[0]
     return value if isinstance(value, str) and value else DEFAULT_BASELINE
 
 
@@ -131,7 +144,9 @@ class GridSpec(Strict):
                             "the others start from that run's checkpoint (ablate.plan.branching); false: every "
                             "run from step 0")
     launcher: Launcher = Launcher()
-    baseline: str = Field(default=DEFAULT_BASELINE, description="the baseline arm's schedule (with freeze none): "
+    baseline: str | tuple[str, ...] = Field(default=DEFAULT_BASELINE, description="the baseline arm's schedule "
+                                            "(with freeze none), or several (each arm's twin is the one of its "
+                                            "length; tables compare with the first): "
                                                                 "twins, tables, pairs, reports and the card")
 
 
@@ -160,9 +175,13 @@ def check_references(grid: GridSpec, file: str) -> None:
     """Everything about the grid that one key alone cannot say: names that must exist, axes that must agree."""
     if not grid.schedules:
         raise SpecError("at least one schedule is needed", file=file, key="schedules")
-    if grid.baseline != DEFAULT_BASELINE and grid.baseline not in grid.schedules:
-        raise SpecError("the baseline names no schedule", file=file, key="baseline", value=grid.baseline,
-                        allowed=", ".join(grid.schedules))
+    named = (grid.baseline,) if isinstance(grid.baseline, str) else grid.baseline
+    if not named or len(set(named)) < len(named):
+        raise SpecError("the baseline names each schedule once", file=file, key="baseline",
+                        value=baseline_label(grid.baseline), allowed="a schedule, or a list of distinct schedules")
+    if grid.baseline != DEFAULT_BASELINE and any(name not in grid.schedules for name in named):
+        raise SpecError("the baseline names no schedule", file=file, key="baseline",
+                        value=baseline_label(grid.baseline), allowed=", ".join(grid.schedules))
     for name in RESERVED_AXES:
         if name in grid.base:
             raise SpecError(f"not a base setting: {RESERVED_AXES[name]}", file=file, key=f"base.{name}")

@@ -7,8 +7,9 @@ May import: config, data, plan, evaluate, launch.preparation.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from ablate.config.errors import SpecError
 from ablate.config.paths import resolve_data_path
@@ -80,14 +81,21 @@ def target_datasets(target: str) -> list[Dataset]:
 
 
 def missing_datasets(specs) -> dict[str, list[str]]:
-    """Catalogued dataset -> the files the runs read from it that are not in their data root."""
+    """Catalogued dataset -> the files the runs read from it that are not in their data root. A path no file of
+    the dataset's manifest matches (a typo) is left to the corpus and task checks, which name it as not found."""
     missing: dict[str, list[str]] = {}
     for path, root in spec_reads(specs, lenient=True):
         name = dataset_of_path(path)
         where = resolve_data_path(path, root)
-        if name and not (where.exists() or glob.glob(str(where))):
+        if name and _catalogued(name, path) and not (where.exists() or glob.glob(str(where))):
             missing.setdefault(name, []).append(path)
     return missing
+
+
+def _catalogued(name: str, path: str) -> bool:
+    """Whether `path` (data-root-relative, possibly a glob) names files the manifest lists for dataset `name`."""
+    inside = str(PurePosixPath(str(path).replace("\\", "/")).relative_to(name))
+    return any(fnmatch.fnmatch(expected.file, inside) for expected in dataset(name).files)
 
 
 def check_data_root(specs, target: str) -> None:

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from ablate.config.base import spec_error_from, validate
 from ablate.config.errors import SpecError
-from ablate.config.grid import DEFAULT_BASELINE, NAMED_AXES, RESERVED_AXES, GridSpec, as_list, axis_key
+from ablate.config.grid import DEFAULT_BASELINE, NAMED_AXES, baseline_label, RESERVED_AXES, GridSpec, as_list, axis_key
 from ablate.config import objectives
 from ablate.config.spec import FREEZE_WORDS, PhaseSpec, RunSpec
 
@@ -176,7 +176,7 @@ def _labels(grid: GridSpec, axes: dict) -> dict:
     """A run's labels: its sweep and axes, and the grid's baseline schedule where it is not the default."""
     labels: dict[str, Any] = {"sweep": grid.sweep, "axes": axes}
     if grid.baseline != DEFAULT_BASELINE:
-        labels["baseline"] = grid.baseline
+        labels["baseline"] = baseline_label(grid.baseline)
     return labels
 
 
