@@ -46,11 +46,11 @@ def _check_tasks(names) -> None:
         load_task(item.task, key="--task")
 
 
-def _print_finetuning(grid, runs, root) -> None:
+def _print_finetuning(grid, runs, root, transplants) -> None:
     """The dry run's evaluation cost: the suites the grid names, then a row per task (ablate.launch.estimates)."""
     from ablate.launch.estimates import finetune_breakdown
 
-    lines, rows = finetune_breakdown(grid, runs, root)
+    lines, rows = finetune_breakdown(grid, runs, root, transplants)
     if rows:
         print("evaluation (fine-tuning per task; hours from `ablate calibrate`):"
               + "".join(f"\n  {line}" for line in lines))
@@ -136,7 +136,7 @@ def cmd_sweep(args) -> int:
         from ablate.launch.estimates import dry_run_cost
 
         header, costs = dry_run_cost(grid, str(args.grid), runs, executor, results_root(args.results),
-                                     args.tokens_per_s, checked.tree)
+                                     args.tokens_per_s, checked.tree, transplants)
         _print_table(plan_table(runs, checked.plans, checked.models,
                                 {k: "ok" if r else "-" for k, r in checked.causal.items()}))
         print()
@@ -145,7 +145,7 @@ def cmd_sweep(args) -> int:
             _print_table(transplant_table(transplants))
             print()
         _print_tree(checked.tree, runs)
-        _print_finetuning(grid, runs, results_root(args.results))
+        _print_finetuning(grid, runs, results_root(args.results), transplants)
         print("\n".join(header))
         _print_table(costs)
         print("\n".join(checked.parity))
