@@ -212,7 +212,8 @@ def run_recipe(args, t0: float) -> dict:
 
 # ------------------------------------------------------------------ the comparison
 
-_SHARED = ("task", "model", "max_train", "max_eval", "epochs", "max_length", "batch_size", "eval_batch_size", "lr", "threads")
+_SHARED = ("task", "model", "max_train", "max_eval", "epochs", "max_length", "batch_size", "eval_batch_size", "lr",
+           "threads")
 
 
 def _measure(args, side: str, seed: int, log) -> dict:

@@ -17,8 +17,8 @@ a fine-tuning's F1 is a function of its settings and seed alone, so a loaded mac
   recipe       the run_ner-style Trainer script (tests the last epoch's model)
 
 Every ablate variant reports the epoch it tested (the best dev epoch); with --test-every-epoch it also scores
-test after every epoch, so that the model ablate tests and the last one are compared on the same run. Prints a Markdown table (variant x seed, mean and spread),
-then one JSON line.
+test after every epoch, so that the model ablate tests and the last one are compared on the same run. Prints a
+Markdown table (variant x seed, mean and spread), then one JSON line.
 """
 
 from __future__ import annotations
@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.variant:
         base = finetune_compare.parser().parse_args(
             ["--seed", str(args.seed), "--max-train", str(args.max_train), "--epochs", str(args.epochs),
-             "--threads", str(args.threads), "--lr", str(args.lr)] + (["--max-eval", str(args.max_eval)] if args.max_eval else []))
+             "--threads", str(args.threads), "--lr", str(args.lr)]
+            + (["--max-eval", str(args.max_eval)] if args.max_eval else []))
         base.variant, base.test_every_epoch = args.variant, args.test_every_epoch
         print(json.dumps(run_variant(base)), flush=True)
         return

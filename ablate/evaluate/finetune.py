@@ -4,8 +4,9 @@
 task's first metric; batches padded to their own longest example, grouped by length unless the settings say
 otherwise, optionally run on CPU as length-sorted pieces: ablate.evaluate.batching; forward passes under bf16
 autocast on CUDA by `precision`, as pretraining's: ablate.train.precision) and returns score rows for dev and
-test, test taken at the best dev epoch. Sequence tasks pool as the settings say (ablate.evaluate.pooling); multi-label tasks weigh
-each label's positives by its negatives / positives in train; max_length is capped at the model's context.
+test, test taken at the best dev epoch. Sequence tasks pool as the settings say (ablate.evaluate.pooling);
+multi-label tasks weigh each label's positives by its negatives / positives in train; max_length is capped at
+the model's context.
 The resumable task x seed loop over score files is ablate.evaluate.scores.
 
 May import: config, store, models, train (precision), evaluate (tasks, metrics, pooling, batching).
