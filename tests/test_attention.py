@@ -242,11 +242,11 @@ def test_a_run_hands_each_micro_batch_its_own_rows_doc_ids(tmp_path, data_root, 
     seen = []
 
     @contextmanager
-    def recording(model, family, objective, seq_len, dtype, device="cpu", documents=None, kind=None):
+    def recording(model, family, pattern, seq_len, dtype, device="cpu", documents=None, kind=None, prefix=None):
         hook = family.encoder(model).register_forward_pre_hook(
             lambda _m, _args, kwargs: seen.append((kwargs["input_ids"].clone(), documents)), with_kwargs=True)
         try:
-            with attention_for(model, family, objective, seq_len, dtype, device, documents, kind) as attn:
+            with attention_for(model, family, pattern, seq_len, dtype, device, documents, kind, prefix) as attn:
                 yield attn
         finally:
             hook.remove()

@@ -302,13 +302,24 @@ def test_a_failed_parent_fails_its_waiting_children_naming_it(tmp_path):
 
 
 @pytest.mark.slurm
-def test_a_slurm_child_job_depends_on_its_parent_job(tmp_path, slurm_env, data_root):
+def test_a_slurm_child_job_waits_for_its_parents_pretraining_to_its_branch_step_only(tmp_path, slurm_env,
+                                                                                      data_root):
+    from ablate.config.grid import load_grid
+    from ablate.plan.grid import expand
+
     grid, results = _grid(tmp_path, executor="slurm"), tmp_path / "results"
-    done = _cli(["sweep", str(grid), "--results", str(results), "--poll", "1"], tmp_path,
-                env={**slurm_env, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stdout + done.stderr
-    ids = _ids(results)
     runs = results / "branch" / "runs"
+    ids = {r.spec.labels["axes"]["schedule"]: r.run_id for r in expand(load_grid(grid))}
+    # the parent (d3: 7 steps) holds after its last checkpoint, its pretraining unfinished, until the child
+    # (d1: from the parent's step 4) has finished its own pretraining: only a child released at step 4 can
+    child_records = runs / ids["d1"] / "records" / "run.json"
+    done = _cli(["sweep", str(grid), "--results", str(results), "--poll", "1"], tmp_path,
+                env={**slurm_env, "OMP_NUM_THREADS": "1", "ABLATE_PAUSE_AT": f"7:{child_records}"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _ids(results) == ids
+    parent_log = (runs / ids["d3"] / "log.txt").read_text()
+    assert f"child {ids['d1']} at step 4: job" in parent_log and "released" in parent_log, parent_log
+    assert child_records.stat().st_mtime < (runs / ids["d3"] / "model" / "config.json").stat().st_mtime
     parent_job = rundir.read_status(runs / ids["d3"])["job_id"]
     child_status = rundir.read_status(runs / ids["d1"])
     script = Path(child_status["job_stdout"]).parent.glob(f"{child_status['job_id'].split('_')[0]}*submission*")
@@ -316,3 +327,23 @@ def test_a_slurm_child_job_depends_on_its_parent_job(tmp_path, slurm_env, data_r
         p.read_text() for p in (results / "branch").rglob("*submission*.sh"))
     assert f"--dependency=afterok:{parent_job}" in text
     assert rundir.branched(runs / ids["d1"])["from"] == "parent"
+
+
+def test_a_parent_releases_its_slurm_children_once_at_their_branch_step_and_leaves_others(tmp_path, monkeypatch):
+    from ablate.launch import branches
+    from ablate.train.checkpoint import kept_path
+
+    runs = tmp_path / "runs"
+    parent, on_slurm, local = runs / "p", runs / "c1", runs / "c2"
+    for d in (parent, on_slurm, local):
+        d.mkdir(parents=True)
+    rundir.write_status(on_slurm, "submitted", executor="slurm", job_id="41_0")
+    rundir.write_status(local, "pending")
+    lifted = []
+    monkeypatch.setattr(branches, "release_job", lambda job: lifted.append(job) or f"job {job} released")
+    points, released = {4: ["c1", "c2"]}, set()
+    assert branches.release_children(parent, points, released) == [] and not released    # no checkpoint yet
+    (kept_path(parent / "checkpoints", 4)).mkdir(parents=True)
+    (kept_path(parent / "checkpoints", 4) / "state.json").write_text("{}")
+    assert branches.release_children(parent, points, released) == ["child c1 at step 4: job 41_0 released"]
+    assert branches.release_children(parent, points, released) == [] and lifted == ["41_0"]     # once

@@ -303,3 +303,20 @@ def test_unknown_combinations_of_a_calibration_are_named():
         matching_throughput(calibration, "c.json", "freeze", [r.spec for r in runs], [], "freeze.yaml")
     mlm_only = [r.spec for r in runs if r.axes["schedule"] == "mlm"]
     assert matching_throughput(calibration, "c.json", "smoke", mlm_only, [], "smoke.yaml").per_combo
+
+
+def test_a_branched_runs_hours_are_its_trained_steps_over_each_phases_throughput():
+    from ablate.config.spec import parse_run_spec
+    from ablate.plan.cost import Throughput, arm_cost, branched_cost
+    from ablate.plan.cost import combo_of
+    from tests.test_pretrain import tiny_spec
+
+    spec = parse_run_spec(tiny_spec())                 # clm 4 steps, then mlm_decay 3, 4 x 32 tokens a step
+    rates = {combo_of(spec, "clm"): 100.0, combo_of(spec, "mlm"): 50.0}
+    throughput = Throughput("test", per_combo=rates)
+    cost = branched_cost(arm_cost("r", {}, spec, throughput, 2, 2), spec, 2, throughput, 2)
+    per_step = 4 * 32
+    assert cost.steps == 5 and cost.tokens == 5 * per_step
+    assert cost.hours == pytest.approx((2 * per_step / 200 + 3 * per_step / 100) / 3600)
+    missing = Throughput("test", per_combo={combo_of(spec, "clm"): 100.0})
+    assert branched_cost(arm_cost("r", {}, spec, missing, 1, 1), spec, 2, missing, 1).hours is None

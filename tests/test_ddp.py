@@ -243,6 +243,68 @@ def test_a_rank_whose_peer_never_comes_fails_within_the_timeout(monkeypatch):
     assert not torch.distributed.is_initialized()
 
 
+FINETUNE = {"epochs": 1, "max_train_examples": 16, "max_eval_examples": 16, "max_length": 32, "batch_size": 8}
+EXECUTE = "import sys; from ablate.launch.worker import execute; print(execute(sys.argv[1]))"
+
+
+def _execute(run_dir: Path, world: int) -> list[str]:
+    """worker.execute on the run folder as `world` processes (gloo ranks when more than one, as a job of
+    several tasks runs it), each with one thread; their outputs, once all exited cleanly."""
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        ranks = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo", TIMEOUT_ENV: "120"} if world > 1 else {}
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+        procs.append(subprocess.Popen([sys.executable, "-c", EXECUTE, str(run_dir)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True,
+                                      env={**env, "OMP_NUM_THREADS": "1", **ranks}))
+    logs = [p.communicate(timeout=400)[0] for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0 and log.strip().endswith("done"), log[-4000:]
+    return logs
+
+
+def _scores(run_dir: Path) -> dict[str, list]:
+    return {str(f.relative_to(run_dir)): json.loads(f.read_text())["rows"]
+            for f in sorted((run_dir / "scores").glob("*/seed-*.json"))}
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 7])
+def test_the_ranks_shares_of_the_fine_tunings_cover_every_unit_once(world):
+    from ablate.evaluate.scores import units_of
+
+    units = [(task, seed) for task in ("a", "b", "c") for seed in range(5)]
+    shares = [units_of(units, (rank, world)) for rank in range(world)]
+    assert sorted(u for share in shares for u in share) == sorted(units)
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    with pytest.raises(ValueError):
+        units_of(units, (world, world))
+
+
+def test_two_gloo_ranks_share_the_fine_tunings_and_give_one_process_scores(tmp_path, data_root):
+    from ablate.launch import worker
+    from ablate.store import rundir
+
+    spec = parse_run_spec(ddp_spec(phases=[{"name": "mlm", "objective": "mlm", "steps": 2}],
+                                   eval={"tasks": ["ncbi_disease"], "seeds": [0, 1, 2], "finetune": FINETUNE}))
+    for name in ("single", "ranks"):
+        worker.prepare_run_dir(spec, tmp_path / name)
+    _execute(tmp_path / "single", world=1)
+    rank0, rank1 = _execute(tmp_path / "ranks", world=2)
+
+    # rank 1 fine-tuned its share (the second unit of three), rank 0 the others
+    assert "[rank 1] evaluating on ncbi_disease" in rank1 and "share 2 of 2" in rank1
+    assert "ncbi_disease seed 1: test" in rank1 and "seed 0: test" not in rank1 and "seed 2: test" not in rank1
+    log0 = (tmp_path / "ranks" / "log.txt").read_text()
+    assert "share 1 of 2" in log0 and "the scores of all 2 ranks' shares" in log0
+    single, shared = _scores(tmp_path / "single"), _scores(tmp_path / "ranks")
+    assert len(single) == 3 and shared.keys() == single.keys()
+    for unit, rows in single.items():             # bitwise on the CPU: the same floats, not approximately
+        assert [(r["split"], r["value"]) for r in shared[unit]] == [(r["split"], r["value"]) for r in rows], unit
+    assert rundir.read_status(tmp_path / "ranks")["state"] == "done"
+
+
 def test_the_global_batch_must_split_evenly_over_ranks(data_root):
     from ablate.train.distributed import Dist
 
@@ -250,25 +312,6 @@ def test_the_global_batch_must_split_evenly_over_ranks(data_root):
         setup(parse_run_spec(ddp_spec(batch_size=6, micro_batch_size=3)), Dist(rank=0, world_size=4))
     with pytest.raises(SpecError, match="world size x micro-batch"):
         setup(parse_run_spec(ddp_spec(batch_size=6)), Dist(rank=0, world_size=4))
-
-
-# ---------------------------------------------------------------- the GPU benchmark on a CPU machine
-
-def test_gpu_benchmark_refuses_without_cuda_and_smoke_runs_tiny(tmp_path):
-    script = REPO / "bench" / "gpu_step.py"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if not torch.cuda.is_available():
-        refused = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
-        assert refused.returncode == 2 and "needs a CUDA GPU" in refused.stderr
-    out = tmp_path / "bench.json"
-    smoke = subprocess.run([sys.executable, str(script), "--allow-cpu", "--tiny", "--seq-lens", "32", "--steps", "1",
-                            "--warmup", "1", "--json", str(out)], env=env,
-                           capture_output=True, text=True, timeout=300)
-    assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
-    assert {(r["recipe"], r["objective"]) for r in rows} >= {("ablate", "mlm"), ("ablate", "clm"),
-                                                              ("trainer", "mlm"), ("trainer", "clm")}
-    assert all(r["tokens_per_s"] > 0 for r in rows)
 
 
 # ---------------------------------------------------------------- Slurm: one run, two tasks

@@ -325,7 +325,7 @@ def test_an_architecture_without_a_family_entry_lists_the_families_and_how_to_ad
                                                       "num_hidden_layers": 2, "num_attention_heads": 2,
                                                       "intermediate_size": 64, "embedding_size": 16}))
     err = _bad_model(tmp_path, capsys, f"config:{tmp_path / 'albert.json'}")
-    assert "no family entry for architecture 'albert'" in err and "README: Adding a family" in err
+    assert "no family entry for architecture 'albert'" in err and "docs/models.md: Adding a family" in err
     assert all(name in err for name in NAMES)
 
 

@@ -272,13 +272,14 @@ def test_a_missing_file_and_a_file_that_is_not_yaml(tmp_path):
     (lambda g: g["base"].update(micro_batch_size=3), "base", "not a multiple", None),
     (lambda g: (g["schedules"]["clm_detour"][0].update(mask_rate=0.2),
                 g.update(axes={"schedule": ["mlm", "clm_detour"]})),
-     "schedules.clm_detour[0]", "mask_rate applies to mlm phases only", None),
-    (lambda g: g["schedules"]["mlm"][1].update(objective="xlm"), "schedules.mlm[1].objective", "'mlm' or 'clm'",
+     "schedules.clm_detour[0]", "mask_rate does not apply to objective clm (it applies to: mlm, mntp, span)", None),
+    (lambda g: g["schedules"]["mlm"][1].update(objective="xlm"), "schedules.mlm[1].objective", "unknown objective 'xlm'",
      None),
     (lambda g: g["schedules"]["mlm"][1].update(lr={"decay": "exp"}), "schedules.mlm[1].lr.decay", "'constant'",
      None),
     (lambda g: g["schedules"]["mlm"][0].update(stepz=3), "schedules.mlm[0].stepz", "unknown key",
-     "name, objective, mask_rate, steps, tokens, fraction, lr, freeze"),
+     "objective, mask_rate, mask_rate_end, corruption, span_length, name, mixture, granularity, steps, tokens, "
+     "fraction, lr, freeze"),
     (lambda g: g["schedules"]["mlm"][0].update(freeze="lower"), "schedules.mlm[0].freeze", "unknown freeze group",
      None),
     (lambda g: g["schedules"]["mlm"][0].update(fraction=0.5), "schedules.mlm[0]", "exactly one length", None),
@@ -424,7 +425,7 @@ def test_dry_run_says_what_a_seed_axis_changes_and_warns_when_it_changes_nothing
     assert "schedule clm_detour: clm: nothing; mlm_decay: MLM masking  (not independent replicates)" in notes[2]
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
     assert warnings == ["warning: seed changes nothing in phase clm for hub:answerdotai/ModernBERT-base: dropout 0, "
-                        "CLM has no masking, data order from data.data_seed, the checkpoint has its MLM head: "
+                        "CLM draws nothing from the seed, data order from data.data_seed, the checkpoint has its MLM head: "
                         "the 3 seeds repeat the same CLM computation"]
 
 

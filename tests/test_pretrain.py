@@ -130,12 +130,21 @@ def _run_cli(spec_file: Path, out: Path, env: dict, **kw) -> subprocess.Popen:
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
 
 
-@pytest.mark.parametrize("arch, extra", [("tiny-modernbert", {}),
-                                         ("tiny-bert", {"micro_batch_size": 2})])   # dropout 0.1, 2 micro-batches
-def test_sigkill_then_resume_ends_with_the_same_weights_and_curve(arch, extra, tmp_path, data_root):
-    spec = tiny_spec(arch, **extra, phases=[
-        {"name": "clm", "objective": "clm", "steps": 8, "freeze": "low"},
-        {"name": "mlm_decay", "objective": "mlm", "steps": 6, "lr": {"decay": "1-sqrt", "final_fraction": 0.1}}])
+DETOUR = [{"name": "clm", "objective": "clm", "steps": 8, "freeze": "low"},
+          {"name": "mlm_decay", "objective": "mlm", "steps": 6, "lr": {"decay": "1-sqrt", "final_fraction": 0.1}}]
+# a mixture by sequence (causal and masked rows in one micro-batch), then a masking-rate schedule
+MIXED = [{"name": "mix", "objective": "mixture", "granularity": "sequence", "steps": 8,
+          "mixture": [{"objective": "clm", "weight": 1}, {"objective": "mntp", "weight": 1, "mask_rate": 0.3},
+                      {"objective": "prefix-lm", "weight": 1}]},
+         {"name": "mlm_decay", "objective": "mlm", "mask_rate": 0.3, "mask_rate_end": 0.05, "steps": 6,
+          "lr": {"decay": "linear"}}]
+
+
+@pytest.mark.parametrize("arch, extra, phases", [("tiny-modernbert", {}, DETOUR),
+                                                 ("tiny-bert", {"micro_batch_size": 2}, DETOUR),  # dropout 0.1
+                                                 ("tiny-bert", {"micro_batch_size": 2}, MIXED)])
+def test_sigkill_then_resume_ends_with_the_same_weights_and_curve(arch, extra, phases, tmp_path, data_root):
+    spec = tiny_spec(arch, **extra, phases=phases)
     spec_file = tmp_path / "run.yaml"
     spec_file.write_text(yaml.safe_dump(spec))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -168,6 +177,10 @@ def test_sigkill_then_resume_ends_with_the_same_weights_and_curve(arch, extra, t
     curve_b = json.loads((killed / "records" / "curves.json").read_text())
     assert curve_a == curve_b
     assert json.loads((killed / "status.json").read_text())["attempts"] == 2
+    if phases is MIXED:     # each member's loss and the scheduled rate are in the curves
+        assert {"loss/clm", "loss/mntp", "loss/prefix-lm", "mask_rate/mntp", "mask_rate"} <= set(curve_a)
+        rates = [r for r in curve_a["mask_rate"] if r is not None]
+        assert rates[0] == pytest.approx(0.3) and rates[-1] == pytest.approx(0.05)
 
 
 def test_saved_model_loads_with_auto_model_for_masked_lm(tmp_path, data_root):

@@ -125,9 +125,13 @@ def _grid(tmp_path: Path, evaluation: dict) -> Path:
     return path
 
 
-def test_the_dry_run_lists_the_suite_and_its_fine_tuning_per_task(suites_dir, tmp_path, capsys):
+def test_the_dry_run_lists_the_suite_and_its_fine_tuning_per_task(suites_dir, tmp_path, capsys, monkeypatch):
     grid = _grid(tmp_path, {"tasks": ["suite:mini", "pubmedqa_pqal"], "finetune": {"max_length": 64}})
+    suites._read_suite.cache_clear()
+    reads, read_yaml = [], suites.read_yaml
+    monkeypatch.setattr(suites, "read_yaml", lambda path: reads.append(path) or read_yaml(path))
     assert main(["sweep", str(grid), "--dry-run", "--results", str(tmp_path / "r")]) == 0
+    assert reads == [str(suites_dir / "mini.yaml")]           # read and checked once, however many consumers
     lines = capsys.readouterr().out.splitlines()
     at = lines.index("evaluation (fine-tuning per task; hours from `ablate calibrate`):")
     assert lines[at + 1].startswith("  suite:mini: 2 tasks (ncbi_disease, chemprot), fine-tuning seeds 0,1; 3")
@@ -244,3 +248,16 @@ def test_every_shipped_suite_reads_and_names_shipped_tasks():
     smoke = suites.load_suite("en_smoke")
     assert [e.task for e in smoke.entries()] == [e.task for e in suites.load_suite("en_paper").entries()]
     assert smoke.seeds == (0,) and smoke.finetune["epochs"] == 2
+
+
+def test_the_model_card_gives_each_tasks_own_fine_tuning_seeds(suites_dir):
+    from ablate.config.spec import parse_run_spec
+    from ablate.report.card import _finetune_seeds
+    from tests.test_pretrain import tiny_spec
+
+    spec = parse_run_spec(tiny_spec(eval={"tasks": ["suite:mini", "pubmedqa_pqal"], "seeds": [7]}))
+    assert _finetune_seeds(spec) == "0, 1 (ncbi_disease); 3 (chemprot); 7 (pubmedqa_pqal)"
+    only_suite = parse_run_spec(tiny_spec(eval={"tasks": ["suite:mini"]}))
+    assert _finetune_seeds(only_suite) == "0, 1 (ncbi_disease); 3 (chemprot)"      # not eval.seeds' default 0
+    plain = parse_run_spec(tiny_spec(eval={"tasks": ["chemprot"], "seeds": [0, 2]}))
+    assert _finetune_seeds(plain) == "0, 2"

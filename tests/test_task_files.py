@@ -8,6 +8,7 @@ import functools
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -248,6 +249,32 @@ def test_a_saved_dataset_scores_as_the_same_examples_read_from_files(tmp_path, s
     strip = [{k: v for k, v in r.items() if k not in ("task", "wall_time_s")} for r in rows]
     assert [{k: v for k, v in r.items() if k not in ("task", "wall_time_s")} for r in hf_rows] == strip
     assert hf_seen == seen
+
+
+def test_a_saved_dataset_is_loaded_once_for_its_data_identity_and_fine_tuning_and_again_once_changed(
+        tmp_path, saved, tiny_bert, monkeypatch):
+    from ablate.evaluate import task_readers
+
+    task_readers._load_hf.cache_clear()
+    loads, real = [], datasets.load_from_disk
+    monkeypatch.setattr(datasets, "load_from_disk", lambda path, *a, **k: loads.append(path) or real(path, *a, **k))
+    labels = {"values": list(_real("chemprot")[1].labels), "allow_unseen_eval_labels": True}
+    task = load_task(str(_hf_task(tmp_path, "chemprot", "chem_hf", {"text": "sentence", "label": "label"},
+                                  labels=labels)))
+    data = load_task_data(task, data_root=saved)
+    identity = data_hash(task, data_root=saved)
+    _finetune(tiny_bert, task, data_root=saved, max_train_examples=8, max_eval_examples=8)
+    assert loads == [str(saved / "chem_hf")]                       # read once for all three
+    copy = tmp_path / "chem_copy"
+    real(str(saved / "chem_hf")).save_to_disk(copy)
+    moved = load_task(str(_hf_task(tmp_path, "chemprot", str(copy), {"text": "sentence", "label": "label"},
+                                   labels=labels)))
+    assert load_task_data(moved).splits == data.splits and len(loads) == 2
+    real(str(saved / "chem_hf")).map(lambda r: {"sentence": r["sentence"].lower()}).save_to_disk(tmp_path / "x")
+    shutil.rmtree(copy)
+    shutil.move(tmp_path / "x", copy)                               # the same folder, saved again: read again
+    assert load_task_data(moved).splits != data.splits and len(loads) == 3
+    assert data_hash(task, data_root=saved) == identity
 
 
 def test_a_saved_dataset_with_string_tags_and_its_data_identity(tmp_path, saved):

@@ -168,6 +168,17 @@ def test_the_dry_run_plans_a_hybrid_per_shared_seed_and_warns_about_the_others(t
     assert not (tmp_path / "results").exists()
 
 
+def test_the_dry_run_counts_a_transplants_fine_tuning_in_the_per_task_rows(tmp_path, capsys):
+    path = _grid(tmp_path, [{"from": "clm_detour", "into": "mlm", "layers": "low", "tasks": ["ncbi_disease"]}])
+    rc = main(["sweep", str(path), "--dry-run", "--results", str(tmp_path / "results")])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    lines = out.splitlines()
+    at = lines.index("evaluation (fine-tuning per task; hours from `ablate calibrate`):")
+    row = next(line.split() for line in lines[at:] if line.startswith("ncbi_disease"))
+    assert row[1:5] == ["-", "1", "1", "1"], lines[at:at + 5]     # the derived run alone fine-tunes: seed 0, once
+
+
 @pytest.mark.parametrize("args, message", [
     (["--from", "clm_d40", "--into", "mlm_d40", "--layers", "0-4"], "past the model's depth"),
     (["--from", "clm_d40", "--into", "mlm_d40", "--layers", "bottom"], "not a layer split"),

@@ -297,3 +297,62 @@ def test_bad_input_exits_2_and_submits_nothing(case, tmp_path, capsys, data_root
     err = capsys.readouterr().err
     assert f"{f}: {key}" in err, err
     assert not results.exists()
+
+
+def test_a_downstream_objective_reads_the_tasks_of_a_suite_the_base_evaluates(tmp_path, monkeypatch, capsys,
+                                                                              data_root):
+    from ablate.evaluate.suites import SUITES_DIR_ENV
+    from ablate.tune.trials import objective_tasks
+
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "pair.yaml").write_text(yaml.safe_dump(
+        {"name": "pair", "seeds": [0, 1], "tasks": ["ncbi_disease", "chemprot"]}))
+    monkeypatch.setenv(SUITES_DIR_ENV, str(tmp_path / "suites"))
+    base = {**TUNE["base"], "eval": {"tasks": ["suite:pair"]}}
+    tune = load_tune(write_tune(tmp_path, base=base, objective={"metric": "downstream"}))
+    spec = trial_run(tune, {k: p.extremes()[0] for k, p in tune.params.items()}, trial=None).spec
+    assert objective_tasks(tune.spec.objective, spec) == ["ncbi_disease", "chemprot"]
+    one = load_tune(write_tune(tmp_path, "one.yaml", base=base, objective={"metric": "downstream", "tasks": ["chemprot"]}))
+    assert one.spec.objective.tasks == ("chemprot",)
+    bad = write_tune(tmp_path, "bad.yaml", base=base, objective={"metric": "downstream", "tasks": ["pubmedqa_pqal"]})
+    assert main(["tune", str(bad), "--results", str(tmp_path / "results")]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: objective.tasks: objective task is not evaluated by the runs" in err
+    assert "allowed: ncbi_disease, chemprot" in err, err
+
+
+LOOSE = {   # values the study would quietly clamp, round or run twice
+    "step not dividing the range": ({"search_space": {"optim.lr": {"low": 1e-4, "high": 1e-3, "step": 4e-4}}},
+                                    "search_space.optim.lr.step", "Optuna would lower high to 0.0009"),
+    "int step not whole": ({"search_space": {"freeze_layers.clm": {"type": "int", "low": -1, "high": 1,
+                                                                   "step": 0.5}}},
+                           "search_space.freeze_layers.clm.step", "needs a whole-number step"),
+    "last_n longer than the final phase": ({"objective": {"metric": "loss", "last_n": 5}}, "objective.last_n",
+                                           "trains 1 steps in some trial"),
+}
+
+
+@pytest.mark.parametrize("case", list(LOOSE))
+def test_a_value_the_study_would_clamp_or_run_twice_exits_2(case, tmp_path, capsys, data_root):
+    changes, key, words = LOOSE[case]
+    f = write_tune(tmp_path, **changes)
+    assert main(["tune", str(f), "--results", str(tmp_path / "results")]) == 2
+    err = capsys.readouterr().err
+    assert f"{f}: {key}: " in err and words in err, err
+    assert not (tmp_path / "results").exists()
+
+
+def test_parallel_beyond_what_can_be_in_flight_is_said(tmp_path, data_root):
+    from ablate.tune.runner import in_flight_warnings
+
+    tune = load_tune(write_tune(tmp_path, parallel=3, launcher={"executor": "local", "local": {"parallel": 2}}))
+    assert in_flight_warnings(tune, "local") == [
+        "parallel: 3 trials in flight, but launcher.local.parallel is 2: at most 2 run at once on this machine",
+        "parallel: 3 trials in flight, but n_trials is 2: at most 2 run at once"]
+    assert in_flight_warnings(load_tune(write_tune(tmp_path, "ok.yaml")), "debug") == []
+    enqueued = load_tune(write_tune(tmp_path, "enq.yaml", enqueue=[{"optim.lr": 1e-3}, {"optim.lr": 2e-3},
+                                                                   {"optim.lr": 1e-3}]))
+    assert in_flight_warnings(enqueued, "debug") == [
+        "enqueue[2] is the same trial as enqueue[0]: it reuses that run, and the study counts its value twice",
+        "3 trials are enqueued but n_trials is 2: the last 1 wait in the study for a later tune with a larger "
+        "n_trials"]

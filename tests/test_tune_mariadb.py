@@ -71,6 +71,20 @@ def mariadb_tune(folder: Path, name: str, study: str, url: str, n_trials: int, l
                       parallel=2, launcher=launcher)
 
 
+def credentials_file(folder: Path, url: str, mode: int = 0o600) -> Path:
+    """The URL where a user keeps it: a file of their own, outside the results root."""
+    path = folder / "secrets" / "optuna.url"
+    path.parent.mkdir()
+    path.write_text(url + "\n")
+    path.chmod(mode)
+    return path
+
+
+def files_holding(root: Path, secret: str) -> list[str]:
+    """Every file under root (job scripts, pickles and logs included) whose bytes hold the secret."""
+    return [str(p) for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
 def kill_tune_after_ask(tune_file: Path, url: str, study: str, lr: float) -> int:
     """What a killed `ablate tune` leaves behind: a RUNNING trial with its params set, no run started."""
     import optuna
@@ -98,7 +112,8 @@ def test_parallel_local_trials_on_mariadb_prune_and_resume(tmp_path, capsys, mar
 
     results = tmp_path / "results"
     local = {"executor": "local", "local": {"parallel": 2}}
-    two = mariadb_tune(tmp_path, "two.yaml", study_name, mariadb_url, 2, local)
+    secret = f"file:{credentials_file(tmp_path, mariadb_url)}"
+    two = mariadb_tune(tmp_path, "two.yaml", study_name, secret, 2, local)
     assert main(["tune", str(two), "--results", str(results), "--poll", "0.5"]) == 0
     first_out = capsys.readouterr().out
     assert submitted_together(first_out), first_out
@@ -108,7 +123,7 @@ def test_parallel_local_trials_on_mariadb_prune_and_resume(tmp_path, capsys, mar
 
     resumed = kill_tune_after_ask(two, mariadb_url, study_name, RESUMED_LR)
     optuna.load_study(study_name=study_name, storage=mariadb_url).enqueue_trial({"optim.lr": PRUNED_LR})
-    four = mariadb_tune(tmp_path, "four.yaml", study_name, mariadb_url, 4, local)
+    four = mariadb_tune(tmp_path, "four.yaml", study_name, secret, 4, local)
     assert main(["tune", str(four), "--results", str(results), "--poll", "0.5"]) == 0
     out = capsys.readouterr().out
     assert "2 finished trials, 1 left running by an earlier process (resumed), 1 to ask" in out, out
@@ -126,7 +141,39 @@ def test_parallel_local_trials_on_mariadb_prune_and_resume(tmp_path, capsys, mar
     status = rundir.read_status(run_dir_of(results, four, study_name, trials[3]))
     assert status["state"] == "pruned" and status["pruned_at_step"] == 3, status
     record = rundir.read_json(run_dir_of(results, four, study_name, trials[2]) / "tune.json")
-    assert record["storage"] == mariadb_url and record["state"] == "complete"
+    assert record["storage"] == secret and record["state"] == "complete"
+    assert files_holding(results, password) == [] and files_holding(tmp_path / "four.yaml", password) == []
+
+
+def test_a_credentials_file_others_can_read_exits_2_before_anything_runs(tmp_path, capsys, data_root):
+    url = "mysql+pymysql://optuna:hunter2@127.0.0.1:3307/optuna"
+    path = credentials_file(tmp_path, url, mode=0o640)
+    f = mariadb_tune(tmp_path, "tune.yaml", "tiny_shared_secret", f"file:{path}", 2, {"executor": "debug"})
+    assert main(["tune", str(f), "--results", str(tmp_path / "results")]) == 2
+    err = capsys.readouterr().err
+    assert f"{f}: storage: the credentials file is readable by others (mode -rw-r-----" in err, err
+    assert f"chmod 600 {path}" in err and "hunter2" not in err, err
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_password_written_in_the_tune_file_or_on_the_command_line_exits_2(tmp_path, capsys, data_root):
+    url = "mysql+pymysql://optuna:hunter2@127.0.0.1:3307/optuna"
+    f = mariadb_tune(tmp_path, "tune.yaml", "tiny_literal", url, 2, {"executor": "debug"})
+    plain = mariadb_tune(tmp_path, "plain.yaml", "tiny_literal", "sqlite", 2, {"executor": "debug"})
+    for argv in (["tune", str(f)], ["tune", str(plain), "--storage", url]):
+        assert main([*argv, "--results", str(tmp_path / "results")]) == 2
+        err = capsys.readouterr().err
+        assert "storage: a database password in the storage URL would be written into the study's folder" in err
+        assert "storage: env:NAME" in err and "file:PATH, chmod 600" in err and "hunter2" not in err, err
+    assert not (tmp_path / "results").exists()
+
+
+def test_an_unset_environment_variable_exits_2_naming_it(tmp_path, monkeypatch, capsys, data_root):
+    monkeypatch.delenv("ABLATE_TEST_OPTUNA_URL", raising=False)
+    f = mariadb_tune(tmp_path, "tune.yaml", "tiny_noenv", "env:ABLATE_TEST_OPTUNA_URL", 2, {"executor": "debug"})
+    assert main(["tune", str(f), "--results", str(tmp_path / "results")]) == 2
+    err = capsys.readouterr().err
+    assert f"{f}: storage: the environment variable ABLATE_TEST_OPTUNA_URL is not set" in err, err
 
 
 @pytest.mark.slurm
@@ -135,8 +182,9 @@ def test_parallel_slurm_trials_report_to_mariadb(tmp_path, monkeypatch, capsys, 
     import optuna
 
     monkeypatch.setenv("SLURM_CONF", slurm_env["SLURM_CONF"])
+    monkeypatch.setenv("ABLATE_TEST_OPTUNA_URL", mariadb_url)     # sbatch passes the environment to the jobs
     slurm = {"executor": "slurm", "slurm": {"partition": "cpu", "cpus_per_task": 1, "mem_gb": 3, "timeout_min": 30}}
-    two = mariadb_tune(tmp_path, "two.yaml", study_name, mariadb_url, 2, slurm)
+    two = mariadb_tune(tmp_path, "two.yaml", study_name, "env:ABLATE_TEST_OPTUNA_URL", 2, slurm)
     results = tmp_path / "results"
     assert main(["tune", str(two), "--results", str(results), "--poll", "1"]) == 0
     out = capsys.readouterr().out
@@ -147,6 +195,8 @@ def test_parallel_slurm_trials_report_to_mariadb(tmp_path, monkeypatch, capsys, 
         assert sorted(t.intermediate_values) == [1, 2, 3, 4]      # each Slurm job reported to the server
         status = rundir.read_status(run_dir_of(results, two, study_name, t))
         assert status["state"] == "done" and status["executor"] == "slurm" and status["job_id"]
+    password = optuna.storages.RDBStorage(mariadb_url).engine.url.password
+    assert password not in out and files_holding(results, password) == []   # job scripts and Slurm logs too
 
 
 def refused_port() -> int:
@@ -158,8 +208,8 @@ def refused_port() -> int:
 
 def test_a_driver_that_is_not_installed_exits_2_naming_the_storage(tmp_path, monkeypatch, capsys, data_root):
     monkeypatch.setitem(sys.modules, "pymysql", None)              # PyMySQL as if not installed
-    f = mariadb_tune(tmp_path, "tune.yaml", "tiny_nodriver", "mysql+pymysql://optuna:secret@127.0.0.1:3307/optuna",
-                     2, {"executor": "debug"})
+    monkeypatch.setenv("ABLATE_TEST_OPTUNA_URL", "mysql+pymysql://optuna:secret@127.0.0.1:3307/optuna")
+    f = mariadb_tune(tmp_path, "tune.yaml", "tiny_nodriver", "env:ABLATE_TEST_OPTUNA_URL", 2, {"executor": "debug"})
     assert main(["tune", str(f), "--results", str(tmp_path / "results")]) == 2
     err = capsys.readouterr().err
     assert f"{f}: storage: the URL's database driver 'pymysql' is not installed" in err, err
@@ -171,8 +221,8 @@ def test_a_server_that_does_not_answer_exits_2_saying_what_to_do(tmp_path, capsy
     if os.environ.get("ABLATE_REQUIRE_SLURM") != "1":
         pytest.importorskip("pymysql", reason="PyMySQL is not installed (pip install 'ablate[mysql]')")
     port = refused_port()
-    f = mariadb_tune(tmp_path, "tune.yaml", "tiny_noserver", f"mysql+pymysql://optuna:secret@127.0.0.1:{port}/optuna",
-                     2, {"executor": "debug"})
+    path = credentials_file(tmp_path, f"mysql+pymysql://optuna:secret@127.0.0.1:{port}/optuna")
+    f = mariadb_tune(tmp_path, "tune.yaml", "tiny_noserver", f"file:{path}", 2, {"executor": "debug"})
     assert main(["tune", str(f), "--results", str(tmp_path / "results")]) == 2
     err = capsys.readouterr().err
     assert f"{f}: storage: the database server at 127.0.0.1:{port} does not answer" in err, err

@@ -5,7 +5,8 @@ The pairing rule (also in docs and `ablate collect --pairs`):
 - a run's *identity* is everything in its RunSpec that changes training except the phases and the seed
   (model, tokenizer, data and data seed, batch, optimizer, budget, ...); its *phase ends* are the global
   steps at which each phase ends;
-- an *MLM baseline* run trains every phase with the MLM objective and carries the freeze mask "none";
+- a *baseline* run is of the baseline arm (ablate.config.grid.is_baseline_arm: the grid's `baseline:` schedule,
+  default mlm, with the freeze mask "none");
 - twin: a run that is not a baseline and the baseline with the same identity, seed and phase ends (so
   the same token stream and the same phase lengths, a different schedule or freeze mask). Phase ends are
   matched by position: phase k of the arm with phase k of its twin (the CLM phase with the MLM phase that
@@ -45,8 +46,8 @@ from ablate.store.rundir import (SAME_TOKENS, RunInfo, TokenStream, baselines_by
 
 PAIR_COLUMNS = ("run_a", "run_b", "relation", "position", "phase", "phase_b", "layer", "measure", "value")
 TWIN, NOISE = "twin", "seed-noise"
-RULE = ("twin: an arm and the MLM baseline (every phase MLM, freeze none) with the same model, data, data "
-        "seed, seed, training settings and phase ends, phase ends matched by position; seed-noise: two MLM "
+RULE = ("twin: an arm and the baseline arm (the grid's baseline schedule, freeze none) with the same model, "
+        "data, data seed, seed, training settings and phase ends, phase ends matched by position; seed-noise: two "
         "baselines that differ only in seed")
 
 

@@ -200,19 +200,27 @@ def weight_relative_change(model_after, model_base) -> dict[int, float]:
     return weight_rel_change(after, base, groups)
 
 
-def grad_norms(params: Mapping, groups: Mapping[int, list[str]]) -> dict[int, float]:
-    """L2 norm of the current gradients per layer (each tensor's norm in its own dtype, combined in
-    float64: no float64 copy of a large gradient); layers without gradients (frozen, or not reached) are
-    left out."""
+def grad_norm_values(params: Mapping, groups: Mapping[int, list[str]]):
+    """(layers with gradients, their L2 norms as one float64 tensor on the gradients' device): nothing is
+    read back to the host, so a training step can call this on a GPU without waiting for it. Each tensor's
+    norm is taken in its own dtype and combined in float64 (no float64 copy of a large gradient); layers
+    without gradients (frozen, or not reached) are left out."""
     import torch
 
-    out = {}
+    layers, values = [], []
     for layer, names in groups.items():
         grads = [params[n].grad for n in names if params[n].grad is not None]
         if grads:
-            out[layer] = float(torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(g).double() for g in grads])))
-    return out
+            layers.append(layer)
+            values.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g).double()
+                                                                for g in grads])))
+    return tuple(layers), torch.stack(values) if values else torch.zeros(0, dtype=torch.float64)
+
+
+def grad_norms(params: Mapping, groups: Mapping[int, list[str]]) -> dict[int, float]:
+    """grad_norm_values read back: layer -> L2 norm of its current gradients."""
+    layers, values = grad_norm_values(params, groups)
+    return dict(zip(layers, values.tolist()))
 
 
 def layer_grad_norms(model) -> dict[int, float]:

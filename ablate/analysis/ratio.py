@@ -14,6 +14,7 @@ import numpy as np
 
 from ablate.analysis.probe import cka_vs_reference, held_out_texts, probe_texts, representations_for
 from ablate.config.errors import SpecError
+from ablate.config.grid import DEFAULT_BASELINE, declared_baseline
 
 RATIO_MEASURE = "cka_ratio_vs_mlm"
 
@@ -51,7 +52,8 @@ def _load_for_probe(model_dir: str, tokenizer=None):
     return model, tokenizer
 
 
-def cka_ratio(runs, texts: Sequence[str], *, baseline_schedule: str = "mlm", match: Sequence[str] = ("model",),
+def cka_ratio(runs, texts: Sequence[str], *, baseline_schedule: str = DEFAULT_BASELINE,
+              match: Sequence[str] = ("model",),
               reps: Mapping[str, Sequence[np.ndarray]] | None = None, tokenizer=None,
               max_length: int = 128, batch_size: int = 32):
     """Rows (run_id, phase="final", layer, measure="cka_ratio_vs_mlm", value) for every arm of a sweep.
@@ -131,7 +133,7 @@ def add_cka_ratio(sweep_dir: Path, tables: dict, n_texts: int) -> int:
     spec = read_spec(Path(sweep_dir) / "runs" / done["run_id"].iloc[0])
     texts = probe_texts(held_out_texts(spec, str(sweep_dir)), n_texts, spec.probe.seed,
                         corpus=spec.data.valid_corpus, key="--cka-ratio")
-    ratio = cka_ratio(done, texts, max_length=spec.probe.max_length)
+    ratio = cka_ratio(done, texts, max_length=spec.probe.max_length, baseline_schedule=declared_baseline(sweep_dir))
     if ratio.empty:
         return 0
     layers = tables["layers"]

@@ -47,7 +47,8 @@ def _check_tasks(names) -> None:
 
 
 def _print_finetuning(grid, runs, root, transplants) -> None:
-    """The dry run's evaluation cost: the suites the grid names, then a row per task (ablate.launch.estimates)."""
+    """The dry run's evaluation cost: the suites the grid names, then a row per task, the transplants'
+    fine-tuning included (ablate.launch.estimates)."""
     from ablate.launch.estimates import finetune_breakdown
 
     lines, rows = finetune_breakdown(grid, runs, root, transplants)
@@ -128,7 +129,7 @@ def cmd_sweep(args) -> int:
     executor = args.executor or grid.launcher.executor
     sweep_dir = results_root(args.results) / grid.sweep
     notes, warnings = seed_notes(runs)   # on stderr: stdout is the plan table
-    for note in notes if args.dry_run else ():
+    for note in [*notes, *checked.notes] if args.dry_run else ():
         print(f"note: {note}", file=sys.stderr)
     _warn(warnings + checked.warnings)
     if args.dry_run:

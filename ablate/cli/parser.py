@@ -10,6 +10,7 @@ from typing import get_args
 
 from ablate.cli.commands import (POLL_S, cmd_calibrate, cmd_collect, cmd_dashboard, cmd_evaluate, cmd_export,
                                  cmd_prepare, cmd_report, cmd_run, cmd_status, cmd_sweep, cmd_transplant, cmd_tune)
+from ablate.cli.data_commands import add_data_commands
 
 DESCRIPTION = "ablate: layer-freezing ablations of encoder continued pretraining."
 
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_commands(sub, results, sweep, submit)
     _add_analysis_commands(sub, results, sweep, submit)
     _add_export_command(sub, sweep)
+    add_data_commands(sub)
     return p
 
 

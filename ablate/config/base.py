@@ -56,6 +56,17 @@ class Located(ValueError):
         self.key, self.value, self.allowed = key, value, allowed
 
 
+def unique_items(values, what: str):
+    """A list a user writes whose repeats would be done, or counted, twice (a seed fine-tuned twice and
+    weighing double in a mean): refused, naming the repeat."""
+    seen = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(f"{what} {value!r} is listed twice")
+        seen.add(value)
+    return values
+
+
 class _Loader(yaml.SafeLoader):
     """Safe YAML with the YAML 1.2 core schema's scalars, not PyYAML's 1.1 ones: 1e-4 is a number (1.1: a
     string); yes/no/on/off stay strings (1.1: booleans, so a label `no` became False); 012 is twelve (1.1:

@@ -92,6 +92,28 @@ class Launcher(Strict):
         return self.slurm.nodes * self.slurm.gpus_per_node if (executor or self.executor) == "slurm" else 1
 
 
+DEFAULT_BASELINE = "mlm"     # the baseline arm: this schedule without freezing, unless a grid names another
+
+
+def baseline_schedule(labels: dict) -> str:
+    """The baseline arm's schedule of a run (its grid's `baseline`, kept in the labels), declared once here."""
+    return labels.get("baseline") or DEFAULT_BASELINE
+
+
+def is_baseline_arm(schedule: str | None, freeze: str, labels: dict) -> bool:
+    return freeze == "none" and schedule == baseline_schedule(labels)
+
+
+def declared_baseline(sweep_dir: str | Path) -> str:
+    """The `baseline:` of the grid a sweep was submitted with (grid.yaml in its folder), else the default."""
+    try:
+        grid = read_yaml(Path(sweep_dir) / "grid.yaml")
+    except (OSError, SpecError):
+        return DEFAULT_BASELINE
+    value = grid.get("baseline") if isinstance(grid, dict) else None
+    return value if isinstance(value, str) and value else DEFAULT_BASELINE
+
+
 class GridSpec(Strict):
     sweep: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     base: dict[str, Any]
@@ -109,6 +131,8 @@ class GridSpec(Strict):
                             "the others start from that run's checkpoint (ablate.plan.branching); false: every "
                             "run from step 0")
     launcher: Launcher = Launcher()
+    baseline: str = Field(default=DEFAULT_BASELINE, description="the baseline arm's schedule (with freeze none): "
+                                                                "twins, tables, pairs, reports and the card")
 
 
 def load_grid(path: str | Path) -> GridSpec:
@@ -136,6 +160,9 @@ def check_references(grid: GridSpec, file: str) -> None:
     """Everything about the grid that one key alone cannot say: names that must exist, axes that must agree."""
     if not grid.schedules:
         raise SpecError("at least one schedule is needed", file=file, key="schedules")
+    if grid.baseline != DEFAULT_BASELINE and grid.baseline not in grid.schedules:
+        raise SpecError("the baseline names no schedule", file=file, key="baseline", value=grid.baseline,
+                        allowed=", ".join(grid.schedules))
     for name in RESERVED_AXES:
         if name in grid.base:
             raise SpecError(f"not a base setting: {RESERVED_AXES[name]}", file=file, key=f"base.{name}")

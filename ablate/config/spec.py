@@ -13,11 +13,12 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ablate.config.base import Located, Strict, read_yaml, validate
+from ablate.config import identity
+from ablate.config.base import Located, Strict, read_yaml, unique_items, validate
 
 FREEZE_WORDS = ("none", "embeddings", "low", "mid", "high", "encoder", "head")
 FREEZE_ALLOWED = "none, embeddings, low, mid, high, encoder, head, or a layer range like 0-7 or 3"
@@ -43,10 +44,69 @@ class LRSchedule(Strict):
         return self
 
 
-class PhaseSpec(Strict):
+CORRUPTION_ALLOWED = "80/10/10, mask (always [MASK]), or [mask, random, keep] shares adding up to 1"
+
+
+class ObjectiveFields(Strict):
+    """An objective and the fields it reads (ablate.config.objectives: each entry says which; None is "not
+    written", so fields added later leave the ids of older runs as they were)."""
+
+    objective: str = Field(description="a registered objective: clm, mlm, mntp, prefix-lm, span, or mixture")
+    mask_rate: float | None = Field(default=None, description="masking objectives; default 0.15 (with "
+                                                              "mask_rate_end: the rate at the phase's start)")
+    mask_rate_end: float | None = Field(default=None, description="a linear masking-rate schedule over the phase "
+                                                                  "from mask_rate to this rate")
+    corruption: tuple[float, float, float] | None = Field(default=None, description=CORRUPTION_ALLOWED)
+    span_length: float | None = Field(default=None, ge=1, description="span: the spans' mean length (default 3)")
+
+    @field_validator("objective")
+    @classmethod
+    def _registered(cls, v):
+        from ablate.config.objectives import get
+
+        get(v)
+        return v
+
+    @field_validator("corruption", mode="before")
+    @classmethod
+    def _corruption(cls, v):
+        if v is None:
+            return None
+        named = {"80/10/10": (0.8, 0.1, 0.1), "mask": (1.0, 0.0, 0.0)}
+        shares = named.get(v) if isinstance(v, str) else v
+        if not isinstance(shares, (list, tuple)) or len(shares) != 3 or any(
+                isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in shares):
+            raise ValueError(f"unknown corruption {v!r}; allowed: {CORRUPTION_ALLOWED}")
+        if not math.isclose(sum(shares), 1.0, abs_tol=1e-9):
+            raise ValueError(f"corruption shares add up to {sum(shares):g}, not 1; allowed: {CORRUPTION_ALLOWED}")
+        shares = tuple(float(x) for x in shares)
+        return None if shares == (0.8, 0.1, 0.1) else shares     # the default is one identity, written or not
+
+    @model_validator(mode="after")
+    def _objective_reads(self):
+        from ablate.config.objectives import get
+
+        get(self.objective).check(self)
+        for key in ("mask_rate", "mask_rate_end"):
+            value = getattr(self, key)
+            if value is not None and not 0 < value < 1:
+                raise ValueError(f"{key} must be in (0, 1), got {value}")
+        return self
+
+    @property
+    def effective_mask_rate(self) -> float:
+        return 0.15 if self.mask_rate is None else self.mask_rate
+
+
+class MixtureMember(ObjectiveFields):
+    weight: float = Field(gt=0, description="relative share of the steps, micro-batches or sequences")
+
+
+class PhaseSpec(ObjectiveFields):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    objective: Literal["mlm", "clm"]
-    mask_rate: float | None = Field(default=None, description="MLM only; default 0.15")
+    mixture: tuple[MixtureMember, ...] | None = Field(default=None, description="objective mixture: its members")
+    granularity: Literal["step", "micro-batch", "sequence"] | None = Field(
+        default=None, description="objective mixture: what one draw of a member trains (default step)")
     steps: int | None = Field(default=None, gt=0)
     tokens: int | None = Field(default=None, gt=0)
     fraction: float | None = Field(default=None, gt=0, le=1, description="of the run's budget_tokens")
@@ -77,15 +137,7 @@ class PhaseSpec(Strict):
         given = [k for k in ("steps", "tokens", "fraction") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"a phase needs exactly one length: steps, tokens or fraction (got {given or 'none'})")
-        if self.objective == "clm" and self.mask_rate is not None:
-            raise ValueError("mask_rate applies to mlm phases only")
-        if self.mask_rate is not None and not 0 < self.mask_rate < 1:
-            raise ValueError(f"mask_rate must be in (0, 1), got {self.mask_rate}")
         return self
-
-    @property
-    def effective_mask_rate(self) -> float:
-        return 0.15 if self.mask_rate is None else self.mask_rate
 
 
 class DataSpec(Strict):
@@ -140,6 +192,11 @@ class EvalSpec(Strict):
     finetune: dict[str, Any] = Field(default_factory=dict, description="overrides of the tasks' fine-tuning defaults")
     protocol: str | None = Field(default=None, description="a fine-tuning profile of ablate.evaluate.protocol "
                                                            "(paper, smoke) over the task files; null: the files'")
+
+    @field_validator("seeds")
+    @classmethod
+    def _each_seed_once(cls, seeds):
+        return unique_items(seeds, "fine-tuning seed")
 
 
 class TensorBoardSpec(Strict):
@@ -198,7 +255,9 @@ class RunSpec(Strict):
     precision: Literal["auto", "bf16", "fp32"] = Field(
         default="auto", description="auto: bf16 autocast on CUDA, float32 on the CPU; bf16 (autocast, float32 master "
                                     "weights) or fp32 on any device")
-    compile: bool = Field(default=False, description="torch.compile the encoder, on CUDA or the CPU")
+    compile: Literal["auto", True, False] = Field(
+        default="auto", description="torch.compile the encoder: auto is on for CUDA and off on the CPU (where "
+                                    "compiling costs more than it saves on short runs); true or false on any device")
     deterministic: bool = Field(default=False, description="deterministic algorithms (torch, cuDNN, cuBLAS): "
                                                            "repeatable CUDA steps at some speed; no change on CPU")
     vocab_loss: Literal["fused", "dense"] = Field(
@@ -238,33 +297,16 @@ class RunSpec(Strict):
             raise ValueError(f"batch_size {self.batch_size} is not a multiple of micro_batch_size {mb}")
         return self
 
-    # Fields that do not change what is trained; they are left out of the run id. (compile, deterministic and
-    # vocab_loss change how, not what: the same function up to float rounding. precision is in the id once
-    # it is written, bf16 or fp32; auto, which resolves by device as device itself, is left out, so the ids
-    # of runs from before the field stay as they were.)
-    NON_TRAINING_FIELDS: ClassVar[tuple[str, ...]] = ("labels", "eval", "probe", "log_every", "checkpoint_every",
-                                                     "device", "compile", "deterministic", "vocab_loss",
-                                                     "tracking", "branching")
-
     @property
     def run_id(self) -> str:
-        content = self.model_dump(mode="json", exclude=set(self.NON_TRAINING_FIELDS))
-        content["data"].pop("prepared_root")            # where tokens are kept does not change them
-        content["data"].pop("max_epochs")               # a guard on the plan, not part of it
-        if content["data"]["errors"] == "strict":       # the default leaves ids of older runs as they were
-            content["data"].pop("errors")
-        _drop_later_defaults(content)
-        blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        """A short hash of what trains the run (ablate.config.identity declares which fields)."""
+        return identity.digest(identity.content(self.model_dump(mode="json"), identity.RUN), 12)
 
     @property
     def training_identity(self) -> str:
         """A digest of what trains the run apart from its phases and seed: the runs of two arms (or two seeds)
         at one grid point share it (the pairs table, layer transplants)."""
-        content = self.model_dump(mode="json", exclude={*self.NON_TRAINING_FIELDS, "phases", "seed"})
-        content["data"].pop("max_epochs")
-        _drop_later_defaults(content)
-        return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+        return identity.digest(identity.content(self.model_dump(mode="json"), identity.ARM), 16)
 
     @property
     def tokens_per_step(self) -> int:
@@ -286,15 +328,6 @@ class RunSpec(Strict):
 
     def _steps_for(self, tokens: float) -> int:
         return math.ceil(tokens / self.tokens_per_step - 1e-9)   # 0.7 * 1000 is 700.0000000000001
-
-
-def _drop_later_defaults(content: dict) -> None:
-    """Fields added after runs existed, at the value that computes what those runs computed: left out of the
-    identities, so the ids of older runs stay as they were."""
-    if content["precision"] == "auto":
-        content.pop("precision")
-    if not content["document_masking"]:
-        content.pop("document_masking")
 
 
 def parse_layer_range(text: str) -> tuple[int, int] | None:

@@ -240,6 +240,10 @@ def _tokenize_into(tmp: Path, sources: list[Source], spec: DataSpec, tokenizer, 
         writer.close()
         raise SpecError("corpus is empty (no non-empty document)", key="data.corpus",
                         value=", ".join(str(s.path) for s in sources))
+    if spec.max_documents is not None and writer.n_documents < spec.max_documents:
+        print(f"warning: data.max_documents {spec.max_documents:,} is more than the corpus's {writer.n_documents:,} "
+              f"documents ({', '.join(str(s.path) for s in sources)}): all {writer.n_documents:,} are used",
+              file=sys.stderr)
     return {**writer.close(), "dtype": dtype.name, "vocab_size": len(tokenizer)}
 
 

@@ -23,16 +23,20 @@ from ablate.config.spec import RunSpec
 def evaluate_run(run_dir: Path, spec: RunSpec, log: Callable[[str], None] = print,
                  tasks: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
                  overrides: dict | None = None, protocol: str | None = None, keep_stale: bool = False,
-                 progress: Callable[[dict], None] | None = None) -> list[dict]:
+                 progress: Callable[[dict], None] | None = None, share: tuple[int, int] = (0, 1),
+                 device: str | None = None) -> list[dict]:
     """Fine-tune a run folder's model on `tasks` (task names and `suite:NAME`s; default the spec's
-    eval.tasks) with `seeds` (default each task's: eval.seeds, or its suite's)."""
+    eval.tasks) with `seeds` (default each task's: eval.seeds, or its suite's). `share`: this process's
+    share of the (task, seed) units (evaluate.scores.evaluate_items; the rows returned are its share's);
+    `device`: default the spec's."""
     items = spec_items(spec, tasks=tasks, seeds=seeds, overrides=overrides,
                        key="--task" if tasks else "eval.tasks")
     protocol = protocol or spec.eval.protocol
-    log(f"evaluating on {_described(items)}" + (f", protocol {protocol}" if protocol else ""))
+    log(f"evaluating on {_described(items)}" + (f", protocol {protocol}" if protocol else "")
+        + (f", share {share[0] + 1} of {share[1]} of the fine-tunings" if share[1] > 1 else ""))
     rows = evaluate_items(str(Path(run_dir) / "model"), items, Path(run_dir) / "scores",
-                          data_root=spec.data.data_root, device=str(pick_device(spec.device)),
-                          protocol=protocol, keep_stale=keep_stale, log=log, progress=progress)
+                          data_root=spec.data.data_root, device=device or str(pick_device(spec.device)),
+                          protocol=protocol, keep_stale=keep_stale, log=log, progress=progress, share=share)
     for row in rows:
         if row["split"] == "test":
             log(f"  {row['task']} seed {row['finetune_seed']}: test {row['metric']} = {row['value']:.4f}"

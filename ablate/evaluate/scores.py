@@ -45,10 +45,14 @@ def evaluate_scores(model_dir, tasks: list[str], seeds: list[int], settings_over
 
 def evaluate_items(model_dir, items: list[EvalItem], out_dir: Path, data_root=None, device: str = "cpu",
                    protocol: str | None = None, keep_stale: bool = False, log: Callable[[str], None] = _quiet,
-                   progress: Callable[[dict], None] | None = None) -> list[dict]:
+                   progress: Callable[[dict], None] | None = None, share: tuple[int, int] = (0, 1)) -> list[dict]:
     """evaluate_scores with seeds and overrides per task (ablate.evaluate.suites.EvalItem). Every task file,
     setting, data file and existing score file is checked before any training starts. Each row carries
-    `n_examples`, the examples of its split the score was computed on."""
+    `n_examples`, the examples of its split the score was computed on.
+
+    share (index, count): this process takes only its share of the (task, seed) units, every count-th from
+    its index in task-then-seed order, and returns their rows: how the ranks of a data-parallel run split
+    its fine-tunings (each unit's score file is the same whichever process computes it)."""
     out_dir = Path(out_dir)
     plan = []
     for item in items:
@@ -62,7 +66,7 @@ def evaluate_items(model_dir, items: list[EvalItem], out_dir: Path, data_root=No
             plan.append((task, settings, seed, path, wanted, sizes,
                          read_record(path) if path.exists() else None))
     rows: list[dict] = []
-    for task, settings, seed, path, wanted, sizes, record in plan:
+    for task, settings, seed, path, wanted, sizes, record in units_of(plan, share):
         if record is not None:
             reasons = changed(record.get("identity"), wanted)
             if not reasons or keep_stale:
@@ -80,6 +84,15 @@ def evaluate_items(model_dir, items: list[EvalItem], out_dir: Path, data_root=No
                                  "settings": settings.model_dump(mode="json"), "identity": wanted, "rows": done})
         rows += [{**row, "stale": False} for row in done]
     return rows
+
+
+def units_of(units: list, share: tuple[int, int]) -> list:
+    """The units of one share (index, count): every count-th, from index. The shares of 0..count-1 cover
+    every unit once."""
+    index, count = share
+    if not 0 <= index < count:
+        raise ValueError(f"share {index} of {count}")
+    return units[index::count]
 
 
 def read_record(path: Path) -> dict:

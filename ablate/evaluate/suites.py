@@ -15,13 +15,14 @@ May import: config, evaluate (tasks).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from ablate.config.base import Strict, read_yaml, validate
+from ablate.config.base import Strict, read_yaml, unique_items, validate
 from ablate.config.errors import SpecError
 from ablate.config.paths import registry_dir, registry_names
 
@@ -33,6 +34,11 @@ class SuiteTask(Strict):
     task: str
     seeds: tuple[int, ...] | None = Field(default=None, min_length=1, description="default: the suite's seeds")
 
+    @field_validator("seeds")
+    @classmethod
+    def _each_seed_once(cls, seeds):
+        return seeds if seeds is None else unique_items(seeds, "fine-tuning seed")
+
 
 class SuiteSpec(Strict):
     name: str
@@ -41,6 +47,11 @@ class SuiteSpec(Strict):
     tasks: tuple[str | SuiteTask, ...] = Field(min_length=1)
     finetune: dict[str, Any] = Field(default_factory=dict, description="overrides of the tasks' fine-tuning "
                                                                        "settings, under the grid's eval.finetune")
+
+    @field_validator("seeds")
+    @classmethod
+    def _each_seed_once(cls, seeds):
+        return unique_items(seeds, "fine-tuning seed")
 
     def entries(self) -> list[SuiteTask]:
         return [SuiteTask(task=t) if isinstance(t, str) else t for t in self.tasks]
@@ -77,7 +88,7 @@ def load_suite(name: str, key: str = "eval.tasks", file: str | None = None) -> S
     if not name or not path.is_file():
         known = ", ".join(PREFIX + s for s in list_suites()) or f"(no suite files in {suites_dir()})"
         raise SpecError("unknown task suite", file=file, key=key, value=PREFIX + name, allowed=known)
-    suite = validate(SuiteSpec, read_yaml(path), str(path), "suite file")
+    suite = _read_suite(str(path), path.stat().st_mtime_ns)
     if suite.name != name:
         raise SpecError("a suite's name is its file name", file=str(path), key="name", value=suite.name,
                         allowed=name)
@@ -91,11 +102,22 @@ def load_suite(name: str, key: str = "eval.tasks", file: str | None = None) -> S
     return suite
 
 
+@functools.lru_cache(maxsize=64)
+def _read_suite(path: str, _mtime_ns: int) -> SuiteSpec:
+    """A suite file read and checked once per version (the dry run and every consumer expand it again)."""
+    return validate(SuiteSpec, read_yaml(path), path, "suite file")
+
+
 def eval_items(tasks, seeds, finetune: dict | None = None, *, seeds_override=None, key: str = "eval.tasks",
                file: str | None = None) -> list[EvalItem]:
     """The tasks of an eval block (names and `suite:NAME` entries) as EvalItems in order; `seeds_override`
     (the command line's --seeds) replaces every seed list. A task named twice (directly and by a suite, or
     by two suites) is a SpecError: which seeds and settings it gets would be a guess."""
+    if seeds_override:
+        try:
+            unique_items(seeds_override, "fine-tuning seed")
+        except ValueError as exc:
+            raise SpecError(str(exc), key="--seeds", value=" ".join(map(str, seeds_override))) from None
     items: list[EvalItem] = []
     where: dict[str, str] = {}
     for entry in tasks:

@@ -11,6 +11,7 @@ May import: config.
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 import re
@@ -222,36 +223,46 @@ def _label(task: TaskSpec, raw: Any, where: str) -> str | tuple[str, ...] | floa
 
 def load_hf(task: TaskSpec, data_root=None):
     """The task's `datasets` DatasetDict: `hf:ORG/NAME` from the hub (datasets.load_dataset, with
-    data.config), anything else a folder saved with save_to_disk (relative to the data root)."""
+    data.config), anything else a folder saved with save_to_disk (relative to the data root). Loaded once per
+    dataset and version: its data, its score identity and its fine-tuning read the same one."""
+    ref = task.data.dataset
+    if ref.startswith(HUB_PREFIX):
+        return _load_hf(task.file, ref, task.data.config, None, None)
+    path = resolve_data_path(ref, data_root)
+    stamp = tuple(p.stat().st_mtime_ns for p in (path, *sorted(path.glob("**/*.json")))) if path.is_dir() else None
+    return _load_hf(task.file, ref, task.data.config, str(path), stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_hf(file: str | None, ref: str, config: str | None, folder: str | None, _stamp):
     try:
         import datasets
     except ImportError:
-        raise SpecError("format hf needs the `datasets` package (pip install datasets)", file=task.file,
+        raise SpecError("format hf needs the `datasets` package (pip install datasets)", file=file,
                         key="data.format", value="hf") from None
-    ref = task.data.dataset
     if ref.startswith(HUB_PREFIX):
         name = ref[len(HUB_PREFIX):]
         try:
-            loaded = datasets.load_dataset(name, task.data.config)
+            loaded = datasets.load_dataset(name, config)
         except Exception as e:   # the hub's errors have no common base: each is reported as it is
             offline = datasets.config.HF_HUB_OFFLINE or isinstance(e, (ConnectionError, OSError))
             hint = (" The Hugging Face hub is unreachable from here (offline, or HF_HUB_OFFLINE is set): save "
                     "the dataset with save_to_disk where the hub is reachable and name that folder instead."
                     if offline else "")
             raise SpecError(f"could not load {name!r} from the Hugging Face hub: {type(e).__name__}: {e}.{hint}",
-                            file=task.file, key="data.dataset", value=ref) from None
+                            file=file, key="data.dataset", value=ref) from None
     else:
-        path = resolve_data_path(ref, data_root)
+        path = Path(folder)
         if not path.is_dir():
-            raise SpecError(f"saved dataset folder not found: {path}", file=task.file, key="data.dataset",
+            raise SpecError(f"saved dataset folder not found: {path}", file=file, key="data.dataset",
                             value=ref, allowed=f"a folder saved with save_to_disk, or {HUB_PREFIX}ORG/NAME")
         try:
             loaded = datasets.load_from_disk(str(path))
         except (FileNotFoundError, ValueError) as e:
-            raise SpecError(f"not a dataset saved with save_to_disk: {path}: {e}", file=task.file,
+            raise SpecError(f"not a dataset saved with save_to_disk: {path}: {e}", file=file,
                             key="data.dataset", value=ref) from None
     if not isinstance(loaded, datasets.DatasetDict):
-        raise SpecError("the dataset has no named splits (a DatasetDict is needed)", file=task.file,
+        raise SpecError("the dataset has no named splits (a DatasetDict is needed)", file=file,
                         key="data.dataset", value=ref)
     return loaded
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, PositiveFloat, PositiveInt, PrivateAttr
-from pydantic import model_validator
+from pydantic import field_validator, model_validator
 
-from ablate.config.base import Located, Strict, read_yaml, validate
+from ablate.config.base import Located, Strict, read_yaml, unique_items, validate
 from ablate.config.errors import SpecError
 from ablate.config.paths import registry_dir, registry_names
 from ablate.evaluate.metrics import METRICS
@@ -111,6 +111,11 @@ class LabelOptions(Strict):
     values: list[str] | None = None            # the expected label set; any other label in the data is an error
     allow_unseen_eval_labels: bool = False     # allow dev/test labels that train lacks
     keep_entity_types: list[str] | None = Field(None, min_length=1)   # NER: other types' tags become O
+
+    @field_validator("values", "keep_entity_types")
+    @classmethod
+    def _each_once(cls, values):      # a label listed twice would be two outputs of one class
+        return values if values is None else unique_items(values, "label")
 
 
 class MetricOptions(Strict):

@@ -3,18 +3,25 @@
 Before submission every run folder says where it starts (branch.json: parent and step) and, for a parent,
 which steps it keeps a checkpoint at for its children (branch_points.json). Locally (and in debug) a child is
 submitted once its parent has published the checkpoint of its branch step (checkpoints/branch/step-N) or is
-done; on Slurm at once, with `--dependency=afterok:<parent's job>` (and killed by Slurm if the parent fails).
+done; on Slurm at once, with `--dependency=afterok:<parent's job>` (and killed by Slurm if the parent fails),
+a dependency the parent's own job lifts (`scontrol update ... Dependency=`) once it has written its checkpoint
+at the branch step (release_children, at its next log step): a child waits for its parent's pretraining up to
+there, not for the rest of it nor for its fine-tunings, and no driver needs to be running. The sweep lifts it
+too when the parent is already there by the time the child's job id is written (a parent that looked before
+could not see the job).
 A parent that failed or was pruned before its branch step fails its children, saying so; --retry-failed
 re-runs the parent and then its children. A child whose parent is done starts at once (from step 0 if the
 parent's checkpoint there is gone: the same bits).
 
-May import: store, plan, train.checkpoint.
+May import: store, plan, train.checkpoint, launch.drivers.
 """
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
+from ablate.launch.drivers import me
 from ablate.plan.branching import BranchTree
 from ablate.store import rundir
 from ablate.store.sweep import SweepFolder
@@ -63,7 +70,7 @@ class Children:
         self.paths = paths
         self.left = [rid for rid in to_run if not parent_ready(paths, rid)]
         for rid in self.left:
-            rundir.write_status(paths.run(rid), "pending")
+            rundir.write_status(paths.run(rid), "pending", driver=me())     # held by this driver
 
     def first(self, to_run: list[str]) -> list[str]:
         return [rid for rid in to_run if rid not in self.left]
@@ -113,7 +120,40 @@ def slurm_children(scheduler, paths: SweepFolder, tree: BranchTree, to_run: list
         scheduler.executor.update_parameters(slurm_additional_parameters={
             **base, "dependency": f"afterok:{job}", "kill_on_invalid_dep": "yes"})
         scheduler.submit([paths.run(rid)])
+        if parent_ready(paths, rid):   # the parent got there meanwhile, maybe before this job id was written
+            out(f"{rid}: {release_job(rundir.read_status(paths.run(rid))['job_id'])}")
     scheduler.executor.update_parameters(slurm_additional_parameters=base)
+
+
+def release_children(run_dir: Path, points: dict[int, list[str]], released: set[int]) -> list[str]:
+    """A parent run's job: the Slurm jobs of its children at each branch step in `points` whose checkpoint it
+    has written lose their dependency on it (each step once: `released`). Lines saying what was done."""
+    lines = []
+    for step, children in points.items():
+        if step in released or kept_checkpoint(Path(run_dir) / "checkpoints", step) is None:
+            continue
+        released.add(step)
+        for child in children:
+            try:
+                status = rundir.read_status(Path(run_dir).parent / child)
+            except rundir.CorruptStatus:
+                continue
+            if status.get("executor") == "slurm" and status.get("job_id") and status.get("state") == "submitted":
+                lines.append(f"child {child} at step {step}: {release_job(status['job_id'])}")
+    return lines
+
+
+def release_job(job_id: str) -> str:
+    """Lift a pending Slurm job's dependency (its parent's job); one that already started or ended is as it
+    should be."""
+    try:
+        out = subprocess.run(["scontrol", "update", f"JobId={job_id}", "Dependency="], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"job {job_id} still waits for this run's whole job (scontrol: {exc})"
+    if out.returncode:
+        return f"job {job_id} left as it is ({(out.stderr or out.stdout).strip()[:200]})"
+    return f"job {job_id} released: it no longer waits for this run's job"
 
 
 def branch_cell(run_dir: Path) -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from ablate.config.errors import SpecError
+from ablate.config.objectives.base import OBJECTIVE_FIELDS
 from ablate.config.spec import PhaseSpec, RunSpec
 from ablate.launch.estimates import finetune_plan
 from ablate.plan.cost import Calibration, Combo, FinetuneRate, PretrainRate, pretraining_combos
@@ -57,11 +58,12 @@ def hardware(device: str) -> dict:
 
 
 def _one_phase(spec: RunSpec, objective: str, steps: int) -> RunSpec:
-    """The spec with one phase of `objective` (with the mask rate of its longest such phase), nothing frozen,
-    `steps` long."""
+    """The spec with one phase of `objective` (with the objective fields of its longest such phase: the mask
+    rate, a mixture's members), nothing frozen, `steps` long."""
     lengths = spec.phase_steps()
     longest = max((i for i, p in enumerate(spec.phases) if p.objective == objective), key=lambda i: lengths[i])
-    phase = PhaseSpec(name=objective, objective=objective, steps=steps, mask_rate=spec.phases[longest].mask_rate)
+    fields = spec.phases[longest].model_dump(include={"objective", *OBJECTIVE_FIELDS})
+    phase = PhaseSpec.model_validate({**fields, "name": objective.replace("-", "_"), "steps": steps})
     return spec.model_copy(update={"phases": (phase,), "budget_tokens": None})
 
 

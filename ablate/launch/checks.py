@@ -1,10 +1,11 @@
 """A grid file checked as far as it can be before anything runs or is timed (what `ablate sweep` and
 `ablate calibrate` start with): expanded, every model's family and depth, every phase plan against its model's
-config, compute parity of the arms it compares, every eval task, every corpus and the probe's held-out texts,
-the grid's transplants against its runs, and the causal preflight per model. Any problem is a SpecError
-naming the file.
+config, compute parity of the arms it compares, the catalogued datasets it reads (the data root lacking one:
+the fetch command is named), every eval task, every corpus and the probe's held-out texts, the grid's
+transplants against its runs, and the causal preflight per model. Any problem is a SpecError naming the file.
 
-May import: config, plan, analysis, evaluate, train, launch.preparation, launch.transplants.
+May import: config, data, plan, analysis, evaluate, train, launch.data_needs, launch.preparation,
+launch.transplants.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from dataclasses import dataclass
 from ablate.analysis.probe import check_probe_texts
 from ablate.config.grid import GridSpec, load_grid, unused_entries
 from ablate.evaluate.runs import check_eval
+from ablate.launch.data_needs import check_data_root
 from ablate.launch.preparation import check_corpora
 from ablate.launch.transplants import check_tasks
 from ablate.plan.grid import PlannedRun, expand, resolve_layers, resolve_models
 from ablate.plan.model_fit import check_model_fit
 from ablate.plan.parity import check_parity, comparison_groups, parity_lines
+from ablate.plan.rounding import rounding_notes
 from ablate.plan.transplants import plan_transplants
 from ablate.train.preflight import check_models
 
@@ -34,6 +37,7 @@ class CheckedGrid:
     warnings: list[str]               # e.g. a transplant's seed one arm lacks
     parity: list[str]                 # the compute parity check, a line per comparison group
     tree: object = None               # shared prefixes (plan.branching.BranchTree); None: `branching: false`
+    notes: tuple = ()                 # what the dry run says on stderr, e.g. token lengths rounded to whole steps
 
 
 def checked_grid(path: str) -> CheckedGrid:
@@ -46,13 +50,15 @@ def checked_grid(path: str) -> CheckedGrid:
     groups = comparison_groups(runs)
     check_parity(groups, grid.allow_unequal_compute, file=path)
     transplants, warnings = plan_transplants(grid, runs, models, file=path)
+    check_data_root(specs, path)
     check_eval(specs, file=path)
     check_tasks(transplants, file=path)
     check_corpora(specs, file=path)
     check_probe_texts(specs, file=path)
+    notes, rounded = rounding_notes(specs)
     return CheckedGrid(grid, runs, models, plans, check_models(specs, file=path), transplants,
-                       [f"{path}: {w}" for w in unused_entries(grid)] + warnings,
-                       parity_lines(groups, grid.allow_unequal_compute), sweep_tree(grid, runs, plans))
+                       [f"{path}: {w}" for w in unused_entries(grid) + rounded] + warnings,
+                       parity_lines(groups, grid.allow_unequal_compute), sweep_tree(grid, runs, plans), tuple(notes))
 
 
 def sweep_tree(grid: GridSpec, runs: list[PlannedRun], plans: dict[str, list]):

@@ -51,11 +51,19 @@ SPEED_SETTINGS = ("method", "batch_size", "eval_batch_size", "max_length", "lora
 class FinetunePlan:
     work: dict[str, list[FinetuneWork]] = field(default_factory=dict)       # run id -> its fine-tuning
     jobs: dict[FinetuneKey, tuple] = field(default_factory=dict)            # key -> (a spec, its settings)
+    notes: dict[str, None] = field(default_factory=dict)   # caps past a task's data: all of it is used
 
 
-def _task_work(item, spec: RunSpec) -> tuple[str, str, object, tuple[int, int, int]]:
+def cap_notes(task: str, caps: dict[str, int | None], sizes: dict[str, int]) -> list[str]:
+    """A max_train_examples / max_eval_examples larger than the split it caps: said, not clamped silently."""
+    names = {"train": "max_train_examples", "dev": "max_eval_examples", "test": "max_eval_examples"}
+    return [f"{task}: {names[s]} {caps[s]:,} is more than its {sizes[s]:,} {s} examples: all {sizes[s]:,} are used"
+            for s in ("train", "dev", "test") if caps[s] and caps[s] > sizes[s]]
+
+
+def _task_work(item, spec: RunSpec) -> tuple[str, str, object, tuple[int, int, int], list[str]]:
     """(task name, its speed settings as JSON, the resolved settings, examples fine-tuned on in train, dev,
-    test) of one task (an ablate.evaluate.suites.EvalItem) under its fine-tuning settings."""
+    test, the caps past its data) of one task (an ablate.evaluate.suites.EvalItem) under its settings."""
     from ablate.evaluate.tasks import load_task, load_task_data, resolve_settings
 
     task = load_task(item.task)
@@ -68,7 +76,8 @@ def _task_work(item, spec: RunSpec) -> tuple[str, str, object, tuple[int, int, i
     cap = {"train": settings.max_train_examples, "dev": settings.max_eval_examples,
            "test": settings.max_eval_examples}
     sizes = tuple(min(len(splits[s]), cap[s] or len(splits[s])) for s in ("train", "dev", "test"))
-    return task.name, json.dumps(speed, sort_keys=True), settings, sizes
+    notes = cap_notes(task.name, cap, {s: len(splits[s]) for s in splits})
+    return task.name, json.dumps(speed, sort_keys=True), settings, sizes, notes
 
 
 def finetune_plan(specs: list[RunSpec], ids: list[str] | None = None) -> FinetunePlan:
@@ -85,7 +94,8 @@ def finetune_plan(specs: list[RunSpec], ids: list[str] | None = None) -> Finetun
                      spec.data.data_root)
             if where not in seen:
                 seen[where] = _task_work(item, spec)
-            task, speed, settings, (n_train, n_dev, n_test) = seen[where]
+            task, speed, settings, (n_train, n_dev, n_test), notes = seen[where]
+            plan.notes.update(dict.fromkeys(notes))
             key = FinetuneKey(spec.model, task, speed)
             work.append(FinetuneWork(key, len(item.seeds), settings.epochs, n_train, n_dev, n_test))
             plan.jobs.setdefault(key, (spec, settings))
@@ -169,7 +179,8 @@ def finetune_breakdown(grid: GridSpec, runs: list[PlannedRun], results_root: Pat
     throughput = calibrated_throughput(calibration, str(path)) if calibration and calibration.finetuning else None
     groups = {i.task: PREFIX + i.suite for s in specs for i in spec_items(s) if i.suite}
     lines = [line for tasks in dict.fromkeys(s.eval.tasks for s in specs) for line in suite_lines(tasks)]
-    return lines, finetune_task_rows(finetune_plan(specs, [rid for _, rid in pairs]).work, throughput, groups)
+    plan = finetune_plan(specs, [rid for _, rid in pairs])
+    return lines + [f"warning: {note}" for note in plan.notes], finetune_task_rows(plan.work, throughput, groups)
 
 
 def corpus_epochs(specs: list[RunSpec], grid_file: str) -> tuple[list[str], dict[str, str]]:

@@ -5,31 +5,29 @@ Each run is one job whose only argument is its run folder. On Slurm the jobs go 
 cluster's MaxArraySize, with a parallelism cap); a timeout or preemption requeues the job (submitit's
 Checkpointable), and the requeued job resumes from the run's last checkpoint. A run that is done is never
 submitted again; one that failed only with --retry-failed; one that is queued or running (its job alive or
-its folder locked) is left alone, so the same run never runs twice at once.
+its folder locked) is left alone, so the same run never runs twice at once; so is one another live driver of
+the sweep has queued, and each run's state is checked again right before its job is submitted
+(launch.drivers).
 
-Corpora are prepared before the first run is submitted (launch.preparation): here, or on Slurm as one job
-the arms depend on. A missing corpus is refused before anything is written, and a run that would read its
-prepared corpus more than data.max_epochs times before anything is submitted. A grid's layer transplants
-are derived runs submitted the same way, each once the two runs it is built from are done
-(launch.transplants); a re-run skips those done, like runs. A run that shares its first steps with another run of
-the sweep starts from that run's checkpoint (plan.branching): it is submitted once its parent can start it
-(launch.branches).
+Corpora are prepared before the first run is submitted (launch.preparation): here, or on Slurm as one job the
+arms depend on; a missing corpus, or one a run would read more than data.max_epochs times, is refused before
+anything is submitted. Layer transplants are derived runs submitted once their two runs are done
+(launch.transplants). A run that shares its first steps with another starts from that run's checkpoint
+(plan.branching), submitted once its parent can start it (launch.branches).
 
 May import: config, store, plan, evaluate.transplant, launch.worker, launch.executors, launch.preparation,
-launch.transplants, launch.branches.
+launch.transplants, launch.branches, launch.gpus, launch.drivers.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Callable
 
 from ablate.config.grid import GridSpec, Launcher
-from ablate.launch import branches, preparation, worker
+from ablate.launch import branches, drivers, gpus, preparation, worker
 from ablate.launch.executors import RunJob, have_slurm, make_executor
 from ablate.evaluate.transplant import prepare_derived
 from ablate.launch.transplants import Waiting
@@ -40,7 +38,7 @@ from ablate.store import atomic, rundir
 from ablate.train.checkpoint import latest_checkpoint
 from ablate.store.sweep import SweepFolder, describe_progress, format_duration, read_progress
 
-__all__ = ["Scheduler", "RunJob", "classify", "have_slurm", "job_alive", "record_job_failure", "run_sweep",
+__all__ = ["Scheduler", "RunJob", "classify", "have_slurm", "record_job_failure", "run_sweep",
            "status_rows", "write_sweep_manifest"]
 
 Print = Callable[[str], None]
@@ -61,27 +59,6 @@ def write_sweep_manifest(paths: SweepFolder, grid: GridSpec, grid_file: Path, ru
         prepare_derived(paths.root, planned)
 
 
-def job_alive(status: dict) -> bool:
-    """Is the job that a 'submitted' status names still queued or running?"""
-    job_id, executor = status.get("job_id"), status.get("executor")
-    if not job_id:
-        return False
-    if executor == "slurm":
-        try:
-            out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
-                                 timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return True  # cannot tell: do not risk a second copy
-        return bool(out.stdout.strip())
-    if executor == "local":
-        try:
-            os.kill(int(job_id), 0)
-            return True
-        except (OSError, ValueError):
-            return False
-    return False
-
-
 def classify(run_dir: Path, retry_failed: bool, out: Print = print) -> str:
     """'skip-done', 'skip-failed', 'skip-active' or 'submit'. A run a tune's pruner ended (`pruned`) is
     unfinished to a sweep: it is submitted, and resumes from its last checkpoint. A corrupt status.json is
@@ -93,9 +70,9 @@ def classify(run_dir: Path, retry_failed: bool, out: Print = print) -> str:
     state = rundir.effective_state(run_dir, status)
     if state == "done":
         return "skip-done"
-    if state == "running" or rundir.RunLock(run_dir).held_elsewhere():
+    if state == "running" or rundir.RunLock(run_dir).held_elsewhere() or drivers.owned_elsewhere(status):
         return "skip-active"
-    if state == "submitted" and job_alive(status):
+    if state == "submitted" and drivers.job_alive(status):
         return "skip-active"
     if state == "failed" and not retry_failed:
         return "skip-failed"
@@ -200,13 +177,16 @@ class Scheduler:
     allows: local runs at most `launcher.local.parallel` at once, debug one at a time in this process (at
     `poll`), Slurm all at once as job arrays split at `max_array_size`. A submitted run's status says
     `submitted` with its job id and log files. `poll` returns the run folders whose jobs ended since the
-    last poll, after recording a job that died without finishing its run as a failure of the run."""
+    last poll (and those another driver or job took meanwhile), after recording a job that died without
+    finishing its run as a failure of the run. Each local job sees GPUs of its own (launch.gpus)."""
 
     def __init__(self, kind: str, launcher: Launcher, folder: Path, name: str, out: Print = print):
         self.kind, self.launcher, self.out = kind, launcher, out
         self.executor = make_executor(kind, launcher, Path(folder), f"ablate-{name}")
         self.queued: list[tuple[Path, RunJob]] = []
         self.active: dict[Path, object] = {}       # run folder -> its submitit job
+        self.gpus = gpus.local_pool(launcher.local.parallel) if kind == "local" else gpus.GpuPool([])
+        self.dropped: list[Path] = []              # taken elsewhere meanwhile: `poll` returns them as ended here
 
     @property
     def busy(self) -> bool:
@@ -214,13 +194,21 @@ class Scheduler:
 
     def submit(self, run_dirs: list[Path], job: RunJob | None = None) -> None:
         job = job or RunJob()
-        for run_dir in run_dirs:
-            rundir.write_status(run_dir, "pending")
-            self.queued.append((Path(run_dir), job))
+        with drivers.claimed(run_dirs):
+            for run_dir in self._still_free(run_dirs):
+                rundir.write_status(run_dir, "pending", driver=drivers.me())
+                self.queued.append((Path(run_dir), job))
         self._fill()
 
+    def _still_free(self, run_dirs: list[Path]) -> list[Path]:
+        free, gone = drivers.still_free(run_dirs)     # the claims held
+        for run_dir, why in gone:
+            self.out(f"not submitted {run_dir.name}: {why}")
+        self.dropped += [run_dir for run_dir, _ in gone]
+        return free
+
     def poll(self) -> list[Path]:
-        ended = []
+        ended, self.dropped = self.dropped, []
         for run_dir, job in list(self.active.items()):
             if self.kind == "debug":
                 try:
@@ -230,6 +218,7 @@ class Scheduler:
             if job.done():
                 record_job_failure(run_dir, job)
                 del self.active[run_dir]
+                self.gpus.give_back(run_dir)
                 ended.append(run_dir)
         self._fill()
         return ended
@@ -242,16 +231,23 @@ class Scheduler:
             self._start([run_dir for run_dir, _ in group], fn)
 
     def _start(self, run_dirs: list[Path], fn: RunJob) -> None:
+        with drivers.claimed(run_dirs):      # checked again right before the job goes
+            self._submit_jobs(self._still_free(run_dirs), fn)
+
+    def _submit_jobs(self, run_dirs: list[Path], fn: RunJob) -> None:
         if self.kind == "slurm":
             jobs = []
             size = self.launcher.slurm.max_array_size
             for first in range(0, len(run_dirs), size):
                 jobs += self.executor.map_array(fn, [str(d) for d in run_dirs[first:first + size]])
         else:
-            jobs = [self.executor.submit(fn, str(d)) for d in run_dirs]
+            jobs = []
+            for run_dir in run_dirs:            # each local job with GPUs of its own
+                self.executor.update_parameters(**gpus.job_parameters(self.gpus.take(run_dir)))
+                jobs.append(self.executor.submit(fn, str(run_dir)))
         for run_dir, job in zip(run_dirs, jobs):
             self.active[run_dir] = job
-            rundir.write_status(run_dir, "submitted", job_id=str(job.job_id), executor=self.kind,
+            rundir.write_status(run_dir, "submitted", job_id=str(job.job_id), executor=self.kind, driver=drivers.me(),
                                  job_stdout=str(job.paths.stdout), job_stderr=str(job.paths.stderr))
             self.out(f"submitted {run_dir.name} as job {job.job_id}")
 
@@ -267,13 +263,23 @@ def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_r
     preparation.require_corpora(_unfinished(paths, runs), file=str(grid_file))    # before anything is written
     write_sweep_manifest(paths, grid, grid_file, runs, transplants)
     branches.write_tree(paths, tree, [r.run_id for r in runs])
+    watch = drivers.Watch(paths.root, out)
+    try:
+        return _drive(grid, grid_file, runs, paths, kind, retry_failed, out, poll_s, transplants, tree, watch)
+    finally:
+        watch.close()
+
+
+def _drive(grid, grid_file, runs, paths, kind, retry_failed, out, poll_s, transplants, tree, watch):
+    """run_sweep once the sweep folder is written and this driver is in its drivers.json."""
     decisions = {r.run_id: classify(paths.run(r.run_id), retry_failed, out) for r in runs}
     to_run = [rid for rid, d in decisions.items() if d == "submit"]
     children = branches.Children(paths, to_run)        # held until their parents can start them
     if tree is not None and tree.branches:
         out(f"branching: {len(tree.branches)} runs start from another run's checkpoint "
             f"({len(children.left)} of those to run wait for their parents)")
-    out(f"sweep {grid.sweep}: {len(runs)} runs; " + _decided(decisions))
+    watch.did = _decided(decisions)
+    out(f"sweep {grid.sweep}: {len(runs)} runs; " + watch.did)
     derived = {t.run_id: classify(paths.run(t.run_id), retry_failed, out) for t in transplants}
     waiting = Waiting(paths, [t for t in transplants if derived[t.run_id] == "submit"])
     if transplants:
@@ -297,7 +303,7 @@ def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_r
                 branches.slurm_children(scheduler, paths, tree, children.left, out)
                 children.left = []
         scheduler.submit(children.ready() + waiting.ready())
-        _wait(scheduler, paths, [r.run_id for r in runs] + list(derived), out, poll_s, waiting, children)
+        _wait(scheduler, paths, [r.run_id for r in runs] + list(derived), out, poll_s, waiting, children, watch)
         for line in waiting.describe_left() + children.describe_left():
             out(line)
     by_state: dict[str, list[str]] = {}
@@ -324,12 +330,13 @@ def _decided(decisions: dict[str, str]) -> str:
 
 
 def _wait(scheduler: Scheduler, paths: SweepFolder, all_ids: list[str], out: Print, poll_s: float,
-          waiting: Waiting, children: branches.Children) -> None:
+          waiting: Waiting, children: branches.Children, watch: drivers.Watch) -> None:
     """Poll until every job has ended, submitting each transplant once its runs are done and each child once
     its parent can start it, and printing the sweep's progress line when it changes (or each minute)."""
     last_line, last_print = "", 0.0
     while scheduler.busy:
         scheduler.poll()
+        watch.poll()
         scheduler.submit(children.ready())
         scheduler.submit(waiting.ready())
         line, _ = _progress_line(paths, all_ids)

@@ -15,6 +15,7 @@ May import: config, store.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Callable
@@ -252,7 +253,9 @@ class RunTrackers:
             phase_end[row["phase"]] = row["step"]
             if row["step"] > last:
                 by_step.setdefault(row["step"], {}).update(
-                    {"train/loss": row["loss"], "train/lr": row["lr"], "train/tokens": row["tokens"]})
+                    {"train/loss": row["loss"], "train/lr": row["lr"], "train/tokens": row["tokens"],
+                     **{f"train/{k}": v for k, v in row.items()      # a mixture's loss/<member>, mask_rate
+                        if k.startswith(("loss/", "mask_rate")) and v is not None and math.isfinite(v)}})
         for row in state.grad_norms:
             if row["step"] > last:
                 by_step.setdefault(row["step"], {})[f"grad_norm/layer_{row['layer']}"] = row["grad_norm"]

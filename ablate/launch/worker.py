@@ -6,7 +6,7 @@ This is what `ablate run` calls in-process and what every submitit job calls on 
 input is the run folder, whose spec.json the sweep wrote before submitting; a job may add a hook called at
 each log step, which ends the run as `pruned` by raising Pruned (how a tune's trial prunes itself).
 
-May import: config, store, data, models, plan, analysis, train, evaluate.
+May import: config, store, data, models, plan, analysis, train, evaluate, launch.shares, launch.branches.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from ablate import __version__
 from ablate.store import rundir
 from ablate.store.rundir import AlreadyRunning  # noqa: F401  (raised here; tune and the CLI catch it)
 from ablate.store.sweep import write_progress
+from ablate.launch import branches, shares
 from ablate.launch.console import Console
 from ablate.launch.trackers import RunTrackers
 from ablate.analysis.probe import REPS_DIR
@@ -115,35 +116,29 @@ def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: floa
 
 
 def _execute_follower(run_dir: Path, stop_after_steps: int | None) -> str:
-    """A rank other than 0: no lock, status, records or evaluation; rank 0 keeps those (and a derived run's
+    """A rank other than 0: trains alongside rank 0, then fine-tunes its share of the run's (task, seed)
+    units (launch.shares); no lock, status, records or progress: rank 0 keeps those (and a derived run's
     whole job: nothing trains)."""
     spec = load_spec(run_dir)
     if rundir.read_status(run_dir).get("state") == "done" or spec.labels.get("derived"):
         return "done"
-    state = pretrain(spec, run_dir, log=lambda _m: None, stop_after_steps=stop_after_steps)
-    return "done" if state.done else "interrupted"
+    with shares.team_for(spec) as team:
+        state = pretrain(spec, run_dir, log=lambda _m: None, stop_after_steps=stop_after_steps)
+        if not state.done:
+            return "interrupted"
+        if spec.eval.tasks:
+            shares.fine_tune_share(run_dir, spec, team, log=lambda m: print(f"[rank {team.rank}] {m}", flush=True))
+    return "done"
 
 
-def _fine_tune(run_dir: Path, spec: RunSpec, log, report) -> list[dict]:
-    """Fine-tune the run's model on its eval tasks (none: nothing); the score rows."""
+def _fine_tune(run_dir: Path, spec: RunSpec, log, report, team: shares.Team = shares.Team()) -> list[dict]:
+    """Fine-tune the run's model on its eval tasks (none: nothing), shared with the run's other ranks; the
+    score rows of every unit."""
     if not spec.eval.tasks:
         return []
-    from ablate.evaluate.runs import evaluate_run
-
     write_progress(run_dir, {"stage": "finetune", "phase": "fine-tuning " + ",".join(spec.eval.tasks),
                              "step": 0, "total_steps": 0})     # until the first task reports
-    return evaluate_run(run_dir, spec, log=log, progress=report)
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copy2(src, tmp)
-    os.replace(tmp, dst)
+    return shares.fine_tune_share(run_dir, spec, team, log=log, progress=report)
 
 
 def start_from_parent(run_dir: Path, log) -> None:
@@ -167,7 +162,7 @@ def start_from_parent(run_dir: Path, log) -> None:
             for phase in dict.fromkeys(row["phase"] for row in state["layer_rows"]):
                 reps = parent_dir.joinpath(*REPS_DIR, f"{phase}.npz")
                 if reps.is_file():
-                    _link_or_copy(reps, run_dir.joinpath(*REPS_DIR, f"{phase}.npz"))
+                    rundir.atomic.link_or_copy(reps, run_dir.joinpath(*REPS_DIR, f"{phase}.npz"))
             adopt_checkpoint(found, run_dir / "checkpoints")
             log(f"branch of {branch['parent']} @ step {step}: started from its checkpoint "
                 f"(phase {state['phase_index']}, {state['tokens_seen']} tokens seen)")
@@ -179,23 +174,43 @@ def start_from_parent(run_dir: Path, log) -> None:
         _hold_if_asked(step, log)       # ABLATE_PAUSE_AT: how the tests kill a child right after it branched
 
 
+def _child_release(run_dir: Path, log) -> Callable[[], None]:
+    """What a parent of the sweep's tree calls at each log step and after pretraining: its children's Slurm
+    jobs stop waiting for this job once their branch checkpoint is written (launch.branches)."""
+    points, released = rundir.branch_points(run_dir), set()
+
+    def release() -> None:
+        for line in branches.release_children(run_dir, points, released) if points else ():
+            log(line)
+
+    return release
+
+
 def _pretrain_then_evaluate(spec: RunSpec, run_dir: Path, log, report, pretraining_report,
                             trackers: RunTrackers | None, stop_after_steps: int | None) -> str:
     """The body of one attempt: continue pretraining, write the records, fine-tune, mark done."""
     started = time.perf_counter()
     start_from_parent(run_dir, log)
-    state = pretrain(spec, run_dir, log=log, phase_end_hooks=_probe_hooks(spec, run_dir),
-                     progress=pretraining_report, stop_after_steps=stop_after_steps,
-                     on_log=trackers.feed if trackers else None)
-    if trackers:
-        trackers.feed(state)      # the steps after the last log step
-    if not state.done:
-        rundir.write_status(run_dir, "interrupted")
-        return "interrupted"
-    wall = time.perf_counter() - started
-    rundir.write_records(run_dir, _run_record(spec, state, run_dir, wall), state.curves,
-                         state.grad_norms, state.layer_rows, state.frozen)
-    rows = _fine_tune(run_dir, spec, log, report)
+    hooks = _probe_hooks(spec, run_dir)
+    release = _child_release(run_dir, log)
+
+    def report_and_release(progress: dict) -> None:
+        pretraining_report(progress)
+        release()
+
+    with shares.team_for(spec) as team:       # several ranks: held over pretraining and fine-tuning
+        state = pretrain(spec, run_dir, log=log, phase_end_hooks=hooks, progress=report_and_release,
+                         stop_after_steps=stop_after_steps, on_log=trackers.feed if trackers else None)
+        release()
+        if trackers:
+            trackers.feed(state)      # the steps after the last log step
+        if not state.done:
+            rundir.write_status(run_dir, "interrupted")
+            return "interrupted"
+        wall = time.perf_counter() - started
+        rundir.write_records(run_dir, _run_record(spec, state, run_dir, wall), state.curves,
+                             state.grad_norms, state.layer_rows, state.frozen)
+        rows = _fine_tune(run_dir, spec, log, report, team)
     if trackers and spec.eval.tasks:
         trackers.scores(rows, state.global_step)
     if trackers:
@@ -231,7 +246,8 @@ def execute(run_dir: Path, stop_after_steps: int | None = None,
     progress.json is written; if it raises Pruned, the run ends with state `pruned`.
 
     In a data-parallel job (several ranks: torchrun or several submitit tasks) rank 0 does all of this;
-    the other ranks only train alongside it (pretrain joins the process group) and write nothing."""
+    the other ranks train alongside it and fine-tune their share of the run's units (launch.shares), and
+    write nothing else."""
     from ablate.train.distributed import world_from_env
 
     run_dir = Path(run_dir)
@@ -261,7 +277,8 @@ def execute(run_dir: Path, stop_after_steps: int | None = None,
         spec = load_spec(run_dir)
         attempt = int(rundir.read_status(run_dir).get("attempts", 0)) + 1
         rundir.write_status(run_dir, "running", attempts=attempt, started=time.time(),
-                             host=platform.node(), pid=__import__("os").getpid())
+                             host=platform.node(), pid=os.getpid(),
+                             cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))   # launch.gpus
         trackers = None if spec.labels.get("derived") else RunTrackers.for_spec(spec, run_dir, log)
         try:
             if spec.labels.get("derived"):

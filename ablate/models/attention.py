@@ -10,12 +10,16 @@ training: packed sequences) and reads from the attention module
 - `sliding_window` (ModernBERT's local layers: config.sliding_window + 1, flash attention's inclusive bound;
   a query sees keys with |q - k| <= config.sliding_window, causal: 0 <= q - k <= config.sliding_window,
   exactly transformers' masks);
-- DOCUMENTS_ATTR: the doc ids of the batch (B, L) when attention stays inside each packed document
-  (`document_masking`), set by attention_for too. Documents are contiguous runs of one id, as packing
-  makes them.
+- DOCUMENTS_ATTR: the batch's `Documents` when attention stays inside each packed document
+  (`document_masking`), set by attention_for too, once per micro-batch: the doc ids (B, L) on the model's
+  device (local layers' masks) and each row's document spans, found on the host before the ids went to the
+  device (global layers). No layer reads anything back to the host: on CUDA that would wait for the GPU in
+  every layer. Documents are contiguous runs of one id, as packing makes them.
 
-How each layer is computed (all through torch's scaled_dot_product_attention, so CUDA gets its fused
-kernels as well):
+With documents on CUDA, attention_for also attaches FLEX_ATTR: the micro-batch's FlexAttention block mask
+for global layers (ablate.models.flex), built once; a global layer runs FlexAttention under it, compiled,
+scoring only the tiles inside documents (without attention dropout; with it, the SDPA path below). Otherwise
+each layer is computed through torch's scaled_dot_product_attention (on CUDA its fused kernels):
 
 - global layers: SDPA with is_causal for CLM and no mask for MLM (the fused kernels); with documents, one
   SDPA call per document (what unpadded varlen training computes: sum of len^2, not L^2);
@@ -32,14 +36,20 @@ CPU"), and FlashAttention is not installed (nor built for CPU): blocked SDPA is 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
+from ablate.models import flex
+
 IMPLEMENTATION = "ablate_sdpa"
-DOCUMENTS_ATTR = "ablate_documents"      # attention-module attribute: (B, L) doc ids, or absent
+DOCUMENTS_ATTR = "ablate_documents"      # attention-module attribute: Documents, or absent
+FLEX_ATTR = "ablate_block_mask"          # attention-module attribute: global layers' BlockMask (CUDA), or absent
 MIN_BLOCK = 16                           # query block of a local layer: its window, at least this
 
 
@@ -60,7 +70,11 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     if documents is not None and keep is not None:
         raise ValueError("document masking takes packed sequences without padding; got a padding mask too")
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    if sliding_window is not None and sliding_window - 1 < query.shape[2] - 1:
+    local = sliding_window is not None and sliding_window - 1 < query.shape[2] - 1
+    block_mask = None if local or keep is not None or dropout else getattr(module, FLEX_ATTR, None)
+    if block_mask is not None:
+        out = flex.attend(query, key, value, block_mask, scale)
+    elif local:
         out = banded(query, key, value, sliding_window - 1, causal, keep, documents, dropout, scale)
     elif documents is not None:
         out = per_document(query, key, value, causal, documents, dropout, scale)
@@ -80,20 +94,34 @@ def full(q, k, v, causal: bool, keep: torch.Tensor | None, dropout: float, scale
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout, scale=scale)
 
 
-def document_spans(documents: torch.Tensor) -> list[list[tuple[int, int]]]:
+@dataclass(frozen=True)
+class Documents:
+    """The packed documents of a micro-batch, as the attention reads them."""
+
+    ids: torch.Tensor                        # (B, L) doc ids on the model's device
+    spans: tuple[tuple[tuple[int, int], ...], ...]   # per row, [start, end) of each document (host ints)
+
+
+def documents_of(doc_ids, device: torch.device | str) -> Documents:
+    """Documents from host doc ids (B, L) (numpy or a CPU tensor): the spans found here, once, on the host."""
+    host = np.asarray(doc_ids.cpu() if isinstance(doc_ids, torch.Tensor) else doc_ids)
+    return Documents(torch.as_tensor(host, dtype=torch.long).to(device, non_blocking=True), document_spans(host))
+
+
+def document_spans(documents: np.ndarray) -> tuple[tuple[tuple[int, int], ...], ...]:
     """Per row, the [start, end) of each contiguous run of one doc id."""
     rows = []
-    for row in documents.detach().cpu():
-        change = (torch.nonzero(row[1:] != row[:-1]).flatten() + 1).tolist()
+    for row in documents:
+        change = (np.flatnonzero(row[1:] != row[:-1]) + 1).tolist()
         bounds = [0, *change, len(row)]
-        rows.append(list(zip(bounds[:-1], bounds[1:])))
-    return rows
+        rows.append(tuple(zip(bounds[:-1], bounds[1:])))
+    return tuple(rows)
 
 
-def per_document(q, k, v, causal: bool, documents: torch.Tensor, dropout: float, scale: float) -> torch.Tensor:
+def per_document(q, k, v, causal: bool, documents: Documents, dropout: float, scale: float) -> torch.Tensor:
     """Each document of each row on its own: SDPA (fused, causal flag) per document."""
     rows = []
-    for b, spans in enumerate(document_spans(documents)):
+    for b, spans in enumerate(documents.spans):
         parts = [F.scaled_dot_product_attention(q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e],
                                                 dropout_p=dropout, is_causal=causal, scale=scale)
                  for s, e in spans]
@@ -123,7 +151,7 @@ def _blocks(x: torch.Tensor, before: int, after: int, block: int, span: int) -> 
     return padded.unfold(2, span, block).transpose(-1, -2)
 
 
-def banded(q, k, v, window: int, causal: bool, keep: torch.Tensor | None, documents: torch.Tensor | None,
+def banded(q, k, v, window: int, causal: bool, keep: torch.Tensor | None, documents: Documents | None,
            dropout: float, scale: float) -> torch.Tensor:
     """Sliding-window attention (|q - k| <= window; causal: 0 <= q - k <= window) scoring only the keys of
     each query block's neighbourhood: work and memory linear in L."""
@@ -143,8 +171,8 @@ def banded(q, k, v, window: int, causal: bool, keep: torch.Tensor | None, docume
         if keep is not None:
             per_row &= keep[:, index].view(batch, n, 1, span)
         if documents is not None:
-            q_docs = F.pad(documents, (0, tail), value=-1).view(batch, n, block, 1)
-            per_row &= (q_docs == documents[:, index].view(batch, n, 1, span)) | (q_docs == -1)
+            q_docs = F.pad(documents.ids, (0, tail), value=-1).view(batch, n, block, 1)
+            per_row &= (q_docs == documents.ids[:, index].view(batch, n, 1, span)) | (q_docs == -1)
         mask = (allowed & per_row)[:, None].expand(batch, heads, n, block, span).reshape(batch * heads, n,
                                                                                         block, span)
     # 4D (B*H, n, block, D): the layout SDPA's fused CPU kernel takes (measured faster than 5D)
@@ -152,7 +180,10 @@ def banded(q, k, v, window: int, causal: bool, keep: torch.Tensor | None, docume
                                          kb.reshape(batch * heads, n, span, dim),
                                          vb.reshape(batch * heads, n, span, dim),
                                          attn_mask=mask, dropout_p=dropout, scale=scale)
-    return out.view(batch, heads, n * block, dim)[:, :, :length]
+    # reshape, not view: CUDA's memory-efficient kernel returns a transposed view ((B*H, n, block, D) over
+    # (B*H, block, n, D) memory) that no view can merge n and block of; on CPU the output is contiguous and
+    # this is a view
+    return out.reshape(batch, heads, n * block, dim)[:, :, :length]
 
 
 def padding_only(attention_mask: torch.Tensor | None = None, **_kwargs) -> torch.Tensor | None:

@@ -151,7 +151,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
 )}
 
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
-HOW_TO_ADD = "add an entry to FAMILIES in ablate/models/families.py (README: Adding a family)"
+HOW_TO_ADD = "add an entry to FAMILIES in ablate/models/families.py (docs/models.md: Adding a family)"
 
 
 def family_of(config: PretrainedConfig) -> Family:

@@ -20,27 +20,22 @@ May import: config, plan.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ablate.config import identity, objectives
 from ablate.config.spec import LRSchedule, RunSpec
 from ablate.plan.phases import PhasePlan
 
 LrAt = Callable[[LRSchedule, float, int, int], float]   # ablate.train.schedule.lr_at, given by the caller
-# RunSpec fields that change no number of pretraining (phases are compared one by one)
-NOT_COMPUTING = ("labels", "eval", "tracking", "log_every", "checkpoint_every", "branching", "phases",
-                 "budget_tokens")
 
 
 def computation_key(spec: RunSpec) -> str:
     """A digest of everything besides the phases that reaches a training step's numbers (model, tokenizer,
-    data and its seed, batch and micro-batch, seed, optimizer, device, vocab loss, compile, probe)."""
-    content = spec.model_dump(mode="json", exclude=set(NOT_COMPUTING))
-    content["data"].pop("prepared_root")
-    content["data"].pop("max_epochs")
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+    data and its seed, batch and micro-batch, seed, optimizer, device, vocab loss, compile, probe): the STEP
+    identity that ablate.config.identity declares."""
+    return identity.digest(identity.content(spec.model_dump(mode="json"), identity.STEP), 16)
 
 
 @dataclass(frozen=True)
@@ -99,8 +94,8 @@ class BranchTree:
 
 def _phase_key(plan: PhasePlan, spec: RunSpec) -> tuple:
     p = plan.spec
-    return (p.name, p.objective, p.effective_mask_rate if p.objective == "mlm" else None, plan.frozen,
-            p.lr.peak_lr or spec.optim.lr)
+    what = json.dumps(objectives.get(p.objective).identity(p), sort_keys=True)   # its entry's identity fields
+    return (p.name, what, plan.frozen, p.lr.peak_lr or spec.optim.lr)
 
 
 def _lrs(plan: PhasePlan, spec: RunSpec, lr_at: LrAt, cache: dict) -> list[float]:

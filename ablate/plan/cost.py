@@ -81,7 +81,7 @@ class FinetuneWork:
 
 class PretrainRate(Strict):
     model: str
-    objective: Literal["mlm", "clm"]
+    objective: str = Field(description="a registered objective (ablate.config.objectives)")
     seq_len: int = Field(gt=0)
     batch_size: int = Field(gt=0)
     tokens_per_s: float = Field(gt=0)
@@ -197,12 +197,14 @@ class ArmCost:
         return (self.hours + (self.finetune_hours or 0.0)) * self.gpus
 
 
-def pretraining_seconds(spec: RunSpec, throughput: Throughput | None, ranks: int = 1) -> float | None:
-    """Seconds of the spec's training steps: each phase's tokens over its combo's throughput x ranks."""
+def pretraining_seconds(spec: RunSpec, throughput: Throughput | None, ranks: int = 1,
+                        phase_steps: list[int] | None = None) -> float | None:
+    """Seconds of the spec's training steps (or of `phase_steps`, per phase: a branched run's): each phase's
+    tokens over its combo's throughput x ranks."""
     if throughput is None:
         return None
     seconds = 0.0
-    for phase, steps in zip(spec.phases, spec.phase_steps()):
+    for phase, steps in zip(spec.phases, spec.phase_steps() if phase_steps is None else phase_steps):
         rate = throughput.tokens_per_s(combo_of(spec, phase.objective))
         if rate is None:
             return None
@@ -249,12 +251,9 @@ def branched_cost(cost: ArmCost, spec: RunSpec, start: int, throughput: Throughp
     if not start:
         return cost
     after = steps_after(spec, start)
-    hours = None
-    if throughput is not None:
-        rates = [throughput.tokens_per_s(combo_of(spec, p.objective)) for p in spec.phases]
-        if all(rates):
-            hours = sum(n * spec.tokens_per_step / (r * ranks) for n, r in zip(after, rates)) / 3600
-    return replace(cost, steps=sum(after), tokens=sum(after) * spec.tokens_per_step, hours=hours)
+    seconds = pretraining_seconds(spec, throughput, ranks, after)
+    return replace(cost, steps=sum(after), tokens=sum(after) * spec.tokens_per_step,
+                   hours=None if seconds is None else seconds / 3600)
 
 
 def branching_lines(planned: list[ArmCost], trained: list[ArmCost], n_branched: int) -> list[str]:

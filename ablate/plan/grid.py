@@ -18,7 +18,8 @@ from pydantic import ValidationError
 
 from ablate.config.base import spec_error_from, validate
 from ablate.config.errors import SpecError
-from ablate.config.grid import NAMED_AXES, RESERVED_AXES, GridSpec, as_list, axis_key
+from ablate.config.grid import DEFAULT_BASELINE, NAMED_AXES, RESERVED_AXES, GridSpec, as_list, axis_key
+from ablate.config import objectives
 from ablate.config.spec import FREEZE_WORDS, PhaseSpec, RunSpec
 
 
@@ -171,6 +172,14 @@ def _typed(spec: RunSpec, dotted: str) -> Any:
     return obj
 
 
+def _labels(grid: GridSpec, axes: dict) -> dict:
+    """A run's labels: its sweep and axes, and the grid's baseline schedule where it is not the default."""
+    labels: dict[str, Any] = {"sweep": grid.sweep, "axes": axes}
+    if grid.baseline != DEFAULT_BASELINE:
+        labels["baseline"] = grid.baseline
+    return labels
+
+
 def expand(grid: GridSpec, file: str | None = None) -> list[PlannedRun]:
     """Every run of the grid as a validated RunSpec, in a stable order; duplicates (same id) are an error.
 
@@ -197,7 +206,7 @@ def expand(grid: GridSpec, file: str | None = None) -> list[PlannedRun]:
             cached = phase_cache[(schedule, mask_name)] = _phase_specs(grid, schedule, mask_name, file)
         spec_dict["phases"], origins = cached
         axes = {"schedule": schedule, "freeze": mask_name, **{k: _own(v) for k, v in assignment.items()}}
-        spec_dict["labels"] = {"sweep": grid.sweep, "axes": axes}
+        spec_dict["labels"] = _labels(grid, axes)
         try:
             spec = RunSpec.model_validate(spec_dict)
         except ValidationError as exc:
@@ -209,7 +218,7 @@ def expand(grid: GridSpec, file: str | None = None) -> list[PlannedRun]:
                    for t in [_typed(spec, k)] if isinstance(t, (int, float)) and not isinstance(t, bool)}
         if coerced:
             axes = {**axes, **coerced}
-            spec = spec.model_copy(update={"labels": {"sweep": grid.sweep, "axes": axes}})
+            spec = spec.model_copy(update={"labels": _labels(grid, axes)})
         world = grid.launcher.ranks()
         micro = spec.micro_batch_size or spec.batch_size // world
         if world > 1 and (micro == 0 or spec.batch_size % (world * micro)):
@@ -296,8 +305,8 @@ def plan_table(runs: list[PlannedRun], plans: dict[str, list], models: dict[str,
         if causal is not None:
             spec = run.spec
             checked = causal.get((spec.model, spec.tokenizer or spec.model, spec.attn_implementation), "-")
-            clm = any(p.objective == "clm" for p in spec.phases)
-            row["causal"] = f"{spec.attn_implementation}:{checked}" if clm and checked != "-" else "-"
+            proven = any(objectives.needs_preflight(p) for p in spec.phases)
+            row["causal"] = f"{spec.attn_implementation}:{checked}" if proven and checked != "-" else "-"
         row["phases"] = " > ".join(f"{p.name}:{p.spec.objective}x{p.steps}" for p in plans[run.run_id])
         row["frozen"] = "; ".join(f"{p.name}={p.frozen.describe()}" for p in plans[run.run_id]
                                   if not p.frozen.empty) or "-"

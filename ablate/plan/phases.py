@@ -23,6 +23,7 @@ class PhasePlan:
     spec: PhaseSpec
     steps: int
     frozen: FrozenSet
+    first_step: int = 0      # the run's global step at which the phase starts
 
     @property
     def name(self) -> str:
@@ -31,10 +32,11 @@ class PhasePlan:
 
 def plan_phases(spec: RunSpec, depth: int) -> list[PhasePlan]:
     """Resolve lengths and freeze masks; a phase that would train nothing is an error."""
-    plans = []
+    plans, first = [], 0
     for i, (phase, steps) in enumerate(zip(spec.phases, spec.phase_steps())):
         frozen = resolve_freeze(phase.freeze, depth, key=f"phases[{i}].freeze")
-        plans.append(PhasePlan(i, phase, steps, frozen))
+        plans.append(PhasePlan(i, phase, steps, frozen, first))
+        first += steps
     return plans
 
 

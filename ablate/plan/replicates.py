@@ -2,7 +2,8 @@
 independent replicates. Read from the spec and the model's config (no weights).
 
 The seed (RunSpec.seed) reaches a run in three places (ablate.train.loop, ablate.models.sources):
-    MLM masking     each step of an mlm phase draws its masks from (seed, step)
+    its objective   what the phase's objective entry declares as random_draws (MLM masking, span masking,
+                    a prefix split, a mixture's member draw): each step draws them from (seed, step)
     dropout         each step draws its dropout from (seed, step): only if the config has non-zero dropout
     initialisation  weights the checkpoint lacks are drawn from it: the MLM head of a checkpoint saved without
                     one (a bare encoder), every weight of a `config:` source
@@ -19,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ablate.config import objectives
 from ablate.config.spec import RunSpec
 
 # Dropout of the fine-tuning classifier only: pretraining never runs it.
@@ -30,7 +32,7 @@ SEED_AXES = ("seed", "data.data_seed")
 class PhaseSeedEffect:
     phase: str
     objective: str
-    own: tuple[str, ...]     # what the seed changes within the phase: "MLM masking", "dropout"
+    own: tuple[str, ...]     # what the seed changes within the phase: its objective's draws, "dropout"
     inherited: str | None    # where the phase's starting weights already depend on the seed, or None
 
     @property
@@ -68,12 +70,22 @@ def seed_effects(spec: RunSpec, config, source_kind: str) -> list[PhaseSeedEffec
     upstream = f"initialisation of {upstream}" if upstream else None
     out = []
     for phase in spec.phases:
-        own = tuple(what for what, applies in (("MLM masking", phase.objective == "mlm"), ("dropout", has_dropout))
-                    if applies)
+        own = (*random_draws(phase), *(("dropout",) if has_dropout else ()))
         out.append(PhaseSeedEffect(phase.name, phase.objective, own, upstream))
         if own and upstream is None:
             upstream = f"phase {phase.name}"
     return out
+
+
+def random_draws(phase) -> tuple[str, ...]:
+    """What the seed draws in a phase, as its objective entry (a mixture: each member's too) declares."""
+    draws = objectives.get(phase.objective).random_draws
+    members = [entry.random_draws for entry, _, _ in objectives.leaves(phase)]
+    return tuple(dict.fromkeys([*draws, *(d for m in members for d in m)]))
+
+
+def random_draws_of(objective: str) -> tuple[str, ...]:
+    return objectives.get(objective).random_draws
 
 
 def is_seed_independent(effects: list[PhaseSeedEffect]) -> bool:
@@ -95,7 +107,8 @@ def _effects_of(spec: RunSpec) -> list[PhaseSeedEffect]:
 
 def _why_nothing(effect: PhaseSeedEffect, config, first: bool) -> str:
     reasons = ["dropout 0" if not dropouts(config) else "",
-               "CLM has no masking" if effect.objective == "clm" else "",
+               f"{effect.objective.upper()} draws nothing from the seed" if not random_draws_of(effect.objective)
+               else "",
                "data order from data.data_seed",
                "the checkpoint has its MLM head" if first else "the phases before it do not depend on the seed"]
     return ", ".join(r for r in reasons if r)

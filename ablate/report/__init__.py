@@ -8,8 +8,8 @@
 
 Conventions shared by every figure:
 - only runs with status "done" are used;
-- an arm is a (schedule, freeze) pair; the MLM baseline is schedule == `baseline` (default "mlm") with
-  freeze == "none"; colour encodes the schedule, line style / marker the freeze mask;
+- an arm is a (schedule, freeze) pair; the baseline is schedule == `baseline` (the sweep's grid's
+  `baseline:`, default config.grid.DEFAULT_BASELINE) with freeze == "none"; colour encodes the schedule, line style / marker the freeze mask;
 - intervals are 95% t-intervals over the replicates named in each figure's doc (NaN when n < 2);
 - `panel` facets by a runs column ("auto": by "model" when the sweep has several models).
 

@@ -163,8 +163,21 @@ def _seeds(card: Card) -> str:
     spec = card.facts.spec
     return ("## Seeds\n\n"
             f"- training (pretraining) seed: {spec.seed}\n- data seed (sequence order): {spec.data.data_seed}\n"
-            f"- fine-tuning seeds: {', '.join(map(str, spec.eval.seeds))}"
-            + ("" if spec.eval.tasks else " (the spec has no eval tasks)") + f"\n- probe seed: {spec.probe.seed}")
+            f"- fine-tuning seeds: {_finetune_seeds(spec)}\n- probe seed: {spec.probe.seed}")
+
+
+def _finetune_seeds(spec) -> str:
+    """The seeds each task was fine-tuned with: a suite's own seeds for its tasks, eval.seeds for the others."""
+    if not spec.eval.tasks:
+        return f"{', '.join(map(str, spec.eval.seeds))} (the spec has no eval tasks)"
+    from ablate.evaluate.suites import spec_items
+
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for item in spec_items(spec):
+        groups.setdefault(item.seeds, []).append(item.task)
+    if len(groups) == 1:
+        return ", ".join(map(str, next(iter(groups))))
+    return "; ".join(f"{', '.join(map(str, seeds))} ({', '.join(tasks)})" for seeds, tasks in groups.items())
 
 
 def _score_row(task: str, row: pd.Series | None, mine: pd.Series | None, metric: str) -> list:

@@ -14,14 +14,17 @@ from ablate.report.arms import (arm_keys, arm_label, arm_sorted, done_runs, in_p
 from ablate.report.stats import mean_ci
 from ablate.report.style import arm_styles, figure_legend, new_figure, styled
 from ablate.report.sweep import Sweep
+from ablate.config.grid import DEFAULT_BASELINE
 
 
-def curve_data(sweep: Sweep, *, baseline: str = "mlm", smooth: int = 1, panel: str | None = "auto") -> pd.DataFrame:
+def curve_data(sweep: Sweep, *,
+               baseline: str | None = None, smooth: int = 1, panel: str | None = "auto") -> pd.DataFrame:
     """Loss and LR per arm, phase and step, averaged over seeds (loss with a 95% CI).
 
     `smooth` > 1 first takes a trailing rolling mean of the loss over that many logged points within each
     run and phase.
     """
+    baseline = baseline or sweep.baseline
     curves = sweep.require("curves", "curves")
     if smooth < 1:
         raise SpecError("smooth must be at least 1 (logged points in the rolling mean)", key="smooth", value=smooth)
@@ -94,7 +97,7 @@ def _draw_arms(ax_loss, ax_lr, d: pd.DataFrame, colors, styles, scale: float) ->
             ax_lr.plot(x, gp["lr"], color=colors[s], ls=ls, lw=1.1, label=label)
 
 
-def plot_curves(data: pd.DataFrame, *, panel_col: str | None = None, baseline: str = "mlm"):
+def plot_curves(data: pd.DataFrame, *, panel_col: str | None = None, baseline: str = DEFAULT_BASELINE):
     from matplotlib.ticker import ScalarFormatter
 
     names = panels(data, panel_col)
@@ -129,8 +132,9 @@ def plot_curves(data: pd.DataFrame, *, panel_col: str | None = None, baseline: s
 
 
 @styled
-def curves_figure(sweep: Sweep, *, baseline: str = "mlm", smooth: int = 1, panel: str | None = "auto"):
+def curves_figure(sweep: Sweep, *, baseline: str | None = None, smooth: int = 1, panel: str | None = "auto"):
     """Training loss (top) and learning rate (bottom) against tokens seen, per arm; phase starts marked."""
+    baseline = baseline or sweep.baseline
     pcol = panel_column(done_runs(sweep.runs), panel)
     data = curve_data(sweep, baseline=baseline, smooth=smooth, panel=pcol)
     return plot_curves(data, panel_col=pcol, baseline=baseline), data

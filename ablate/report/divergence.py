@@ -93,9 +93,10 @@ def _panel_title(d: pd.DataFrame) -> str:
 
 
 @styled
-def divergence_figure(sweep: Sweep, *, measure: str = "cka", baseline: str = "mlm"):
+def divergence_figure(sweep: Sweep, *, measure: str = "cka", baseline: str | None = None):
     """Per layer, 1 - CKA between each arm and its MLM twin (mean over seeds, 95% CI), with the MLM
     seed-to-seed band (grey), one panel per phase end."""
+    baseline = baseline or sweep.baseline
     data = divergence_data(sweep, measure=measure)
     arms = data[data["relation"] == TWIN]
     colors, styles = arm_styles(arms, baseline)

@@ -38,7 +38,6 @@ WEIGHTS = ".safetensors"
 INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model")
 FIGURE = "figures/layers"
-DEFAULT_BASELINE = "mlm"       # as `ablate report --table scores`
 
 
 @dataclass(frozen=True)
@@ -123,7 +122,7 @@ def arm_scores(sweep: Sweep, chosen: Chosen, baseline: str | None) -> CardScores
 
     if sweep.scores is None or sweep.scores.empty:
         return None
-    wanted, note = baseline or DEFAULT_BASELINE, None
+    wanted, note = baseline or sweep.baseline, None
     try:
         table = score_table(sweep, baseline=wanted)
     except SpecError as exc:
@@ -155,7 +154,7 @@ def write_layer_figure(sweep: Sweep, chosen: Chosen, folder: Path, baseline: str
     if measured.empty:
         return None
     view = replace(sweep, runs=sweep.runs[sweep.runs["run_id"].isin(ids)])
-    fig, data = layers_figure(view, baseline=baseline or DEFAULT_BASELINE, panel=None)
+    fig, data = layers_figure(view, baseline=baseline or sweep.baseline, panel=None)
     save_figure(fig, data, folder / FIGURE, "svg")
     return f"{FIGURE}.png"
 

@@ -33,6 +33,8 @@ from ablate.store.rundir import read_status
 LOG_LINES = 20
 RUN_COLUMNS = ("run_id", "model", "schedule", "freeze", "seed", "status", "tokens_seen", "wall_time_s")
 TWIN_COLUMNS = ("run_id", "model", "schedule", "freeze", "seed", "twin", "twin_tokens")
+# the scores table as most readers read it; the rest (interval bounds, pairs, test, units, ...) folded below it
+SCORE_COLUMNS = ("arm", "task", "language", "test_examples", "mean", "std", "n", "delta", "p_value")
 
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
@@ -154,7 +156,13 @@ def scores_section(sweep: Sweep) -> str:
         table = score_table(sweep)
     except Exception as exc:   # noqa: BLE001  (the page still shows everything else)
         return f'<p class="muted">scores table not made: {html.escape(str(exc))}</p>'
-    return averages_block(table) + f'<div class="wide">{html_table(_text_frame(table))}</div>'
+    tasks = table[~table["task"].map(is_average)]
+    shown = [c for c in SCORE_COLUMNS if c in table.columns and table[c].notna().any()
+             and (c != "language" or tasks[c].nunique() > 1)]          # one language: said by no column
+    folded = [c for c in table.columns if c not in shown]
+    return (averages_block(table) + f'<div class="wide">{html_table(_text_frame(table[shown]))}</div>'
+            f'<details><summary>all columns (with {html.escape(", ".join(folded))})</summary>'
+            f'<div class="wide">{html_table(_text_frame(table))}</div></details>')
 
 
 def averages_block(table: pd.DataFrame) -> str:
@@ -208,7 +216,11 @@ def draw_figures(sweep: Sweep) -> tuple[list[Path], list[str]]:
             drawn.append(save_figure(fig, data, folder / stem, "svg")["png"])
         except Exception as exc:   # noqa: BLE001  (a figure the sweep cannot have is a note on the page)
             notes.append(f"{stem}: {exc}")
-    others = sorted(p for p in folder.glob("*.png") if p not in drawn) if folder.is_dir() else []
+    # the registered figures are all redrawn here: an older PNG of one (`--figure layers` writes layers.png,
+    # the cka_vs_base measure drawn again as layers-cka_vs_base) would show the same figure twice
+    redrawn = {p.stem.split("-")[0] for p in drawn}
+    others = sorted(p for p in folder.glob("*.png") if p not in drawn and p.stem not in redrawn
+                    ) if folder.is_dir() else []
     return drawn + others, notes
 
 

@@ -18,6 +18,7 @@ from ablate.report.arms import (arm_keys, arm_label, arm_sorted, done_runs, in_p
 from ablate.report.stats import mean_ci
 from ablate.report.style import arm_styles, figure_legend, layer_ticks, new_figure, styled
 from ablate.report.sweep import Sweep
+from ablate.config.grid import DEFAULT_BASELINE
 
 MEASURE_LABELS = {
     "cka_vs_base": "1 − CKA vs base model",
@@ -94,13 +95,14 @@ def _measure_rows(sweep: Sweep, runs: pd.DataFrame, measure: str, phase: str) ->
     return table
 
 
-def layer_data(sweep: Sweep, *, measure: str = "cka_vs_base", phase: str = "last", baseline: str = "mlm",
+def layer_data(sweep: Sweep, *, measure: str = "cka_vs_base", phase: str = "last", baseline: str | None = None,
                panel: str | None = "auto") -> pd.DataFrame:
     """Per arm and layer: mean over seeds of the plotted measure at the end of `phase`, with a 95% CI.
 
     phase "last" takes each run's last measured phase. `frozen_in` names the phases in which the arm froze
     that layer, by the rule of `drawn_frozen` (a phase that froze every layer is not named).
     """
+    baseline = baseline or sweep.baseline
     runs = done_runs(sweep.runs)
     table = _measure_rows(sweep, runs, measure, phase)
     pcol = panel_column(runs, panel)
@@ -149,7 +151,8 @@ def _draw_strip(sx, rows, n_rows: int, colors: dict, same_labels_as_first: bool)
     sx.set_title("frozen layers (mask · phase)", loc="left", fontsize=7.5, color="0.3")
 
 
-def plot_layers(data: pd.DataFrame, *, panel_col: str | None = None, baseline: str = "mlm", logy: bool = False):
+def plot_layers(data: pd.DataFrame, *, panel_col: str | None = None,
+                baseline: str = DEFAULT_BASELINE, logy: bool = False):
     measure = data["measure"].iloc[0]
     base_measure = measure.removeprefix("1 - ")
     names = panels(data, panel_col)
@@ -187,13 +190,14 @@ def plot_layers(data: pd.DataFrame, *, panel_col: str | None = None, baseline: s
 
 
 @styled
-def layers_figure(sweep: Sweep, *, measure: str = "cka_vs_base", phase: str = "last", baseline: str = "mlm",
+def layers_figure(sweep: Sweep, *, measure: str = "cka_vs_base", phase: str = "last", baseline: str | None = None,
                   panel: str | None = "auto", logy: bool = False):
     """How far each layer moved, per arm: 1 - CKA vs the base model (or another layer measure).
 
     The strip under the axes shows, per freeze mask and phase, the layers the `frozen` table says were
     frozen; a phase that froze every layer (a head warm-up) is not drawn (see `drawn_frozen`).
     """
+    baseline = baseline or sweep.baseline
     pcol = panel_column(done_runs(sweep.runs), panel)
     data = layer_data(sweep, measure=measure, phase=phase, baseline=baseline, panel=pcol)
     return plot_layers(data, panel_col=pcol, baseline=baseline, logy=logy), data

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ablate.config import objectives
 from ablate.config.errors import SpecError
 from ablate.config.spec import RunSpec
 from ablate.store import rundir
@@ -82,7 +83,7 @@ def phase_facts(spec: RunSpec, record: dict, frozen: dict[str, list[int]]) -> li
     hashes = record.get("phase_token_hashes") or {}
     out = []
     for phase, steps in zip(spec.phases, spec.phase_steps()):
-        rate = phase.effective_mask_rate if phase.objective == "mlm" else None
+        rate = objectives.get(phase.objective).identity(phase).get("mask_rate")
         out.append(PhaseFacts(name=phase.name, objective=phase.objective, mask_rate=rate, steps=steps,
                               tokens=tokens.get(phase.name), token_hash=hashes.get(phase.name),
                               lr=describe_lr(spec, phase), freeze=", ".join(phase.freeze),

@@ -20,6 +20,7 @@ from ablate.report.arms import (arm_keys, arm_label, arm_sorted, done_runs, in_p
 from ablate.report.stats import mean_ci, welch_ci
 from ablate.report.style import arm_styles, figure_legend, new_figure, styled
 from ablate.report.sweep import Sweep
+from ablate.config.grid import DEFAULT_BASELINE
 
 
 def pick_split(scores: pd.DataFrame, split: str | None) -> str:
@@ -68,7 +69,7 @@ def unit_scores(sweep: Sweep, split: str | None, pcol: str | None, figure: str) 
     parts = [df]
     for p in panels(df, pcol):
         unit = [*arm_keys(pcol), "run_id", "seed", "finetune_seed"]
-        parts += [task_average(in_panel(df, pcol, p), unit), *language_averages(in_panel(df, pcol, p), unit)]
+        parts += [*averages(in_panel(df, pcol, p), unit)]
     return pd.concat(parts, ignore_index=True)
 
 
@@ -107,6 +108,13 @@ def language_averages(scores: pd.DataFrame, unit: list[str]) -> list[pd.DataFram
     return out
 
 
+def averages(scores: pd.DataFrame, unit: list[str]) -> list[pd.DataFrame]:
+    """The average rows of `scores`: the overall one (none for a single task: it would repeat the task) and the
+    per-language ones."""
+    several = scores.loc[~scores["task"].map(is_average), "task"].nunique() > 1
+    return [*([task_average(scores, unit)] if several else []), *language_averages(scores, unit)]
+
+
 def task_average(scores: pd.DataFrame, unit: list[str]) -> pd.DataFrame:
     """Rows of task "average": per unit, the mean score over the tasks of `scores`, for the units that have
     every one of them."""
@@ -135,7 +143,7 @@ def arm_vs_baseline(a: pd.Series, b: pd.Series, n_resamples: int = N_RESAMPLES, 
     return (*welch_ci(a, b), np.nan, 0, "welch")
 
 
-def delta_data(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
+def delta_data(sweep: Sweep, *, baseline: str | None = None, split: str | None = None,
                panel: str | None = "auto") -> pd.DataFrame:
     """Per arm and task (and "average" over tasks): arm minus MLM baseline in points, with a 95% CI.
 
@@ -145,6 +153,7 @@ def delta_data(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
     paired bootstrap of the differences (ablate.evaluate.bootstrap). With no shared units, a Welch interval
     on the unpaired scores and no p-value.
     """
+    baseline = baseline or sweep.baseline
     pcol = panel_column(done_runs(sweep.runs), panel)
     u = unit_scores(sweep, split, pcol, "deltas")
     is_base = (u["schedule"] == baseline) & (u["freeze"] == "none")
@@ -179,9 +188,10 @@ def delta_data(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
     return arm_sorted(out, sweep.runs, baseline, pcol)  # stable: tasks keep their order within an arm
 
 
-def score_summary(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None) -> pd.DataFrame:
+def score_summary(sweep: Sweep, *, baseline: str | None = None, split: str | None = None) -> pd.DataFrame:
     """Per arm and task: mean and standard deviation of the primary metric (points) over all
     (pretraining seed, fine-tuning seed) units, their count, and the difference from the MLM baseline."""
+    baseline = baseline or sweep.baseline
     u = unit_scores(sweep, split, None, "summary")
     out = (u.groupby(["schedule", "freeze", "task"], sort=False)["score"]
            .agg(mean="mean", std="std", n="count").reset_index())
@@ -190,7 +200,8 @@ def score_summary(sweep: Sweep, *, baseline: str = "mlm", split: str | None = No
     return out.round(2)
 
 
-def plot_deltas(data: pd.DataFrame, *, panel_col: str | None = None, baseline: str = "mlm", split: str = "test"):
+def plot_deltas(data: pd.DataFrame, *, panel_col: str | None = None,
+                baseline: str = DEFAULT_BASELINE, split: str = "test"):
     names = panels(data, panel_col)
     plain = ordered(data.loc[~data["task"].map(is_average), "task"])
     averages = average_names(data["task"])
@@ -227,8 +238,9 @@ def plot_deltas(data: pd.DataFrame, *, panel_col: str | None = None, baseline: s
 
 
 @styled
-def deltas_figure(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None, panel: str | None = "auto"):
+def deltas_figure(sweep: Sweep, *, baseline: str | None = None, split: str | None = None, panel: str | None = "auto"):
     """Downstream difference from the MLM baseline per task and on average, per arm, 95% paired-bootstrap CIs."""
+    baseline = baseline or sweep.baseline
     pcol = panel_column(done_runs(sweep.runs), panel)
     data = delta_data(sweep, baseline=baseline, split=split, panel=pcol)
     if data.empty:
@@ -236,12 +248,13 @@ def deltas_figure(sweep: Sweep, *, baseline: str = "mlm", split: str | None = No
     return plot_deltas(data, panel_col=pcol, baseline=baseline, split=pick_split(sweep.scores, split)), data
 
 
-def freeze_data(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
+def freeze_data(sweep: Sweep, *, baseline: str | None = None, split: str | None = None,
                 panel: str | None = "auto") -> pd.DataFrame:
     """Mean downstream score (average over tasks, points) per freeze mask x schedule, 95% CI over seeds.
 
     A run's score is its average over tasks of the mean over fine-tuning seeds; the interval is over runs.
     """
+    baseline = baseline or sweep.baseline
     pcol = panel_column(done_runs(sweep.runs), panel)
     keys = arm_keys(pcol)
     u = unit_scores(sweep, split, pcol, "freeze")
@@ -285,8 +298,9 @@ def plot_freeze(data: pd.DataFrame, *, panel_col: str | None = None, split: str 
 
 
 @styled
-def freeze_figure(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None, panel: str | None = "auto"):
+def freeze_figure(sweep: Sweep, *, baseline: str | None = None, split: str | None = None, panel: str | None = "auto"):
     """Heatmap of mean downstream score per freeze mask x schedule (cells: mean, ± CI half-width)."""
+    baseline = baseline or sweep.baseline
     pcol = panel_column(done_runs(sweep.runs), panel)
     data = freeze_data(sweep, baseline=baseline, split=split, panel=pcol)
     if data.empty:

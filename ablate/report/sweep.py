@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from ablate.config.errors import SpecError
+from ablate.config.grid import DEFAULT_BASELINE, declared_baseline
 from ablate.store import sweep as store_sweep
 from ablate.store.sweep import SweepFolder
 
@@ -30,6 +31,7 @@ class Sweep:
     curves: pd.DataFrame | None = None
     frozen: pd.DataFrame | None = None
     pairs: pd.DataFrame | None = None         # `ablate collect --pairs`
+    baseline: str = DEFAULT_BASELINE          # the baseline arm's schedule, as the sweep's grid declares it
 
     @property
     def name(self) -> str:
@@ -75,4 +77,5 @@ def load_sweep(sweep: str | Path | None = None, results: str | Path | None = Non
         if col not in runs.columns:
             raise SpecError(f"runs table has no {col!r} column", file=str(folder.root), key="runs")
         runs[col] = runs[col].astype(str)
-    return Sweep(path=folder.root, runs=runs, **tables)
+    return Sweep(path=folder.root, runs=runs, baseline=declared_baseline(folder.root), **tables)
+

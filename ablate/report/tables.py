@@ -26,8 +26,8 @@ from ablate.evaluate.units import pairing_units, require_task_scores
 from ablate.report.arms import arm_label, arm_tokens_match, done_runs
 from ablate.report.divergence import divergence_table
 from ablate.evaluate.sizes import min_test_examples
-from ablate.report.scores import (AVERAGE, arm_vs_baseline, average_names, is_average, language_averages,
-                                  task_average, task_languages, unit_scores)
+from ablate.report.scores import (AVERAGE, arm_vs_baseline, average_names, averages, is_average, task_languages,
+                                  unit_scores)
 from ablate.report.sweep import Sweep, load_sweep
 
 MARKS = ((0.01, "**"), (0.05, "*"))   # p below -> mark
@@ -66,14 +66,15 @@ def _only_tasks(sweep: Sweep, u: pd.DataFrame, tasks) -> pd.DataFrame:
     require_task_scores(u.loc[~u["task"].map(is_average), ["run_id", "task"]], done_runs(sweep.runs), wanted)
     u = u[u["task"].isin(wanted)]
     unit = ["schedule", "freeze", "run_id", "seed", "finetune_seed"]
-    return pd.concat([u, task_average(u, unit), *language_averages(u, unit)], ignore_index=True)
+    return pd.concat([u, *averages(u, unit)], ignore_index=True)
 
 
-def score_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
+def score_table(sweep: Sweep, *, baseline: str | None = None, split: str | None = None,
                 units: tuple[str, ...] | None = None, tasks=None, seed: int = 0) -> pd.DataFrame:
     """Tidy: one row per (arm, task) with language, mean, std, n, and delta / ci_low / ci_high / p_value
     against the baseline arm (a schedule name, meaning its unfrozen arm, or an arm label), and the pairing
     units used (column `units`)."""
+    baseline = baseline or sweep.baseline
     units = _units(sweep, units)
     u = _only_tasks(sweep, unit_scores(sweep, split, None, "table"), tasks)
     base_arm = _baseline_arm(u, baseline, sweep)
@@ -131,15 +132,17 @@ def _test_sizes(u: pd.DataFrame) -> dict[str, dict]:
     return out
 
 
-def freeze_table(sweep: Sweep, *, baseline: str = "mlm", split: str | None = None,
+def freeze_table(sweep: Sweep, *, baseline: str | None = None, split: str | None = None,
                  units: tuple[str, ...] | None = None, tasks=None, seed: int = 0) -> pd.DataFrame:
     """One row per arm: what each phase froze (from the `frozen` table), the average score, and its
     difference from the same schedule without freezing and from the baseline arm."""
+    baseline = baseline or sweep.baseline
     units = _units(sweep, units)
     avg = score_table(sweep, baseline=baseline, split=split, units=units, tasks=tasks, seed=seed)
-    avg = avg[avg["task"] == AVERAGE].set_index("arm")
+    summary = AVERAGE if (avg["task"] == AVERAGE).any() else avg["task"].iloc[0]    # one task: no average of it
+    avg = avg[avg["task"] == summary].set_index("arm")
     u = _only_tasks(sweep, unit_scores(sweep, split, None, "table"), tasks)
-    u = u[u["task"] == AVERAGE]
+    u = u[u["task"] == summary]
     frozen = _frozen_by_arm(sweep)
     rows = []
     for arm, row in avg.iterrows():

@@ -51,3 +51,17 @@ def publish_dir(tmp_dir: Path, final_dir: Path) -> None:
         shutil.rmtree(final_dir)
     os.rename(tmp_dir, final_dir)
     _fsync_dir(final_dir.parent)
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """dst as src's file: a hard link where the filesystem allows (no second copy on disk), a copy elsewhere;
+    put in place by one rename."""
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copy2(src, tmp)
+    os.replace(tmp, dst)

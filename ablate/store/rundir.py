@@ -39,6 +39,7 @@ from itertools import accumulate, zip_longest
 from pathlib import Path
 from typing import Any
 
+from ablate.config.grid import DEFAULT_BASELINE, is_baseline_arm
 from ablate.config.spec import RunSpec
 from ablate.store import atomic
 from ablate.store.lock import FileLock
@@ -222,8 +223,10 @@ def _plain(value: Any) -> Any:
 
 
 def _columns(rows: list[dict], names: tuple[str, ...]) -> dict[str, list]:
-    """Column-oriented JSON: compact, and fast to turn into a DataFrame."""
-    return {n: [r[n] for r in rows] for n in names}
+    """Column-oriented JSON: compact, and fast to turn into a DataFrame. Columns some rows carry beyond
+    `names` (the curves' mask_rate, a mixture's loss/<member>) follow, None where a row lacks them."""
+    extra = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in names]
+    return {**{n: [r[n] for r in rows] for n in names}, **{k: [r.get(k) for r in rows] for k in extra}}
 
 
 def read_scores(folder: Path, run_id: str) -> list[dict]:
@@ -290,8 +293,8 @@ def _digest(obj) -> str:
 
 def run_info(run_id: str, spec: RunSpec) -> RunInfo:
     phases = spec.model_dump(mode="json")["phases"]
-    freeze = (spec.labels.get("axes") or {}).get("freeze", "none")
-    baseline = freeze == "none" and all(p.objective == "mlm" for p in spec.phases)
+    axes = spec.labels.get("axes") or {}
+    baseline = is_baseline_arm(axes.get("schedule", DEFAULT_BASELINE), axes.get("freeze", "none"), spec.labels)
     ends = tuple(accumulate(spec.phase_steps()))
     return RunInfo(run_id, spec.training_identity, spec.seed, tuple(p.name for p in spec.phases), ends,
                    _digest(phases), baseline)

@@ -10,12 +10,13 @@ May import: config, store, train.optimizer.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -51,8 +52,15 @@ class TrainState:
     elapsed_s: float = 0.0
     done: bool = False
 
-    def record_step(self, phase: str, batch: np.ndarray, loss: float, lr: float, norms: dict[int, float]) -> None:
-        """Book one optimizer step: data position, token counts and hashes, the curve and gradient norms."""
+    def record_step(self, phase: str, batch: np.ndarray, loss: float, lr: float, norms: dict[int, float],
+                    notes: dict | None = None) -> None:
+        """Book one optimizer step: data position, token counts and hashes, the curve (with `notes`: the
+        masking rate, a mixture's per-member losses) and gradient norms."""
+        self.advance(phase, batch)
+        self.book_step(phase, self.global_step, self.tokens_seen, loss, lr, norms, notes)
+
+    def advance(self, phase: str, batch: np.ndarray) -> None:
+        """One optimizer step over `batch`: data position, step counters, token counts and hashes."""
         start = self.phase_token_hashes.get(phase, PHASE_START)
         self.token_hash = chain_hash(self.token_hash, batch)
         self.phase_token_hashes[phase] = chain_hash(start, batch)
@@ -61,12 +69,16 @@ class TrainState:
         self.tokens_seen += batch.size
         self.global_step += 1
         self.step_in_phase += 1
-        self.curves.append({"phase": phase, "step": self.global_step, "tokens": self.tokens_seen, "loss": loss,
-                            "lr": lr})
+
+    def book_step(self, phase: str, step: int, tokens: int, loss: float, lr: float, norms: dict[int, float],
+                  notes: dict | None = None) -> None:
+        """The curve row (with `notes`' columns) and gradient norms of global step `step` (read back later than
+        the step itself: ablate.train.readback)."""
+        self.curves.append({"phase": phase, "step": step, "tokens": tokens, "loss": loss, "lr": lr, **(notes or {})})
         for layer, value in norms.items():
             key = f"{phase}/{layer}"
             self.grad_norm_sums[key] = self.grad_norm_sums.get(key, 0.0) + value
-        self.grad_norms += [{"phase": phase, "step": self.global_step, "layer": layer, "grad_norm": value}
+        self.grad_norms += [{"phase": phase, "step": step, "layer": layer, "grad_norm": value}
                             for layer, value in norms.items()]
 
 
@@ -85,20 +97,60 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
     return complete[-1] if complete else None
 
 
+class DiskFull(OSError):
+    """A checkpoint (or the final model) did not fit: where, how much it needs, what is left, and that the
+    half-written folder is gone."""
+
+
+def _written_dir(final: Path, write: Callable[[Path], None], needed_bytes: int, what: str) -> Path:
+    """write(tmp) into .tmp-<name> beside `final`, then publish it atomically. On a full disk the half-written
+    folder is removed and DiskFull says where and how much; the previous checkpoint is untouched."""
+    tmp = final.with_name(f".tmp-{final.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        write(tmp)
+        atomic.publish_dir(tmp, final)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        free = shutil.disk_usage(final.parent).free if final.parent.exists() else 0
+        raise DiskFull(exc.errno, f"no space left on the device of {final.parent} writing {what} {final.name}: "
+                                  f"it needs about {_mb(needed_bytes)} and {_mb(free)} is free there; the "
+                                  f"half-written {tmp.name} was removed, and the run resumes from its last "
+                                  "complete checkpoint once there is room (run the sweep again)") from None
+    return final
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:,.1f} MB"
+
+
+def _tensor_bytes(tensors) -> int:
+    """Their bytes, each storage once (tied weights are saved once)."""
+    storages = {t.untyped_storage().data_ptr(): t.numel() * t.element_size()
+                for t in tensors if isinstance(t, torch.Tensor)}
+    return sum(storages.values())
+
+
+def checkpoint_bytes(model, opt: Optimizer) -> int:
+    """About what one checkpoint takes on disk: the weights (safetensors) and the AdamW moments."""
+    moments = [t for m in opt.state_by_name().values() for t in m.values()]
+    return _tensor_bytes(model.state_dict().values()) + _tensor_bytes(moments)
+
+
 def save_checkpoint(ckpt_root: Path, model, opt: Optimizer, state: TrainState, keep: bool = False) -> Path:
     """The state now, published atomically; older checkpoints go, except those kept for children (`keep`:
     this one is a branch point too, linked under branch/ before LATEST names it, so a kill between the two
     re-trains to this step and links it again)."""
+    def write(tmp: Path) -> None:
+        save_model(model, str(tmp / "model.safetensors"))
+        torch.save({"moments": opt.state_by_name()}, tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(json.dumps(state.__dict__))
+
     name = f"step-{state.global_step:09d}-p{state.phase_index}"
-    tmp = ckpt_root / f".tmp-{name}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_model(model, str(tmp / "model.safetensors"))
-    torch.save({"moments": opt.state_by_name()}, tmp / "optimizer.pt")
-    (tmp / "state.json").write_text(json.dumps(state.__dict__))
-    final = ckpt_root / name
-    atomic.publish_dir(tmp, final)
+    final = _written_dir(Path(ckpt_root) / name, write, checkpoint_bytes(model, opt), "checkpoint")
     if keep:
         _link_dir(final, kept_path(ckpt_root, state.global_step))
     atomic.write_text(ckpt_root / "LATEST", name)
@@ -121,40 +173,35 @@ def kept_checkpoint(ckpt_root: Path, step: int) -> Path | None:
     return path if (path / "state.json").is_file() else None
 
 
+def _linked(src: Path, names: list[str]):
+    """A writer of src's files `names` into a folder: hard links where the filesystem allows (no second copy
+    on disk; neither run ever writes into a published checkpoint), copies elsewhere."""
+    def write(tmp: Path) -> None:
+        for name in names:
+            atomic.link_or_copy(Path(src) / name, tmp / name)
+    return write
+
+
 def _link_dir(src: Path, dst: Path) -> None:
-    """dst as a copy of src's files, hard links where the filesystem allows (no second copy on disk),
-    published atomically."""
-    tmp = dst.with_name(f".tmp-{dst.name}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    for f in src.iterdir():
-        try:
-            os.link(f, tmp / f.name)
-        except OSError:
-            shutil.copy2(f, tmp / f.name)
-    atomic.publish_dir(tmp, dst)
+    """dst as a copy of src's files, hard links where the filesystem allows, published atomically."""
+    names = [f.name for f in src.iterdir()]
+    _written_dir(dst, _linked(src, names), sum((src / n).stat().st_size for n in names), "branch checkpoint")
 
 
 def adopt_checkpoint(src: Path, ckpt_root: Path) -> Path:
-    """Start a run from another run's checkpoint: its weights and moments (hard links: neither run ever
-    writes into a published checkpoint) and its state, not done (a parent may end where the child goes on),
-    published as this run's latest checkpoint."""
+    """Start a run from another run's checkpoint: its weights and moments (linked) and its state, not done (a
+    parent may end where the child goes on), published as this run's latest checkpoint."""
     state = json.loads((Path(src) / "state.json").read_text())
     state["done"] = False
     name = f"step-{state['global_step']:09d}-p{state['phase_index']}"
+    files = ["model.safetensors", "optimizer.pt"]
+
+    def write(tmp: Path) -> None:
+        _linked(src, files)(tmp)
+        (tmp / "state.json").write_text(json.dumps(state))
+
     ckpt_root = Path(ckpt_root)
-    tmp = ckpt_root / f".tmp-{name}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    for f in ("model.safetensors", "optimizer.pt"):
-        try:
-            os.link(Path(src) / f, tmp / f)
-        except OSError:
-            shutil.copy2(Path(src) / f, tmp / f)
-    (tmp / "state.json").write_text(json.dumps(state))
-    atomic.publish_dir(tmp, ckpt_root / name)
+    _written_dir(ckpt_root / name, write, sum((Path(src) / f).stat().st_size for f in files), "checkpoint")
     atomic.write_text(ckpt_root / "LATEST", name)
     return ckpt_root / name
 
@@ -173,11 +220,10 @@ def load_checkpoint(path: Path, model, opt: Optimizer) -> TrainState:
 
 def save_final_model(model, tokenizer, out: Path) -> None:
     """An ordinary *ForMaskedLM folder (safetensors) that AutoModelForMaskedLM loads directly."""
-    tmp = out.with_name(f".tmp-{out.name}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
     for p in model.parameters():
         p.requires_grad_(True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    atomic.publish_dir(tmp, out)
+    _written_dir(Path(out), write, _tensor_bytes(model.state_dict().values()), "the final model")

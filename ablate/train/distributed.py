@@ -35,6 +35,7 @@ from ablate.config.errors import SpecError
 BUCKET_ELEMENTS = 25_000_000     # gradients are flattened into buckets of at most this many elements
 TIMEOUT_ENV = "ABLATE_DIST_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 1800.0
+FINISH_TIMEOUT_S = 7 * 24 * 3600.0     # how long ranks wait for each other's fine-tunings (finishing_group)
 EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LINUX_EPHEMERAL = (32768, 60999)     # the kernel's default, when the file above cannot be read
 # what a task of a multi-task submitit job needs to know its rank and its master (submitit defaults the
@@ -63,13 +64,13 @@ class Dist:
         if self.enabled:
             tdist.barrier()
 
-    def sum_float(self, value: float, device: torch.device) -> float:
-        """Sum of a Python float over ranks (loss for logging)."""
+    def sum_tensor(self, value: torch.Tensor) -> torch.Tensor:
+        """A 0-dim tensor summed over ranks, on its device (the loss for logging: nothing read back)."""
         if not self.enabled:
             return value
-        t = torch.tensor([value], dtype=torch.float64, device=device)
+        t = value.detach().reshape(1).clone()
         tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
-        return float(t.item())
+        return t[0]
 
     def sum_grads(self, grads: list[torch.Tensor]) -> None:
         """In place: every gradient becomes its sum over ranks (flattened into buckets, one all-reduce each)."""
@@ -212,6 +213,24 @@ def local_device_index(local_rank: int) -> int:
                     allowed=f"one rank per visible GPU: local ranks 0..{visible - 1} (launcher.slurm."
                             "tasks_per_node = gpus_per_node, or torchrun --nproc-per-node <= GPUs)"
                     if visible else "a machine with GPUs, or device: cpu")
+
+
+def finishing_group():
+    """A gloo group of all ranks in which they wait for each other's share of the fine-tunings (every rank
+    calls this, once, right after the process group is formed). Its timeout is FINISH_TIMEOUT_S: the training
+    group's (ABLATE_DIST_TIMEOUT_S) is sized for one collective, not for a share of a task suite."""
+    return tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=FINISH_TIMEOUT_S))
+
+
+def wait_for_ranks(group) -> str | None:
+    """Every rank calls this when its share is done: None once all have, else why not (a rank died, or
+    gave up): the caller then computes what is missing itself."""
+    try:
+        tdist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=FINISH_TIMEOUT_S),
+                                wait_all_ranks=True)
+    except RuntimeError as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
 
 
 def rank_slice(batch_size: int, dist: Dist) -> slice:

@@ -19,15 +19,13 @@ single-process gradient of the same micro_batch_size. Only rank 0 writes checkpo
 a checkpoint is the same whatever the world size, so a run resumes under any number of ranks.
 
 How it computes (ablate.train.precision; each path runs on the CPU too, so the tests run what a GPU runs):
-bf16 autocast by `precision` (auto: on CUDA only), torch.compile of the encoder with `compile: true` (or
-ABLATE_COMPILE=1), deterministic algorithms with `deterministic: true`; fused AdamW on both devices; pinned
+bf16 autocast by `precision` (auto: on CUDA only), torch.compile of the encoder by `compile` (auto: on CUDA
+only; or ABLATE_COMPILE=1), deterministic algorithms with `deterministic: true`; fused AdamW on both devices; pinned
 host memory with non-blocking copies on CUDA.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -46,13 +44,16 @@ from ablate.plan.freezing import apply_freeze, is_frozen
 from ablate.plan.phases import PhasePlan, frozen_rows, plan_phases
 from ablate.models.families import Family, family_of, n_layers
 from ablate.models.sources import load_masked_lm, load_tokenizer
-from ablate.analysis.probe import grad_norms, layer_params, weight_rel_change
+from ablate.analysis.probe import grad_norm_values, layer_params, weight_rel_change
 from ablate.train.optimizer import Optimizer, fused_adamw
-from ablate.train.objectives import attention_for, clm_labels, mlm_inputs
-from ablate.train.precision import compiled_encoder, set_determinism, uses_autocast
+from ablate.train.batches import batch_loss, objective_batch, seed_for, step_notes
+from ablate.train.objectives import attention_for
+from ablate.train.precision import autocast, compiled_encoder, set_determinism, uses_autocast, uses_compile
+from ablate.train.readback import Unread
 from ablate.train.preflight import preflight_run
 from ablate.train.schedule import lr_at
 from ablate.train.vocab_loss import LOSSES
+from ablate.config.objectives.base import pattern_of_rows
 from ablate.config.spec import RunSpec
 from ablate.store.rundir import branch_points
 
@@ -60,15 +61,11 @@ Log = Callable[[str], None]
 PhaseEndHook = Callable[[str, torch.nn.Module], list[dict]]
 
 
-def _seed_for(*parts: int) -> int:
-    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") & (2**63 - 1)
-
-
 def _dropout_seed(seed: int, global_step: int, micro_batch: int) -> int:
     """The dropout stream of one micro-batch, by its index in the global batch: a data-parallel run draws
     what one process with the same micro_batch_size draws. Micro-batch 0 keeps the seed the whole step
     used to have, so runs without gradient accumulation give the numbers they always gave."""
-    return _seed_for(seed, global_step, 1) if micro_batch == 0 else _seed_for(seed, global_step, 1, micro_batch)
+    return seed_for(seed, global_step, 1) if micro_batch == 0 else seed_for(seed, global_step, 1, micro_batch)
 
 
 # ---------------------------------------------------------------- the loop
@@ -104,12 +101,6 @@ def pick_device(choice: str, local_rank: int = 0) -> torch.device:
     return torch.device(choice)
 
 
-def compile_requested() -> bool:
-    """torch.compile of the encoder for every run of this process: ABLATE_COMPILE=1 (what a RunSpec's
-    `compile: true` does for one run; bench/gpu_step.py --compile sets it)."""
-    return os.environ.get("ABLATE_COMPILE", "0") not in ("", "0", "false", "no")
-
-
 def check_data_parallel(spec: RunSpec, world_size: int) -> None:
     """Each rank takes an equal slice of the global batch, itself a whole number of micro-batches."""
     if world_size <= 1:
@@ -121,51 +112,60 @@ def check_data_parallel(spec: RunSpec, world_size: int) -> None:
 
 
 def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarray, global_step: int,
-               opt: Optimizer, lr: float) -> tuple[float, dict[int, float]]:
-    """One optimizer step over `batch` (split into micro-batches); returns (mean loss, grad norm per layer)."""
+               opt: Optimizer, lr: float, notes: dict | None = None
+               ) -> tuple[torch.Tensor, tuple[tuple[int, ...], torch.Tensor]]:
+    """One optimizer step over `batch` (split into micro-batches); returns (mean loss, (layers, their grad
+    norms)) as tensors on the device, unread: nothing in a step waits for the GPU (ablate.train.readback).
+    `notes`, when given, receives the curves' columns beside the loss (ablate.train.batches.step_notes)."""
     spec, model, family, dist = ctx.spec, ctx.model, ctx.family, ctx.dist
-    masking = torch.Generator().manual_seed(_seed_for(spec.seed, global_step, 2))
-    ids = torch.from_numpy(batch.astype(np.int64))
-    if phase.spec.objective == "mlm":
-        inputs, labels = mlm_inputs(ids, phase.spec.effective_mask_rate, ctx.special_ids, ctx.mask_id,
-                                    ctx.vocab_size, masking)
-    else:
-        inputs, labels = ids, clm_labels(ids, torch.from_numpy(docs.astype(np.int64)))
+    made = objective_batch(ctx, phase, batch, docs, global_step)
+    inputs, labels, prefix, member = made.inputs, made.labels, made.prefix, made.member
+    n_rows = len(inputs)                   # of the global batch
     n_labels = int((labels != -100).sum())
     if n_labels == 0:
         raise RuntimeError(f"step {global_step}: the batch has no position with a loss")
 
     mask_dtype = torch.bfloat16 if ctx.autocast else torch.float32
+    mixed = len(made.labels_of) > 1
+    member_sums = torch.zeros(len(made.labels_of), dtype=torch.float64, device=ctx.device)
     if dist.enabled:                       # masking and n_labels above are over the global batch
-        mine = rank_slice(len(ids), dist)
-        inputs, labels = inputs[mine], labels[mine]
+        mine = rank_slice(n_rows, dist)
+        inputs, labels, prefix, member = inputs[mine], labels[mine], prefix[mine], member[mine]
     if ctx.pin_memory:
-        inputs, labels = inputs.pin_memory(), labels.pin_memory()
+        inputs = inputs.pin_memory()
     encoder = ctx.encoder if ctx.encoder is not None else family.encoder(model)   # (a compiled one has no bool)
     head_loss = LOSSES[spec.vocab_loss]
     micro = spec.micro_batch_size or len(inputs)
-    first = rank_slice(len(ids), dist).start // micro      # this rank's first micro-batch in the global batch
-    total = 0.0
+    first = rank_slice(n_rows, dist).start // micro      # this rank's first micro-batch in the global batch
+    total = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for index, start in enumerate(range(0, len(inputs), micro), start=first):
         torch.manual_seed(_dropout_seed(spec.seed, global_step, index))
-        x = inputs[start:start + micro].to(ctx.device, non_blocking=True)
-        y = labels[start:start + micro].to(ctx.device, non_blocking=True)
-        with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=ctx.autocast), \
-                attention_for(model, family, phase.spec.objective, x.shape[1], mask_dtype, ctx.device,
-                              docs[rank_slice(len(ids), dist)][start:start + micro]
-                              if spec.document_masking else None) as attn:
+        rows = slice(start, start + micro)
+        x = inputs[rows].to(ctx.device, non_blocking=True)
+        # the labelled positions found on the host: a boolean index on the device would wait for it
+        flat = labels[rows].flatten()
+        where = torch.nonzero(flat != -100).flatten()
+        y = flat[where]
+        members = member[rows][:, None].expand_as(labels[rows]).flatten()[where] if mixed else None
+        where, y = ((t.pin_memory() if ctx.pin_memory else t).to(ctx.device, non_blocking=True) for t in (where, y))
+        with autocast(ctx.device, ctx.autocast), \
+                attention_for(model, family, pattern_of_rows(prefix[rows], x.shape[1]), x.shape[1], mask_dtype,
+                              ctx.device, docs[rank_slice(n_rows, dist)][start:start + micro]
+                              if spec.document_masking else None, prefix=prefix[rows]) as attn:
             hidden = encoder(input_ids=x, attention_mask=attn).last_hidden_state
-            where = y != -100
-            features = family.transform(model, hidden[where])
-            loss = head_loss(features, *family.decoder(model), y[where]) / n_labels
+            features = family.transform(model, hidden.flatten(0, 1)[where])
+            loss = batch_loss(head_loss, family.decoder(model), features, y, members, member_sums) / n_labels
         del features, hidden     # backward keeps what it needs
         loss.backward()
-        total += loss.item()
+        total += loss.detach().double()
     if dist.enabled:
         dist.sum_grads([p.grad for p in opt.trainable() if p.grad is not None])
-        total = dist.sum_float(total, ctx.device)
+        total = dist.sum_tensor(total)
+        member_sums = dist.sum_tensor(member_sums)
+    if notes is not None:
+        notes.update(step_notes(made, member_sums, mixed))
 
-    norms = grad_norms(opt.named, ctx.layer_params)
+    norms = grad_norm_values(opt.named, ctx.layer_params)
     if spec.optim.grad_clip is not None:
         torch.nn.utils.clip_grad_norm_(opt.trainable(), spec.optim.grad_clip)
     for group in opt.torch.param_groups:
@@ -204,7 +204,7 @@ def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, lis
                   torch.tensor(special), tokenizer.mask_token_id, model.config.vocab_size,
                   layer_params(model), autocast=uses_autocast(spec, device), dist=dist,
                   pin_memory=device.type == "cuda")
-    if spec.compile or compile_requested():
+    if uses_compile(spec, device):
         ctx.encoder = compiled_encoder(family.encoder(model))
     return ctx, tokenizer, plans
 
@@ -249,7 +249,10 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
 
     keep = set(branch_points(run_dir))      # steps whose checkpoints children of a sweep's tree start from
 
+    unread = Unread()      # each step's loss and norms, read back at log lines, phase ends and checkpoints
+
     def checkpoint() -> None:
+        unread.settle(state)
         if main:
             save_checkpoint(ckpt_root, model, opt, state, keep=state.global_step in keep)
         dist.barrier()
@@ -279,17 +282,19 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
             lr = lr_at(plan.spec.lr, peak, state.step_in_phase, plan.steps)
             idx = ctx.order.take(state.data_position, spec.batch_size)
             batch, docs = ctx.sequences[idx], ctx.doc_ids[idx]
-            loss, norms = train_step(ctx, plan, batch, docs, state.global_step, opt, lr)
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"loss is {loss} at step {state.global_step} (phase {plan.name})")
-            state.record_step(plan.name, batch, loss, lr, norms)
+            notes: dict = {}
+            loss, norms = train_step(ctx, plan, batch, docs, state.global_step, opt, lr, notes)
+            state.advance(plan.name, batch)
+            unread.add(state, plan.name, lr, loss, norms, notes)
             steps_this_call += 1
             window_tokens += batch.size
             last_of_phase = state.step_in_phase == plan.steps
             logging = state.global_step % spec.log_every == 0 or last_of_phase
             if logging:
+                unread.settle(state)
                 tps = window_tokens / max(time.perf_counter() - window_start, 1e-9)
-                _log_step(log, progress, plan, state, loss, lr, total_steps, tps, spec.tokens_per_step)
+                _log_step(log, progress, plan, state, state.curves[-1]["loss"], lr, total_steps, tps,
+                          spec.tokens_per_step)
                 window_start, window_tokens = time.perf_counter(), 0
 
             if last_of_phase:

@@ -3,7 +3,8 @@ algorithms. Each is a RunSpec field and each path runs on the CPU too, so the te
 
 - `precision`: auto is bf16 autocast on CUDA and float32 on the CPU (what runs always did); bf16 and fp32 say
   it whatever the device. Master weights, AdamW moments and the saved model stay float32 either way.
-- `compile`: the encoder goes through torch.compile (inductor; on the CPU it needs a C++ compiler). The head
+- `compile`: auto (the default) compiles on CUDA and not on the CPU; true and false say it whatever the device.
+  The encoder goes through torch.compile (inductor; on the CPU it needs a C++ compiler). The head
   and the fused vocabulary loss stay eager. The compiled encoder is the model's own module, so it reads the
   live parameters; Dynamo guards on each parameter's requires_grad (and on the is_causal flags a CLM phase
   sets), so a phase that freezes other layers recompiles instead of reusing a graph traced for another
@@ -17,6 +18,7 @@ May import: config.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -35,6 +37,20 @@ def autocast_on(precision: str, device: torch.device | str) -> bool:
     """Whether a forward with this precision setting (auto, bf16, fp32) runs under bf16 autocast on `device`:
     pretraining (RunSpec.precision) and fine-tuning (FinetuneSettings.precision) decide alike."""
     return precision == "bf16" or (precision == "auto" and torch.device(device).type == "cuda")
+
+
+def uses_compile(spec: RunSpec, device: torch.device) -> bool:
+    """Whether the run's encoder goes through torch.compile on `device` (auto: on CUDA only), or every run of
+    this process with ABLATE_COMPILE=1 (bench/gpu_step.py --compile sets it)."""
+    if os.environ.get("ABLATE_COMPILE", "0") not in ("", "0", "false", "no"):
+        return True
+    return spec.compile is True or (spec.compile == "auto" and device.type == "cuda")
+
+
+def autocast(device: torch.device, enabled: bool):
+    """bf16 autocast on `device` when enabled, else nothing (devices without autocast, such as the meta device
+    the CUDA-path tests run on, refuse even a disabled torch.autocast)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
 
 
 def set_determinism(on: bool) -> None:

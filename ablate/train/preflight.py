@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ablate.config import objectives
 from ablate.config.errors import SpecError
 from ablate.config.spec import RunSpec
 from ablate.models.families import Family
@@ -51,35 +52,48 @@ class Preflight:
     leak: float             # largest |change| of a logit before `position` (0.0: causal)
     reach: float            # largest |change| of a logit at or after `position`
     error: str = ""         # the causal forward itself failed
+    pattern: str = objectives.CAUSAL
+    prefix_reach: float | None = None   # prefix: |change| at position 0 when the prefix's last token changes
 
     @property
     def causal(self) -> bool:
-        return not self.error and self.leak == 0.0 and self.reach > 0.0
+        """The pattern holds: nothing leaks from the future, the change reaches (and a prefix is bidirectional)."""
+        prefix_ok = self.prefix_reach is None or self.prefix_reach > 0.0
+        return not self.error and self.leak == 0.0 and self.reach > 0.0 and prefix_ok
 
     def describe(self) -> str:
-        head = f"causal preflight: {self.family} under {self.attn_implementation}"
+        head = f"{self.pattern} preflight: {self.family} under {self.attn_implementation}"
         if self.error:
             return f"{head}: the causal forward fails ({self.error})"
         what = ("causal" if self.causal else
                 "LEAKS the future" if self.leak != 0.0 else "inconclusive (the change did not reach the logits)")
+        if self.prefix_reach is not None and self.causal:
+            what += f", the prefix bidirectional (its last token reaches position 0: {self.prefix_reach:.3g})"
+        elif self.prefix_reach is not None and not self.leak and self.reach > 0.0:
+            what = "NOT bidirectional in the prefix (its last token does not reach position 0)"
         return (f"{head}: {what} (token {self.position} of {self.length} changed; earlier logits max |diff| "
                 f"{self.leak:.3g}, later {self.reach:.3g})")
 
 
-def _hidden(model, family: Family, ids: torch.Tensor, device, autocast: bool, documents=None) -> torch.Tensor:
+def _hidden(model, family: Family, ids: torch.Tensor, device, autocast: bool, documents=None,
+            pattern: str = objectives.CAUSAL, prefix: torch.Tensor | None = None) -> torch.Tensor:
     dtype = torch.bfloat16 if autocast else torch.float32
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast), \
-            attention_for(model, family, "clm", ids.shape[1], dtype, device, documents) as attn:
+            attention_for(model, family, pattern, ids.shape[1], dtype, device, documents, prefix=prefix) as attn:
         return family.encoder(model)(input_ids=ids.to(device), attention_mask=attn).last_hidden_state[0]
 
 
 def measure(model, family: Family, ids: torch.Tensor, device: torch.device | str = "cpu",
-            autocast: bool = False, documents: torch.Tensor | None = None) -> Preflight:
+            autocast: bool = False, documents: torch.Tensor | None = None,
+            pattern: str = objectives.CAUSAL) -> Preflight:
     """Run the preflight on `ids` (1, L) with the model as it is (in eval mode for the duration); with doc
-    ids (1, L), under document masking (the changed token then lies in the last document)."""
+    ids (1, L), under document masking (the changed token then lies in the last document). pattern prefix:
+    the first half is the prefix; the changed token lies in the suffix, and the prefix's last token is
+    changed too to prove the prefix bidirectional."""
     device = torch.device(device)
     length = ids.shape[1]
     position = max(1, length * 3 // 4)
+    prefix = torch.tensor([max(1, length // 2)]) if pattern == objectives.PREFIX else None
     changed = ids.clone()
     changed[0, position] = (int(ids[0, position]) + 1) % model.config.vocab_size
     was_training = model.training
@@ -89,11 +103,13 @@ def measure(model, family: Family, ids: torch.Tensor, device: torch.device | str
     try:
         with torch.no_grad():
             try:
-                a, b = (_hidden(model, family, x, device, autocast, documents) for x in (ids, changed))
+                a, b = (_hidden(model, family, x, device, autocast, documents, pattern, prefix) for x in (ids, changed))
+                prefix_reach = None if prefix is None else _prefix_reach(model, family, ids, a, device, autocast,
+                                                                         documents, prefix)
             except (RuntimeError, ValueError, TypeError, IndexError) as exc:
                 # e.g. DeBERTa-v2's convolution cannot take a pairwise mask
                 error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
-                return Preflight(family.name, impl, length, position, float("nan"), float("nan"), error)
+                return Preflight(family.name, impl, length, position, float("nan"), float("nan"), error, pattern)
             for start in range(0, length, _HEAD_CHUNK):
                 la, lb = (family.head_logits(model, h[start:start + _HEAD_CHUNK]).float() for h in (a, b))
                 cut = min(max(position - start, 0), la.shape[0])
@@ -104,7 +120,19 @@ def measure(model, family: Family, ids: torch.Tensor, device: torch.device | str
                     reach = max(reach, float((la[cut:] - lb[cut:]).abs().max()))
     finally:
         model.train(was_training)
-    return Preflight(family.name, impl, length, position, leak, reach)
+    return Preflight(family.name, impl, length, position, leak, reach, "", pattern, prefix_reach)
+
+
+def _prefix_reach(model, family: Family, ids: torch.Tensor, hidden: torch.Tensor, device, autocast: bool,
+                  documents, prefix: torch.Tensor) -> float:
+    """|change| of position 0's logits when the prefix's last token changes (> 0: the prefix is
+    bidirectional)."""
+    changed = ids.clone()
+    last = int(prefix[0]) - 1
+    changed[0, last] = (int(ids[0, last]) + 1) % model.config.vocab_size
+    other = _hidden(model, family, changed, device, autocast, documents, objectives.PREFIX, prefix)
+    la, lb = (family.head_logits(model, h[:1]).float() for h in (hidden, other))
+    return float((la - lb).abs().max())
 
 
 def _failure(result: Preflight, instead: list[str], file: str | None = None, key: str = "attn_implementation"
@@ -113,21 +141,32 @@ def _failure(result: Preflight, instead: list[str], file: str | None = None, key
         allowed = "attn_implementation: " + ", ".join(instead)
     else:
         allowed = "none of this family's attention implementations is causal here: MLM-only schedules or another model"
-    why = "a CLM phase cannot run" if result.error else "a CLM phase would train on the future"
+    what = f"a {result.pattern} phase"
+    why = f"{what} cannot run" if result.error else (f"{what} would train on the future" if result.leak
+                                                      else f"{what} would not train its pattern")
     return SpecError(f"{result.describe()}: {why}", file=file, key=key,
                      value=result.attn_implementation, allowed=allowed)
 
 
+def checked_patterns(phases) -> tuple[str, ...]:
+    """The attention patterns that the preflight proves for these phases (PhaseSpecs): each one that is not
+    bidirectional, of every objective (a mixture: every member)."""
+    found = dict.fromkeys(p for phase in phases for p in objectives.patterns_of(phase))
+    return tuple(p for p in found if p != objectives.BIDIRECTIONAL)
+
+
 def preflight_run(model, family: Family, plans, sequences: np.ndarray, device: torch.device, autocast: bool,
                   log=print) -> Preflight | None:
-    """Before the first CLM step of a run: the check on the run's first sequence, model, device and precision
-    (None when the run has no CLM phase). A leak or an inconclusive check raises SpecError."""
-    if not any(p.spec.objective == "clm" for p in plans):
-        return None
-    result = measure(model, family, torch.from_numpy(sequences[:1].astype(np.int64)), device, autocast)
-    log(result.describe())
-    if not result.causal:
-        raise _failure(result, [i for i in family.attn_implementations if i != result.attn_implementation])
+    """Before the first step of a run with a causal or prefix pattern: the check of each such pattern on the
+    run's first sequence, model, device and precision (None when every phase is bidirectional). A leak or an
+    inconclusive check raises SpecError. Returns the last result."""
+    result = None
+    for pattern in checked_patterns([p.spec for p in plans]):
+        result = measure(model, family, torch.from_numpy(sequences[:1].astype(np.int64)), device, autocast,
+                         pattern=pattern)
+        log(result.describe())
+        if not result.causal:
+            raise _failure(result, [i for i in family.attn_implementations if i != result.attn_implementation])
     return result
 
 
@@ -148,17 +187,20 @@ def preflight_documents(length: int) -> torch.Tensor:
     return (torch.arange(length) * 3 // length)[None]
 
 
-def _preflight_source(spec: RunSpec, tokenizer, family: Family) -> tuple[Preflight, list[str]]:
-    """The preflight for the spec's model and implementation; when it fails, the family's other
+def _preflight_source(spec: RunSpec, tokenizer, family: Family, pattern: str = objectives.CAUSAL
+                      ) -> tuple[Preflight, list[str]]:
+    """The preflight of `pattern` for the spec's model and implementation; when it fails, the family's other
     implementations are tried too, to say which to use instead."""
     vocab = load_config(spec.model).vocab_size
     ids = preflight_ids(tokenizer, vocab, min(spec.data.seq_len, PREFLIGHT_TOKENS))
     documents = preflight_documents(ids.shape[1]) if spec.document_masking else None
-    result = measure(random_masked_lm(spec.model, spec.attn_implementation), family, ids, documents=documents)
+    result = measure(random_masked_lm(spec.model, spec.attn_implementation), family, ids, documents=documents,
+                     pattern=pattern)
     instead = []
     if not result.causal:
         instead = [impl for impl in family.attn_implementations if impl != spec.attn_implementation
-                   and measure(random_masked_lm(spec.model, impl), family, ids, documents=documents).causal]
+                   and measure(random_masked_lm(spec.model, impl), family, ids, documents=documents,
+                               pattern=pattern).causal]
     return result, instead
 
 
@@ -174,12 +216,12 @@ def check_models(specs: list[RunSpec], file: str | None = None) -> dict[tuple, P
     from ablate.models.sources import check_attn, model_layout
 
     done: dict[tuple, Preflight | None] = {}
-    proven: set[tuple] = set()        # (key, document_masking) whose CLM preflight passed
+    proven: set[tuple] = set()        # (key, document_masking, pattern) whose preflight passed
     for spec in specs:
         tok_source = spec.tokenizer or spec.model
         key = (spec.model, tok_source, spec.attn_implementation)
-        clm = any(p.objective == "clm" for p in spec.phases)
-        if key in done and (not clm or (key, spec.document_masking) in proven):
+        patterns = [p for p in checked_patterns(spec.phases) if (key, spec.document_masking, p) not in proven]
+        if key in done and not patterns:
             continue
         try:
             family, _ = model_layout(spec.model)
@@ -189,10 +231,10 @@ def check_models(specs: list[RunSpec], file: str | None = None) -> dict[tuple, P
             raise SpecError(exc.message, file=file, key=_grid_key(exc.key, spec), value=exc.value,
                             allowed=exc.allowed) from None
         done.setdefault(key, None)
-        if clm:
-            result, instead = _preflight_source(spec, tokenizer, family)
+        for pattern in patterns:
+            result, instead = _preflight_source(spec, tokenizer, family, pattern)
             if not result.causal:
                 raise _failure(result, instead, file, _grid_key("attn_implementation", spec))
-            done[key] = result
-            proven.add((key, spec.document_masking))
+            done[key] = result if done[key] is None or pattern == objectives.CAUSAL else done[key]
+            proven.add((key, spec.document_masking, pattern))
     return done

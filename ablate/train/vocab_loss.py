@@ -31,6 +31,8 @@ May import: nothing from ablate (torch only).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -57,12 +59,17 @@ def fused_cross_entropy(features: torch.Tensor, weight: torch.Tensor, bias: torc
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     device = features.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else features.dtype
+    dtype = torch.get_autocast_dtype(device) if _autocast_on(device) else features.dtype
     grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (features, weight, bias))
     return _FusedCrossEntropy.apply(features, weight, bias, labels, dtype, ignore_index, chunk, grads)
 
 
 LOSSES = {"fused": fused_cross_entropy, "dense": dense_cross_entropy}
+
+
+def _autocast_on(device_type: str) -> bool:
+    """Whether autocast is on for `device_type`; devices without autocast (meta) never are."""
+    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
@@ -74,7 +81,8 @@ class _FusedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features, weight, bias, labels, dtype, ignore_index, chunk, grads):
         want = [grads and ctx.needs_input_grad[i] for i in range(3)]
-        with torch.autocast(features.device.type, enabled=False):
+        device = features.device.type
+        with torch.autocast(device, enabled=False) if _autocast_on(device) else contextlib.nullcontext():
             loss, *ctx.grads = _chunked(features, weight, bias, labels, dtype, ignore_index, chunk, *want)
         return loss
 

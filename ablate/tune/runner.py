@@ -44,6 +44,24 @@ def dry_run_line(tune: Tune, executor: str, results_root: Path) -> str:
             f"storage {shown_url(url)}; dry run: nothing submitted")
 
 
+def in_flight_warnings(tune: Tune, kind: str) -> list[str]:
+    """`parallel` where fewer trials can be in flight than it says; enqueued trials this call will not run, or
+    that repeat one another (the run is reused, and its value counts twice in the study)."""
+    cap, parallel, n_trials = tune.spec.launcher.local.parallel, tune.spec.parallel, tune.spec.n_trials
+    enqueue = tune.spec.enqueue
+    out = [f"enqueue[{i}] is the same trial as enqueue[{enqueue.index(fixed)}]: it reuses that run, and the "
+           "study counts its value twice" for i, fixed in enumerate(enqueue) if fixed in enqueue[:i]]
+    if len(enqueue) > n_trials:
+        out.append(f"{len(enqueue)} trials are enqueued but n_trials is {n_trials}: the last {len(enqueue) - n_trials} "
+                   "wait in the study for a later tune with a larger n_trials")
+    if kind == "local" and cap < parallel:
+        out.append(f"parallel: {parallel} trials in flight, but launcher.local.parallel is {cap}: at most {cap} run "
+                   "at once on this machine")
+    if parallel > n_trials:
+        out.append(f"parallel: {parallel} trials in flight, but n_trials is {n_trials}: at most {n_trials} run at once")
+    return out
+
+
 def run_study(tune: Tune, results_root: Path, executor: str | None = None, poll_s: float = 2.0,
               out: Print = print, warn: Print = _warn) -> dict[str, int]:
     """Ask, run, tell until the study holds n_trials finished trials (resuming trials an earlier process
@@ -54,10 +72,8 @@ def run_study(tune: Tune, results_root: Path, executor: str | None = None, poll_
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     kind = executor or tune.spec.launcher.executor
-    cap = tune.spec.launcher.local.parallel
-    if kind == "local" and cap < tune.spec.parallel:
-        warn(f"parallel: {tune.spec.parallel} trials in flight, but launcher.local.parallel is {cap}: at most "
-             f"{cap} run at once on this machine")
+    for line in in_flight_warnings(tune, kind):
+        warn(line)
     folder = SweepFolder(study_dir(results_root, tune.study))
     folder.root.mkdir(parents=True, exist_ok=True)
     with StudyLock(folder.root):

@@ -195,6 +195,8 @@ def parse_param(key: str, raw: Any, file: str | None) -> Param:
             if float(v) != int(v):
                 raise SpecError("an int parameter needs whole-number bounds", file=file, key=f"{where}.{name}", value=v)
         low, high = int(low), int(high)
+        if step is not None and float(step) != int(step):
+            raise SpecError("an int parameter needs a whole-number step", file=file, key=f"{where}.step", value=step)
         step = int(step) if step is not None else None
     else:
         low, high = float(low), float(high)
@@ -204,7 +206,16 @@ def parse_param(key: str, raw: Any, file: str | None) -> Param:
     if log and low <= 0:
         raise SpecError("a log-scale parameter needs positive bounds", file=file, key=f"{where}.low", value=low,
                         allowed="low > 0 (or log: false)")
+    if step is not None and not _whole(round((high - low) / step, 9)):
+        top = low + math.floor((high - low) / step + 1e-9) * step
+        raise SpecError(f"high - low ({high - low:g}) is not a multiple of step {step:g}: Optuna would lower high to "
+                        f"{top:g} without a word", file=file, key=f"{where}.step", value=step,
+                        allowed=f"a step that divides {high - low:g}, or high: {top:g}")
     return Param(key, kind, low=low, high=high, log=log, step=step)
+
+
+def _whole(x: float) -> bool:
+    return math.isclose(x, round(x), rel_tol=0, abs_tol=1e-6)
 
 
 def phase_names(spec: TuneSpec) -> list[str]:

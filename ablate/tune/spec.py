@@ -2,7 +2,7 @@
 trials could give built at each parameter's bounds (and each choice), so that a file whose trials would
 give an invalid run is refused before anything runs. Nothing is run or submitted.
 
-May import: config, plan, evaluate, tune.schema, tune.sampling, tune.trials, tune.rdb.
+May import: config, plan, evaluate, tune.schema, tune.sampling, tune.trials, tune.rdb, tune.secrets.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from ablate.config.errors import SpecError
 from ablate.config.grid import RESERVED_AXES
 from ablate.config.spec import RunSpec
 from ablate.plan.grid import PlannedRun, resolve_layers
-from ablate.tune.rdb import check_storage_driver
+from ablate.tune.rdb import check_storage_driver, in_file
 from ablate.tune.sampling import check_sampler, make_pruner
+from ablate.tune.secrets import resolve, written_reference
 from ablate.tune.schema import KEY_FORMS, SPECIAL_PREFIXES, Tune, TuneSpec, check_key, parse_param
-from ablate.tune.trials import trial_run
+from ablate.tune.trials import objective_tasks, trial_run
 
 
 def load_tune(path: str | Path, storage: str | None = None) -> Tune:
@@ -25,9 +26,12 @@ def load_tune(path: str | Path, storage: str | None = None) -> Tune:
     model's depth, too), the objective is one the runs can provide. Nothing is run or submitted."""
     file = str(path)
     spec = validate(TuneSpec, read_yaml(path), file, "tune file")
-    if storage:
-        spec = spec.model_copy(update={"storage": storage})
-    check_storage_driver(spec.storage, file)
+    try:
+        spec = spec.model_copy(update={"storage": written_reference(storage or spec.storage, file)})
+        url = resolve(spec.storage)
+    except SpecError as exc:
+        raise in_file(exc, file) from None
+    check_storage_driver(url, file)
     if not spec.schedules:
         raise SpecError("at least one schedule is needed", file=file, key="schedules")
     for name in RESERVED_AXES:      # the trial's run writes these: a value in base would be dropped
@@ -93,6 +97,7 @@ def _check_runs(tune: Tune) -> None:
             raise SpecError(f"gives an invalid run: {exc.message}", file=tune.file, key=w,
                             value=exc.value, allowed=exc.allowed) from None
     _check_objective(tune, planned[0].spec)
+    _check_last_n(tune, [run.spec for run in planned])
     from ablate.evaluate.runs import check_eval
     from ablate.plan.model_fit import check_model_fit
 
@@ -103,18 +108,33 @@ def _check_runs(tune: Tune) -> None:
     check_models([run.spec for run in planned], file=tune.file)   # tokenizer, causal preflight
 
 
+def _check_last_n(tune: Tune, specs: list[RunSpec]) -> None:
+    """A loss objective's last_n within the final phase of every run the trials can give (its losses, one a
+    step): a longer tail would quietly be the whole phase."""
+    obj = tune.spec.objective
+    if obj.metric != "loss" or "last_n" not in obj.model_fields_set:     # the default: the last 10 or fewer
+        return
+    spec = min(specs, key=lambda s: s.phase_steps()[-1])
+    final = spec.phase_steps()[-1]
+    if obj.last_n > final:
+        raise SpecError(f"the final phase {spec.phases[-1].name!r} trains {final} steps in some trial: a mean over "
+                        f"its last {obj.last_n} losses would be over {final}", file=tune.file,
+                        key="objective.last_n", value=obj.last_n, allowed=f"1-{final}")
+
+
 def _check_objective(tune: Tune, spec: RunSpec) -> None:
     obj = tune.spec.objective
     if obj.metric != "downstream":
         return
-    tasks = obj.tasks if obj.tasks is not None else spec.eval.tasks
+    tasks = objective_tasks(obj, spec, tune.file)
     if not tasks:
         raise SpecError("a downstream objective needs tasks: give objective.tasks or base.eval.tasks",
                         file=tune.file, key="objective.tasks")
-    missing = [t for t in tasks if t not in spec.eval.tasks]
+    evaluated = objective_tasks(obj.model_copy(update={"tasks": None}), spec, tune.file)   # suites expanded
+    missing = [t for t in tasks if t not in evaluated]
     if missing:
         raise SpecError("objective task is not evaluated by the runs (add it to base.eval.tasks)", file=tune.file,
-                        key="objective.tasks", value=missing[0], allowed=", ".join(spec.eval.tasks) or "(none)")
+                        key="objective.tasks", value=missing[0], allowed=", ".join(evaluated) or "(none)")
     if obj.name:
         from ablate.evaluate.tasks import load_task
 

@@ -3,7 +3,7 @@ optuna.journal), its storage URL and the Optuna storage behind it, the study ope
 tune, the lock that lets one `ablate tune` at a time drive it, and which storage a dashboard or a figure
 means.
 
-May import: config, store, tune.schema, tune.sampling, tune.rdb.
+May import: config, store, tune.schema, tune.sampling, tune.rdb, tune.secrets.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ablate.store.lock import FileLock
 from ablate.tune.rdb import in_file, open_rdb
 from ablate.tune.sampling import make_sampler
 from ablate.tune.schema import Tune
+from ablate.tune.secrets import resolve
 
 STUDY_RECORD = "study.json"
 
@@ -27,7 +28,8 @@ def study_dir(results_root: Path, study: str) -> Path:
 
 
 def storage_url(storage: str, sdir: Path) -> str:
-    """The storage as a string: sqlite:///abs/path, journal:/abs/path, or the RDB URL as given."""
+    """The storage as the study's files keep it: sqlite:///abs/path, journal:/abs/path, or the RDB URL (or the
+    env: / file: reference to it, ablate.tune.secrets) as given."""
     if storage == "sqlite":
         return f"sqlite:///{(Path(sdir) / 'optuna.db').resolve()}"
     if storage == "journal":
@@ -37,8 +39,10 @@ def storage_url(storage: str, sdir: Path) -> str:
 
 def open_storage(url: str):
     """sqlite:///..., any SQLAlchemy URL (its driver and server checked), journal:PATH or a path ending in
-    .journal."""
+    .journal; env:NAME / file:PATH read here (ablate.tune.secrets)."""
     from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    url = resolve(url)
 
     if url.startswith("journal:") or url.endswith(".journal"):
         path = url.removeprefix("journal:")

@@ -136,7 +136,7 @@ def objective_value(tune: Tune, spec: RunSpec, run_dir: Path, curves: dict[str, 
         return float(sum(tail) / len(tail))
     from ablate.evaluate.tasks import load_task
 
-    tasks = obj.tasks if obj.tasks is not None else spec.eval.tasks
+    tasks = objective_tasks(obj, spec)
     rows = rundir.read_scores(run_dir, run_dir.name)
     values = []
     for task in tasks:
@@ -146,6 +146,15 @@ def objective_value(tune: Tune, spec: RunSpec, run_dir: Path, curves: dict[str, 
     if not values:
         raise ValueError(f"no {obj.split} scores for the objective in {run_dir}")
     return float(sum(values) / len(values))
+
+
+def objective_tasks(obj, spec: RunSpec, file: str | None = None) -> list[str]:
+    """The tasks a downstream objective averages: objective.tasks, else the base's eval.tasks, each
+    `suite:NAME` expanded to its tasks (ablate.evaluate.suites)."""
+    from ablate.evaluate.suites import eval_items
+
+    named, key = (obj.tasks, "objective.tasks") if obj.tasks is not None else (spec.eval.tasks, "base.eval.tasks")
+    return [item.task for item in eval_items(named, spec.eval.seeds, key=key, file=file)]
 
 
 # ------------------------------------------------------------------ tune.json

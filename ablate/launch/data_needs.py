@@ -1,0 +1,103 @@
+"""What a grid, a run spec, a suite or a task reads from the data root, as catalogued datasets
+(ablate/data/catalog.yaml): what `ablate data fetch TARGET` fetches, and, before anything runs, the datasets
+the data root lacks named with the command that fetches them.
+
+May import: config, data, plan, evaluate, launch.preparation.
+"""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+from ablate.config.errors import SpecError
+from ablate.config.paths import resolve_data_path
+from ablate.data.catalog import Dataset, catalog, dataset, dataset_of_path
+from ablate.evaluate.suites import PREFIX, eval_items, spec_items
+from ablate.evaluate.tasks import list_tasks, load_task
+
+TARGETS = "a dataset name, a task name, suite:NAME, or a grid / run spec file (YAML)"
+
+
+def task_paths(task_names, lenient: bool = False) -> list[str]:
+    """The data-root-relative split files of these tasks (`datasets` tasks read no file of the data root);
+    `lenient`: a task that does not load is left out (check_eval says what is wrong with it)."""
+    paths = []
+    for name in dict.fromkeys(task_names):
+        try:
+            task = load_task(name)
+        except SpecError:
+            if lenient:
+                continue
+            raise
+        if task.data.format != "hf":
+            paths += [task.data.splits.train, task.data.splits.dev, task.data.splits.test]
+    return paths
+
+
+def spec_reads(specs, lenient: bool = False) -> list[tuple[str, str | None]]:
+    """(path, the spec's data_root) of every corpus, held-out corpus and task split file the runs read;
+    `lenient`: an eval block or task that does not load is left out (check_eval reports it)."""
+    reads, task_files = [], {}
+    for spec in specs:
+        corpora = [spec.data.corpus] + ([spec.data.valid_corpus] if spec.data.valid_corpus else [])
+        if tuple(spec.eval.tasks) not in task_files:      # a grid's runs mostly share their eval block
+            task_files[tuple(spec.eval.tasks)] = task_paths(_eval_tasks(spec, lenient), lenient)
+        reads += [(path, spec.data.data_root) for path in corpora + task_files[tuple(spec.eval.tasks)]]
+    return list(dict.fromkeys(reads))
+
+
+def _eval_tasks(spec, lenient: bool) -> list[str]:
+    try:
+        return [item.task for item in spec_items(spec)]
+    except SpecError:
+        if lenient:
+            return []
+        raise
+
+
+def datasets_of(paths) -> list[Dataset]:
+    names = dict.fromkeys(n for p in paths if (n := dataset_of_path(p)))
+    return [dataset(n) for n in names]
+
+
+def target_datasets(target: str) -> list[Dataset]:
+    """The catalogued datasets a fetch target stands for (TARGETS)."""
+    from ablate.launch.preparation import specs_for_target
+
+    if target.startswith(PREFIX):
+        return datasets_of(task_paths(item.task for item in eval_items([target], (0,), key="target")))
+    if target.endswith((".yaml", ".yml")):
+        if not Path(target).is_file():
+            raise SpecError("file not found", file=target)
+        return datasets_of(path for path, _ in spec_reads(specs_for_target(target, None)))
+    if target in catalog():
+        return [dataset(target)]
+    if target in list_tasks():
+        return datasets_of(task_paths([target]))
+    raise SpecError("unknown fetch target", key="target", value=target,
+                    allowed=f"{TARGETS}; datasets: {', '.join(sorted(catalog()))}")
+
+
+def missing_datasets(specs) -> dict[str, list[str]]:
+    """Catalogued dataset -> the files the runs read from it that are not in their data root."""
+    missing: dict[str, list[str]] = {}
+    for path, root in spec_reads(specs, lenient=True):
+        name = dataset_of_path(path)
+        where = resolve_data_path(path, root)
+        if name and not (where.exists() or glob.glob(str(where))):
+            missing.setdefault(name, []).append(path)
+    return missing
+
+
+def check_data_root(specs, target: str) -> None:
+    """A SpecError (exit 2) naming every catalogued dataset the runs read and the data root lacks, and the
+    command that fetches them."""
+    missing = missing_datasets(specs)
+    if not missing:
+        return
+    roots = sorted({str(resolve_data_path(".", s.data.data_root).resolve()) for s in specs})
+    lacks = "; ".join(f"{name} ({', '.join(paths)})" for name, paths in missing.items())
+    raise SpecError(f"the data root ({', '.join(roots)}) lacks {lacks}; fetch them from their public sources: "
+                    f"`ablate data fetch {target}` (or set ABLATE_DATA_ROOT, or data.data_root, to a folder that "
+                    "holds them)", file=target)
