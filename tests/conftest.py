@@ -40,6 +40,20 @@ def minilm_tokenizer():
     return load_tokenizer(DEFAULT_MODEL)
 
 
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory, minilm_tokenizer) -> str:
+    """A random-init 2-layer BERT (hidden 32) saved as a *ForMaskedLM folder with MiniLM's tokenizer, like a
+    run's final model: what fine-tuning tests start from."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    d = tmp_path_factory.mktemp("tiny_bert")
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(vocab_size=minilm_tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                               num_attention_heads=2, intermediate_size=64)).save_pretrained(d)
+    minilm_tokenizer.save_pretrained(d)
+    return str(d)
+
+
 # ---------------------------------------------------------------- the local Slurm cluster
 
 DEFAULT_CONF = Path(os.environ.get("ABLATE_SLURM_DIR", "/tmp/ablate-slurm")) / "etc" / "slurm.conf"

@@ -27,7 +27,7 @@ TINY = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())
 def _table(lines: list[str], columns: list[str]) -> list[dict]:
     """The rows of the first table in `lines` whose header is `columns` (pandas right-aligns every column, so a
     cell ends where its header ends; cells may hold spaces or be blank), up to the first line after it that
-    does not start with a run id or `total`."""
+    does not start with a run id (a derived run's tx-... too) or `total`."""
     start = next(i for i, line in enumerate(lines) if line.split()[:1] == ["run_id"] and
                  all(c in line for c in columns))
     ends, at = [], 0
@@ -37,7 +37,7 @@ def _table(lines: list[str], columns: list[str]) -> list[dict]:
     rows = []
     for line in lines[start + 1:]:
         first = line.split()[:1]
-        if not first or not (first == ["total"] or len(first[0]) == 12):
+        if not first or not (first == ["total"] or len(first[0]) == 12 or first[0].startswith("tx-")):
             break
         rows.append({name: line[begin:end].strip() for name, begin, end in zip(columns, [0] + ends, ends)})
     return rows
@@ -104,9 +104,12 @@ def test_the_dry_run_of_the_freeze_grid_prints_its_cost_plan(tmp_path, capsys, m
     assert [line.split()[0] for line in lines[1:lines.index("")]] == [r.run_id for r in runs]   # the plan
     costs = _table(lines[lines.index(""):], COSTS)
     steps = -(-10_000_000_000 // (384 * 8192)) + -(-1_000_000_000 // (384 * 8192))
-    assert [c["run_id"] for c in costs] == [r.run_id for r in runs] + ["total"]
+    derived = [c for c in costs if c["run_id"].startswith("tx-")]   # the 2 transplants: fine-tuning only
+    assert [c["run_id"] for c in costs] == [r.run_id for r in runs] + [c["run_id"] for c in derived] + ["total"]
+    assert len(derived) == 2 and all((c["steps"], c["tokens"], c["hours"], c["epochs"], c["fine-tuning h"])
+                                     == ("0", "0", "0", "-", "not estimated") for c in derived)
     decay = -(-1_000_000_000 // (384 * 8192))    # low_decay branches from the unfrozen detour: trains its decay
-    for run, cost in zip(runs, costs):
+    for run, cost in zip(runs, costs[:len(runs)]):
         assert [cost["schedule"], cost["freeze"]] == [run.axes["schedule"], run.axes["freeze"]]
         n = decay if run.axes["freeze"] == "low_decay" else steps
         h = n * 384 * 8192 / 50_000 / 3600
@@ -183,6 +186,33 @@ def test_calibrate_times_each_combination_and_the_dry_run_then_prints_hours(cali
         assert float(cost["hours"]) == pytest.approx(seconds / 3600, rel=5e-3)
         assert float(cost["fine-tuning h"]) == pytest.approx(ft_seconds / 3600, rel=5e-3)
         assert float(cost["GPU-hours"]) == pytest.approx((seconds + ft_seconds) / 3600, rel=5e-3)
+
+
+def test_the_dry_runs_one_table_adds_the_transplants_fine_tuning_from_the_calibration(calibrated, tmp_path, capsys):
+    """A derived run (a transplant) pretrains nothing and fine-tunes its `into` run's tasks: its row has 0 steps
+    and hours, and the calibrated fine-tuning hours, in the same table as the runs; the per-task table counts
+    its fine-tunings too."""
+    grid_file, results, calibration = calibrated
+    grid = yaml.safe_load(grid_file.read_text())
+    grid["transplants"] = [{"from": "clm_detour", "into": "mlm", "layers": "low"}]
+    with_transplant = tmp_path / "tiny.yaml"
+    with_transplant.write_text(yaml.safe_dump(grid))
+    assert main(["sweep", str(with_transplant), "--dry-run", "--results", str(results)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    costs = {c["run_id"]: c for c in _table(lines[lines.index(""):], COSTS)}
+    [ft] = calibration["finetuning"]
+    ft_hours = 2 * (2 * (40 / ft["train_examples_per_s"] + 20 / ft["eval_examples_per_s"])
+                    + 20 / ft["eval_examples_per_s"]) / 3600
+    [derived] = [c for rid, c in costs.items() if rid.startswith("tx-")]
+    assert (derived["steps"], derived["hours"], derived["epochs"]) == ("0", "0", "-")
+    assert float(derived["fine-tuning h"]) == pytest.approx(ft_hours, rel=5e-3)
+    assert float(derived["GPU-hours"]) == pytest.approx(ft_hours, rel=5e-3)
+    runs = [c for rid, c in costs.items() if len(rid) == 12]
+    assert len(runs) == 3 and float(costs["total"]["fine-tuning h"]) == pytest.approx(4 * ft_hours, rel=5e-3)
+    assert float(costs["total"]["GPU-hours"]) == pytest.approx(
+        sum(float(c["GPU-hours"]) for c in runs) + ft_hours, rel=5e-3)
+    per_task = next(line for line in lines if line.split()[:1] == ["ncbi_disease"])
+    assert per_task.split()[2:5] == ["4", "2", "8"]     # runs (3 + the transplant), seeds, fine-tunings
 
 
 def test_a_calibration_of_another_grid_exits_2(calibrated, tmp_path, capsys):

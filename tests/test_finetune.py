@@ -186,8 +186,10 @@ def test_ner_learns_and_test_is_scored_at_the_best_dev_epoch(tmp_path, tiny_bert
         "name": "overfit", "language": "en", "type": "token_classification", "source": "tests",
         "data": {"format": "conll", "delimiter": "\t", "splits": {"train": "s.tsv", "dev": "s.tsv", "test": "s.tsv"}},
         "columns": {"text": 0, "label": 1}, "metrics": ["entity_f1", "entity_recall"], "max_length": 64})
+    # shuffled batches: with 32 sentences grouping by length makes the same 4 batches every epoch, and the
+    # threshold below was set for shuffled ones (grouping's F1 is measured on real sizes: BENCHMARKS.md)
     settings = resolve_settings(task, {"epochs": 8, "lr": 5e-3, "batch_size": 8, "patience": None,
-                                       "warmup_ratio": 0.0})
+                                       "warmup_ratio": 0.0, "group_by_length": False})
     rows = ft.finetune(tiny_bert, task, 0, settings, data_root=tmp_path)
     assert {tuple(sorted(r)) for r in rows} == {("epoch", "finetune_seed", "language", "metric", "split", "task",
                                                  "value", "wall_time_s")}
@@ -552,17 +554,20 @@ def test_fine_tuning_reports_its_own_progress(tiny_bert):
 
 
 def test_settings_added_later_keep_older_score_files_matching_at_their_neutral_values(tiny_bert, tokenizer):
-    """group_by_length, length_pieces and subset came after score files existed: at false / first they compute what was
-    computed before them (one piece per batch, in the shuffled order), so the settings hash leaves them out
-    and older files keep matching; turned on, they are a different computation and a different identity."""
+    """group_by_length, length_pieces, subset and precision came after score files existed: at false / first /
+    fp32 they compute what was computed before them (one piece per batch, in the shuffled order), so the
+    settings hash leaves them out and older files keep matching; otherwise they are a different computation
+    and a different identity (group_by_length is on by default since issue 32)."""
     from ablate.evaluate.identity import _digest, settings_hash
 
     task = load_task("ncbi_disease")
-    before = {k: v for k, v in small(task).model_dump(mode="json").items()
-              if k not in ("group_by_length", "length_pieces", "subset")}
-    assert settings_hash(small(task)) == _digest(before)
-    assert len({settings_hash(small(task)), settings_hash(small(task, length_pieces=True)),
-                settings_hash(small(task, group_by_length=True)), settings_hash(small(task, subset="spread"))}) == 4
+    old = small(task, group_by_length=False, precision="fp32")
+    before = {k: v for k, v in old.model_dump(mode="json").items()
+              if k not in ("group_by_length", "length_pieces", "subset", "precision")}
+    assert settings_hash(old) == _digest(before)
+    assert len({settings_hash(old), settings_hash(small(task, group_by_length=False, length_pieces=True)),
+                settings_hash(small(task, precision="fp32")), settings_hash(small(task, subset="spread")),
+                settings_hash(small(task, group_by_length=False, precision="bf16"))}) == 5
 
     data = load_task_data(task)
     items = ft.encode(tokenizer, task, data.splits["train"][:16], data.labels, 128)

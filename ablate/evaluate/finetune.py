@@ -1,17 +1,20 @@
 """Downstream fine-tuning of one checkpoint on one task with one seed.
 
 `finetune` trains with a plain loop (AdamW, linear warmup then linear decay, optional early stopping on the
-task's first metric; batches padded to their own longest example, optionally grouped by length or run on
-CPU as length-sorted pieces: ablate.evaluate.batching) and returns score rows for dev and test, test taken at
-the best dev epoch. Sequence tasks pool as the settings say (ablate.evaluate.pooling); multi-label tasks weigh
-each label's positives by its negatives / positives in train; max_length is capped at the model's context.
+task's first metric; batches padded to their own longest example, grouped by length unless the settings say
+otherwise, optionally run on CPU as length-sorted pieces: ablate.evaluate.batching; forward passes under bf16
+autocast on CUDA by `precision`, as pretraining's: ablate.train.precision) and returns score rows for dev and
+test, test taken at the best dev epoch. Sequence tasks pool as the settings say (ablate.evaluate.pooling);
+multi-label tasks weigh each label's positives by its negatives / positives in train; max_length is capped at
+the model's context.
 The resumable task x seed loop over score files is ablate.evaluate.scores.
 
-May import: config, store, models, evaluate (tasks, metrics, pooling, batching).
+May import: config, store, models, train (precision), evaluate (tasks, metrics, pooling, batching).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -26,12 +29,15 @@ from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoMo
 
 from ablate.evaluate import metrics
 from ablate.evaluate.batching import IGNORE, Encoded, collate, epoch_batches, length_pieces
+from ablate.evaluate.finetune_progress import FinetuneProgress
 from ablate.config.errors import SpecError
 from ablate.evaluate.pooling import set_pooling
 from ablate.evaluate.tasks import Example, FinetuneSettings, TaskSpec, capped, load_task_data
 from ablate.models.families import FAMILIES, family_of
+from ablate.train.precision import autocast_on
 
-__all__ = ["FinetuneSettings", "finetune", "encode", "align_word_labels", "pos_weight", "context_length"]
+__all__ = ["FinetuneSettings", "finetune", "encode", "align_word_labels", "pos_weight", "context_length",
+           "resolve_precision"]
 
 # LoRA adapters go on the attention projections named by the model's family entry (lora_targets); the modules
 # in its lora_full, when the model has them, are trained in full because they may be freshly initialised
@@ -143,13 +149,26 @@ def _takes_token_types(model) -> bool:
     return "token_type_ids" in inspect.signature(base.forward).parameters
 
 
+def resolve_precision(settings: FinetuneSettings, device: str) -> FinetuneSettings:
+    """The settings with `precision` as it computes on `device` (auto: bf16 on CUDA, fp32 elsewhere), so that a
+    score's identity and record say what it was computed in."""
+    return settings.model_copy(update={"precision": "bf16" if autocast_on(settings.precision, device) else "fp32"})
+
+
+def _autocast(settings: FinetuneSettings, device: str):
+    """bf16 autocast where the precision setting asks for it on `device` (a disabled context elsewhere)."""
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
+                          enabled=autocast_on(settings.precision, device))
+
+
 def _predict(model, task: TaskSpec, data: list[Encoded], labels: tuple[str, ...], examples: list[Example],
-             batch_size: int, to_batch: Callable[[list[Encoded]], dict], device: str) -> list:
-    """Predictions in the form metrics take: tag lists per sentence, label strings, label tuples or floats."""
+             batch_size: int, to_batch: Callable[[list[Encoded]], dict], device: str, autocast=None) -> list:
+    """Predictions in the form metrics take: tag lists per sentence, label strings, label tuples or floats.
+    autocast: a context each forward runs in (None: none)."""
     model.eval()
     order = sorted(range(len(data)), key=lambda i: len(data[i].input_ids))   # less padding
     preds: list[Any] = [None] * len(data)
-    with torch.inference_mode():
+    with torch.inference_mode(), autocast or contextlib.nullcontext():
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
             batch = to_batch([data[i] for i in idx])
@@ -265,18 +284,20 @@ def _pieces(items: list[Encoded], task_type: str, to_batch: Callable[[list[Encod
 
 
 def _train_epoch(model, steps: Iterable[list[tuple[dict, float]]], opt: _Optim, loss_fn, grad_clip: float | None,
-                 device: str, on_step: Callable[[torch.Tensor], None]) -> torch.Tensor:
-    """An optimizer step for each element of `steps`, the pieces of one batch (_pieces); the last step's loss."""
+                 device: str, on_step: Callable[[torch.Tensor], None], autocast=None) -> torch.Tensor:
+    """An optimizer step for each element of `steps`, the pieces of one batch (_pieces); the last step's loss.
+    autocast: a context each forward runs in (None: none; the backward runs outside it, as torch advises)."""
     model.train()
     for pieces in steps:
         parts = []
         for inputs, share in pieces:
             batch = {k: v.to(device) for k, v in inputs.items()}
-            if loss_fn is None:
-                loss = model(**batch).loss
-            else:
-                labels = batch.pop("labels")
-                loss = loss_fn(model(**batch).logits.float(), labels)
+            with autocast or contextlib.nullcontext():
+                if loss_fn is None:
+                    loss = model(**batch).loss.float()
+                else:
+                    labels = batch.pop("labels")
+                    loss = loss_fn(model(**batch).logits.float(), labels)
             (loss * share).backward()
             parts.append(loss.detach() * share)
         if grad_clip:
@@ -287,31 +308,6 @@ def _train_epoch(model, steps: Iterable[list[tuple[dict, float]]], opt: _Optim, 
         loss = torch.stack(parts).sum() if parts else torch.zeros(())
         on_step(loss)
     return loss
-
-
-class _Progress:
-    """finetune's own progress: about 20 reports an epoch and one after each dev evaluation."""
-
-    def __init__(self, progress: Callable[[dict], None] | None, task: TaskSpec, seed: int, epochs: int,
-                 steps_per_epoch: int):
-        self.progress, self.task, self.seed, self.epochs = progress, task, seed, epochs
-        self.total, self.every = steps_per_epoch * epochs, max(1, steps_per_epoch // 20)
-        self.step, self.epoch, self.best, self.started = 0, 1, None, time.perf_counter()
-
-    def step_done(self, loss: torch.Tensor) -> None:
-        self.step += 1
-        if self.step % self.every == 0:
-            self.report(loss)
-
-    def report(self, loss: torch.Tensor) -> None:
-        if self.progress is None:
-            return
-        eta = (time.perf_counter() - self.started) / self.step * (self.total - self.step) if self.step else 0.0
-        task = self.task
-        self.progress({"stage": "finetune", "phase": f"fine-tuning {task.name}", "task": task.name,
-                       "seed": self.seed, "epoch": self.epoch, "epochs": self.epochs, "step": self.step,
-                       "total_steps": self.total, "loss": loss.item(), "dev_metric": task.primary_metric,
-                       "dev": self.best, "eta_s": eta})
 
 
 def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettings, data_root=None,
@@ -345,11 +341,11 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
     opt = _optimizer(model, settings, device, steps_per_epoch * settings.epochs)
     order_gen = torch.Generator().manual_seed(seed)
     overhead = PIECE_OVERHEAD_TOKENS if settings.length_pieces and torch.device(device).type == "cpu" else None
-    reporter = _Progress(progress, task, seed, settings.epochs, steps_per_epoch)
+    reporter = FinetuneProgress(progress, task, seed, settings.epochs, steps_per_epoch)
 
     def evaluate(split: str) -> tuple[dict[str, float], list, list]:
         preds = _predict(model, task, enc[split], data.labels, examples[split], settings.eval_batch_size,
-                         to_batch, device)
+                         to_batch, device, _autocast(settings, device))
         gold = _gold(task, examples[split])
         return (metrics.compute(task.type, task.metrics, gold, preds, task.metric_options.negative_label),
                 gold, preds)
@@ -359,7 +355,8 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
         reporter.epoch = epoch
         batches = epoch_batches(lengths, settings.batch_size, order_gen, settings.group_by_length)
         steps = (_pieces([train[i] for i in b], task.type, to_batch, overhead) for b in batches)
-        loss = _train_epoch(model, steps, opt, loss_fn, settings.grad_clip, device, reporter.step_done)
+        loss = _train_epoch(model, steps, opt, loss_fn, settings.grad_clip, device, reporter.step_done,
+                            _autocast(settings, device))
         dev, *dev_out = evaluate("dev")
         if _better(dev[task.primary_metric], reporter.best):
             reporter.best, best_epoch, best_dev, stale = dev[task.primary_metric], epoch, dev, 0

@@ -55,8 +55,11 @@ def data_hash(task: TaskSpec, data_root: str | os.PathLike | None = None) -> str
 
 
 # Settings added after score files existed, at the value that computes exactly what was computed before them:
-# left out of the hash at that value, so that older score files still match.
-NEUTRAL_SETTINGS = {"group_by_length": False, "length_pieces": False, "subset": "first"}
+# left out of the hash at that value, so that older score files still match. group_by_length's default is
+# true since issue 32, so a default score no longer matches an older default one (shuffled batches): they are
+# kept apart. precision is hashed as it resolves on the device (finetune.resolve_precision): fp32 is what
+# every older score computed in; bf16 (CUDA's auto) is another identity.
+NEUTRAL_SETTINGS = {"group_by_length": False, "length_pieces": False, "subset": "first", "precision": "fp32"}
 
 
 def settings_hash(settings: FinetuneSettings) -> str:

@@ -57,7 +57,7 @@ def evaluate_items(model_dir, items: list[EvalItem], out_dir: Path, data_root=No
     plan = []
     for item in items:
         task = load_task(item.task)
-        settings = resolve_settings(task, item.finetune, protocol)
+        settings = ft.resolve_precision(resolve_settings(task, item.finetune, protocol), device)
         data = load_task_data(task, data_root)
         wanted = score_identity(task, settings, data_root)
         sizes = {s: len(capped(data.splits[s], settings.max_eval_examples)) for s in ("dev", "test")}

@@ -33,7 +33,9 @@ class FinetuneSettings(Strict):
     lr: PositiveFloat = 5e-5
     batch_size: PositiveInt = 16
     eval_batch_size: PositiveInt = 64
-    group_by_length: bool = False             # batches of about one length: less padding, less mixing
+    # Batches of about one length (evaluate.batching.epoch_batches): a fraction of the padding, the same test F1
+    # over seeds as shuffled batches (BENCHMARKS.md, issue 32); false: shuffled, what scores before it used.
+    group_by_length: bool = True
     # CPU: run each batch as length-sorted pieces padded to their own longest (evaluate.batching.length_pieces).
     # The same step in exact arithmetic, not in float rounding, so scores move by seed-level noise: opt-in.
     length_pieces: bool = False
@@ -48,6 +50,8 @@ class FinetuneSettings(Strict):
     warmup_ratio: float = Field(0.1, ge=0, le=1)
     weight_decay: float = Field(0.01, ge=0)
     grad_clip: PositiveFloat | None = 1.0
+    # auto: bf16 autocast on CUDA, float32 elsewhere (train.precision, as for pretraining); weights stay float32
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
     pooling: Literal["cls", "mean"] = "cls"   # sequence tasks: the first token's state, or the masked mean
     multi_label_pos_weight: bool = True       # multi-label: BCE with pos_weight = negatives / positives per label
     lora_r: PositiveInt = 8

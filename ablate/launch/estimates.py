@@ -11,7 +11,7 @@ May import: config, store, plan, evaluate, launch.preparation.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ablate.config.base import validate
@@ -41,8 +41,10 @@ def read_calibration(path: Path) -> Calibration | None:
     return validate(Calibration, data, str(path), "calibration")
 
 
-# the fine-tuning settings that set its speed: one throughput is measured per (model, task, these)
-SPEED_SETTINGS = ("method", "batch_size", "eval_batch_size", "max_length", "lora_r")
+# the fine-tuning settings that set its speed: one throughput is measured per (model, task, these); batching
+# and precision since issue 32 (a calibration made before times another computation: it is made again)
+SPEED_SETTINGS = ("method", "batch_size", "eval_batch_size", "max_length", "lora_r", "group_by_length",
+                  "length_pieces", "precision")
 
 
 @dataclass
@@ -78,13 +80,14 @@ def _task_work(item, spec: RunSpec) -> tuple[str, str, object, tuple[int, int, i
     return task.name, json.dumps(speed, sort_keys=True), settings, sizes, notes
 
 
-def finetune_plan(specs: list[RunSpec]) -> FinetunePlan:
-    """Each spec's fine-tuning work, and each distinct (model, task, speed settings) once with a spec and the
-    resolved settings that have it (what `ablate calibrate` times)."""
+def finetune_plan(specs: list[RunSpec], ids: list[str] | None = None) -> FinetunePlan:
+    """Each spec's fine-tuning work (under its run id, or `ids`: a derived run's spec has its into run's id),
+    and each distinct (model, task, speed settings) once with a spec and the resolved settings that have it
+    (what `ablate calibrate` times)."""
     from ablate.evaluate.suites import spec_items
 
     plan, seen = FinetunePlan(), {}
-    for spec in specs:
+    for spec, rid in zip(specs, ids or [s.run_id for s in specs]):
         work = []
         for item in spec_items(spec):
             where = (item.task, json.dumps(item.finetune, sort_keys=True, default=str), spec.eval.protocol,
@@ -96,7 +99,7 @@ def finetune_plan(specs: list[RunSpec]) -> FinetunePlan:
             key = FinetuneKey(spec.model, task, speed)
             work.append(FinetuneWork(key, len(item.seeds), settings.epochs, n_train, n_dev, n_test))
             plan.jobs.setdefault(key, (spec, settings))
-        plan.work[spec.run_id] = work
+        plan.work[rid] = work
     return plan
 
 
@@ -108,10 +111,12 @@ def _costs(runs: list[tuple[str, dict, RunSpec]], throughput: Throughput | None,
 
 
 def dry_run_cost(grid: GridSpec, grid_file: str, runs: list[PlannedRun], executor: str, results_root: Path,
-                 tokens_per_s: float | None, tree=None) -> tuple[list[str], list[dict]]:
-    """The cost plan of a grid: its header lines and table rows. The throughput is --tokens-per-s, else the
-    sweep's calibration (a SpecError when that was made for another grid), else none (steps and tokens).
-    With `tree` (ablate.plan.branching) a branched run counts only its steps after its branch step."""
+                 tokens_per_s: float | None, tree=None, transplants=()) -> tuple[list[str], list[dict]]:
+    """The cost plan of a grid, its runs' pretraining and fine-tuning and its transplants' fine-tuning (derived
+    runs, ablate.plan.transplants: no pretraining) in one table: its header lines and table rows. The
+    throughput is --tokens-per-s, else the sweep's calibration (a SpecError when that was made for another
+    grid), else none (steps and tokens). With `tree` (ablate.plan.branching) a branched run counts only its
+    steps after its branch step."""
     specs = [r.spec for r in runs]
     calibration, throughput, finetune = None, None, None
     if tokens_per_s is not None:
@@ -120,7 +125,9 @@ def dry_run_cost(grid: GridSpec, grid_file: str, runs: list[PlannedRun], executo
         path = SweepFolder(Path(results_root) / grid.sweep).calibration
         calibration = read_calibration(path)
         if calibration is not None:
-            finetune = finetune_plan(specs) if calibration.finetuning else None
+            finetune = (finetune_plan(specs + [t.spec for t in transplants],
+                                      [r.run_id for r in runs] + [t.run_id for t in transplants])
+                        if calibration.finetuning else None)
             throughput = matching_throughput(calibration, str(path), grid.sweep, specs,
                                              list(finetune.jobs) if finetune else [], grid_file)
     costs = _costs([(r.run_id, r.axes, r.spec) for r in runs], throughput, grid.launcher,
@@ -129,7 +136,19 @@ def dry_run_cost(grid: GridSpec, grid_file: str, runs: list[PlannedRun], executo
                            grid.launcher.ranks(executor), calibration, any(s.eval.tasks for s in specs))
     corpus_lines, epochs = corpus_epochs(specs, grid_file)
     costs, saved = _branched(costs, runs, tree, throughput, grid.launcher, executor)
-    return corpus_lines + header + saved, cost_rows(list(costs.values()), epochs)
+    derived = _transplant_costs(transplants, throughput, grid.launcher, executor, finetune)
+    epochs.update({cost.run_id: "-" for cost in derived})
+    return corpus_lines + header + saved, cost_rows([*costs.values(), *derived], epochs)
+
+
+def _transplant_costs(transplants, throughput: Throughput | None, launcher: Launcher, executor: str,
+                      finetune: FinetunePlan | None) -> list[ArmCost]:
+    """A derived run's cost (ablate.plan.transplants.PlannedTransplant): built from two finished runs, so no
+    pretraining, only its fine-tuning."""
+    costs = _costs([(t.run_id, t.spec.labels.get("axes", {}), t.spec) for t in transplants], throughput,
+                   launcher, {t.run_id: executor for t in transplants}, finetune)
+    return [replace(costs[t.run_id], steps=0, tokens=0, hours=None if throughput is None else 0.0)
+            for t in transplants]
 
 
 def _branched(costs: dict[str, ArmCost], runs: list[PlannedRun], tree, throughput: Throughput | None,
@@ -145,12 +164,14 @@ def _branched(costs: dict[str, ArmCost], runs: list[PlannedRun], tree, throughpu
 
 def finetune_breakdown(grid: GridSpec, runs: list[PlannedRun], results_root: Path,
                        transplants=()) -> tuple[list[str], list[dict]]:
-    """The dry run's fine-tuning per task, the transplants' (derived runs) included: a line per suite the grid
-    names (its tasks and seeds), and a row per task (ablate.plan.cost.finetune_task_rows), timed from the
-    sweep's calibration when it timed fine-tuning."""
+    """The dry run's fine-tuning per task, the runs' and the transplants' (ablate.plan.transplants): a line per
+    suite the grid names (its tasks and seeds), and a row per task (ablate.plan.cost.finetune_task_rows),
+    timed from the sweep's calibration when it timed fine-tuning."""
     from ablate.evaluate.suites import PREFIX, spec_items, suite_lines
 
-    specs = [r.spec for r in [*runs, *transplants] if r.spec.eval.tasks]
+    pairs = [(r.spec, r.run_id) for r in runs] + [(t.spec, t.run_id) for t in transplants]
+    pairs = [(spec, rid) for spec, rid in pairs if spec.eval.tasks]
+    specs = [s for s, _ in pairs]
     if not specs:
         return [], []
     path = SweepFolder(Path(results_root) / grid.sweep).calibration
@@ -158,7 +179,7 @@ def finetune_breakdown(grid: GridSpec, runs: list[PlannedRun], results_root: Pat
     throughput = calibrated_throughput(calibration, str(path)) if calibration and calibration.finetuning else None
     groups = {i.task: PREFIX + i.suite for s in specs for i in spec_items(s) if i.suite}
     lines = [line for tasks in dict.fromkeys(s.eval.tasks for s in specs) for line in suite_lines(tasks)]
-    plan = finetune_plan(specs)
+    plan = finetune_plan(specs, [rid for _, rid in pairs])
     return lines + [f"warning: {note}" for note in plan.notes], finetune_task_rows(plan.work, throughput, groups)
 
 

@@ -30,7 +30,13 @@ CUBLAS_DETERMINISTIC = ":4096:8"     # torch's reproducibility notes: cuBLAS nee
 
 def uses_autocast(spec: RunSpec, device: torch.device) -> bool:
     """Whether the run's forward runs under bf16 autocast on `device`."""
-    return spec.precision == "bf16" or (spec.precision == "auto" and device.type == "cuda")
+    return autocast_on(spec.precision, device)
+
+
+def autocast_on(precision: str, device: torch.device | str) -> bool:
+    """Whether a forward with this precision setting (auto, bf16, fp32) runs under bf16 autocast on `device`:
+    pretraining (RunSpec.precision) and fine-tuning (FinetuneSettings.precision) decide alike."""
+    return precision == "bf16" or (precision == "auto" and torch.device(device).type == "cuda")
 
 
 def uses_compile(spec: RunSpec, device: torch.device) -> bool:

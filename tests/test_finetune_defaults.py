@@ -1,0 +1,70 @@
+"""Issue 32: fine-tuning's defaults (batches grouped by length), bf16 autocast on CUDA as for pretraining, and
+score identities that keep scores of the old and new defaults apart."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ablate.evaluate.finetune as ft
+from ablate.evaluate.identity import _digest, settings_hash
+from ablate.evaluate.tasks import FinetuneSettings, load_task, resolve_settings
+from ablate.train.precision import autocast_on
+
+SMALL = {"max_train_examples": 24, "max_eval_examples": 8, "epochs": 1, "max_length": 32, "batch_size": 8}
+
+
+def test_batches_are_grouped_by_length_by_default_and_scores_of_the_old_default_are_kept_apart():
+    assert FinetuneSettings().group_by_length is True
+    task = load_task("ncbi_disease")
+    default = ft.resolve_precision(resolve_settings(task, SMALL), "cpu")
+    old = ft.resolve_precision(resolve_settings(task, {**SMALL, "group_by_length": False}), "cpu")
+    # what a score file of the old default recorded: the hash without the later settings at their neutral values
+    before = {k: v for k, v in old.model_dump(mode="json").items()
+              if k not in ("group_by_length", "length_pieces", "subset", "precision")}
+    assert settings_hash(old) == _digest(before)
+    assert settings_hash(default) != settings_hash(old)
+
+
+@pytest.mark.parametrize("precision, on_cpu, on_cuda", [("auto", False, True), ("bf16", True, True),
+                                                        ("fp32", False, False)])
+def test_finetuning_takes_the_autocast_decision_pretraining_takes(precision, on_cpu, on_cuda):
+    assert (autocast_on(precision, "cpu"), autocast_on(precision, "cuda")) == (on_cpu, on_cuda)
+    settings = FinetuneSettings(precision=precision)
+    # a score records the precision it was computed in: CUDA's auto is bf16, anything on the CPU fp32 unless asked
+    assert ft.resolve_precision(settings, "cuda").precision == ("bf16" if on_cuda else "fp32")
+    assert ft.resolve_precision(settings, "cpu").precision == ("bf16" if on_cpu else "fp32")
+    assert (settings_hash(ft.resolve_precision(settings, "cuda")) ==
+            settings_hash(ft.resolve_precision(settings, "cpu"))) == (on_cpu == on_cuda)
+
+
+def _forward_dtypes(model_dir, task, settings, monkeypatch) -> set[torch.dtype]:
+    """The dtypes of the classifier's outputs over a whole fine-tuning (training and evaluation passes)."""
+    seen: set[torch.dtype] = set()
+    real = ft._load_model
+
+    def load(*a, **k):
+        model = real(*a, **k)
+        model.classifier.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype))
+        return model
+
+    monkeypatch.setattr(ft, "_load_model", load)
+    rows = ft.finetune(model_dir, task, 1, settings)
+    assert rows and all(r["value"] == r["value"] for r in rows)   # scored, no NaN
+    return seen
+
+
+def test_bf16_runs_every_forward_under_autocast_and_fp32_none(tiny_bert, monkeypatch):
+    """The CPU runs the autocast path CUDA takes by default (precision bf16 here, auto there): training and
+    evaluation forwards in bf16, the weights float32; fp32 (the CPU's auto) runs none."""
+    task = load_task("ncbi_disease")
+    assert _forward_dtypes(tiny_bert, task, resolve_settings(task, {**SMALL, "precision": "bf16"}),
+                           monkeypatch) == {torch.bfloat16}
+    assert _forward_dtypes(tiny_bert, task, resolve_settings(task, SMALL), monkeypatch) == {torch.float32}
+
+
+def test_bf16_on_the_cpu_is_seeded_like_fp32(tiny_bert):
+    task = load_task("ncbi_disease")
+    s = resolve_settings(task, {**SMALL, "precision": "bf16", "epochs": 2, "lr": 1e-3})
+    a, b = ft.finetune(tiny_bert, task, 2, s), ft.finetune(tiny_bert, task, 2, s)
+    assert [r["value"] for r in a] == [r["value"] for r in b]
