@@ -246,9 +246,7 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
     params = dict(model.named_parameters())
     base = {n: params[n].detach().float().cpu().clone() for names in groups.values() for n in names}
     opt = Optimizer(model, spec, fused=fused_adamw(ctx.device))
-
     keep = set(branch_points(run_dir))      # steps whose checkpoints children of a sweep's tree start from
-
     unread = Unread()      # each step's loss and norms, read back at log lines, phase ends and checkpoints
 
     def checkpoint() -> None:
@@ -264,7 +262,6 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
     model.train()
     steps_this_call = 0
     started = time.perf_counter() - state.elapsed_s
-
     while state.phase_index < len(plans) and not state.done:
         plan = plans[state.phase_index]
         apply_freeze(model, family, plan.frozen)
@@ -296,7 +293,6 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
                 _log_step(log, progress, plan, state, state.curves[-1]["loss"], lr, total_steps, tps,
                           spec.tokens_per_step)
                 window_start, window_tokens = time.perf_counter(), 0
-
             if last_of_phase:
                 _finish_phase(state, plan, model, base, groups, phase_end_hooks)
             if logging and on_log:
