@@ -458,10 +458,15 @@ def test_the_shipped_freeze_grid_has_one_pretraining_seed_and_nine_finetuning_se
     assert plan[1].startswith("branching: 1 runs start from another run's checkpoint") and "(0.82x)" in plan[1]
     plan = [plan[0]] + plan[3:]
     assert plan[1].split() == ["run_id", "schedule", "freeze", "steps", "tokens", "epochs"]
-    assert [row.split()[0] for row in plan[2:]] == [r.run_id for r in runs] + ["total"]
+    ids = [row.split()[0] for row in plan[2:]]
+    assert ids[:len(runs)] == [r.run_id for r in runs] and ids[-1] == "total"
+    # the whole study: a row per transplant (built from two finished runs: nothing pretrained), then the total
+    transplant_rows = [row.split() for row in plan[2 + len(runs):-1]]
+    assert len(transplant_rows) == 2 and all(r[0].startswith("tx-") and r[-3:] == ["0", "0", "-"]
+                                             for r in transplant_rows)
     # the corpus is the user's to supply: its epochs are unknown here, and the plan says it is missing
-    assert {tuple(row.split()[-3:]) for row in plan[2:-1]} == {("3497", "11,000,610,816", "missing"),
-                                                               ("318", "1,000,341,504", "missing")}
+    assert {tuple(row.split()[-3:]) for row in plan[2:2 + len(runs)]} == {("3497", "11,000,610,816", "missing"),
+                                                                          ("318", "1,000,341,504", "missing")}
     assert any(line.startswith(f"warning: {path}: data.corpus ") and "biomed_fr/train" in line for line in lines)
     assert plan[-1].split() == ["total", "14306", "45,002,784,768"]
     assert all(i.seeds == tuple(range(9)) for r in runs for i in spec_items(r.spec))    # suite:fr_paper

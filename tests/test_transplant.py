@@ -159,7 +159,7 @@ def test_the_dry_run_plans_a_hybrid_per_shared_seed_and_warns_about_the_others(t
     rc = main(["sweep", str(path), "--dry-run", "--results", str(tmp_path / "results")])
     out, err = capsys.readouterr()
     assert rc == 0, err
-    rows = [line.split() for line in out.splitlines() if line.startswith("tx-")]
+    rows = [line.split() for line in out.splitlines() if line.startswith("tx-") and " transplants[" in line]
     assert [(r[1], r[2], r[3]) for r in rows] == [("transplants[0]", "mlm_clm_detour[emb,0-1]", "17"),
                                                   ("transplants[1]", "clm_detour/low_clm_mlm[emb,2-3]", "17")]
     assert out.splitlines()[-1].startswith("4 runs, 2 transplants; executor debug;")
