@@ -188,3 +188,26 @@ def test_a_whole_prefix_train_step_reads_nothing_back_to_the_host(data_root, obj
     assert loss.device == META and norms[1].device == META
     assert mode.kernels and set(mode.kernels) <= {"flash", "efficient"}
     assert prefixes and all(0 < min(p) < 64 or set(p) == {0, 64} for p in prefixes), prefixes
+
+
+@pytest.mark.parametrize("documents", [False, True], ids=["", "docs"])
+@pytest.mark.parametrize("prefix", [0, 1, 150, 300])
+def test_the_flop_count_s_prefix_intervals_are_the_masks_pairs_and_tiles(prefix, documents):
+    """bench/attention_flops.py counts a prefix row's allowed pairs and FlexAttention's tiles from one key
+    interval per query: the dense mask's pairs and the BlockMask's computed pairs."""
+    import importlib.util
+    from pathlib import Path
+
+    where = Path(__file__).resolve().parents[1] / "bench" / "attention_flops.py"
+    spec = importlib.util.spec_from_file_location("attention_flops", where)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    length = 300
+    docs = (torch.arange(length) // 70 if documents else torch.zeros(length, dtype=torch.long))[None]
+    cut = torch.tensor([prefix])
+    for window in (None, 8):
+        lo, hi = bench.key_intervals(docs[0].numpy(), True, window, prefix)
+        assert int((hi - lo + 1).sum()) == int(dense_mask(length, torch.bool, "cpu", True, window, docs, cut).sum())
+    lo, hi = bench.key_intervals(docs[0].numpy(), True, None, prefix)
+    mask = flex.block_mask(1, length, True, None, docs, "cpu", prefix=cut)
+    assert bench.tile_pairs(lo, hi, flex.TILE) == flex.computed_pairs(mask)
