@@ -134,7 +134,7 @@ def cmd_sweep(args) -> int:
     _warn(warnings + checked.warnings)
     if args.dry_run:
         from ablate.analysis.pairs import describe_pairs
-        from ablate.launch.estimates import dry_run_cost
+        from ablate.launch.estimates import dry_run_cost, objective_breakdown
 
         header, costs = dry_run_cost(grid, str(args.grid), runs, executor, results_root(args.results),
                                      args.tokens_per_s, checked.tree, transplants)
@@ -147,6 +147,10 @@ def cmd_sweep(args) -> int:
             print()
         _print_tree(checked.tree, runs)
         _print_finetuning(grid, runs, results_root(args.results), transplants)
+        lines, by_objective = objective_breakdown(runs, checked.tree)
+        print("\n".join(lines))
+        _print_table(by_objective)
+        print()
         print("\n".join(header))
         _print_table(costs)
         print("\n".join(checked.parity))
