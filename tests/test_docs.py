@@ -16,11 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 FIRST_COMMANDS = [
-    "bash scripts/setup.sh && ABLATE_DATA_ROOT=../shared/data .venv/bin/ablate sweep grids/smoke.yaml",
-    # the same main job on a laptop without ../shared/data: the smoke grid's data fetched first (issue 34)
+    # the main job on a fresh machine: the smoke grid's data fetched into the default root first
     "bash scripts/setup.sh && .venv/bin/ablate data fetch grids/smoke.yaml && .venv/bin/ablate sweep grids/smoke.yaml",
+    # the whole test suite (Slurm, MariaDB and Chromium installed as root), after fetching what the tests read
     "bash scripts/setup.sh --with-slurm && export SLURM_CONF=${ABLATE_SLURM_DIR:-/tmp/ablate-slurm}/etc/slurm.conf \\\n"
-    "  && ABLATE_DATA_ROOT=../shared/data ABLATE_REQUIRE_SLURM=1 .venv/bin/python -m pytest -q",
+    "  && .venv/bin/ablate data fetch tests"
+    " && ABLATE_REQUIRE_SLURM=1 ABLATE_REQUIRE_CHROMIUM=1 .venv/bin/python -m pytest -q",
+    # the same without root: the Slurm and Chromium tests skip
+    "bash scripts/setup.sh && .venv/bin/ablate data fetch tests && .venv/bin/python -m pytest -q",
 ]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 COMMENT = re.compile(r"<!--.*?-->", re.S)
