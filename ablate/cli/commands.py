@@ -152,6 +152,7 @@ def cmd_sweep(args) -> int:
         print("\n".join(checked.parity))
         print(f"{len(runs)} runs" + (f", {len(transplants)} transplants" if transplants else "")
               + f"; executor {executor}; results in {sweep_dir}; dry run: nothing submitted; "
+              + "".join(f"model {m} ({fam.name}, {depth} layers); " for m, (fam, depth) in checked.models.items())
               + describe_pairs([(r.run_id, r.spec) for r in runs]))
         return EXIT_OK
     from ablate.launch import scheduler

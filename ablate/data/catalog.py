@@ -1,6 +1,7 @@
 """The datasets a data root holds: where each comes from (catalog.yaml: repository, pinned commit, the files
 read there, licence, converter), what each of its files must be (manifest.tsv: size and sha256 of the
-files the tables were computed on) and named sets of them (sets.yaml). Checking a data root against the manifest is `ablate data verify`.
+files the tables were computed on) and named sets of them (sets.yaml). Checking a data root against the
+manifest is `ablate data verify`.
 
 May import: config.
 """
