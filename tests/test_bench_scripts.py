@@ -19,7 +19,7 @@ BENCH = ROOT / "bench"
 TINY = {
     "attention_8192.py": ["--seq-len", "512", "--steps", "1", "--threads", "1"],
     "attention_flops.py": ["--rows", "1"],
-    "branching.py": ["--main-steps", "5", "--seeds", "17", "--objectives", "mlm", "--parallel", "1"],
+    "branching.py": ["--main-steps", "10", "--seeds", "17", "--objectives", "mlm", "--parallel", "1"],
     "compare_recipes.py": ["--objectives", "mlm", "--steps", "1", "--warmup", "0", "--batch-size", "2",
                            "--seq-len", "32", "--quiet-below", "0", "--retries", "0", "--json-out", "JSON_OUT"],
     "data_scale.py": ["--sizes", "1", "--workers", "1"],
@@ -37,7 +37,7 @@ TINY = {
     "tokenize_cost.py": ["--size-mb", "1", "--docs", "200", "--rounds", "1"],
     "vocab_head.py": ["--positions", "64", "--vocab", "1000", "--rounds", "2"],
 }
-SLOW = {"branching.py", "compare_recipes.py", "data_scale.py", "finetune_compare.py", "finetune_gap.py"}
+SLOW = {"branching.py", "compare_recipes.py", "finetune_compare.py", "finetune_gap.py"}
 # scripts whose tiny run lives elsewhere: gpu_step.py in tests/test_gpu_step.py; gpu_recipes.py is its module
 ELSEWHERE = {"gpu_step.py", "gpu_recipes.py"}
 
