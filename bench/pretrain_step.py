@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
         loss, _norms = train_step(ctx, plan, batch, docs, step, opt, args.lr)
         elapsed = time.perf_counter() - start
         position += spec.batch_size
+        loss = float(loss)      # the step returns the device tensor; read it after the step's time is taken
         losses.append(loss)
         if timed:
             times.append(elapsed)
