@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
         idx = ctx.order.take(position, spec.batch_size)
         batch, docs = ctx.sequences[idx], ctx.doc_ids[idx]
         loss, _norms = train_step(ctx, plan, batch, docs, step, opt, args.lr)
+        loss = float(loss)        # the step returns its loss unread, on the device: the step ends once it is read
         elapsed = time.perf_counter() - start
         position += spec.batch_size
         loss = float(loss)      # the step returns the device tensor; read it after the step's time is taken
