@@ -182,7 +182,6 @@ def main(argv: list[str] | None = None) -> dict:
         loss = float(loss)        # the step returns its loss unread, on the device: the step ends once it is read
         elapsed = time.perf_counter() - start
         position += spec.batch_size
-        loss = float(loss)      # the step returns the device tensor; read it after the step's time is taken
         losses.append(loss)
         if timed:
             times.append(elapsed)
