@@ -8,7 +8,7 @@ words shuffled, seeded), never committed. For each size, each configuration runs
             the first batch with its doc ids (time; peak RSS of the process, tokenizer loaded)
   datasets  load_dataset("text") + map(tokenize, batched, num_proc=--workers) (time, peak RSS)
 
-    PYTHONPATH=$PWD ABLATE_DATA_ROOT=/work/shared/data python bench/data_scale.py --sizes 20 200 1000 --workers 2
+    PYTHONPATH=$PWD python bench/data_scale.py --sizes 20 200 1000 --workers 2
 
 Prints one JSON line per configuration and a Markdown table.
 """

@@ -1,6 +1,6 @@
 """CPU reference: fine-tune the base MiniLM-L6 (no continued pretraining) on NCBI-disease; print one JSON line.
 
-    ABLATE_DATA_ROOT=../shared/data python bench/finetune_ncbi.py --max-train 3000 --epochs 2
+    python bench/finetune_ncbi.py --max-train 3000 --epochs 2
 
 Dev and test are the full official splits; train is its first --max-train sentences.
 """

@@ -1,7 +1,7 @@
 """Speed and memory of ablate's own continued-pretraining step (MLM or CLM) on MiniLM-L6, alone.
 
-    ABLATE_DATA_ROOT=../shared/data python bench/pretrain_step.py --objective mlm
-    ABLATE_DATA_ROOT=../shared/data python bench/pretrain_step.py --objective clm --steps 20
+    python bench/pretrain_step.py --objective mlm
+    python bench/pretrain_step.py --objective clm --steps 20
 
 Builds everything through the engine itself (ablate.train.loop.setup from a RunSpec: model, tokenizer,
 tokenized + packed corpus, phase plan), then runs `--warmup` untimed steps and `--steps` timed steps of

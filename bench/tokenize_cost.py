@@ -1,6 +1,6 @@
 """Where a preparation worker's time goes: the Rust tokenizer against what surrounds it.
 
-    PYTHONPATH=$PWD ABLATE_DATA_ROOT=/work/shared/data python bench/tokenize_cost.py [--docs 6000] [--rounds 3]
+    PYTHONPATH=$PWD python bench/tokenize_cost.py [--docs 6000] [--rounds 3]
 
 On the first --docs documents of the 20 MB corpus of bench/data_scale.py (built if missing), one thread, in
 chunks of ablate.data.prepare.CHUNK_DOCS, each round times: the raw tokenizer (`encode_batch_fast`, what a
