@@ -103,6 +103,9 @@ def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: floa
         "phase_token_hashes": state.phase_token_hashes,
         "token_hash_format": TOKEN_HASH_FORMAT,      # phase hashes comparable across objectives
         "phase_tokens": state.phase_tokens,
+        # runs that read by members (data.mixture, a phase's own data): each source's realised tokens and hash
+        **({"source_tokens": state.source_tokens, "source_token_hashes": state.source_token_hashes}
+           if state.source_tokens else {}),
         "steps": state.global_step,
         "train_time_s": round(state.elapsed_s, 3),
         "wall_time_s": round(wall_time, 3),

@@ -69,6 +69,20 @@ def check_source_epochs(spec: RunSpec, corpus_tokens: dict[str, int], file: str 
                             allowed=f"at least {e:.4g} for this run and source")
 
 
+def source_epochs_cell(spec: RunSpec, sizes: dict) -> str:
+    """The dry run's epochs cell of a run that reads by members: its most-read source's epochs (`!` when a
+    submission refuses the run); `missing` or `unknown` when a source's tokens are not known."""
+    if any(size.missing for size in sizes.values()):
+        return "missing"
+    if any(size.tokens is None for size in sizes.values()):
+        return "unknown"
+    tokens = {k: v.tokens for k, v in sizes.items()}
+    epochs = source_epochs(spec, tokens)
+    exact = all(size.exact for size in sizes.values())
+    text = format_epochs(max(epochs.values()), estimate=not exact)
+    return (text if exact else f"~{text} (estimate)") + (OVER if source_refusals(spec, tokens) else "")
+
+
 def plan_lines(spec: RunSpec, corpus_tokens: dict[str, int | None], name: str) -> list[str]:
     """The dry run's lines of one run: tokens per source per phase, and each source's epochs (`!` refused)."""
     lines = [f"data of {name} ({spec.run_id}): tokens per source per phase"]
