@@ -352,7 +352,7 @@ class RunSpec(Strict):
 
     def _steps_by_length(self, per_step: list[int]) -> list[int]:
         """Phases of different lengths: each fraction's cumulative boundary in tokens, reached from the tokens
-        the phases before it trained, in steps of its own length."""
+        the fractions before it trained, in steps of its own length."""
         out, trained, done = [], 0, 0.0
         for p, step in zip(self.phases, per_step):
             if p.steps is not None:
@@ -362,7 +362,7 @@ class RunSpec(Strict):
             else:
                 done += p.fraction
                 out.append(max(1, math.ceil((done * self.budget_tokens - trained) / step - 1e-9)))
-            trained += out[-1] * step
+                trained += out[-1] * step
         return out
 
     def _steps_for(self, tokens: float) -> int:
