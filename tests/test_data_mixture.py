@@ -109,7 +109,7 @@ def _killed_and_resumed(spec_file: Path, out: Path, pause_at: int, tmp_path: Pat
     assert "resumed from step-" in (out / "log.txt").read_text()
 
 
-@pytest.mark.parametrize("pause_at", [3, 8])     # inside the mixture; inside the longer decay
+@pytest.mark.parametrize("pause_at", [4, 8])     # checkpoints inside the mixture and the longer decay
 def test_kill_9_resume_is_bitwise_with_a_mixture_and_a_change_of_length(pause_at, tmp_path, data_root):
     raw = mixed_spec()
     spec_file = tmp_path / "run.yaml"
