@@ -47,6 +47,11 @@ def combo_of(spec: RunSpec, objective: str) -> Combo:
     return Combo(spec.model, objective, spec.data.seq_len, spec.batch_size)
 
 
+def phase_combo(spec: RunSpec, index: int, objective: str) -> Combo:
+    """The combo of phase `index`, at its own seq_len (a phase's data may set one)."""
+    return combo_of(spec, objective)._replace(seq_len=spec.phase_seq_len(index))
+
+
 def pretraining_combos(specs: list[RunSpec]) -> list[Combo]:
     """Each distinct (model, objective, sequence length, batch) of the specs' phases, in first-seen order."""
     return list(dict.fromkeys(phase_combo(s, i, p.objective) for s in specs for i, p in enumerate(s.phases)))
@@ -212,15 +217,6 @@ def pretraining_seconds(spec: RunSpec, throughput: Throughput | None, ranks: int
     return seconds
 
 
-def phase_combo(spec: RunSpec, index: int, objective: str) -> Combo:
-    """The combo of phase `index`: at its own seq_len (a phase's data may set one)."""
-    return combo_of(spec, objective)._replace(seq_len=spec.phase_seq_len(index))
-
-
-def trained_tokens(spec: RunSpec, phase_steps: list[int]) -> int:
-    """The tokens of `phase_steps` (per phase), each phase at its own seq_len."""
-    return sum(steps * per_step for steps, per_step in zip(phase_steps, spec.phase_tokens_per_step()))
-
 
 def finetune_seconds(work: list[FinetuneWork], throughput: Throughput | None) -> float | None:
     """Seconds of fine-tuning: per task and seed, epochs x (train / train rate + dev / eval rate) + test / eval
@@ -262,7 +258,7 @@ def branched_cost(cost: ArmCost, spec: RunSpec, start: int, throughput: Throughp
         return cost
     after = steps_after(spec, start)
     seconds = pretraining_seconds(spec, throughput, ranks, after)
-    return replace(cost, steps=sum(after), tokens=trained_tokens(spec, after),
+    return replace(cost, steps=sum(after), tokens=sum(a * t for a, t in zip(after, spec.phase_tokens_per_step())),
                    hours=None if seconds is None else seconds / 3600)
 
 
