@@ -281,8 +281,8 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
             notes: dict = {}
             loss, norms = train_step(ctx, plan, batch, docs, state.global_step, opt, lr, notes)
             state.advance(plan.name, batch)
-            if ctx.streams.by_members:
-                notes.update(state.advance_sources(ctx.streams.labels(plan.index), members, batch))
+            read = state.advance_sources(ctx.streams.labels(plan.index), members, batch)   # a parent's count too
+            notes.update(read if ctx.streams.by_members else {})
             unread.add(state, plan.name, lr, loss, norms, notes)
             steps_this_call += 1
             window_tokens += batch.size
