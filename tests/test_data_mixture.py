@@ -180,3 +180,32 @@ def test_bad_data_names_the_key():
                                                                           {"corpus": E3C, "weight": 2}]}})
     with pytest.raises(SpecError, match="weight"):
         parse_run_spec(mixed_spec(weights=(0, 1)))
+
+
+def test_a_branch_of_a_one_corpus_parent_records_what_it_would_from_scratch(tmp_path, data_root):
+    """A shared warm-up on the run's corpus, then a mixture: the branch's per-source tokens and hashes are the
+    from-scratch run's (the parent counts its corpus too)."""
+    from ablate.launch import worker
+    from ablate.store import rundir
+
+    warm = {"name": "warm", "objective": "mlm", "steps": 2}
+    parent = parse_run_spec({**mixed_spec(), "phases": [warm, {"name": "mlm", "objective": "mlm", "steps": 12}]})
+    child = parse_run_spec({**mixed_spec(), "phases": [warm, *mixed_spec()["phases"]]})
+    plans = {s.run_id: RunPlan(s.run_id, s, tuple(plan_phases(s, 2))) for s in (parent, child)}
+    tree = plan_tree(list(plans.values()), lr_at)
+    assert tree.branches[child.run_id].step == 2
+    folders = {}
+    for s in (parent, child):
+        folders[s.run_id] = folder = tmp_path / "runs" / s.run_id
+        worker.prepare_run_dir(s, folder)
+        b = tree.branches.get(s.run_id)
+        rundir.write_branch(folder, b.parent if b else None, b.step if b else 0)
+        rundir.write_branch_points(folder, tree.keep_steps(s.run_id))
+    for s in (parent, child):
+        assert worker.execute(folders[s.run_id]) == "done"
+    assert "started from its checkpoint" in (folders[child.run_id] / "log.txt").read_text()
+    scratch = pretrain(child, tmp_path / "scratch", log=_quiet)
+    record = json.loads((folders[child.run_id] / "records" / "run.json").read_text())
+    assert record["source_tokens"] == scratch.source_tokens
+    assert record["source_token_hashes"] == scratch.source_token_hashes
+    assert scratch.source_tokens[E3C] > 6 * 4 * 32 // 2      # the warm-up's E3C counted
