@@ -46,8 +46,9 @@ class PhaseData(Strict):
     or mixture, and its own sequence length. What is not written is the run's."""
 
     corpus: str | None = Field(default=None, min_length=1, description="this phase's corpus")
-    format: FORMATS | None = None
-    text_field: str | None = None
+    format: FORMATS | None = Field(default=None, description="how this phase's corpus is read; default: the run's")
+    text_field: str | None = Field(default=None, description="the text field of this phase's corpus; default: the "
+                                                             "run's")
     mixture: tuple[SourceSpec, ...] | None = Field(default=None, description="this phase's weighted corpora")
     seq_len: int | None = Field(default=None, ge=8, description="tokens per sequence in this phase")
 
