@@ -7,13 +7,14 @@ banded path (ablate.models.attention), in one script.
 
 The model: hidden 768, 12 heads, intermediate 1152, global_attn_every_n_layers 3, local_attention 128,
 vocabulary 50,368 (ModernBERT-base), random weights, float32, micro-batch 1. A step is what the training loop
-does (ablate.train.loop.train_step): the objective's inputs and labels (CLM: next token; MLM: 30% masked),
+does (ablate.train.loop.train_step): the objective's inputs and labels (CLM: next token; MLM: 30% masked;
+`--objectives prefix-lm`: a bidirectional prefix of half the sequence, the suffix's next tokens),
 the encoder under ablate.train.objectives.attention_for, the head transform at labelled positions, the fused
 vocabulary loss (ablate.train.vocab_loss), backward, AdamW.
 
 Variants (mask kinds of attention_for on the same model):
-  masks   today: CLM a (1, 1, L, L) additive mask per layer type; MLM transformers' own masks (the local
-          layers' (1, 1, L, L) sliding-window bool mask)
+  masks   today: CLM (and prefix-LM) a (1, 1, L, L) additive mask per layer type; MLM transformers' own
+          masks (the local layers' (1, 1, L, L) sliding-window bool mask)
   banded  the default now: global layers SDPA with the causal flag (MLM: no mask), local layers only the
           keys inside their window; no L x L mask
   banded+docs  the same with document masking (documents of --doc-len tokens)
@@ -80,15 +81,21 @@ def step(model, family, objective: str, ids, docs, kind: str, documents: bool, o
     from ablate.train.objectives import attention_for, clm_labels, mlm_inputs
     from ablate.train.vocab_loss import LOSSES
 
+    prefix = None
     if objective == "mlm":
         special = torch.tensor([50281, 50282, 50283, 50284])
         inputs, labels = mlm_inputs(ids, 0.3, special, 50284, model.config.vocab_size,
                                     torch.Generator().manual_seed(2))
+    elif objective == "prefix-lm":          # the prefix at mid-sequence: the suffix predicted causally
+        from ablate.config.objectives.prefix_lm import prefix_labels
+
+        prefix = torch.tensor([ids.shape[1] // 2])
+        inputs, labels = ids, prefix_labels(ids, docs, prefix)
     else:
         inputs, labels = ids, clm_labels(ids, docs)
     n_labels = int((labels != -100).sum())
     with attention_for(model, family, objective, ids.shape[1], torch.float32, "cpu",
-                       docs if documents else None, kind=kind) as attn:
+                       docs if documents else None, kind=kind, prefix=prefix) as attn:
         hidden = family.encoder(model)(input_ids=inputs, attention_mask=attn).last_hidden_state
         where = labels != -100
         features = family.transform(model, hidden[where])

@@ -1,8 +1,8 @@
 """Shared prefixes trained once (issue 24): a CPU decay grid with three decay lengths, end to end with
 branching and with `branching: false`, wall times and their ratio, and a check that both give the same bits.
 
-    ABLATE_DATA_ROOT=../shared/data python bench/branching.py                  # 12 runs x 2, minutes
-    ABLATE_DATA_ROOT=../shared/data python bench/branching.py --main-steps 10 --seeds 17 --objectives mlm  # a check
+    python bench/branching.py                  # 12 runs x 2, minutes
+    python bench/branching.py --main-steps 10 --seeds 17 --objectives mlm  # a check
 
 The grid is grids/decay.yaml's recipe at CPU size: tiny BERT (config:tiny-bert, 4 layers) on the English
 corpus slice, a main phase of --main-steps steps (MLM 30 % and the CLM detour, constant LR after one warmup

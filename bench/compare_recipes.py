@@ -1,7 +1,7 @@
 """ablate's pretraining step against the standard transformers recipe: tokens/s and peak memory, MLM and CLM.
 
-    ABLATE_DATA_ROOT=../shared/data python bench/compare_recipes.py                 # both objectives
-    ABLATE_DATA_ROOT=../shared/data python bench/compare_recipes.py --objectives mlm --repeats 2
+    python bench/compare_recipes.py                 # both objectives
+    python bench/compare_recipes.py --objectives mlm --repeats 2
 
 Each measurement runs in its own subprocess, so each peak RSS (resource.getrusage ru_maxrss, a process
 maximum) belongs to one recipe alone:

@@ -8,7 +8,7 @@ words shuffled, seeded), never committed. For each size, each configuration runs
             the first batch with its doc ids (time; peak RSS of the process, tokenizer loaded)
   datasets  load_dataset("text") + map(tokenize, batched, num_proc=--workers) (time, peak RSS)
 
-    PYTHONPATH=$PWD ABLATE_DATA_ROOT=/work/shared/data python bench/data_scale.py --sizes 20 200 1000 --workers 2
+    PYTHONPATH=$PWD python bench/data_scale.py --sizes 20 200 1000 --workers 2
 
 Prints one JSON line per configuration and a Markdown table.
 """
@@ -22,12 +22,13 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-TMP = Path("/tmp/ablate-data-scale")
+TMP = Path(tempfile.gettempdir()) / "ablate-data-scale"
 
 
 def build_corpus(size_mb: int) -> Path:
@@ -110,7 +111,7 @@ def main() -> None:
     if args.one:
         print(json.dumps(measure(args.one[0], Path(args.one[1]), args.workers)))
         return
-    rows = []
+    rows, failed = [], 0
     for size in args.sizes:
         corpus = build_corpus(size)
         for config in args.configs:
@@ -118,6 +119,7 @@ def main() -> None:
                                   str(args.workers)], capture_output=True, text=True, env=dict(os.environ))
             if out.returncode:
                 print(out.stderr[-3000:], file=sys.stderr)
+                failed += 1
                 continue
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
             rows[-1]["load_avg"] = round(os.getloadavg()[0], 2)
@@ -127,6 +129,8 @@ def main() -> None:
     for r in rows:
         print(f"| {r['size_mb']} | {r['config']} | {r['seconds']} | {r['peak_rss_gb']} | {r['workers_peak_rss_gb']} "
               f"| {r['tokens'] or '-'} | {r['load_avg']} |")
+    if failed:
+        sys.exit(f"{failed} measurement(s) failed (their errors above)")
 
 
 if __name__ == "__main__":

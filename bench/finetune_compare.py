@@ -1,7 +1,7 @@
 """ablate's fine-tuning against a run_ner-style Trainer recipe: train and eval sentences/s, peak RSS, entity F1.
 
-    ABLATE_DATA_ROOT=../shared/data python bench/finetune_compare.py --json-out ft.json    # issue 32's check
-    ABLATE_DATA_ROOT=../shared/data python bench/finetune_compare.py --seeds 1 --ablate-batches shuffled
+    python bench/finetune_compare.py --json-out ft.json    # issue 32's check
+    python bench/finetune_compare.py --seeds 1 --ablate-batches shuffled
     python bench/finetune_compare.py --summarize ft.json                                   # the tables again
 
 By default both tools run at their defaults (ablate: batches grouped by length; the Trainer: its random

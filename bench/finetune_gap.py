@@ -1,6 +1,6 @@
 """Where ablate's and the run_ner Trainer recipe's test F1 differ: one factor at a time, F1 only (no timing).
 
-    ABLATE_DATA_ROOT=../shared/data python bench/finetune_gap.py --variants shuffled grouped hf_schedule recipe \
+    python bench/finetune_gap.py --variants shuffled grouped hf_schedule recipe \
         --seeds 1 2 3 --json-out gap.json
 
 Each (variant, seed) runs in a subprocess of its own (bench/finetune_compare.py's sides, same settings and

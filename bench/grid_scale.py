@@ -162,7 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keep", metavar="DIR", help="build the synthetic sweep in DIR (reused when already there)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tiny", action="store_true", help="1 seed x 1 lr: 20 runs (a check that it runs)")
     args = ap.parse_args(argv)
+    if args.tiny:
+        global N_SEEDS, N_LRS
+        N_SEEDS, N_LRS = 1, 1
 
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ablate-grid-scale-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """Speed and memory of ablate's own continued-pretraining step (MLM or CLM) on MiniLM-L6, alone.
 
-    ABLATE_DATA_ROOT=../shared/data python bench/pretrain_step.py --objective mlm
-    ABLATE_DATA_ROOT=../shared/data python bench/pretrain_step.py --objective clm --steps 20
+    python bench/pretrain_step.py --objective mlm
+    python bench/pretrain_step.py --objective clm --steps 20
 
 Builds everything through the engine itself (ablate.train.loop.setup from a RunSpec: model, tokenizer,
 tokenized + packed corpus, phase plan), then runs `--warmup` untimed steps and `--steps` timed steps of
@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
         idx = ctx.order.take(position, spec.batch_size)
         batch, docs = ctx.sequences[idx], ctx.doc_ids[idx]
         loss, _norms = train_step(ctx, plan, batch, docs, step, opt, args.lr)
+        loss = float(loss)        # the step returns its loss unread, on the device: the step ends once it is read
         elapsed = time.perf_counter() - start
         position += spec.batch_size
         losses.append(loss)

@@ -1,9 +1,9 @@
 """How to run a suite's fine-tuning fastest: every seed of a task in one process, or one process per
 (task, seed) as separate jobs of the sweep's executor.
 
-    ABLATE_DATA_ROOT=../shared/data .venv/bin/python bench/suite_eval.py                  # < 2 min on 2 cores
-    ABLATE_DATA_ROOT=../shared/data .venv/bin/python bench/suite_eval.py --jobs 4 --json-out suite.json
-    ABLATE_DATA_ROOT=../shared/data .venv/bin/python bench/suite_eval.py --model MODEL_DIR --max-train 1000 \
+    .venv/bin/python bench/suite_eval.py                  # < 2 min on 2 cores
+    .venv/bin/python bench/suite_eval.py --jobs 4 --json-out suite.json
+    .venv/bin/python bench/suite_eval.py --model MODEL_DIR --max-train 1000 \
         --tasks ncbi_disease chemprot biosses --seeds 0 1 2 3 4
 
   in-process  what `ablate evaluate` and a run's worker do (ablate.evaluate.scores.evaluate_items): one

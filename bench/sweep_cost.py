@@ -1,6 +1,6 @@
 """How the wall time of a sweep grows with its number of runs, and what the launcher costs per run.
 
-    ABLATE_DATA_ROOT=../shared/data python bench/sweep_cost.py [--sizes 1 2 4 8] [--executors local debug slurm]
+    python bench/sweep_cost.py [--sizes 1 2 4 8] [--executors local debug slurm]
 
 Each sweep is the tiny test grid's CLM-detour arm over N training seeds (tiny random-init BERT, 8 optimizer
 steps of 4 x 32 tokens, no probe, no evaluation), so a run's own training time is small and the rest is

@@ -1,6 +1,6 @@
 """Where a preparation worker's time goes: the Rust tokenizer against what surrounds it.
 
-    PYTHONPATH=$PWD ABLATE_DATA_ROOT=/work/shared/data python bench/tokenize_cost.py [--docs 6000] [--rounds 3]
+    PYTHONPATH=$PWD python bench/tokenize_cost.py [--docs 6000] [--rounds 3]
 
 On the first --docs documents of the 20 MB corpus of bench/data_scale.py (built if missing), one thread, in
 chunks of ablate.data.prepare.CHUNK_DOCS, each round times: the raw tokenizer (`encode_batch_fast`, what a
@@ -23,6 +23,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", type=int, default=6000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--size-mb", type=int, default=20, help="the corpus of bench/data_scale.py to read (default 20)")
     args = ap.parse_args()
 
     from tokenizers import Tokenizer
@@ -36,7 +37,7 @@ def main() -> None:
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     backend.no_truncation()
     backend.no_padding()
-    with build_corpus(20).open() as f:
+    with build_corpus(args.size_mb).open() as f:
         docs = [line.strip() for line in f if line.strip()][:args.docs]
     chunks = [docs[i:i + CHUNK_DOCS] for i in range(0, len(docs), CHUNK_DOCS)]
     for round_ in range(args.rounds):

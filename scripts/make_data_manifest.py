@@ -1,5 +1,5 @@
 """Write ablate/data/manifest.tsv (size + sha256 of every data file) from a data root that holds the files the
-tables were computed on: `python scripts/make_data_manifest.py ../shared/data`. Commit the manifest, never
+tables were computed on: `python scripts/make_data_manifest.py DATA_ROOT`. Commit the manifest, never
 the data."""
 
 from __future__ import annotations

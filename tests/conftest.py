@@ -1,4 +1,5 @@
-"""Shared fixtures: the data root (../shared/data unless ABLATE_DATA_ROOT says otherwise), tiny models, the
+"""Shared fixtures: the data root ($ABLATE_DATA_ROOT, else the checkout's ./data; a run whose data root lacks
+what the tests read stops before collecting anything and names the command that fetches it), tiny models, the
 local Slurm cluster (tests that need it skip without it, and the summary says so in a block of its own)."""
 
 from __future__ import annotations
@@ -11,21 +12,37 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablate.config.paths import absolute_env_paths
+from ablate.config.paths import DATA_ROOT_ENV, absolute_env_paths
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DATA_ROOT = REPO.parent / "shared" / "data"
-os.environ.setdefault("ABLATE_DATA_ROOT", str(DEFAULT_DATA_ROOT))
+os.environ.setdefault(DATA_ROOT_ENV, str(REPO / "data"))     # the default data root, seen from the checkout
 absolute_env_paths()     # subprocesses of the tests start in their own tmp folders
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+TESTS_SET = "tests"      # the datasets the tests read (ablate/data/sets.yaml)
+
+def missing_test_data(root: Path) -> list[str]:
+    """The datasets of the tests' set with a file missing under root (presence only: `ablate data verify tests`
+    checks the contents)."""
+    from ablate.data.catalog import dataset, dataset_sets
+
+    return [name for name in dataset_sets()[TESTS_SET]
+            if not all((root / name / expected.file).is_file() for expected in dataset(name).files)]
+
+
+def pytest_configure(config):
+    """Without the data the tests read, one line naming the command that fetches it (pytest's usage error, exit
+    4), not a failure per test."""
+    root = Path(os.environ[DATA_ROOT_ENV])
+    missing = missing_test_data(root)
+    if missing:
+        raise pytest.UsageError(f"the data root {root} lacks datasets the tests read ({', '.join(missing)}); fetch "
+                                f"them from their public sources with `.venv/bin/ablate data fetch {TESTS_SET}` "
+                                f"(into ./data), or set {DATA_ROOT_ENV} to a folder that holds them")
 
 
 @pytest.fixture(scope="session")
 def data_root() -> Path:
-    root = Path(os.environ["ABLATE_DATA_ROOT"])
-    if not (root / "corpus_en_e3c" / "train.txt").is_file():
-        pytest.fail(f"real data not found under {root}: set ABLATE_DATA_ROOT")
-    return root
+    return Path(os.environ[DATA_ROOT_ENV])
 
 
 @pytest.fixture(scope="session", autouse=True)

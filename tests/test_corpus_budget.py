@@ -214,7 +214,7 @@ def test_the_dry_run_estimates_a_corpus_it_cannot_count_and_flags_the_refused_ru
                     .replace("n_texts: 500", "n_texts: 32"))      # the toy file has 37 held-out texts
     assert main(["sweep", str(grid), "--dry-run", "--results", str(tmp_path / "r")]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
-    assert ("corpus corpus_fr_e3c/train.txt (hub:answerdotai/ModernBERT-base): ~420k tokens, an estimate from its "
+    assert ("corpus corpus_fr_e3c/train.txt (hub:almanach/moderncamembert-base): ~420k tokens, an estimate from its "
             "1.7M bytes") in out
     # no hub here: the tokenizer is not available (with it in the local cache: the corpus is not prepared)
     assert "(its tokenizer is not available here)" in out or "(not prepared yet)" in out

@@ -197,6 +197,20 @@ def test_the_smoke_grids_dry_run_on_an_empty_data_root_names_what_to_fetch(tmp_p
     assert f"`ablate data fetch {SMOKE}`" in err
 
 
+def test_the_freeze_grids_dry_run_on_a_root_without_the_french_tasks_names_its_fetch(tmp_path, data_root, monkeypatch,
+                                                                                     capsys):
+    root = tmp_path / "english"               # what `ablate data fetch grids/smoke.yaml` leaves: no French task
+    for name in ("corpus_en_e3c", "ncbi_disease"):
+        shutil.copytree(data_root / name, root / name)
+    monkeypatch.setenv("ABLATE_DATA_ROOT", str(root))
+    monkeypatch.chdir(SMOKE.parents[1])
+    assert main(["sweep", "grids/freeze.yaml", "--dry-run", "--results", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: grids/freeze.yaml: the data root ({root}) lacks quaero_emea (quaero_emea/train.tsv")
+    assert "frenchmedmcqa (frenchmedmcqa/train.json" in err and "ncbi_disease" not in err
+    assert "fetch them from their public sources: `ablate data fetch grids/freeze.yaml`" in err
+
+
 # ------------------------------------------------------------------------ converters on real upstream samples
 
 def _lines(path: Path) -> list[str]:

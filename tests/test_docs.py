@@ -16,11 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 FIRST_COMMANDS = [
-    "bash scripts/setup.sh && ABLATE_DATA_ROOT=../shared/data .venv/bin/ablate sweep grids/smoke.yaml",
-    # the same main job on a laptop without ../shared/data: the smoke grid's data fetched first (issue 34)
+    # the main job on a fresh machine: the smoke grid's data fetched into the default root first
     "bash scripts/setup.sh && .venv/bin/ablate data fetch grids/smoke.yaml && .venv/bin/ablate sweep grids/smoke.yaml",
+    # the whole test suite (Slurm, MariaDB and Chromium installed as root), after fetching what the tests read
     "bash scripts/setup.sh --with-slurm && export SLURM_CONF=${ABLATE_SLURM_DIR:-/tmp/ablate-slurm}/etc/slurm.conf \\\n"
-    "  && ABLATE_DATA_ROOT=../shared/data ABLATE_REQUIRE_SLURM=1 .venv/bin/python -m pytest -q",
+    "  && .venv/bin/ablate data fetch tests"
+    " && ABLATE_REQUIRE_SLURM=1 ABLATE_REQUIRE_CHROMIUM=1 .venv/bin/python -m pytest -q",
+    # the same without root: the Slurm and Chromium tests skip
+    "bash scripts/setup.sh && .venv/bin/ablate data fetch tests && .venv/bin/python -m pytest -q",
 ]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 COMMENT = re.compile(r"<!--.*?-->", re.S)
@@ -104,3 +107,87 @@ def test_a_grid_example_is_made_of_that_grids_lines(page, grid, block):
     parse_yaml(block, file=page)
     lines = {line.strip() for line in (ROOT / grid).read_text().splitlines()}
     assert [line for line in block.splitlines() if line.strip() and line.strip() not in lines] == []
+
+
+# ---------------------------------------------------------------- docs/your-study.md, run as a reader runs it
+
+GUIDE = ROOT / "docs" / "your-study.md"
+FILE_MARK = re.compile(r"<!-- file: (\S+) -->\s*$")
+SKIP_MARK = re.compile(r"<!-- not run by the tests: .+ -->\s*$")
+
+
+def _guide_steps() -> list[tuple[str, str, str]]:
+    """The guide's blocks in order, as (kind, target, body): ("file", path, text) for a block marked
+    `<!-- file: PATH -->`, ("run", "", commands) for every bash block not marked `<!-- not run by the tests: why
+    -->`, ("yaml", "", text) for the other YAML examples."""
+    text, steps = GUIDE.read_text(), []
+    for match in FENCE.finditer(text):
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        lang, body = match.group(1), match.group(2)
+        if FILE_MARK.match(before):
+            steps.append(("file", FILE_MARK.match(before).group(1), body))
+        elif lang == "bash" and not SKIP_MARK.match(before):
+            steps.append(("run", "", body))
+        elif lang == "yaml":
+            steps.append(("yaml", "", body))
+    return steps
+
+
+def test_the_guide_marks_its_files_and_commands():
+    kinds = [(kind, target) for kind, target, _ in _guide_steps()]
+    assert ("file", "my_study.yaml") in kinds and ("file", "tasks/my_task.yaml") in kinds
+    assert sum(kind == "run" for kind, _ in kinds) >= 5
+    for kind, _, body in _guide_steps():
+        if kind != "run":
+            parse_yaml(body, file=GUIDE.name)
+
+
+def _guide_inputs(folder: Path, data_root: Path, tokenizer) -> None:
+    """What the guide assumes a researcher has, made tiny: a model folder, a corpus of shards, held-out texts,
+    a two-label task, from slices of the real data."""
+    import json
+
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    model = folder / "models" / "my-encoder"
+    BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=3,
+                               num_attention_heads=2, intermediate_size=64)).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    texts = [t for t in (data_root / "corpus_en_e3c" / "train.txt").read_text().splitlines() if t.strip()][:300]
+    (folder / "data" / "my_corpus").mkdir(parents=True)
+    for i in range(3):
+        lines = [json.dumps({"text": t}) for t in texts[i * 80:(i + 1) * 80]]
+        (folder / "data" / "my_corpus" / f"part-{i:03d}.jsonl").write_text("\n".join(lines) + "\n")
+    (folder / "data" / "my_held_out.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[240:]))
+    (folder / "data" / "my_task").mkdir()
+    for split, n in (("train", 48), ("dev", 16), ("test", 16)):
+        rows = [json.loads(line) for line in (data_root / "chemprot" / f"{split}.jsonl").read_text().splitlines()]
+        kept = [r for r in rows if r["label"] in ("INHIBITOR", "SUBSTRATE")][:n]
+        (folder / "data" / "my_task" / f"{split}.jsonl").write_text(
+            "".join(json.dumps({"text": r["text"], "label": r["label"]}) + "\n" for r in kept))
+
+
+@pytest.mark.slow
+def test_the_guide_runs_from_a_grid_to_the_tables(tmp_path, data_root, minilm_tokenizer):
+    import os
+    import subprocess
+    import sys
+
+    _guide_inputs(tmp_path, data_root, minilm_tokenizer)
+    (tmp_path / "grids").symlink_to(ROOT / "grids")
+    env = {k: v for k, v in os.environ.items() if k not in ("ABLATE_DATA_ROOT", "ABLATE_RESULTS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    prologue = f'set -euo pipefail\nablate() {{ "{sys.executable}" -m ablate.cli "$@"; }}\n'
+    for kind, target, body in _guide_steps():
+        if kind == "file":
+            (tmp_path / target).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / target).write_text(body)
+        elif kind == "run":
+            done = subprocess.run(["bash", "-c", prologue + body], cwd=tmp_path, env=env, capture_output=True,
+                                  text=True, timeout=900)
+            assert done.returncode == 0, f"{body}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    sweep = tmp_path / "results" / "my_study"
+    assert len(list((sweep / "runs").iterdir())) == 3
+    assert (sweep / "tables" / "scores.md").is_file() and (sweep / "figures" / "layers.png").is_file()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from ablate.cli import main
 from ablate.launch import drivers, worker
 from ablate.launch.scheduler import Scheduler, classify
 from ablate.config.grid import Launcher
@@ -55,7 +56,8 @@ def test_two_drivers_of_one_sweep_run_each_pretraining_and_fine_tuning_once(tmp_
     assert f"another driver (pid {first.pid} on " in second.stdout, second.stdout + second.stderr
     assert "to run 0; already done 0; failed (not retried; --retry-failed) 0; queued or running elsewhere 2" \
         in second.stdout
-    assert "nothing to submit" in second.stdout and second.returncode == 1     # not done yet: the first has them
+    assert "nothing to submit" in second.stdout and "left to others: " in second.stdout
+    assert "0 done, 0 failed, 2 held elsewhere" in second.stdout and second.returncode == 0    # nothing was its to do
 
     release.touch()
     rest, _ = first.communicate(timeout=600)
@@ -123,3 +125,51 @@ def dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
+
+
+def held_sweep(tmp_path: Path, driver: dict) -> tuple[Path, list[Path]]:
+    """The two-run grid's sweep folder written as a sweep writes it, every run queued by `driver`."""
+    from ablate.config.grid import load_grid
+    from ablate.launch.scheduler import write_sweep_manifest
+    from ablate.plan.grid import expand
+    from ablate.store.sweep import SweepFolder
+
+    path = two_run_grid(tmp_path)
+    grid = load_grid(path)
+    runs = expand(grid)
+    paths = SweepFolder(tmp_path / "results" / grid.sweep)
+    write_sweep_manifest(paths, grid, path, runs)
+    for run in runs:
+        rundir.write_status(paths.run(run.run_id), "pending", driver=driver)
+    return path, [paths.run(r.run_id) for r in runs]
+
+
+def test_a_driver_whose_runs_another_live_driver_holds_names_it_and_exits_0(tmp_path, data_root, capsys):
+    other = {"host": drivers.me()["host"], "pid": os.getppid()}     # a live process that is not this one
+    grid, run_dirs = held_sweep(tmp_path, other)
+    assert main(["sweep", str(grid), "--executor", "debug", "--results", str(tmp_path / "results")]) == 0
+    out = capsys.readouterr().out
+    ids = ", ".join(d.name for d in run_dirs)
+    assert "nothing to submit" in out
+    assert f"left to others: 2 runs pending by another driver (pid {other['pid']} on {other['host']}): {ids}" in out
+    assert "summary: 0 done, 0 failed, 2 held elsewhere;" in out and f"`ablate sweep {grid} --wait`" in out
+    assert all(rundir.read_status(d)["driver"] == other for d in run_dirs)       # left as they were
+
+
+def test_wait_watches_the_held_runs_and_runs_what_their_driver_left_unfinished(tmp_path, data_root):
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    grid, run_dirs = held_sweep(tmp_path, {"host": drivers.me()["host"], "pid": other.pid})
+    waiting = subprocess.Popen(sweep_cmd(grid, tmp_path / "results") + ["--wait"], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in waiting.stdout:        # blocks until the driver waits: no race
+        seen.append(line)
+        if "waiting for the 2 runs held elsewhere" in line:
+            break
+    assert "left to others: 2 runs pending by another driver" in "".join(seen), "".join(seen)
+    other.stdin.close()                # the other driver ends without running them
+    other.wait()
+    rest, _ = waiting.communicate(timeout=600)
+    assert waiting.returncode == 0, "".join(seen) + rest
+    assert "to run 2;" in rest and "summary: 2 done, 0 failed;" in rest, rest
+    assert all(rundir.read_status(d)["state"] == "done" for d in run_dirs)

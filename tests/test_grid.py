@@ -451,6 +451,7 @@ def test_the_shipped_freeze_grid_has_one_pretraining_seed_and_nine_finetuning_se
     assert lines[-2] == "compute parity (the whole grid): ok, 5 arm(s) train 11,000,610,816 tokens each " \
                         "(prelude included)"
     assert "2 transplants" in lines[-1]       # the paper's hybrids: low layers CLM -> MLM and back
+    assert "model hub:almanach/moderncamembert-base (modernbert, 22 layers)" in lines[-1]   # the paper's French base
     assert plan[0] == (f"cost plan: steps and tokens (training steps, prelude included); for hours and GPU-hours, "
                        f"run `ablate calibrate {path}` on the target hardware (it stores the measured tokens/s with "
                        "the sweep) or pass --tokens-per-s N")

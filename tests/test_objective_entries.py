@@ -18,7 +18,7 @@ from ablate.models.families import FAMILIES
 from ablate.models.sources import load_masked_lm
 from ablate.plan.branching import RunPlan, branch_step, computation_key
 from ablate.plan.phases import plan_phases
-from ablate.train.preflight import measure, preflight_ids
+from ablate.train.preflight import checked_patterns, measure, preflight_documents, preflight_ids
 from ablate.train.schedule import lr_at
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ablate"
@@ -135,25 +135,33 @@ def test_mixture_members_by_step_micro_batch_and_sequence_are_deterministic():
     assert batch.pattern() == "prefix"       # rows of both patterns: per-row masks
 
 
-PREFIX_IMPLEMENTATIONS = [(n, i) for n, f in FAMILIES.items() for i in f.attn_implementations
-                          if f.causal[i] != "banded"]
+PREFIX_IMPLEMENTATIONS = [(n, i) for n, f in FAMILIES.items() for i in f.attn_implementations]
 
 
 @pytest.mark.parametrize("name, impl", PREFIX_IMPLEMENTATIONS)
-def test_the_prefix_preflight_passes_on_every_dense_mask_path(name, impl, minilm_tokenizer):
+def test_the_prefix_preflight_passes_on_every_mask_path(name, impl, minilm_tokenizer):
+    """The dense per-row masks and the banded path's per-row prefix lengths (ModernBERT under sdpa)."""
     family = FAMILIES[name]
     model = load_masked_lm(f"config:{family.tiny_config}", impl, seed=0).eval()
     result = measure(model, family, preflight_ids(minilm_tokenizer, model.config.vocab_size, 64), pattern="prefix")
     assert result.causal and result.prefix_reach > 0, result.describe()
 
 
-def test_the_banded_path_has_no_prefix_form_and_the_preflight_says_so(minilm_tokenizer):
-    name = next(n for n, f in FAMILIES.items() if "banded" in f.causal.values())
-    family = FAMILIES[name]
-    impl = next(i for i, k in family.causal.items() if k == "banded")
-    model = load_masked_lm(f"config:{family.tiny_config}", impl, seed=0).eval()
-    result = measure(model, family, preflight_ids(minilm_tokenizer, model.config.vocab_size, 64), pattern="prefix")
-    assert not result.causal and "banded" in result.error
+def test_the_banded_prefix_preflight_passes_with_documents(minilm_tokenizer):
+    """The prefix's last token lies in the second of three documents: it reaches that document's start."""
+    family = FAMILIES["modernbert"]
+    model = load_masked_lm(f"config:{family.tiny_config}", "sdpa", seed=0).eval()
+    assert family.mask_kind("sdpa") == "banded"
+    result = measure(model, family, preflight_ids(minilm_tokenizer, model.config.vocab_size, 64),
+                     documents=preflight_documents(64), pattern="prefix")
+    assert result.causal and result.prefix_reach > 0, result.describe()
+
+
+def test_a_mixture_by_sequence_of_two_patterns_is_proven_as_a_prefix_pattern():
+    mixed = {"objective": "mixture", "mixture": [{"objective": "clm", "weight": 1}, {"objective": "mlm", "weight": 3}]}
+    by_sequence = _phase(**mixed, granularity="sequence")
+    assert checked_patterns([by_sequence]) == ("causal", "prefix")
+    assert checked_patterns([_phase(**mixed, granularity="step")]) == ("causal",)
 
 
 def test_a_prefix_that_is_not_bidirectional_is_caught(minilm_tokenizer, monkeypatch):

@@ -26,7 +26,7 @@ from ablate.plan.eval_cost import finetune_task_rows
 from tests.test_report import write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("ABLATE_DATA_ROOT", REPO.parent / "shared" / "data"))
+DATA = Path(os.environ["ABLATE_DATA_ROOT"])      # set by conftest: $ABLATE_DATA_ROOT or the checkout's ./data
 MINI = {"name": "mini", "seeds": [0, 1], "tasks": ["ncbi_disease", {"task": "chemprot", "seeds": [3]}],
         "finetune": {"epochs": 1, "max_train_examples": 8, "max_eval_examples": 8, "max_length": 32}}
 

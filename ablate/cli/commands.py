@@ -134,7 +134,7 @@ def cmd_sweep(args) -> int:
     _warn(warnings + checked.warnings)
     if args.dry_run:
         from ablate.analysis.pairs import describe_pairs
-        from ablate.launch.estimates import dry_run_cost
+        from ablate.launch.estimates import dry_run_cost, objective_breakdown
 
         header, costs = dry_run_cost(grid, str(args.grid), runs, executor, results_root(args.results),
                                      args.tokens_per_s, checked.tree, transplants)
@@ -147,21 +147,27 @@ def cmd_sweep(args) -> int:
             print()
         _print_tree(checked.tree, runs)
         _print_finetuning(grid, runs, results_root(args.results), transplants)
+        lines, by_objective = objective_breakdown(runs, checked.tree)
+        print("\n".join(lines))
+        _print_table(by_objective)
+        print()
         print("\n".join(header))
         _print_table(costs)
         print("\n".join(checked.parity))
         print(f"{len(runs)} runs" + (f", {len(transplants)} transplants" if transplants else "")
               + f"; executor {executor}; results in {sweep_dir}; dry run: nothing submitted; "
+              + "".join(f"model {m} ({fam.name}, {depth} layers); " for m, (fam, depth) in checked.models.items())
               + describe_pairs([(r.run_id, r.spec) for r in runs]))
         return EXIT_OK
     from ablate.launch import scheduler
+    from ablate.launch.drivers import HELD
     from ablate.launch.executors import require_executor
     from ablate.store import tables
 
     require_executor(executor, key="--executor" if args.executor else "launcher.executor")
     by_state = scheduler.run_sweep(grid, Path(args.grid), runs, results_root(args.results), executor,
                                    args.retry_failed, poll_s=args.poll, transplants=transplants,
-                                   tree=checked.tree)
+                                   tree=checked.tree, wait=args.wait)
     collected = tables.collect(sweep_dir)
     _warn(collected.problems + collected.warnings)
     done, failed = by_state.get("done", []), by_state.get("failed", [])
@@ -170,7 +176,11 @@ def cmd_sweep(args) -> int:
           + "".join(f", {len(v)} {k}" for k, v in others.items()) + f"; tables in {sweep_dir}")
     for rid in failed:
         print(f"  failed {rid}: log {sweep_dir / 'runs' / rid / 'log.txt'}")
-    return EXIT_OK if not failed and not others and not collected.problems else EXIT_FAILED
+    if by_state.get(HELD):
+        print(f"{len(by_state[HELD])} runs are left to the other drivers, workers or jobs named above: `ablate "
+              f"status {grid.sweep}` follows them, `ablate sweep {args.grid} --wait` waits for them")
+    unfinished = [state for state in others if state != HELD]      # held elsewhere: not this driver's to finish
+    return EXIT_OK if not failed and not unfinished and not collected.problems else EXIT_FAILED
 
 
 def cmd_calibrate(args) -> int:

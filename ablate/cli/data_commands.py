@@ -86,8 +86,8 @@ def add_data_commands(sub) -> None:
     where = d.add_subparsers(dest="data_command", required=True)
     root = _data_root_option()
     f = where.add_parser("fetch", parents=[root], help="download, derive and check datasets into the data root")
-    f.add_argument("targets", nargs="*", metavar="TARGET", help="a dataset, a task, suite:NAME, or a grid / run "
-                   "spec file: the datasets it reads")
+    f.add_argument("targets", nargs="*", metavar="TARGET", help="a dataset, a set of datasets (tests: what the "
+                   "test suite reads), a task, suite:NAME, or a grid / run spec file: the datasets it reads")
     f.add_argument("--mirror", metavar="URL", help="a mirror of the sources laid out as <URL>/<owner>/<repo>/<commit>"
                    "/<path> (default: $ABLATE_DATA_MIRROR, else GitHub)")
     f.set_defaults(func=cmd_data_fetch)

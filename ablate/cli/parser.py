@@ -52,6 +52,8 @@ def _add_run_commands(sub, results, sweep, submit) -> None:
     s = sub.add_parser("sweep", parents=[submit], help="expand a grid and run it (local, slurm or debug executor)")
     s.add_argument("grid", help="grid file (YAML)")
     s.add_argument("--retry-failed", action="store_true", help="re-submit runs that failed before")
+    s.add_argument("--wait", action="store_true", help="runs another live driver, worker or job holds: wait until "
+                   "they end, then submit any left unfinished (default: leave them to it and exit 0)")
     s.add_argument("--tokens-per-s", type=float, metavar="N", help="with --dry-run: training tokens/s of one "
                    "process (one GPU), for the cost plan's hours (default: the sweep's `ablate calibrate`)")
     s.set_defaults(func=cmd_sweep)

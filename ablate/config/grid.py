@@ -43,22 +43,23 @@ MODEL_SOURCE_FORMS = "package:MODULE, hub:ORG/NAME, ORG/NAME, config:NAME|PATH o
 
 class LocalLauncher(Strict):
     parallel: int = Field(default=1, gt=0, description="runs at once on this machine")
-    timeout_min: int = Field(default=24 * 60, gt=0)
+    timeout_min: int = Field(default=24 * 60, gt=0, description="minutes before a run's job is stopped")
 
 
 class SlurmLauncher(Strict):
-    partition: str | None = None
-    gpus_per_node: int = Field(default=0, ge=0)
+    partition: str | None = Field(default=None, description="sbatch --partition; null: the cluster's default")
+    gpus_per_node: int = Field(default=0, ge=0, description="GPUs per node of a run (0: a CPU job)")
     nodes: int = Field(default=1, gt=0, description="nodes per run (data parallel across nodes)")
     tasks_per_node: int = Field(default=1, gt=0, description="data-parallel ranks per node (one per GPU)")
-    cpus_per_task: int = Field(default=2, gt=0)
-    mem_gb: float = Field(default=8, gt=0)
-    timeout_min: int = Field(default=60, gt=0)
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
+    cpus_per_task: int = Field(default=2, gt=0, description="CPU cores per rank (data loading, tokenization)")
+    mem_gb: float = Field(default=8, gt=0, description="memory per node, in GB")
+    timeout_min: int = Field(default=60, gt=0, description="the job's time limit in minutes (a run stopped by it "
+                             "is requeued and resumes from its checkpoint)")
+    account: str | None = Field(default=None, description="sbatch --account (the allocation the hours go to)")
+    qos: str | None = Field(default=None, description="sbatch --qos")
+    constraint: str | None = Field(default=None, description="sbatch --constraint (node features, e.g. a GPU type)")
     additional_parameters: dict[str, Any] = Field(default_factory=dict, description="extra sbatch options")
-    array_parallelism: int = Field(default=16, gt=0)
+    array_parallelism: int = Field(default=16, gt=0, description="jobs of one array running at once")
     max_array_size: int = Field(default=1000, gt=0, description="the cluster's MaxArraySize")
     max_requeues: int = Field(default=3, ge=0, description="timeouts/preemptions before giving up")
     setup: tuple[str, ...] = Field(default=(), description="shell lines run before the job (module load ...)")
@@ -78,9 +79,10 @@ class SlurmLauncher(Strict):
 
 
 class Launcher(Strict):
-    executor: Literal["local", "slurm", "debug"] = "local"
-    local: LocalLauncher = LocalLauncher()
-    slurm: SlurmLauncher = SlurmLauncher()
+    executor: Literal["local", "slurm", "debug"] = Field(default="local", description="local: processes on this "
+                                                        "machine; slurm: jobs; debug: in this process, one by one")
+    local: LocalLauncher = Field(default=LocalLauncher(), description="settings of the local executor")
+    slurm: SlurmLauncher = Field(default=SlurmLauncher(), description="settings of the Slurm executor")
 
     def ranks(self, executor: str | None = None) -> int:
         """Data-parallel processes per run under `executor` (default: this launcher's): Slurm's nodes x tasks
@@ -128,22 +130,29 @@ def declared_baseline(sweep_dir: str | Path) -> str:
 
 
 class GridSpec(Strict):
-    sweep: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    base: dict[str, Any]
-    prelude: tuple[dict[str, Any], ...] = ()
-    schedules: dict[str, tuple[dict[str, Any], ...]]
-    freeze_masks: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"none": {}})
-    models: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    axes: dict[str, tuple[Any, ...]] = Field(default_factory=dict)
-    zip: tuple[dict[str, tuple[Any, ...]], ...] = ()
-    exclude: tuple[dict[str, Any], ...] = ()
-    transplants: tuple[TransplantSpec, ...] = ()
+    sweep: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="the sweep's name: its folder results/<sweep>/")
+    base: dict[str, Any] = Field(description="settings every run shares: a run spec without phases")
+    prelude: tuple[dict[str, Any], ...] = Field(default=(), description="phases every schedule starts with")
+    schedules: dict[str, tuple[dict[str, Any], ...]] = Field(description="named lists of phases (the `schedule` "
+                                                                         "axis picks them)")
+    freeze_masks: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"none": {}}, description="named "
+                                                    "masks: phase name -> freeze groups added to that phase")
+    models: dict[str, dict[str, Any]] = Field(default_factory=dict, description="named models: a `model` source "
+                                              "and any run-spec keys that go with it (batch_size, ...)")
+    axes: dict[str, tuple[Any, ...]] = Field(default_factory=dict, description="what varies, crossed: schedule, "
+                                             "freeze, model, or any dotted run-spec key (seed, optim.lr, ...)")
+    zip: tuple[dict[str, tuple[Any, ...]], ...] = Field(default=(), description="groups of axes whose lists vary "
+                                                        "together, as one axis")
+    exclude: tuple[dict[str, Any], ...] = Field(default=(), description="axis combinations left out (a value or "
+                                                "a list of values per axis)")
+    transplants: tuple[TransplantSpec, ...] = Field(default=(), description="hybrids of two arms' runs built and "
+                                                    "fine-tuned after them")
     allow_unequal_compute: bool = Field(default=False, description="let arms that the tables, pairs or "
                                         "transplants compare train different numbers of tokens")
     branching: bool = Field(default=True, description="runs that compute the same first steps train them once: "
                             "the others start from that run's checkpoint (ablate.plan.branching); false: every "
                             "run from step 0")
-    launcher: Launcher = Launcher()
+    launcher: Launcher = Field(default=Launcher(), description="where the runs go: this machine or Slurm")
     baseline: str | tuple[str, ...] = Field(default=DEFAULT_BASELINE, description="the baseline arm's schedule "
                                             "(with freeze none), or several (each arm's twin is the one of its "
                                             "length; tables compare with the first): "

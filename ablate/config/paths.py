@@ -17,7 +17,7 @@ PREPARED_ENV = "ABLATE_PREPARED"      # default: <cache>/prepared (on a cluster:
 
 def absolute_env_paths() -> None:
     """Make the location variables that are set absolute, against this process's working directory: jobs,
-    workers and subprocesses inherit them but may start elsewhere (`ABLATE_DATA_ROOT=../shared/data`)."""
+    workers and subprocesses inherit them but may start elsewhere (`ABLATE_DATA_ROOT=../data`)."""
     for name in (DATA_ROOT_ENV, CACHE_ENV, RESULTS_ENV, PREPARED_ENV):
         if os.environ.get(name):
             os.environ[name] = str(Path(os.environ[name]).expanduser().absolute())

@@ -10,6 +10,7 @@ May import: config.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -61,3 +62,19 @@ class PhaseData(Strict):
         if self.model_dump(exclude_none=True) == {}:
             raise Located("a phase's data names nothing", "data", {}, "corpus, format, text_field, mixture, seq_len")
         return self
+
+
+def steps_by_length(phases, per_step: list[int], budget_tokens: int | None) -> list[int]:
+    """Each phase's steps when phases differ in length: a fraction's cumulative boundary in tokens, reached from
+    the tokens the fractions before it trained, in steps of its own length (RunSpec.phase_steps)."""
+    out, trained, done = [], 0, 0.0
+    for p, step in zip(phases, per_step):
+        if p.steps is not None:
+            out.append(p.steps)
+        elif p.tokens is not None:
+            out.append(max(1, math.ceil(p.tokens / step)))
+        else:
+            done += p.fraction
+            out.append(max(1, math.ceil((done * budget_tokens - trained) / step - 1e-9)))
+            trained += out[-1] * step
+    return out

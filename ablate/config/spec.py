@@ -19,7 +19,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ablate.config import identity
 from ablate.config.base import Located, Strict, read_yaml, unique_items, validate
-from ablate.config.sources import PhaseData, SourceSpec, check_members
+from ablate.config.sources import PhaseData, SourceSpec, check_members, steps_by_length
 
 FREEZE_WORDS = ("none", "embeddings", "low", "mid", "high", "encoder", "head")
 FREEZE_ALLOWED = "none, embeddings, low, mid, high, encoder, head, or a layer range like 0-7 or 3"
@@ -29,9 +29,10 @@ class LRSchedule(Strict):
     """Per-phase LR multiplier shape. The scheduler restarts at each phase; the optimizer state does not."""
 
     peak_lr: float | None = Field(default=None, gt=0, description="defaults to optim.lr")
-    warmup_steps: int = Field(default=0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0, description="steps of linear warm-up from 0 to the peak")
     warmup_fraction: float = Field(default=0.0, ge=0, lt=1, description="of the phase's steps")
-    decay: Literal["constant", "linear", "1-sqrt", "cosine"] = "constant"
+    decay: Literal["constant", "linear", "1-sqrt", "cosine"] = Field(
+        default="constant", description="the LR's shape after the warm-up, down to final_fraction of the peak")
     final_fraction: float = Field(default=0.0, ge=0, le=1, description="LR at the end, as a fraction of peak")
 
     @model_validator(mode="after")
@@ -104,15 +105,19 @@ class MixtureMember(ObjectiveFields):
 
 
 class PhaseSpec(ObjectiveFields):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="what freeze masks, tables and "
+                      "records call the phase; unique within a run")
     mixture: tuple[MixtureMember, ...] | None = Field(default=None, description="objective mixture: its members")
     granularity: Literal["step", "micro-batch", "sequence"] | None = Field(
         default=None, description="objective mixture: what one draw of a member trains (default step)")
-    steps: int | None = Field(default=None, gt=0)
-    tokens: int | None = Field(default=None, gt=0)
+    steps: int | None = Field(default=None, gt=0, description="the phase's length in optimizer steps (give one "
+                                                               "of steps, tokens, fraction)")
+    tokens: int | None = Field(default=None, gt=0, description="the phase's length in training tokens, rounded "
+                                                                "up to whole steps")
     fraction: float | None = Field(default=None, gt=0, le=1, description="of the run's budget_tokens")
-    lr: LRSchedule = LRSchedule()
-    freeze: tuple[str, ...] = ("none",)
+    lr: LRSchedule = Field(default=LRSchedule(), description="the phase's learning-rate schedule")
+    freeze: tuple[str, ...] = Field(default=("none",), description=f"layers left untouched: {FREEZE_ALLOWED}; "
+                                    "a grid's freeze masks add to it")
     data: PhaseData | None = Field(default=None, description="this phase's corpus, mixture or seq_len, where "
                                                              "they differ from the run's data")
 
@@ -147,12 +152,14 @@ class DataSpec(Strict):
     corpus: str | None = Field(default=None, description="path under the data root (or absolute), or hf:NAME for a "
                                                          "datasets dataset")
     mixture: tuple[SourceSpec, ...] | None = Field(default=None, description="weighted corpora instead of one")
-    format: Literal["auto", "text", "jsonl", "parquet", "hf"] = "auto"
-    text_field: str = "text"
+    format: Literal["auto", "text", "jsonl", "parquet", "hf"] = Field(
+        default="auto", description="how the corpus is read; auto: from the files' suffixes (.txt one document "
+                                    "a line, .jsonl, .parquet)")
+    text_field: str = Field(default="text", description="jsonl, parquet, hf: the field holding each document")
     valid_corpus: str | None = Field(default=None, description="held-out texts for layer probes")
     max_documents: int | None = Field(default=None, gt=0, description="use only the first N documents")
-    seq_len: int = Field(default=128, ge=8)
-    data_seed: int = 42
+    seq_len: int = Field(default=128, ge=8, description="tokens per packed training sequence")
+    data_seed: int = Field(default=42, description="the order documents are packed and read in")
     data_root: str | None = Field(default=None, description="overrides ABLATE_DATA_ROOT")
     errors: Literal["strict", "replace"] = Field(default="strict", description="invalid UTF-8: an error, or "
                                                  "replaced by U+FFFD")
@@ -179,25 +186,28 @@ class OptimSpec(Strict):
     `torch` is torch.optim.AdamW's 1 - lr_t x weight_decay (2e-9 a step at the recipe's values: in float32
     a weight stays bitwise unchanged)."""
 
-    lr: float = Field(default=2e-4, gt=0)
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = Field(default=1e-6, gt=0)
-    weight_decay: float = Field(default=1e-5, ge=0)
-    weight_decay_form: Literal["composer", "torch"] = "composer"
-    grad_clip: float | None = Field(default=1.0, gt=0)
+    lr: float = Field(default=2e-4, gt=0, description="the peak learning rate (a phase's lr.peak_lr overrides it)")
+    betas: tuple[float, float] = Field(default=(0.9, 0.98), description="AdamW's beta1, beta2")
+    eps: float = Field(default=1e-6, gt=0, description="AdamW's epsilon")
+    weight_decay: float = Field(default=1e-5, ge=0, description="decoupled weight decay (see weight_decay_form)")
+    weight_decay_form: Literal["composer", "torch"] = Field(default="composer", description="composer: decay "
+                                                            "scaled by lr_t / lr; torch: by lr_t (see above)")
+    grad_clip: float | None = Field(default=1.0, gt=0, description="gradient norm clipped to this; null: none")
 
 
 class ProbeSpec(Strict):
     """Per-layer CKA against the base model at the end of each phase (off when n_texts is 0)."""
 
-    n_texts: int = Field(default=0, ge=0)
-    max_length: int = Field(default=128, ge=8)
-    seed: int = 0
+    n_texts: int = Field(default=0, ge=0, description="held-out texts (data.valid_corpus) the layers are "
+                                                       "measured on; 0: no probe")
+    max_length: int = Field(default=128, ge=8, description="tokens per probe text")
+    seed: int = Field(default=0, description="which held-out texts are drawn")
 
 
 class EvalSpec(Strict):
-    tasks: tuple[str, ...] = ()
-    seeds: tuple[int, ...] = (0,)
+    tasks: tuple[str, ...] = Field(default=(), description="fine-tuning tasks after pretraining: task names "
+                                   "(grids/tasks) or suite:NAME (grids/suites); none: no fine-tuning")
+    seeds: tuple[int, ...] = Field(default=(0,), description="fine-tuning seeds, each task once per seed")
     finetune: dict[str, Any] = Field(default_factory=dict, description="overrides of the tasks' fine-tuning defaults")
     protocol: str | None = Field(default=None, description="a fine-tuning profile of ablate.evaluate.protocol "
                                                            "(paper, smoke) over the task files; null: the files'")
@@ -230,9 +240,10 @@ class TrackingSpec(Strict):
     `tensorboard: true` is `tensorboard: {}`; false or absent is off. W&B runs offline only: sync later with
     `wandb sync`."""
 
-    tensorboard: TensorBoardSpec | None = None
-    mlflow: MlflowSpec | None = None
-    wandb: WandbSpec | None = None
+    tensorboard: TensorBoardSpec | None = Field(default=None, description="TensorBoard event files (true: "
+                                                "the defaults)")
+    mlflow: MlflowSpec | None = Field(default=None, description="an MLflow run per run (true: the defaults)")
+    wandb: WandbSpec | None = Field(default=None, description="an offline W&B run per run (true: the defaults)")
 
     @field_validator("tensorboard", "mlflow", "wandb", mode="before")
     @classmethod
@@ -248,19 +259,21 @@ class RunSpec(Strict):
     model: str = Field(description="package:MODULE, a local folder, hub:ORG/NAME (or ORG/NAME), or config:NAME|PATH "
                                    "for a random init")
     tokenizer: str | None = Field(default=None, description="same forms as model; defaults to the model's")
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    attn_implementation: Literal["sdpa", "eager"] = Field(default="sdpa", description="the encoder's attention "
+                                                          "kernel: torch's scaled dot product, or plain matmuls")
     document_masking: bool = Field(default=False, description="attention stays inside each packed document "
                                                              "(as unpadded varlen training); in the run id when on")
-    data: DataSpec
+    data: DataSpec = Field(description="the pretraining corpus and how it is read and packed")
     batch_size: int = Field(default=16, gt=0, description="sequences per optimizer step")
     micro_batch_size: int | None = Field(default=None, gt=0, description="for gradient accumulation")
-    seed: int = 17
+    seed: int = Field(default=17, description="the pretraining seed: initialisation of new weights, masking draws")
     budget_tokens: int | None = Field(default=None, gt=0, description="what phase fractions are fractions of")
-    phases: tuple[PhaseSpec, ...]
-    optim: OptimSpec = OptimSpec()
+    phases: tuple[PhaseSpec, ...] = Field(description="the phases, in order (in a grid: prelude + a schedule)")
+    optim: OptimSpec = Field(default=OptimSpec(), description="the optimizer (AdamW), its state kept across "
+                                                              "phases")
     checkpoint_every: int = Field(default=50, gt=0, description="optimizer steps")
-    log_every: int = Field(default=10, gt=0)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    log_every: int = Field(default=10, gt=0, description="optimizer steps between curve points")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto: CUDA when there is one")
     precision: Literal["auto", "bf16", "fp32"] = Field(
         default="auto", description="auto: bf16 autocast on CUDA, float32 on the CPU; bf16 (autocast, float32 master "
                                     "weights) or fp32 on any device")
@@ -273,9 +286,9 @@ class RunSpec(Strict):
         default="fused", description="the MLM head's vocabulary projection + cross-entropy: fused (a chunk of "
                                      "positions at a time, never all logits at once) or dense (all logits, as the "
                                      "model's own forward); the same loss and gradients up to float rounding")
-    probe: ProbeSpec = ProbeSpec()
-    eval: EvalSpec = EvalSpec()
-    tracking: TrackingSpec = TrackingSpec()
+    probe: ProbeSpec = Field(default=ProbeSpec(), description="per-layer measures at each phase end")
+    eval: EvalSpec = Field(default=EvalSpec(), description="fine-tuning on downstream tasks after pretraining")
+    tracking: TrackingSpec = Field(default=TrackingSpec(), description="live views in TensorBoard, MLflow, W&B")
     labels: dict[str, Any] = Field(default_factory=dict, description="names that do not change training "
                                                                      "(sweep, axis values)")
     branching: bool = Field(default=True, description="may start from another run's checkpoint of the same "
@@ -338,7 +351,7 @@ class RunSpec(Strict):
         at their cumulative boundaries, so any split of the budget trains ceil(budget_tokens / step) steps."""
         per_step = self.phase_tokens_per_step()
         if len(set(per_step)) > 1:
-            return self._steps_by_length(per_step)
+            return steps_by_length(self.phases, per_step, self.budget_tokens)
         out, done = [], 0.0
         for p in self.phases:
             if p.steps is not None:
@@ -348,21 +361,6 @@ class RunSpec(Strict):
             else:
                 start, done = self._steps_for(done * self.budget_tokens), done + p.fraction
                 out.append(max(1, self._steps_for(done * self.budget_tokens) - start))
-        return out
-
-    def _steps_by_length(self, per_step: list[int]) -> list[int]:
-        """Phases of different lengths: each fraction's cumulative boundary in tokens, reached from the tokens
-        the fractions before it trained, in steps of its own length."""
-        out, trained, done = [], 0, 0.0
-        for p, step in zip(self.phases, per_step):
-            if p.steps is not None:
-                out.append(p.steps)
-            elif p.tokens is not None:
-                out.append(max(1, math.ceil(p.tokens / step)))
-            else:
-                done += p.fraction
-                out.append(max(1, math.ceil((done * self.budget_tokens - trained) / step - 1e-9)))
-                trained += out[-1] * step
         return out
 
     def _steps_for(self, tokens: float) -> int:

@@ -1,6 +1,7 @@
 """The datasets a data root holds: where each comes from (catalog.yaml: repository, pinned commit, the files
-read there, licence, converter) and what each of its files must be (manifest.tsv: size and sha256 of the
-files the tables were computed on). Checking a data root against the manifest is `ablate data verify`.
+read there, licence, converter), what each of its files must be (manifest.tsv: size and sha256 of the
+files the tables were computed on) and named sets of them (sets.yaml). Checking a data root against the
+manifest is `ablate data verify`.
 
 May import: config.
 """
@@ -21,6 +22,7 @@ from ablate.config.errors import SpecError
 HERE = Path(__file__).resolve().parent
 CATALOG = HERE / "catalog.yaml"
 MANIFEST = HERE / "manifest.tsv"
+SETS = HERE / "sets.yaml"
 MANIFEST_COLUMNS = ("dataset", "file", "size", "sha256")
 NOT_DATA = {"SOURCE.md", "README.md"}     # notes beside the data: not fetched, not checked
 HASH_BLOCK = 1 << 22
@@ -66,6 +68,16 @@ def _sources(entry: dict) -> tuple[tuple[str, str], ...]:
     templated = [(PurePosixPath(path).name, path) for i in each["ids"] for path in
                  (template.format(id=i) for template in each["paths"])]
     return tuple((entry.get("sources") or {}).items()) + tuple(templated)
+
+
+@cache
+def dataset_sets() -> dict[str, tuple[str, ...]]:
+    """Named sets of catalogued datasets (sets.yaml), e.g. `tests`: what the test suite reads."""
+    sets = yaml.safe_load(SETS.read_text(encoding="utf-8"))
+    for name, members in sets.items():
+        for member in members:
+            dataset(member, key=f"{SETS.name}: {name}")
+    return {name: tuple(members) for name, members in sets.items()}
 
 
 def dataset(name: str, key: str = "dataset") -> Dataset:

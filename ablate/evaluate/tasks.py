@@ -29,36 +29,40 @@ TaskType = Literal["token_classification", "sequence_classification", "sequence_
 class FinetuneSettings(Strict):
     """How to fine-tune; a task file's `finetune:` block sets defaults, a sweep may override any field."""
 
-    method: Literal["full", "lora"] = "full"
-    lr: PositiveFloat = 5e-5
-    batch_size: PositiveInt = 16
-    eval_batch_size: PositiveInt = 64
-    # Batches of about one length (evaluate.batching.epoch_batches): a fraction of the padding, the same test F1
-    # over seeds as shuffled batches (BENCHMARKS.md, issue 32); false: shuffled, what scores before it used.
-    group_by_length: bool = True
-    # CPU: run each batch as length-sorted pieces padded to their own longest (evaluate.batching.length_pieces).
-    # The same step in exact arithmetic, not in float rounding, so scores move by seed-level noise: opt-in.
-    length_pieces: bool = False
-    epochs: PositiveInt = 10
-    patience: PositiveInt | None = 3          # epochs without dev improvement before stopping; null: never
-    max_length: int | None = Field(None, ge=8)  # null: the task's max_length; capped at the model's context
-    max_train_examples: PositiveInt | None = None   # N examples of train (tests, CPU budgets), by `subset`
-    max_eval_examples: PositiveInt | None = None    # N examples of dev and of test, by `subset`
-    # which N: the first ones, or N spread evenly over the split in file order (a file sorted by label, as
-    # GAD's is, gives one class in its first N)
-    subset: Literal["first", "spread"] = "first"
-    warmup_ratio: float = Field(0.1, ge=0, le=1)
-    weight_decay: float = Field(0.01, ge=0)
-    grad_clip: PositiveFloat | None = 1.0
-    # auto: bf16 autocast on CUDA, float32 elsewhere (train.precision, as for pretraining); weights stay float32
-    precision: Literal["auto", "bf16", "fp32"] = "auto"
-    pooling: Literal["cls", "mean"] = "cls"   # sequence tasks: the first token's state, or the masked mean
-    multi_label_pos_weight: bool = True       # multi-label: BCE with pos_weight = negatives / positives per label
-    lora_r: PositiveInt = 8
-    lora_alpha: PositiveFloat = 16
-    lora_dropout: float = Field(0.1, ge=0, lt=1)
-    lora_target_modules: tuple[str, ...] | None = None   # null: a default per architecture (finetune.py)
-
+    method: Literal["full", "lora"] = Field("full", description="full fine-tuning, or LoRA adapters")
+    lr: PositiveFloat = Field(5e-5, description="peak learning rate")
+    batch_size: PositiveInt = Field(16, description="training examples per step")
+    eval_batch_size: PositiveInt = Field(64, description="examples per evaluation batch")
+    group_by_length: bool = Field(True, description="batches of about one length (a fraction of the padding, the "
+                                  "same scores over seeds as shuffled batches); false: shuffled batches")
+    # the same step in exact arithmetic, not in float rounding, so scores move by seed-level noise: opt-in
+    length_pieces: bool = Field(False, description="CPU: each batch run as length-sorted pieces padded to their "
+                                "own longest")
+    epochs: PositiveInt = Field(10, description="training epochs at most")
+    patience: PositiveInt | None = Field(3, description="epochs without a dev improvement before stopping; "
+                                         "null: never")
+    max_length: int | None = Field(None, ge=8, description="tokens per example; null: the task's max_length; "
+                                   "capped at the model's context")
+    max_train_examples: PositiveInt | None = Field(None, description="N examples of train (tests, CPU budgets), "
+                                                   "by `subset`; null: all")
+    max_eval_examples: PositiveInt | None = Field(None, description="N examples of dev and of test, by `subset`; "
+                                                  "null: all")
+    subset: Literal["first", "spread"] = Field("first", description="which N: the first ones, or N spread evenly "
+                                               "over the split (a file sorted by label gives one class in its first N)")
+    warmup_ratio: float = Field(0.1, ge=0, le=1, description="share of the steps with a linear LR warm-up")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW's weight decay")
+    grad_clip: PositiveFloat | None = Field(1.0, description="gradient norm clipped to this; null: none")
+    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 autocast on CUDA, float32 "
+                                                       "elsewhere; weights stay float32")
+    pooling: Literal["cls", "mean"] = Field("cls", description="sequence tasks: the first token's state, or the "
+                                            "masked mean")
+    multi_label_pos_weight: bool = Field(True, description="multi-label: BCE with pos_weight = negatives / "
+                                         "positives per label")
+    lora_r: PositiveInt = Field(8, description="LoRA: the adapters' rank")
+    lora_alpha: PositiveFloat = Field(16, description="LoRA: the adapters' scale")
+    lora_dropout: float = Field(0.1, ge=0, lt=1, description="LoRA: dropout on the adapters' input")
+    lora_target_modules: tuple[str, ...] | None = Field(None, description="LoRA: the modules adapted; null: a "
+                                                        "default per architecture")
 
 LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
 
@@ -84,17 +88,20 @@ def unread_settings(keys, method: str, task_type: str) -> dict[str, str]:
 class Splits(Strict):
     """File paths (relative to the data root); for format hf, the dataset's split names."""
 
-    train: str
-    dev: str
-    test: str
+    train: str = Field(description="the training split")
+    dev: str = Field(description="the split that picks the best epoch (early stopping)")
+    test: str = Field(description="the split the scores report")
 
 
 class DataSpec(Strict):
-    format: Literal["conll", "jsonl", "csv", "json", "hf"]
-    delimiter: str | None = None   # conll: column separator (null: any whitespace); csv: default ","
-    dataset: str | None = None     # hf: "hf:ORG/NAME" on the hub, or a save_to_disk folder (relative: data root)
-    config: str | None = None      # hf hub datasets: the configuration (load_dataset's name)
-    splits: Splits
+    format: Literal["conll", "jsonl", "csv", "json", "hf"] = Field(description="how the split files are read; "
+                                                                   "hf: a `datasets` dataset")
+    delimiter: str | None = Field(None, description="conll: column separator (null: any whitespace); csv: "
+                                  "default \",\"")
+    dataset: str | None = Field(None, description="hf: hf:ORG/NAME on the hub, or a save_to_disk folder "
+                                "(relative: to the data root)")
+    config: str | None = Field(None, description="hf hub datasets: the configuration (load_dataset's name)")
+    splits: Splits = Field(description="the three splits")
 
 
 class Columns(Strict):
@@ -102,15 +109,16 @@ class Columns(Strict):
     jsonl/csv/json/hf: field names; a dotted name reaches into nested objects (answers.a); a list of names is
     joined with a space. hf token classification: a list-of-tokens field and a list-of-tags field."""
 
-    text: int | str | list[str]
-    text_pair: str | list[str] | None = None
-    label: int | str
+    text: int | str | list[str] = Field(description="the input text (token classification: the tokens)")
+    text_pair: str | list[str] | None = Field(None, description="sequence pairs: the second text")
+    label: int | str = Field(description="the label (token classification: the tags)")
 
 
 class LabelOptions(Strict):
-    values: list[str] | None = None            # the expected label set; any other label in the data is an error
-    allow_unseen_eval_labels: bool = False     # allow dev/test labels that train lacks
-    keep_entity_types: list[str] | None = Field(None, min_length=1)   # NER: other types' tags become O
+    values: list[str] | None = Field(None, description="the expected label set; any other label in the data is "
+                                     "an error")
+    allow_unseen_eval_labels: bool = Field(False, description="allow dev/test labels that train lacks")
+    keep_entity_types: list[str] | None = Field(None, min_length=1, description="NER: other types' tags become O")
 
     @field_validator("values", "keep_entity_types")
     @classmethod
@@ -121,22 +129,27 @@ class LabelOptions(Strict):
 class MetricOptions(Strict):
     # single-label classification: micro_f1 / macro_f1 / weighted_f1 average over the other labels only
     # (BLURB's DDI: DDI-false; GAD's binary F1 of label 1: negative_label "0"); accuracy counts every label
-    negative_label: str | None = None
+    negative_label: str | None = Field(None, description="left out of micro_f1 / macro_f1 / weighted_f1")
 
 
 class TaskSpec(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-    language: str = Field(min_length=2)
-    type: TaskType
-    source: str = Field(min_length=1)          # where the data comes from publicly
-    description: str | None = None
-    data: DataSpec
-    columns: Columns
-    metrics: list[str] = Field(min_length=1)    # the first drives early stopping
-    metric_options: MetricOptions = MetricOptions()
-    labels: LabelOptions = LabelOptions()
-    max_length: int = Field(128, ge=8)
-    finetune: FinetuneSettings = FinetuneSettings()
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="the task's name in tables (the "
+                      "file's name)")
+    language: str = Field(min_length=2, description="the texts' language code (en, fr, ...)")
+    type: TaskType = Field(description="what is predicted: one tag per token, one label per text or pair, "
+                           "several labels, or a number")
+    source: str = Field(min_length=1, description="where the data comes from publicly")
+    description: str | None = Field(None, description="one line for tables and the report")
+    data: DataSpec = Field(description="where the splits are and how they are read")
+    columns: Columns = Field(description="which columns or fields hold the text and the label")
+    metrics: list[str] = Field(min_length=1, description="scores computed on dev and test, by the task's type: "
+                               + "; ".join(f"{t}: {', '.join(m)}" for t, m in METRICS.items())
+                               + "; the first drives early stopping")
+    metric_options: MetricOptions = Field(MetricOptions(), description="options of the metrics")
+    labels: LabelOptions = Field(LabelOptions(), description="the label set and its checks")
+    max_length: int = Field(128, ge=8, description="tokens per example (longer ones are cut)")
+    finetune: FinetuneSettings = Field(FinetuneSettings(), description="how to fine-tune; a grid's "
+                                       "eval.finetune overrides any key")
     _file: str | None = PrivateAttr(default=None)
 
     @property

@@ -14,11 +14,11 @@ from pathlib import Path, PurePosixPath
 from ablate.config.errors import SpecError
 from ablate.config.paths import resolve_data_path
 from ablate.data.mixture import phase_data
-from ablate.data.catalog import Dataset, catalog, dataset, dataset_of_path
+from ablate.data.catalog import Dataset, catalog, dataset, dataset_of_path, dataset_sets
 from ablate.evaluate.suites import PREFIX, eval_items, spec_items
 from ablate.evaluate.tasks import list_tasks, load_task
 
-TARGETS = "a dataset name, a task name, suite:NAME, or a grid / run spec file (YAML)"
+TARGETS = "a dataset name, a set of datasets (tests), a task name, suite:NAME, or a grid / run spec file (YAML)"
 
 
 def task_paths(task_names, lenient: bool = False) -> list[str]:
@@ -76,10 +76,13 @@ def target_datasets(target: str) -> list[Dataset]:
         return datasets_of(path for path, _ in spec_reads(specs_for_target(target, None)))
     if target in catalog():
         return [dataset(target)]
+    if target in dataset_sets():
+        return [dataset(name) for name in dataset_sets()[target]]
     if target in list_tasks():
         return datasets_of(task_paths([target]))
     raise SpecError("unknown fetch target", key="target", value=target,
-                    allowed=f"{TARGETS}; datasets: {', '.join(sorted(catalog()))}")
+                    allowed=f"{TARGETS}; datasets: {', '.join(sorted(catalog()))}; sets: "
+                            f"{', '.join(sorted(dataset_sets()))}")
 
 
 def missing_datasets(specs) -> dict[str, list[str]]:

@@ -25,6 +25,7 @@ from ablate.store.lock import FileLock
 
 DRIVERS_FILE = "drivers.json"
 KEEP_ENDED = 20          # ended drivers kept in drivers.json for the ones still watching to report
+HELD = "held elsewhere"  # the final state of an unfinished run another live driver, worker or job holds
 
 
 def me() -> dict:
@@ -119,6 +120,47 @@ def still_free(run_dirs: list[Path]) -> tuple[list[Path], list[tuple[Path, str]]
         else:
             free.append(run_dir)
     return free, gone
+
+
+def decided(decisions: dict[str, str]) -> str:
+    """What a driver decided for its runs (scheduler.classify's words), as it says it and drivers.json keeps it."""
+    n = {d: sum(1 for x in decisions.values() if x == d) for d in ("submit", "skip-done", "skip-failed", "skip-active")}
+    return (f"to run {n['submit']}; already done {n['skip-done']}; failed (not retried; --retry-failed) "
+            f"{n['skip-failed']}; queued or running elsewhere {n['skip-active']}")
+
+
+def holder(run_dir: Path) -> str | None:
+    """Who else holds this unfinished run (another live driver, a worker, a job), None when nobody does or the
+    run is done or failed."""
+    try:
+        if rundir.effective_state(run_dir) in ("done", "failed"):
+            return None
+    except rundir.CorruptStatus:
+        return None
+    return taken(run_dir)
+
+
+def final_states(run_dirs: dict[str, Path], out: Callable[[str], None]) -> dict[str, list[str]]:
+    """Run ids by state when this driver is through; the unfinished runs another driver, worker or job holds
+    under HELD, each holder named on `out`."""
+    by_state: dict[str, list[str]] = {}
+    holders: dict[str, list[str]] = {}
+    for run_id, run_dir in run_dirs.items():
+        why = holder(run_dir)
+        if why:
+            holders.setdefault(why, []).append(run_id)
+        by_state.setdefault(HELD if why else rundir.effective_state(run_dir), []).append(run_id)
+    for why, ids in holders.items():
+        out(f"left to others: {len(ids)} run{'s' if len(ids) != 1 else ''} {why}: {', '.join(ids)}")
+    return by_state
+
+
+def wait_released(run_dirs: list[Path], poll_s: float, out: Callable[[str], None]) -> None:
+    """Until no other driver, worker or job holds any of these runs: each is done, failed, or left unfinished by
+    a holder that ended."""
+    out(f"waiting for the {len(run_dirs)} runs held elsewhere to end (--wait; a check every {poll_s:g} s)")
+    while any(holder(run_dir) for run_dir in run_dirs):
+        time.sleep(poll_s)
 
 
 class Watch:

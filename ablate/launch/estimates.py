@@ -27,6 +27,7 @@ from ablate.plan.cost import (Actual, ArmCost, Calibration, FinetuneKey, Finetun
 from ablate.plan.eval_cost import finetune_task_rows
 from ablate.plan.epochs import GRID_KEY, OVER, epochs_cell
 from ablate.plan.grid import PlannedRun
+from ablate.plan.objective_tokens import objective_rows
 from ablate.store import rundir
 from ablate.store.sweep import SweepFolder
 
@@ -141,6 +142,15 @@ def dry_run_cost(grid: GridSpec, grid_file: str, runs: list[PlannedRun], executo
     derived = _transplant_costs(transplants, throughput, grid.launcher, executor, finetune)
     epochs.update({cost.run_id: "-" for cost in derived})
     return corpus_lines + header + saved, cost_rows([*costs.values(), *derived], epochs)
+
+
+def objective_breakdown(runs: list[PlannedRun], tree=None) -> tuple[list[str], list[dict]]:
+    """The dry run's tokens by objective per phase (ablate.plan.objective_tokens: each mixture member
+    counted), of what is trained: with `tree` a branched run's steps after its branch step."""
+    starts = {} if tree is None else {rid: branch.step for rid, branch in tree.branches.items()}
+    rows = objective_rows([(r.run_id, r.axes, r.spec, starts.get(r.run_id, 0)) for r in runs])
+    return ["tokens by objective per phase (a mixture's members by their weights; what is trained, "
+            "branched runs after their branch step):"], rows
 
 
 def _transplant_costs(transplants, throughput: Throughput | None, launcher: Launcher, executor: str,

@@ -254,8 +254,10 @@ class Scheduler:
 
 def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_root: Path, executor: str | None,
               retry_failed: bool, out: Print = print, poll_s: float = 5.0,
-              transplants: list[PlannedTransplant] = (), tree: BranchTree | None = None) -> dict[str, list[str]]:
-    """Submit what needs running, wait for it, and return the run ids by final state. The grid's
+              transplants: list[PlannedTransplant] = (), tree: BranchTree | None = None,
+              wait: bool = False) -> dict[str, list[str]]:
+    """Submit what needs running, wait for it, and return the run ids by final state (drivers.HELD: runs another
+    driver, worker or job holds; with `wait`, this driver waits until they end and looks again). The grid's
     `transplants` (derived runs) go to the same scheduler once the runs each needs are done; the children of
     `tree` (shared prefixes, ablate.plan.branching) once their parents can start them (launch.branches)."""
     kind = executor or grid.launcher.executor
@@ -265,7 +267,11 @@ def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_r
     branches.write_tree(paths, tree, [r.run_id for r in runs])
     watch = drivers.Watch(paths.root, out)
     try:
-        return _drive(grid, grid_file, runs, paths, kind, retry_failed, out, poll_s, transplants, tree, watch)
+        while True:
+            by_state = _drive(grid, grid_file, runs, paths, kind, retry_failed, out, poll_s, transplants, tree, watch)
+            if not (wait and by_state.get(drivers.HELD)):
+                return by_state
+            drivers.wait_released([paths.run(rid) for rid in by_state[drivers.HELD]], poll_s, out)
     finally:
         watch.close()
 
@@ -278,13 +284,13 @@ def _drive(grid, grid_file, runs, paths, kind, retry_failed, out, poll_s, transp
     if tree is not None and tree.branches:
         out(f"branching: {len(tree.branches)} runs start from another run's checkpoint "
             f"({len(children.left)} of those to run wait for their parents)")
-    watch.did = _decided(decisions)
+    watch.did = drivers.decided(decisions)
     out(f"sweep {grid.sweep}: {len(runs)} runs; " + watch.did)
     derived = {t.run_id: classify(paths.run(t.run_id), retry_failed, out) for t in transplants}
     waiting = Waiting(paths, [t for t in transplants if derived[t.run_id] == "submit"])
     if transplants:
         out(f"transplants: {len(transplants)} derived runs, built once the runs each needs are done; "
-            + _decided(derived))
+            + drivers.decided(derived))
     if not to_run and not waiting.left:
         out("nothing to submit")
     else:
@@ -306,10 +312,7 @@ def _drive(grid, grid_file, runs, paths, kind, retry_failed, out, poll_s, transp
         _wait(scheduler, paths, [r.run_id for r in runs] + list(derived), out, poll_s, waiting, children, watch)
         for line in waiting.describe_left() + children.describe_left():
             out(line)
-    by_state: dict[str, list[str]] = {}
-    for rid in [r.run_id for r in runs] + list(derived):
-        by_state.setdefault(rundir.effective_state(paths.run(rid)), []).append(rid)
-    return by_state
+    return drivers.final_states({rid: paths.run(rid) for rid in [r.run_id for r in runs] + list(derived)}, out)
 
 
 def _unfinished(paths: SweepFolder, runs: list[PlannedRun]) -> list:
@@ -321,12 +324,6 @@ def _unfinished(paths: SweepFolder, runs: list[PlannedRun]) -> list:
             return False
 
     return [r.spec for r in runs if not done(r.run_id)]
-
-
-def _decided(decisions: dict[str, str]) -> str:
-    n = {d: sum(1 for x in decisions.values() if x == d) for d in ("submit", "skip-done", "skip-failed", "skip-active")}
-    return (f"to run {n['submit']}; already done {n['skip-done']}; failed (not retried; --retry-failed) "
-            f"{n['skip-failed']}; queued or running elsewhere {n['skip-active']}")
 
 
 def _wait(scheduler: Scheduler, paths: SweepFolder, all_ids: list[str], out: Print, poll_s: float,

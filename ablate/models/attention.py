@@ -14,7 +14,11 @@ training: packed sequences) and reads from the attention module
   (`document_masking`), set by attention_for too, once per micro-batch: the doc ids (B, L) on the model's
   device (local layers' masks) and each row's document spans, found on the host before the ids went to the
   device (global layers). No layer reads anything back to the host: on CUDA that would wait for the GPU in
-  every layer. Documents are contiguous runs of one id, as packing makes them.
+  every layer. Documents are contiguous runs of one id, as packing makes them;
+- PREFIX_ATTR: the batch's `Prefix` under a prefix pattern (prefix-LM rows, or a mixture's causal rows
+  (prefix 0) and bidirectional rows (prefix L) in one micro-batch): a query sees every key k < prefix of
+  its row besides the causal ones, within the window on local layers and within its document. Set by
+  attention_for as the documents are: lengths on the device (local layers) and as host ints (global layers).
 
 With documents on CUDA, attention_for also attaches FLEX_ATTR: the micro-batch's FlexAttention block mask
 for global layers (ablate.models.flex), built once; a global layer runs FlexAttention under it, compiled,
@@ -22,10 +26,12 @@ scoring only the tiles inside documents (without attention dropout; with it, the
 each layer is computed through torch's scaled_dot_product_attention (on CUDA its fused kernels):
 
 - global layers: SDPA with is_causal for CLM and no mask for MLM (the fused kernels); with documents, one
-  SDPA call per document (what unpadded varlen training computes: sum of len^2, not L^2);
+  SDPA call per document (what unpadded varlen training computes: sum of len^2, not L^2); with a prefix,
+  per row (or document) the fused causal call, its first `prefix` queries replaced by one fused call over
+  the prefix alone (bidirectional): no mask, L^2 / 2 + prefix^2 scored;
 - local layers: queries in blocks of `block` positions, each block against the keys of its own block and
   `window` positions either side (causal: before only), with a (block, block + 2 window) boolean mask;
-  documents and padding add to that small mask.
+  documents, padding and a prefix (the MLM layout, causal or k < prefix) add to that small mask.
 
 Why (measured on this project's 2-core CPU, torch 2.13, 12 heads x 64, fp32, forward + backward of one
 layer at 8192 tokens; bench/attention_8192.py measures the whole step): a dense additive CLM mask 9.6 s,
@@ -50,6 +56,7 @@ from ablate.models import flex
 IMPLEMENTATION = "ablate_sdpa"
 DOCUMENTS_ATTR = "ablate_documents"      # attention-module attribute: Documents, or absent
 FLEX_ATTR = "ablate_block_mask"          # attention-module attribute: global layers' BlockMask (CUDA), or absent
+PREFIX_ATTR = "ablate_prefix"            # attention-module attribute: Prefix, or absent
 MIN_BLOCK = 16                           # query block of a local layer: its window, at least this
 
 
@@ -66,6 +73,7 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     causal = bool(getattr(module, "is_causal", False) if is_causal is None else is_causal)
     documents = getattr(module, DOCUMENTS_ATTR, None)
+    prefix = getattr(module, PREFIX_ATTR, None) if causal else None
     keep = None if attention_mask is None else attention_mask.to(torch.bool)     # (B, L): False = padding
     if documents is not None and keep is not None:
         raise ValueError("document masking takes packed sequences without padding; got a padding mask too")
@@ -75,22 +83,28 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     if block_mask is not None:
         out = flex.attend(query, key, value, block_mask, scale)
     elif local:
-        out = banded(query, key, value, sliding_window - 1, causal, keep, documents, dropout, scale)
+        out = banded(query, key, value, sliding_window - 1, causal, keep, documents, dropout, scale, prefix)
+    elif prefix is not None and keep is None:
+        out = prefixed(query, key, value, prefix, documents, dropout, scale)
     elif documents is not None:
         out = per_document(query, key, value, causal, documents, dropout, scale)
     else:
-        out = full(query, key, value, causal, keep, dropout, scale)
+        out = full(query, key, value, causal, keep, dropout, scale, prefix)
     return out.transpose(1, 2).contiguous(), None
 
 
-def full(q, k, v, causal: bool, keep: torch.Tensor | None, dropout: float, scale: float) -> torch.Tensor:
-    """Every key (causal: every earlier one): the fused kernels when there is no padding."""
+def full(q, k, v, causal: bool, keep: torch.Tensor | None, dropout: float, scale: float,
+         prefix: Prefix | None = None) -> torch.Tensor:
+    """Every key (causal: every earlier one, and a row's prefix): the fused kernels when there is no padding."""
     if keep is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale)
     allowed = keep[:, None, None, :]                       # (B, 1, 1, L): padding keys out
     if causal:      # only outside training (padding and CLM): the one place a (B, 1, L, L) mask is built
         length = q.shape[2]
-        allowed = allowed & torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+        seen = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()[None]
+        if prefix is not None:
+            seen = seen | (torch.arange(length, device=q.device) < prefix.lengths[:, None, None])
+        allowed = allowed & seen[:, None]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout, scale=scale)
 
 
@@ -116,6 +130,45 @@ def document_spans(documents: np.ndarray) -> tuple[tuple[tuple[int, int], ...], 
         bounds = [0, *change, len(row)]
         rows.append(tuple(zip(bounds[:-1], bounds[1:])))
     return tuple(rows)
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """Per-row prefix lengths of a micro-batch, as the attention reads them: keys k < prefix are seen from
+    every query of the row (0: causal, L: bidirectional)."""
+
+    lengths: torch.Tensor                    # (B,) on the model's device
+    host: tuple[int, ...]                    # the same, host ints
+
+
+def prefix_of(lengths, device: torch.device | str) -> Prefix:
+    """Prefix from host lengths (B,) (a CPU tensor, numpy or a sequence): read here, once, on the host."""
+    host = tuple(int(n) for n in np.asarray(lengths.cpu() if isinstance(lengths, torch.Tensor) else lengths))
+    return Prefix(torch.tensor(host, dtype=torch.long).to(device, non_blocking=True), host)
+
+
+def prefixed(q, k, v, prefix: Prefix, documents: Documents | None, dropout: float, scale: float) -> torch.Tensor:
+    """Each row (each document of it) with its first `prefix` positions bidirectional, the rest causal."""
+    length = q.shape[2]
+    rows = []
+    for b, p in enumerate(prefix.host):
+        spans = documents.spans[b] if documents is not None else ((0, length),)
+        rows.append(torch.cat([_prefix_piece(q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e],
+                                             min(max(p - s, 0), e - s), dropout, scale) for s, e in spans], dim=2))
+    return torch.cat(rows, dim=0)
+
+
+def _prefix_piece(q, k, v, prefix: int, dropout: float, scale: float) -> torch.Tensor:
+    """(1, H, n, D) positions whose first `prefix` see each other and the rest every position before them:
+    the fused causal call, its first `prefix` queries replaced by a fused call over the prefix alone."""
+    if prefix >= q.shape[2]:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scale)
+    if prefix <= 1:              # a one-token prefix sees itself alone, as the causal call has it
+        return out
+    head = F.scaled_dot_product_attention(q[:, :, :prefix], k[:, :, :prefix], v[:, :, :prefix],
+                                          dropout_p=dropout, scale=scale)
+    return torch.cat([head, out[:, :, prefix:]], dim=2)
 
 
 def per_document(q, k, v, causal: bool, documents: Documents, dropout: float, scale: float) -> torch.Tensor:
@@ -152,22 +205,28 @@ def _blocks(x: torch.Tensor, before: int, after: int, block: int, span: int) -> 
 
 
 def banded(q, k, v, window: int, causal: bool, keep: torch.Tensor | None, documents: Documents | None,
-           dropout: float, scale: float) -> torch.Tensor:
-    """Sliding-window attention (|q - k| <= window; causal: 0 <= q - k <= window) scoring only the keys of
-    each query block's neighbourhood: work and memory linear in L."""
+           dropout: float, scale: float, prefix: Prefix | None = None) -> torch.Tensor:
+    """Sliding-window attention (|q - k| <= window; causal: 0 <= q - k <= window; with a prefix: causal or
+    k < the row's prefix, within the window) scoring only the keys of each query block's neighbourhood:
+    work and memory linear in L."""
     batch, heads, length, dim = q.shape
     block = max(window, MIN_BLOCK)
     n = -(-length // block)
     tail = n * block - length
-    span = block + window + (0 if causal else window)
-    allowed, k_pos = _band_allowed(length, window, block, n, causal, q.device)
+    one_sided = causal and prefix is None
+    span = block + window + (0 if one_sided else window)
+    allowed, k_pos = _band_allowed(length, window, block, n, one_sided, q.device)
     kb = _blocks(k, window, tail + span - block - window, block, span)
     vb = _blocks(v, window, tail + span - block - window, block, span)
     qb = F.pad(q, (0, 0, 0, tail)).view(batch, heads, n, block, dim)
     mask = allowed[None]                                                   # (1, n, block, span)
-    if keep is not None or documents is not None:
+    if keep is not None or documents is not None or prefix is not None:
         index = k_pos.clamp(0, length - 1).flatten()
         per_row = torch.ones(batch, n, block, span, dtype=torch.bool, device=q.device)
+        if prefix is not None:
+            q_pos = torch.arange(n * block, device=q.device).view(1, n, block, 1)
+            keys = k_pos.view(1, n, 1, span)
+            per_row &= (keys <= q_pos) | (keys < prefix.lengths.view(batch, 1, 1, 1))
         if keep is not None:
             per_row &= keep[:, index].view(batch, n, 1, span)
         if documents is not None:

@@ -1,12 +1,12 @@
 """FlexAttention block masks: global layers kept inside their documents on CUDA, no loop, no dense mask.
 
 A layer's allowed (query, key) pairs are a mask_mod (q and k in the same document; |q - k| <= window for a
-local layer; k <= q for CLM). `create_block_mask` turns it into a BlockMask: per 128 x 128 tile of the
+local layer; k <= q for CLM, or k < the row's prefix under a prefix pattern). `create_block_mask` turns it into a BlockMask: per 128 x 128 tile of the
 score matrix, whether it is empty (skipped), full (computed without a mask) or partial (computed with the
 mask_mod). FlexAttention compiled into one Triton kernel scores the non-empty tiles only.
 
 Where it is used, chosen by counted FLOPs (bench/attention_flops.py, BENCHMARKS.md): global layers with
-document masking on CUDA. There it scores what the documents allow, tile-rounded, in one kernel, where the
+document masking or a per-row prefix (prefix-LM, a mixture's causal and bidirectional rows) on CUDA. There it scores what the documents allow, tile-rounded, in one kernel, where the
 SDPA path calls the fused kernel once per document from a Python loop. Local layers keep the blocked SDPA
 path of ablate.models.attention: it scores (block + 2 window) keys per query (MLM; block + window for CLM),
 the same as FlexAttention with 64-wide tiles and less than with its default 128-wide ones (a 64-token window
@@ -32,11 +32,15 @@ TILE = 128      # FlexAttention's default block size (queries and keys), what it
 _COMPILED: dict[str, object] = {}     # the compiled mask builder and FlexAttention, made on first use
 
 
-def allowed_pairs(causal: bool, window: int | None, doc_ids: torch.Tensor | None):
-    """The mask_mod of a layer: (batch, head, query, key) index tensors -> True where the key is seen."""
+def allowed_pairs(causal: bool, window: int | None, doc_ids: torch.Tensor | None,
+                  prefix: torch.Tensor | None = None):
+    """The mask_mod of a layer: (batch, head, query, key) index tensors -> True where the key is seen.
+    prefix (B,): with causal, each row's keys k < prefix are seen from every query as well."""
     def mask_mod(b, h, q, k):
         ok = q >= 0                                      # all True, as a tensor of the indices' shape
-        if causal:
+        if causal and prefix is not None:
+            ok = ok & ((k <= q) | (k < prefix[b]))
+        elif causal:
             ok = ok & (k <= q)
         if window is not None:
             ok = ok & ((q - k).abs() <= window)
@@ -47,23 +51,26 @@ def allowed_pairs(causal: bool, window: int | None, doc_ids: torch.Tensor | None
 
 
 def _create(doc_ids: torch.Tensor | None, causal: bool, window: int | None, rows: int, length: int,
-            device: torch.device | str) -> BlockMask:
-    return create_block_mask(allowed_pairs(causal, window, doc_ids), rows, None, length, length, device=device,
-                             BLOCK_SIZE=TILE)
+            device: torch.device | str, prefix: torch.Tensor | None = None) -> BlockMask:
+    return create_block_mask(allowed_pairs(causal, window, doc_ids, prefix), rows, None, length, length,
+                             device=device, BLOCK_SIZE=TILE)
 
 
 def block_mask(batch: int, length: int, causal: bool, window: int | None, doc_ids: torch.Tensor | None,
-               device: torch.device | str, compiled: bool | None = None) -> BlockMask:
+               device: torch.device | str, compiled: bool | None = None,
+               prefix: torch.Tensor | None = None) -> BlockMask:
     """The BlockMask of one layer type for a (batch, length) micro-batch (one for every head). Built by a
     compiled function on CUDA (`compiled` None): eager create_block_mask materialises the (rows, L, L) mask
     and its index gathers (4 GB of int64 at 8 x 8192 x 8192); the doc ids are that function's input, so
-    every micro-batch reuses one graph."""
-    rows = batch if doc_ids is not None else 1      # without documents every row has the same mask
+    every micro-batch reuses one graph. prefix (B,) on `device`: each row's prefix lengths (with causal)."""
+    per_row = doc_ids is not None or (causal and prefix is not None)
+    rows = batch if per_row else 1      # without documents or a prefix every row has the same mask
+    prefix = prefix if causal else None
     if not (compiled if compiled is not None else torch.device(device).type == "cuda"):
-        return _create(doc_ids, causal, window, rows, length, device)
+        return _create(doc_ids, causal, window, rows, length, device, prefix)
     if "mask" not in _COMPILED:
         _COMPILED["mask"] = torch.compile(_create, dynamic=False)
-    return _COMPILED["mask"](doc_ids, causal, window, rows, length, device)
+    return _COMPILED["mask"](doc_ids, causal, window, rows, length, device, prefix)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockMask, scale: float) -> torch.Tensor:

@@ -6,7 +6,8 @@ A model source is one of:
   /a/local/folder     any HF folder with config + weights (e.g. a checkpoint ablate saved)
   hub:ORG/NAME        a hub id (also accepted bare as ORG/NAME when no such local folder exists)
   config:NAME|PATH    random init from a config shipped in ablate/models/configs (one tiny-<family> per
-                      family, modernbert-base, modernbert-large) or a config.json path; needs a tokenizer source
+                      family, modernbert-base, modernbert-large, moderncamembert-base) or a config.json path;
+                      needs a tokenizer source
 Configs are found without weights, and for the hub ids of the shipped configs without a hub, so that grids
 validate anywhere. model_layout checks, without weights, that a family entry finds the model's layers.
 
@@ -90,10 +91,12 @@ def load_config(source: str) -> PretrainedConfig:
     try:
         return AutoConfig.from_pretrained(loc)
     except OSError:
+        shipped = sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.json") if not p.stem.startswith("tiny-"))
         raise SpecError("cannot load the model's config: not in the local cache, no copy ships with ablate, and "
                         "the hub is unreachable", key="model", value=source,
-                        allowed="a local folder, or hub ids with a shipped config: "
-                                + ", ".join(sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.json")))) from None
+                        allowed=f"the model in the local hub cache (`hf download {loc}` where the hub is "
+                                "reachable), a local folder with its config.json, or a hub id whose config ships "
+                                f"with ablate (ORG/NAME with NAME one of {', '.join(shipped)})") from None
 
 
 def _config_from_folder(folder: Path, source: str) -> PretrainedConfig:

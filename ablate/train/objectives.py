@@ -3,7 +3,8 @@ ablate.config.objectives; mlm_inputs and clm_labels are re-exported here).
 
 Every batch has labels -100 where there is no loss, so the training loop runs the vocabulary projection only
 at labelled positions (sparse prediction). A prefix pattern (prefix-LM, or a mixture's rows of different
-patterns in one micro-batch) is a dense per-row mask: bidirectional is prefix L, causal prefix 0.
+patterns in one micro-batch) is a per-row prefix: bidirectional is prefix L, causal prefix 0; the dense-mask
+kinds build it as a (B, 1, L, L) mask, the banded kind carries the lengths into ablate.models.attention.
 
 How a causal mask reaches the attention is a property of the family and the attention implementation
 (the family entry's `causal`, ablate.models.families.MASK_KINDS); ablate.train.preflight proves each one by
@@ -40,18 +41,18 @@ def dense_mask(seq_len: int, dtype: torch.dtype, device: torch.device | str = "c
                window: int | None = None, documents: torch.Tensor | None = None,
                prefix: torch.Tensor | None = None) -> torch.Tensor:
     """(1 or B, 1, L, L) additive mask (dtype-min = blocked; dtype bool: True = attend): k <= q if causal,
-    |q - k| <= window if given, and q, k in the same document if doc ids (B, L) are given. prefix (B,): each
-    row's keys k < prefix are seen from every query (a prefix-LM's bidirectional prefix; causal after it)."""
+    |q - k| <= window if given, and q, k in the same document if doc ids (B, L) are given. prefix (B,), with
+    causal: each row's keys k < prefix are seen from every query too (a prefix-LM's bidirectional prefix,
+    causal after it), within the window and the document as every key."""
     q = torch.arange(seq_len, device=device)[:, None]
     k = torch.arange(seq_len, device=device)[None, :]
-    allowed = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device)
+    allowed = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device)[None]
     if causal:
-        allowed &= k <= q
+        allowed = allowed & (k <= q)
+        if prefix is not None:
+            allowed = allowed | (k[None] < prefix.to(device)[:, None, None])
     if window is not None:
-        allowed &= (q - k).abs() <= window
-    allowed = allowed[None]
-    if prefix is not None:
-        allowed = allowed | (k[None] < prefix.to(device)[:, None, None])
+        allowed = allowed & ((q - k).abs() <= window)
     if documents is not None:
         allowed = allowed & (documents[:, :, None] == documents[:, None, :])
     if dtype == torch.bool:
@@ -82,10 +83,10 @@ def _flags(model, family: Family, causal: bool):
 
 @contextmanager
 def _registered(model, family: Family, causal: bool, documents: attention.Documents | None,
-                block_mask=None):
+                block_mask=None, prefix: attention.Prefix | None = None):
     """The model under ablate.models.attention's implementation for the duration: its config's
-    implementation switched, the attention modules' is_causal set, the documents and the block masks
-    attached."""
+    implementation switched, the attention modules' is_causal set, the documents, the prefix and the block
+    masks attached."""
     with _flags(model, family, causal) as modules:
         configs = {id(c): c for c in (model.config, *(getattr(m, "config", None) for m in modules))
                    if c is not None}
@@ -96,12 +97,13 @@ def _registered(model, family: Family, causal: bool, documents: attention.Docume
             for m in modules:
                 setattr(m, attention.DOCUMENTS_ATTR, documents)
                 setattr(m, attention.FLEX_ATTR, block_mask)
+                setattr(m, attention.PREFIX_ATTR, prefix)
             yield
         finally:
             for key, c in configs.items():
                 c._attn_implementation = before[key]
             for m in modules:
-                for attr in (attention.DOCUMENTS_ATTR, attention.FLEX_ATTR):
+                for attr in (attention.DOCUMENTS_ATTR, attention.FLEX_ATTR, attention.PREFIX_ATTR):
                     if hasattr(m, attr):
                         delattr(m, attr)
 
@@ -113,7 +115,8 @@ def attention_for(model, family: Family, pattern: str, seq_len: int, dtype: torc
     """Yields the attention_mask to pass to the family's encoder for this attention pattern (bidirectional,
     causal, prefix; or an objective's name, whose entry's pattern it is): bidirectional None (no padding:
     packed sequences), causal what the family's mask kind under the model's attention implementation needs,
-    prefix (per-row prefix lengths `prefix` (B,)) a dense per-row mask (_prefix_attention).
+    prefix (per-row prefix lengths `prefix` (B,), on the host) a dense per-row mask (_prefix_attention), or
+    under the banded kind the lengths carried into ablate.models.attention (no L x L mask).
     Whatever a kind changes on the model (is_causal flags, an embeddings
     hook, the attention implementation) is restored on exit.
 
@@ -126,24 +129,24 @@ def attention_for(model, family: Family, pattern: str, seq_len: int, dtype: torc
     call per document. banded: ablate.models.attention (no L x L mask; local layers score their window
     only). The other kinds build dense masks, documents included.
 
-    use_flex (None: on CUDA): with documents, under ablate.models.attention, the global layers' FlexAttention
-    block mask, built here once for the micro-batch (ablate.models.flex)."""
+    use_flex (None: on CUDA): with documents or a prefix, under ablate.models.attention, the global layers'
+    FlexAttention block mask, built here once for the micro-batch (ablate.models.flex)."""
     kind = kind or family.mask_kind(model.config._attn_implementation)
     if kind not in MASK_KINDS:
         raise ValueError(f"family {family.name}: unknown mask kind {kind!r}; one of {MASK_KINDS}")
     pattern = pattern_of(pattern)
     causal = pattern == objectives.CAUSAL
-    if pattern == objectives.PREFIX:
+    if pattern == objectives.PREFIX and prefix is None:
+        raise ValueError("a prefix attention pattern needs the rows' prefix lengths")
+    if pattern == objectives.PREFIX and kind != "banded":
         documents = None if documents is None else torch.as_tensor(documents, dtype=torch.long, device=device)
         with _prefix_attention(model, family, kind, seq_len, dtype, device, documents, prefix) as attn:
             yield attn
         return
     if kind == "banded" or (kind == "flag" and documents is not None):
-        docs = None if documents is None else attention.documents_of(documents, device)
-        block_mask = None
-        if docs is not None and (use_flex if use_flex is not None else torch.device(device).type == "cuda"):
-            block_mask = flex.block_mask(len(docs.ids), seq_len, causal, None, docs.ids, device)
-        with _registered(model, family, causal, docs, block_mask):
+        flex_on = use_flex if use_flex is not None else torch.device(device).type == "cuda"
+        with _banded(model, family, seq_len, device, documents, prefix if pattern == objectives.PREFIX else None,
+                     causal, flex_on):
             yield None
         return
     if documents is not None:
@@ -168,6 +171,22 @@ def attention_for(model, family: Family, pattern: str, seq_len: int, dtype: torc
 
 
 @contextmanager
+def _banded(model, family: Family, seq_len: int, device, documents, prefix, causal: bool, flex_on: bool):
+    """Under ablate.models.attention: the documents and the per-row prefix lengths (both from the host, read
+    there once), and with `flex_on` the global layers' block mask when either makes rows differ."""
+    docs = None if documents is None else attention.documents_of(documents, device)
+    pre = None if prefix is None else attention.prefix_of(prefix, device)
+    causal = causal or pre is not None          # a prefix pattern: causal, or a key in the row's prefix
+    block_mask = None
+    if flex_on and (docs is not None or pre is not None):
+        rows = len(pre.host) if pre is not None else len(docs.ids)
+        block_mask = flex.block_mask(rows, seq_len, causal, None, None if docs is None else docs.ids, device,
+                                     prefix=None if pre is None else pre.lengths)
+    with _registered(model, family, causal, docs, block_mask, pre):
+        yield
+
+
+@contextmanager
 def _pairwise(model, family: Family, allowed: torch.Tensor):
     """(1|B, L, L) bool for the encoder; the embeddings would multiply by the mask as if it were a 2D padding
     mask: they get none."""
@@ -182,15 +201,10 @@ def _pairwise(model, family: Family, allowed: torch.Tensor):
 @contextmanager
 def _prefix_attention(model, family: Family, kind: str, seq_len: int, dtype: torch.dtype, device, documents,
                       prefix: torch.Tensor | None):
-    """Per-row prefix masks (B, 1, L, L): transformers passes a prepared 4D mask through unchanged, so the
-    flag kind (SDPA) takes the additive one as eager does. The banded kind (no L x L mask by design) has no
-    prefix form: the preflight reports it and names the family's other implementations."""
-    if prefix is None:
-        raise ValueError("a prefix attention pattern needs the rows' prefix lengths")
+    """Per-row prefix masks (B, 1, L, L) of the dense-mask kinds: transformers passes a prepared 4D mask
+    through unchanged, so the flag kind (SDPA) takes the additive one as eager does. (The banded kind carries
+    the prefix lengths into ablate.models.attention instead: _banded.)"""
     prefix = torch.as_tensor(prefix, dtype=torch.long, device=device)
-    if kind == "banded":
-        raise ValueError(f"family {family.name}: the banded attention (ablate.models.attention) has no prefix "
-                         "pattern; a prefix-LM phase runs under the family's dense-mask implementation")
     if kind == "pairwise-bool":
         with _pairwise(model, family, dense_mask(seq_len, torch.bool, device, True, documents=documents,
                                                  prefix=prefix)) as attn:

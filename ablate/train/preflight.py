@@ -13,7 +13,7 @@ position's must differ (else the check proves nothing). It runs
   packed documents as well (preflight_documents).
 
 Every path a mask kind takes is the one training takes (ablate.train.objectives.attention_for), the banded
-one (ablate.models.attention: no L x L mask) included.
+one (ablate.models.attention: no L x L mask; a prefix pattern as per-row prefix lengths) included.
 
 A leak is a SpecError naming the family, the implementation and what to use instead: exit 2.
 
@@ -53,7 +53,8 @@ class Preflight:
     reach: float            # largest |change| of a logit at or after `position`
     error: str = ""         # the causal forward itself failed
     pattern: str = objectives.CAUSAL
-    prefix_reach: float | None = None   # prefix: |change| at position 0 when the prefix's last token changes
+    prefix_reach: float | None = None   # prefix: |change| at its document's first position (0) when the
+                                        # prefix's last token changes
 
     @property
     def causal(self) -> bool:
@@ -68,9 +69,10 @@ class Preflight:
         what = ("causal" if self.causal else
                 "LEAKS the future" if self.leak != 0.0 else "inconclusive (the change did not reach the logits)")
         if self.prefix_reach is not None and self.causal:
-            what += f", the prefix bidirectional (its last token reaches position 0: {self.prefix_reach:.3g})"
+            what += (", the prefix bidirectional (its last token reaches the start of its document: "
+                     f"{self.prefix_reach:.3g})")
         elif self.prefix_reach is not None and not self.leak and self.reach > 0.0:
-            what = "NOT bidirectional in the prefix (its last token does not reach position 0)"
+            what = "NOT bidirectional in the prefix (its last token does not reach the start of its document)"
         return (f"{head}: {what} (token {self.position} of {self.length} changed; earlier logits max |diff| "
                 f"{self.leak:.3g}, later {self.reach:.3g})")
 
@@ -125,13 +127,14 @@ def measure(model, family: Family, ids: torch.Tensor, device: torch.device | str
 
 def _prefix_reach(model, family: Family, ids: torch.Tensor, hidden: torch.Tensor, device, autocast: bool,
                   documents, prefix: torch.Tensor) -> float:
-    """|change| of position 0's logits when the prefix's last token changes (> 0: the prefix is
-    bidirectional)."""
+    """|change| of the logits at the first position of its document (position 0 without documents) when the
+    prefix's last token changes (> 0: the prefix is bidirectional)."""
     changed = ids.clone()
     last = int(prefix[0]) - 1
     changed[0, last] = (int(ids[0, last]) + 1) % model.config.vocab_size
+    first = 0 if documents is None else int(torch.nonzero(torch.as_tensor(documents)[0] == documents[0][last])[0])
     other = _hidden(model, family, changed, device, autocast, documents, objectives.PREFIX, prefix)
-    la, lb = (family.head_logits(model, h[:1]).float() for h in (hidden, other))
+    la, lb = (family.head_logits(model, h[first:first + 1]).float() for h in (hidden, other))
     return float((la - lb).abs().max())
 
 
@@ -150,9 +153,16 @@ def _failure(result: Preflight, instead: list[str], file: str | None = None, key
 
 def checked_patterns(phases) -> tuple[str, ...]:
     """The attention patterns that the preflight proves for these phases (PhaseSpecs): each one that is not
-    bidirectional, of every objective (a mixture: every member)."""
-    found = dict.fromkeys(p for phase in phases for p in objectives.patterns_of(phase))
+    bidirectional, of every objective (a mixture: every member), and the prefix pattern where a mixture by
+    sequence puts rows of different patterns in one micro-batch (they attend by per-row prefix lengths)."""
+    found = dict.fromkeys(p for phase in phases for p in _phase_patterns(phase))
     return tuple(p for p in found if p != objectives.BIDIRECTIONAL)
+
+
+def _phase_patterns(phase) -> tuple[str, ...]:
+    found = objectives.patterns_of(phase)
+    mixed_rows = getattr(phase, "granularity", None) == "sequence" and len(found) > 1
+    return found + ((objectives.PREFIX,) if mixed_rows and objectives.PREFIX not in found else ())
 
 
 def preflight_run(model, family: Family, plans, sequences: np.ndarray, device: torch.device, autocast: bool,

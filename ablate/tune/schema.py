@@ -44,10 +44,11 @@ KEY_FORMS = ("a dotted RunSpec key (optim.lr, seed, data.data_seed, ...), schedu
 
 
 class Objective(Strict):
-    metric: Literal["loss", "downstream"] = "loss"
+    metric: Literal["loss", "downstream"] = Field(default="loss", description="what a trial is scored by: its "
+                                                  "final pretraining loss, or a fine-tuning score")
     last_n: int = Field(default=10, gt=0, description="loss: mean over the final phase's last N steps")
     tasks: tuple[str, ...] | None = Field(default=None, description="downstream: default the base's eval.tasks")
-    split: Literal["test", "dev"] = "test"
+    split: Literal["test", "dev"] = Field(default="test", description="downstream: the split whose score counts")
     name: str | None = Field(default=None, description="downstream metric; default each task's primary one")
 
     @model_validator(mode="after")
@@ -65,21 +66,28 @@ class Objective(Strict):
 
 
 class TuneSpec(Strict):
-    study: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    base: dict[str, Any]
-    prelude: tuple[dict[str, Any], ...] = ()
-    schedules: dict[str, tuple[dict[str, Any], ...]]
-    freeze_masks: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"none": {}})
-    search_space: dict[str, Any] = Field(default_factory=dict)
-    objective: Objective = Objective()
-    direction: Literal["minimize", "maximize"] | None = None
-    sampler: str | dict[str, Any] = "tpe"
-    pruner: str | dict[str, Any] = "none"
-    n_trials: int = Field(default=10, gt=0)
-    parallel: int = Field(default=1, gt=0)
-    storage: str = "sqlite"
-    enqueue: tuple[dict[str, Any], ...] = ()
-    launcher: Launcher = Launcher()
+    study: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="the study's name: its folder results/<study>/")
+    base: dict[str, Any] = Field(description="settings every trial's run shares, as a grid's base")
+    prelude: tuple[dict[str, Any], ...] = Field(default=(), description="phases every schedule starts with")
+    schedules: dict[str, tuple[dict[str, Any], ...]] = Field(description="named lists of phases")
+    freeze_masks: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"none": {}}, description="named "
+                                                    "masks, as in a grid")
+    search_space: dict[str, Any] = Field(default_factory=dict, description=f"parameter -> its range ({{low, high, "
+                                         f"log, step, type}}) or {{choices}}; a parameter is {KEY_FORMS}")
+    objective: Objective = Field(default=Objective(), description="what a trial is scored by")
+    direction: Literal["minimize", "maximize"] | None = Field(default=None, description="null: minimize a loss, "
+                                                              "maximize a downstream score")
+    sampler: str | dict[str, Any] = Field(default="tpe", description="tpe, random, grid or cmaes, or {name, seed}")
+    pruner: str | dict[str, Any] = Field(default="none", description="none, median, successive_halving or "
+                                         "threshold, or {name, its options}: stops poor trials inside their run")
+    n_trials: int = Field(default=10, gt=0, description="finished trials the study holds at its end (a re-run "
+                                                        "resumes)")
+    parallel: int = Field(default=1, gt=0, description="trials in flight at once")
+    storage: str = Field(default="sqlite", description="sqlite, journal (a shared file system), an RDB URL, or "
+                         "env:NAME / file:PATH holding a server's URL")
+    enqueue: tuple[dict[str, Any], ...] = Field(default=(), description="trials run first: parameter -> value "
+                                                "(the rest sampled)")
+    launcher: Launcher = Field(default=Launcher(), description="where the trials' runs go, as in a grid")
 
     @property
     def effective_direction(self) -> str:
