@@ -39,8 +39,9 @@ FIELDS: dict[str, frozenset] = {
     "checkpoint_every": NONE, "log_every": NONE, "eval": NONE, "tracking": NONE, "labels": NONE,
     "branching": NONE,
 }
-LATER_DEFAULTS: dict[str, Any] = {"precision": "auto", "document_masking": False, "data.errors": "strict"}
-PHASE_LATER_DEFAULTS = ("mask_rate_end", "corruption", "span_length", "mixture", "granularity")   # at None
+LATER_DEFAULTS: dict[str, Any] = {"precision": "auto", "document_masking": False, "data.errors": "strict",
+                                  "data.mixture": None}
+PHASE_LATER_DEFAULTS = ("mask_rate_end", "corruption", "span_length", "mixture", "granularity", "data")  # at None
 
 
 def content(dumped: dict, scope: str) -> dict:

@@ -19,6 +19,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ablate.config import identity
 from ablate.config.base import Located, Strict, read_yaml, unique_items, validate
+from ablate.config.sources import PhaseData, SourceSpec, check_members, steps_by_length
 
 FREEZE_WORDS = ("none", "embeddings", "low", "mid", "high", "encoder", "head")
 FREEZE_ALLOWED = "none, embeddings, low, mid, high, encoder, head, or a layer range like 0-7 or 3"
@@ -117,6 +118,8 @@ class PhaseSpec(ObjectiveFields):
     lr: LRSchedule = Field(default=LRSchedule(), description="the phase's learning-rate schedule")
     freeze: tuple[str, ...] = Field(default=("none",), description=f"layers left untouched: {FREEZE_ALLOWED}; "
                                     "a grid's freeze masks add to it")
+    data: PhaseData | None = Field(default=None, description="this phase's corpus, mixture or seq_len, where "
+                                                             "they differ from the run's data")
 
     @field_validator("freeze", mode="before")
     @classmethod
@@ -146,7 +149,9 @@ class PhaseSpec(ObjectiveFields):
 
 
 class DataSpec(Strict):
-    corpus: str = Field(description="path under the data root (or absolute), or hf:NAME for a datasets dataset")
+    corpus: str | None = Field(default=None, description="path under the data root (or absolute), or hf:NAME for a "
+                                                         "datasets dataset")
+    mixture: tuple[SourceSpec, ...] | None = Field(default=None, description="weighted corpora instead of one")
     format: Literal["auto", "text", "jsonl", "parquet", "hf"] = Field(
         default="auto", description="how the corpus is read; auto: from the files' suffixes (.txt one document "
                                     "a line, .jsonl, .parquet)")
@@ -165,6 +170,10 @@ class DataSpec(Strict):
 
     @model_validator(mode="after")
     def _text_field_read(self):
+        if (self.corpus is None) == (self.mixture is None):
+            raise Located("data reads a corpus or a mixture of corpora, exactly one", "corpus", self.corpus,
+                          "corpus: NAME, or mixture: [{corpus: NAME, weight: W}, ...]")
+        check_members(self.mixture)
         if self.format == "text" and self.text_field != "text":
             raise Located("a text corpus has one document per line and no fields", "text_field", self.text_field,
                           "text_field with format jsonl, parquet or hf")
@@ -323,11 +332,26 @@ class RunSpec(Strict):
 
     @property
     def tokens_per_step(self) -> int:
+        """Of the run's data.seq_len (a phase with its own seq_len: phase_tokens_per_step)."""
         return self.batch_size * self.data.seq_len
+
+    def phase_seq_len(self, index: int) -> int:
+        own = self.phases[index].data
+        return own.seq_len if own is not None and own.seq_len is not None else self.data.seq_len
+
+    def phase_tokens_per_step(self) -> list[int]:
+        return [self.batch_size * self.phase_seq_len(i) for i in range(len(self.phases))]
+
+    def planned_tokens(self) -> int:
+        """The tokens the run trains: each phase's steps x batch_size x its seq_len."""
+        return sum(s * t for s, t in zip(self.phase_steps(), self.phase_tokens_per_step()))
 
     def phase_steps(self) -> list[int]:
         """Each phase's length in optimizer steps (a token count rounds up to whole steps). Fractions are cut
         at their cumulative boundaries, so any split of the budget trains ceil(budget_tokens / step) steps."""
+        per_step = self.phase_tokens_per_step()
+        if len(set(per_step)) > 1:
+            return steps_by_length(self.phases, per_step, self.budget_tokens)
         out, done = [], 0.0
         for p in self.phases:
             if p.steps is not None:

@@ -13,6 +13,7 @@ from pathlib import Path, PurePosixPath
 
 from ablate.config.errors import SpecError
 from ablate.config.paths import resolve_data_path
+from ablate.data.mixture import phase_data
 from ablate.data.catalog import Dataset, catalog, dataset, dataset_of_path, dataset_sets
 from ablate.evaluate.suites import PREFIX, eval_items, spec_items
 from ablate.evaluate.tasks import list_tasks, load_task
@@ -41,7 +42,8 @@ def spec_reads(specs, lenient: bool = False) -> list[tuple[str, str | None]]:
     `lenient`: an eval block or task that does not load is left out (check_eval reports it)."""
     reads, task_files = [], {}
     for spec in specs:
-        corpora = [spec.data.corpus] + ([spec.data.valid_corpus] if spec.data.valid_corpus else [])
+        read = [m.data.corpus for p in phase_data(spec) for m in p.members]     # every phase's corpora
+        corpora = list(dict.fromkeys(read)) + ([spec.data.valid_corpus] if spec.data.valid_corpus else [])
         if tuple(spec.eval.tasks) not in task_files:      # a grid's runs mostly share their eval block
             task_files[tuple(spec.eval.tasks)] = task_paths(_eval_tasks(spec, lenient), lenient)
         reads += [(path, spec.data.data_root) for path in corpora + task_files[tuple(spec.eval.tasks)]]

@@ -18,7 +18,9 @@ from ablate.config.base import validate
 from ablate.config.errors import SpecError
 from ablate.config.grid import GridSpec, Launcher, load_grid
 from ablate.config.spec import RunSpec
-from ablate.launch.preparation import corpus_key, corpus_sizes
+from ablate.data.mixture import uses_own_data
+from ablate.launch.preparation import corpus_key, corpus_sizes, source_specs
+from ablate.plan.data_plan import plan_lines, source_epochs_cell
 from ablate.plan.cost import (Actual, ArmCost, Calibration, FinetuneKey, FinetuneWork, Throughput, arm_cost,
                               branched_cost, branching_lines, calibrated_throughput, compare_rows, cost_rows, describe_plan, given_throughput,
                               matching_throughput)
@@ -197,7 +199,15 @@ def corpus_epochs(specs: list[RunSpec], grid_file: str) -> tuple[list[str], dict
     """The dry run's lines on each corpus (its tokens, and how they are known; a warning when it is missing or
     some run reads it too often) and each run's epochs cell, by run id."""
     sizes, lines = corpus_sizes(specs, grid_file)
-    epochs = {spec.run_id: epochs_cell(spec, sizes[corpus_key(spec)]) for spec in specs}
+    epochs = {}
+    for spec in specs:
+        if uses_own_data(spec):     # tokens per source per phase, epochs per source
+            by_source = {one.data.corpus: sizes[corpus_key(one)] for one in source_specs(spec)}
+            lines += plan_lines(spec, {k: v.tokens for k, v in by_source.items()},
+                                "-".join(map(str, (spec.labels.get("axes") or {}).values())) or "run")
+            epochs[spec.run_id] = source_epochs_cell(spec, by_source)
+        else:
+            epochs[spec.run_id] = epochs_cell(spec, sizes[corpus_key(spec)])
     over = [rid for rid, cell in epochs.items() if cell.endswith(OVER)]
     if over:
         estimated = " (by the estimate)" if any("estimate" in epochs[rid] for rid in over) else ""

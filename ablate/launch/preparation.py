@@ -21,12 +21,12 @@ from ablate.config.spec import DataSpec, RunSpec
 from ablate.data.corpus import BYTES_PER_TOKEN, estimated_tokens, find_prepared, open_prepared, prepared_tokens
 from ablate.data.sources import CorpusNotFound, resolve_sources
 from ablate.launch.executors import make_executor
+from ablate.data.mixture import READING_FIELDS, phase_data, uses_own_data
+from ablate.plan.data_plan import check_source_epochs
 from ablate.plan.epochs import CorpusSize, check_epochs
 from ablate.plan.model_fit import local_tokenizer
 
 Print = Callable[[str], None]
-# what decides the prepared tokens; the other data fields (seq_len, data_seed, valid_corpus) do not
-READING_FIELDS = ("corpus", "format", "text_field", "max_documents", "errors", "data_root", "prepared_root")
 
 
 def corpus_key(spec: RunSpec) -> str:
@@ -34,27 +34,47 @@ def corpus_key(spec: RunSpec) -> str:
     return repr(([getattr(spec.data, f) for f in READING_FIELDS], spec.tokenizer or spec.model))
 
 
+def source_specs(spec: RunSpec) -> list[RunSpec]:
+    """The run itself, or (a run that reads by members: data.mixture, a phase's own data) one copy per corpus
+    and length it reads, its data that corpus: what the checks and the preparation of corpora take."""
+    if not uses_own_data(spec):
+        return [spec]
+    seen: dict[str, RunSpec] = {}
+    for plan in phase_data(spec):
+        for m in plan.members:
+            seen.setdefault(m.stream, spec.model_copy(update={"data": m.data}))
+    return list(seen.values())
+
+
+def _sources(specs: list[RunSpec]) -> list[tuple[RunSpec, RunSpec]]:
+    """(the run, one of its source_specs) for every corpus every run reads."""
+    return [(spec, one) for spec in specs for one in source_specs(spec)]
+
+
 def distinct_corpora(specs: list[RunSpec]) -> list[tuple[DataSpec, str]]:
     """(data spec, tokenizer reference) for each distinct corpus reading and tokenizer, in first-seen order."""
     seen: dict[str, tuple[DataSpec, str]] = {}
-    for spec in specs:
+    for _, spec in _sources(specs):
         seen.setdefault(corpus_key(spec), (spec.data, spec.tokenizer or spec.model))
     return list(seen.values())
 
 
-def _by_corpus(specs: list[RunSpec]) -> list[tuple[DataSpec, str, list[RunSpec]]]:
-    """distinct_corpora, each with the runs that read it."""
-    groups: dict[str, list[RunSpec]] = {}
-    for spec in specs:
-        groups.setdefault(corpus_key(spec), []).append(spec)
-    return [(group[0].data, group[0].tokenizer or group[0].model, group) for group in groups.values()]
+def _by_corpus(specs: list[RunSpec]) -> list[tuple[DataSpec, str, list[RunSpec], list[RunSpec]]]:
+    """distinct_corpora, each with the runs that read it, and those runs' source_specs of it."""
+    groups: dict[str, tuple[list[RunSpec], list[RunSpec]]] = {}
+    for run, spec in _sources(specs):
+        runs, ones = groups.setdefault(corpus_key(spec), ([], []))
+        if run not in runs:
+            runs.append(run)
+        ones.append(spec)
+    return [(ones[0].data, ones[0].tokenizer or ones[0].model, runs, ones) for runs, ones in groups.values()]
 
 
 def _reads(specs: list[RunSpec]) -> list[tuple[DataSpec, str]]:
     """(data spec, which field) of every distinct corpus the runs read: the training corpus, and the held-out
     one of runs with layer probes."""
     seen: dict[tuple, tuple[DataSpec, str]] = {}
-    for spec in specs:
+    for _, spec in _sources(specs):
         fields = ["corpus"] + (["valid_corpus"] if spec.probe.n_texts > 0 and spec.data.valid_corpus else [])
         for which in fields:
             seen.setdefault((which, getattr(spec.data, which), spec.data.data_root), (spec.data, which))
@@ -89,19 +109,23 @@ def require_corpora(specs: list[RunSpec], file: str | None = None) -> None:
 
 
 def check_budgets(specs: list[RunSpec], file: str | None = None) -> list[RunSpec]:
-    """Refuse (SpecError) a run that would read its prepared corpus more than data.max_epochs times or whose
-    global batch holds more sequences than the corpus has. Returns the runs whose corpus is not prepared yet:
-    those are checked at their own start."""
+    """Refuse (SpecError) a run that would read its prepared corpus (each source, by its share) more than
+    data.max_epochs times or whose global batch holds more sequences than a corpus has. Returns the runs whose
+    corpora are not all prepared yet: those are checked at their own start."""
     from ablate.models.sources import load_tokenizer
 
+    tokens: dict[str, int | None] = {}
+    for data, tok, _, ones in _by_corpus(specs):
+        tokens[corpus_key(ones[0])] = prepared_tokens(data, load_tokenizer(tok))
     unchecked = []
-    for data, tok, group in _by_corpus(specs):
-        tokens = prepared_tokens(data, load_tokenizer(tok))
-        if tokens is None:
-            unchecked += group
-            continue
-        for spec in group:
-            check_epochs(spec, tokens, file=file)
+    for spec in specs:
+        counts = {one.data.corpus: tokens[corpus_key(one)] for one in source_specs(spec)}
+        if any(n is None for n in counts.values()):
+            unchecked.append(spec)
+        elif uses_own_data(spec):
+            check_source_epochs(spec, counts, file=file)
+        else:
+            check_epochs(spec, counts[spec.data.corpus], file=file)
     return unchecked
 
 
@@ -150,8 +174,8 @@ def corpus_sizes(specs: list[RunSpec], target: str) -> tuple[dict[str, CorpusSiz
     """known_size of each distinct corpus, by corpus_key, and the lines of the dry run: one per corpus, and a
     warning per missing held-out corpus."""
     sizes, lines = {}, []
-    for data, tok, group in _by_corpus(specs):
-        sizes[corpus_key(group[0])], line = known_size(data, tok, target, {s.data.seq_len for s in group})
+    for data, tok, _, ones in _by_corpus(specs):
+        sizes[corpus_key(ones[0])], line = known_size(data, tok, target, {s.data.seq_len for s in ones})
         lines.append(line)
     held_out = [exc for exc in check_corpora(specs, target) if exc.key == "data.valid_corpus"]
     return sizes, lines + [_missing_line(exc, target) for exc in held_out]
@@ -192,10 +216,10 @@ def unprepared(specs: list[RunSpec]) -> list[RunSpec]:
     from ablate.models.sources import load_tokenizer
 
     missing = []
-    for data, tok, group in _by_corpus(specs):
+    for data, tok, group, _ in _by_corpus(specs):
         tokenizer = load_tokenizer(tok)
         if find_prepared(data, tokenizer)[1] is None:
-            missing += group
+            missing += [spec for spec in group if spec not in missing]
         else:
             open_prepared(data, tokenizer)      # refuses a corpus that changed since it was prepared
     return missing

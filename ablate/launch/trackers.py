@@ -254,8 +254,8 @@ class RunTrackers:
             if row["step"] > last:
                 by_step.setdefault(row["step"], {}).update(
                     {"train/loss": row["loss"], "train/lr": row["lr"], "train/tokens": row["tokens"],
-                     **{f"train/{k}": v for k, v in row.items()      # a mixture's loss/<member>, mask_rate
-                        if k.startswith(("loss/", "mask_rate")) and v is not None and math.isfinite(v)}})
+                     **{f"train/{k}": v for k, v in row.items()  # loss/<member>, mask_rate, tokens/<source>
+                        if k.startswith(("loss/", "mask_rate", "tokens/")) and v is not None and math.isfinite(v)}})
         for row in state.grad_norms:
             if row["step"] > last:
                 by_step.setdefault(row["step"], {})[f"grad_norm/layer_{row['layer']}"] = row["grad_norm"]

@@ -33,6 +33,7 @@ from ablate.launch.console import Console
 from ablate.launch.trackers import RunTrackers
 from ablate.analysis.probe import REPS_DIR
 from ablate.train.checkpoint import TOKEN_HASH_FORMAT, adopt_checkpoint, kept_checkpoint, kept_path, latest_checkpoint
+from ablate.data.mixture import uses_own_data
 from ablate.train.loop import TrainState, _hold_if_asked, pretrain
 from ablate.config.spec import RunSpec, dump_run_spec
 
@@ -103,6 +104,9 @@ def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: floa
         "phase_token_hashes": state.phase_token_hashes,
         "token_hash_format": TOKEN_HASH_FORMAT,      # phase hashes comparable across objectives
         "phase_tokens": state.phase_tokens,
+        # runs that read by members (data.mixture, a phase's own data): each source's realised tokens and hash
+        **({"source_tokens": state.source_tokens, "source_token_hashes": state.source_token_hashes}
+           if uses_own_data(spec) else {}),
         "steps": state.global_step,
         "train_time_s": round(state.elapsed_s, 3),
         "wall_time_s": round(wall_time, 3),

@@ -2,7 +2,8 @@
 
 Two runs compute the same first N steps when everything that reaches a step's computation is equal: the spec
 apart from its phases and the fields that change no number (`computation_key`), and phase by phase up to step
-N the name (curves and token hashes are keyed by it), objective, mask rate, resolved frozen layers, peak LR
+N the name (curves and token hashes are keyed by it), objective, mask rate, what it reads (its corpora and
+their weights, from the same stream positions, at the same sequence length), resolved frozen layers, peak LR
 and the LR of every step (`lr_at`, so a constant-LR main phase shares a prefix with a longer one and a decay
 does not; a warmup_fraction depends on the phase's length, warmup_steps does not). Every random draw of a step
 is seeded from (seed, global step) and the batch depends only on the data seed and the data position, so a
@@ -15,7 +16,7 @@ phase for both, or the end of the child's phase inside the parent's (the child t
 itself); a phase end of the parent inside the child's phase is one step earlier (the parent's checkpoint there
 already holds its phase-end measures).
 
-May import: config, plan.
+May import: config, data, plan.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Callable, Sequence
 
 from ablate.config import identity, objectives
 from ablate.config.spec import LRSchedule, RunSpec
+from ablate.data.mixture import phase_data
 from ablate.plan.phases import PhasePlan
 
 LrAt = Callable[[LRSchedule, float, int, int], float]   # ablate.train.schedule.lr_at, given by the caller
@@ -92,10 +94,18 @@ class BranchTree:
         return out
 
 
-def _phase_key(plan: PhasePlan, spec: RunSpec) -> tuple:
+def _phase_key(plan: PhasePlan, spec: RunSpec, data: list) -> tuple:
     p = plan.spec
     what = json.dumps(objectives.get(p.objective).identity(p), sort_keys=True)   # its entry's identity fields
-    return (p.name, what, plan.frozen, p.lr.peak_lr or spec.optim.lr)
+    return (p.name, what, plan.frozen, p.lr.peak_lr or spec.optim.lr, json.dumps(data[plan.index]))
+
+
+def _data_of(run: RunPlan, cache: dict) -> list:
+    """What each phase of the run reads (data.mixture.PhaseData.identity): streams, weights, positions, length."""
+    key = ("data", run.run_id)
+    if key not in cache:
+        cache[key] = [d.identity() for d in phase_data(run.spec)]
+    return cache[key]
 
 
 def _lrs(plan: PhasePlan, spec: RunSpec, lr_at: LrAt, cache: dict) -> list[float]:
@@ -111,9 +121,9 @@ def shared_prefix(a: RunPlan, b: RunPlan, lr_at: LrAt, cache: dict | None = None
     cache = {} if cache is None else cache
     if computation_key(a.spec) != computation_key(b.spec):
         return 0, True, True
-    offset = 0
+    offset, data_a, data_b = 0, _data_of(a, cache), _data_of(b, cache)
     for pa, pb in zip(a.plans, b.plans):
-        if _phase_key(pa, a.spec) != _phase_key(pb, b.spec):
+        if _phase_key(pa, a.spec, data_a) != _phase_key(pb, b.spec, data_b):
             break
         la, lb = _lrs(pa, a.spec, lr_at, cache), _lrs(pb, b.spec, lr_at, cache)
         same = next((i for i, (x, y) in enumerate(zip(la, lb)) if x != y), min(len(la), len(lb)))

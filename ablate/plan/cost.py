@@ -47,9 +47,14 @@ def combo_of(spec: RunSpec, objective: str) -> Combo:
     return Combo(spec.model, objective, spec.data.seq_len, spec.batch_size)
 
 
+def phase_combo(spec: RunSpec, index: int, objective: str) -> Combo:
+    """The combo of phase `index`, at its own seq_len (a phase's data may set one)."""
+    return combo_of(spec, objective)._replace(seq_len=spec.phase_seq_len(index))
+
+
 def pretraining_combos(specs: list[RunSpec]) -> list[Combo]:
     """Each distinct (model, objective, sequence length, batch) of the specs' phases, in first-seen order."""
-    return list(dict.fromkeys(combo_of(s, p.objective) for s in specs for p in s.phases))
+    return list(dict.fromkeys(phase_combo(s, i, p.objective) for s in specs for i, p in enumerate(s.phases)))
 
 
 class FinetuneKey(NamedTuple):
@@ -204,12 +209,13 @@ def pretraining_seconds(spec: RunSpec, throughput: Throughput | None, ranks: int
     if throughput is None:
         return None
     seconds = 0.0
-    for phase, steps in zip(spec.phases, spec.phase_steps() if phase_steps is None else phase_steps):
-        rate = throughput.tokens_per_s(combo_of(spec, phase.objective))
+    for index, (phase, steps) in enumerate(zip(spec.phases, spec.phase_steps() if phase_steps is None else phase_steps)):
+        rate = throughput.tokens_per_s(phase_combo(spec, index, phase.objective))
         if rate is None:
             return None
-        seconds += steps * spec.tokens_per_step / (rate * ranks)
+        seconds += steps * spec.phase_tokens_per_step()[index] / (rate * ranks)
     return seconds
+
 
 
 def finetune_seconds(work: list[FinetuneWork], throughput: Throughput | None) -> float | None:
@@ -231,7 +237,7 @@ def arm_cost(run_id: str, axes: dict, spec: RunSpec, throughput: Throughput | No
     steps = sum(spec.phase_steps())
     pre = pretraining_seconds(spec, throughput, ranks)
     ft = finetune_seconds(finetune, throughput) if finetune is not None else None
-    return ArmCost(run_id, dict(axes), steps, steps * spec.tokens_per_step, None if pre is None else pre / 3600,
+    return ArmCost(run_id, dict(axes), steps, spec.planned_tokens(), None if pre is None else pre / 3600,
                    gpus, None if ft is None else ft / 3600, bool(spec.eval.tasks))
 
 
@@ -252,7 +258,7 @@ def branched_cost(cost: ArmCost, spec: RunSpec, start: int, throughput: Throughp
         return cost
     after = steps_after(spec, start)
     seconds = pretraining_seconds(spec, throughput, ranks, after)
-    return replace(cost, steps=sum(after), tokens=sum(after) * spec.tokens_per_step,
+    return replace(cost, steps=sum(after), tokens=sum(a * t for a, t in zip(after, spec.phase_tokens_per_step())),
                    hours=None if seconds is None else seconds / 3600)
 
 

@@ -37,8 +37,8 @@ def planned_sequences(spec: RunSpec) -> int:
 
 
 def planned_tokens(spec: RunSpec) -> int:
-    """The tokens the run trains: the sum of its phase steps x batch_size x seq_len."""
-    return planned_sequences(spec) * spec.data.seq_len
+    """The tokens the run trains: the sum of its phase steps x batch_size x each phase's seq_len."""
+    return spec.planned_tokens()
 
 
 def packed_sequences(spec: RunSpec, corpus_tokens: int) -> int:

@@ -47,6 +47,8 @@ def position_limit(config: Any) -> str:
 def lengths_asked(spec: RunSpec) -> list[tuple[str, int]]:
     """(key, tokens) of every input length the spec asks the model to take."""
     asked = [("data.seq_len", spec.data.seq_len)]
+    asked += [(f"phases[{i}].data.seq_len", spec.phase_seq_len(i)) for i in range(len(spec.phases))
+              if spec.phase_seq_len(i) != spec.data.seq_len]
     if spec.probe.n_texts:
         asked.append(("probe.max_length", spec.probe.max_length))
     ft_length = spec.eval.finetune.get("max_length")

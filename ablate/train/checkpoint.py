@@ -44,6 +44,8 @@ class TrainState:
     token_hash: str = STREAM_START
     phase_token_hashes: dict[str, str] = field(default_factory=dict)
     phase_tokens: dict[str, int] = field(default_factory=dict)
+    source_tokens: dict[str, int] = field(default_factory=dict)        # runs that read by members (data.mixture)
+    source_token_hashes: dict[str, str] = field(default_factory=dict)  # each source's sequences, chained
     curves: list[dict] = field(default_factory=list)
     grad_norms: list[dict] = field(default_factory=list)
     grad_norm_sums: dict[str, float] = field(default_factory=dict)   # "phase/layer" -> sum over steps
@@ -69,6 +71,16 @@ class TrainState:
         self.tokens_seen += batch.size
         self.global_step += 1
         self.step_in_phase += 1
+
+    def advance_sources(self, labels: tuple[str, ...], members: np.ndarray, batch: np.ndarray) -> dict:
+        """Each source's tokens and hash after a step whose row i came from labels[members[i]]; returns the
+        curves' columns tokens/<source> (cumulative)."""
+        for k, label in enumerate(labels):
+            rows = batch[members == k]
+            if len(rows):
+                self.source_token_hashes[label] = chain_hash(self.source_token_hashes.get(label, PHASE_START), rows)
+                self.source_tokens[label] = self.source_tokens.get(label, 0) + rows.size
+        return {f"tokens/{label}": n for label, n in self.source_tokens.items()}
 
     def book_step(self, phase: str, step: int, tokens: int, loss: float, lr: float, norms: dict[int, float],
                   notes: dict | None = None) -> None:

@@ -37,9 +37,9 @@ import torch
 
 from ablate.train.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint, save_final_model
 from ablate.train.distributed import Dist, init as init_distributed, local_device_index, rank_slice
-from ablate.data.corpus import SequenceOrder, open_prepared
+from ablate.data.corpus import SequenceOrder
 from ablate.config.errors import SpecError
-from ablate.plan.epochs import check_epochs
+from ablate.train.streams import Streams
 from ablate.plan.freezing import apply_freeze, is_frozen
 from ablate.plan.phases import PhasePlan, frozen_rows, plan_phases
 from ablate.models.dropout import use_cpu_dropout
@@ -90,6 +90,7 @@ class Context:
     dist: Dist = field(default_factory=Dist)
     encoder: torch.nn.Module | None = None   # the encoder to call (compiled when asked); None = family's
     pin_memory: bool = False
+    streams: Streams | None = None      # every phase's corpora (train.streams)
 
 
 def pick_device(choice: str, local_rank: int = 0) -> torch.device:
@@ -188,10 +189,9 @@ def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, lis
     device = pick_device(spec.device, dist.local_rank)
     set_determinism(spec.deterministic)                # before the model touches the device (cuBLAS)
     tokenizer = load_tokenizer(spec.tokenizer or spec.model)
-    corpus = open_prepared(spec.data, tokenizer)       # memory-mapped; prepared first if need be
-    sequences, doc_ids = corpus.packed(spec.data.seq_len)
-    # a job whose corpus was prepared after submission (Slurm) is checked here: it never loops silently
-    check_epochs(spec, corpus.n_tokens)
+    streams = Streams(spec, tokenizer)                 # memory-mapped; prepared first if need be
+    sequences, doc_ids = streams.first
+    streams.check()
     model = use_cpu_dropout(load_masked_lm(spec.model, spec.attn_implementation, seed=spec.seed).to(device))
     family = family_of(model.config)
     plans = plan_phases(spec, n_layers(model.config))
@@ -204,7 +204,7 @@ def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, lis
     ctx = Context(spec, model, family, device, sequences, doc_ids, SequenceOrder(len(sequences), spec.data.data_seed),
                   torch.tensor(special), tokenizer.mask_token_id, model.config.vocab_size,
                   layer_params(model), autocast=uses_autocast(spec, device), dist=dist,
-                  pin_memory=device.type == "cuda")
+                  pin_memory=device.type == "cuda", streams=streams)
     if uses_compile(spec, device):
         ctx.encoder = compiled_encoder(family.encoder(model))
     return ctx, tokenizer, plans
@@ -278,11 +278,12 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
 
         while state.step_in_phase < plan.steps:
             lr = lr_at(plan.spec.lr, peak, state.step_in_phase, plan.steps)
-            idx = ctx.order.take(state.data_position, spec.batch_size)
-            batch, docs = ctx.sequences[idx], ctx.doc_ids[idx]
+            batch, docs, members = ctx.streams.read(state.phase_index, state.step_in_phase)
             notes: dict = {}
             loss, norms = train_step(ctx, plan, batch, docs, state.global_step, opt, lr, notes)
             state.advance(plan.name, batch)
+            read = state.advance_sources(ctx.streams.labels(plan.index), members, batch)   # a parent's count too
+            notes.update(read if ctx.streams.by_members else {})
             unread.add(state, plan.name, lr, loss, norms, notes)
             steps_this_call += 1
             window_tokens += batch.size
