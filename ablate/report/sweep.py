@@ -15,6 +15,7 @@ import pandas as pd
 
 from ablate.config.errors import SpecError
 from ablate.config.grid import DEFAULT_BASELINE, declared_baseline
+from ablate.report.arms import with_data_arms
 from ablate.store import sweep as store_sweep
 from ablate.store.sweep import SweepFolder
 
@@ -77,5 +78,6 @@ def load_sweep(sweep: str | Path | None = None, results: str | Path | None = Non
         if col not in runs.columns:
             raise SpecError(f"runs table has no {col!r} column", file=str(folder.root), key="runs")
         runs[col] = runs[col].astype(str)
-    return Sweep(path=folder.root, runs=runs, baseline=declared_baseline(folder.root), **tables)
+    baseline = declared_baseline(folder.root)
+    return Sweep(path=folder.root, runs=with_data_arms(runs, baseline), baseline=baseline, **tables)
 

@@ -281,6 +281,7 @@ class RunInfo:
     ends: tuple[int, ...]         # global step at the end of each phase
     schedule: str                 # digest of the phases themselves (seed-noise pairs share it)
     baseline: bool
+    data: str | None = None       # the grid's data choice (its `data` axis), if any
 
     @property
     def group(self) -> tuple:
@@ -297,7 +298,7 @@ def run_info(run_id: str, spec: RunSpec) -> RunInfo:
     baseline = is_baseline_arm(axes.get("schedule", DEFAULT_BASELINE), axes.get("freeze", "none"), spec.labels)
     ends = tuple(accumulate(spec.phase_steps()))
     return RunInfo(run_id, spec.training_identity, spec.seed, tuple(p.name for p in spec.phases), ends,
-                   _digest(phases), baseline)
+                   _digest(phases), baseline, axes.get("data"))
 
 
 def baselines_by_group(infos: Sequence[RunInfo]) -> dict[tuple, list[RunInfo]]:
@@ -310,8 +311,11 @@ def baselines_by_group(infos: Sequence[RunInfo]) -> dict[tuple, list[RunInfo]]:
 
 
 def twins_of(arm: RunInfo, baselines: dict[tuple, list[RunInfo]]) -> list[RunInfo]:
-    """The arm's twins: the MLM baselines (baselines_by_group) with its identity, seed and phase ends."""
-    return list(baselines.get(arm.group, []))
+    """The arm's twins: the MLM baselines (baselines_by_group) with its identity, seed and phase ends, and of
+    those the ones with its data choice (a grid's `data` axis) when any has it: a choice the baseline does not
+    run (it names only phases the baseline lacks) pairs with the baselines of the group."""
+    group = baselines.get(arm.group, [])
+    return [b for b in group if b.data == arm.data] or list(group)
 
 
 # --- the token stream a run consumed, as records/run.json says
