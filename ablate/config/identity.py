@@ -42,6 +42,7 @@ FIELDS: dict[str, frozenset] = {
 LATER_DEFAULTS: dict[str, Any] = {"precision": "auto", "document_masking": False, "data.errors": "strict",
                                   "data.mixture": None}
 PHASE_LATER_DEFAULTS = ("mask_rate_end", "corruption", "span_length", "mixture", "granularity", "data")  # at None
+PHASE_DATA_LATER_DEFAULTS = ("rope_theta", "local_rope_theta")    # keys of a phase's data, at None
 
 
 def content(dumped: dict, scope: str) -> dict:
@@ -67,6 +68,10 @@ def _drop_phase_defaults(phase: dict) -> None:
     for key in PHASE_LATER_DEFAULTS:
         if key in phase and phase[key] is None:
             phase.pop(key)
+    data = phase.get("data")
+    for key in PHASE_DATA_LATER_DEFAULTS if isinstance(data, dict) else ():
+        if key in data and data[key] is None:
+            data.pop(key)
     for member in phase.get("mixture") or ():
         _drop_phase_defaults(member)
 

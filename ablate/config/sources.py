@@ -2,7 +2,8 @@
 
 A run's `data` reads one corpus, or a `mixture` of weighted corpora (replay: a share of general text beside
 the domain corpus). A phase may name its own data (`data:` in the phase: a corpus, a mixture and/or a
-sequence length); what it leaves out it takes from the run's `data`. How the rows of each step are shared
+sequence length); what it leaves out it takes from the run's `data`. A phase may also set the model's RoPE
+theta from its start on (`rope_theta`, `local_rope_theta`: context extension). How the rows of each step are shared
 out between the members, and where each corpus is read from, is ablate.data.mixture.
 
 May import: config.
@@ -52,6 +53,10 @@ class PhaseData(Strict):
                                                              "run's")
     mixture: tuple[SourceSpec, ...] | None = Field(default=None, description="this phase's weighted corpora")
     seq_len: int | None = Field(default=None, ge=8, description="tokens per sequence in this phase")
+    rope_theta: float | None = Field(default=None, gt=0, description="RoPE theta of the global-attention layers "
+                                      "from this phase on (context extension; families that declare one)")
+    local_rope_theta: float | None = Field(default=None, gt=0, description="RoPE theta of the local "
+                                            "(sliding-window) layers from this phase on")
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -60,9 +65,36 @@ class PhaseData(Strict):
                           "corpus, or mixture")
         check_members(self.mixture)
         if self.model_dump(exclude_none=True) == {}:
-            raise Located("a phase's data names nothing", "data", {}, "corpus, format, text_field, mixture, seq_len")
+            raise Located("a phase's data names nothing", "data", {},
+                          "corpus, format, text_field, mixture, seq_len, rope_theta, local_rope_theta")
         return self
 
+    @property
+    def reads(self) -> bool:
+        """Whether it names what the phase reads (a source or a length), not only RoPE thetas."""
+        return bool(self.model_dump(exclude_none=True, exclude=set(ROPE_KEYS)))
+
+
+ROPE_KEYS = ("rope_theta", "local_rope_theta")
+
+
+def rope_thetas_at(phases, index: int) -> dict[str, float]:
+    """The RoPE thetas in effect in phase `index`: each the last one a phase up to it sets (a theta holds until
+    a later phase sets another); none: the model's own."""
+    out: dict[str, float] = {}
+    for phase in phases[:index + 1]:
+        for key in ROPE_KEYS:
+            value = getattr(phase.data, key, None) if phase.data is not None else None
+            if value is not None:
+                out[key] = value
+    return out
+
+
+def phase_rope_thetas(phases) -> dict[str, dict[str, float]]:
+    """{phase name: the RoPE thetas in effect there} when any phase sets one, else {} (the model's own)."""
+    if not any(rope_thetas_at(phases, i) for i in range(len(phases))):
+        return {}
+    return {p.name: rope_thetas_at(phases, i) for i, p in enumerate(phases)}
 
 def steps_by_length(phases, per_step: list[int], budget_tokens: int | None) -> list[int]:
     """Each phase's steps when phases differ in length: a fraction's cumulative boundary in tokens, reached from

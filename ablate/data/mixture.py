@@ -69,7 +69,7 @@ def reading_key(data: DataSpec) -> str:
 
 def uses_own_data(spec: RunSpec) -> bool:
     """A mixture, or a phase with data of its own: the run reads by members (else as one corpus)."""
-    return spec.data.mixture is not None or any(p.data is not None for p in spec.phases)
+    return spec.data.mixture is not None or any(p.data is not None and p.data.reads for p in spec.phases)
 
 
 def _members(spec: RunSpec, index: int) -> tuple[Member, ...]:

@@ -96,6 +96,7 @@ def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: floa
     from ablate.models.families import family_of, n_layers
     from ablate.models.sources import load_config
     from ablate.plan.replicates import seed_record
+    from ablate.config.sources import phase_rope_thetas
 
     config = load_config(spec.model)
     return {
@@ -107,6 +108,8 @@ def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: floa
         # runs that read by members (data.mixture, a phase's own data): each source's realised tokens and hash
         **({"source_tokens": state.source_tokens, "source_token_hashes": state.source_token_hashes}
            if uses_own_data(spec) else {}),
+        # phases that set a RoPE theta: the thetas in effect in each phase (the final model's config has the last)
+        **({"rope_thetas": json.dumps(thetas)} if (thetas := phase_rope_thetas(spec.phases)) else {}),
         "steps": state.global_step,
         "train_time_s": round(state.elapsed_s, 3),
         "wall_time_s": round(wall_time, 3),

@@ -95,6 +95,8 @@ class Family:
     shared: tuple[str, ...] = ()        # other encoder parameters outside the blocks (final norm, relative
                                         # position embeddings): trained unless `encoder` is frozen
     lora_full: tuple[str, ...] = ()     # modules trained in full under LoRA: possibly fresh (pooler, head)
+    rope_thetas: tuple[tuple[str, str], ...] = ()   # a phase's data key (rope_theta, local_rope_theta) -> the
+                                        # layer type whose config.rope_parameters entry it sets
 
     @property
     def attn_implementations(self) -> tuple[str, ...]:
@@ -106,6 +108,18 @@ class Family:
     def head_logits(self, model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """The MLM head's vocabulary logits, what the model's own forward computes (all of them at once)."""
         return torch.nn.functional.linear(self.transform(model, hidden), *self.decoder(model))
+
+    def rope_layer_types(self, thetas: Mapping[str, float]) -> dict[str, str]:
+        """{theta key: layer type} for `thetas` (a phase's rope_theta, local_rope_theta); a key this family
+        declares no place for is a SpecError."""
+        declared = dict(self.rope_thetas)
+        for key, value in thetas.items():
+            if key not in declared:
+                raise SpecError(f"family {self.name} has no RoPE theta {key!r} to set", key=f"data.{key}",
+                                value=value,
+                                allowed=", ".join(declared) or "no theta: families that declare one: "
+                                + ", ".join(f.name for f in FAMILIES.values() if f.rope_thetas))
+        return {key: declared[key] for key in thetas}
 
     def mask_kind(self, attn_implementation: str) -> str:
         try:
@@ -144,7 +158,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     # sdpa: banded (ablate.models.attention, no L x L mask); eager: today's dense masks per layer type
     Family("modernbert", ("modernbert",), "model", ("embeddings.",), re.compile(r"^layers\.(\d+)\."),
            _modules("head"), _linear("decoder"), {"sdpa": "banded", "eager": "per-layer-type"}, ("Wqkv",),
-           "tiny-modernbert", shared=("final_norm.",), lora_full=("head",)),
+           "tiny-modernbert", shared=("final_norm.",), lora_full=("head",),
+           rope_thetas=(("rope_theta", "full_attention"), ("local_rope_theta", "sliding_attention"))),
     Family("eurobert", ("eurobert",), "model", ("embed_tokens.",), re.compile(r"^layers\.(\d+)\."),
            _modules(), _linear("lm_head"), {"sdpa": "flag", "eager": "additive"}, ("q_proj", "k_proj", "v_proj"),
            "tiny-eurobert", shared=("norm.",), lora_full=("dense",)),

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ablate.config import identity, objectives
+from ablate.config.sources import rope_thetas_at
 from ablate.config.spec import LRSchedule, RunSpec
 from ablate.data.mixture import phase_data
 from ablate.plan.phases import PhasePlan
@@ -97,7 +98,8 @@ class BranchTree:
 def _phase_key(plan: PhasePlan, spec: RunSpec, data: list) -> tuple:
     p = plan.spec
     what = json.dumps(objectives.get(p.objective).identity(p), sort_keys=True)   # its entry's identity fields
-    return (p.name, what, plan.frozen, p.lr.peak_lr or spec.optim.lr, json.dumps(data[plan.index]))
+    return (p.name, what, plan.frozen, p.lr.peak_lr or spec.optim.lr, json.dumps(data[plan.index]),
+            json.dumps(rope_thetas_at(spec.phases, plan.index), sort_keys=True))
 
 
 def _data_of(run: RunPlan, cache: dict) -> list:

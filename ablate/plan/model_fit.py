@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ablate.config.errors import SpecError
+from ablate.config.sources import ROPE_KEYS
 from ablate.config.spec import RunSpec
 
 # the config.model_type values whose position ids are offset by the padding index
@@ -81,6 +82,17 @@ def check_attention(spec: RunSpec, family: Any, file: str | None) -> None:
 
 
 EAGER_MAX_TOKENS = 4096     # eager attention materialises every layer's weights: (micro-batch, heads, L, L)
+
+
+def check_rope_thetas(spec: RunSpec, family: Any, file: str | None) -> None:
+    """A phase that sets a RoPE theta needs a family that declares which config entry it sets."""
+    for i, phase in enumerate(spec.phases):
+        thetas = {k: v for k in ROPE_KEYS if (v := getattr(phase.data, k, None)) is not None}
+        try:
+            family.rope_layer_types(thetas)
+        except SpecError as exc:
+            raise SpecError(f"model {spec.model}: {exc.message}", file=file, key=f"phases[{i}].{exc.key}",
+                            value=exc.value, allowed=exc.allowed) from None
 
 
 def check_eager_length(spec: RunSpec, config: Any, family: Any, file: str | None) -> None:
@@ -158,6 +170,7 @@ def check_model_fit(specs: list[RunSpec], file: str | None) -> None:
         except SpecError as exc:
             raise SpecError(exc.message, file=file, key="model", value=exc.value, allowed=exc.allowed) from None
         check_attention(spec, family, file)
+        check_rope_thetas(spec, family, file)
         check_eager_length(spec, config, family, file)
         if (spec.model, spec.tokenizer) not in vocab_checked:
             vocab_checked.add((spec.model, spec.tokenizer))

@@ -1,6 +1,6 @@
 """Continued pretraining: one explicit loop over the phases of a RunSpec.
 
-    load model + tokenizer -> token stream -> for each phase: freeze, then steps of
+    load model + tokenizer -> token stream -> for each phase: freeze, RoPE thetas (train.rope), then steps of
     (batch by data position -> objective inputs -> forward on the encoder -> head transform at labelled
      positions -> vocabulary projection + cross-entropy, fused and chunked (vocab_loss) -> backward
      -> per-layer grad norms -> clip -> AdamW) ; checkpoint ; measure layers
@@ -40,7 +40,8 @@ from ablate.train.distributed import Dist, init as init_distributed, local_devic
 from ablate.data.corpus import SequenceOrder
 from ablate.config.errors import SpecError
 from ablate.train.streams import Streams
-from ablate.plan.freezing import apply_freeze, is_frozen
+from ablate.plan.freezing import is_frozen
+from ablate.train.rope import start_phase
 from ablate.plan.phases import PhasePlan, frozen_rows, plan_phases
 from ablate.models.dropout import use_cpu_dropout
 from ablate.models.families import Family, family_of, n_layers
@@ -265,8 +266,7 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
     started = time.perf_counter() - state.elapsed_s
     while state.phase_index < len(plans) and not state.done:
         plan = plans[state.phase_index]
-        apply_freeze(model, family, plan.frozen)
-        opt.set_trainable()
+        start_phase(model, family, plan, spec.phases, opt)
         peak = plan.spec.lr.peak_lr or spec.optim.lr
         window_start, window_tokens = time.perf_counter(), 0
         if state.step_in_phase == plan.steps:    # started from a parent's checkpoint at this phase's end
