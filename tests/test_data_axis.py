@@ -60,6 +60,9 @@ def test_the_data_axis_gives_the_runs_of_the_data_grid_with_the_same_ids():
     shipped = expand(load_grid(REPO / "grids/data.yaml"))
     by_axis = expand(load_grid(REPO / "tests/grids/data_axis.yaml"))
     assert [r.run_id for r in by_axis] == [r.run_id for r in shipped]
+    # the ids grids/data.yaml had before phases could set a RoPE theta: phase data without one keeps its ids
+    assert [r.run_id for r in shipped] == ["505ae8e95433", "96e123f9c0d4", "42d267a8ebe1", "afe373fba732",
+                                           "9d827cd47d14"]
     assert [(r.axes["schedule"], r.axes["data"], r.axes["seed"]) for r in by_axis] == [
         ("mlm", "e3c", 17), ("mlm", "e3c", 18), ("clm", "e3c", 17), ("clm", "medquad", 17), ("clm", "mix", 17)]
     assert "data" not in shipped[0].axes       # a grid without the axis: labels as they were
