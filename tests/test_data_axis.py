@@ -4,18 +4,23 @@ masks are by `freeze`; the arms they make, their validation, their run ids, thei
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
+from ablate import report
 from ablate.cli import main
 from ablate.config.errors import SpecError
 from ablate.config.grid import load_grid, unused_entries
 from ablate.plan.grid import expand
 from ablate.report.arms import arm_label, with_data_arms
 from ablate.store.rundir import RunInfo, baselines_by_group, twins_of
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_report import rewrite, write_sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MEDQUAD = "corpus_en_medquad/train.txt"
@@ -148,3 +153,15 @@ def test_report_arms_carry_the_choice_where_a_schedule_ran_under_several():
     assert with_data_arms(runs.drop(columns="data"), "mlm")["schedule"].tolist() == runs["schedule"].tolist()
     one = runs.assign(data=[None, None, "medquad", "medquad", "medquad"])
     assert with_data_arms(one, "mlm")["schedule"].tolist() == runs["schedule"].tolist()
+
+
+def test_a_collected_sweep_draws_one_arm_per_data_choice(tmp_path):
+    folder = write_sweep(tmp_path / "sweep")
+    runs = pd.read_parquet(folder / "runs.parquet")
+    choice = {"none": "e3c", "low": "medquad", "decay_low": "mix"}
+    rewrite(folder, "runs", runs.assign(data=[choice[f] if s == "clm" else "e3c"
+                                              for s, f in zip(runs["schedule"], runs["freeze"])]))
+    sweep = report.load_sweep(folder)
+    _, data = report.FIGURES["curves"](sweep)
+    assert set(data["arm"]) == {"mlm", "clm, data e3c", "clm, data medquad, freeze low",
+                                "clm, data mix, freeze decay_low"}
