@@ -10,9 +10,11 @@ import json
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
+from ablate.cli import main
 from ablate.config.errors import SpecError
 from ablate.config.sources import phase_rope_thetas, rope_thetas_at
 from ablate.config.spec import parse_run_spec
@@ -115,3 +117,12 @@ def test_a_family_without_a_theta_is_refused_naming_the_key():
     assert (err.file, err.key, err.value) == ("run.yaml", "phases[1].data.rope_theta", 640000.0)
     assert "bert" in err.message and "modernbert" in err.allowed
     check_model_fit([parse_run_spec(SPEC)], file="run.yaml")      # ModernBERT declares both
+
+
+def test_the_run_record_says_the_thetas_of_each_phase(tmp_path, data_root, capsys):
+    spec_file = tmp_path / "run.yaml"
+    spec_file.write_text(yaml.safe_dump(SPEC))
+    assert main(["run", str(spec_file), "--out", str(tmp_path / "out")]) == 0
+    record = json.loads((tmp_path / "out" / "records" / "run.json").read_text())
+    both = {"rope_theta": 640000.0, "local_rope_theta": 40000.0}
+    assert json.loads(record["rope_thetas"]) == {"mlm": {}, "long": both, "after": both}
