@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +23,9 @@ from ablate.config.spec import parse_run_spec
 from ablate.models.families import FAMILIES
 from ablate.plan.model_fit import check_model_fit
 from ablate.train.loop import pretrain
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_data_mixture import _killed_and_resumed as killed_and_resumed  # noqa: E402
 
 E3C = "corpus_en_e3c/train.txt"
 LONG = {"seq_len": 64, "rope_theta": 640000.0, "local_rope_theta": 40000.0}
@@ -126,3 +131,14 @@ def test_the_run_record_says_the_thetas_of_each_phase(tmp_path, data_root, capsy
     record = json.loads((tmp_path / "out" / "records" / "run.json").read_text())
     both = {"rope_theta": 640000.0, "local_rope_theta": 40000.0}
     assert json.loads(record["rope_thetas"]) == {"mlm": {}, "long": both, "after": both}
+
+
+def test_kill_9_at_a_checkpoint_inside_the_theta_phase_resumes_to_the_same_bits(tmp_path, data_root):
+    spec_file = tmp_path / "run.yaml"
+    spec_file.write_text(yaml.safe_dump(SPEC))
+    pretrain(parse_run_spec(SPEC), tmp_path / "straight", log=_quiet)
+    killed_and_resumed(spec_file, tmp_path / "killed", 4, tmp_path)     # step 4: one step into `long`
+    a, b = (load_file(tmp_path / d / "model" / "model.safetensors") for d in ("straight", "killed"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    config = json.loads((tmp_path / "killed" / "model" / "config.json").read_text())
+    assert config["rope_parameters"]["full_attention"]["rope_theta"] == 640000.0
