@@ -42,7 +42,6 @@ from ablate.config.errors import SpecError
 from ablate.train.streams import Streams
 from ablate.plan.freezing import apply_freeze, is_frozen
 from ablate.plan.phases import PhasePlan, frozen_rows, plan_phases
-from ablate.models.dropout import use_cpu_dropout
 from ablate.models.families import Family, family_of, n_layers
 from ablate.models.sources import load_masked_lm, load_tokenizer
 from ablate.analysis.probe import grad_norm_values, layer_params, weight_rel_change
@@ -192,7 +191,7 @@ def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, lis
     streams = Streams(spec, tokenizer)                 # memory-mapped; prepared first if need be
     sequences, doc_ids = streams.first
     streams.check()
-    model = use_cpu_dropout(load_masked_lm(spec.model, spec.attn_implementation, seed=spec.seed).to(device))
+    model = load_masked_lm(spec.model, spec.attn_implementation, seed=spec.seed).to(device)
     family = family_of(model.config)
     plans = plan_phases(spec, n_layers(model.config))
     names = [n for n, _ in model.named_parameters()]
