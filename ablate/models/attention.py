@@ -52,7 +52,6 @@ from transformers.masking_utils import AttentionMaskInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
 from ablate.models import flex
-from ablate.models.dropout import cpu_dropout
 
 IMPLEMENTATION = "ablate_sdpa"
 DOCUMENTS_ATTR = "ablate_documents"      # attention-module attribute: Documents, or absent
@@ -97,8 +96,6 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
 def full(q, k, v, causal: bool, keep: torch.Tensor | None, dropout: float, scale: float,
          prefix: Prefix | None = None) -> torch.Tensor:
     """Every key (causal: every earlier one, and a row's prefix): the fused kernels when there is no padding."""
-    if keep is None and dropout and q.device.type == "cpu":
-        return _with_cpu_dropout(q, k, v, causal, dropout, scale)
     if keep is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale)
     allowed = keep[:, None, None, :]                       # (B, 1, 1, L): padding keys out
@@ -109,18 +106,6 @@ def full(q, k, v, causal: bool, keep: torch.Tensor | None, dropout: float, scale
             seen = seen | (torch.arange(length, device=q.device) < prefix.lengths[:, None, None])
         allowed = allowed & seen[:, None]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout, scale=scale)
-
-
-def _with_cpu_dropout(q, k, v, causal: bool, dropout: float, scale: float) -> torch.Tensor:
-    """What SDPA's math path computes with attention dropout on the CPU (its fused kernels take no dropout),
-    the probabilities dropped by ablate.models.dropout instead of bernoulli_."""
-    scores = torch.matmul(q * scale, k.transpose(-2, -1))
-    if causal:
-        length = q.shape[2]
-        above = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(above, float("-inf"))
-    probs = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.matmul(cpu_dropout(probs, dropout), v)
 
 
 @dataclass(frozen=True)

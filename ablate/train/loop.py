@@ -43,7 +43,6 @@ from ablate.train.streams import Streams
 from ablate.plan.freezing import is_frozen
 from ablate.train.rope import start_phase
 from ablate.plan.phases import PhasePlan, frozen_rows, plan_phases
-from ablate.models.dropout import use_cpu_dropout
 from ablate.models.families import Family, family_of, n_layers
 from ablate.models.sources import load_masked_lm, load_tokenizer
 from ablate.analysis.probe import grad_norm_values, layer_params, weight_rel_change
@@ -193,7 +192,7 @@ def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, lis
     streams = Streams(spec, tokenizer)                 # memory-mapped; prepared first if need be
     sequences, doc_ids = streams.first
     streams.check()
-    model = use_cpu_dropout(load_masked_lm(spec.model, spec.attn_implementation, seed=spec.seed).to(device))
+    model = load_masked_lm(spec.model, spec.attn_implementation, seed=spec.seed).to(device)
     family = family_of(model.config)
     plans = plan_phases(spec, n_layers(model.config))
     names = [n for n, _ in model.named_parameters()]

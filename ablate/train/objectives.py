@@ -143,9 +143,7 @@ def attention_for(model, family: Family, pattern: str, seq_len: int, dtype: torc
         with _prefix_attention(model, family, kind, seq_len, dtype, device, documents, prefix) as attn:
             yield attn
         return
-    # on the CPU the flag kind runs under ablate.models.attention too: its attention dropout (the only thing
-    # SDPA's fused path would not take) is drawn by ablate.models.dropout, not bernoulli_
-    if kind == "banded" or (kind == "flag" and (documents is not None or torch.device(device).type == "cpu")):
+    if kind == "banded" or (kind == "flag" and documents is not None):
         flex_on = use_flex if use_flex is not None else torch.device(device).type == "cuda"
         with _banded(model, family, seq_len, device, documents, prefix if pattern == objectives.PREFIX else None,
                      causal, flex_on):
