@@ -147,7 +147,10 @@ def test_a_run_locked_by_another_process_is_not_started_again(tmp_path, data_roo
     finally:
         holder.kill()
     assert "queued or running elsewhere 1" in result.stdout
-    assert result.returncode == 1                      # not everything is done yet
+    # nothing left for this driver to do: exit 0, the held run named, with the command that waits for it
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"left to others: 1 run running elsewhere: {run_id}" in result.stdout
+    assert "1 held elsewhere" in result.stdout and "--wait" in result.stdout
     assert not (run_dir / "model").exists()            # the locked run was not run a second time
     assert "2 done" in result.stdout
 

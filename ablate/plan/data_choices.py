@@ -17,12 +17,13 @@ from ablate.config.errors import SpecError
 from ablate.config.grid import GridSpec
 
 SOURCE_KEYS = ("corpus", "mixture", "format", "text_field")
+WHOLE_SOURCE = SOURCE_KEYS[:2]      # a block naming either replaces the phase's whole source
 
 
 def merged_data(own: Any, block: dict[str, Any]) -> dict[str, Any]:
     """A phase's data (as written; None: the run's) with a choice's block over it."""
     out = dict(own) if isinstance(own, dict) else {}
-    if "corpus" in block or "mixture" in block:
+    if any(key in block for key in WHOLE_SOURCE):
         for key in SOURCE_KEYS:
             out.pop(key, None)
     out.update(copy.deepcopy(block))
