@@ -31,7 +31,7 @@ LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 # a path of this repository in backticks (under ablate/ only modules and folders: an exported model's
 # `ablate/spec.json` is a folder of the export, not of the repository)
 REPO_PATH = re.compile(r"`(ablate/[\w/]*(?:\.py)?|(?:grids|bench|scripts|tests|docs|analysis_notebooks)/[\w./-]*)`")
-GRID_FILE = re.compile(r"grids/[\w/-]+\.yaml")
+GRID_FILE = re.compile(r"(?:tests/)?grids/[\w/-]+\.yaml")
 
 
 def _prose(text: str) -> str:
