@@ -30,6 +30,18 @@ def merged_data(own: Any, block: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def check_named_phases(what: str, section: str, name: str, block, schedule: str, phases: list[dict]) -> None:
+    """A grid's named per-phase block (a freeze mask, a data choice) names only phases of the run's schedule;
+    another asks for an exclude rule for that combination."""
+    present = [p.get("name") for p in phases]
+    for phase_name in block:
+        if phase_name not in present:
+            raise SpecError(f"{what} {name!r} names phase {phase_name!r}, which schedule {schedule!r} "
+                            "does not have; add an exclude rule for this combination",
+                            key=f"{section}.{name}.{phase_name}", value=phase_name,
+                            allowed=", ".join(str(n) for n in present))
+
+
 def apply_data_choice(grid: GridSpec, phases: list[dict], schedule: str, choice: str | None) -> dict[int, str]:
     """Merge choice `choice` into `phases` (the schedule's phases as written, changed in place); returns
     {phase position: data_choices.<choice>.<phase>} for each phase it changed. A choice naming a phase the
@@ -37,13 +49,7 @@ def apply_data_choice(grid: GridSpec, phases: list[dict], schedule: str, choice:
     if choice is None:
         return {}
     blocks = grid.data_choices[choice]
-    present = [p.get("name") for p in phases]
-    for phase_name in blocks:
-        if phase_name not in present:
-            raise SpecError(f"data choice {choice!r} names phase {phase_name!r}, which schedule {schedule!r} "
-                            "does not have; add an exclude rule for this combination",
-                            key=f"data_choices.{choice}.{phase_name}", value=phase_name,
-                            allowed=", ".join(str(n) for n in present))
+    check_named_phases("data choice", "data_choices", choice, blocks, schedule, phases)
     changed = {}
     for i, phase in enumerate(phases):
         block = blocks.get(phase.get("name"))

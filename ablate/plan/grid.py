@@ -21,7 +21,7 @@ from ablate.config.errors import SpecError
 from ablate.config.grid import DEFAULT_BASELINE, NAMED_AXES, baseline_label, RESERVED_AXES, GridSpec, as_list, axis_key
 from ablate.config import objectives
 from ablate.config.spec import FREEZE_WORDS, PhaseSpec, RunSpec
-from ablate.plan.data_choices import apply_data_choice
+from ablate.plan.data_choices import apply_data_choice, check_named_phases
 
 
 @dataclass(frozen=True)
@@ -116,13 +116,7 @@ def _phases(grid: GridSpec, schedule: str, mask_name: str, data_name: str | None
     n_prelude = len(grid.prelude)
     keys = [f"prelude[{i}]" if i < n_prelude else f"schedules.{schedule}[{i - n_prelude}]" for i in range(len(phases))]
     mask = grid.freeze_masks.get(mask_name, {})
-    present = [p.get("name") for p in phases]
-    for phase_name in mask:
-        if phase_name not in present:
-            raise SpecError(f"freeze mask {mask_name!r} names phase {phase_name!r}, which schedule {schedule!r} "
-                            "does not have; add an exclude rule for this combination",
-                            key=f"freeze_masks.{mask_name}.{phase_name}", value=phase_name,
-                            allowed=", ".join(str(n) for n in present))
+    check_named_phases("freeze mask", "freeze_masks", mask_name, mask, schedule, phases)
     origins = []
     for p, key in zip(phases, keys):
         if p.get("name") in mask:
