@@ -49,6 +49,7 @@ from ablate.analysis.probe import grad_norm_values, layer_params, weight_rel_cha
 from ablate.train.optimizer import Optimizer, fused_adamw
 from ablate.train.batches import batch_loss, objective_batch, seed_for, step_notes
 from ablate.train.objectives import attention_for
+from ablate.train.dropout import cpu_dropout
 from ablate.train.precision import autocast, compiled_encoder, set_determinism, uses_autocast, uses_compile
 from ablate.train.readback import Unread
 from ablate.train.preflight import preflight_run
@@ -141,7 +142,6 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
     first = rank_slice(n_rows, dist).start // micro      # this rank's first micro-batch in the global batch
     total = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for index, start in enumerate(range(0, len(inputs), micro), start=first):
-        torch.manual_seed(_dropout_seed(spec.seed, global_step, index))
         rows = slice(start, start + micro)
         x = inputs[rows].to(ctx.device, non_blocking=True)
         # the labelled positions found on the host: a boolean index on the device would wait for it
@@ -151,6 +151,7 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
         members = member[rows][:, None].expand_as(labels[rows]).flatten()[where] if mixed else None
         where, y = ((t.pin_memory() if ctx.pin_memory else t).to(ctx.device, non_blocking=True) for t in (where, y))
         with autocast(ctx.device, ctx.autocast), \
+                cpu_dropout(_dropout_seed(spec.seed, global_step, index), ctx.device, ctx.encoder is not None), \
                 attention_for(model, family, pattern_of_rows(prefix[rows], x.shape[1]), x.shape[1], mask_dtype,
                               ctx.device, docs[rank_slice(n_rows, dist)][start:start + micro]
                               if spec.document_masking else None, prefix=prefix[rows]) as attn:
