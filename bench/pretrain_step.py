@@ -108,7 +108,8 @@ def build_spec(args) -> dict:
     if args.max_documents:
         data["max_documents"] = args.max_documents
     return {"model": args.model, "attn_implementation": args.attn, "data": data, "batch_size": args.batch_size,
-            "seed": args.seed, "phases": [phase], "optim": {"lr": args.lr}, "device": "cpu"}
+            "seed": args.seed, "phases": [phase], "optim": {"lr": args.lr}, "device": "cpu",
+            "compile": {"auto": "auto", "true": True, "false": False}[getattr(args, "compile", "auto")]}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     ap.add_argument("--seed", type=int, default=17)
+    ap.add_argument("--compile", choices=["auto", "true", "false"], default="auto",
+                    help="the RunSpec's compile (default auto: off on the CPU)")
     ap.add_argument("--fused-adamw", choices=["engine", "on", "off"], default="engine",
                     help="AdamW as pretrain() builds it (default), or forced fused / not fused")
     ap.add_argument("--profile", default=None, metavar="FILE",
@@ -198,6 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
         "model": args.model, "attn": args.attn, "batch": args.batch_size, "seq_len": args.seq_len,
         "mask_rate": args.mask_rate if args.objective == "mlm" else None, "lr": args.lr,
         "warmup": args.warmup, "steps": args.steps, "threads": args.threads, "fused_adamw": fused,
+        "compile": args.compile,
         "tokens_per_s": round(tokens_per_step * len(times) / sum(times), 1),
         "median_step_s": round(statistics.median(times), 4),
         "mean_step_s": round(statistics.fmean(times), 4),
