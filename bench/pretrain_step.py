@@ -109,7 +109,7 @@ def build_spec(args) -> dict:
         data["max_documents"] = args.max_documents
     return {"model": args.model, "attn_implementation": args.attn, "data": data, "batch_size": args.batch_size,
             "seed": args.seed, "phases": [phase], "optim": {"lr": args.lr}, "device": "cpu",
-            "compile": {"auto": "auto", "true": True, "false": False}[getattr(args, "compile", "auto")]}
+            "compile": {"auto": "auto", "true": True, "false": False}[args.compile]}
 
 
 def main(argv: list[str] | None = None) -> dict:
