@@ -70,14 +70,14 @@ def cmd_data_verify(args) -> int:
 
 
 def cmd_data_list(args) -> int:
-    from ablate.data.catalog import catalog
+    from ablate.data.catalog import catalog, origin
 
     root = _root(args)
     for ds in catalog().values():
         size = sum(e.size for e in ds.files) / 1e6
         state = "here" if (root / ds.name).is_dir() else "-"
         print(f"{ds.name:24} {size:7.2f} MB  {state:4}  {'NON-COMMERCIAL ' if ds.non_commercial else ''}"
-              f"{ds.licence}  [{ds.repo}@{ds.commit[:8]}{'' if ds.converter else ', no converter yet'}]")
+              f"{ds.licence}  [{origin(ds)}{'' if ds.converter else ', no converter yet'}]")
     return EXIT_OK
 
 

@@ -1,7 +1,9 @@
 """The datasets a data root holds: where each comes from (catalog.yaml: repository, pinned commit, the files
-read there, licence, converter), what each of its files must be (manifest.tsv: size and sha256 of the
-files the tables were computed on) and named sets of them (sets.yaml). Checking a data root against the
-manifest is `ablate data verify`.
+read there, or a `download:` block for a plain URL, a Zenodo record or a Hugging Face dataset repository;
+licence, converter), what each of its files must be (manifest.tsv: size and sha256 of the files the tables
+were computed on; for a `checked: derived` dataset, whose files ablate cannot know without the data, the
+FETCHED.tsv the fetch wrote in its folder) and named sets of them (sets.yaml). Checking a data root against
+them is `ablate data verify`.
 
 May import: config.
 """
@@ -24,7 +26,9 @@ CATALOG = HERE / "catalog.yaml"
 MANIFEST = HERE / "manifest.tsv"
 SETS = HERE / "sets.yaml"
 MANIFEST_COLUMNS = ("dataset", "file", "size", "sha256")
-NOT_DATA = {"SOURCE.md", "README.md"}     # notes beside the data: not fetched, not checked
+FETCHED = "FETCHED.tsv"                   # a derived dataset's files as its fetch wrote them (MANIFEST_COLUMNS[1:])
+NOT_DATA = {"SOURCE.md", "README.md", FETCHED}     # notes beside the data: not fetched, not checked
+DOWNLOAD_KINDS = ("url", "zenodo", "hf")
 HASH_BLOCK = 1 << 22
 OTHER_REPO = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)@(?P<commit>[0-9a-f]{40}):(?P<path>.+)$")
 
@@ -39,6 +43,21 @@ class Expected:
 
 
 @dataclass(frozen=True)
+class Download:
+    """Where a dataset that is not a GitHub repository at a commit is downloaded from."""
+
+    kind: str                                     # url | zenodo | hf
+    files: tuple[tuple[str, str], ...]            # (input name, URL) for url; (file name, file name) otherwise
+    sha256: tuple[tuple[str, str], ...] = ()      # input name -> pinned sha256 (optional per file)
+    record: str | None = None                     # zenodo
+    repo: str | None = None                       # hf: the dataset repository
+    revision: str | None = None                   # hf: commit sha or tag
+
+    def pinned_sha256(self, name: str) -> str | None:
+        return dict(self.sha256).get(name)
+
+
+@dataclass(frozen=True)
 class Dataset:
     name: str
     repo: str
@@ -50,16 +69,77 @@ class Dataset:
     archive: tuple[str, ...] = ()                 # folders read from the repository's archive at the commit
     requires: tuple[str, ...] = ()                # datasets the converter reads (from the data root)
     files: tuple[Expected, ...] = ()              # what the data root must hold (the manifest)
+    download: Download | None = None              # instead of repo / commit / sources
+    derived: bool = False                         # checked: derived (FETCHED.tsv, not the manifest)
 
 
 @cache
 def catalog() -> dict[str, Dataset]:
     entries = yaml.safe_load(CATALOG.read_text(encoding="utf-8"))
     manifest = read_manifest(MANIFEST)
-    return {name: Dataset(name, e["repo"], e["commit"], e["licence"], e.get("converter"),
+    return {name: Dataset(name, e.get("repo", ""), e.get("commit", ""), e["licence"], e.get("converter"),
                           bool(e.get("non_commercial", False)), _sources(e), tuple(e.get("archive") or ()),
-                          tuple(e.get("requires") or ()), tuple(manifest.get(name, ())))
+                          tuple(e.get("requires") or ()), tuple(manifest.get(name, ())), _download(name, e),
+                          _derived(name, e, manifest))
             for name, e in entries.items()}
+
+
+def _derived(name: str, entry: dict, manifest: dict) -> bool:
+    checked = entry.get("checked")
+    if checked not in (None, "derived"):
+        raise SpecError("unknown `checked`", file=str(CATALOG), key=f"{name}.checked", value=checked,
+                        allowed="derived (or no key: the manifest)")
+    if checked and name in manifest:
+        raise SpecError("a `checked: derived` dataset has no manifest rows", file=str(MANIFEST), key=name)
+    return checked == "derived"
+
+
+def _download(name: str, entry: dict) -> Download | None:
+    """The `download:` block, checked: each kind names what it needs (a missing pin is bad input)."""
+    block = entry.get("download")
+    if block is None:
+        return None
+    key = f"{name}.download"
+    kind = block.get("kind")
+    if kind not in DOWNLOAD_KINDS:
+        raise SpecError("unknown download kind", file=str(CATALOG), key=f"{key}.kind", value=kind,
+                        allowed=", ".join(DOWNLOAD_KINDS))
+    files = block.get("files") or {}
+    if kind == "url":
+        pairs = tuple(files.items()) if isinstance(files, dict) else ()
+        bad = [url for _, url in pairs if not str(url).startswith(("https://", "http://"))]
+        if not pairs or bad:
+            raise SpecError("kind url takes `files: {INPUT_NAME: URL}`", file=str(CATALOG), key=f"{key}.files",
+                            value=bad[0] if bad else files)
+    else:
+        if not isinstance(files, list) or not files:
+            raise SpecError(f"kind {kind} takes `files: [FILE, ...]`", file=str(CATALOG), key=f"{key}.files",
+                            value=files)
+        pairs = tuple((str(f), str(f)) for f in files)
+    needs = {"zenodo": ("record",), "hf": ("repo", "revision")}.get(kind, ())
+    for field in needs:
+        if not block.get(field):
+            raise SpecError(f"kind {kind} needs `{field}`", file=str(CATALOG), key=f"{key}.{field}")
+    sha256 = block.get("sha256") or {}
+    unknown = sorted(set(sha256) - {n for n, _ in pairs})
+    if unknown:
+        raise SpecError("sha256 for a file the block does not download", file=str(CATALOG), key=f"{key}.sha256",
+                        value=unknown[0], allowed=", ".join(n for n, _ in pairs))
+    return Download(kind, pairs, tuple((str(k), str(v).lower()) for k, v in sha256.items()),
+                    str(block["record"]) if kind == "zenodo" else None, block.get("repo"),
+                    str(block["revision"]) if kind == "hf" else None)
+
+
+def origin(ds: Dataset) -> str:
+    """Where a dataset comes from, in words."""
+    d = ds.download
+    if d is None:
+        return f"{ds.repo} at {ds.commit[:12]}"
+    if d.kind == "zenodo":
+        return f"Zenodo record {d.record} ({', '.join(n for n, _ in d.files)})"
+    if d.kind == "hf":
+        return f"Hugging Face dataset {d.repo} at revision {d.revision} ({', '.join(n for n, _ in d.files)})"
+    return ", ".join(url for _, url in d.files)
 
 
 def _sources(entry: dict) -> tuple[tuple[str, str], ...]:
@@ -157,6 +237,30 @@ def file_problem(path: Path, expected: Expected) -> str | None:
     return None
 
 
+def expected_files(folder: Path, ds: Dataset) -> tuple[Expected, ...] | None:
+    """What a dataset folder must hold: the manifest's rows, or for a derived dataset its FETCHED.tsv (None
+    when there is none: not fetched)."""
+    if not ds.derived:
+        return ds.files
+    fetched = folder / FETCHED
+    if not fetched.is_file():
+        return None
+    with open(fetched, encoding="utf-8", newline="") as f:
+        return tuple(Expected(r["file"], int(r["size"]), r["sha256"]) for r in csv.DictReader(f, delimiter="\t"))
+
+
+def write_fetched(folder: Path, files: list[Path]) -> None:
+    """FETCHED.tsv: file, size, sha256 of each file a derived dataset's fetch wrote."""
+    with open(folder / FETCHED, "w", encoding="utf-8", newline="") as f:
+        out = csv.writer(f, delimiter="\t", lineterminator="\n")
+        out.writerow(MANIFEST_COLUMNS[1:])
+        out.writerows((p.name, p.stat().st_size, sha256_of(p)) for p in sorted(files))
+
+
 def dataset_problems(folder: Path, ds: Dataset) -> list[str]:
-    """Every way a dataset folder differs from the manifest; [] when it holds exactly what was recorded."""
-    return [p for e in ds.files if (p := file_problem(folder / e.file, e))]
+    """Every way a dataset folder differs from the manifest (a derived dataset: from the FETCHED.tsv its fetch
+    wrote); [] when it holds exactly what was recorded."""
+    expected = expected_files(folder, ds)
+    if expected is None:
+        return [f"{FETCHED}: missing (not fetched by `ablate data fetch {ds.name}`)"]
+    return [p for e in expected if (p := file_problem(folder / e.file, e))]

@@ -5,6 +5,10 @@ licence is printed (a non-commercial one said so first), its sources downloaded 
 until every dataset of the command is in place, so an interrupted fetch resumes), its converter writes the
 shipped files into a temporary folder beside the data root, every file is checked (size, sha256), and only
 then are the files renamed into <root>/<dataset>/. A failure at any point leaves the data root as it was.
+A dataset with a `download:` block (a URL, a Zenodo record, a Hugging Face dataset: ablate.data.remote) has
+its downloads checked (sha256, the record's md5) before the converter reads them; a `checked: derived` one,
+whose files no manifest can know, gets a FETCHED.tsv (each file's size and sha256) placed last, which `ablate
+data verify` checks from then on.
 
 May import: config, data.
 """
@@ -17,20 +21,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ablate.config.errors import SpecError
-from ablate.data.catalog import Dataset, dataset_problems, source_location, with_requirements
+from ablate.data.catalog import (FETCHED, Dataset, dataset_problems, expected_files, origin, source_location,
+                                 with_requirements, write_fetched)
 from ablate.data.converters import CONVERTERS
 from ablate.data.download import DownloadError, archive_url, download, file_url, remove_quietly
+from ablate.data.remote import ChecksumMismatch, download_inputs
 
 CACHE = ".fetch-cache"
 DOCS = "docs/data.md"
 
 
-class ChecksumMismatch(SpecError):
-    """What a converter wrote is not what the manifest records: nothing was placed."""
-
-
 def by_hand(ds: Dataset, root: Path) -> str:
     """How to supply a dataset without this command."""
+    if ds.download is not None:
+        return (f"to supply it by hand, put {', '.join(n for n, _ in ds.download.files)} (from {origin(ds)}) "
+                f"where the fetch caches its downloads ({root / CACHE}/, see {DOCS}) and fetch again: the "
+                "files are checked and converted as if downloaded")
     return (f"to supply it by hand, build the files of {ds.name} as its SOURCE notes say ({DOCS}; from "
             f"{ds.repo} at {ds.commit}) into {root / ds.name}/ and check them with `ablate data verify {ds.name}`; "
             "a task can also read a `datasets` folder saved with save_to_disk or a hub dataset (format: hf in its "
@@ -51,23 +57,31 @@ def fetch_datasets(datasets: list[Dataset], root: Path, mirror: str | None = Non
         if ds.converter is None:
             raise SpecError(f"dataset {ds.name}: no converter yet for its derivation; {by_hand(ds, root)}",
                             key="dataset", value=ds.name)
-        _fetch_one(ds, root, mirror)
+        _fetch_one(ds, root, mirror, say)
         fetched.append(ds.name)
-        say(f"{ds.name}: {len(ds.files)} files in {root / ds.name}, each checked (size, sha256)")
+        n = len(expected_files(root / ds.name, ds) or ())
+        checked = f"derived, their sha256 in {FETCHED}" if ds.derived else "each checked (size, sha256)"
+        say(f"{ds.name}: {n} files in {root / ds.name}, {checked}")
     remove_quietly(root / CACHE)
     return fetched
 
 
 def _licence_line(ds: Dataset) -> str:
     notice = "NON-COMMERCIAL licence: research use only; " if ds.non_commercial else ""
-    return f"{ds.name}: {notice}licence {ds.licence}; from {ds.repo} at {ds.commit[:12]}"
+    return f"{ds.name}: {notice}licence {ds.licence}; from {origin(ds)}"
 
 
-def _fetch_one(ds: Dataset, root: Path, mirror: str | None) -> None:
-    inputs = _download_sources(ds, root / CACHE, mirror, root) | {name: root / name for name in ds.requires}
+def _fetch_one(ds: Dataset, root: Path, mirror: str | None, say: Callable[[str], None] = print) -> None:
+    if ds.download is not None:
+        downloads = _remote_sources(ds, root / CACHE, root, say)
+    else:
+        downloads = _download_sources(ds, root / CACHE, mirror, root)
+    inputs = downloads | {name: root / name for name in ds.requires}
     with tempfile.TemporaryDirectory(dir=root, prefix=f".fetch-{ds.name}-") as tmp:
         out = Path(tmp)
         CONVERTERS[ds.converter](inputs, out, ds)
+        if ds.derived:
+            write_fetched(out, [p for p in out.iterdir() if p.is_file()])
         problems = dataset_problems(out, ds)
         if problems:
             for path in _downloaded(inputs, ds):       # a corrupt download must not be reused
@@ -80,6 +94,14 @@ def _fetch_one(ds: Dataset, root: Path, mirror: str | None) -> None:
 
 def _downloaded(inputs: dict[str, Path], ds: Dataset) -> list[Path]:
     return [path for name, path in inputs.items() if name not in ds.requires]
+
+
+def _remote_sources(ds: Dataset, cache: Path, root: Path, say: Callable[[str], None]) -> dict[str, Path]:
+    try:
+        return download_inputs(ds, cache, say)
+    except DownloadError as e:
+        raise DownloadError(f"{e.message} (offline, or the source moved); {by_hand(ds, root)}", key=e.key,
+                            value=e.value, allowed=e.allowed) from None
 
 
 def _download_sources(ds: Dataset, cache: Path, mirror: str | None, root: Path) -> dict[str, Path]:
@@ -98,9 +120,13 @@ def _download_sources(ds: Dataset, cache: Path, mirror: str | None, root: Path) 
 
 
 def _place(out: Path, folder: Path, ds: Dataset) -> None:
-    """Each checked file renamed into the dataset's folder (same file system: atomic per file)."""
+    """Each checked file renamed into the dataset's folder (same file system: atomic per file); a derived
+    dataset's FETCHED.tsv last, so that an interrupted placing never verifies."""
     folder.mkdir(parents=True, exist_ok=True)
-    for expected in ds.files:
+    (folder / FETCHED).unlink(missing_ok=True)
+    for expected in expected_files(out, ds):
         os.replace(out / expected.file, folder / expected.file)
+    if ds.derived:
+        os.replace(out / FETCHED, folder / FETCHED)
 
 

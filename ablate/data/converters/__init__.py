@@ -7,11 +7,15 @@ May import: config, data.
 
 from __future__ import annotations
 
+from functools import partial
+
 from ablate.data.converters.articles import convert_craft
 from ablate.data.converters.blurb import convert_biosses, convert_gad, convert_hoc, convert_jnlpba
 from ablate.data.converters.brat import convert_mantra, convert_quaero
+from ablate.data.converters.coded_documents import convert_fracco, convert_frasimed
 from ablate.data.converters.common import convert_copy
 from ablate.data.converters.ddi import convert_ddi
+from ablate.data.converters.diamed import convert_diamed
 from ablate.data.converters.e3c_corpus import convert_corpus_en_e3c, convert_corpus_fr_e3c
 from ablate.data.converters.leaflets import convert_leaflets
 from ablate.data.converters.medquad import convert_medquad
@@ -34,4 +38,9 @@ CONVERTERS = {
     "corpus_fr_leaflets_e3c": convert_leaflets,
     "quaero": convert_quaero,
     "mantragsc_fr": convert_mantra,
+    "diamed": convert_diamed,
+    "fracco_30": partial(convert_fracco, top_k=30),
+    "fracco_100": partial(convert_fracco, top_k=100),
+    "cantemist": partial(convert_frasimed, subset="cantemist"),
+    "distemist": partial(convert_frasimed, subset="distemist"),
 }
