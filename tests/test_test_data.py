@@ -28,14 +28,15 @@ def _test_sources() -> str:
 
 def datasets_the_tests_read() -> set[str]:
     """Datasets the tests name, those of the tasks and suites they name, and those of every shipped task (the
-    task files' tests fine-tune on each)."""
+    task files' tests fine-tune on each); not the `checked: derived` ones (no copy of their data can be in a
+    test data root: tests/test_paper_data.py serves its own upstream fixtures)."""
     text = _test_sources()
     words = set(re.findall(r"[A-Za-z0-9_]+", text))
     named = {name for name in catalog() if name in words}
     suites = set(re.findall(r"suite:([A-Za-z0-9_]+)", text)) & set(list_suites())
     read = {ds.name for task in list_tasks() for ds in target_datasets(task)}
     read |= {ds.name for suite in suites for ds in target_datasets(f"suite:{suite}")}
-    return named | read
+    return {name for name in named | read if not catalog()[name].derived}
 
 
 def test_the_tests_set_names_exactly_what_the_tests_read():
