@@ -168,7 +168,7 @@ def test_targets_name_datasets_tasks_suites_and_grids():
     assert {d.name for d in target_datasets("suite:fr_smoke")} == {
         "quaero_emea", "quaero_medline", "mantragsc_fr_emea", "mantragsc_fr_medline", "mantragsc_fr_patents",
         "morfitt", "e3c_fr_ner", "frenchmedmcqa"}
-    with pytest.raises(Exception, match="unknown fetch target.*datasets: bc2gm"):
+    with pytest.raises(Exception, match="unknown fetch target.*datasets: anatem, bc2gm"):
         target_datasets("no_such_thing")
 
 
