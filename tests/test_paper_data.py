@@ -131,16 +131,17 @@ CHAPTER_C, CHAPTER_I = "C00-D49  Neoplasms", "I00-I99  Diseases of the circulato
 
 def diamed_zip() -> bytes:
     def case(text, label):
-        return {"clinical_case": text, "icd-10": label, "license": "CC BY 4.0", "source_url": "https://x"}
+        return {"identifier": f"case-{text}", "clinical_case": text, "icd-10": label, "license": "CC BY 4.0",
+                "source_url": "https://x"}
 
     splits = {
         "train": [case("  Patient de 60 ans, tumeur.\n", CHAPTER_C), case("   ", CHAPTER_I),
-                  case("Deux cas.", "Plusieurs cas cliniques"), case("Rien.", "Aucune annotation"),
-                  case("Inconnu.", "nan"), case("Infarctus.", CHAPTER_I)],
+                  case("Deux cas.", "Plusieurs cas cliniques (2)"), case("Rien.", "Aucune annotation"),
+                  case("Inconnu.", "nan"), case("Vide.", float("nan")), case("Infarctus.", CHAPTER_I)],
         "validation": [case("Angor.", CHAPTER_I), case(None, CHAPTER_C)],
         "test": [case("Lymphome.", CHAPTER_C)],
     }
-    return _zip({f"data/splits/{s}.json": json.dumps(rows, ensure_ascii=False) for s, rows in splits.items()})
+    return _zip({f"splits/{s}.json": json.dumps(rows, ensure_ascii=False) for s, rows in splits.items()})
 
 
 def fracco_zip(n_docs: int = 15) -> bytes:
@@ -173,7 +174,8 @@ def frasimed_zip() -> bytes:
             + ("T2\tmorphology-onco 0 3\tCar\n#3\tICD-O-3.1 T2\t8000/6\n" if i % 3 == 0 else ""))
     for i in range(10):
         members[f"FRASIMED/DISTEMIST-FRASIMED/es-S{i}.txt"] = f"Diabète {i}."
-        members[f"FRASIMED/DISTEMIST-FRASIMED/es-S{i}.ann"] = "T1\tENFERMEDAD 0 7\tDiabète\n#1\tSNOMED T1\t73211009\n"
+        members[f"FRASIMED/DISTEMIST-FRASIMED/es-S{i}.ann"] = ("T1\tENFERMEDAD 0 7\tDiabète\n"
+                                                               "#1\tSNOMED T1\t73211009\n")
     return _zip(members)
 
 
@@ -235,6 +237,7 @@ def test_diamed_from_the_hub_keeps_the_official_splits_and_skips_the_non_chapter
     train = _records(root / "diamed" / "train.jsonl")
     assert [(r["text"], r["label"]) for r in train] == [("Patient de 60 ans, tumeur.", CHAPTER_C),
                                                         ("Infarctus.", CHAPTER_I)]
+    assert train[1]["id"] == "case-Infarctus."
     assert [r["text"] for r in _records(root / "diamed" / "dev.jsonl")] == ["Angor."]
     data = load_task_data(load_task("diamed"), data_root=root)
     assert [len(data.splits[s]) for s in ("train", "dev", "test")] == [2, 1, 1]

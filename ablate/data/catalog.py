@@ -26,7 +26,7 @@ CATALOG = HERE / "catalog.yaml"
 MANIFEST = HERE / "manifest.tsv"
 SETS = HERE / "sets.yaml"
 MANIFEST_COLUMNS = ("dataset", "file", "size", "sha256")
-FETCHED = "FETCHED.tsv"                   # a derived dataset's files as its fetch wrote them (MANIFEST_COLUMNS[1:])
+FETCHED = "FETCHED.tsv"     # a derived dataset's files as its fetch wrote them (MANIFEST_COLUMNS[1:])
 NOT_DATA = {"SOURCE.md", "README.md", FETCHED}     # notes beside the data: not fetched, not checked
 DOWNLOAD_KINDS = ("url", "zenodo", "hf")
 HASH_BLOCK = 1 << 22
@@ -211,9 +211,12 @@ def sha256_of(path: Path) -> str:
 
 
 def manifest_rows(root: Path) -> list[tuple[str, str, int, str]]:
-    """(dataset, file, size, sha256) of every data file under root's dataset folders, sorted."""
+    """(dataset, file, size, sha256) of every data file under root's dataset folders, sorted; not those of
+    `checked: derived` datasets (their FETCHED.tsv holds that)."""
+    derived = {name for name, ds in catalog().items() if ds.derived}
     return [(d.name, f.name, f.stat().st_size, sha256_of(f))
-            for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+            for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
+                            and p.name not in derived)
             for f in sorted(d.iterdir()) if f.is_file() and f.name not in NOT_DATA]
 
 
