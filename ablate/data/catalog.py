@@ -56,7 +56,8 @@ class Dataset:
 def catalog() -> dict[str, Dataset]:
     entries = yaml.safe_load(CATALOG.read_text(encoding="utf-8"))
     manifest = read_manifest(MANIFEST)
-    return {name: Dataset(name, e["repo"], e["commit"], e["licence"], e.get("converter"),
+    # e.get: `download:` entries (not a GitHub commit) have neither; fetch.py/download.py read them
+    return {name: Dataset(name, e.get("repo", ""), e.get("commit", ""), e["licence"], e.get("converter"),
                           bool(e.get("non_commercial", False)), _sources(e), tuple(e.get("archive") or ()),
                           tuple(e.get("requires") or ()), tuple(manifest.get(name, ())))
             for name, e in entries.items()}
