@@ -54,7 +54,8 @@ CHEMPROT_TRAIN = [
     ("10076535.T4.T9", "@GENE$ is activated by @CHEMICAL$ .", "CPR:5"),
     ("10076535.T5.T9", "@CHEMICAL$ antagonises @GENE$ .", "CPR:6"),
 ]
-CHEMPROT_EVAL = [("1.T1.T2", "@CHEMICAL$ and @GENE$ .", "false"), ("1.T3.T2", "@CHEMICAL$ blocks @GENE$ .", "CPR:4")]
+CHEMPROT_EVAL = [("1.T1.T2", "@CHEMICAL$ and @GENE$ .", "false"),
+                 ("1.T3.T2", "@CHEMICAL$ blocks @GENE$ .", "CPR:4")]
 
 
 def test_blue_chemprot_keeps_every_row_its_masks_and_labels_and_the_task_reads_it(tmp_path):
@@ -103,7 +104,8 @@ def _cos_file(snippets: list[str], entities: list[list[tuple[str, str]]]) -> tup
 
 def _cos_corpus(tmp_path: Path) -> Path:
     first = _cos_file(["Slight increase in left basilar opacity.", "No change in the effusion."],
-                      [[("Cos", "Slight increase"), ("Loc", "left basilar"), ("Ref", "opacity"), ("Attr", "Slight")],
+                      [[("Cos", "Slight increase"), ("Loc", "left basilar"), ("Ref", "opacity"),
+                        ("Attr", "Slight")],
                        [("Cos", "No change"), ("Negation", "No"), ("Ref", "effusion")]])
     second = _cos_file([f"Opacity {i} is stable, size 2cm." for i in range(8)],
                        [[("Ref", "Opacity"), ("Cos", "stable"), ("Val", "2cm")]] * 8)
@@ -165,7 +167,7 @@ def test_too_few_examples_to_split_is_a_clear_error():
         uw_brat.hf_split(2)
 
 
-# ------------------------------------------------------------------------------------------------ UW BRAT: Social History
+# ----------------------------------------------------------------------------------------- UW BRAT: Social History
 
 SOCIAL = {
     "note01": ("He drinks beer\r\ndaily and smokes 1 pack.\r\n",
@@ -244,7 +246,8 @@ def test_deid_record_tags_each_mask_span_of_the_original_by_its_category():
 
 
 @pytest.mark.parametrize("mask, category", [
-    ("[**E-mail address 12**]", "other"), ("[**Pager number 3**]", "phone_nb"), ("[**Location (un) 5**]", "location"),
+    ("[**E-mail address 12**]", "other"), ("[**Pager number 3**]", "phone_nb"),
+    ("[**Location (un) 5**]", "location"),
     ("[**Street Address 1**]", "location"), ("[**1959**]", "date"), ("[**2101-12-16**]", "date"),
     ("[**Date range (1) 7**]", "date"), ("[**Month/Year 2**]", "date"), ("[****]", "other"),
     ("[**Company 4**]", "other"), ("[**Hospital Unit Name 2**]", "name"), ("[**Serial Number 3**]", None)])

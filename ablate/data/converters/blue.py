@@ -31,7 +31,8 @@ def chemprot_records(rows: pd.DataFrame) -> list[dict]:
     for index, sentence, label in zip(rows["index"].astype(str), rows["sentence"], rows["label"]):
         repeat = seen.get(index, 0)
         seen[index] = repeat + 1
-        records.append({"id": index if repeat == 0 else f"{index}#{repeat}", "text": sentence, "label": str(label)})
+        record_id = index if repeat == 0 else f"{index}#{repeat}"
+        records.append({"id": record_id, "text": sentence, "label": str(label)})
     return records
 
 
@@ -52,4 +53,5 @@ def read_split(archive: zipfile.ZipFile, split: str, where: str) -> pd.DataFrame
 def convert_blue_chemprot(inputs: dict[str, Path], out: Path, ds) -> None:
     with zipfile.ZipFile(inputs["corpus"]) as archive:
         for split in SPLITS:
-            write_jsonl(out / f"{split}.jsonl", chemprot_records(read_split(archive, split, str(inputs["corpus"]))))
+            rows = read_split(archive, split, str(inputs["corpus"]))
+            write_jsonl(out / f"{split}.jsonl", chemprot_records(rows))

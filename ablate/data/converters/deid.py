@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for path in (args.id_text, args.id_res):
             if not path.is_file():
-                raise SpecError("no such file", key="id.text" if path is args.id_text else "id.res", value=str(path))
+                name = "id.text" if path is args.id_text else "id.res"
+                raise SpecError("no such file", key=name, value=str(path))
         args.out.mkdir(parents=True, exist_ok=True)
         convert_physionet_deid({"id.text": args.id_text, "id.res": args.id_res}, args.out, None)
     except SpecError as e:
