@@ -15,6 +15,7 @@ from ablate.data.converters.ddi import convert_ddi
 from ablate.data.converters.e3c_corpus import convert_corpus_en_e3c, convert_corpus_fr_e3c
 from ablate.data.converters.leaflets import convert_leaflets
 from ablate.data.converters.medquad import convert_medquad
+from ablate.data.converters.needle import convert_needle
 from ablate.data.converters.others import convert_e3c_fr_ner, convert_morfitt, convert_pubmedqa
 
 CONVERTERS = {
@@ -34,4 +35,5 @@ CONVERTERS = {
     "corpus_fr_leaflets_e3c": convert_leaflets,
     "quaero": convert_quaero,
     "mantragsc_fr": convert_mantra,
+    "needle": convert_needle,
 }
