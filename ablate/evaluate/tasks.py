@@ -283,7 +283,7 @@ def resolve_settings(task: TaskSpec, overrides: dict[str, Any] | None = None,
                      protocol: str | None = None) -> FinetuneSettings:
     """The task file's fine-tuning settings, then the protocol profile's (ablate.evaluate.protocol), then a
     sweep's or the command line's overrides, validated."""
-    merged = {**task.finetune.model_dump(), **profile_settings(protocol, task.language, task.type),
+    merged = {**task.finetune.model_dump(), **profile_settings(protocol, task.language, task.type, task.name),
               **(overrides or {})}
     return validate(FinetuneSettings, merged, what="fine-tuning settings", prefix="finetune")
 

@@ -21,6 +21,7 @@ from ablate.data.converters.deid import convert_physionet_deid
 from ablate.data.converters.e3c_corpus import convert_corpus_en_e3c, convert_corpus_fr_e3c
 from ablate.data.converters.leaflets import convert_leaflets
 from ablate.data.converters.medquad import convert_medquad
+from ablate.data.converters.needle import convert_needle
 from ablate.data.converters.others import convert_e3c_fr_ner, convert_morfitt, convert_pubmedqa
 from ablate.data.converters.uw_brat import convert_uw_brat
 
@@ -49,4 +50,5 @@ CONVERTERS = {
     "blue_chemprot": convert_blue_chemprot,
     "uw_brat": convert_uw_brat,
     "physionet_deid": convert_physionet_deid,
+    "needle": convert_needle,
 }
