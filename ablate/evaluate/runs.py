@@ -5,8 +5,8 @@ Scores live in <run folder>/scores/<task>/seed-<n>.json; a (run, task, seed) alr
 while its task file, data and fine-tuning settings are unchanged, and recomputed (or kept and marked stale)
 when they changed (ablate.evaluate.scores). A suite's task whose data the data root lacks is skipped, said
 and recorded in <scores>/skipped.json; a task named directly without its data is exit 2 (a grid insists).
-The fine-tuning protocol is the caller's, else the run's
-`eval.protocol`, else the task files' own settings (ablate.evaluate.protocol).
+The fine-tuning protocol is the caller's, else the run's `eval.protocol`, else the task files' own settings
+(ablate.evaluate.protocol).
 """
 
 from __future__ import annotations

@@ -191,8 +191,9 @@ def finetune_breakdown(grid: GridSpec, runs: list[PlannedRun], results_root: Pat
     throughput = calibrated_throughput(calibration, str(path)) if calibration and calibration.finetuning else None
     groups = {i.task: PREFIX + i.suite for s in specs for i in spec_items(s) if i.suite}
     lines = [line for tasks in dict.fromkeys(s.eval.tasks for s in specs) for line in suite_lines(tasks)]
-    skipped = {(s.eval.tasks, s.data.data_root): present_items(spec_items(s), s.data.data_root)[1] for s in specs}
-    lines += [line for group in skipped.values() for line in skipped_lines(group)]
+    blocks = {(s.eval.tasks, s.data.data_root): s for s in specs}      # a grid's runs mostly share one
+    for spec in blocks.values():
+        lines += skipped_lines(present_items(spec_items(spec), spec.data.data_root)[1])
     plan = finetune_plan(specs, [rid for _, rid in pairs])
     return lines + [f"warning: {note}" for note in plan.notes], finetune_task_rows(plan.work, throughput, groups)
 
