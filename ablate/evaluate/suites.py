@@ -167,7 +167,11 @@ def present_items(items: list[EvalItem], data_root=None, key: str = "eval.tasks"
 
     present, skipped = [], []
     for item in items:
-        task = load_task(item.task)
+        try:
+            task = load_task(item.task, key=key)
+        except SpecError as exc:            # an unknown name: where it is written
+            raise SpecError(exc.message, file=exc.file or file, key=exc.key, value=exc.value,
+                            allowed=exc.allowed) from None
         missing = missing_paths(task, data_root)
         if not missing:
             present.append(item)
