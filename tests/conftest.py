@@ -107,12 +107,14 @@ DECAY_FINETUNE = {"epochs": 1, "max_train_examples": 48, "max_eval_examples": 32
 
 @pytest.fixture(scope="session")
 def decay_sweep(tmp_path_factory, data_root):
-    """The CPU twin of grids/decay.yaml: its schedules for the 10% and 40% decay lengths (a main phase of 10
-    steps of 4 x 32 tokens, decays of 1 and 4 steps), MLM and CLM detour at each, seeds 17 and 18, on tiny BERT,
+    """The CPU twin of grids/decay.yaml: its schedules for the 10% decay length and a 40% one made from them
+    (the grid's lengths are 2.5-50%; 40% keeps a 4-step decay here) (a main phase of 10 steps of 4 x 32
+    tokens, decays of 1 and 4 steps), MLM and CLM detour at each, seeds 17 and 18, on tiny BERT,
     branched as the grid is (each 10% run starts from its 40% twin's checkpoint at the main phase's end), and
     its transplants (low layers of clm_d10 into mlm_d10 and the reverse, fine-tuned on ncbi_disease), run with
     the debug executor and collected with --pairs. Returns (results root, sweep folder); the grid is
     <results root>/../decay.yaml."""
+    import copy
     import sys
 
     import yaml
@@ -122,6 +124,11 @@ def decay_sweep(tmp_path_factory, data_root):
     tiny = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())["base"]
     grid["base"] = {**tiny, "eval": {"tasks": [], "seeds": [0], "finetune": DECAY_FINETUNE}}
     step_tokens = 4 * 32
+    for objective in ("mlm", "clm"):
+        longer = copy.deepcopy(grid["schedules"][f"{objective}_d10"])
+        longer[1]["tokens"] = round(0.4 * longer[0]["tokens"])
+        grid["schedules"][f"{objective}_d40"] = longer
+    grid["baseline"] = [*grid["baseline"], "mlm_d40"]
     for phases in grid["schedules"].values():
         main, decay = phases
         share = decay["tokens"] / main["tokens"]

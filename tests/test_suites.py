@@ -238,16 +238,18 @@ def test_one_language_has_no_language_rows(tmp_path):
 
 def test_every_shipped_suite_reads_and_names_shipped_tasks():
     names = suites.list_suites()
-    assert {"en_paper", "fr_paper", "blurb", "en_smoke", "fr_smoke"} <= set(names)
+    assert {"en_paper", "fr_paper", "fr_decay", "fr_public", "blurb", "en_smoke", "fr_smoke"} <= set(names)
     shipped = set(list_tasks())
     for name in names:
         suite = suites.load_suite(name)
         assert {e.task for e in suite.entries()} <= shipped
     assert len(suites.load_suite("en_paper").entries()) == 11 and suites.load_suite("en_paper").seeds == tuple(range(5))
     assert len(suites.load_suite("fr_paper").entries()) == 8 and suites.load_suite("fr_paper").seeds == tuple(range(9))
-    smoke = suites.load_suite("en_smoke")
-    assert [e.task for e in smoke.entries()] == [e.task for e in suites.load_suite("en_paper").entries()]
-    assert smoke.seeds == (0,) and smoke.finetune["epochs"] == 2
+    # the smoke suites are the shipped public lists at a CPU budget (tests/test_paper_suites.py: the paper's)
+    for smoke_name, full in (("en_smoke", "blurb"), ("fr_smoke", "fr_public")):
+        smoke = suites.load_suite(smoke_name)
+        assert [e.task for e in smoke.entries()] == [e.task for e in suites.load_suite(full).entries()]
+        assert smoke.seeds == (0,) and smoke.finetune["epochs"] == 2
 
 
 def test_the_model_card_gives_each_tasks_own_fine_tuning_seeds(suites_dir):

@@ -52,10 +52,11 @@ def _print_finetuning(grid, runs, root, transplants) -> None:
     from ablate.launch.estimates import finetune_breakdown
 
     lines, rows = finetune_breakdown(grid, runs, root, transplants)
-    if rows:
+    if rows or lines:
         print("evaluation (fine-tuning per task; hours from `ablate calibrate`):"
               + "".join(f"\n  {line}" for line in lines))
-        _print_table(rows)
+        if rows:
+            _print_table(rows)
         print()
 
 
@@ -268,20 +269,48 @@ def cmd_evaluate(args) -> int:
     overrides = parse_assignments(args.set, "--set")
     seeds = tuple(args.seeds) if args.seeds else None
     how = {"protocol": check_protocol(args.protocol), "keep_stale": args.keep_stale}
-    _check_tasks(args.task)
+    tasks = evaluated_tasks(args.task, args.suite)
+    _check_tasks(tasks)
     if args.base:
         from ablate.models.sources import resolve_source
 
         resolve_source(args.base, key="--base")
-    sweep = _sweep(args)
+    if args.base_only and not args.base:
+        raise SpecError("--base-only evaluates the base model: name it", key="--base", allowed="--base MODEL")
+    sweep = _base_only_root(args) if args.base_only else None
+    sweep = sweep or _sweep(args)
     if args.base:
-        folder = evaluate.evaluate_base(sweep.root, args.base, tuple(args.task), seeds, overrides, **how)
+        folder = evaluate.evaluate_base(sweep.root, args.base, tasks, seeds, overrides, **how)
         print(f"base model scores in {folder / 'scores'}")
     if not args.base_only:
-        counts = evaluate.evaluate_sweep(sweep.root, tuple(args.task), seeds, overrides, **how)
+        counts = evaluate.evaluate_sweep(sweep.root, tasks, seeds, overrides, **how)
         print(f"evaluated {counts['evaluated']} finished runs; {counts['not done']} not finished (skipped)")
+    if not (sweep.root / "runs").is_dir():
+        return EXIT_OK                    # a base model alone, outside any sweep: nothing to collect
     args.cka_ratio, args.pairs = None, False
     return cmd_collect(args)
+
+
+def evaluated_tasks(tasks, suites) -> tuple[str, ...]:
+    """`ablate evaluate`'s --task entries, then each --suite NAME as suite:NAME; at least one."""
+    from ablate.evaluate.suites import PREFIX
+
+    named = tuple(tasks or ()) + tuple(PREFIX + s.removeprefix(PREFIX) for s in suites or ())
+    if not named:
+        raise SpecError("nothing to evaluate", key="--task",
+                        allowed="--task NAME, --task suite:NAME or --suite NAME (repeatable)")
+    return named
+
+
+def _base_only_root(args):
+    """A base model evaluated alone goes into the named (or most recent) sweep; with neither, into the results
+    root itself (<results>/base/NAME), so the first check on a fresh machine needs no sweep."""
+    from ablate.config.paths import results_root
+    from ablate.store.sweep import SweepFolder, list_sweeps
+
+    if args.sweep or list_sweeps(args.results, False):
+        return None
+    return SweepFolder(results_root(args.results))
 
 
 def cmd_report(args) -> int:

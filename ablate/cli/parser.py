@@ -89,13 +89,17 @@ def _add_run_commands(sub, results, sweep, submit) -> None:
     c.set_defaults(func=cmd_collect)
 
     e = sub.add_parser("evaluate", parents=[sweep], help="fine-tune finished runs (and the base model) on tasks")
-    e.add_argument("--task", action="append", required=True,
+    e.add_argument("--task", action="append", default=[],
                    help="task name in grids/tasks, or suite:NAME of grids/suites (repeatable)")
+    e.add_argument("--suite", action="append", default=[], metavar="NAME",
+                   help="a suite of grids/suites: the same as --task suite:NAME (repeatable); its tasks "
+                        "whose data the data root lacks are skipped and named with how to get them")
     e.add_argument("--seeds", type=int, nargs="+",
                    help="fine-tuning seeds (default: each run's eval seeds; a suite's tasks, the suite's)")
     e.add_argument("--set", action="append", metavar="KEY=VALUE", help="fine-tuning setting override")
     e.add_argument("--base", metavar="MODEL", help="also evaluate this base model as the reference")
-    e.add_argument("--base-only", action="store_true", help="only the base model")
+    e.add_argument("--base-only", action="store_true", help="only the base model (with no SWEEP and none "
+                   "under the results root: its scores go to <results>/base/NAME)")
     e.add_argument("--protocol", metavar="NAME", help="fine-tuning profile over the task files: paper or smoke "
                                                       "(default: each run's eval.protocol, else the task files)")
     e.add_argument("--keep-stale", action="store_true",

@@ -3,8 +3,10 @@
 
 Scores live in <run folder>/scores/<task>/seed-<n>.json; a (run, task, seed) already there is read back
 while its task file, data and fine-tuning settings are unchanged, and recomputed (or kept and marked stale)
-when they changed (ablate.evaluate.scores). The fine-tuning protocol is the caller's, else the run's
-`eval.protocol`, else the task files' own settings (ablate.evaluate.protocol).
+when they changed (ablate.evaluate.scores). A suite's task whose data the data root lacks is skipped, said
+and recorded in <scores>/skipped.json; a task named directly without its data is exit 2 (a grid insists).
+The fine-tuning protocol is the caller's, else the run's `eval.protocol`, else the task files' own settings
+(ablate.evaluate.protocol).
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from ablate.store import rundir
-from ablate.evaluate.scores import evaluate_items
-from ablate.evaluate.suites import EvalItem, eval_items, spec_items
+from ablate.evaluate.scores import evaluate_items, record_skipped
+from ablate.evaluate.suites import EvalItem, eval_items, present_items, skipped_lines, spec_items
 from ablate.train.loop import pick_device
 from ablate.config.spec import RunSpec
 
@@ -29,8 +31,12 @@ def evaluate_run(run_dir: Path, spec: RunSpec, log: Callable[[str], None] = prin
     eval.tasks) with `seeds` (default each task's: eval.seeds, or its suite's). `share`: this process's
     share of the (task, seed) units (evaluate.scores.evaluate_items; the rows returned are its share's);
     `device`: default the spec's."""
-    items = spec_items(spec, tasks=tasks, seeds=seeds, overrides=overrides,
-                       key="--task" if tasks else "eval.tasks")
+    key = "--task" if tasks else "eval.tasks"
+    items, skipped = present_items(spec_items(spec, tasks=tasks, seeds=seeds, overrides=overrides, key=key),
+                                   spec.data.data_root, key=key)
+    for line in skipped_lines(skipped):
+        log(line)
+    record_skipped(Path(run_dir) / "scores", [i.task for i in items], skipped)
     protocol = protocol or spec.eval.protocol
     log(f"evaluating on {_described(items)}" + (f", protocol {protocol}" if protocol else "")
         + (f", share {share[0] + 1} of {share[1]} of the fine-tunings" if share[1] > 1 else ""))
@@ -91,7 +97,11 @@ def evaluate_base(sweep_dir: Path, model_source: str, tasks: tuple[str, ...], se
     folder = Path(sweep_dir) / "base" / base_folder_name(model_source)
     rundir.atomic.write_json(folder / "source.json", {"model": model_source, "location": location})
     log(f"evaluating base model {model_source} on {', '.join(tasks)}")
-    items = eval_items(tasks, (0,), overrides, seeds_override=seeds, key="--task")
+    items, skipped = present_items(eval_items(tasks, (0,), overrides, seeds_override=seeds, key="--task"),
+                                   data_root, key="--task")
+    for line in skipped_lines(skipped):
+        log(line)
+    record_skipped(folder / "scores", [i.task for i in items], skipped)
     evaluate_items(location, items, folder / "scores", data_root=data_root, device=str(pick_device("auto")),
                    protocol=protocol, keep_stale=keep_stale, log=log)
     return folder
@@ -107,7 +117,7 @@ def check_eval(specs: list[RunSpec], file: str | None = None) -> None:
     seen: set[tuple] = set()
     for spec in specs:
         check_protocol(spec.eval.protocol, key="base.eval.protocol", file=file)
-        items = spec_items(spec, key="base.eval.tasks", file=file)
+        items = spec_items(spec, key="base.eval.tasks", file=file, present_only=True)
         _check_seeds_read(spec, file)
         for item in items:
             key = (item.task, repr(sorted(item.finetune.items())), spec.eval.protocol, spec.data.data_root)

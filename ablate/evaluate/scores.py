@@ -7,6 +7,10 @@ its old file kept aside in <task>/superseded/; with keep_stale it is kept instea
 reasons) so that the scores table and `ablate status` show it. A stale file whose identity matches again is
 unmarked.
 
+A suite task whose data the data root lacks is not run: <out_dir>/skipped.json records it (task -> its suite,
+the missing paths, how to get them) until a later evaluation scores it, so that a table can call an average
+over that suite partial.
+
 May import: config, store, evaluate (tasks, protocol, identity, finetune, suites).
 """
 
@@ -26,6 +30,7 @@ from ablate.evaluate.tasks import capped, load_task, load_task_data, resolve_set
 from ablate.store import atomic
 
 SUPERSEDED = "superseded"
+SKIPPED = "skipped.json"   # <out_dir>/skipped.json: the suite tasks left out for want of data
 
 
 def _quiet(_message: str) -> None:
@@ -122,3 +127,31 @@ def _set_aside(path: Path) -> Path:
     aside.parent.mkdir(parents=True, exist_ok=True)
     os.replace(path, aside)
     return aside
+
+
+def record_skipped(out_dir: Path, evaluated, skipped) -> dict:
+    """Update <out_dir>/skipped.json: the tasks just evaluated leave it, the suite tasks just skipped
+    (ablate.evaluate.suites.Skipped) enter it; the file is removed once empty. Returns what it holds."""
+    path = Path(out_dir) / SKIPPED
+    held = read_skipped(Path(out_dir))
+    held = {task: entry for task, entry in held.items() if task not in set(evaluated)}
+    held.update({s.task: s.record() for s in skipped})
+    if held:
+        atomic.write_json(path, {"tasks": held})
+    elif path.exists():
+        path.unlink()
+    return held
+
+
+def read_skipped(out_dir: Path) -> dict:
+    """task -> {task, suite, missing, how} of <out_dir>/skipped.json ({} when there is none)."""
+    path = Path(out_dir) / SKIPPED
+    if not path.exists():
+        return {}
+    try:
+        held = json.loads(path.read_text(encoding="utf-8"))["tasks"]
+        if not isinstance(held, dict):
+            raise TypeError("tasks is not a mapping")
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise SpecError(f"unreadable skipped-tasks file ({e}); delete it", file=str(path)) from None
+    return held

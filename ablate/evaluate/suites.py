@@ -10,7 +10,7 @@ command line overrides both); settings resolve as
 A run spec keeps `suite:NAME` as written (eval is no training field: run ids do not depend on it); every
 consumer expands it here, so a suite edited later is what `ablate evaluate` and the dry run read.
 
-May import: config, evaluate (tasks).
+May import: config, evaluate (tasks, access).
 """
 
 from __future__ import annotations
@@ -137,10 +137,65 @@ def eval_items(tasks, seeds, finetune: dict | None = None, *, seeds_override=Non
 
 
 def spec_items(spec, *, tasks=None, seeds=None, overrides: dict | None = None, key: str = "eval.tasks",
-               file: str | None = None) -> list[EvalItem]:
-    """A RunSpec's evaluation (or the command line's --task / --seeds / --set over it) as EvalItems."""
-    return eval_items(tuple(tasks or spec.eval.tasks), spec.eval.seeds,
-                      {**spec.eval.finetune, **(overrides or {})}, seeds_override=seeds, key=key, file=file)
+               file: str | None = None, present_only: bool = False) -> list[EvalItem]:
+    """A RunSpec's evaluation (or the command line's --task / --seeds / --set over it) as EvalItems;
+    `present_only`: without the suite tasks whose data the spec's data root lacks (`present_items`)."""
+    items = eval_items(tuple(tasks or spec.eval.tasks), spec.eval.seeds,
+                       {**spec.eval.finetune, **(overrides or {})}, seeds_override=seeds, key=key, file=file)
+    return present_items(items, spec.data.data_root, key=key, file=file)[0] if present_only else items
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A suite's task left out because the data root lacks its data: what is missing and how to get it."""
+
+    task: str
+    suite: str
+    missing: tuple[str, ...]
+    how: str
+
+    def record(self) -> dict:
+        return {"task": self.task, "suite": PREFIX + self.suite, "missing": list(self.missing), "how": self.how}
+
+
+def present_items(items: list[EvalItem], data_root=None, key: str = "eval.tasks",
+                  file: str | None = None) -> tuple[list[EvalItem], list[Skipped]]:
+    """The items whose data the data root holds, and the suite tasks it lacks (skipped: a suite names what it
+    can, the rest runs). A task named directly whose data is missing is a SpecError: the grid insists on it."""
+    from ablate.evaluate.access import how_to_get, missing_paths
+    from ablate.evaluate.tasks import load_task
+
+    present, skipped = [], []
+    for item in items:
+        try:
+            task = load_task(item.task, key=key)
+        except SpecError as exc:            # an unknown name: where it is written
+            raise SpecError(exc.message, file=exc.file or file, key=exc.key, value=exc.value,
+                            allowed=exc.allowed) from None
+        missing = missing_paths(task, data_root)
+        if not missing:
+            present.append(item)
+        elif item.suite is None:
+            raise SpecError(f"eval task {item.task!r} is named directly but the data root lacks "
+                            f"{', '.join(missing)}", file=file, key=key, value=item.task,
+                            allowed=f"get its data: {how_to_get(task)}; or name it through a suite, "
+                                    "which skips a task it lacks")
+        else:
+            skipped.append(Skipped(item.task, item.suite, tuple(missing), how_to_get(task)))
+    return present, skipped
+
+
+def skipped_lines(skipped: list[Skipped]) -> list[str]:
+    """The dry run's and `ablate evaluate`'s lines on the suite tasks left out, a line per suite."""
+    by_suite: dict[str, list[Skipped]] = {}
+    for s in skipped:
+        by_suite.setdefault(s.suite, []).append(s)
+    lines = []
+    for suite, group in by_suite.items():
+        lines.append(f"{PREFIX}{suite}: {len(group)} task(s) skipped, the data root lacks them (the suite's "
+                     f"average will be partial): {', '.join(s.task for s in group)}")
+        lines += [f"  {s.task}: {s.how}" for s in group]
+    return lines
 
 
 def suite_lines(tasks, key: str = "eval.tasks", file: str | None = None) -> list[str]:

@@ -17,6 +17,7 @@ from pydantic import field_validator, model_validator
 from ablate.config.base import Located, Strict, read_yaml, unique_items, validate
 from ablate.config.errors import SpecError
 from ablate.config.paths import registry_dir, registry_names
+from ablate.evaluate.access import Access
 from ablate.evaluate.metrics import METRICS
 from ablate.evaluate.protocol import profile_settings
 from ablate.evaluate.task_readers import HUB_PREFIX, IOB2_TAG, SPLITS, Example, data_files, read_splits
@@ -150,6 +151,8 @@ class TaskSpec(Strict):
     max_length: int = Field(128, ge=8, description="tokens per example (longer ones are cut)")
     finetune: FinetuneSettings = Field(FinetuneSettings(), description="how to fine-tune; a grid's "
                                        "eval.finetune overrides any key")
+    access: Access | None = Field(None, description="how the data is obtained when no catalogued dataset holds "
+                                  "it (ablate.evaluate.access)")
     _file: str | None = PrivateAttr(default=None)
 
     @property

@@ -1,6 +1,6 @@
 """What a grid, a run spec, a suite or a task reads from the data root, as catalogued datasets
-(ablate/data/catalog.yaml): what `ablate data fetch TARGET` fetches, and, before anything runs, the datasets
-the data root lacks named with the command that fetches them.
+(ablate/data/catalog.yaml): what `ablate data fetch TARGET` fetches, and, before anything runs, the corpora
+the data root lacks named with the command that fetches them (eval tasks: ablate.evaluate.suites.present_items).
 
 May import: config, data, plan, evaluate, launch.preparation.
 """
@@ -37,14 +37,16 @@ def task_paths(task_names, lenient: bool = False) -> list[str]:
     return paths
 
 
-def spec_reads(specs, lenient: bool = False) -> list[tuple[str, str | None]]:
-    """(path, the spec's data_root) of every corpus, held-out corpus and task split file the runs read;
-    `lenient`: an eval block or task that does not load is left out (check_eval reports it)."""
+def spec_reads(specs, lenient: bool = False, tasks: bool = True) -> list[tuple[str, str | None]]:
+    """(path, the spec's data_root) of every corpus, held-out corpus and (`tasks`) task split file the runs
+    read; `lenient`: an eval block or task that does not load is left out (check_eval reports it)."""
     reads, task_files = [], {}
     for spec in specs:
         read = [m.data.corpus for p in phase_data(spec) for m in p.members]     # every phase's corpora
         corpora = list(dict.fromkeys(read)) + ([spec.data.valid_corpus] if spec.data.valid_corpus else [])
-        if tuple(spec.eval.tasks) not in task_files:      # a grid's runs mostly share their eval block
+        if not tasks:
+            task_files[tuple(spec.eval.tasks)] = []
+        elif tuple(spec.eval.tasks) not in task_files:      # a grid's runs mostly share their eval block
             task_files[tuple(spec.eval.tasks)] = task_paths(_eval_tasks(spec, lenient), lenient)
         reads += [(path, spec.data.data_root) for path in corpora + task_files[tuple(spec.eval.tasks)]]
     return list(dict.fromkeys(reads))
@@ -85,11 +87,12 @@ def target_datasets(target: str) -> list[Dataset]:
                             f"{', '.join(sorted(dataset_sets()))}")
 
 
-def missing_datasets(specs) -> dict[str, list[str]]:
-    """Catalogued dataset -> the files the runs read from it that are not in their data root. A path no file of
-    the dataset's manifest matches (a typo) is left to the corpus and task checks, which name it as not found."""
+def missing_datasets(specs, tasks: bool = True) -> dict[str, list[str]]:
+    """Catalogued dataset -> the files the runs read from it (`tasks`: their eval tasks' too) that are not in
+    their data root. A path no file of the dataset's manifest matches (a typo) is left to the corpus and task
+    checks, which name it as not found."""
     missing: dict[str, list[str]] = {}
-    for path, root in spec_reads(specs, lenient=True):
+    for path, root in spec_reads(specs, lenient=True, tasks=tasks):
         name = dataset_of_path(path)
         where = resolve_data_path(path, root)
         if name and _catalogued(name, path) and not (where.exists() or glob.glob(str(where))):
@@ -104,9 +107,10 @@ def _catalogued(name: str, path: str) -> bool:
 
 
 def check_data_root(specs, target: str) -> None:
-    """A SpecError (exit 2) naming every catalogued dataset the runs read and the data root lacks, and the
-    command that fetches them."""
-    missing = missing_datasets(specs)
+    """A SpecError (exit 2) naming every catalogued corpus the runs read and the data root lacks, and the
+    command that fetches them. Eval tasks are check_eval's (ablate.evaluate.suites.present_items): a suite's
+    task without its data is skipped and said, one named directly is an error naming its key."""
+    missing = missing_datasets(specs, tasks=False)
     if not missing:
         return
     roots = sorted({str(resolve_data_path(".", s.data.data_root).resolve()) for s in specs})

@@ -92,7 +92,7 @@ def finetune_plan(specs: list[RunSpec], ids: list[str] | None = None) -> Finetun
     plan, seen = FinetunePlan(), {}
     for spec, rid in zip(specs, ids or [s.run_id for s in specs]):
         work = []
-        for item in spec_items(spec):
+        for item in spec_items(spec, present_only=True):       # a suite task without data is skipped
             where = (item.task, json.dumps(item.finetune, sort_keys=True, default=str), spec.eval.protocol,
                      spec.data.data_root)
             if where not in seen:
@@ -179,7 +179,7 @@ def finetune_breakdown(grid: GridSpec, runs: list[PlannedRun], results_root: Pat
     """The dry run's fine-tuning per task, the runs' and the transplants' (ablate.plan.transplants): a line per
     suite the grid names (its tasks and seeds), and a row per task (ablate.plan.cost.finetune_task_rows),
     timed from the sweep's calibration when it timed fine-tuning."""
-    from ablate.evaluate.suites import PREFIX, spec_items, suite_lines
+    from ablate.evaluate.suites import PREFIX, present_items, skipped_lines, spec_items, suite_lines
 
     pairs = [(r.spec, r.run_id) for r in runs] + [(t.spec, t.run_id) for t in transplants]
     pairs = [(spec, rid) for spec, rid in pairs if spec.eval.tasks]
@@ -191,6 +191,9 @@ def finetune_breakdown(grid: GridSpec, runs: list[PlannedRun], results_root: Pat
     throughput = calibrated_throughput(calibration, str(path)) if calibration and calibration.finetuning else None
     groups = {i.task: PREFIX + i.suite for s in specs for i in spec_items(s) if i.suite}
     lines = [line for tasks in dict.fromkeys(s.eval.tasks for s in specs) for line in suite_lines(tasks)]
+    blocks = {(s.eval.tasks, s.data.data_root): s for s in specs}      # a grid's runs mostly share one
+    for spec in blocks.values():
+        lines += skipped_lines(present_items(spec_items(spec), spec.data.data_root)[1])
     plan = finetune_plan(specs, [rid for _, rid in pairs])
     return lines + [f"warning: {note}" for note in plan.notes], finetune_task_rows(plan.work, throughput, groups)
 
@@ -230,7 +233,7 @@ def _actual(run_dir: Path, spec: RunSpec) -> Actual | None:
     walls = {(r["task"], r["finetune_seed"]): r["wall_time_s"] for r in scores}
     from ablate.evaluate.suites import spec_items
 
-    wanted = [(i.task, s) for i in spec_items(spec) for s in i.seeds]
+    wanted = [(i.task, s) for i in spec_items(spec, present_only=True) for s in i.seeds]
     finetune = sum(walls[w] for w in wanted) if all(w in walls for w in wanted) else None
     return Actual(float(record["wall_time_s"]), finetune)
 

@@ -6,7 +6,8 @@ A model source is one of:
   /a/local/folder     any HF folder with config + weights (e.g. a checkpoint ablate saved)
   hub:ORG/NAME        a hub id (also accepted bare as ORG/NAME when no such local folder exists)
   config:NAME|PATH    random init from a config shipped in ablate/models/configs (one tiny-<family> per
-                      family, modernbert-base, modernbert-large, moderncamembert-base) or a config.json path;
+                      family, modernbert-base, modernbert-large, moderncamembert-base, moderncamembert-large)
+                      or a config.json path;
                       needs a tokenizer source
 Configs are found without weights, and for the hub ids of the shipped configs without a hub, so that grids
 validate anywhere. model_layout checks, without weights, that a family entry finds the model's layers.
