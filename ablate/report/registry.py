@@ -17,6 +17,7 @@ from ablate.config.errors import SpecError
 from ablate.report.curves import curves_figure
 from ablate.report.divergence import divergence_figure, persistence_figure
 from ablate.report.layers import layers_figure
+from ablate.report.references import check_reference
 from ablate.report.scores import deltas_figure, freeze_figure
 from ablate.report.style import save_figure
 from ablate.report.sweep import load_sweep
@@ -68,10 +69,18 @@ def check_figure(name: str, options: dict | None = None) -> dict:
 
 
 def check_table(name: str, options: dict | None = None) -> dict:
-    """As check_figure, for a results table."""
+    """As check_figure, for a results table; a `reference` (--reference) must be a known one, and the table
+    one that has reference rows."""
     if name not in TABLES:
         raise SpecError("unknown table", key="--table", value=name, allowed=", ".join(TABLES))
-    return coerce_options(name, TABLES[name], options or {}, kind="table")
+    options = options or {}
+    if options.get("reference") is not None:
+        check_reference(str(options["reference"]))
+        with_rows = [t for t, fn in TABLES.items() if "reference" in inspect.signature(fn).parameters]
+        if name not in with_rows:
+            raise SpecError(f"table {name!r} has no reference rows", key="--reference",
+                            value=options["reference"], allowed="--table " + ", ".join(with_rows))
+    return coerce_options(name, TABLES[name], options, kind="table")
 
 
 def output_stem(name: str, sweep_dir: Path, out: str | Path | None) -> tuple[Path, str]:
