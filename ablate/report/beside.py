@@ -132,7 +132,8 @@ def beside_scores(table: pd.DataFrame, models: dict, ref: Reference) -> pd.DataF
     """The score table (rows arm x task, `mean` in points) with the paper's columns (see the module's doc)."""
     out = _blank(table, COLUMNS)
     for (schedule, freeze), idx in out.groupby(["schedule", "freeze"], sort=False).groups.items():
-        found = main_row_for(ref, schedule, models.get((schedule, freeze)))
+        # the main tables' rows are unfrozen models: a freezing arm is the freeze table's (beside_freeze)
+        found = main_row_for(ref, schedule, models.get((schedule, freeze))) if freeze == "none" else None
         if found is None:
             continue
         main, row, note = found
