@@ -99,7 +99,8 @@ def test_scores_sit_beside_the_papers_in_percent(full):
     avg = _row(table, "clm_detour", "average")
     assert avg["paper"] == 61.6 and avg["paper_tasks"] == "8 of 8 tasks"
     assert avg["measured"] == pytest.approx(np.mean(list(PAPER_MLM.values())) + 2.0)
-    assert "Rian-T/thesis sources/part_2/chapter5/article.tex at 0c3a71a, tab:french-results" == clm["paper_source"]
+    source = "Rian-T/thesis sources/part_2/chapter5/article.tex at 0c3a71a, tab:french-results"
+    assert clm["paper_source"] == source
     freeze_rows = table[table["freeze"] != "none"]       # the main table has no freezing rows
     assert (freeze_rows["paper_row"] == "").all() and freeze_rows["paper"].isna().all()
 

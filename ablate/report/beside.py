@@ -44,8 +44,7 @@ UNITS_NOTE = ("Cells: paper / measured / measured - paper, in percent (the paper
 PARTIAL_NOTE = ("partial (k of N tasks): the measured average is over the k paper tasks the sweep has; its delta "
                 "is against the paper's average over the same k tasks, computed from the paper's per-task numbers "
                 "(printed to 0.1), not against its published average.")
-FREEZE_PARTIAL = ("no delta: the paper publishes no per-task numbers for its freezing arms, so there is no average "
-                  "of its over the same {k} tasks")
+FREEZE_PARTIAL = "no delta: the paper has no per-task numbers for this arm, so no average over the same {k} tasks"
 
 
 def is_base_model(schedule: str) -> bool:
@@ -112,7 +111,8 @@ def main_row_for(ref: Reference, schedule: str, model: dict | None) -> tuple[Mai
     if len(rows) != 1:
         return None
     row, note = rows[0], ""
-    if model["tokens"] and row.tokens and max(model["tokens"] / row.tokens, row.tokens / model["tokens"]) > FAR_BUDGET:
+    ratio = model["tokens"] / row.tokens if model["tokens"] and row.tokens else 1.0
+    if max(ratio, 1 / ratio) > FAR_BUDGET:
         note = f"the arm trained {_tokens(model['tokens'])} tokens, the paper's row {_tokens(row.tokens)}"
     return table, row, note
 
@@ -170,7 +170,8 @@ def beside_freeze(frame: pd.DataFrame, scores: pd.DataFrame, models: dict, froze
         row = next((r for r in table.rows if (r.schedule, r.freeze) == key), None)
         if row is None:
             continue
-        if model_language(ref, model["model"]) != table.language or model_size(ref, model["n_layers"]) != table.size:
+        language, size = model_language(ref, model["model"]), model_size(ref, model["n_layers"])
+        if (language, size) != (table.language, table.size):
             out.loc[i, "paper_note"] = (f"not the paper's model ({table.language} {table.size}, "
                                         f"{ref.sizes[table.size]} layers): {model['model'] or '?'}")
             continue

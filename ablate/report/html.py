@@ -179,7 +179,8 @@ def reference_section(sweep: Sweep, table: pd.DataFrame, reference: str) -> str:
     except Exception:   # noqa: BLE001  (a sweep without a freeze table still shows the scores' blocks)
         pass
     return "".join(f"<h3>{html.escape(title)}</h3>" + html_table(_text_frame(frame))
-                   + "".join(f'<p class="muted">{html.escape(n)}</p>' for n in notes) for title, frame, notes in blocks)
+                   + "".join(f'<p class="muted">{html.escape(n)}</p>' for n in notes)
+                   for title, frame, notes in blocks)
 
 
 def averages_block(table: pd.DataFrame) -> str:
