@@ -182,6 +182,8 @@ def test_bad_reference_input_exits_2(full, tmp_path, capsys):
     assert main(["report", str(full), "--table", "divergence", "--reference", "paper"]) == 2
     assert "allowed: --table scores, freeze" in capsys.readouterr().err
     assert main(["report", str(full), "--figure", "deltas", "--reference", "paper"]) == 2
+    with pytest.raises(SpecError, match="no reference rows"):
+        report.make_table("divergence", full, tmp_path, reference="paper")
     percent = write_fr_sweep(tmp_path / "pct", ["diamed"], fraction=1.0)      # score files in percent
     with pytest.raises(SpecError, match="no fraction"):
         report.score_table(report.load_sweep(percent), reference="paper")

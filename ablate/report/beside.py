@@ -199,7 +199,7 @@ def beside_freeze(frame: pd.DataFrame, scores: pd.DataFrame, models: dict, froze
 
 def _triple(paper, measured, delta) -> str:
     def num(v, fmt):
-        return "-" if v != v else format(v, fmt)
+        return "-" if v != v else format(round(v, 1) + 0.0, fmt)     # + 0.0: no "-0.0" from rounding noise
     return f"{num(paper, '.1f')} / {num(measured, '.1f')} / {num(delta, '+.1f')}"
 
 
@@ -227,15 +227,15 @@ def score_blocks(data: pd.DataFrame, ref: Reference) -> list[tuple[str, pd.DataF
                 a = avg.iloc[0]
                 partial |= a["paper_tasks"].startswith("partial")
                 cells["average"] = _triple(a["paper"], a["measured"], a["paper_delta"]) + (
-                    f" ({a['paper_tasks']})" if a["paper_tasks"].startswith("partial") else "")
+                    f", {a['paper_tasks']}" if a["paper_tasks"].startswith("partial") else "")
             else:
                 k = int(mine["task"].isin(tasks).sum())
                 cells["average"] = _triple(np.nan, mine.loc[mine["task"].isin(tasks), "mean"].mean(), np.nan) + (
-                    f" ({_tasks_label(k, len(main.tasks))})" if k < len(main.tasks) else "")
+                    f", {_tasks_label(k, len(main.tasks))}" if k < len(main.tasks) else "")
             rows.append(cells)
         notes = [UNITS_NOTE] + ([PARTIAL_NOTE] if partial else []) + sorted(
             {f"{arm}: {n}" for arm, n in zip(data["arm"], data["paper_note"]) if n}) + [
-            f"Paper: {ref.source.cite(main.table)} ({main.caption})."]
+            f"Paper: {ref.source.cite(main.table)}: {main.caption}."]
         blocks.append((f"Beside the paper: {main.caption}", pd.DataFrame(rows), notes))
     return blocks
 
@@ -255,5 +255,5 @@ def freeze_block(data: pd.DataFrame, ref: Reference) -> tuple[str, pd.DataFrame,
                      "note": r["paper_note"]})
     notes = [UNITS_NOTE.replace("each task's primary metric, the mean over seeds",
                                 "the mean of the arm's per-task means over the paper's tasks it has"),
-             f"Paper: {ref.source.cite(ref.freeze.table)} ({ref.freeze.caption})."]
+             f"Paper: {ref.source.cite(ref.freeze.table)}: {ref.freeze.caption}."]
     return f"Beside the paper: {ref.freeze.caption}", pd.DataFrame(rows), notes

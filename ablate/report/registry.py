@@ -17,11 +17,10 @@ from ablate.config.errors import SpecError
 from ablate.report.curves import curves_figure
 from ablate.report.divergence import divergence_figure, persistence_figure
 from ablate.report.layers import layers_figure
-from ablate.report.references import check_reference
 from ablate.report.scores import deltas_figure, freeze_figure
 from ablate.report.style import save_figure
 from ablate.report.sweep import load_sweep
-from ablate.report.tables import TABLES
+from ablate.report.tables import TABLES, check_reference_table
 from ablate.tune.figure import tune_figure
 
 FIGURES: dict[str, Callable] = {"layers": layers_figure, "deltas": deltas_figure, "curves": curves_figure,
@@ -74,12 +73,7 @@ def check_table(name: str, options: dict | None = None) -> dict:
     if name not in TABLES:
         raise SpecError("unknown table", key="--table", value=name, allowed=", ".join(TABLES))
     options = options or {}
-    if options.get("reference") is not None:
-        check_reference(str(options["reference"]))
-        with_rows = [t for t, fn in TABLES.items() if "reference" in inspect.signature(fn).parameters]
-        if name not in with_rows:
-            raise SpecError(f"table {name!r} has no reference rows", key="--reference",
-                            value=options["reference"], allowed="--table " + ", ".join(with_rows))
+    check_reference_table(name, options.get("reference"))
     return coerce_options(name, TABLES[name], options, kind="table")
 
 

@@ -28,7 +28,7 @@ from ablate.report.arms import arm_label, arm_tokens_match, done_runs
 from ablate.report.beside import (BASE_MODEL, arm_models, beside_freeze, beside_scores, check_fractions,
                                   freeze_block, is_base_model, score_blocks)
 from ablate.report.divergence import divergence_table
-from ablate.report.references import load_reference
+from ablate.report.references import check_reference, load_reference
 from ablate.evaluate.sizes import min_test_examples
 from ablate.report.scores import (AVERAGE, arm_vs_baseline, average_names, averages, is_average, task_languages,
                                   unit_scores)
@@ -304,6 +304,17 @@ def _markdown(head: list[str], body: list[list[str]]) -> str:
 
 
 TABLES = {"scores": score_table, "freeze": freeze_table, "divergence": divergence_table}
+REFERENCE_TABLES = ("scores", "freeze")      # the tables a reference's rows can be set beside
+
+
+def check_reference_table(name: str, reference) -> None:
+    """`reference` (--reference) is a known reference, and table `name` one with reference rows."""
+    if reference is None:
+        return
+    check_reference(str(reference))
+    if name not in REFERENCE_TABLES:
+        raise SpecError(f"table {name!r} has no reference rows", key="--reference", value=reference,
+                        allowed="--table " + ", ".join(REFERENCE_TABLES))
 
 
 def make_table(name: str, sweep_dir: str | Path | None = None, out: str | Path | None = None,
@@ -312,6 +323,7 @@ def make_table(name: str, sweep_dir: str | Path | None = None, out: str | Path |
     their paths."""
     if name not in TABLES:
         raise SpecError("unknown table", key="--table", value=name, allowed=", ".join(TABLES))
+    check_reference_table(name, options.get("reference"))
     sweep = load_sweep(sweep_dir)
     data = TABLES[name](sweep, **options)
     folder = Path(out).expanduser() if out else sweep.path / "tables"
