@@ -320,13 +320,20 @@ def cmd_report(args) -> int:
 
     # names first: an unknown figure, table or option lists the known ones, whether or not a sweep exists
     options = parse_assignments(args.set, "--set") | ({"baseline": args.baseline} if args.baseline else {})
+    reference = {"reference": args.reference} if args.reference else {}
     wants_page = args.html or args.serve
+    if reference and not (args.table or wants_page):
+        raise SpecError("--reference sets the paper's numbers beside a table's or the page's", key="--reference",
+                        value=args.reference, allowed="with --table scores, --table freeze or --html")
     figure_options = check_figure(args.figure, {} if wants_page or args.table else options) if args.figure else {}
-    table_options = check_table(args.table, {} if wants_page else options) if args.table else {}
+    table_options = check_table(args.table, ({} if wants_page else options) | reference) if args.table else {}
     if wants_page:
         from ablate.report.html import serve, write_html
+        from ablate.report.references import check_reference
 
-        page = write_html(_sweep(args, collected=True).root, args.out)
+        if args.reference:
+            check_reference(args.reference)
+        page = write_html(_sweep(args, collected=True).root, args.out, reference=args.reference)
         print(f"html: {page}")
         if args.serve:
             serve(page, args.port)

@@ -113,6 +113,8 @@ def _add_analysis_commands(sub, results, sweep, submit) -> None:
     rp.add_argument("--figure", nargs="?", const="", help="layers, deltas, curves, freeze, tune, divergence, persistence (no value: list them)")
     rp.add_argument("--table", help="scores, freeze or divergence: the paper's results tables (CSV + Markdown + LaTeX)")
     rp.add_argument("--baseline", help="the arm everything is compared with (default: the mlm schedule, no freezing)")
+    rp.add_argument("--reference", metavar="NAME", help="with --table scores|freeze (or --html): the published "
+                    "numbers beside the measured ones: paper (the CLM-detour paper's tables)")
     rp.add_argument("--out", help="output folder, or a file path (.pdf for PDF)")
     rp.add_argument("--set", action="append", metavar="KEY=VALUE", help="figure option, e.g. measure=grad_norm")
     rp.add_argument("--html", action="store_true", help="one self-contained page of the sweep: <sweep>/report.html "

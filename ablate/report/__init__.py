@@ -14,8 +14,9 @@ Conventions shared by every figure:
 - `panel` facets by a runs column ("auto": by "model" when the sweep has several models).
 
 Modules: sweep (loading), stats (intervals), arms (grouping), style (look and files), layers, scores, curves,
-divergence (the figures), registry (FIGURES, make_figure), tables, html (the page), export / card / provenance /
-hub (`ablate export`: a run as a Hugging Face folder with its model card).
+divergence (the figures), registry (FIGURES, make_figure), tables, html (the page), references (the published
+numbers shipped in reference/*.yaml) and beside (them set beside the measured ones: `--reference paper`),
+export / card / provenance / hub (`ablate export`: a run as a Hugging Face folder with its model card).
 
 May import: every stage below it (config ... tune); only the CLI is above it.
 """

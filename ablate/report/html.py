@@ -6,7 +6,9 @@ baseline with their intervals), the token check (each arm's token stream against
 figure of the sweep (the registered figures redrawn into <sweep>/figures/, one layer plot per measure, and
 any other PNG already there); then a sortable runs table (state, tokens, wall time, a link to each run's
 log) and the failed runs with their last log lines; last the grid: its axes, and its YAML folded.
-Re-running it redraws the figures and rewrites the page.
+Re-running it redraws the figures and rewrites the page. Asked with a reference (`--html --reference paper`),
+the scores section also sets the paper's numbers beside the measured ones: the scores table's paper columns
+and the blocks `--table scores|freeze --reference` print (ablate.report.beside).
 
 May import: config, store, plan, tune, report.
 """
@@ -26,7 +28,7 @@ from ablate.report.style import save_figure
 from ablate.report.sweep import Sweep, load_sweep
 from ablate.report.tables import small_tests
 from ablate.report.scores import average_names, is_average
-from ablate.report.tables import score_table
+from ablate.report.tables import freeze_table, reference_blocks, score_table
 from ablate.store import atomic
 from ablate.store.rundir import read_status
 
@@ -35,6 +37,7 @@ RUN_COLUMNS = ("run_id", "model", "schedule", "freeze", "seed", "status", "token
 TWIN_COLUMNS = ("run_id", "model", "schedule", "freeze", "seed", "twin", "twin_tokens")
 # the scores table as most readers read it; the rest (interval bounds, pairs, test, units, ...) folded below it
 SCORE_COLUMNS = ("arm", "task", "language", "test_examples", "mean", "std", "n", "delta", "p_value")
+PAPER_COLUMNS = ("paper_row", "paper", "measured", "paper_delta", "paper_tasks")   # with a reference
 
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
@@ -149,20 +152,35 @@ def tokens_section(sweep: Sweep) -> str:
     return summary + f'<details{" open" if counts["differ"] else ""}><summary>per arm</summary>{table}</details>'
 
 
-def scores_section(sweep: Sweep) -> str:
+def scores_section(sweep: Sweep, reference: str | None = None) -> str:
     if sweep.scores is None or sweep.scores.empty:
         return '<p class="muted">no scores in this sweep</p>'
     try:
-        table = score_table(sweep)
+        table = score_table(sweep, reference=reference)
     except Exception as exc:   # noqa: BLE001  (the page still shows everything else)
         return f'<p class="muted">scores table not made: {html.escape(str(exc))}</p>'
     tasks = table[~table["task"].map(is_average)]
-    shown = [c for c in SCORE_COLUMNS if c in table.columns and table[c].notna().any()
+    shown = [c for c in SCORE_COLUMNS + (PAPER_COLUMNS if reference else ()) if c in table.columns
+             and (table[c].notna() & (table[c] != "")).any()
              and (c != "language" or tasks[c].nunique() > 1)]          # one language: said by no column
     folded = [c for c in table.columns if c not in shown]
-    return (averages_block(table) + f'<div class="wide">{html_table(_text_frame(table[shown]))}</div>'
+    return (averages_block(table) + (reference_section(sweep, table, reference) if reference else "")
+            + f'<div class="wide">{html_table(_text_frame(table[shown]))}</div>'
             f'<details><summary>all columns (with {html.escape(", ".join(folded))})</summary>'
             f'<div class="wide">{html_table(_text_frame(table))}</div></details>')
+
+
+def reference_section(sweep: Sweep, table: pd.DataFrame, reference: str) -> str:
+    """The blocks of `--table scores --reference` (and of the freeze table, when the sweep has one to make),
+    each with its notes."""
+    blocks = reference_blocks("scores", table, reference)
+    try:
+        blocks += reference_blocks("freeze", freeze_table(sweep, reference=reference), reference)
+    except Exception:   # noqa: BLE001  (a sweep without a freeze table still shows the scores' blocks)
+        pass
+    return "".join(f"<h3>{html.escape(title)}</h3>" + html_table(_text_frame(frame))
+                   + "".join(f'<p class="muted">{html.escape(n)}</p>' for n in notes)
+                   for title, frame, notes in blocks)
 
 
 def averages_block(table: pd.DataFrame) -> str:
@@ -252,10 +270,10 @@ def failures_section(sweep: Sweep) -> str:
     return "".join(parts) or "<p>none</p>"
 
 
-def render_page(sweep: Sweep) -> str:
+def render_page(sweep: Sweep, reference: str | None = None) -> str:
     pngs, notes = draw_figures(sweep)
     # what a reader came for first (results), then how the runs went, then the grid that made them
-    sections = [("Scores", scores_section(sweep)), ("Tokens", tokens_section(sweep)),
+    sections = [("Scores", scores_section(sweep, reference)), ("Tokens", tokens_section(sweep)),
                 ("Figures", figures_section(pngs, notes)), ("Runs", runs_section(sweep)),
                 ("Failures", failures_section(sweep)), ("Grid", grid_section(sweep))]
     nav = "<nav>" + "".join(f'<a href="#{t.lower()}">{t}</a>' for t, _ in sections) + "</nav>"
@@ -268,14 +286,16 @@ def render_page(sweep: Sweep) -> str:
             f"{body}<script>{SCRIPT}</script></body></html>\n")
 
 
-def write_html(sweep_dir: str | Path | None = None, out: str | Path | None = None) -> Path:
+def write_html(sweep_dir: str | Path | None = None, out: str | Path | None = None,
+               reference: str | None = None) -> Path:
     """Write (or refresh) the sweep's page: <sweep>/report.html by default (where its log and figure links
-    resolve), or `out` (a folder or an .html path)."""
+    resolve), or `out` (a folder or an .html path); `reference` (e.g. "paper"): the published numbers beside
+    the measured scores."""
     sweep = load_sweep(sweep_dir)
     path = Path(out).expanduser() if out else sweep.path / "report.html"
     if path.is_dir() or not path.suffix:
         path = path / "report.html"
-    atomic.write_text(path, render_page(sweep))
+    atomic.write_text(path, render_page(sweep, reference))
     return path
 
 

@@ -20,7 +20,7 @@ from ablate.report.layers import layers_figure
 from ablate.report.scores import deltas_figure, freeze_figure
 from ablate.report.style import save_figure
 from ablate.report.sweep import load_sweep
-from ablate.report.tables import TABLES
+from ablate.report.tables import TABLES, check_reference_table
 from ablate.tune.figure import tune_figure
 
 FIGURES: dict[str, Callable] = {"layers": layers_figure, "deltas": deltas_figure, "curves": curves_figure,
@@ -68,10 +68,13 @@ def check_figure(name: str, options: dict | None = None) -> dict:
 
 
 def check_table(name: str, options: dict | None = None) -> dict:
-    """As check_figure, for a results table."""
+    """As check_figure, for a results table; a `reference` (--reference) must be a known one, and the table
+    one that has reference rows."""
     if name not in TABLES:
         raise SpecError("unknown table", key="--table", value=name, allowed=", ".join(TABLES))
-    return coerce_options(name, TABLES[name], options or {}, kind="table")
+    options = options or {}
+    check_reference_table(name, options.get("reference"))
+    return coerce_options(name, TABLES[name], options, kind="table")
 
 
 def output_stem(name: str, sweep_dir: Path, out: str | Path | None) -> tuple[Path, str]:

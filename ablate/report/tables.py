@@ -16,6 +16,7 @@ May import: config, evaluate, report.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,10 @@ import pandas as pd
 from ablate.config.errors import SpecError
 from ablate.evaluate.units import pairing_units, require_task_scores
 from ablate.report.arms import arm_label, arm_tokens_match, done_runs
+from ablate.report.beside import (BASE_MODEL, arm_models, beside_freeze, beside_scores, check_fractions,
+                                  freeze_block, is_base_model, score_blocks)
 from ablate.report.divergence import divergence_table
+from ablate.report.references import check_reference, load_reference
 from ablate.evaluate.sizes import min_test_examples
 from ablate.report.scores import (AVERAGE, arm_vs_baseline, average_names, averages, is_average, task_languages,
                                   unit_scores)
@@ -37,7 +41,6 @@ TOKENS_NOTE = ("† the arm's runs read other tokens than their MLM twins (runs 
 SMALL_MARK = {"md": "‡", "tex": "$^\\ddagger$"}
 SMALL_NOTE = ("‡ too few test examples for the metric ({tasks}; ablate.evaluate.sizes.MIN_TEST_EXAMPLES): one "
               "example moves the score by about as much as the differences between arms.")
-BASE_MODEL = "base"    # the schedule of `ablate evaluate --base` rows (ablate.store.tables): a reference row
 
 
 def _marks(p: float) -> str:
@@ -69,11 +72,28 @@ def _only_tasks(sweep: Sweep, u: pd.DataFrame, tasks) -> pd.DataFrame:
     return pd.concat([u, *averages(u, unit)], ignore_index=True)
 
 
+def base_models_apart(sweep: Sweep) -> Sweep:
+    """The sweep with each base model (`ablate evaluate --base`) an arm of its own, `base (SOURCE)`, when it
+    has several (one keeps the name `base`): their scores would otherwise be averaged into one row."""
+    runs = sweep.runs
+    if "model_source" not in runs.columns:
+        return sweep
+    is_base = runs["schedule"] == BASE_MODEL
+    if runs.loc[is_base, "model_source"].nunique() < 2:
+        return sweep
+    named = runs["schedule"].where(~is_base, BASE_MODEL + " (" + runs["model_source"].astype(str) + ")")
+    return replace(sweep, runs=runs.assign(schedule=named))
+
+
 def score_table(sweep: Sweep, *, baseline: str | None = None, split: str | None = None,
-                units: tuple[str, ...] | None = None, tasks=None, seed: int = 0) -> pd.DataFrame:
+                units: tuple[str, ...] | None = None, tasks=None, seed: int = 0,
+                reference: str | None = None) -> pd.DataFrame:
     """Tidy: one row per (arm, task) with language, mean, std, n, and delta / ci_low / ci_high / p_value
     against the baseline arm (a schedule name, meaning its unfrozen arm, or an arm label), and the pairing
-    units used (column `units`)."""
+    units used (column `units`). `reference` (e.g. "paper"): the published numbers beside the measured ones
+    (ablate.report.beside: paper_row, paper, measured, paper_delta, paper_tasks, ...)."""
+    ref = load_reference(reference) if reference else None
+    sweep = base_models_apart(sweep)
     baseline = baseline or sweep.baseline
     units = _units(sweep, units)
     u = _only_tasks(sweep, unit_scores(sweep, split, None, "table"), tasks)
@@ -86,7 +106,7 @@ def score_table(sweep: Sweep, *, baseline: str | None = None, split: str | None 
     for arm in dict.fromkeys(zip(u["schedule"], u["freeze"])):
         mine = u[(u["schedule"] == arm[0]) & (u["freeze"] == arm[1])]
         base = u[(u["schedule"] == base_arm[0]) & (u["freeze"] == base_arm[1])]
-        by = ["finetune_seed"] if arm[0] == BASE_MODEL else list(units)   # the base model has no pretraining seed
+        by = ["finetune_seed"] if is_base_model(arm[0]) else list(units)   # the base model has no pretraining seed
         for task in tasks:
             a = mine[mine["task"] == task].groupby(by)["score"].mean()
             if a.empty:
@@ -105,7 +125,10 @@ def score_table(sweep: Sweep, *, baseline: str | None = None, split: str | None 
     out = pd.DataFrame(rows)
     if out.empty:
         raise SpecError("no scores for done runs", file=str(sweep.path), key="scores")
-    return out
+    if ref is None:
+        return out
+    check_fractions(sweep.scores, [t for main in ref.main for t in main.tasks])
+    return beside_scores(out, arm_models(sweep.runs), ref)
 
 
 _NO_SIZE = {"test_examples": np.nan, "small_test": False}
@@ -133,12 +156,17 @@ def _test_sizes(u: pd.DataFrame) -> dict[str, dict]:
 
 
 def freeze_table(sweep: Sweep, *, baseline: str | None = None, split: str | None = None,
-                 units: tuple[str, ...] | None = None, tasks=None, seed: int = 0) -> pd.DataFrame:
+                 units: tuple[str, ...] | None = None, tasks=None, seed: int = 0,
+                 reference: str | None = None) -> pd.DataFrame:
     """One row per arm: what each phase froze (from the `frozen` table), the average score, and its
-    difference from the same schedule without freezing and from the baseline arm."""
+    difference from the same schedule without freezing and from the baseline arm. `reference`: the
+    paper's freezing rows beside them (ablate.report.beside)."""
+    ref = load_reference(reference) if reference else None
+    sweep = base_models_apart(sweep)
     baseline = baseline or sweep.baseline
     units = _units(sweep, units)
-    avg = score_table(sweep, baseline=baseline, split=split, units=units, tasks=tasks, seed=seed)
+    scores = score_table(sweep, baseline=baseline, split=split, units=units, tasks=tasks, seed=seed)
+    avg = scores
     summary = AVERAGE if (avg["task"] == AVERAGE).any() else avg["task"].iloc[0]    # one task: no average of it
     avg = avg[avg["task"] == summary].set_index("arm")
     u = _only_tasks(sweep, unit_scores(sweep, split, None, "table"), tasks)
@@ -156,7 +184,11 @@ def freeze_table(sweep: Sweep, *, baseline: str | None = None, split: str | None
                      "frozen": frozen.get((row["schedule"], row["freeze"]), "-"), "mean": row["mean"],
                      "std": row["std"], "n": row["n"], "delta_vs_unfrozen": d_twin, "p_vs_unfrozen": p_twin,
                      "delta_vs_baseline": row["delta"], "p_vs_baseline": row["p_value"]})
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    if ref is None:
+        return out
+    check_fractions(sweep.scores, ref.main_table(ref.freeze.language).tasks)
+    return beside_freeze(out, scores, arm_models(sweep.runs), _frozen_by_arm(sweep), ref)
 
 
 def _frozen_by_arm(sweep: Sweep) -> dict[tuple[str, str], str]:
@@ -272,6 +304,17 @@ def _markdown(head: list[str], body: list[list[str]]) -> str:
 
 
 TABLES = {"scores": score_table, "freeze": freeze_table, "divergence": divergence_table}
+REFERENCE_TABLES = ("scores", "freeze")      # the tables a reference's rows can be set beside
+
+
+def check_reference_table(name: str, reference) -> None:
+    """`reference` (--reference) is a known reference, and table `name` one with reference rows."""
+    if reference is None:
+        return
+    check_reference(str(reference))
+    if name not in REFERENCE_TABLES:
+        raise SpecError(f"table {name!r} has no reference rows", key="--reference", value=reference,
+                        allowed="--table " + ", ".join(REFERENCE_TABLES))
 
 
 def make_table(name: str, sweep_dir: str | Path | None = None, out: str | Path | None = None,
@@ -280,12 +323,31 @@ def make_table(name: str, sweep_dir: str | Path | None = None, out: str | Path |
     their paths."""
     if name not in TABLES:
         raise SpecError("unknown table", key="--table", value=name, allowed=", ".join(TABLES))
+    check_reference_table(name, options.get("reference"))
     sweep = load_sweep(sweep_dir)
     data = TABLES[name](sweep, **options)
     folder = Path(out).expanduser() if out else sweep.path / "tables"
     folder.mkdir(parents=True, exist_ok=True)
     paths = {"csv": folder / f"{name}.csv", "md": folder / f"{name}.md", "tex": folder / f"{name}.tex"}
     data.to_csv(paths["csv"], index=False)
+    reference = options.get("reference")
+    shown = data[[c for c in data.columns if not c.startswith("paper_") and c not in ("paper", "measured")]]
     for fmt in ("md", "tex"):
-        paths[fmt].write_text(render_scores(data, fmt) if name == "scores" else render_plain(data, fmt))
+        text = render_scores(shown, fmt) if name == "scores" else render_plain(shown, fmt)
+        if reference:
+            text += "".join(render_block(*block, fmt) for block in reference_blocks(name, data, reference))
+        paths[fmt].write_text(text)
     return paths
+
+
+def reference_blocks(name: str, data: pd.DataFrame, reference: str) -> list[tuple[str, pd.DataFrame, list[str]]]:
+    """The compact paper-beside-measured blocks of table `name`'s data (made with `reference`)."""
+    ref = load_reference(reference)
+    return score_blocks(data, ref) if name == "scores" else [freeze_block(data, ref)]
+
+
+def render_block(title: str, frame: pd.DataFrame, notes: list[str], fmt: str) -> str:
+    """A titled table of strings with its notes under it, as Markdown or LaTeX (notes as comments)."""
+    if fmt == "md":
+        return f"\n{title}\n\n" + render_plain(frame, "md") + "".join(f"\n{n}" for n in notes) + "\n"
+    return f"\n% {_tex(title)}\n" + render_plain(frame, "tex") + "".join(f"% {n}\n" for n in notes)
