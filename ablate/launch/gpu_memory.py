@@ -1,0 +1,246 @@
+"""The GPU memory of a run's training step, known before the run is submitted, on a CPU-only machine.
+
+Each distinct step shape of a grid (model, attention implementation, objective's attention pattern, sequence
+length, micro-batch, precision, vocabulary loss, document masking, the phase's freeze mask and which
+parameters hold AdamW moments by then) runs ablate's own `train.loop.train_step` (forward, fused vocabulary
+loss, backward, grad norms, clipping, AdamW) on the meta device under torch's MemTracker, with SDPA routed to
+the kernel CUDA would pick and bf16 autocast done at the functions (ablate.train.meta_cuda). Two micro-batches
+are traced where the per-rank batch has two: the second's forward and backward run beside the first's
+gradients, as every accumulation step after the first does. AdamW's moments of every parameter trained so far
+exist before the step, as from a run's second step on. The peak is split as MemTracker attributes it:
+weights, gradients, optimizer state, activations (forward) and temporaries (backward).
+
+What meta cannot see is added as stated constants (docs/gpu-memory.md): the CUDA context, cuBLAS's workspace
+and the caching allocator's rounding and fragmentation. FlexAttention (CUDA with documents or a prefix on
+global layers) refuses meta: those steps are traced through the per-document SDPA path.
+
+Results are cached per shape key in the process: a dry run over a grid traces each shape once.
+
+May import: config, models, plan, analysis, train.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from unittest import mock
+
+import numpy as np
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+from ablate.analysis.probe import layer_params
+from ablate.config.spec import RunSpec
+from ablate.data.corpus import SequenceOrder
+from ablate.models.families import family_of, n_layers
+from ablate.plan.freezing import is_frozen
+from ablate.plan.phases import plan_phases
+from ablate.train import loop, vocab_loss
+from ablate.train.meta_cuda import CudaKernels
+from ablate.train.optimizer import Optimizer
+from ablate.train.rope import start_phase
+
+GiB = 2**30
+CUDA_CONTEXT_BYTES = 600 * 2**20     # the CUDA context and torch's kernels: outside the allocator (300-800 MiB)
+CUBLAS_WORKSPACE_BYTES = 32 * 2**20  # cuBLAS's workspace per handle on sm90 (":4096:8": 8 x 4 MiB)
+ALLOCATOR_OVERHEAD = 0.05            # the caching allocator's rounding (512 B, 2 MiB blocks) and fragmentation
+AUTO_MARGIN = 0.10                   # `micro_batch_size: auto` keeps this fraction of the device free
+META = torch.device("meta")
+PARTS = ("weights", "gradients", "optimizer", "activations", "temporaries")
+_REFTYPES = {"weights": (_MemRefType.PARAM, _MemRefType.BUFFER), "gradients": (_MemRefType.GRAD,),
+             "optimizer": (_MemRefType.OPT,), "activations": (_MemRefType.ACT, _MemRefType.OTH),
+             "temporaries": (_MemRefType.TEMP,)}
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """The traced peak of one step, in bytes, split by what holds it (the parts add up to `traced`)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    temporaries: int
+    kernels: tuple[str, ...] = ()       # the attention kernels the step ran (flash, efficient, math)
+
+    @property
+    def traced(self) -> int:
+        return sum(getattr(self, p) for p in PARTS)
+
+    @property
+    def predicted(self) -> int:
+        """What the device needs: the traced peak with the allocator's overhead, the context and cuBLAS."""
+        return math.ceil(self.traced * (1 + ALLOCATOR_OVERHEAD)) + CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a step's memory depends on (the cache key)."""
+
+    model: str
+    attn_implementation: str
+    objective: str
+    mask_rate: float | None
+    seq_len: int
+    micro: int
+    rows: int                 # rows traced: one or two micro-batches
+    bf16: bool
+    vocab_loss: str
+    document_masking: bool
+    phase: int                # the phase's index in `phases`
+    phases: tuple             # the run's phases up to this one as (objective, freeze): moments and freezing
+
+
+def bf16_on_gpu(spec: RunSpec) -> bool:
+    """Whether the run trains under bf16 autocast on a GPU (precision auto is bf16 on CUDA)."""
+    return spec.precision in ("auto", "bf16")
+
+
+def step_shapes(spec: RunSpec, micro: int, ranks: int = 1) -> list[StepShape]:
+    """One shape per phase of `spec` at micro-batch `micro` (a divisor of the per-rank batch)."""
+    per_rank = spec.batch_size // ranks
+    out = []
+    for i, phase in enumerate(spec.phases):
+        out.append(StepShape(spec.model, spec.attn_implementation, phase.objective, getattr(phase, "mask_rate", None),
+                             spec.phase_seq_len(i), micro, min(2 * micro, per_rank), bf16_on_gpu(spec),
+                             spec.vocab_loss, spec.document_masking, i,
+                             tuple((p.objective, tuple(p.freeze)) for p in spec.phases[:i + 1])))
+    return out
+
+
+def phase_memory(spec: RunSpec, micro: int, ranks: int = 1) -> list[StepMemory]:
+    """Each phase's step memory at micro-batch `micro` (traced once per distinct shape in this process)."""
+    out = []
+    for shape in step_shapes(spec, micro, ranks):
+        if shape not in _CACHE:
+            _CACHE[shape] = trace_step(shape, spec)
+        out.append(_CACHE[shape])
+    return out
+
+
+_CACHE: dict[StepShape, StepMemory] = {}
+
+
+@lru_cache(maxsize=8)
+def _meta_model(source: str, attn_implementation: str):
+    """The model's architecture on the meta device (no weights, no memory), float32 as a run keeps it."""
+    from transformers import AutoModelForMaskedLM
+
+    from ablate.models.sources import check_attn, load_config
+
+    config = load_config(source)
+    check_attn(config, attn_implementation)
+    config._attn_implementation = attn_implementation
+    with torch.device(META):
+        model = AutoModelForMaskedLM.from_config(config, attn_implementation=attn_implementation)
+    return model
+
+
+def trace_step(shape: StepShape, spec: RunSpec) -> StepMemory:
+    """One training step of `shape` on meta tensors under MemTracker (see the module docstring)."""
+    traced = spec.model_copy(update={"batch_size": shape.rows, "micro_batch_size": shape.micro,
+                                     "device": "cpu", "compile": False})
+    model = _meta_model(shape.model, shape.attn_implementation)
+    model.train()
+    model.zero_grad(set_to_none=True)
+    family = family_of(model.config)
+    plans = plan_phases(traced, n_layers(model.config))
+    plan = plans[shape.phase]
+    vocab = model.config.vocab_size
+    rng = np.random.default_rng(0)
+    sequences = rng.integers(8, vocab, (shape.rows, shape.seq_len))
+    docs = np.zeros((shape.rows, shape.seq_len), dtype=np.int64)
+    ctx = loop.Context(traced, model, family, META, sequences, docs, SequenceOrder(shape.rows, 0),
+                       torch.arange(4), 4, vocab, layer_params(model), autocast=shape.bf16)
+    opt = Optimizer(model, traced, fused=False)          # torch's fused AdamW refuses meta parameters
+    start_phase(model, family, plan, traced.phases, opt)
+    trained = {n for n, _ in model.named_parameters() for p in plans[:shape.phase + 1]
+               if not is_frozen(n, family, p.frozen)}
+    named = dict(model.named_parameters())
+    for name in trained:        # the moments of every parameter trained so far: a step after the first
+        p = named[name]
+        opt.torch.state[p] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros_like(p),
+                              "exp_avg_sq": torch.zeros_like(p)}
+    tracker = _StepTracker()
+    for p in model.parameters():      # MemTracker hooks every parameter, which a frozen one refuses
+        if not p.requires_grad:
+            tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+    tracker.track_external(model, opt.torch)
+    kernels = CudaKernels(autocast=False)
+    try:
+        with kernels, _gpu_paths(kernels), tracker:
+            loop.train_step(ctx, plan, sequences, docs, 0, opt, spec.optim.lr)
+    finally:
+        opt.torch.state.clear()
+        model.zero_grad(set_to_none=True)
+    peak = tracker.get_tracker_snapshot("peak").get(META, {})
+    return StepMemory(**{part: sum(int(peak.get(r, 0)) for r in refs) for part, refs in _REFTYPES.items()},
+                      kernels=tuple(sorted(set(kernels.kernels))))
+
+
+@contextlib.contextmanager
+def _gpu_paths(kernels: CudaKernels):
+    """The step's autocast and fused loss as on CUDA: the loop's autocast switches the router's bf16 casting,
+    and the fused loss, which turns autocast off inside and computes in its dtype, gets bf16 features."""
+    def autocast(_device, enabled):
+        @contextlib.contextmanager
+        def on():
+            before, kernels.autocast_on = kernels.autocast_on, enabled
+            try:
+                yield
+            finally:
+                kernels.autocast_on = before
+        return on()
+
+    fused = vocab_loss.fused_cross_entropy
+
+    def fused_as_under_autocast(features, weight, bias, labels, *args, **kwargs):
+        if not kernels.autocast_on:
+            return fused(features, weight, bias, labels, *args, **kwargs)
+        kernels.paused = True
+        try:
+            return fused(features.to(torch.bfloat16), weight, bias, labels, *args, **kwargs)
+        finally:
+            kernels.paused = False
+
+    with mock.patch.object(loop, "autocast", autocast), \
+            mock.patch.dict(vocab_loss.LOSSES, {"fused": fused_as_under_autocast}):
+        yield
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+class _StepTracker(MemTracker):
+    """MemTracker across a step's micro-batches: the encoder is called once per micro-batch, which MemTracker
+    takes for a second iteration; its per-module statistics (unused here) are reset instead."""
+
+    def _pre_fw_hook(self, module, inputs):
+        name = self._mod_tracker.get_known_fqn(module)
+        if (module in self.memory_tracking and not self._mod_tracker.is_bw
+                and set(self._mod_tracker.parents) - {name} == {"Global"}):
+            self.reset_mod_stats()
+        super()._pre_fw_hook(module, inputs)
+
+
+def micro_batches(per_rank: int) -> list[int]:
+    """The micro-batches a per-rank batch allows: its divisors, largest first."""
+    return [d for d in range(per_rank, 0, -1) if per_rank % d == 0]
+
+
+def largest_fitting(spec: RunSpec, limit_bytes: int, ranks: int = 1, margin: float = 0.0) -> int | None:
+    """The largest divisor of the per-rank batch whose every phase fits `limit_bytes` less `margin` of it
+    (None: not even one sequence fits). Peaks grow with the micro-batch: the search stops at the first fit."""
+    usable = limit_bytes * (1 - margin)
+    for micro in micro_batches(spec.batch_size // ranks):
+        if all(m.predicted <= usable for m in phase_memory(spec, micro, ranks)):
+            return micro
+    return None
+
+
+def gib(n: int) -> str:
+    return f"{n / GiB:.1f}"
