@@ -124,7 +124,7 @@ def cmd_sweep(args) -> int:
     if check_tokens_per_s(args.tokens_per_s) is not None and not args.dry_run:
         raise SpecError("a throughput is for the cost plan of a dry run", key="--tokens-per-s",
                         value=args.tokens_per_s, allowed="--tokens-per-s with --dry-run")
-    checked = checked_grid(str(args.grid))
+    checked = checked_grid(str(args.grid), args.executor)
     grid, runs, transplants = checked.grid, checked.runs, checked.transplants
     executor = args.executor or grid.launcher.executor
     sweep_dir = results_root(args.results) / grid.sweep
@@ -153,6 +153,9 @@ def cmd_sweep(args) -> int:
         print()
         print("\n".join(header))
         _print_table(costs)
+        if checked.memory is not None:
+            print("\nGPU memory per device (predicted peak of a training step, docs/gpu-memory.md):")
+            _print_table(checked.memory)
         print("\n".join(checked.parity))
         print(f"{len(runs)} runs" + (f", {len(transplants)} transplants" if transplants else "")
               + f"; executor {executor}; results in {sweep_dir}; dry run: nothing submitted; "

@@ -16,7 +16,7 @@ global layers) refuses meta: those steps are traced through the per-document SDP
 
 Results are cached per shape key in the process: a dry run over a grid traces each shape once.
 
-May import: config, models, plan, analysis, train.
+May import: config, data, models, plan, analysis, train.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
 from ablate.analysis.probe import layer_params
+from ablate.config.errors import SpecError
 from ablate.config.spec import RunSpec
 from ablate.data.corpus import SequenceOrder
 from ablate.models.families import family_of, n_layers
@@ -244,3 +245,88 @@ def largest_fitting(spec: RunSpec, limit_bytes: int, ranks: int = 1, margin: flo
 
 def gib(n: int) -> str:
     return f"{n / GiB:.1f}"
+
+
+def _limit(launcher, executor: str) -> tuple[int | None, str]:
+    where = "slurm" if executor == "slurm" else "local"
+    return launcher.gpu_memory_bytes(executor), f"launcher.{where}.gpu_memory_gb"
+
+
+def resolve_auto(runs: list, groups: list, launcher, executor: str, file: str | None) -> tuple[list, list[str]]:
+    """Runs whose micro_batch_size is `auto` get the largest divisor of their per-rank batch at which every
+    phase fits the GPU with AUTO_MARGIN to spare, the smallest such value of the runs they are compared with
+    (twins train the same micro-batches: plan.parity); the value lands in the spec (spec.json, the run id) and
+    `labels.micro_batch_size: auto` says where it came from. Returns (runs, notes for the dry run)."""
+    from ablate.plan.grid import PlannedRun
+
+    if not any(r.spec.micro_batch_size == "auto" for r in runs):
+        return runs, []
+    limit, key = _limit(launcher, executor)
+    if limit is None:
+        raise SpecError(f"micro_batch_size: auto needs the GPU's memory ({key})", file=file, key=key,
+                        value=None, allowed="a number of GiB or a GPU name")
+    ranks = launcher.ranks(executor)
+    chosen: dict[str, int] = {}
+    for run in runs:
+        if run.spec.micro_batch_size != "auto":
+            continue
+        found = largest_fitting(run.spec.model_copy(update={"micro_batch_size": None}), limit, ranks, AUTO_MARGIN)
+        if found is None:
+            raise SpecError(f"run {run.run_id} ({run.axes}): not even one sequence per micro-batch fits "
+                            f"{gib(limit)} GiB with {AUTO_MARGIN:.0%} kept free", file=file, key=key,
+                            value=launcher_value(launcher, executor), allowed="a GPU with more memory")
+        chosen[run.run_id] = found
+    for group in groups:
+        ids = [r.run_id for r in group if r.run_id in chosen]
+        if ids:
+            low = min(chosen[i] for i in ids)
+            chosen.update({i: low for i in ids})
+    out, notes = [], []
+    for run in runs:
+        if run.run_id not in chosen:
+            out.append(run)
+            continue
+        spec = run.spec.model_copy(update={"micro_batch_size": chosen[run.run_id],
+                                           "labels": {**run.spec.labels, "micro_batch_size": "auto"}})
+        out.append(PlannedRun(spec, run.axes, run.origins))
+    values = sorted(set(chosen.values()))
+    notes.append(f"micro_batch_size auto: {', '.join(map(str, values))} (largest divisor of the per-rank batch "
+                 f"fitting {gib(limit)} GiB with {AUTO_MARGIN:.0%} free; compared runs share one); a micro-batch "
+                 "changes a run's numbers through its dropout draws (one stream per micro-batch) and the "
+                 "float rounding of accumulation")
+    return out, notes
+
+
+def launcher_value(launcher, executor: str):
+    return (launcher.slurm if executor == "slurm" else launcher.local).gpu_memory_gb
+
+
+def memory_plan(runs: list, launcher, executor: str, file: str | None) -> list[dict] | None:
+    """Each run's predicted peak per phase against the GPU's memory (None when the launcher states none).
+    A phase that does not fit is a SpecError naming the run, phase, predicted GiB, the limit and the largest
+    micro-batch that fits."""
+    limit, key = _limit(launcher, executor)
+    if limit is None:
+        return None
+    ranks = launcher.ranks(executor)
+    rows, misfit = [], None
+    for run in runs:
+        spec = run.spec
+        micro = spec.micro_batch_size or spec.batch_size // ranks
+        for phase, m in zip(spec.phases, phase_memory(spec, micro, ranks)):
+            rows.append({"run": run.run_id, "phase": phase.name, "micro": micro, "weights": gib(m.weights),
+                         "grads": gib(m.gradients), "adamw": gib(m.optimizer), "activations": gib(m.activations),
+                         "temp": gib(m.temporaries), "peak_GiB": gib(m.predicted), "limit_GiB": gib(limit),
+                         "fits": "yes" if m.predicted <= limit else "NO"})
+            if m.predicted > limit and misfit is None:
+                misfit = (run, phase.name, micro, m)
+    if misfit is not None:
+        run, phase, micro, m = misfit
+        best = largest_fitting(run.spec.model_copy(update={"micro_batch_size": None}), limit, ranks)
+        fix = f"micro_batch_size: {best} (the largest divisor of the per-rank batch that fits)" if best else \
+            "a GPU with more memory: not even one sequence per micro-batch fits"
+        raise SpecError(f"run {run.run_id} ({run.axes}), phase {phase}: predicted peak {gib(m.predicted)} GiB at "
+                        f"micro-batch {micro} does not fit the {gib(limit)} GiB of {key}; largest micro-batch "
+                        f"that fits: {best or 'none'}", file=file, key="micro_batch_size", value=micro,
+                        allowed=fix)
+    return rows
