@@ -277,7 +277,7 @@ def resolve_auto(runs: list, groups: list, launcher, executor: str, file: str | 
                             value=launcher_value(launcher, executor), allowed="a GPU with more memory")
         chosen[run.run_id] = found
     for group in groups:
-        ids = [r.run_id for r in group if r.run_id in chosen]
+        ids = [i for arm in group.runs.values() for i in arm if i in chosen]
         if ids:
             low = min(chosen[i] for i in ids)
             chosen.update({i: low for i in ids})
