@@ -5,6 +5,8 @@ resolves to one value for the runs compared and is recorded; bad GPU memory valu
 
 from __future__ import annotations
 
+import pytest
+import torch
 import yaml
 
 from ablate.cli import main
@@ -97,3 +99,38 @@ def test_auto_without_the_gpu_s_memory_and_bad_gpu_memory_values_are_exit_2(tmp_
         assert main(["sweep", str(_grid(tmp_path, bad)), "--dry-run"]) == 2
         err = capsys.readouterr().err
         assert "launcher.slurm.gpu_memory_gb" in err and "H100-80" in err and "A100-40" in err
+
+
+def test_an_out_of_memory_at_run_time_is_named_in_the_run_s_status(tmp_path, monkeypatch, capsys):
+    from ablate.launch import worker
+    from ablate.store import rundir
+
+    spec = _spec(batch=4).model_copy(update={"micro_batch_size": 2})
+    out = tmp_path / "run"
+    worker.prepare_run_dir(spec, out)
+
+    def oom(*_args, **_kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(worker, "_pretrain_then_evaluate", oom)
+    with pytest.raises(torch.OutOfMemoryError):
+        worker.execute(out)
+    status = rundir.read_status(out)
+    said = status["out_of_gpu_memory"]
+    assert status["state"] == "failed" and status["error"].rstrip().endswith(said)   # `ablate status` shows it
+    assert "out of GPU memory in phase p" in said and "micro-batch 2" in said
+    expected = gpu_memory.phase_memory(spec, 2)[0].predicted
+    assert f"predicted peak {gpu_memory.gib(expected)} GiB" in said
+    assert gpu_memory.oom_reason(RuntimeError("other"), spec, None) is None
+    named = gpu_memory.oom_reason(torch.OutOfMemoryError("x"), spec, {"phase": "p", "step": 7},
+                                  device_bytes=80 * 2**30, predict=False)
+    assert "after step 7" in named and "device memory 80.0 GiB" in named
+
+
+def test_a_run_spec_with_auto_is_exit_2(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"model": MODEL, "data": {"corpus": "corpus_en_e3c/train.txt", "seq_len": 64},
+                                    "batch_size": 4, "micro_batch_size": "auto",
+                                    "phases": [{"name": "p", "objective": "mlm", "steps": 1}]}))
+    assert main(["run", str(path)]) == 2
+    assert "gpu_memory_gb" in capsys.readouterr().err

@@ -86,6 +86,10 @@ def cmd_run(args) -> int:
     from ablate.train.preflight import check_models
 
     spec = load_run_spec(args.spec)
+    if spec.micro_batch_size == "auto":
+        raise SpecError("micro_batch_size auto is resolved against a grid launcher's gpu_memory_gb; a run spec "
+                        "takes a number", file=str(args.spec), key="micro_batch_size", value="auto",
+                        allowed="a divisor of batch_size, or run it from a grid (docs/gpu-memory.md)")
     check_plan(spec, file=str(args.spec))
     check_model_fit([spec], file=str(args.spec))
     check_eval([spec], file=str(args.spec))

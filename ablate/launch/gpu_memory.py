@@ -330,3 +330,30 @@ def memory_plan(runs: list, launcher, executor: str, file: str | None) -> list[d
                         f"that fits: {best or 'none'}", file=file, key="micro_batch_size", value=micro,
                         allowed=fix)
     return rows
+
+
+def oom_reason(exc: BaseException, spec: RunSpec, progress: dict | None, world_size: int = 1,
+               device_bytes: int | None = None, predict: bool = True) -> str | None:
+    """A run's CUDA out-of-memory said as what it is (None for any other failure): the phase and step of the
+    last progress line, the micro-batch, the predicted peak of that phase (traced here, on the CPU) and the
+    device's memory. Nothing here may hide the failure: a trace that fails leaves the prediction out."""
+    if not isinstance(exc, torch.OutOfMemoryError):
+        return None
+    micro = spec.micro_batch_size or spec.batch_size // world_size
+    phase_name = (progress or {}).get("phase") or spec.phases[0].name
+    names = [p.name for p in spec.phases]
+    index = names.index(phase_name) if phase_name in names else 0
+    step = (progress or {}).get("step")
+    parts = [f"out of GPU memory in phase {phase_name}" + (f" after step {step}" if step is not None else
+                                                          " before its first logged step"),
+             f"micro-batch {micro}"]
+    if predict:
+        try:
+            parts.append(f"predicted peak {gib(phase_memory(spec, micro, world_size)[index].predicted)} GiB")
+        except Exception:           # noqa: BLE001  (the prediction is a courtesy; the OOM is the failure)
+            pass
+    if device_bytes is None and torch.cuda.is_available():
+        device_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    if device_bytes:
+        parts.append(f"device memory {gib(device_bytes)} GiB")
+    return ", ".join(parts) + " (docs/gpu-memory.md: set the launcher's gpu_memory_gb, or micro_batch_size: auto)"
