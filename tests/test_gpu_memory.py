@@ -134,3 +134,15 @@ def test_a_run_spec_with_auto_is_exit_2(tmp_path, capsys):
                                     "phases": [{"name": "p", "objective": "mlm", "steps": 1}]}))
     assert main(["run", str(path)]) == 2
     assert "gpu_memory_gb" in capsys.readouterr().err
+
+
+def test_the_meta_trace_accounts_what_real_tensors_hold_on_the_cpu():
+    """The same step (float32, so the CPU runs what meta traces but its own SDPA kernel) under MemTracker
+    with real tensors: every part within 0.1% of the meta trace (BENCHMARKS.md)."""
+    for objective, length in (("clm", 64), ("mlm", 128)):
+        spec = _spec(seq_len=length, objective=objective, precision="fp32")
+        shape = gpu_memory.step_shapes(spec, 2)[0]
+        meta, real = gpu_memory.trace_step(shape, spec), gpu_memory.trace_step(shape, spec, "cpu")
+        for part in gpu_memory.PARTS:
+            assert abs(getattr(meta, part) - getattr(real, part)) <= 1e-3 * max(getattr(real, part), 2**20), part
+        assert abs(meta.traced - real.traced) <= 1e-3 * real.traced

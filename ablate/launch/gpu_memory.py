@@ -125,8 +125,9 @@ _CACHE: dict[StepShape, StepMemory] = {}
 
 
 @lru_cache(maxsize=8)
-def _meta_model(source: str, attn_implementation: str):
-    """The model's architecture on the meta device (no weights, no memory), float32 as a run keeps it."""
+def _meta_model(source: str, attn_implementation: str, device: str = "meta"):
+    """The model's architecture on the meta device (no weights, no memory), float32 as a run keeps it; on
+    another device (the CPU check of the accounting, tests/test_gpu_memory.py) with real, random weights."""
     from transformers import AutoModelForMaskedLM
 
     from ablate.models.sources import check_attn, load_config
@@ -134,16 +135,18 @@ def _meta_model(source: str, attn_implementation: str):
     config = load_config(source)
     check_attn(config, attn_implementation)
     config._attn_implementation = attn_implementation
-    with torch.device(META):
+    with torch.device(device):
         model = AutoModelForMaskedLM.from_config(config, attn_implementation=attn_implementation)
     return model
 
 
-def trace_step(shape: StepShape, spec: RunSpec) -> StepMemory:
-    """One training step of `shape` on meta tensors under MemTracker (see the module docstring)."""
+def trace_step(shape: StepShape, spec: RunSpec, device: str = "meta") -> StepMemory:
+    """One training step of `shape` on meta tensors under MemTracker (see the module docstring); on the CPU
+    with real tensors when `device` is cpu (the check that meta accounts what real tensors hold)."""
+    where = torch.device(device)
     traced = spec.model_copy(update={"batch_size": shape.rows, "micro_batch_size": shape.micro,
                                      "device": "cpu", "compile": False})
-    model = _meta_model(shape.model, shape.attn_implementation)
+    model = _meta_model(shape.model, shape.attn_implementation, device)
     model.train()
     model.zero_grad(set_to_none=True)
     family = family_of(model.config)
@@ -153,7 +156,7 @@ def trace_step(shape: StepShape, spec: RunSpec) -> StepMemory:
     rng = np.random.default_rng(0)
     sequences = rng.integers(8, vocab, (shape.rows, shape.seq_len))
     docs = np.zeros((shape.rows, shape.seq_len), dtype=np.int64)
-    ctx = loop.Context(traced, model, family, META, sequences, docs, SequenceOrder(shape.rows, 0),
+    ctx = loop.Context(traced, model, family, where, sequences, docs, SequenceOrder(shape.rows, 0),
                        torch.arange(4), 4, vocab, layer_params(model), autocast=shape.bf16)
     opt = Optimizer(model, traced, fused=False)          # torch's fused AdamW refuses meta parameters
     start_phase(model, family, plan, traced.phases, opt)
@@ -176,7 +179,7 @@ def trace_step(shape: StepShape, spec: RunSpec) -> StepMemory:
     finally:
         opt.torch.state.clear()
         model.zero_grad(set_to_none=True)
-    peak = tracker.get_tracker_snapshot("peak").get(META, {})
+    peak = tracker.get_tracker_snapshot("peak").get(where, {})
     return StepMemory(**{part: sum(int(peak.get(r, 0)) for r in refs) for part, refs in _REFTYPES.items()},
                       kernels=tuple(sorted(set(kernels.kernels))))
 
