@@ -149,7 +149,18 @@ def run_ablate(args, row: Row, batch: int, tokenizer, device) -> dict:
             break
     peak = peak_gb(device)
     del ctx, opt, model
-    return {**_row(row, batch, times[args.warmup:], flops, peak, args, loss), "mask": mask}
+    out = {**_row(row, batch, times[args.warmup:], flops, peak, args, loss), "mask": mask}
+    if getattr(args, "predict_memory", False):     # the dry run's prediction beside max_memory_allocated
+        out["predicted_mem_gb"] = predicted_gb(spec, batch)
+    return out
+
+
+def predicted_gb(spec, batch: int) -> float:
+    """What ablate.launch.gpu_memory traces on the meta device for this step (allocated bytes, as
+    torch.cuda.max_memory_allocated counts them: no context, no cuBLAS workspace, no allocator slack)."""
+    from ablate.launch import gpu_memory
+
+    return round(gpu_memory.phase_memory(spec, batch)[0].traced / 2**30, 2)
 
 
 def run_trainer(args, row: Row, batch: int, tokenizer, device) -> dict:

@@ -109,6 +109,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="seconds one row may take: it stops timing steps past it (default 40; 600 with --tiny)")
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--json", default=None, help="also write the result object to this file")
+    ap.add_argument("--predict-memory", action="store_true", help="each ablate row also gets the peak "
+                    "ablate.launch.gpu_memory predicts on the meta device (predicted_mem_gb; a minute per row "
+                    "at 8192 tokens on a few cores, outside the row budgets)")
     ap.add_argument("--tiny", action="store_true", help="tiny model and sizes (smoke check)")
     ap.add_argument("--allow-cpu", action="store_true", help="run on CPU (only with --tiny makes sense)")
     args = ap.parse_args(argv)
@@ -148,8 +151,9 @@ def _line(row: dict) -> str:
     if row["status"] != "ok":
         return head + row["status"]
     return head + (f"{row['tokens_per_s']:>12,.0f} tok/s ({row['vs_reference']:.2f}x the reference)  "
-                   f"MFU {row['mfu']:.1%}  peak {row['peak_mem_gb']} GB" + (f"  mask {row['mask']}" if "mask" in row
-                                                                            else ""))
+                   f"MFU {row['mfu']:.1%}  peak {row['peak_mem_gb']} GB"
+                   + (f" (predicted {row['predicted_mem_gb']} GB)" if "predicted_mem_gb" in row else "")
+                   + (f"  mask {row['mask']}" if "mask" in row else ""))
 
 
 def _headline(rows: list[dict], args, device_name: str) -> str:

@@ -87,6 +87,10 @@ def cmd_run(args) -> int:
     from ablate.train.preflight import check_models
 
     spec = load_run_spec(args.spec)
+    if spec.micro_batch_size == "auto":
+        raise SpecError("micro_batch_size auto is resolved against a grid launcher's gpu_memory_gb; a run spec "
+                        "takes a number", file=str(args.spec), key="micro_batch_size", value="auto",
+                        allowed="a divisor of batch_size, or run it from a grid (docs/gpu-memory.md)")
     check_plan(spec, file=str(args.spec))
     check_model_fit([spec], file=str(args.spec))
     check_eval([spec], file=str(args.spec))
@@ -125,7 +129,7 @@ def cmd_sweep(args) -> int:
     if check_tokens_per_s(args.tokens_per_s) is not None and not args.dry_run:
         raise SpecError("a throughput is for the cost plan of a dry run", key="--tokens-per-s",
                         value=args.tokens_per_s, allowed="--tokens-per-s with --dry-run")
-    checked = checked_grid(str(args.grid))
+    checked = checked_grid(str(args.grid), args.executor)
     grid, runs, transplants = checked.grid, checked.runs, checked.transplants
     executor = args.executor or grid.launcher.executor
     sweep_dir = results_root(args.results) / grid.sweep
@@ -154,6 +158,9 @@ def cmd_sweep(args) -> int:
         print()
         print("\n".join(header))
         _print_table(costs)
+        if checked.memory is not None:
+            print("\nGPU memory per device (predicted peak of a training step, docs/gpu-memory.md):")
+            _print_table(checked.memory)
         print("\n".join(checked.parity))
         print(f"{len(runs)} runs" + (f", {len(transplants)} transplants" if transplants else "")
               + f"; executor {executor}; results in {sweep_dir}; dry run: nothing submitted; "

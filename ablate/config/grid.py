@@ -42,9 +42,33 @@ RESERVED_AXES = {"phases": "phases come from the named schedules: vary them with
 MODEL_SOURCE_FORMS = "package:MODULE, hub:ORG/NAME, ORG/NAME, config:NAME|PATH or an existing folder"
 
 
+GPU_MEMORY_GB = {"A100-40": 40, "A100-80": 80, "H100-80": 80, "H200-141": 141, "L40S-48": 48}   # GiB per device
+GPU_MEMORY_FIELD = Field(default=None, description="GPU memory per device, in GiB, or a GPU name: "
+                         + ", ".join(GPU_MEMORY_GB) + "; set, the dry run and the sweep check every run's "
+                         "peak against it (docs/gpu-memory.md)")
+
+
+def gpu_memory_value(value: Any) -> float | str | None:
+    """A GPU name from GPU_MEMORY_GB or a positive number of GiB; anything else is refused naming both."""
+    if value is None or (isinstance(value, str) and value in GPU_MEMORY_GB):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    raise Located(f"unknown GPU memory {value!r}", "gpu_memory_gb", value,
+                  f"a number of GiB > 0 or one of {', '.join(GPU_MEMORY_GB)}")
+
+
 class LocalLauncher(Strict):
+    gpu_memory_gb: float | str | None = GPU_MEMORY_FIELD
     parallel: int = Field(default=1, gt=0, description="runs at once on this machine")
     timeout_min: int = Field(default=24 * 60, gt=0, description="minutes before a run's job is stopped")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpu_memory(cls, data):
+        if isinstance(data, dict) and "gpu_memory_gb" in data:
+            data = {**data, "gpu_memory_gb": gpu_memory_value(data["gpu_memory_gb"])}
+        return data
 
 
 class SlurmLauncher(Strict):
@@ -64,6 +88,14 @@ class SlurmLauncher(Strict):
     max_array_size: int = Field(default=1000, gt=0, description="the cluster's MaxArraySize")
     max_requeues: int = Field(default=3, ge=0, description="timeouts/preemptions before giving up")
     setup: tuple[str, ...] = Field(default=(), description="shell lines run before the job (module load ...)")
+    gpu_memory_gb: float | str | None = GPU_MEMORY_FIELD
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpu_memory(cls, data):
+        if isinstance(data, dict) and "gpu_memory_gb" in data:
+            data = {**data, "gpu_memory_gb": gpu_memory_value(data["gpu_memory_gb"])}
+        return data
 
     @model_validator(mode="after")
     def _one_rank_per_gpu(self) -> "SlurmLauncher":
@@ -89,6 +121,13 @@ class Launcher(Strict):
         """Data-parallel processes per run under `executor` (default: this launcher's): Slurm's nodes x tasks
         per node; one elsewhere."""
         return self.slurm.nodes * self.slurm.tasks_per_node if (executor or self.executor) == "slurm" else 1
+
+    def gpu_memory_bytes(self, executor: str | None = None) -> int | None:
+        """Memory of one GPU of a run under `executor` (the local and debug executors read `local`), or None."""
+        value = (self.slurm if (executor or self.executor) == "slurm" else self.local).gpu_memory_gb
+        if value is None:
+            return None
+        return int(GPU_MEMORY_GB.get(value, value) * 2**30) if isinstance(value, str) else int(value * 2**30)
 
     def gpus(self, executor: str | None = None) -> int:
         """GPUs one run holds under `executor`: Slurm's nodes x GPUs per node; one on a local machine."""

@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -265,7 +265,10 @@ class RunSpec(Strict):
                                                              "(as unpadded varlen training); in the run id when on")
     data: DataSpec = Field(description="the pretraining corpus and how it is read and packed")
     batch_size: int = Field(default=16, gt=0, description="sequences per optimizer step")
-    micro_batch_size: int | None = Field(default=None, gt=0, description="for gradient accumulation")
+    micro_batch_size: Annotated[int, Field(gt=0)] | Literal["auto"] | None = Field(
+        default=None, description="sequences per forward/backward (gradient accumulation); auto, in a grid whose "
+                                  "launcher states gpu_memory_gb: the largest divisor of the per-rank batch that "
+                                  "fits the GPU (docs/gpu-memory.md)")
     seed: int = Field(default=17, description="the pretraining seed: initialisation of new weights, masking draws")
     budget_tokens: int | None = Field(default=None, gt=0, description="what phase fractions are fractions of")
     phases: tuple[PhaseSpec, ...] = Field(description="the phases, in order (in a grid: prelude + a schedule)")
@@ -315,7 +318,7 @@ class RunSpec(Strict):
                              f"{' + '.join(f'{f:g}' for f in fractions)} (give the rest as a fraction too, or "
                              "lengths in steps or tokens)")
         mb = self.micro_batch_size
-        if mb is not None and self.batch_size % mb:
+        if isinstance(mb, int) and self.batch_size % mb:
             raise ValueError(f"batch_size {self.batch_size} is not a multiple of micro_batch_size {mb}")
         return self
 

@@ -5,7 +5,7 @@ the fetch command is named), every eval task, every corpus and the probe's held-
 transplants against its runs, and the causal preflight per model. Any problem is a SpecError naming the file.
 
 May import: config, data, plan, analysis, evaluate, train, launch.data_needs, launch.preparation,
-launch.transplants.
+launch.transplants, launch.gpu_memory.
 """
 
 from __future__ import annotations
@@ -38,12 +38,17 @@ class CheckedGrid:
     parity: list[str]                 # the compute parity check, a line per comparison group
     tree: object = None               # shared prefixes (plan.branching.BranchTree); None: `branching: false`
     notes: tuple = ()                 # what the dry run says on stderr, e.g. token lengths rounded to whole steps
+    memory: list | None = None        # each run's predicted GPU peak per phase (launch.gpu_memory); None: no limit
 
 
-def checked_grid(path: str) -> CheckedGrid:
+def checked_grid(path: str, executor: str | None = None) -> CheckedGrid:
+    from ablate.launch.gpu_memory import memory_plan, resolve_auto
+
     grid = load_grid(path)
+    executor = executor or grid.launcher.executor
     runs = expand(grid, file=path)
     models = resolve_models(runs, file=path)
+    runs, auto_notes = resolve_auto(runs, comparison_groups(runs), grid.launcher, executor, path)
     plans = resolve_layers(runs, file=path, models=models)
     specs = [r.spec for r in runs]
     check_model_fit(specs, file=path)
@@ -56,9 +61,11 @@ def checked_grid(path: str) -> CheckedGrid:
     check_corpora(specs, file=path)
     check_probe_texts(specs, file=path)
     notes, rounded = rounding_notes(specs)
+    memory = memory_plan(runs, grid.launcher, executor, path)
     return CheckedGrid(grid, runs, models, plans, check_models(specs, file=path), transplants,
                        [f"{path}: {w}" for w in unused_entries(grid) + rounded] + warnings,
-                       parity_lines(groups, grid.allow_unequal_compute), sweep_tree(grid, runs, plans), tuple(notes))
+                       parity_lines(groups, grid.allow_unequal_compute), sweep_tree(grid, runs, plans),
+                       tuple(notes + auto_notes), memory)
 
 
 def sweep_tree(grid: GridSpec, runs: list[PlannedRun], plans: dict[str, list]):

@@ -245,6 +245,14 @@ def _execute_derived(run_dir: Path, spec: RunSpec, log: Callable[[str], None], r
     return "done"
 
 
+def _oom_reason(exc: BaseException, spec: RunSpec, run_dir: Path) -> str | None:
+    """A CUDA out-of-memory said with phase, step, micro-batch, predicted peak and device memory (gpu_memory)."""
+    from ablate.launch.gpu_memory import oom_reason
+    from ablate.store.sweep import read_progress
+
+    return oom_reason(exc, spec, read_progress(run_dir), int(os.environ.get("WORLD_SIZE", "1")))
+
+
 def execute(run_dir: Path, stop_after_steps: int | None = None,
             on_progress: Callable[[dict], None] | None = None) -> str:
     """Run (or resume, or finish) the run in `run_dir`; returns its final state.
@@ -300,8 +308,10 @@ def execute(run_dir: Path, stop_after_steps: int | None = None,
             rundir.write_status(run_dir, "interrupted")
             raise
         except BaseException as exc:
-            rundir.write_status(run_dir, "failed", error=traceback.format_exc()[-4000:])
-            log(f"failed: {type(exc).__name__}: {exc}")
+            oom = _oom_reason(exc, spec, run_dir)
+            error = traceback.format_exc()[-4000:] + (f"\n{oom}" if oom else "")
+            rundir.write_status(run_dir, "failed", error=error, **({"out_of_gpu_memory": oom} if oom else {}))
+            log(f"failed: {oom or f'{type(exc).__name__}: {exc}'}")
             raise
     finally:
         if trackers:

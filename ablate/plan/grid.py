@@ -233,7 +233,7 @@ def expand(grid: GridSpec, file: str | None = None) -> list[PlannedRun]:
             axes = {**axes, **coerced}
             spec = spec.model_copy(update={"labels": _labels(grid, axes)})
         world = grid.launcher.ranks()
-        micro = spec.micro_batch_size or spec.batch_size // world
+        micro = spec.micro_batch_size if isinstance(spec.micro_batch_size, int) else spec.batch_size // world
         if world > 1 and (micro == 0 or spec.batch_size % (world * micro)):
             raise SpecError(f"batch_size must be a multiple of ranks x micro-batch ({world} x {micro}) "
                             f"for the run {axes}", file=file, key="base.batch_size", value=spec.batch_size)
