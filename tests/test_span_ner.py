@@ -82,7 +82,7 @@ def test_span_f1_on_hand_cases():
     assert metrics.span_f1([()], [()]) == 0.0
 
 
-SMALL = {"max_train_examples": 8, "max_eval_examples": 6, "max_steps": 6, "eval_every": 3, "batch_size": 4,
+SMALL = {"max_train_examples": 8, "max_eval_examples": 6, "max_steps": 4, "eval_every": 2, "batch_size": 4,
          "max_length": 32, "lstm_hidden_size": 32, "lstm_layers": 1, "biaffine_hidden_size": 8,
          "max_span_length": 8, "head_lr": 3e-3, "lr": 1e-3}
 

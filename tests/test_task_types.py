@@ -13,7 +13,8 @@ from ablate.evaluate.task_types import METRICS, TASK_TYPES, TYPE_SETTINGS
 from ablate.evaluate.tasks import load_task
 
 EVALUATE = Path(__file__).resolve().parents[1] / "ablate" / "evaluate"
-TYPE_COMPARISON = re.compile(r"""(\b(task|t|spec)\.type|type_name|task_type)\s*(==|!=|\bin\b|\bnot in\b)\s*[("']""")
+TYPE_COMPARISON = re.compile(r"""(\b(task|t|spec)\.type|type_name|task_type)\s*(==|!=|\bin\b|\bnot in\b)"""
+                             r"""\s*[("']""")
 
 
 def test_no_type_name_is_compared_in_evaluate():

@@ -73,6 +73,10 @@ class BIOULCRF(torch.nn.Module):
 
     def marginals(self, emissions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """log p(tag at position t) (n, length, 5); positions the mask drops are left as they come out."""
+        return self.marginals_and_partition(emissions, mask)[0]
+
+    def marginals_and_partition(self, emissions: torch.Tensor, mask: torch.Tensor):
+        """(marginals, log-partition) from one forward pass (the span model's loss reads both)."""
         trans, _, end = self._scores()
         alphas = self._alphas(emissions, mask)
         log_z = torch.logsumexp(alphas[-1] + end, dim=-1)
@@ -82,4 +86,4 @@ class BIOULCRF(torch.nn.Module):
             step = torch.logsumexp(trans + (emissions[:, t + 1] + beta).unsqueeze(1), dim=2)
             beta = torch.where(mask[:, t + 1:t + 2], step, end.expand_as(step))
             betas.append(beta)
-        return torch.stack(alphas, 1) + torch.stack(betas[::-1], 1) - log_z[:, None, None]
+        return torch.stack(alphas, 1) + torch.stack(betas[::-1], 1) - log_z[:, None, None], log_z

@@ -58,7 +58,8 @@ _LORA_FULL = ("pooler", "head")
 PIECE_OVERHEAD_TOKENS = 48
 
 
-def encode(tokenizer, task: TaskSpec, examples: list[Example], labels: tuple[str, ...], max_length: int) -> list[Encoded]:
+def encode(tokenizer, task: TaskSpec, examples: list[Example], labels: tuple[str, ...],
+           max_length: int) -> list[Encoded]:
     return task.entry.encode(tokenizer, examples, labels, max_length)
 
 

@@ -4,9 +4,9 @@
 English tasks lr 5e-5, weight decay 0.01, batch 16, 10 epochs (20 for NER), 512 tokens; French
 classification lr 2e-5, batch 4, 15 epochs at long lengths (here: the model's whole context), multi-label
 with a BCE weighted by label frequencies; the model kept is the one of the best dev epoch (no early stop).
-French NER (QUAERO) is the span model's recipe (span_ner: 4000 steps, a dev evaluation every 500, batch 16,
-encoder lr 5e-5, head lr 1e-3, warmup 10%, gradient clip 10, weight decay 0.01, 1024 tokens); a token_classification
-task gets the NER rule in any language. A language the paper does not
+French NER (QUAERO) is the span model's recipe (span_ner: 4000 steps, a dev evaluation every 500, batch
+16, encoder lr 5e-5, head lr 1e-3, warmup 10%, gradient clip 10, weight decay 0.01, 1024 tokens); a
+token_classification task gets the NER rule in any language. A language the paper does not
 cover gets the English rules. `smoke` is a fast CPU profile (the smoke grid's budget): 2 epochs on the
 first 1000 training examples, 300 dev/test examples, 128 tokens.
 

@@ -56,7 +56,8 @@ class SpanNER(nn.Module):
         labels = self.n_labels
         emissions = self.tags(context).view(n, length, labels, 5).transpose(1, 2).reshape(n * labels, length, 5)
         seq_mask = attention_mask.bool()[:, None, :].expand(n, labels, length).reshape(n * labels, length)
-        logits = self._span_logits(context, self.crf.marginals(emissions, seq_mask).view(n, labels, length, 5))
+        log_marginals, log_z = self.crf.marginals_and_partition(emissions, seq_mask)
+        logits = self._span_logits(context, log_marginals.view(n, labels, length, 5))
         width = logits.shape[2]
         tm = token_mask.bool()
         valid = torch.stack([torch.cat([tm[:, :length - w] & tm[:, w:], tm.new_zeros(n, w)], 1)
@@ -68,7 +69,7 @@ class SpanNER(nn.Module):
             b, s, w, lab = span_labels[keep].unbind(1)
             target[b, s, w, lab] = 1.0
             bce = nn.functional.binary_cross_entropy_with_logits(logits[valid], target[valid], reduction="sum")
-            tagger = self.crf.nll(emissions, tag_labels.reshape(n * labels, length), seq_mask).sum()
+            tagger = (log_z - self.crf.score(emissions, tag_labels.reshape(n * labels, length), seq_mask)).sum()
             loss = bce / valid.sum().clamp(min=1) + tagger / attention_mask.sum()
         return SpanOutput(loss, logits, valid)
 

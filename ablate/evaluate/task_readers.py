@@ -1,7 +1,7 @@
 """Readers of a task's data: CoNLL, JSON lines, CSV and JSON files, BRAT folders (ablate.evaluate.brat), and
 `datasets` datasets (a hub name or a folder saved with save_to_disk), each split -> a list of Examples. How a
-record's label is read is the task type's `label_kind` (ablate.evaluate.task_types), asked through the task. The checks of the whole label set across
-splits are ablate.evaluate.tasks'.
+record's label is read is the task type's `label_kind` (ablate.evaluate.task_types), asked through the task.
+The checks of the whole label set across splits are ablate.evaluate.tasks'.
 
 A record's label is normalised here: ClassLabel integers become their names, and labels.keep_entity_types
 turns the tags of the other entity types into O.

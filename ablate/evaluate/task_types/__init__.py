@@ -28,7 +28,8 @@ def task_type(name: str) -> TaskType:
     return TASK_TYPES[name]
 
 
-def compute(type_name: str, names: Sequence[str], gold, pred, negative_label: str | None = None) -> dict[str, float]:
+def compute(type_name: str, names: Sequence[str], gold, pred,
+            negative_label: str | None = None) -> dict[str, float]:
     """All the named metrics of one task type, in order; `negative_label` (single-label classification) is
     left out of the F1 averages."""
     entry = TASK_TYPES[type_name]

@@ -46,7 +46,7 @@ class TaskType:
     description: str
     protocol_kind: Literal["ner", "classification", "span_ner"]
     metrics: Mapping[str, Callable]               # name -> fn(gold, pred[, negative_label])
-    selects_by: str                               # the default first metric (the dev metric that picks the kept model)
+    selects_by: str                               # the paper's selection metric: a task file's usual first one
     formats: tuple[str, ...]                      # data formats it reads
     label_kind: Literal["tags", "one", "set", "number", "spans"]   # how a record's label is read
     head: Callable[..., Any]
