@@ -66,8 +66,13 @@ def char_span(offsets: Sequence[tuple[int, int]], first: int, last: int) -> tupl
 def drop_same_label_overlaps(scored: Iterable[tuple[float, int, int, str]]) -> list[tuple[int, int, str]]:
     """(score, start, end, label) candidates -> the spans kept, highest score first (then longest), each kept
     if no kept span of its label overlaps it; spans of different labels may nest or overlap. In order."""
+    candidates = sorted(scored, key=lambda c: (-c[0], c[1] - c[2], c[1], c[3]))
+    size = max((e for _, _, e, _ in candidates), default=0)
+    taken: dict[str, bytearray] = {}      # label -> the characters its kept spans cover
     kept: list[tuple[int, int, str]] = []
-    for _, s, e, lab in sorted(scored, key=lambda c: (-c[0], c[1] - c[2], c[1], c[3])):
-        if all(lab != kl or e <= ks or s >= ke for ks, ke, kl in kept):
+    for _, s, e, lab in candidates:
+        used = taken.setdefault(lab, bytearray(size))
+        if not any(used[s:e]):
+            used[s:e] = b"\x01" * (e - s)
             kept.append((s, e, lab))
     return sorted(kept)

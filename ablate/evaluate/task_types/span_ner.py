@@ -75,8 +75,8 @@ def decode(outputs, items: list[Encoded], labels: tuple[str, ...], examples) -> 
     preds = []
     for row, item in enumerate(items):
         on = (logits[row] > 0) & valid[row].unsqueeze(-1)
-        candidates = [(float(torch.sigmoid(logits[row, s, w, k])), *char_span(item.offsets, s, s + w), labels[k])
-                      for s, w, k in on.nonzero().tolist()]
+        where, probs = on.nonzero().tolist(), torch.sigmoid(logits[row][on]).tolist()
+        candidates = [(p, *char_span(item.offsets, s, s + w), labels[k]) for (s, w, k), p in zip(where, probs)]
         preds.append(tuple(drop_same_label_overlaps(candidates)))
     return preds
 
