@@ -31,6 +31,8 @@ TINY = {
     "grid_scale.py": ["--tiny", "--repeat", "1"],
     "pretrain_step.py": ["--objective", "clm", "--steps", "1", "--warmup", "0", "--batch-size", "2",
                          "--seq-len", "32", "--max-documents", "50"],
+    "span_ner.py": ["--max-train", "8", "--max-eval", "8", "--steps", "2", "--eval-every", "2", "--batch-size", "4",
+                    "--max-length", "32", "--json-out", "JSON_OUT"],
     "suite_eval.py": ["--tasks", "ncbi_disease", "--seeds", "0", "--max-train", "8", "--max-eval", "8",
                       "--max-length", "32", "--json-out", "JSON_OUT"],
     "sweep_cost.py": ["--sizes", "1", "--executors", "debug"],

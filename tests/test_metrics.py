@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from ablate.evaluate import metrics
+from ablate.evaluate import metrics, task_types
 
 
 def test_entity_f1_hand_computed():
@@ -96,11 +96,11 @@ def test_length_mismatch_raises():
 
 
 def test_compute_by_task_type_keeps_order():
-    out = metrics.compute("sequence_classification", ["macro_f1", "accuracy"], ["a", "b"], ["a", "a"])
+    out = task_types.compute("sequence_classification", ["macro_f1", "accuracy"], ["a", "b"], ["a", "a"])
     assert list(out) == ["macro_f1", "accuracy"]
     assert out["accuracy"] == 0.5
-    assert set(metrics.METRICS["token_classification"]) >= {"entity_f1"}
-    assert set(metrics.METRICS["regression"]) == {"pearson", "spearman"}
+    assert set(task_types.METRICS["token_classification"]) >= {"entity_f1"}
+    assert set(task_types.METRICS["regression"]) == {"pearson", "spearman"}
 
 
 def test_f1_without_a_negative_label():
@@ -114,7 +114,7 @@ def test_f1_without_a_negative_label():
     # binary: micro F1 over the positive label alone is the F1 of that label
     assert metrics.micro_f1(["1", "0", "1", "1"], ["1", "1", "0", "1"], negative_label="0") == pytest.approx(2 / 3)
     assert metrics.micro_f1(["0", "0"], ["0", "0"], negative_label="0") == 0.0   # no positive anywhere
-    scores = metrics.compute("sequence_classification", ["micro_f1", "accuracy"], gold, pred, "DDI-false")
+    scores = task_types.compute("sequence_classification", ["micro_f1", "accuracy"], gold, pred, "DDI-false")
     assert scores == {"micro_f1": pytest.approx(1 / 3), "accuracy": pytest.approx(2 / 5)}
 
 

@@ -22,7 +22,7 @@ from sklearn.preprocessing import MultiLabelBinarizer
 
 import ablate.evaluate.finetune as ft
 import ablate.evaluate.scores as sc
-from ablate.evaluate import metrics
+from ablate.evaluate import metrics, task_types
 from ablate.config.errors import SpecError
 from ablate.evaluate.identity import data_hash
 from ablate.evaluate.tasks import TASKS_DIR_ENV, load_task, load_task_data, resolve_settings
@@ -128,7 +128,7 @@ def test_task_metrics_on_its_real_labels_equal_a_direct_computation(name):
     examples = data.splits["test"][:300]
     gold = [list(ex.label) if task.type == "token_classification" else ex.label for ex in examples]
     pred = _wrong_in_places(task, gold, data.labels)
-    ours = metrics.compute(task.type, task.metrics, gold, pred, task.metric_options.negative_label)
+    ours = task_types.compute(task.type, task.metrics, gold, pred, task.metric_options.negative_label)
     direct = _direct(task, gold, pred)
     assert all(_same(ours[m], direct[m]) for m in task.metrics), (ours, direct)
     assert 0 < abs(ours[task.primary_metric]) < 1     # neither all right nor all wrong: the check has teeth

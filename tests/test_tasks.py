@@ -320,7 +320,7 @@ def test_every_task_file_states_the_papers_protocol(name):
     own = resolve_settings(task).model_dump()
     own["max_length"] = own["max_length"] or task.max_length     # the task's max_length when settings say none
     assert own == resolve_settings(task, protocol="paper").model_dump()
-    if task.type != "token_classification":
+    if "pooling" in task.entry.reads:
         assert "pooling" in task.finetune.model_fields_set, "a sequence task states its pooling"
 
 
@@ -336,6 +336,10 @@ def test_the_papers_numbers():
         (2e-5, 4, 15, True)
     assert fr_cls["max_length"] >= 8192 and en_cls["pooling"] == "cls"
     assert paper_settings("de", "sequence_classification") == en_cls   # a language the paper lacks: English rules
+    # the paper's own tasks at the lengths its harness reads them
+    assert paper_settings("fr", "multi_label_classification", "fracco_30")["max_length"] == 4096
+    assert paper_settings("fr", "sequence_classification", "diamed")["max_length"] == 2048
+    assert paper_settings("en", "token_classification", "deid")["max_length"] == 8192
 
 
 def test_settings_resolve_task_file_then_profile_then_overrides():

@@ -1,28 +1,23 @@
 """Batches for fine-tuning: each epoch's order of batches (epoch_batches: shuffled, or grouped by length, drawn
 from a torch.Generator so that the same seed gives the same batches), the length-sorted pieces one batch is run
-in (length_pieces), and the tensors of a batch or piece, padded to its own longest example (collate).
+in (length_pieces), and the tensors of a batch or piece, padded to its own longest example (collate; the labels'
+tensors are the task type's: ablate.evaluate.task_types).
 
-May import: nothing of ablate (torch only).
+May import: evaluate (encoded, task_types).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-
 import torch
 
-IGNORE = -100   # label of sub-tokens that carry no loss (special tokens, non-first pieces of a word, padding)
+from ablate.evaluate.encoded import IGNORE, Encoded, pad_rows
+from ablate.evaluate.task_types import task_type as type_entry
+
+__all__ = ["IGNORE", "Encoded", "POOL_BATCHES", "epoch_batches", "length_pieces", "collate"]
 
 # Examples are sorted by length within pools of this many batches (transformers' LengthGroupedSampler uses the
 # same 50): enough to make padding rare, while which examples meet in a batch still depends on the shuffle.
 POOL_BATCHES = 50
-
-
-class Encoded(NamedTuple):
-    input_ids: list[int]
-    token_type_ids: list[int] | None
-    label: Any                      # token cls: list of ids (IGNORE for unlabelled pieces); else id/vector/float
-    word_ids: list[int | None] | None
 
 
 def epoch_batches(lengths: list[int], batch_size: int, generator: torch.Generator,
@@ -65,18 +60,8 @@ def collate(items: list[Encoded], pad_id: int, task_type: str, token_types: bool
     """Model inputs and labels of one batch, padded to its longest example. token_types: pass token_type_ids
     (False for models that take none, e.g. DistilBERT saved with a BERT tokenizer)."""
     n = max(len(it.input_ids) for it in items)
-
-    def padded(rows, value):
-        return torch.tensor([list(r) + [value] * (n - len(r)) for r in rows], dtype=torch.long)
-
-    batch = {"input_ids": padded([it.input_ids for it in items], pad_id),
-             "attention_mask": padded([[1] * len(it.input_ids) for it in items], 0)}
+    batch = {"input_ids": pad_rows([it.input_ids for it in items], pad_id, n),
+             "attention_mask": pad_rows([[1] * len(it.input_ids) for it in items], 0, n)}
     if token_types and items[0].token_type_ids is not None:
-        batch["token_type_ids"] = padded([it.token_type_ids for it in items], 0)
-    if task_type == "token_classification":
-        batch["labels"] = padded([it.label for it in items], IGNORE)
-    elif task_type in ("multi_label_classification", "regression"):
-        batch["labels"] = torch.tensor([it.label for it in items], dtype=torch.float)
-    else:
-        batch["labels"] = torch.tensor([it.label for it in items], dtype=torch.long)
-    return batch
+        batch["token_type_ids"] = pad_rows([it.token_type_ids for it in items], 0, n)
+    return {**batch, **type_entry(task_type).collate(items)}

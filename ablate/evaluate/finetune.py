@@ -9,7 +9,11 @@ multi-label tasks weigh each label's positives by its negatives / positives in t
 the model's context.
 The resumable task x seed loop over score files is ablate.evaluate.scores.
 
-May import: config, store, models, train (precision), evaluate (tasks, metrics, pooling, batching).
+The task type's entry (ablate.evaluate.task_types) builds the model, encodes, collates the labels, gives the
+loss and decodes; with max_steps (span_ner) training runs that many steps and evaluates dev every eval_every,
+an "epoch" of the score rows then being one such evaluation.
+
+May import: config, store, models, train (precision), evaluate (tasks, task_types, batching, finetune_progress).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import itertools
 import math
 import random
 import time
@@ -24,14 +29,14 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
 import torch
-from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification,
-                          AutoTokenizer)
+from transformers import AutoConfig, AutoTokenizer
 
-from ablate.evaluate import metrics
-from ablate.evaluate.batching import IGNORE, Encoded, collate, epoch_batches, length_pieces
+from ablate.evaluate.batching import Encoded, collate, epoch_batches, length_pieces
 from ablate.evaluate.finetune_progress import FinetuneProgress
 from ablate.config.errors import SpecError
-from ablate.evaluate.pooling import set_pooling
+from ablate.evaluate.task_types import compute, task_type
+from ablate.evaluate.task_types.classification import pos_weight
+from ablate.evaluate.task_types.token_ner import align_word_labels
 from ablate.evaluate.tasks import Example, FinetuneSettings, TaskSpec, capped, load_task_data
 from ablate.models.families import FAMILIES, family_of
 from ablate.train.precision import autocast_on
@@ -53,42 +58,9 @@ _LORA_FULL = ("pooler", "head")
 PIECE_OVERHEAD_TOKENS = 48
 
 
-def align_word_labels(word_ids: list[int | None], word_labels: list[int]) -> list[int]:
-    """One label per sub-token: the word's label on its first piece, IGNORE elsewhere."""
-    out, prev = [], None
-    for w in word_ids:
-        out.append(IGNORE if w is None or w == prev else word_labels[w])
-        prev = w
-    return out
-
-
-def encode(tokenizer, task: TaskSpec, examples: list[Example], labels: tuple[str, ...], max_length: int) -> list[Encoded]:
-    label_id = {lab: i for i, lab in enumerate(labels)}
-    if task.type == "token_classification":
-        enc = tokenizer([list(ex.text) for ex in examples], is_split_into_words=True, truncation=True,
-                        max_length=max_length)
-        out = []
-        for i, ex in enumerate(examples):
-            wids = enc.word_ids(i)
-            out.append(Encoded(enc["input_ids"][i], _types(enc, i),
-                               align_word_labels(wids, [label_id[t] for t in ex.label]), wids))
-        return out
-    pairs = [ex.text_pair for ex in examples] if examples and examples[0].text_pair is not None else None
-    enc = tokenizer([ex.text for ex in examples], pairs, truncation=True, max_length=max_length)
-    out = []
-    for i, ex in enumerate(examples):
-        if task.type == "multi_label_classification":
-            y: Any = [1.0 if lab in ex.label else 0.0 for lab in labels]
-        elif task.type == "regression":
-            y = float(ex.label)
-        else:
-            y = label_id[ex.label]
-        out.append(Encoded(enc["input_ids"][i], _types(enc, i), y, None))
-    return out
-
-
-def _types(enc, i: int) -> list[int] | None:
-    return enc["token_type_ids"][i] if "token_type_ids" in enc else None
+def encode(tokenizer, task: TaskSpec, examples: list[Example], labels: tuple[str, ...],
+           max_length: int) -> list[Encoded]:
+    return task.entry.encode(tokenizer, examples, labels, max_length)
 
 
 def _seed_everything(seed: int) -> None:
@@ -98,21 +70,7 @@ def _seed_everything(seed: int) -> None:
 
 
 def _load_model(model_dir: str, task: TaskSpec, labels: tuple[str, ...], settings: FinetuneSettings):
-    kwargs: dict[str, Any] = {"dtype": torch.float32}   # checkpoints may be bf16; train in fp32
-    if task.type == "token_classification":
-        cls = AutoModelForTokenClassification
-    else:
-        cls = AutoModelForSequenceClassification
-        kwargs["problem_type"] = {"multi_label_classification": "multi_label_classification",
-                                  "regression": "regression"}.get(task.type, "single_label_classification")
-    if task.type == "regression":
-        kwargs["num_labels"] = 1
-    else:
-        kwargs.update(num_labels=len(labels), id2label=dict(enumerate(labels)),
-                      label2id={lab: i for i, lab in enumerate(labels)})
-    model = cls.from_pretrained(model_dir, **kwargs)
-    if task.type != "token_classification":
-        set_pooling(model, settings.pooling)
+    model = task.entry.head(model_dir, labels, settings)
     if settings.method == "lora":
         model = _wrap_lora(model, task, settings)
     return model
@@ -138,7 +96,7 @@ def _wrap_lora(model, task: TaskSpec, settings: FinetuneSettings):
         raise SpecError(f"LoRA target modules not in this {model_type} model", key="finetune.lora_target_modules",
                         value=missing)
     config = LoraConfig(
-        task_type=TaskType.TOKEN_CLS if task.type == "token_classification" else TaskType.SEQ_CLS,
+        task_type=getattr(TaskType, task.entry.lora_task),
         r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
         target_modules=list(targets), modules_to_save=[m for m in full if m in leaf])
     return get_peft_model(model, config)
@@ -163,8 +121,8 @@ def _autocast(settings: FinetuneSettings, device: str):
 
 def _predict(model, task: TaskSpec, data: list[Encoded], labels: tuple[str, ...], examples: list[Example],
              batch_size: int, to_batch: Callable[[list[Encoded]], dict], device: str, autocast=None) -> list:
-    """Predictions in the form metrics take: tag lists per sentence, label strings, label tuples or floats.
-    autocast: a context each forward runs in (None: none)."""
+    """Predictions in the form metrics take (the task type's decode). autocast: a context each forward runs
+    in (None: none)."""
     model.eval()
     order = sorted(range(len(data)), key=lambda i: len(data[i].input_ids))   # less padding
     preds: list[Any] = [None] * len(data)
@@ -172,34 +130,23 @@ def _predict(model, task: TaskSpec, data: list[Encoded], labels: tuple[str, ...]
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
             batch = to_batch([data[i] for i in idx])
-            batch.pop("labels")
-            logits = model(**{k: v.to(device) for k, v in batch.items()}).logits.float().cpu()
-            for row, i in enumerate(idx):
-                preds[i] = _decode(task.type, logits[row], data[i], labels, len(examples[i].text))
+            for key in task.entry.targets:
+                batch.pop(key)
+            outputs = model(**{k: v.to(device) for k, v in batch.items()})
+            decoded = task.entry.decode(outputs, [data[i] for i in idx], labels, [examples[i] for i in idx])
+            for i, p in zip(idx, decoded):
+                preds[i] = p
     return preds
 
 
-def _decode(task_type: str, logits: torch.Tensor, item: Encoded, labels: tuple[str, ...], n_words: int):
-    if task_type == "token_classification":
-        # A word cut off by max_length, or one the tokenizer drops (e.g. a zero-width space), is tagged O.
-        tags, best = ["O"] * n_words, logits.argmax(-1).tolist()
-        seen = set()
-        for pos, w in enumerate(item.word_ids):
-            if w is not None and w not in seen:
-                seen.add(w)
-                tags[w] = labels[best[pos]]
-        return tags
-    if task_type == "multi_label_classification":
-        return tuple(lab for lab, on in zip(labels, (logits > 0).tolist()) if on)   # sigmoid > 0.5
-    if task_type == "regression":
-        return float(logits[0])
-    return labels[int(logits.argmax())]
+def _decode(type_name: str, logits: torch.Tensor, item: Encoded, labels: tuple[str, ...], n_words: int):
+    """One row of a Hugging Face head's logits decoded by the type's entry (n_words: a token task's words)."""
+    outputs = type("Outputs", (), {"logits": logits.unsqueeze(0)})
+    return task_type(type_name).decode(outputs, [item], labels, [Example(("",) * n_words, ())])[0]
 
 
 def _gold(task: TaskSpec, examples: list[Example]) -> list:
-    if task.type == "token_classification":
-        return [list(ex.label) for ex in examples]
-    return [ex.label for ex in examples]
+    return [task.entry.gold(ex) for ex in examples]
 
 
 def _lr_factor(warmup: int, total: int):
@@ -212,16 +159,6 @@ def _lr_factor(warmup: int, total: int):
 
 def _better(value: float, best: float | None) -> bool:
     return best is None or (not math.isnan(value) and (math.isnan(best) or value > best))
-
-
-def pos_weight(labels: list[list[float]], n_labels: int) -> torch.Tensor:
-    """BCE pos_weight per label: negatives / positives among the training examples. A label that is positive
-    in none or in all of them gets 1 (there is nothing to balance)."""
-    y = torch.tensor(labels, dtype=torch.float64).reshape(-1, n_labels)
-    pos = y.sum(0)
-    neg = len(y) - pos
-    usable = (pos > 0) & (neg > 0)
-    return torch.where(usable, neg / pos.clamp(min=1), torch.ones_like(pos)).float()
 
 
 def context_length(model_dir: str, tokenizer=None) -> int | None:
@@ -255,9 +192,14 @@ class _Optim(NamedTuple):
 def _optimizer(model, settings: FinetuneSettings, device: str, total_steps: int) -> _Optim:
     """AdamW (fused on CPU and CUDA), linear warmup then linear decay over total_steps."""
     params = [p for p in model.parameters() if p.requires_grad]
-    # No weight decay on biases and normalisation weights (the 1-d parameters).
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": settings.weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    # No weight decay on biases and normalisation weights (the 1-d parameters). head_lr: everything outside
+    # the model's `encoder` (the span model's BiLSTM and heads) learns at its own rate.
+    encoder = {id(p) for p in model.encoder.parameters()} if settings.head_lr is not None else None
+    groups = []
+    for rate, part in ((settings.lr, [p for p in params if encoder is None or id(p) in encoder]),
+                       (settings.head_lr, [p for p in params if encoder is not None and id(p) not in encoder])):
+        groups += [{"params": [p for p in part if p.ndim >= 2], "weight_decay": settings.weight_decay, "lr": rate},
+                   {"params": [p for p in part if p.ndim < 2], "weight_decay": 0.0, "lr": rate}]
     optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=settings.lr,
                                   fused=torch.device(device).type in ("cpu", "cuda"))
     warmup = round(total_steps * settings.warmup_ratio)
@@ -265,18 +207,16 @@ def _optimizer(model, settings: FinetuneSettings, device: str, total_steps: int)
 
 
 def _loss_fn(task: TaskSpec, settings: FinetuneSettings, train: list[Encoded], n_labels: int, device: str):
-    """None (the model's own loss), or for a multi-label task BCE weighing each label's positives."""
-    if task.type == "multi_label_classification" and settings.multi_label_pos_weight:
-        return torch.nn.BCEWithLogitsLoss(pos_weight=pos_weight([it.label for it in train], n_labels).to(device))
-    return None
+    """None (the model's own loss), or the type's loss of (logits, labels)."""
+    return task.entry.loss(settings, train, n_labels, device)
 
 
-def _pieces(items: list[Encoded], task_type: str, to_batch: Callable[[list[Encoded]], dict],
+def _pieces(items: list[Encoded], type_name: str, to_batch: Callable[[list[Encoded]], dict],
             overhead: int | None) -> list[tuple[dict, float]]:
     """One batch as the length-sorted pieces it is run in (batching.length_pieces), each with its share of the
     batch's loss terms (labelled tokens for token classification, else examples). A piece's mean loss times its
     share adds up to the whole batch's mean loss, so the step is the batch's, as if it were padded together."""
-    terms = [sum(lab != IGNORE for lab in it.label) if task_type == "token_classification" else 1 for it in items]
+    terms = [task_type(type_name).loss_terms(it) for it in items]
     total = sum(terms)
     shares = [(idx, sum(terms[i] for i in idx) / total) for idx in
               length_pieces([len(it.input_ids) for it in items], overhead)] if total else []
@@ -326,8 +266,8 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
     examples = {"train": capped(data.splits["train"], settings.max_train_examples, settings.subset),
                 **{s: capped(data.splits[s], settings.max_eval_examples, settings.subset) for s in ("dev", "test")}}
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if task.type == "token_classification" and not tokenizer.is_fast:
-        raise SpecError("token classification needs a fast tokenizer (word_ids)", file=str(model_dir))
+    if task.entry.label_kind in ("tags", "spans") and not tokenizer.is_fast:
+        raise SpecError(f"a {task.type} task needs a fast tokenizer (word ids, offsets)", file=str(model_dir))
     max_length = _max_length(str(model_dir), tokenizer, task, settings, log)
     enc = {split: encode(tokenizer, task, ex, data.labels, max_length) for split, ex in examples.items()}
     train, lengths = enc["train"], [len(it.input_ids) for it in enc["train"]]
@@ -337,23 +277,23 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
     model = _load_model(str(model_dir), task, data.labels, settings).to(device)
     to_batch = functools.partial(collate, pad_id=tokenizer.pad_token_id or 0, task_type=task.type,
                                  token_types=_takes_token_types(model))
-    steps_per_epoch = math.ceil(len(train) / settings.batch_size)
-    opt = _optimizer(model, settings, device, steps_per_epoch * settings.epochs)
     order_gen = torch.Generator().manual_seed(seed)
+    rounds, round_steps, batches_of = _rounds(settings, lengths, order_gen)
+    opt = _optimizer(model, settings, device, settings.max_steps or round_steps * rounds)
     overhead = PIECE_OVERHEAD_TOKENS if settings.length_pieces and torch.device(device).type == "cpu" else None
-    reporter = FinetuneProgress(progress, task, seed, settings.epochs, steps_per_epoch)
+    reporter = FinetuneProgress(progress, task, seed, rounds, round_steps)
 
     def evaluate(split: str) -> tuple[dict[str, float], list, list]:
         preds = _predict(model, task, enc[split], data.labels, examples[split], settings.eval_batch_size,
                          to_batch, device, _autocast(settings, device))
         gold = _gold(task, examples[split])
-        return (metrics.compute(task.type, task.metrics, gold, preds, task.metric_options.negative_label),
+        return (compute(task.type, task.metrics, gold, preds, task.metric_options.negative_label),
                 gold, preds)
 
     best_epoch, best_dev, best_state, stale, best_dev_out = 0, {}, None, 0, ([], [])
-    for epoch in range(1, settings.epochs + 1):
+    for epoch in range(1, rounds + 1):
         reporter.epoch = epoch
-        batches = epoch_batches(lengths, settings.batch_size, order_gen, settings.group_by_length)
+        batches = batches_of(epoch)
         steps = (_pieces([train[i] for i in b], task.type, to_batch, overhead) for b in batches)
         loss = _train_epoch(model, steps, opt, loss_fn, settings.grad_clip, device, reporter.step_done,
                             _autocast(settings, device))
@@ -362,7 +302,7 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
             reporter.best, best_epoch, best_dev, stale = dev[task.primary_metric], epoch, dev, 0
             best_dev_out = dev_out
             # the last epoch's weights are tested as they are, so they need no copy
-            best_state = _snapshot(opt.params) if epoch < settings.epochs else None
+            best_state = _snapshot(opt.params) if epoch < rounds else None
         else:
             stale += 1
             if settings.patience is not None and stale >= settings.patience:
@@ -379,6 +319,24 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
     return [{"task": task.name, "language": task.language, "finetune_seed": seed, "split": split, "metric": m,
              "value": v, "epoch": best_epoch, "wall_time_s": wall}
             for split, scores in (("dev", best_dev), ("test", test)) for m, v in scores.items()]
+
+
+def _rounds(settings: FinetuneSettings, lengths: list[int], generator: torch.Generator):
+    """(evaluations, steps between them, round -> its batches). Epochs: one round per epoch. max_steps: rounds
+    of eval_every steps (the last one shorter) cut from a stream of epochs' batches."""
+    def epoch():
+        return epoch_batches(lengths, settings.batch_size, generator, settings.group_by_length)
+
+    if settings.max_steps is None:
+        return settings.epochs, math.ceil(len(lengths) / settings.batch_size), lambda _round: epoch()
+    every = settings.eval_every or math.ceil(len(lengths) / settings.batch_size)
+    every = min(every, settings.max_steps)
+    stream = itertools.chain.from_iterable(epoch() for _ in itertools.count())
+    rounds = math.ceil(settings.max_steps / every)
+
+    def batches_of(n: int) -> list[list[int]]:
+        return list(itertools.islice(stream, min(every, settings.max_steps - (n - 1) * every)))
+    return rounds, every, batches_of
 
 
 def _snapshot(params: list[torch.nn.Parameter]) -> list[torch.Tensor]:

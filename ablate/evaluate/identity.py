@@ -59,7 +59,10 @@ def data_hash(task: TaskSpec, data_root: str | os.PathLike | None = None) -> str
 # true since issue 32, so a default score no longer matches an older default one (shuffled batches): they are
 # kept apart. precision is hashed as it resolves on the device (finetune.resolve_precision): fp32 is what
 # every older score computed in; bf16 (CUDA's auto) is another identity.
-NEUTRAL_SETTINGS = {"group_by_length": False, "length_pieces": False, "subset": "first", "precision": "fp32"}
+NEUTRAL_SETTINGS = {"group_by_length": False, "length_pieces": False, "subset": "first", "precision": "fp32",
+                    # span_ner's settings (issue 44), at their defaults: what every older score computed with
+                    "max_steps": None, "eval_every": None, "head_lr": None, "head_dropout": 0.4,
+                    "max_span_length": 40, "lstm_hidden_size": 400, "lstm_layers": 3, "biaffine_hidden_size": 64}
 
 
 def settings_hash(settings: FinetuneSettings) -> str:

@@ -1,13 +1,13 @@
-"""Downstream metrics, as pure functions of gold and predicted labels.
+"""Downstream metrics, as pure functions of gold and predicted labels; every one is "higher is better".
+Which metrics a task type computes is its entry's (ablate.evaluate.task_types: METRICS, compute).
 
-`METRICS[task_type][name]` is the registry a task file's `metrics:` list is checked against; every metric
-is "higher is better", so the first one of a task can drive early stopping.
+May import: nothing of ablate.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from scipy import stats
@@ -133,26 +133,29 @@ def _check_lengths(gold, pred) -> None:
         raise ValueError(f"{len(gold)} gold items but {len(pred)} predictions")
 
 
-_CLASSIFICATION: dict[str, Callable] = {"accuracy": accuracy, "micro_f1": micro_f1, "macro_f1": macro_f1,
-                                        "weighted_f1": weighted_f1}
-# The metrics that take metric_options.negative_label (a task file's `metric_options:`).
-TAKES_NEGATIVE_LABEL = frozenset({"micro_f1", "macro_f1", "weighted_f1"})
-
-METRICS: dict[str, dict[str, Callable]] = {
-    "token_classification": {"entity_f1": entity_f1, "entity_precision": entity_precision,
-                             "entity_recall": entity_recall},
-    "sequence_classification": _CLASSIFICATION,
-    "sequence_pair_classification": _CLASSIFICATION,
-    "multi_label_classification": {"micro_f1": multilabel_micro_f1, "macro_f1": multilabel_macro_f1,
-                                   "weighted_f1": multilabel_weighted_f1},
-    "regression": {"pearson": pearson, "spearman": spearman},
-}
+Spans = Sequence[Iterable[tuple[int, int, str]]]
 
 
-def compute(task_type: str, names: Sequence[str], gold, pred, negative_label: str | None = None) -> dict[str, float]:
-    """All the named metrics of one task type, in order; `negative_label` (single-label classification) is
-    left out of the F1 averages."""
-    table = METRICS[task_type]
-    return {name: table[name](gold, pred, negative_label=negative_label)
-            if negative_label is not None and name in TAKES_NEGATIVE_LABEL else table[name](gold, pred)
-            for name in names}
+def _span_counts(gold: Spans, pred: Spans) -> tuple[int, int, int]:
+    """(true positives, predicted, gold) over (example, start, end, label): exact spans, nested ones kept."""
+    _check_lengths(gold, pred)
+    g = {(i, *s) for i, spans in enumerate(gold) for s in spans}
+    p = {(i, *s) for i, spans in enumerate(pred) for s in spans}
+    return len(g & p), len(p), len(g)
+
+
+def span_precision(gold: Spans, pred: Spans) -> float:
+    tp, n_pred, _ = _span_counts(gold, pred)
+    return tp / n_pred if n_pred else 0.0
+
+
+def span_recall(gold: Spans, pred: Spans) -> float:
+    tp, _, n_gold = _span_counts(gold, pred)
+    return tp / n_gold if n_gold else 0.0
+
+
+def span_f1(gold: Spans, pred: Spans) -> float:
+    """Exact-span micro F1 over (example, start, end, label) triples (character offsets; nested spans are
+    separate triples)."""
+    tp, n_pred, n_gold = _span_counts(gold, pred)
+    return 2 * tp / (n_pred + n_gold) if n_pred + n_gold else 0.0

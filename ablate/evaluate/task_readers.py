@@ -1,11 +1,12 @@
-"""Readers of a task's data: CoNLL, JSON lines, CSV and JSON files, and `datasets` datasets (a hub name or a
-folder saved with save_to_disk), each split -> a list of Examples. The checks of the whole label set across
-splits are ablate.evaluate.tasks'.
+"""Readers of a task's data: CoNLL, JSON lines, CSV and JSON files, BRAT folders (ablate.evaluate.brat), and
+`datasets` datasets (a hub name or a folder saved with save_to_disk), each split -> a list of Examples. How a
+record's label is read is the task type's `label_kind` (ablate.evaluate.task_types), asked through the task.
+The checks of the whole label set across splits are ablate.evaluate.tasks'.
 
 A record's label is normalised here: ClassLabel integers become their names, and labels.keep_entity_types
 turns the tags of the other entity types into O.
 
-May import: config.
+May import: config, evaluate (brat).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, NamedTuple
 
 from ablate.config.errors import SpecError
 from ablate.config.paths import resolve_data_path
+from ablate.evaluate.brat import read_folder
 
 # The readers take an ablate.evaluate.tasks.TaskSpec; not imported, since that module imports this one.
 TaskSpec = Any
@@ -33,7 +35,8 @@ HUB_PREFIX = "hf:"
 class Example(NamedTuple):
     """token_classification: text = the words, label = one IOB2 tag per word.
     (pair) classification: text (and text_pair) strings, label a string; multi-label: label a tuple of
-    strings; regression: label a float."""
+    strings; regression: label a float; span_ner: text a string, label a tuple of (start, end, type)
+    character spans."""
 
     text: str | tuple[str, ...]
     label: str | tuple[str, ...] | float
@@ -51,7 +54,7 @@ def read_splits(task: TaskSpec, data_root: str | os.PathLike | None = None) -> d
     for split in SPLITS:
         path = _split_path(task, split, data_root)
         try:
-            examples = _read_conll(task, path) if task.data.format == "conll" else _read_records(task, path)
+            examples = _READERS.get(task.data.format, _read_records)(task, path)
         except UnicodeDecodeError as e:
             raise SpecError(f"not UTF-8 text: {e}", file=str(path)) from None
         splits[split] = _nonempty(task, split, examples, path)
@@ -61,6 +64,9 @@ def read_splits(task: TaskSpec, data_root: str | os.PathLike | None = None) -> d
 def data_files(task: TaskSpec, data_root: str | os.PathLike | None = None) -> dict[str, Path]:
     """The files a task's data is read from, by a name that stays put (a score's data identity hashes
     them): a file format's split files by split name; a `datasets` dataset's Arrow files by split/index."""
+    if task.data.format == "brat":
+        return {f"{split}/{p.name}": p for split in SPLITS
+                for p in sorted(_split_path(task, split, data_root).glob("*.[ta][xn][tn]"))}
     if task.data.format != "hf":
         return {split: _split_path(task, split, data_root) for split in SPLITS}
     dataset = load_hf(task, data_root)
@@ -71,8 +77,10 @@ def data_files(task: TaskSpec, data_root: str | os.PathLike | None = None) -> di
 def _split_path(task: TaskSpec, split: str, data_root) -> Path:
     rel = getattr(task.data.splits, split)
     path = resolve_data_path(rel, data_root)
-    if not path.is_file():
-        raise SpecError(f"data file not found: {path}", file=task.file, key=f"data.splits.{split}", value=rel)
+    folder = task.data.format == "brat"
+    if not (path.is_dir() if folder else path.is_file()):
+        raise SpecError(f"data {'folder' if folder else 'file'} not found: {path}", file=task.file,
+                        key=f"data.splits.{split}", value=rel)
     return path
 
 
@@ -127,6 +135,10 @@ def keep_entity_types(task: TaskSpec, tags: Iterable[str]) -> tuple[str, ...]:
     if keep is None:
         return tuple(tags)
     return tuple(t if t == "O" or t[2:] in keep else "O" for t in tags)
+
+
+def _read_brat(task: TaskSpec, folder: Path) -> list[Example]:
+    return [Example(text, spans) for text, spans in read_folder(folder)[0]]
 
 
 # ---------------------------------------------------------------------------------------------------- records
@@ -205,18 +217,22 @@ def _label(task: TaskSpec, raw: Any, where: str) -> str | tuple[str, ...] | floa
     def bad(msg):
         return SpecError(f"{where}: {msg}", file=task.file, key="columns.label", value=raw)
 
-    if task.type == "regression":
+    kind = task.entry.label_kind
+    if kind == "number":
         try:
             return float(raw)
         except (TypeError, ValueError):
             raise bad("a regression label must be a number") from None
-    if task.type == "multi_label_classification":
+    if kind == "set":
         if not isinstance(raw, list) or any(isinstance(v, (dict, list)) or v is None for v in raw):
             raise bad("a multi-label label must be a list of labels")
         return tuple(sorted({str(v) for v in raw}))
     if raw is None or isinstance(raw, (dict, list)) or (isinstance(raw, str) and not raw.strip()):
         raise bad("a label must be one non-empty value")
     return str(raw)
+
+
+_READERS = {"conll": _read_conll, "brat": _read_brat}
 
 
 # ---------------------------------------------------------------------------------------------------- datasets
@@ -300,7 +316,7 @@ def _read_hf_split(task: TaskSpec, dataset, split: str) -> list[Example]:
                 rec[label_col] = [names[j] for j in v] if isinstance(v, list) else names[v]
             yield f"{where} row {i}", rec
 
-    if task.type == "token_classification":
+    if task.entry.label_kind == "tags":
         return [_token_example(task, rec, at) for at, rec in records()]
     return _record_examples(task, records())
 

@@ -18,13 +18,12 @@ from ablate.config.base import Located, Strict, read_yaml, unique_items, validat
 from ablate.config.errors import SpecError
 from ablate.config.paths import registry_dir, registry_names
 from ablate.evaluate.access import Access
-from ablate.evaluate.metrics import METRICS
 from ablate.evaluate.protocol import profile_settings
-from ablate.evaluate.task_readers import HUB_PREFIX, IOB2_TAG, SPLITS, Example, data_files, read_splits
+from ablate.evaluate.task_readers import HUB_PREFIX, SPLITS, Example, data_files, read_splits
+from ablate.evaluate.task_types import METRICS, TASK_TYPES, TYPE_NAMES, TYPE_SETTINGS, task_type
 
 TASKS_DIR_ENV = "ABLATE_TASKS_DIR"   # default: grids/tasks of this checkout
-TaskType = Literal["token_classification", "sequence_classification", "sequence_pair_classification",
-                   "multi_label_classification", "regression"]
+TaskType = Literal[TYPE_NAMES]        # the registered entries (ablate.evaluate.task_types)
 
 
 class FinetuneSettings(Strict):
@@ -64,6 +63,18 @@ class FinetuneSettings(Strict):
     lora_dropout: float = Field(0.1, ge=0, lt=1, description="LoRA: dropout on the adapters' input")
     lora_target_modules: tuple[str, ...] | None = Field(None, description="LoRA: the modules adapted; null: a "
                                                         "default per architecture")
+    max_steps: PositiveInt | None = Field(None, description="span_ner: optimizer steps in all (passes over "
+                                          "train repeat); null: `epochs` passes")
+    eval_every: PositiveInt | None = Field(None, description="span_ner: steps between dev evaluations; null: "
+                                           "one per epoch")
+    head_lr: PositiveFloat | None = Field(None, description="span_ner: the learning rate of everything but the "
+                                          "encoder; null: lr")
+    head_dropout: float = Field(0.4, ge=0, lt=1, description="span_ner: dropout on the encoder's and the "
+                                "BiLSTM's outputs")
+    max_span_length: PositiveInt = Field(40, description="span_ner: the longest span scored, in sub-tokens")
+    lstm_hidden_size: int = Field(400, ge=2, description="span_ner: the BiLSTM's size (both directions)")
+    lstm_layers: PositiveInt = Field(3, description="span_ner: the BiLSTM's layers")
+    biaffine_hidden_size: PositiveInt = Field(64, description="span_ner: the biaffine scorer's size per label")
 
 LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
 
@@ -77,12 +88,14 @@ def capped(examples: list, n: int | None, subset: str = "first") -> list:
     return [examples[i * len(examples) // n] for i in range(n)]
 
 
-def unread_settings(keys, method: str, task_type: str) -> dict[str, str]:
-    """The fine-tuning settings among `keys` that a `task_type` task fine-tuned by `method` never reads: why."""
-    why = {"pooling": "token classification pools nothing" if task_type == "token_classification" else None,
-           "multi_label_pos_weight": None if task_type == "multi_label_classification"
-           else f"a {task_type} task has no multi-label loss to weigh",
-           **{k: "LoRA settings apply with method: lora only" if method != "lora" else None for k in LORA_FIELDS}}
+def unread_settings(keys, method: str, type_name: str) -> dict[str, str]:
+    """The fine-tuning settings among `keys` that a `type_name` task fine-tuned by `method` never reads: why.
+    The type-specific ones are its entry's `reads` (ablate.evaluate.task_types)."""
+    entry = task_type(type_name)
+    why = {**{k: f"a {type_name} task never {does}" for k, does in TYPE_SETTINGS.items() if k not in entry.reads},
+           **{k: "LoRA settings apply with method: lora only" if method != "lora" else None for k in LORA_FIELDS},
+           "method": f"a {type_name} task is fine-tuned in full (no LoRA)" if method == "lora"
+           and entry.lora_task is None else None}
     return {k: why[k] for k in keys if why.get(k)}
 
 
@@ -95,8 +108,9 @@ class Splits(Strict):
 
 
 class DataSpec(Strict):
-    format: Literal["conll", "jsonl", "csv", "json", "hf"] = Field(description="how the split files are read; "
-                                                                   "hf: a `datasets` dataset")
+    format: Literal["conll", "jsonl", "csv", "json", "hf", "brat"] = Field(
+        description="how the split files are read; hf: a `datasets` dataset; brat: a folder of BRAT .txt/.ann "
+                    "files per split (span_ner)")
     delimiter: str | None = Field(None, description="conll: column separator (null: any whitespace); csv: "
                                   "default \",\"")
     dataset: str | None = Field(None, description="hf: hf:ORG/NAME on the hub, or a save_to_disk folder "
@@ -137,8 +151,8 @@ class TaskSpec(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="the task's name in tables (the "
                       "file's name)")
     language: str = Field(min_length=2, description="the texts' language code (en, fr, ...)")
-    type: TaskType = Field(description="what is predicted: one tag per token, one label per text or pair, "
-                           "several labels, or a number")
+    type: TaskType = Field(description="what is predicted: " + "; ".join(
+        f"{name}: {entry.description}" for name, entry in TASK_TYPES.items()))
     source: str = Field(min_length=1, description="where the data comes from publicly")
     description: str | None = Field(None, description="one line for tables and the report")
     data: DataSpec = Field(description="where the splits are and how they are read")
@@ -159,6 +173,11 @@ class TaskSpec(Strict):
     def file(self) -> str | None:
         """The task file this spec was loaded from (None when built in code)."""
         return self._file
+
+    @property
+    def entry(self):
+        """The task type's entry (ablate.evaluate.task_types.TaskType)."""
+        return task_type(self.type)
 
     @property
     def primary_metric(self) -> str:
@@ -187,10 +206,11 @@ class TaskSpec(Strict):
 def _check_data(t: TaskSpec) -> None:
     """data: and columns: agree with each other and with the task type."""
     fmt, c, d = t.data.format, t.columns, t.data
-    if fmt == "conll" and t.type != "token_classification":
-        raise Located("conll files are for token_classification", "data.format", fmt)
-    if t.type == "token_classification" and fmt not in ("conll", "hf"):
-        raise Located("token_classification reads conll files or a hf dataset", "data.format", fmt, "conll, hf")
+    formats = t.entry.formats
+    if fmt not in formats:
+        readers = [n for n, e in TASK_TYPES.items() if fmt in e.formats]
+        raise Located(f"a {t.type} task reads {', '.join(formats)}" + (f"; {fmt} is for {', '.join(readers)}"
+                      if readers else ""), "data.format", fmt, ", ".join(formats))
     if fmt == "conll":
         for key in ("text", "label"):
             if not isinstance(getattr(c, key), int):
@@ -202,13 +222,7 @@ def _check_data(t: TaskSpec) -> None:
         for key in ("text", "label"):
             if isinstance(getattr(c, key), int):
                 raise Located(f"a {fmt} column is a field name", f"columns.{key}", getattr(c, key))
-    if t.type == "token_classification" and fmt == "hf" and not isinstance(c.text, str):
-        raise Located("a hf token task's text is one field holding the tokens", "columns.text", c.text)
-    if t.type == "sequence_pair_classification" and c.text_pair is None:
-        raise Located("a pair task needs columns.text_pair", "columns.text_pair")
-    if t.type == "sequence_classification" and c.text_pair is not None:
-        raise Located("a task with text_pair is of type sequence_pair_classification", "columns.text_pair",
-                      c.text_pair)
+    t.entry.check(t)
     if fmt == "csv" and d.delimiter is not None and len(d.delimiter) != 1:
         raise Located("a csv delimiter is one character", "data.delimiter", d.delimiter)
     if fmt in ("jsonl", "json", "hf") and d.delimiter is not None:
@@ -227,22 +241,17 @@ def _check_data(t: TaskSpec) -> None:
 def _check_labels(t: TaskSpec) -> None:
     """labels: and metric_options: agree with the task type."""
     values, keep, negative = t.labels.values, t.labels.keep_entity_types, t.metric_options.negative_label
-    if t.type == "regression" and values is not None:
-        raise Located("a regression task has no label set", "labels.values", values)
-    if t.type == "token_classification" and values:
-        bad = [v for v in values if not IOB2_TAG.match(v)]
-        if bad:
-            raise Located("not an IOB2 tag", "labels.values", bad[0], "O, B-<type>, I-<type>")
+    tag_types = [n for n, e in TASK_TYPES.items() if e.label_kind == "tags"]
     if keep is not None:
-        if t.type != "token_classification":
+        if t.entry.label_kind != "tags":
             raise Located("keep_entity_types selects NER entity types", "labels.keep_entity_types", keep,
-                          "only with type token_classification")
+                          "only with type " + ", ".join(tag_types))
         dropped = [v for v in values or () if v != "O" and v[2:] not in keep]
         if dropped:
             raise Located("labels.values lists a tag of a type keep_entity_types drops", "labels.values",
                           dropped[0], "O and the B-/I- tags of " + ", ".join(keep))
     if negative is not None:
-        if t.type not in ("sequence_classification", "sequence_pair_classification"):
+        if not t.entry.takes_negative:
             raise Located("negative_label is for single-label classification", "metric_options.negative_label",
                           negative)
         if values is not None and negative not in values:
@@ -306,13 +315,13 @@ def load_task_data(task: TaskSpec, data_root: str | os.PathLike | None = None) -
 
 
 def _label_set(task: TaskSpec, splits: dict[str, list[Example]]) -> tuple[str, ...]:
-    if task.type == "regression":
+    if not task.entry.has_label_set:
         return ()
     seen: dict[str, set[str]] = {}
     for split, examples in splits.items():
         s: set[str] = set()
         for ex in examples:
-            s.update(ex.label if isinstance(ex.label, tuple) else (ex.label,))
+            s.update(task.entry.label_names(ex.label))
         seen[split] = s
     declared = task.labels.values
     if declared is not None:
