@@ -50,9 +50,20 @@ def test_pairs_join_twins_and_seeds_of_the_same_decay_share_only(decay_sweep):
     want |= {(_id(runs, f"mlm_{s}", 17), _id(runs, f"mlm_{s}", 18), "seed-noise") for s in ("d10", "d40")}
     assert found == want
     # every pair at both phase ends (CLM phase "main" against the MLM phase "main", then the decays), every layer
-    assert set(pairs[["position", "phase", "layer"]].drop_duplicates().itertuples(index=False, name=None)) == \
+    cka = pairs[pairs["measure"] == "cka"]
+    assert set(cka[["position", "phase", "layer"]].drop_duplicates().itertuples(index=False, name=None)) == \
         {(p, ph, layer) for p, ph in ((1, "main"), (2, "mlm_decay")) for layer in range(-1, 4)}
-    assert set(pairs.groupby("relation")["measure"].unique().map(tuple)) == {("cka", "cka_ratio"), ("cka",)}
+    assert set(pairs.groupby("relation")["measure"].unique().map(tuple)) == \
+        {("cka", "divergence_model", "cka_ratio"), ("cka", "divergence_model")}
+    # the decay's tokens at each phase end: 0 at the main phase's end, the decay's length (1 or 4 steps of 128)
+    ends = pairs[pairs["measure"] == "divergence_model"].groupby(["run_a", "position"])["decay_tokens"].first()
+    assert ends[(_id(runs, "clm_d40", 17), 1)] == 0 and ends[(_id(runs, "clm_d40", 17), 2)] == 4 * 128
+
+
+def test_persistence_figure_draws_the_whole_model_divergence_over_the_decay_lengths(decay_sweep, tmp_path):
+    data = _figure(decay_sweep, tmp_path, "persistence")
+    clm = data[data["kind"] == "CLM vs MLM twin"]
+    assert list(clm["decay_tokens"]) == [0, 128, 512] and set(clm.loc[clm["decay_tokens"] > 0, "n"]) == {2}
 
 
 def test_the_twin_trains_each_main_phase_once_the_shorter_decay_branching_from_the_longer(decay_sweep):
@@ -119,9 +130,9 @@ def test_divergence_figure_data_is_the_mean_over_seeds_of_one_minus_cka(decay_sw
     assert set(data["position"]) == {1, 2}
 
 
-def test_persistence_figure_data_is_the_region_mean_per_phase_end(decay_sweep, tmp_path):
+def test_regions_figure_data_is_the_region_mean_per_phase_end(decay_sweep, tmp_path):
     _, sweep = decay_sweep
-    data, runs = _figure(decay_sweep, tmp_path, "persistence"), _runs(sweep)
+    data, runs = _figure(decay_sweep, tmp_path, "regions"), _runs(sweep)
     got = data.set_index(["arm", "position", "region"])["mean"]
     for pos, phase in ((1, "main"), (2, "mlm_decay")):
         per_seed = []
@@ -140,7 +151,10 @@ def test_the_divergence_table_has_region_summaries_with_intervals(decay_sweep, t
     assert done.returncode == 0, done.stderr
     table = pd.read_csv(tmp_path / "divergence.csv")
     twins = table[table["relation"] == "twin"]
-    assert set(twins["arm"]) == {"clm_d10", "clm_d40"} and set(twins["region"]) == {"low", "mid", "high", "all"}
+    assert set(twins["arm"]) == {"clm_d10", "clm_d40"} and \
+        set(twins["region"]) == {"low", "mid", "high", "all", "model"}
+    model = twins[twins["region"] == "model"]
+    assert (model["measure"] == "divergence_model").all() and model["std"].notna().all()
     assert (twins["n"] == 2).all() and twins["ci_low"].notna().all()
 
 

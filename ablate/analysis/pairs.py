@@ -16,12 +16,16 @@ Runs of different decay lengths have different phase ends and so are never paire
 transplants) have no phase ends and are not paired.
 
 Rows: run_a, run_b, relation, position (1-based phase end), phase (run_a's phase), phase_b (run_b's),
-layer (-1 = embeddings output), measure, value. Measures: "cka" (both relations) and "cka_ratio" (twins:
+layer (-1 = embeddings output, MODEL_LAYER = -2 = the whole model), measure, value. Measures: "cka" (both
+relations), "divergence_model" (both relations, layer MODEL_LAYER: the paper's whole-model divergence, 1 - the
+mean over the blocks of their CKA, as its data files compute it: see docs/divergence.md) and "cka_ratio" (twins:
 (1 - CKA(arm, twin)) / mean over the twin's seed-noise partners of (1 - CKA(twin, partner)), the paper's
 ratio; NaN where that seed noise is float rounding: below analysis.ratio.NOISE_FLOOR, or every one of the
 runs' representations bitwise the same, as behind a frozen encoder). Column `tokens`: whether the two runs
 read the same tokens in that phase ("same" / "differ"; records older than token_hash_format 2: by the whole
-stream).
+stream). Columns `step` (run_a's global step at that phase end) and `decay_tokens` (the tokens run_a trained
+after the end of its first phase, at that phase end: 0 at the end of the detour, the decay's length at the
+end of the decay).
 
 May import: config, store, models, plan, analysis.
 """
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +49,8 @@ from ablate.store.rundir import (SAME_TOKENS, RunInfo, TokenStream, baselines_by
                                  differing_phases, read_json, read_spec, run_info, runs_dir, token_stream,
                                  twins_of)
 
+MODEL_LAYER = -2             # the `layer` of whole-model rows (-1 is the embeddings output, 0.. the blocks)
+MODEL_MEASURE = "divergence_model"
 PAIR_COLUMNS = ("run_a", "run_b", "relation", "position", "phase", "phase_b", "layer", "measure", "value")
 TWIN, NOISE = "twin", "seed-noise"
 RULE = ("twin: an arm and the baseline arm (the grid's baseline schedule, freeze none) with the same model, "
@@ -73,6 +80,17 @@ def form_pairs(infos: Sequence[RunInfo]) -> list[tuple[RunInfo, RunInfo, str]]:
                             allowed=RULE)
         out += [(a, b, NOISE) for b in partners if b.seed > a.seed]
     return out
+
+
+def model_divergence(cka_per_layer: Sequence[float]) -> float:
+    """The whole model's divergence from per-layer CKA ([embeddings output, block 0, ...]): 1 - the mean CKA
+    of the blocks, the embeddings output left out. The paper's data files (Rian-T/thesis @ 0c3a71a,
+    plots/chapter5/data/trajectory_decay_heldout_float64.json) hold 22 per-layer CKAs for the 22 blocks of
+    ModernBERT-base and a divergence that is exactly 1 - their mean."""
+    blocks = np.asarray(cka_per_layer, dtype=np.float64)[1:]
+    if blocks.size == 0:
+        raise ValueError("model_divergence needs the CKA of at least one block")
+    return float(1.0 - blocks.mean())
 
 
 def layer_digests(reps: Sequence[np.ndarray]) -> list[bytes]:
@@ -114,6 +132,7 @@ def pair_rows(pairs: Sequence[tuple[RunInfo, RunInfo, str]],
             values = between(a, b, pos)
             head = (a.run_id, b.run_id, rel, pos, a.phases[pos - 1], b.phases[pos - 1])
             rows += [(*head, layer - 1, "cka", float(v)) for layer, v in enumerate(values)]
+            rows.append((*head, MODEL_LAYER, MODEL_MEASURE, model_divergence(values)))
             if rel == TWIN:
                 partners = noise_partners.get(b.run_id, [])
                 noise = np.mean([1.0 - between(b, p, pos) for p in partners], axis=0) if partners \
@@ -129,7 +148,7 @@ def pairs_table(sweep_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
     spec.json and records/reps/<phase>.npz. SpecError when a pair cannot be formed or a run saved no
     representations (probe.n_texts: 0), or two runs probed different texts."""
     done = runs[runs["status"] == "done"] if "status" in runs.columns else runs
-    infos, folders = [], {}
+    infos, folders, specs = [], {}, {}
     for run_id in done["run_id"]:
         folder = runs_dir(sweep_dir) / str(run_id)
         if not (folder / "spec.json").is_file():
@@ -138,7 +157,7 @@ def pairs_table(sweep_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
         if spec.labels.get("derived"):
             continue            # a layer transplant: no phases of its own
         infos.append(run_info(str(run_id), spec))
-        folders[str(run_id)] = folder
+        folders[str(run_id)], specs[str(run_id)] = folder, spec
     if not infos:
         raise SpecError("no finished runs to pair", file=str(sweep_dir), key="runs")
     pairs = form_pairs(infos)
@@ -159,10 +178,20 @@ def pairs_table(sweep_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
         return list(reps)
 
     rows = pair_rows(pairs, reps_of)
+    ends = {run_id: phase_end_tokens(spec) for run_id, spec in specs.items()}
+    rows["step"] = [by_id[a].ends[pos - 1] for a, pos in zip(rows["run_a"], rows["position"])]
+    rows["decay_tokens"] = [ends[a][pos - 1] - ends[a][0] for a, pos in zip(rows["run_a"], rows["position"])]
+    rows["objective"] = rows["run_a"].map({r: spec.phases[0].objective.upper() for r, spec in specs.items()})
     streams = {run_id: _token_stream(folders[run_id], by_id[run_id]) for run_id in folders}
     rows["tokens"] = [_phase_tokens(streams[a], streams[b], pos)
                       for a, b, pos in zip(rows["run_a"], rows["run_b"], rows["position"])]
     return rows
+
+
+def phase_end_tokens(spec: RunSpec) -> list[int]:
+    """The tokens a run has trained at the end of each of its phases (steps x that phase's tokens per step)."""
+    return list(accumulate(steps * per_step for steps, per_step in zip(spec.phase_steps(),
+                                                                        spec.phase_tokens_per_step())))
 
 
 def _token_stream(folder: Path, info: RunInfo) -> TokenStream:
@@ -197,7 +226,8 @@ def region_values(pairs: pd.DataFrame) -> pd.DataFrame:
     ("all"), of 1 - CKA (measure "1-cka") or of the ratio. Depth from the pair's largest layer index."""
     rows = []
     keys = ["run_a", "run_b", "relation", "position", "phase", "phase_b", "measure"]
-    for key, g in pairs[pairs["layer"] >= 0].groupby(keys, sort=False):
+    blocks = pairs[(pairs["layer"] >= 0) & (pairs["measure"] != MODEL_MEASURE)]
+    for key, g in blocks.groupby(keys, sort=False):
         y = 1.0 - g["value"] if key[-1] == "cka" else g["value"]
         regions = g["layer"].map(region_of(g["layer"].tolist(), int(g["layer"].max()) + 1))
         measure = "1-cka" if key[-1] == "cka" else key[-1]

@@ -13,12 +13,15 @@ belong to no group.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ablate.config.errors import SpecError
+from ablate.config.spec import PROBE_TASK
+
+TaskReader = Callable[[str, str, "str | None"], list]   # (task, split, data root) -> its texts
 
 # --- CKA -------------------------------------------------------------------------------------------------
 
@@ -62,45 +65,87 @@ def probe_texts(valid_texts: Sequence[str], n: int, seed: int, *, corpus: str = 
     `key` in `file`) when it has fewer usable (non-blank) texts: a probe never measures fewer than it says."""
     candidates = [t for t in valid_texts if t and t.strip()]
     if n > len(candidates):
-        raise SpecError(f"the layer probe asks for {n} held-out texts, but the validation corpus {corpus} has "
+        raise SpecError(f"the layer probe asks for {n} held-out texts, but its texts ({corpus}) have "
                         f"{len(candidates)} usable (non-blank) texts", file=file or corpus, key=key, value=n,
-                        allowed=f"at most {len(candidates)} (0: no probe), or a data.valid_corpus with at least "
-                                f"{n} texts")
+                        allowed=f"at most {len(candidates)} (0: no probe), or probe texts (probe.texts, "
+                                f"data.valid_corpus) with at least {n} texts")
     if n == len(candidates):
         return candidates
     idx = np.sort(np.random.default_rng(seed).choice(len(candidates), size=n, replace=False))
     return [candidates[i] for i in idx]
 
 
-def held_out_texts(spec, file: str | None = None) -> list[str]:
-    """The documents of the run's data.valid_corpus; SpecError when it names none."""
+def probe_sources(spec) -> tuple[str, ...]:
+    """Where the run's probe texts come from: probe.texts, else its data.valid_corpus (SpecError: neither)."""
+    if spec.probe.texts is not None:
+        return spec.probe.texts
+    if spec.data.valid_corpus is None:
+        raise SpecError("layer probes need held-out texts", key="data.valid_corpus",
+                        allowed="a corpus path, probe.texts (task:NAME or a corpus), or probe.n_texts: 0")
+    return (spec.data.valid_corpus,)
+
+
+def task_source(source: str) -> tuple[str, str] | None:
+    """(task name, split) of a task:NAME[:SPLIT] source (split default test); None for a corpus path."""
+    if not source.startswith(PROBE_TASK):
+        return None
+    name, _, split = source[len(PROBE_TASK):].partition(":")
+    return name, split or "test"
+
+
+def example_text(example) -> str:
+    """The probe text of a task example: its (first) text; a token-classification example's words joined."""
+    return example.text if isinstance(example.text, str) else " ".join(example.text)
+
+
+def held_out_texts(spec, file: str | None = None, read_task: TaskReader | None = None) -> list[str]:
+    """The pool the probe draws from: the texts of each source of probe_sources, in the listed order (the
+    paper pooled DiaMED's and FRACCO's documents and drew its 500 texts from the pool). A task source is read
+    by `read_task(name, split, data_root)` (ablate.evaluate.tasks.task_texts: tasks live above analysis); a SpecError without one."""
     from ablate.data.corpus import read_documents
 
-    if spec.data.valid_corpus is None:
-        raise SpecError("layer probes need held-out texts", file=file, key="data.valid_corpus",
-                        allowed="a corpus path, or probe.n_texts: 0")
-    return read_documents(spec.data, "valid_corpus")
+    pool: list[str] = []
+    try:
+        for source in probe_sources(spec):
+            task = task_source(source)
+            if task is not None and read_task is None:
+                raise SpecError("task probe texts are read where the tasks are known (ablate sweep / run)",
+                                key="probe.texts", value=source, allowed="a corpus path")
+            if task is not None:
+                pool += read_task(*task, spec.data.data_root)
+            elif spec.probe.texts is None:
+                pool += read_documents(spec.data, "valid_corpus")
+            else:
+                pool += read_documents(spec.data.model_copy(update={"valid_corpus": source}), "valid_corpus")
+    except SpecError as exc:
+        raise SpecError(exc.message, file=exc.file or file, key=exc.key, value=exc.value,
+                        allowed=exc.allowed) from None
+    return pool
 
 
-def check_probe_texts(specs: list, file: str | None) -> None:
-    """Before anything is submitted: each distinct (data.valid_corpus, probe.n_texts) of the runs that probe
-    has that many usable held-out texts (probe_texts' SpecError otherwise). Reads each corpus once and loads
-    no model. A held-out file that does not exist is left to the corpus check (a dry run's warning, a
-    submission's error). `specs`: RunSpecs; `file`: the grid or run file they come from."""
+def check_probe_texts(specs: list, file: str | None, read_task: TaskReader | None = None,
+                      absent: Collection[str] = ()) -> None:
+    """Before anything is submitted: each distinct (probe sources, probe.n_texts) of the runs that probe
+    has that many usable held-out texts (probe_texts' SpecError otherwise). Reads each source once and loads
+    no model. A held-out file, or a probe task source in `absent` (its data missing), is left to the corpus
+    and probe-data checks (a dry run's warning, a submission's error). `specs`: RunSpecs; `file`: the grid or
+    run file they come from; `read_task`: as held_out_texts'."""
     from ablate.data.sources import CorpusNotFound
 
     reading = {"valid_corpus", "format", "text_field", "max_documents", "data_root", "errors"}
     texts: dict[str, list[str] | None] = {}
     for spec in (s for s in specs if s.probe.n_texts > 0):
-        which = spec.data.model_dump_json(include=reading)
+        which = spec.data.model_dump_json(include=reading) + repr(spec.probe.texts)
         if which not in texts:
             try:
-                texts[which] = held_out_texts(spec, file)
+                skip = set(absent) & set(spec.probe.texts or ())
+                texts[which] = None if skip else held_out_texts(spec, file, read_task)
             except CorpusNotFound:
                 texts[which] = None
         if texts[which] is None:
             continue
-        probe_texts(texts[which], spec.probe.n_texts, spec.probe.seed, corpus=spec.data.valid_corpus, file=file)
+        probe_texts(texts[which], spec.probe.n_texts, spec.probe.seed, corpus=", ".join(probe_sources(spec)),
+                    file=file)
 
 
 def _encoder(model):
@@ -262,9 +307,10 @@ def load_representations(path: Path) -> tuple[np.ndarray, str]:
         return f["reps"], str(f["probe_key"])
 
 
-def cka_vs_base_hook(spec, run_dir: Path | None = None):
+def cka_vs_base_hook(spec, run_dir: Path | None = None, read_task: TaskReader | None = None):
     """A phase-end hook for the training loop: per-layer linear CKA between the model now and the base model
-    on `spec.probe.n_texts` held-out texts (data.valid_corpus), chosen by `spec.probe.seed`; with `run_dir`
+    on `spec.probe.n_texts` held-out texts (probe.texts, default data.valid_corpus; task sources read by
+    `read_task`), chosen by `spec.probe.seed`; with `run_dir`
     it also saves the representations to records/reps/<phase>.npz (for cross-run CKA at every phase end).
 
     The base representations come from a fresh load of the base model (same seed, so the same weights the
@@ -273,7 +319,8 @@ def cka_vs_base_hook(spec, run_dir: Path | None = None):
     pretraining forms it, and the other ranks would wait on the probe there)."""
     from ablate.models.sources import load_tokenizer
 
-    texts = probe_texts(held_out_texts(spec), spec.probe.n_texts, spec.probe.seed, corpus=spec.data.valid_corpus)
+    texts = probe_texts(held_out_texts(spec, read_task=read_task), spec.probe.n_texts, spec.probe.seed,
+                        corpus=", ".join(probe_sources(spec)))
     tokenizer = load_tokenizer(spec.tokenizer or spec.model)
     key = probe_key(texts, spec.probe.max_length)
     base_reps: list[np.ndarray] = []

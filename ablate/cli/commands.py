@@ -76,6 +76,8 @@ def _print_tree(tree, runs) -> None:
 
 def cmd_run(args) -> int:
     from ablate.analysis.probe import check_probe_texts
+    from ablate.evaluate.tasks import task_texts
+    from ablate.launch.data_needs import require_probe_data
     from ablate.config.paths import results_root
     from ablate.config.spec import load_run_spec
     from ablate.evaluate.runs import check_eval
@@ -95,7 +97,8 @@ def cmd_run(args) -> int:
     check_model_fit([spec], file=str(args.spec))
     check_eval([spec], file=str(args.spec))
     require_corpora([spec], file=str(args.spec))
-    check_probe_texts([spec], file=str(args.spec))
+    require_probe_data([spec], file=str(args.spec))
+    check_probe_texts([spec], file=str(args.spec), read_task=task_texts)
     prepare_corpora(unprepared([spec]))              # what the run would do first (a changed corpus: exit 2)
     check_budgets([spec], file=str(args.spec))       # before the run folder exists
     for result in check_models([spec], file=str(args.spec)).values():

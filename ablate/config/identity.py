@@ -40,7 +40,7 @@ FIELDS: dict[str, frozenset] = {
     "branching": NONE,
 }
 LATER_DEFAULTS: dict[str, Any] = {"precision": "auto", "document_masking": False, "data.errors": "strict",
-                                  "data.mixture": None}
+                                  "data.mixture": None, "probe.texts": None}
 PHASE_LATER_DEFAULTS = ("mask_rate_end", "corruption", "span_length", "mixture", "granularity", "data")  # at None
 PHASE_DATA_LATER_DEFAULTS = ("rope_theta", "local_rope_theta")    # keys of a phase's data, at None
 

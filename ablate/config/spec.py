@@ -195,13 +195,45 @@ class OptimSpec(Strict):
     grad_clip: float | None = Field(default=1.0, gt=0, description="gradient norm clipped to this; null: none")
 
 
+PROBE_TASK = "task:"          # probe.texts: task:NAME[:SPLIT], a task's texts (ablate.analysis.probe)
+PROBE_SPLITS = ("train", "dev", "test", "all")
+
+
 class ProbeSpec(Strict):
     """Per-layer CKA against the base model at the end of each phase (off when n_texts is 0)."""
 
-    n_texts: int = Field(default=0, ge=0, description="held-out texts (data.valid_corpus) the layers are "
-                                                       "measured on; 0: no probe")
+    n_texts: int = Field(default=0, ge=0, description="held-out texts the layers are measured on (drawn from "
+                                                       "probe.texts); 0: no probe")
     max_length: int = Field(default=128, ge=8, description="tokens per probe text")
     seed: int = Field(default=0, description="which held-out texts are drawn")
+    texts: tuple[str, ...] | None = Field(default=None, description="where the probe texts come from: "
+                                          "task:NAME (that task's test split), task:NAME:SPLIT (train, dev, "
+                                          "test or all), or a corpus path; a list pools them and n_texts are "
+                                          "drawn from the pool; null: data.valid_corpus")
+
+    @field_validator("texts", mode="before")
+    @classmethod
+    def _one_or_more(cls, value):
+        return (value,) if isinstance(value, str) else value
+
+    @field_validator("texts")
+    @classmethod
+    def _sources(cls, value):
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("at least one source (or null: data.valid_corpus)")
+        for source in value:
+            if source.startswith(PROBE_TASK):
+                name, _, split = source[len(PROBE_TASK):].partition(":")
+                if not name or (split and split not in PROBE_SPLITS):
+                    raise ValueError(f"{source!r}: task:NAME or task:NAME:SPLIT, SPLIT one of "
+                                     f"{', '.join(PROBE_SPLITS)}")
+            elif not source.strip():
+                raise ValueError("an empty source")
+        if len(set(value)) != len(value):
+            raise ValueError("a source listed twice")
+        return value
 
 
 class EvalSpec(Strict):

@@ -341,3 +341,12 @@ def _label_set(task: TaskSpec, splits: dict[str, list[Example]]) -> tuple[str, .
     if declared is not None:
         return tuple(declared)
     return tuple(sorted(train)) + tuple(sorted(unseen))
+
+
+def task_texts(name: str, split: str, data_root: str | os.PathLike | None = None) -> list[str]:
+    """A layer probe's texts from a task (probe.texts task:NAME[:SPLIT]): its split's texts in file order
+    (all: train, dev, then test); an example's (first) text, a token-classification example's words joined
+    by spaces."""
+    splits = read_splits(load_task(name, key="probe.texts"), data_root)
+    parts = SPLITS if split == "all" else (split,)
+    return [ex.text if isinstance(ex.text, str) else " ".join(ex.text) for part in parts for ex in splits[part]]

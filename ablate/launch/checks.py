@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from ablate.analysis.probe import check_probe_texts
 from ablate.config.grid import GridSpec, load_grid, unused_entries
 from ablate.evaluate.runs import check_eval
-from ablate.launch.data_needs import check_data_root
+from ablate.evaluate.tasks import task_texts
+from ablate.launch.data_needs import absent_probe_sources, check_data_root, missing_probe_data
 from ablate.launch.preparation import check_corpora
 from ablate.launch.transplants import check_tasks
 from ablate.plan.grid import PlannedRun, expand, resolve_layers, resolve_models
@@ -59,11 +60,13 @@ def checked_grid(path: str, executor: str | None = None) -> CheckedGrid:
     check_eval(specs, file=path)
     check_tasks(transplants, file=path)
     check_corpora(specs, file=path)
-    check_probe_texts(specs, file=path)
+    probe_missing = missing_probe_data(specs, path)          # a submission refuses them (require_probe_data)
+    check_probe_texts(specs, file=path, read_task=task_texts, absent=absent_probe_sources(specs))
     notes, rounded = rounding_notes(specs)
     memory = memory_plan(runs, grid.launcher, executor, path)
     return CheckedGrid(grid, runs, models, plans, check_models(specs, file=path), transplants,
-                       [f"{path}: {w}" for w in unused_entries(grid) + rounded] + warnings,
+                       [f"{path}: {w}" for w in unused_entries(grid) + rounded] + warnings
+                       + [f"{path}: {e.message}" for e in probe_missing],
                        parity_lines(groups, grid.allow_unequal_compute), sweep_tree(grid, runs, plans),
                        tuple(notes + auto_notes), memory)
 

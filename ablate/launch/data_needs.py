@@ -1,6 +1,8 @@
 """What a grid, a run spec, a suite or a task reads from the data root, as catalogued datasets
 (ablate/data/catalog.yaml): what `ablate data fetch TARGET` fetches, and, before anything runs, the corpora
-the data root lacks named with the command that fetches them (eval tasks: ablate.evaluate.suites.present_items).
+the data root lacks named with the command that fetches them (eval tasks: ablate.evaluate.suites.present_items);
+the tasks a layer probe reads its texts from (probe.texts task:NAME): how they are read, and those whose data
+is missing (a dry run's warning, a submission's error naming `ablate data fetch NAME`).
 
 May import: config, data, plan, evaluate, launch.preparation.
 """
@@ -12,6 +14,7 @@ import glob
 from pathlib import Path, PurePosixPath
 
 from ablate.config.errors import SpecError
+from ablate.config.spec import PROBE_TASK
 from ablate.config.paths import resolve_data_path
 from ablate.data.mixture import phase_data
 from ablate.data.catalog import Dataset, catalog, dataset, dataset_of_path, dataset_sets
@@ -37,6 +40,44 @@ def task_paths(task_names, lenient: bool = False) -> list[str]:
     return paths
 
 
+def probe_tasks(spec) -> list[str]:
+    """The tasks whose texts the run's layer probe reads (probe.texts task:NAME[:SPLIT] sources)."""
+    if spec.probe.n_texts <= 0 or not spec.probe.texts:
+        return []
+    return [s[len(PROBE_TASK):].partition(":")[0] for s in spec.probe.texts if s.startswith(PROBE_TASK)]
+
+
+def missing_probe_data(specs, file: str | None = None) -> list[SpecError]:
+    """Per probe task whose split files the data root lacks, the SpecError a submission raises (it names
+    `ablate data fetch NAME`); a dry run warns of them. An unknown task is a SpecError here."""
+    missing: dict[str, SpecError] = {}
+    for spec in specs:
+        for name in probe_tasks(spec):
+            if name in missing:
+                continue
+            absent = [p for p in task_paths([name]) if not resolve_data_path(p, spec.data.data_root).exists()]
+            if absent:
+                missing[name] = SpecError(
+                    f"the layer probe reads task {name}'s texts, whose data the data root lacks "
+                    f"({', '.join(absent)}): fetch it with `ablate data fetch {name}` (or set ABLATE_DATA_ROOT, or data.data_root, to "
+                    "a folder that holds it)", file=file, key="probe.texts", value=f"{PROBE_TASK}{name}")
+    return list(missing.values())
+
+
+def require_probe_data(specs, file: str | None = None) -> None:
+    """missing_probe_data, raised: what a submission checks before anything is written (exit 2)."""
+    missing = missing_probe_data(specs, file)
+    if missing:
+        raise missing[0]
+
+
+def absent_probe_sources(specs) -> set[str]:
+    """The probe.texts sources of the runs whose task data is missing (check_probe_texts leaves them)."""
+    gone = {e.value[len(PROBE_TASK):] for e in missing_probe_data(specs)}
+    return {s for spec in specs for s in (spec.probe.texts or ()) if s.startswith(PROBE_TASK)
+            and s[len(PROBE_TASK):].partition(":")[0] in gone}
+
+
 def spec_reads(specs, lenient: bool = False, tasks: bool = True) -> list[tuple[str, str | None]]:
     """(path, the spec's data_root) of every corpus, held-out corpus and (`tasks`) task split file the runs
     read; `lenient`: an eval block or task that does not load is left out (check_eval reports it)."""
@@ -48,7 +89,8 @@ def spec_reads(specs, lenient: bool = False, tasks: bool = True) -> list[tuple[s
             task_files[tuple(spec.eval.tasks)] = []
         elif tuple(spec.eval.tasks) not in task_files:      # a grid's runs mostly share their eval block
             task_files[tuple(spec.eval.tasks)] = task_paths(_eval_tasks(spec, lenient), lenient)
-        reads += [(path, spec.data.data_root) for path in corpora + task_files[tuple(spec.eval.tasks)]]
+        probed = task_paths(probe_tasks(spec), lenient) if tasks else []     # fetched with the eval tasks
+        reads += [(path, spec.data.data_root) for path in corpora + task_files[tuple(spec.eval.tasks)] + probed]
     return list(dict.fromkeys(reads))
 
 

@@ -16,7 +16,7 @@ anything is submitted. Layer transplants are derived runs submitted once their t
 (plan.branching), submitted once its parent can start it (launch.branches).
 
 May import: config, store, plan, evaluate.transplant, launch.worker, launch.executors, launch.preparation,
-launch.transplants, launch.branches, launch.gpus, launch.drivers.
+launch.transplants, launch.branches, launch.gpus, launch.drivers, launch.data_needs.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from ablate.config.grid import GridSpec, Launcher
-from ablate.launch import branches, drivers, gpus, preparation, worker
+from ablate.launch import branches, data_needs, drivers, gpus, preparation, worker
 from ablate.launch.executors import RunJob, have_slurm, make_executor
 from ablate.evaluate.transplant import prepare_derived
 from ablate.launch.transplants import Waiting
@@ -263,6 +263,7 @@ def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_r
     kind = executor or grid.launcher.executor
     paths = SweepFolder(Path(results_root) / grid.sweep)
     preparation.require_corpora(_unfinished(paths, runs), file=str(grid_file))    # before anything is written
+    data_needs.require_probe_data(_unfinished(paths, runs), file=str(grid_file))
     write_sweep_manifest(paths, grid, grid_file, runs, transplants)
     branches.write_tree(paths, tree, [r.run_id for r in runs])
     watch = drivers.Watch(paths.root, out)

@@ -85,8 +85,9 @@ def _probe_hooks(spec: RunSpec, run_dir: Path):
     if spec.probe.n_texts <= 0:
         return ()
     from ablate.analysis.probe import cka_vs_base_hook
+    from ablate.evaluate.tasks import task_texts
 
-    return (cka_vs_base_hook(spec, run_dir),)
+    return (cka_vs_base_hook(spec, run_dir, read_task=task_texts),)
 
 
 def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: float) -> dict:

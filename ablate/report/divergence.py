@@ -1,10 +1,12 @@
 """Divergence between arms, from the `pairs` table (`ablate collect --pairs`; the pairing rule is
 ablate.analysis.pairs'): the `divergence` figure (1 - CKA per layer between each arm and its MLM twin, with
-the MLM seed-to-seed noise band, one panel per phase end), the `persistence` figure (that divergence per
-region, low / mid / high thirds and the whole model, at each phase end: does it survive the decay?) and the
-`divergence` table (the region summaries with 95% CIs over seeds).
+the MLM seed-to-seed noise band, one panel per phase end), the `regions` figure (that divergence per
+region, low / mid / high thirds and all blocks, at each phase end: does it survive the decay?), the whole
+model's divergence per pair kind and phase end (model_summary; drawn by ablate.report.persistence) and the
+`divergence` table (the region summaries and the whole model's rows, region "model").
 
-Intervals are 95% t-intervals over pairs, i.e. over seeds (one twin pair per seed).
+Intervals are 95% t-intervals over pairs, i.e. over seeds (one twin pair per seed); the whole model's rows
+also carry the standard deviation over seeds (ddof 0), the paper's "+-" (docs/divergence.md).
 
 May import: config, analysis, report.
 """
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ablate.analysis.pairs import NOISE, TWIN, region_values
+import numpy as np
+
+from ablate.analysis.pairs import MODEL_MEASURE, NOISE, TWIN, region_values
 from ablate.config.errors import SpecError
 from ablate.report.arms import arm_label, done_runs, ordered
 from ablate.report.stats import mean_ci
@@ -82,8 +86,50 @@ def region_summary(sweep: Sweep, *, measure: str = "cka") -> pd.DataFrame:
                                                                                        ).reset_index(drop=True)
 
 
+def _kind(objective: str, freeze: str, relation: str) -> str:
+    """A pair kind: what the arm did before its decay (its first phase's objective) and its freeze mask;
+    the arms of one kind at different decay lengths are one line of the persistence figure."""
+    if relation == NOISE:
+        return NOISE_ARM
+    return f"{objective} vs MLM twin" + ("" if freeze == "none" else f" ({freeze} frozen)")
+
+
+def model_summary(sweep: Sweep) -> pd.DataFrame:
+    """Per arm (and the MLM seed noise) and phase end: the whole model's divergence (pairs measure
+    divergence_model) over seeds: mean, std (ddof 0, the paper's +-), 95% t-interval, n; with `kind` (the
+    pair kind: the arm's first-phase objective, pairs column `objective`, and its freeze mask), `step` and
+    `decay_tokens` (tokens trained after the first phase's end) where the pairs table has them."""
+    p = _pairs(sweep, "cka")
+    p = p[p["measure"] == MODEL_MEASURE]
+    if p.empty:
+        raise SpecError("the pairs table has no whole-model rows (it was collected before they existed): run "
+                        "`ablate collect SWEEP --pairs` again", file=str(sweep.path), key="pairs")
+    baseline_of = done_runs(sweep.runs).set_index("run_id")["schedule"]
+    p = p.assign(baseline=p["run_b"].map(baseline_of))
+    first = p.groupby("schedule")["objective"].first() if "objective" in p.columns else pd.Series(dtype=str)
+    rows = []
+    for (rel, pos, s, f, b), g in p.groupby(["relation", "position", "schedule", "freeze", "baseline"],
+                                            sort=False):
+        m, lo, hi, n = mean_ci(g["value"])
+        std = float(np.std(g["value"].dropna(), ddof=0)) if n else float("nan")
+        extra = [float(g[c].mean()) if c in g.columns else float("nan") for c in ("step", "decay_tokens")]
+        rows.append((_arm(s, f, rel), _kind(first.get(s, "?"), f, rel), rel, b, int(pos),
+                     ";".join(ordered(g["phase"])), ";".join(ordered(g["phase_b"])), "model", MODEL_MEASURE,
+                     m, std, lo, hi, n, *extra))
+    out = pd.DataFrame(rows, columns=["arm", "kind", "relation", "baseline", "position", "phase", "phase_b",
+                                      "region", "measure", "mean", "std", "ci_low", "ci_high", "n", "step",
+                                      "decay_tokens"])
+    return out.sort_values(["relation", "arm", "position"], kind="stable").reset_index(drop=True)
+
+
 def divergence_table(sweep: Sweep, *, measure: str = "cka") -> pd.DataFrame:
-    return region_summary(sweep, measure=measure)
+    """The region summaries, then (measure cka, when the pairs table has them) the whole model's rows
+    (region "model", measure divergence_model, with the std over seeds)."""
+    regions = region_summary(sweep, measure=measure)
+    if measure != "cka" or not (sweep.pairs["measure"] == MODEL_MEASURE).any():
+        return regions
+    model = model_summary(sweep).drop(columns=["kind", "step"])
+    return pd.concat([regions, model], ignore_index=True)
 
 
 def _panel_title(d: pd.DataFrame) -> str:
@@ -131,7 +177,7 @@ def divergence_figure(sweep: Sweep, *, measure: str = "cka", baseline: str | Non
 
 
 @styled
-def persistence_figure(sweep: Sweep, *, measure: str = "cka"):
+def regions_figure(sweep: Sweep, *, measure: str = "cka"):
     """Divergence from the MLM twin per region (low / mid / high thirds, all blocks) at each phase end: one
     panel per arm, one marker per phase end (mean over seeds, 95% CI), the seed-noise level dashed."""
     summary = region_summary(sweep, measure=measure)
