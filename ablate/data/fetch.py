@@ -125,6 +125,7 @@ def _place(out: Path, folder: Path, ds: Dataset) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / FETCHED).unlink(missing_ok=True)
     for expected in expected_files(out, ds):
+        (folder / expected.file).parent.mkdir(parents=True, exist_ok=True)    # a dataset of nested folders
         os.replace(out / expected.file, folder / expected.file)
     if ds.derived:
         os.replace(out / FETCHED, folder / FETCHED)

@@ -12,7 +12,7 @@ from functools import partial
 from ablate.data.converters.articles import convert_craft
 from ablate.data.converters.blue import convert_blue_chemprot
 from ablate.data.converters.blurb import convert_biosses, convert_gad, convert_hoc, convert_jnlpba
-from ablate.data.converters.brat import convert_mantra, convert_quaero
+from ablate.data.converters.brat import convert_mantra, convert_quaero, convert_quaero_brat
 from ablate.data.converters.coded_documents import convert_fracco, convert_frasimed
 from ablate.data.converters.common import convert_copy
 from ablate.data.converters.ddi import convert_ddi
@@ -41,6 +41,7 @@ CONVERTERS = {
     "corpus_en_medquad": convert_medquad,
     "corpus_fr_leaflets_e3c": convert_leaflets,
     "quaero": convert_quaero,
+    "quaero_brat": convert_quaero_brat,
     "mantragsc_fr": convert_mantra,
     "diamed": convert_diamed,
     "fracco_30": partial(convert_fracco, top_k=30),

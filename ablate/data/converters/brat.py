@@ -24,6 +24,7 @@ TOKEN = re.compile(r"\w+|[^\w\s]")
 QUOTED = re.compile(r'"([^"]*)"')
 GROUPS = {"ANAT", "CHEM", "DEVI", "DISO", "GEOG", "LIVB", "OBJC", "PHEN", "PHYS", "PROC"}
 QUAERO = "CLEF_2017/dataset/corpus/"
+QUAERO_README = "CLEF_2017/dataset/README.txt"
 MANTRA = "Mantra-GSC/French/"
 MANTRA_FOLDERS = {"mantragsc_fr_emea": "EMEA_ec22-cui-best_man",
                   "mantragsc_fr_medline": "Medline_EN_FR_ec22-cui-best_man",
@@ -90,6 +91,21 @@ def convert_quaero(inputs: dict[str, Path], out: Path, ds) -> None:
             tokens = tagged_tokens(text, brat_spans(files[name[:-4] + ".ann"].decode("utf-8")))
             sentences += emea_sentences(text, tokens) if corpus == "EMEA" else [[(w, t) for w, t, _, _ in tokens]]
         (out / f"{split}.tsv").write_text(conll_text(sentences), encoding="utf-8")
+
+
+def convert_quaero_brat(inputs: dict[str, Path], out: Path, ds) -> None:
+    """QUAERO's BRAT release as the repository has it (nested and discontinuous entities untouched), for the span
+    model: {train,dev,test}/{EMEA,MEDLINE}/*.{txt,ann} and the release's README.txt; editor backups (*.ann~)
+    left out."""
+    for path, data in archive_members(inputs["archive"], ds.archive):
+        if path.startswith(QUAERO) and path.endswith((".txt", ".ann")):
+            target = out / path.removeprefix(QUAERO)
+        elif path == QUAERO_README:
+            target = out / "README.txt"
+        else:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
 
 
 def mantra_group(note: str) -> str:
