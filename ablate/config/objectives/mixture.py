@@ -41,6 +41,8 @@ class Mixture(Objective):
     summary = "weighted members within a phase, by step, micro-batch or sequence"
 
     def check(self, params) -> None:
+        if not hasattr(params, "mixture"):      # a member of a mixture (it has no members of its own)
+            raise ValueError("a mixture member cannot itself be a mixture; allowed: the other objectives")
         super().check(params)
         if not params.mixture:
             raise ValueError("objective mixture needs `mixture:` members (objective, weight, its fields)")
