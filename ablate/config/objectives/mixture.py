@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from ablate.config.objectives.base import Batch, Objective
-from ablate.config.objectives.registry import get
+from ablate.config.base import Located
+from ablate.config.objectives.registry import get, names
 
 GRANULARITIES = ("step", "micro-batch", "sequence")
 
@@ -42,7 +43,8 @@ class Mixture(Objective):
 
     def check(self, params) -> None:
         if not hasattr(params, "mixture"):      # a member of a mixture (it has no members of its own)
-            raise ValueError("a mixture member cannot itself be a mixture; allowed: the other objectives")
+            raise Located("a mixture member cannot itself be a mixture", "objective", self.name,
+                          ", ".join(n for n in names() if n != self.name))
         super().check(params)
         if not params.mixture:
             raise ValueError("objective mixture needs `mixture:` members (objective, weight, its fields)")
