@@ -254,10 +254,12 @@ MIXTURE_IN_MIXTURE = {"sweep": "fuzz", "base": BASE, "schedules": {"mix": [{
     "mixture": [{"objective": "mixture", "weight": 1.0}, {"objective": "mlm", "weight": 1}]}]}}
 MISSING_MEMBER = {"sweep": "fuzz", "base": {**BASE, "data": {
     "mixture": [{"corpus": CORPORA[0], "weight": 1}, {"corpus": NO_CORPUS, "weight": 1}], "max_documents": 120,
+    "valid_corpus": "corpus_en_e3c/valid.txt",
     "seq_len": 32}}, "schedules": {"mlm": [{"name": "m", "objective": "mlm", "steps": 3}]}}
 ROPE_AFTER_NONE = {"sweep": "fuzz", "base": BASE, "schedules": {
     "mlm": [{"name": "m", "objective": "mlm", "steps": 3}],
-    "rope": [{"name": "m", "objective": "mlm", "steps": 3, "data": {"rope_theta": 20000.0}}]}}
+    "rope": [{"name": "m", "objective": "mlm", "steps": 3, "data": {"rope_theta": 20000.0}}]},
+    "axes": {"schedule": ["mlm", "rope"]}}
 
 
 def test_a_mixture_member_that_is_a_mixture_is_a_located_error(tmp_path):

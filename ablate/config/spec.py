@@ -92,7 +92,7 @@ class ObjectiveFields(Strict):
         for key in ("mask_rate", "mask_rate_end"):
             value = getattr(self, key)
             if value is not None and not 0 < value < 1:
-                raise ValueError(f"{key} must be in (0, 1), got {value}")
+                raise Located(f"{key} must be in (0, 1)", key, value, "a rate in (0, 1)")
         return self
 
     @property
@@ -302,24 +302,26 @@ class RunSpec(Strict):
     @classmethod
     def _phase_list(cls, phases):
         if not phases:
-            raise ValueError("at least one phase is needed")
+            raise ValueError("at least one phase is needed; allowed: a list of phases")
         names = [p.name for p in phases]
         if len(set(names)) != len(names):
-            raise ValueError(f"phase names must be unique, got {names}")
+            raise ValueError(f"phase names must be unique, got {names}; allowed: distinct names")
         return phases
 
     @model_validator(mode="after")
     def _check(self):
         fractions = [p.fraction for p in self.phases if p.fraction is not None]
         if fractions and self.budget_tokens is None:
-            raise ValueError("a phase length given as a fraction needs budget_tokens")
+            raise Located("a phase length given as a fraction needs budget_tokens", "budget_tokens", None,
+                          "budget_tokens: N, or phase lengths in steps or tokens")
         if fractions and not math.isclose(sum(fractions), 1.0, rel_tol=0, abs_tol=1e-9):
-            raise ValueError(f"the phases' fractions of budget_tokens add up to {sum(fractions):g}, not 1: "
-                             f"{' + '.join(f'{f:g}' for f in fractions)} (give the rest as a fraction too, or "
-                             "lengths in steps or tokens)")
+            raise Located(f"the phases' fractions of budget_tokens add up to {sum(fractions):g}, not 1: "
+                          f"{' + '.join(f'{f:g}' for f in fractions)}", "phases", sum(fractions),
+                          "fractions adding up to 1 (give the rest as a fraction too), or lengths in steps or tokens")
         mb = self.micro_batch_size
         if isinstance(mb, int) and self.batch_size % mb:
-            raise ValueError(f"batch_size {self.batch_size} is not a multiple of micro_batch_size {mb}")
+            raise Located(f"batch_size {self.batch_size} is not a multiple of micro_batch_size {mb}",
+                          "micro_batch_size", mb, f"a divisor of batch_size {self.batch_size}")
         return self
 
     @property
