@@ -130,7 +130,8 @@ NAMED = {       # fields whose values are names of things: mostly ones that exis
     "freeze": st.one_of(st.sampled_from(FREEZE), st.lists(st.sampled_from(FREEZE), max_size=2)),
     "text_field": st.sampled_from(["text", "body"]),
     "data_root": st.none(), "prepared_root": st.none(),
-    "steps": st.integers(-1, 4), "tokens": st.integers(-1, 600), "seq_len": st.sampled_from([4, 8, 16, 32, 64, 600]),
+    "steps": st.integers(-1, 4), "tokens": st.integers(-1, 600),
+    "seq_len": st.sampled_from([4, 8, 16, 32, 64, 600]),
     "max_documents": st.integers(-1, 200), "rope_theta": st.sampled_from([-1.0, 0.0, 10000.0, 160000.0]),
     "local_rope_theta": st.sampled_from([-1.0, 0.0, 10000.0]),
 }
@@ -337,3 +338,145 @@ def _cli(argv) -> _Ran:
     with redirect_stdout(out), redirect_stderr(err):
         code = main(argv)
     return _Ran(code, out.getvalue(), err.getvalue())
+
+
+# ----------------------------------------------------------- phase data, data blocks, task files, tune files
+
+def data_checks(path: str):
+    """A run spec's data as the runs read it: every phase's members resolved, every corpus checked."""
+    from ablate.config.spec import load_run_spec
+    from ablate.data.mixture import phase_data as resolved
+    from ablate.launch.preparation import check_corpora
+
+    spec = load_run_spec(path)
+    resolved(spec)
+    return check_corpora([spec], file=path)
+
+
+@st.composite
+def data_specs(draw):
+    spec = {**copy.deepcopy(BASE), "phases": [{"name": "a", "objective": "mlm", "steps": 2}]}
+    spec["data"] = draw(data_block)
+    later = st.fixed_dictionaries({"name": st.sampled_from(["b", "c"]), "steps": st.just(1),
+                                   "objective": st.just("mlm"), "data": phase_data})
+    spec["phases"] += draw(st.lists(later,
+                                    max_size=2, unique_by=lambda p: p["name"]))
+    return draw(mutated(spec)) if draw(st.booleans()) else spec
+
+
+@settings(FAST, max_examples=300)
+@given(data_specs())
+def test_every_data_block_and_phase_data_is_accepted_or_a_located_spec_error(spec):
+    with tempfile.TemporaryDirectory() as folder:
+        accepted_or_located(data_checks, written(spec, Path(folder), "run.yaml"))
+
+
+TASK = yaml.safe_load((REPO / "grids" / "tasks" / "ncbi_disease.yaml").read_text())
+
+
+def task_checks(path: str):
+    from ablate.evaluate.tasks import load_task, resolve_settings
+
+    return resolve_settings(load_task(path))
+
+
+@settings(FAST, max_examples=500)
+@given(mutated(TASK))
+def test_every_task_file_is_accepted_or_a_located_spec_error(task):
+    with tempfile.TemporaryDirectory() as folder:
+        accepted_or_located(task_checks, written(task, Path(folder), "ncbi_disease.yaml"))
+
+
+TUNE = yaml.safe_load((REPO / "grids" / "tune.yaml").read_text())
+
+
+def tune_checks(path: str):
+    from ablate.tune.spec import load_tune
+
+    return load_tune(path)
+
+
+@settings(FAST, max_examples=150)
+@given(mutated(TUNE))
+def test_every_tune_file_is_accepted_or_a_located_spec_error(tune):
+    with tempfile.TemporaryDirectory() as folder:
+        accepted_or_located(tune_checks, written(tune, Path(folder), "tune.yaml"))
+
+
+# ------------------------------------------------------------------------ the dry run against a submission
+
+class _Submitted(Exception):
+    """The scheduler stub's: the submission got as far as submitting."""
+
+
+class _RecordingScheduler:
+    def __init__(self, *args, **kwargs):
+        self.executor = SimpleNamespace(update_parameters=lambda **kw: None)
+
+    def submit(self, run_dirs):
+        raise _Submitted([Path(d).name for d in run_dirs])
+
+
+REFUSED_LATER = ("a real submission refuses it", " !")     # what the dry run flags and the submission refuses
+
+
+def dry_run_then_submission(grid, folder: Path) -> None:
+    path = written(grid, folder)
+    dry = _cli(["sweep", path, "--dry-run", "--results", str(folder / "dry")])
+    patch = pytest.MonkeyPatch()
+    patch.setattr("ablate.launch.scheduler.Scheduler", _RecordingScheduler)
+    try:
+        submitted = _cli(["sweep", path, "--results", str(folder / "real"), "--executor", "local"])
+    except _Submitted:
+        submitted = None
+    finally:
+        patch.undo()
+    if dry.code == 2:
+        assert submitted is not None and submitted.code == 2, dry.err
+        assert submitted.err.splitlines()[0] == dry.err.splitlines()[0]
+    elif submitted is not None:
+        assert submitted.code == 2, submitted.err
+        assert any(flag in dry.out for flag in REFUSED_LATER), (submitted.err, dry.out)
+
+
+@settings(FAST, max_examples=12)
+@given(grids())
+@example(MISSING_MEMBER)
+@example(ROPE_AFTER_NONE)
+def test_the_dry_run_refuses_what_the_submission_refuses(grid):
+    with tempfile.TemporaryDirectory() as folder:
+        dry_run_then_submission(grid, Path(folder))
+
+
+# ---------------------------------------------------------------------------------- more of each: slow
+
+@pytest.mark.slow
+@settings(FAST, max_examples=3000)
+@given(grids())
+def test_many_grids_are_accepted_or_a_located_spec_error(grid):
+    with tempfile.TemporaryDirectory() as folder:
+        accepted_or_located(grid_checks, written(grid, Path(folder)))
+
+
+@pytest.mark.slow
+@settings(FAST, max_examples=3000)
+@given(run_specs())
+def test_many_run_specs_are_accepted_or_a_located_spec_error(spec):
+    with tempfile.TemporaryDirectory() as folder:
+        accepted_or_located(run_spec_checks, written(spec, Path(folder), "run.yaml"))
+
+
+@pytest.mark.slow
+@settings(FAST, max_examples=200)
+@given(grids())
+def test_many_dry_runs_refuse_what_their_submissions_refuse(grid):
+    with tempfile.TemporaryDirectory() as folder:
+        dry_run_then_submission(grid, Path(folder))
+
+
+@pytest.mark.slow
+@settings(FAST, max_examples=3000)
+@given(data_specs())
+def test_many_data_blocks_are_accepted_or_a_located_spec_error(spec):
+    with tempfile.TemporaryDirectory() as folder:
+        accepted_or_located(data_checks, written(spec, Path(folder), "run.yaml"))

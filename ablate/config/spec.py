@@ -317,7 +317,8 @@ class RunSpec(Strict):
         if fractions and not math.isclose(sum(fractions), 1.0, rel_tol=0, abs_tol=1e-9):
             raise Located(f"the phases' fractions of budget_tokens add up to {sum(fractions):g}, not 1: "
                           f"{' + '.join(f'{f:g}' for f in fractions)}", "phases", sum(fractions),
-                          "fractions adding up to 1 (give the rest as a fraction too), or lengths in steps or tokens")
+                          "fractions adding up to 1 (give the rest as a fraction too), or lengths in steps or "
+                          "tokens")
         mb = self.micro_batch_size
         if isinstance(mb, int) and self.batch_size % mb:
             raise Located(f"batch_size {self.batch_size} is not a multiple of micro_batch_size {mb}",

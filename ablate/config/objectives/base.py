@@ -105,7 +105,8 @@ class Objective:
             if name not in self.fields and getattr(params, name, None) is not None:
                 readers = ", ".join(_readers_of(name)) or "none"
                 raise Located(f"{name} does not apply to objective {self.name} (it applies to: {readers})", name,
-                              getattr(params, name), f"the fields of {self.name}: {', '.join(self.fields) or 'none'}")
+                              getattr(params, name),
+                              f"the fields of {self.name}: {', '.join(self.fields) or 'none'}")
 
     def identity(self, params) -> dict[str, Any]:
         """What makes this objective what it is on `params`, defaults resolved (0.15 and None are one rate)."""
