@@ -38,7 +38,7 @@ class LRSchedule(Strict):
     @model_validator(mode="after")
     def _one_warmup(self):
         if self.warmup_steps and self.warmup_fraction:
-            raise ValueError("give warmup_steps or warmup_fraction, not both")
+            raise ValueError("give warmup_steps or warmup_fraction, not both; allowed: one of them")
         # compared with the default, not with what was written: a dumped spec (spec.json) writes every field
         if self.decay == "constant" and self.final_fraction != 0.0:
             raise Located("a constant LR never decays to final_fraction: give decay too", "final_fraction",
@@ -137,14 +137,15 @@ class PhaseSpec(ObjectiveFields):
             if item not in FREEZE_WORDS and parse_layer_range(item) is None:
                 raise ValueError(f"unknown freeze group {item!r}; allowed: {FREEZE_ALLOWED}")
         if "none" in v and len(v) > 1:
-            raise ValueError("'none' cannot be combined with other freeze groups")
+            raise ValueError("'none' cannot be combined with other freeze groups; allowed: 'none' alone")
         return v
 
     @model_validator(mode="after")
     def _check(self):
         given = [k for k in ("steps", "tokens", "fraction") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"a phase needs exactly one length: steps, tokens or fraction (got {given or 'none'})")
+            raise ValueError(f"a phase needs exactly one length: steps, tokens or fraction (got {given or 'none'}); "
+                             "allowed: one of steps: N, tokens: N, fraction: F")
         return self
 
 

@@ -47,7 +47,7 @@ class Mixture(Objective):
                           ", ".join(n for n in names() if n != self.name))
         super().check(params)
         if not params.mixture:
-            raise ValueError("objective mixture needs `mixture:` members (objective, weight, its fields)")
+            raise ValueError("objective mixture needs `mixture:` members; allowed: [{objective, weight, its fields}, ...]")
         for member in params.mixture:
             if member.objective == self.name:
                 raise ValueError("a mixture member cannot itself be a mixture")
