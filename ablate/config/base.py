@@ -193,7 +193,13 @@ def _problem(err: dict, prefix: str) -> tuple[str, str, Any, str | None, tuple]:
     elif err["type"] == "extra_forbidden":
         msg = "unknown key"
     elif err["type"] == "missing":
-        msg, value = "missing required key", None
+        msg, value, allowed = "missing required key", None, "a value for it"
+    elif "; allowed: " in msg:                        # a validator's ValueError says it in its message
+        msg, allowed = msg.split("; allowed: ", 1)
+    elif msg.startswith("Input should be "):        # pydantic's type and range errors say what is allowed
+        allowed = msg.removeprefix("Input should be ")
+    elif " should " in msg and err["type"] != "value_error":      # e.g. List should have at least 1 item
+        allowed = msg.split(" should ", 1)[1]
     key = ".".join(p for p in (prefix, format_loc(loc)) if p)
     return key, msg, value, allowed, loc
 

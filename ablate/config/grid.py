@@ -227,7 +227,8 @@ def _looks_like_source(value: str) -> bool:
 def check_references(grid: GridSpec, file: str) -> None:
     """Everything about the grid that one key alone cannot say: names that must exist, axes that must agree."""
     if not grid.schedules:
-        raise SpecError("at least one schedule is needed", file=file, key="schedules")
+        raise SpecError("at least one schedule is needed", file=file, key="schedules",
+                        allowed="schedules: {NAME: [phases]}")
     named = (grid.baseline,) if isinstance(grid.baseline, str) else grid.baseline
     if not named or len(set(named)) < len(named):
         raise SpecError("the baseline names each schedule once", file=file, key="baseline",

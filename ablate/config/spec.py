@@ -38,7 +38,7 @@ class LRSchedule(Strict):
     @model_validator(mode="after")
     def _one_warmup(self):
         if self.warmup_steps and self.warmup_fraction:
-            raise ValueError("give warmup_steps or warmup_fraction, not both")
+            raise ValueError("give warmup_steps or warmup_fraction, not both; allowed: one of them")
         # compared with the default, not with what was written: a dumped spec (spec.json) writes every field
         if self.decay == "constant" and self.final_fraction != 0.0:
             raise Located("a constant LR never decays to final_fraction: give decay too", "final_fraction",
@@ -92,7 +92,7 @@ class ObjectiveFields(Strict):
         for key in ("mask_rate", "mask_rate_end"):
             value = getattr(self, key)
             if value is not None and not 0 < value < 1:
-                raise ValueError(f"{key} must be in (0, 1), got {value}")
+                raise Located(f"{key} must be in (0, 1)", key, value, "a rate in (0, 1)")
         return self
 
     @property
@@ -137,14 +137,15 @@ class PhaseSpec(ObjectiveFields):
             if item not in FREEZE_WORDS and parse_layer_range(item) is None:
                 raise ValueError(f"unknown freeze group {item!r}; allowed: {FREEZE_ALLOWED}")
         if "none" in v and len(v) > 1:
-            raise ValueError("'none' cannot be combined with other freeze groups")
+            raise ValueError("'none' cannot be combined with other freeze groups; allowed: 'none' alone")
         return v
 
     @model_validator(mode="after")
     def _check(self):
         given = [k for k in ("steps", "tokens", "fraction") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"a phase needs exactly one length: steps, tokens or fraction (got {given or 'none'})")
+            raise ValueError(f"a phase needs exactly one length: steps, tokens or fraction (got {given or 'none'}); "
+                             "allowed: one of steps: N, tokens: N, fraction: F")
         return self
 
 
@@ -334,24 +335,27 @@ class RunSpec(Strict):
     @classmethod
     def _phase_list(cls, phases):
         if not phases:
-            raise ValueError("at least one phase is needed")
+            raise ValueError("at least one phase is needed; allowed: a list of phases")
         names = [p.name for p in phases]
         if len(set(names)) != len(names):
-            raise ValueError(f"phase names must be unique, got {names}")
+            raise ValueError(f"phase names must be unique, got {names}; allowed: distinct names")
         return phases
 
     @model_validator(mode="after")
     def _check(self):
         fractions = [p.fraction for p in self.phases if p.fraction is not None]
         if fractions and self.budget_tokens is None:
-            raise ValueError("a phase length given as a fraction needs budget_tokens")
+            raise Located("a phase length given as a fraction needs budget_tokens", "budget_tokens", None,
+                          "budget_tokens: N, or phase lengths in steps or tokens")
         if fractions and not math.isclose(sum(fractions), 1.0, rel_tol=0, abs_tol=1e-9):
-            raise ValueError(f"the phases' fractions of budget_tokens add up to {sum(fractions):g}, not 1: "
-                             f"{' + '.join(f'{f:g}' for f in fractions)} (give the rest as a fraction too, or "
-                             "lengths in steps or tokens)")
+            raise Located(f"the phases' fractions of budget_tokens add up to {sum(fractions):g}, not 1: "
+                          f"{' + '.join(f'{f:g}' for f in fractions)}", "phases", sum(fractions),
+                          "fractions adding up to 1 (give the rest as a fraction too), or lengths in steps or "
+                          "tokens")
         mb = self.micro_batch_size
         if isinstance(mb, int) and self.batch_size % mb:
-            raise ValueError(f"batch_size {self.batch_size} is not a multiple of micro_batch_size {mb}")
+            raise Located(f"batch_size {self.batch_size} is not a multiple of micro_batch_size {mb}",
+                          "micro_batch_size", mb, f"a divisor of batch_size {self.batch_size}")
         return self
 
     @property

@@ -70,20 +70,33 @@ def _by_corpus(specs: list[RunSpec]) -> list[tuple[DataSpec, str, list[RunSpec],
     return [(ones[0].data, ones[0].tokenizer or ones[0].model, runs, ones) for runs, ones in groups.values()]
 
 
-def _reads(specs: list[RunSpec]) -> list[tuple[DataSpec, str]]:
-    """(data spec, which field) of every distinct corpus the runs read: the training corpus, and the held-out
-    one of runs with layer probes."""
-    seen: dict[tuple, tuple[DataSpec, str]] = {}
-    for _, spec in _sources(specs):
+def written_key(run: RunSpec, corpus: str) -> str:
+    """Where the run names `corpus`: data.corpus, data.mixture[i].corpus, phases[j].data(.mixture[i]).corpus."""
+    places = [("data", run.data)] + [(f"phases[{j}].data", p.data) for j, p in enumerate(run.phases) if p.data]
+    for at, data in places:
+        if data.corpus == corpus:
+            return f"{at}.corpus"
+        for i, member in enumerate(data.mixture or ()):
+            if member.corpus == corpus:
+                return f"{at}.mixture[{i}].corpus"
+    return "data.corpus"
+
+
+def _reads(specs: list[RunSpec]) -> list[tuple[DataSpec, str, str]]:
+    """(data spec, which field, the key it is written at) of every distinct corpus the runs read: the training
+    corpus, and the held-out one of runs with layer probes."""
+    seen: dict[tuple, tuple[DataSpec, str, str]] = {}
+    for run, spec in _sources(specs):
         fields = ["corpus"] + (["valid_corpus"] if spec.probe.n_texts > 0 and spec.data.valid_corpus else [])
         for which in fields:
-            seen.setdefault((which, getattr(spec.data, which), spec.data.data_root), (spec.data, which))
+            key = written_key(run, spec.data.corpus) if which == "corpus" else f"data.{which}"
+            seen.setdefault((which, getattr(spec.data, which), spec.data.data_root), (spec.data, which, key))
     return list(seen.values())
 
 
-def _located(exc: SpecError, file: str | None) -> SpecError:
-    """The same error (same type) naming `file` when it names none."""
-    return type(exc)(exc.message, file=exc.file or file, key=exc.key, value=exc.value, allowed=exc.allowed)
+def _located(exc: SpecError, file: str | None, key: str | None = None) -> SpecError:
+    """The same error (same type) naming `file` when it names none (and `key`, where the run wrote it)."""
+    return type(exc)(exc.message, file=exc.file or file, key=key or exc.key, value=exc.value, allowed=exc.allowed)
 
 
 def check_corpora(specs: list[RunSpec], file: str | None = None) -> list[SpecError]:
@@ -91,13 +104,13 @@ def check_corpora(specs: list[RunSpec], file: str | None = None) -> list[SpecErr
     naming the grid or spec file otherwise. Returns those that are missing, as the errors a real submission
     raises (require_corpora): a dry run goes on and warns of them."""
     missing = []
-    for data, which in _reads(specs):
+    for data, which, key in _reads(specs):
         try:
             resolve_sources(data, which)
         except CorpusNotFound as exc:
-            missing.append(_located(exc, file))
+            missing.append(_located(exc, file, key))
         except SpecError as exc:
-            raise _located(exc, file) from None
+            raise _located(exc, file, key if exc.key == f"data.{which}" else None) from None
     return missing
 
 
@@ -146,7 +159,8 @@ def _sequences(tokens: int, seq_lens: set[int]) -> str:
     return "".join(f", {tokens // n:,} sequences of {n}" for n in sorted(seq_lens))
 
 
-def known_size(data: DataSpec, tok: str, target: str, seq_lens: set[int]) -> tuple[CorpusSize, str]:
+def known_size(data: DataSpec, tok: str, target: str, seq_lens: set[int], key: str | None = None
+               ) -> tuple[CorpusSize, str]:
     """What a dry run knows of a corpus's tokens without tokenizing it, and a line saying how it knows:
     counted when prepared, else estimated from its bytes, else unknown; `target` is what `ablate prepare`
     takes to count them, `seq_lens` the runs' sequence lengths."""
@@ -154,7 +168,7 @@ def known_size(data: DataSpec, tok: str, target: str, seq_lens: set[int]) -> tup
     try:
         sources = resolve_sources(data)
     except CorpusNotFound as exc:
-        return CorpusSize(None, missing=True), _missing_line(exc, target)
+        return CorpusSize(None, missing=True), _missing_line(_located(exc, None, key), target)
     tokenizer = local_tokenizer(tok)
     tokens = None if tokenizer is None else prepared_tokens(data, tokenizer)
     if tokens is not None:
@@ -174,8 +188,9 @@ def corpus_sizes(specs: list[RunSpec], target: str) -> tuple[dict[str, CorpusSiz
     """known_size of each distinct corpus, by corpus_key, and the lines of the dry run: one per corpus, and a
     warning per missing held-out corpus."""
     sizes, lines = {}, []
-    for data, tok, _, ones in _by_corpus(specs):
-        sizes[corpus_key(ones[0])], line = known_size(data, tok, target, {s.data.seq_len for s in ones})
+    for data, tok, runs, ones in _by_corpus(specs):
+        sizes[corpus_key(ones[0])], line = known_size(data, tok, target, {s.data.seq_len for s in ones},
+                                                      written_key(runs[0], data.corpus))
         lines.append(line)
     held_out = [exc for exc in check_corpora(specs, target) if exc.key == "data.valid_corpus"]
     return sizes, lines + [_missing_line(exc, target) for exc in held_out]

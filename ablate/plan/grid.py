@@ -115,6 +115,10 @@ def _phases(grid: GridSpec, schedule: str, mask_name: str, data_name: str | None
     phases = [copy.deepcopy(dict(p)) for p in (*grid.prelude, *grid.schedules[schedule])]
     n_prelude = len(grid.prelude)
     keys = [f"prelude[{i}]" if i < n_prelude else f"schedules.{schedule}[{i - n_prelude}]" for i in range(len(phases))]
+    for p, key in zip(phases, keys):
+        if "name" in p and not isinstance(p["name"], str):      # masks and data choices look phases up by name
+            raise SpecError("a phase's name is a string", key=f"{key}.name", value=type(p["name"]).__name__,
+                            allowed="letters, digits, _ . -")
     mask = grid.freeze_masks.get(mask_name, {})
     check_named_phases("freeze mask", "freeze_masks", mask_name, mask, schedule, phases)
     origins = []

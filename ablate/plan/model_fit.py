@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ablate.config.errors import SpecError
-from ablate.config.sources import ROPE_KEYS
+from ablate.config.sources import ROPE_KEYS, phase_rope_thetas
 from ablate.config.spec import RunSpec
 
 # the config.model_type values whose position ids are offset by the padding index
@@ -146,7 +146,8 @@ def _distinct(specs: list[RunSpec]) -> list[RunSpec]:
     """One spec per combination of what is checked (a sweep's arms and seeds share most of it)."""
     out: dict[tuple, RunSpec] = {}
     for spec in specs:
-        key = (spec.model, spec.tokenizer, spec.attn_implementation, tuple(lengths_asked(spec)))
+        thetas = tuple(tuple(sorted(t.items())) for t in phase_rope_thetas(spec.phases).values())
+        key = (spec.model, spec.tokenizer, spec.attn_implementation, tuple(lengths_asked(spec)), thetas)
         out.setdefault(key, spec)
     return list(out.values())
 

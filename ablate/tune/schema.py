@@ -138,7 +138,7 @@ class Tune:
 def _number(value: Any, file, key) -> float:
     """A finite number, or a string that reads as one ("1e-4" quoted); anything else is refused."""
     if isinstance(value, bool):
-        raise SpecError("expected a number", file=file, key=key, value=value)
+        raise SpecError("expected a number", file=file, key=key, value=value, allowed="a finite number")
     number = value
     if isinstance(value, str):
         try:
@@ -148,7 +148,8 @@ def _number(value: Any, file, key) -> float:
     if isinstance(number, (int, float)) and math.isfinite(number):
         return number
     raise SpecError("expected a finite number", file=file, key=key,
-                    value=value if isinstance(value, (str, float)) else None)
+                    value=value if isinstance(value, (str, float)) else type(value).__name__,
+                    allowed="a finite number, e.g. 1.0e-4")
 
 
 def parse_param(key: str, raw: Any, file: str | None) -> Param:
@@ -157,7 +158,8 @@ def parse_param(key: str, raw: Any, file: str | None) -> Param:
         raw = {"choices": raw}
     if not isinstance(raw, dict):
         raise SpecError("a search-space entry must be a mapping (type, low, high, log, step) or a list of choices",
-                        file=file, key=where)
+                        file=file, key=where, value=raw if isinstance(raw, (str, int, float)) else None,
+                        allowed="{low, high} (with type, log, step), or [choices]")
     allowed = {"type", "low", "high", "log", "step", "choices"}
     for k in raw:
         if k not in allowed:
@@ -180,31 +182,37 @@ def parse_param(key: str, raw: Any, file: str | None) -> Param:
                                 key=f"{where}.choices", value=str(c))
         extra = set(raw) - {"type", "choices"}
         if extra:
-            raise SpecError("a categorical parameter takes only choices", file=file, key=f"{where}.{sorted(extra)[0]}")
+            raise SpecError("a categorical parameter takes only choices", file=file, key=f"{where}.{sorted(extra)[0]}",
+                            allowed="choices: [...]")
         return Param(key, "categorical", choices=tuple(choices))
     if "choices" in raw:
-        raise SpecError(f"a {kind} parameter takes low/high, not choices", file=file, key=f"{where}.choices")
+        raise SpecError(f"a {kind} parameter takes low/high, not choices", file=file, key=f"{where}.choices",
+                        allowed="low, high, log, step")
     for bound in ("low", "high"):
         if bound not in raw:
-            raise SpecError(f"a {kind} parameter needs {bound}", file=file, key=f"{where}.{bound}")
+            raise SpecError(f"a {kind} parameter needs {bound}", file=file, key=f"{where}.{bound}",
+                            allowed=f"{bound}: a number")
     low, high = _number(raw["low"], file, f"{where}.low"), _number(raw["high"], file, f"{where}.high")
     log = raw.get("log", False)
     if not isinstance(log, bool):
-        raise SpecError("log must be true or false", file=file, key=f"{where}.log", value=log)
+        raise SpecError("log must be true or false", file=file, key=f"{where}.log", value=log, allowed="true, false")
     step = raw.get("step")
     if step is not None:
         step = _number(step, file, f"{where}.step")
         if step <= 0:
-            raise SpecError("step must be positive", file=file, key=f"{where}.step", value=step)
+            raise SpecError("step must be positive", file=file, key=f"{where}.step", value=step, allowed="a step > 0")
         if log:
-            raise SpecError("log scale and step cannot be combined", file=file, key=f"{where}.step", value=step)
+            raise SpecError("log scale and step cannot be combined", file=file, key=f"{where}.step", value=step,
+                        allowed="step without log: true")
     if kind == "int":
         for name, v in (("low", low), ("high", high)):
             if float(v) != int(v):
-                raise SpecError("an int parameter needs whole-number bounds", file=file, key=f"{where}.{name}", value=v)
+                raise SpecError("an int parameter needs whole-number bounds", file=file, key=f"{where}.{name}", value=v,
+                                allowed="a whole number")
         low, high = int(low), int(high)
         if step is not None and float(step) != int(step):
-            raise SpecError("an int parameter needs a whole-number step", file=file, key=f"{where}.step", value=step)
+            raise SpecError("an int parameter needs a whole-number step", file=file, key=f"{where}.step", value=step,
+                            allowed="a whole number")
         step = int(step) if step is not None else None
     else:
         low, high = float(low), float(high)
@@ -255,7 +263,7 @@ def check_key(param: Param, spec: TuneSpec, file: str | None) -> None:
                 raise SpecError("names a phase that no schedule (or the prelude) has", file=file, key=where,
                                 value=n, allowed=", ".join(phases))
         if prefix == "phases" and parts[2] == "name":
-            raise SpecError("a phase's name cannot be searched", file=file, key=where)
+            raise SpecError("a phase's name cannot be searched", file=file, key=where, allowed="another field")
         if prefix == "share" and (param.kind == "categorical" and not all(
                 isinstance(c, (int, float)) and 0 < c < 1 for c in param.choices)
                 or param.kind != "categorical" and not (0 < param.low and param.high < 1)):

@@ -33,10 +33,12 @@ def load_tune(path: str | Path, storage: str | None = None) -> Tune:
         raise in_file(exc, file) from None
     check_storage_driver(url, file)
     if not spec.schedules:
-        raise SpecError("at least one schedule is needed", file=file, key="schedules")
+        raise SpecError("at least one schedule is needed", file=file, key="schedules",
+                        allowed="schedules: {NAME: [phases]}")
     for name in RESERVED_AXES:      # the trial's run writes these: a value in base would be dropped
         if name in spec.base:
-            raise SpecError(f"not a base setting: {RESERVED_AXES[name]}", file=file, key=f"base.{name}")
+            raise SpecError(f"not a base setting: {RESERVED_AXES[name]}", file=file, key=f"base.{name}",
+                              allowed="the other run-spec keys")
     if not spec.search_space:
         raise SpecError("the search space is empty", file=file, key="search_space",
                         allowed="at least one parameter: " + KEY_FORMS)
@@ -48,13 +50,15 @@ def load_tune(path: str | Path, storage: str | None = None) -> Tune:
     make_pruner(spec.pruner, file)
     for i, fixed in enumerate(spec.enqueue):
         if not isinstance(fixed, dict):
-            raise SpecError("an enqueued trial is a mapping of parameters", file=file, key=f"enqueue[{i}]")
+            raise SpecError("an enqueued trial is a mapping of parameters", file=file, key=f"enqueue[{i}]",
+                            allowed="{parameter: value, ...}")
         for k, v in fixed.items():
             if k not in params:
                 raise SpecError("not a search-space parameter", file=file, key=f"enqueue[{i}].{k}", value=k,
                                 allowed=", ".join(params))
             if not params[k].contains(v):
-                raise SpecError("outside the parameter's range", file=file, key=f"enqueue[{i}].{k}", value=v)
+                raise SpecError("outside the parameter's range", file=file, key=f"enqueue[{i}].{k}", value=v,
+                                allowed="a value in the parameter's range")
     _check_runs(tune)
     return tune
 

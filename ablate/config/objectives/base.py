@@ -7,6 +7,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from ablate.config.base import Located
+
 IGNORE = -100
 BIDIRECTIONAL, CAUSAL, PREFIX = "bidirectional", "causal", "prefix"
 PATTERNS = (BIDIRECTIONAL, CAUSAL, PREFIX)
@@ -102,7 +104,9 @@ class Objective:
         for name in OBJECTIVE_FIELDS:
             if name not in self.fields and getattr(params, name, None) is not None:
                 readers = ", ".join(_readers_of(name)) or "none"
-                raise ValueError(f"{name} does not apply to objective {self.name} (it applies to: {readers})")
+                raise Located(f"{name} does not apply to objective {self.name} (it applies to: {readers})", name,
+                              getattr(params, name),
+                              f"the fields of {self.name}: {', '.join(self.fields) or 'none'}")
 
     def identity(self, params) -> dict[str, Any]:
         """What makes this objective what it is on `params`, defaults resolved (0.15 and None are one rate)."""

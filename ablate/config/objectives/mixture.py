@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from ablate.config.objectives.base import Batch, Objective
-from ablate.config.objectives.registry import get
+from ablate.config.base import Located
+from ablate.config.objectives.registry import get, names
 
 GRANULARITIES = ("step", "micro-batch", "sequence")
 
@@ -41,9 +42,12 @@ class Mixture(Objective):
     summary = "weighted members within a phase, by step, micro-batch or sequence"
 
     def check(self, params) -> None:
+        if not hasattr(params, "mixture"):      # a member of a mixture (it has no members of its own)
+            raise Located("a mixture member cannot itself be a mixture", "objective", self.name,
+                          ", ".join(n for n in names() if n != self.name))
         super().check(params)
         if not params.mixture:
-            raise ValueError("objective mixture needs `mixture:` members (objective, weight, its fields)")
+            raise ValueError("objective mixture needs `mixture:` members; allowed: [{objective, weight, its fields}, ...]")
         for member in params.mixture:
             if member.objective == self.name:
                 raise ValueError("a mixture member cannot itself be a mixture")

@@ -30,7 +30,7 @@ def names() -> tuple[str, ...]:
 def get(name: str) -> Objective:
     entries = _load()
     if name not in entries:
-        raise ValueError(f"unknown objective {name!r}; registered: {', '.join(sorted(entries))}")
+        raise ValueError(f"unknown objective {name!r}; allowed: {', '.join(sorted(entries))}")
     return entries[name]
 
 
