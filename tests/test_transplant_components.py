@@ -77,7 +77,8 @@ def test_every_family_declares_disjoint_components_found_in_every_block():
         assert {c for c, _ in family.components} == set(COMPONENTS), family.name
         depth = model.config.num_hidden_layers
         for component in COMPONENTS:
-            blocks = {layer_of(n, family) for n, _ in model.named_parameters() if family.component_of(n) == component}
+            blocks = {layer_of(n, family) for n, _ in model.named_parameters()
+                      if family.component_of(n) == component}
             assert blocks == {str(i) for i in range(depth)}, (family.name, component)
 
 
@@ -188,7 +189,8 @@ def test_a_probed_hybrid_is_measured_against_whole_model_copies_under_the_same_p
     assert row["recovery_pct"] == pytest.approx(50.0) and row["reference"] == "from: whole-model copy; " \
                                                                               "into: whole-model copy"
     lacking = recovery_table(u, runs[runs["schedule"] != "mlm_copy"], ("finetune_seed",)).iloc[0]
-    assert np.isnan(lacking["recovery_pct"]) and "no scores of mlm under the hybrid's evaluation" in lacking["note"]
+    assert np.isnan(lacking["recovery_pct"])
+    assert "no scores of mlm under the hybrid's evaluation" in lacking["note"]
 
 
 def test_the_transplant_table_has_the_recovery_row(tmp_path, capsys):

@@ -161,7 +161,8 @@ _BERT_PARTS = (("attention", ("attention.",)), ("mlp", ("intermediate.", "output
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("bert", ("bert",), "bert", ("embeddings.",), _BERT_LAYERS,
            _modules("cls.predictions.transform"), _linear("cls.predictions.decoder"),
-           {"sdpa": "flag", "eager": "additive"}, _QKV, "tiny-bert", lora_full=("pooler",), components=_BERT_PARTS),
+           {"sdpa": "flag", "eager": "additive"}, _QKV, "tiny-bert", lora_full=("pooler",),
+           components=_BERT_PARTS),
     # also CamemBERT (CamemBERT-bio, DrBERT), XLM-R, BioMed-RoBERTa
     Family("roberta", ("roberta", "camembert", "xlm-roberta"), "roberta", ("embeddings.",), _BERT_LAYERS,
            _roberta_transform, _linear("lm_head.decoder"), {"sdpa": "flag", "eager": "additive"}, _QKV,

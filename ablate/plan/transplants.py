@@ -80,9 +80,10 @@ def derived_spec(into: RunSpec, from_id: str, into_id: str, words: tuple[str, ..
     chosen, split = resolve_split(words, components, depth, key)
     data = dump_run_spec(into)
     labels = data.get("labels") or {}
-    data["labels"] = {**labels, "axes": {**(labels.get("axes") or {}), "schedule": f"{names[1]}_{names[0]}[{split}]",
-                                         "freeze": "none"},
-                      "derived": {"kind": "transplant", "from": from_id, "into": into_id, "layers": chosen.describe(),
+    axes = {**(labels.get("axes") or {}), "schedule": f"{names[1]}_{names[0]}[{split}]", "freeze": "none"}
+    data["labels"] = {**labels, "axes": axes,
+                      "derived": {"kind": "transplant", "from": from_id, "into": into_id,
+                                  "layers": chosen.describe(),
                                   "words": list(words), "components": list(components), "split": split,
                                   "from_arm": names[0], "into_arm": names[1],
                                   "whole": not components and chosen == resolve_freeze(("encoder", "head"), depth),
@@ -151,7 +152,8 @@ def plan_transplants(grid: GridSpec, runs: list[PlannedRun], models: dict[str, t
                     raise SpecError(f"the same transplant as {seen[rid]}", key=key,
                                     value=f"{names[0]} -> {names[1]} [{spec.labels['derived']['split']}]")
                 seen[rid] = key
-                planned.append(PlannedTransplant(rid, key, from_id, into_id, spec, own_eval(entry.tasks, entry.eval)))
+                planned.append(PlannedTransplant(rid, key, from_id, into_id, spec,
+                                                 own_eval(entry.tasks, entry.eval)))
         except SpecError as exc:
             raise SpecError(exc.message, file=file, key=exc.key, value=exc.value, allowed=exc.allowed) from None
     return planned, warnings
