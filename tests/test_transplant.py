@@ -136,7 +136,7 @@ ARMS = "allowed: mlm, clm_detour, clm_detour/low_clm"
     ({"from": "clm_detour", "into": "mlm", "layers": [0, "2-4"]}, "transplants[0].layers",
      "layer range goes past the model's depth (4 layers: 0-3); got '2-4'"),
     ({"from": "clm_detour", "into": "mlm", "layers": "low", "seeds": [1]}, "transplants[0].seeds",
-     "unknown key; allowed: from, into, layers, tasks"),
+     "unknown key; allowed: from, into, layers, components, tasks, eval"),
     ({"from": "clm_detour", "into": "mlm"}, "transplants[0].layers", "missing required key"),
     ({"from": "mlm", "into": "mlm", "layers": "low"}, "transplants[0].into", "the same arm"),
     ({"from": "clm_detour", "into": "mlm", "layers": "low", "tasks": ["nope"]}, "transplants[0].tasks",

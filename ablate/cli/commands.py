@@ -376,7 +376,8 @@ def cmd_transplant(args) -> int:
     sweep = _sweep(args)
     runs = tables.collect(sweep.root, write=False).tables["runs"]
     tasks, seeds = tuple(args.task) if args.task else None, tuple(args.seeds) if args.seeds else None
-    planned = plan_transplant(sweep.root, runs, args.source, args.target, args.layers, tasks, seeds)
+    planned = plan_transplant(sweep.root, runs, args.source, args.target, args.layers, tasks, seeds,
+                              args.components)
     failed = run_here(sweep.root, planned, tasks, seeds)
     print(f"transplants: {', '.join(t.run_id for t in planned)}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     args.cka_ratio, args.pairs = None, False

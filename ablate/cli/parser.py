@@ -111,7 +111,7 @@ def _add_run_commands(sub, results, sweep, submit) -> None:
 def _add_analysis_commands(sub, results, sweep, submit) -> None:
     rp = sub.add_parser("report", parents=[sweep], help="draw a figure from a sweep's tidy tables (PNG + SVG/PDF + CSV)")
     rp.add_argument("--figure", nargs="?", const="", help="layers, deltas, curves, freeze, tune, divergence, regions, persistence (no value: list them)")
-    rp.add_argument("--table", help="scores, freeze or divergence: the paper's results tables (CSV + Markdown + LaTeX)")
+    rp.add_argument("--table", help="scores, freeze, divergence or transplant: the paper's results tables (CSV + Markdown + LaTeX)")
     rp.add_argument("--baseline", help="the arm everything is compared with (default: the mlm schedule, no freezing)")
     rp.add_argument("--reference", metavar="NAME", help="with --table scores|freeze (or --html): the published "
                     "numbers beside the measured ones: paper (the CLM-detour paper's tables)")
@@ -128,8 +128,10 @@ def _add_analysis_commands(sub, results, sweep, submit) -> None:
     tx.add_argument("--from", dest="source", required=True, metavar="ARM", help="SCHEDULE or SCHEDULE/FREEZE: "
                     "gives the embeddings and the chosen layers")
     tx.add_argument("--into", dest="target", required=True, metavar="ARM", help="gives everything else")
-    tx.add_argument("--layers", required=True, help="as a freeze mask: low, mid, high, 0-7, encoder, head, "
-                    "comma-separated (the embeddings always come along)")
+    tx.add_argument("--layers", help="as a freeze mask: low, mid, high, 0-7, encoder, head, comma-separated (the "
+                    "embeddings always come along); with --components: the blocks they come from (default all)")
+    tx.add_argument("--components", help="attention, mlp (comma-separated): only these parts of each block, "
+                    "no embeddings")
     tx.add_argument("--task", action="append", help="fine-tuning task (default: the runs' eval tasks)")
     tx.add_argument("--seeds", type=int, nargs="+", help="fine-tuning seeds (default: the runs' eval seeds)")
     tx.set_defaults(func=cmd_transplant)

@@ -34,7 +34,7 @@ from pydantic import Field, model_validator
 from ablate.config.base import Located, Strict, read_yaml, validate
 from ablate.config.errors import SpecError
 from ablate.config.spec import FREEZE_ALLOWED, FREEZE_WORDS, parse_layer_range
-from ablate.config.transplants import TransplantSpec, parse_arm, parse_layers
+from ablate.config.transplants import TransplantSpec, entry_split, parse_arm
 
 NAMED_AXES = ("schedule", "freeze", "model", "data")
 RESERVED_AXES = {"phases": "phases come from the named schedules: vary them with the `schedule` axis",
@@ -344,12 +344,13 @@ def _phases_named(grid: GridSpec, name: str):
 
 
 def check_transplants(grid: GridSpec, file: str) -> None:
-    """Each entry's arms and layer split parse (which arms exist: ablate.plan.transplants)."""
+    """Each entry's arms, layer split and components parse (which arms exist, and whether the model's family
+    declares the components: ablate.plan.transplants)."""
     for i, entry in enumerate(grid.transplants):
         try:
             parse_arm(entry.source, f"transplants[{i}].from")
             parse_arm(entry.target, f"transplants[{i}].into")
-            parse_layers(entry.layers, f"transplants[{i}].layers")
+            entry_split(entry, f"transplants[{i}]")
         except SpecError as exc:
             raise SpecError(exc.message, file=file, key=exc.key, value=exc.value, allowed=exc.allowed) from None
 

@@ -1,10 +1,17 @@
-"""Layer transplants as a user writes them, in a grid's `transplants:` block or on the command line
-(`ablate transplant --from ARM --into ARM --layers ...`): the entry's schema, the arm and layer-split
-parsers, and the derived run's id.
+"""Layer and component transplants as a user writes them, in a grid's `transplants:` block or on the
+command line (`ablate transplant --from ARM --into ARM --layers ... --components ...`): the entry's schema,
+the arm, layer-split and component parsers, and the derived run's id.
 
     transplants:
       - {from: clm_detour, into: mlm, layers: low}             # ARM: SCHEDULE or SCHEDULE/FREEZE
       - {from: mlm, into: clm_detour/low_clm, layers: [0-3, head], tasks: [ncbi_disease]}
+      - {from: clm_detour, into: mlm, components: [mlp]}       # every block's MLP, nothing else
+      - {from: clm_detour, into: mlm, layers: mid, components: [attention],
+         eval: {tasks: [diamed], seeds: [0, 1, 2], finetune: {epochs: 5}}}
+
+A layer split copies the embeddings with the chosen layers (everything in them); components copy only
+those parts of each chosen block (every block when `layers` is absent), no embeddings. Which parameters a
+component is, per architecture: ablate.models.families (Family.components). COMPONENTS is the vocabulary.
 
 May import: config.
 """
@@ -12,6 +19,7 @@ May import: config.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from pydantic import Field
 
@@ -20,6 +28,19 @@ from ablate.config.errors import SpecError
 from ablate.config.spec import FREEZE_ALLOWED, FREEZE_WORDS, parse_layer_range
 
 ARM_FORMS = "SCHEDULE or SCHEDULE/FREEZE (a schedule name, and a freeze mask name when it is not none)"
+COMPONENTS = ("attention", "mlp")    # a block's parts a transplant can copy alone (each family names its own)
+
+
+class TransplantEval(Strict):
+    """A transplant's own evaluation: what it changes of the `into` run's eval (the rest is the run's)."""
+
+    tasks: tuple[str, ...] | None = Field(default=None, description="fine-tuning tasks or suite:NAME ([] "
+                                                                    "builds only)")
+    seeds: tuple[int, ...] | None = Field(default=None, description="fine-tuning seeds")
+    finetune: dict[str, Any] = Field(default_factory=dict, description="fine-tuning settings over the run's "
+                                                                       "eval.finetune (e.g. probe: linear)")
+    protocol: str | None = Field(default=None, description="a fine-tuning profile (paper, smoke) instead of "
+                                                           "the run's")
 
 
 class TransplantSpec(Strict):
@@ -28,10 +49,15 @@ class TransplantSpec(Strict):
     source: str = Field(alias="from", description=f"the arm that gives the embeddings and the chosen layers: "
                                                   f"{ARM_FORMS}")
     target: str = Field(alias="into", description="the arm that gives everything else")
-    layers: str | int | tuple[str | int, ...] = Field(description="freeze-mask words: low, mid, high, 0-7, "
-                                                                  "encoder, head; a list or comma-separated")
+    layers: str | int | tuple[str | int, ...] | None = Field(
+        default=None, description="freeze-mask words: low, mid, high, 0-7, encoder, head; a list or "
+        "comma-separated (with components: the blocks they are taken from; default every block)")
+    components: tuple[str, ...] | None = Field(default=None, description="copy only these parts of each "
+                                               f"block: {', '.join(COMPONENTS)} (no embeddings)")
     tasks: tuple[str, ...] | None = Field(default=None, description="fine-tuning tasks (default: the runs' "
                                                                     "eval.tasks; [] builds only)")
+    eval: TransplantEval | None = Field(default=None, description="the hybrid's evaluation over the into run's: "
+                                        "tasks, seeds, finetune settings, protocol")
 
 
 def parse_layers(text: str | int | list | tuple, key: str = "--layers") -> tuple[str, ...]:
@@ -42,6 +68,32 @@ def parse_layers(text: str | int | list | tuple, key: str = "--layers") -> tuple
     if not words or bad:
         raise SpecError("not a layer split", key=key, value=bad[0] if bad else str(text), allowed=FREEZE_ALLOWED)
     return words
+
+
+def parse_components(items: str | list | tuple | None, key: str = "--components") -> tuple[str, ...]:
+    """'attention,mlp' / ['mlp'] -> the components in COMPONENTS order; None or empty -> () (whole layers)."""
+    if items is None:
+        return ()
+    names = [str(c).strip() for c in (items.split(",") if isinstance(items, str) else items) if str(c).strip()]
+    bad = [c for c in names if c not in COMPONENTS]
+    if bad or not names:
+        raise SpecError("unknown component", key=key, value=bad[0] if bad else str(items),
+                        allowed=", ".join(COMPONENTS))
+    return tuple(c for c in COMPONENTS if c in names)
+
+
+def entry_split(entry: TransplantSpec, key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(layer words, components) of a grid entry; layers are required unless components are given (then
+    every block). SpecError at `key`.layers / .components / .tasks."""
+    components = parse_components(entry.components, f"{key}.components")
+    if entry.tasks is not None and entry.eval is not None and entry.eval.tasks is not None:
+        raise SpecError("tasks given twice: as tasks and as eval.tasks", key=f"{key}.tasks",
+                        allowed="one of them")
+    if entry.layers is None:
+        if not components:
+            raise SpecError("missing required key (layers, or components for every block)", key=f"{key}.layers")
+        return ("encoder",), components
+    return parse_layers(entry.layers, f"{key}.layers"), components
 
 
 def parse_arm(text: str, key: str) -> tuple[str, str]:
@@ -57,6 +109,8 @@ def arm_name(arm: tuple[str, str]) -> str:
     return arm[0] if arm[1] == "none" else "/".join(arm)
 
 
-def derived_id(from_id: str, into_id: str, words: tuple[str, ...]) -> str:
-    """The derived run's folder name: the same two runs and layer words always give the same one."""
-    return "tx-" + hashlib.sha256(f"{from_id}|{into_id}|{','.join(words)}".encode()).hexdigest()[:10]
+def derived_id(from_id: str, into_id: str, words: tuple[str, ...], components: tuple[str, ...] = ()) -> str:
+    """The derived run's folder name: the same two runs, layer words and components always give the same
+    one (a whole-layer transplant's id is the one it had before components existed)."""
+    text = f"{from_id}|{into_id}|{','.join(words)}" + (f"|{'+'.join(components)}" if components else "")
+    return "tx-" + hashlib.sha256(text.encode()).hexdigest()[:10]

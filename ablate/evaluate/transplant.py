@@ -1,10 +1,13 @@
-"""Layer transplants: hybrid models built from two finished runs of a sweep (the embeddings and chosen
-layers from one, everything else from the other), recorded as derived runs and fine-tuned on the sweep's
-tasks, so that they appear in the runs and scores tables (`--table scores` rows) like any arm.
+"""Layer and component transplants: hybrid models built from two finished runs of a sweep (the embeddings
+and chosen layers from one, or only some components of its blocks, everything else from the other),
+recorded as derived runs and fine-tuned on the sweep's tasks (or the transplant's own evaluation), so that
+they appear in the runs and scores tables (`--table scores`, `--table transplant`) like any arm.
 
 The layer split resolves like a freeze mask (ablate.plan.freezing.resolve_freeze): low / mid / high thirds,
 ranges such as 0-7, `encoder` (embeddings, every block, the final norm) and `head` (the MLM head); the
-embeddings always come with the chosen layers. Runs are matched per seed (ablate.plan.transplants).
+embeddings always come with the chosen layers. Components (attention, mlp: the parameters the model's family
+entry names, ablate.models.families) are copied alone from each chosen block. Runs are matched per seed
+(ablate.plan.transplants).
 
 A derived run is a folder runs/tx-<digest> with spec.json (ablate.plan.transplants.derived_spec: the `into`
 run's spec; labels.derived holds the provenance and labels.axes the arm: schedule "<into>_<from>[<layers>]",
@@ -18,6 +21,7 @@ May import: config, store, models, plan, analysis, train, evaluate.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,18 +30,20 @@ import torch
 
 from ablate.config.errors import SpecError
 from ablate.config.spec import RunSpec
-from ablate.config.transplants import arm_name, derived_id, parse_arm, parse_layers
-from ablate.models.families import family_of, n_layers
+from ablate.config.transplants import arm_name, derived_id, parse_arm, parse_components, parse_layers
+from ablate.models.families import family_of, layer_of, n_layers
 from ablate.models.sources import load_config
-from ablate.plan.freezing import FrozenSet, is_frozen, resolve_freeze
-from ablate.plan.transplants import PlannedTransplant, derived_spec, match_arms
+from ablate.plan.freezing import FrozenSet, is_frozen
+from ablate.plan.transplants import PlannedTransplant, derived_spec, match_arms, resolve_split
 from ablate.store import rundir
 
 
-def hybrid_state(source, target, words: tuple[str, ...], key: str = "--layers") -> FrozenSet:
+def hybrid_state(source, target, words: tuple[str, ...], key: str = "--layers",
+                 components: tuple[str, ...] = ()) -> FrozenSet:
     """Copy the embeddings and the layers `words` name from `source` into `target` (two *ForMaskedLM of the
-    same architecture and depth), in place; returns what was copied. SpecError for different architectures
-    or depths, or layers out of range."""
+    same architecture and depth), in place, or with `components` only those parts of the blocks `words`
+    name; returns what was copied (with components: the blocks). SpecError for different architectures or
+    depths, layers out of range, a component the family does not declare."""
     cs, ct = source.config, target.config
     shapes = {n: p.shape for n, p in source.named_parameters()}
     if (cs.model_type, n_layers(cs)) != (ct.model_type, n_layers(ct)) or \
@@ -46,13 +52,26 @@ def hybrid_state(source, target, words: tuple[str, ...], key: str = "--layers") 
                         value=f"{cs.model_type} x {n_layers(cs)} layers into {ct.model_type} x {n_layers(ct)} layers",
                         allowed="two runs of the same model")
     family = family_of(ct)
-    chosen = resolve_freeze(("embeddings", *words), n_layers(ct), key)
+    family.check_components(components, "--components")
+    chosen, _ = resolve_split(words, components, n_layers(ct), key)
     params = dict(source.named_parameters())
     with torch.no_grad():
         for name, p in target.named_parameters():
-            if is_frozen(name, family, chosen):
+            if _copied(name, family, chosen, components):
                 p.copy_(params[name])
     return chosen
+
+
+def _copied(name: str, family, chosen: FrozenSet, components: tuple[str, ...]) -> bool:
+    if not components:
+        return is_frozen(name, family, chosen)
+    where = layer_of(name, family)
+    return where.isdigit() and int(where) in chosen.layers and family.component_of(name) in components
+
+
+def scoring_key(overrides: dict | None) -> str:
+    """The runs-table column transplant_eval: the hybrid's scoring overrides as canonical JSON, '' for none."""
+    return json.dumps(overrides, sort_keys=True) if overrides else ""
 
 
 def _arm_runs(sweep_dir: Path, runs: pd.DataFrame, arm: tuple[str, str], key: str) -> dict[str, RunSpec]:
@@ -66,13 +85,16 @@ def _arm_runs(sweep_dir: Path, runs: pd.DataFrame, arm: tuple[str, str], key: st
     return {rid: rundir.read_spec(rundir.runs_dir(sweep_dir) / rid) for rid in done["run_id"]}
 
 
-def plan_transplant(sweep_dir: Path, runs: pd.DataFrame, source: str, target: str, layers: str | list,
-                    tasks: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None
-                    ) -> list[PlannedTransplant]:
-    """`ablate transplant`: the hybrids of arm `source`'s layers in arm `target`, one per seed, from the
-    sweep's finished runs (`runs`: its collected runs table). SpecError for an unknown arm, a seed one arm
-    lacks, layers that do not parse or lie past the depth."""
-    words = parse_layers(layers)
+def plan_transplant(sweep_dir: Path, runs: pd.DataFrame, source: str, target: str, layers: str | list | None,
+                    tasks: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
+                    components: str | list | None = None) -> list[PlannedTransplant]:
+    """`ablate transplant`: the hybrids of arm `source`'s layers (or components) in arm `target`, one per
+    seed, from the sweep's finished runs (`runs`: its collected runs table). SpecError for an unknown arm, a
+    seed one arm lacks, layers that do not parse or lie past the depth, an unknown component."""
+    parts = parse_components(components)
+    if layers is None and not parts:
+        raise SpecError("a transplant needs --layers, or --components (then from every block)", key="--layers")
+    words = parse_layers(layers) if layers is not None else ("encoder",)
     arms = (parse_arm(source, "--from"), parse_arm(target, "--into"))
     names = (arm_name(arms[0]), arm_name(arms[1]))
     if arms[0] == arms[1]:
@@ -89,10 +111,12 @@ def plan_transplant(sweep_dir: Path, runs: pd.DataFrame, source: str, target: st
     root = rundir.runs_dir(sweep_dir)
     planned = []
     for from_id, into_id in matched:
-        depth = n_layers(load_config(str(root / into_id / "model")))
-        spec = derived_spec(found[1][into_id], from_id, into_id, words, names, depth, "--layers", tasks, seeds)
-        planned.append(PlannedTransplant(derived_id(from_id, into_id, words), "--from/--into", from_id, into_id,
-                                         spec, tasks is not None))
+        config = load_config(str(root / into_id / "model"))
+        family_of(config).check_components(parts, "--components")
+        spec = derived_spec(found[1][into_id], from_id, into_id, words, names, n_layers(config), "--layers", tasks,
+                            seeds, parts)
+        planned.append(PlannedTransplant(derived_id(from_id, into_id, words, parts), "--from/--into", from_id,
+                                         into_id, spec, tasks is not None))
     return planned
 
 
@@ -120,11 +144,16 @@ def build_hybrid(run_dir: Path, spec: RunSpec, log: Callable[[str], None] = prin
             raise RuntimeError(f"the {side} run {folder.name} is {state}, not done: nothing to build from")
     src = AutoModelForMaskedLM.from_pretrained(sources["from"] / "model", dtype=torch.float32)
     model = AutoModelForMaskedLM.from_pretrained(sources["into"] / "model", dtype=torch.float32)
-    chosen = hybrid_state(src, model, tuple(derived["words"]))
+    components = tuple(derived.get("components") or ())
+    chosen = hybrid_state(src, model, tuple(derived["words"]), components=components)
     save_final_model(model, AutoTokenizer.from_pretrained(sources["into"] / "model"), run_dir / "model")
     rundir.write_records(run_dir, {"model_dir": str((run_dir / "model").resolve()), "n_layers": n_layers(model.config),
                                    "tokens_seen": 0, "derived_from": derived["from"], "derived_into": derived["into"],
-                                   "transplant_layers": chosen.describe()}, [], [], [], [])
-    log(f"{run_dir.name}: {spec.labels['axes']['schedule']}: {chosen.describe()} of {derived['from']} "
+                                   "transplant_layers": chosen.describe(),
+                                   "transplant_components": "+".join(components),
+                                   "transplant_whole": bool(derived.get("whole")),
+                                   "transplant_eval": scoring_key(derived.get("eval"))}, [], [], [], [])
+    what = chosen.describe() + (f" ({'+'.join(components)})" if components else "")
+    log(f"{run_dir.name}: {spec.labels['axes']['schedule']}: {what} of {derived['from']} "
         f"into {derived['into']}")
     return chosen

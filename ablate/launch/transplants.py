@@ -29,7 +29,12 @@ def check_tasks(planned: list[PlannedTransplant], file: str) -> None:
         try:
             check_eval([t.spec], file=file)
         except SpecError as exc:
-            key = f"{t.key}.tasks" if exc.file == file else exc.key    # else: an error inside a task file
+            if exc.file != file:                     # an error inside a task file
+                key = exc.key
+            elif (exc.key or "").startswith(("eval.finetune", "base.eval.protocol")):
+                key = f"{t.key}.eval.{exc.key.rsplit('eval.', 1)[1]}"
+            else:
+                key = f"{t.key}.tasks"
             raise SpecError(exc.message, file=exc.file, key=key, value=exc.value, allowed=exc.allowed) from None
 
 

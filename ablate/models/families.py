@@ -97,6 +97,9 @@ class Family:
     lora_full: tuple[str, ...] = ()     # modules trained in full under LoRA: possibly fresh (pooler, head)
     rope_thetas: tuple[tuple[str, str], ...] = ()   # a phase's data key (rope_theta, local_rope_theta) -> the
                                         # layer type whose config.rope_parameters entry it sets
+    components: tuple[tuple[str, tuple[str, ...]], ...] = ()   # a block's parts a transplant copies alone
+                                        # (ablate.config.transplants.COMPONENTS) -> parameter-name prefixes
+                                        # inside the block: its attention module, its MLP
 
     @property
     def attn_implementations(self) -> tuple[str, ...]:
@@ -121,6 +124,25 @@ class Family:
                                 + ", ".join(f.name for f in FAMILIES.values() if f.rope_thetas))
         return {key: declared[key] for key in thetas}
 
+    def check_components(self, components: tuple[str, ...], key: str = "components") -> None:
+        """A SpecError for a component this family declares no parameters for."""
+        declared = dict(self.components)
+        for component in components:
+            if component not in declared:
+                raise SpecError(f"family {self.name} declares no {component!r} component (Family.components in "
+                                "ablate/models/families.py)", key=key, value=component,
+                                allowed=", ".join(declared) or "none")
+
+    def component_of(self, param_name: str) -> str | None:
+        """The component a parameter (of the *ForMaskedLM or its encoder) belongs to; None outside the
+        blocks or outside every declared component (a block's norms in some families)."""
+        name = param_name.removeprefix(self.encoder_attr + ".")
+        m = self.layers.match(name)
+        if not m:
+            return None
+        inside = name[m.end():]
+        return next((c for c, prefixes in self.components if inside.startswith(prefixes)), None)
+
     def mask_kind(self, attn_implementation: str) -> str:
         try:
             return self.causal[attn_implementation]
@@ -132,37 +154,45 @@ class Family:
 
 _BERT_LAYERS = re.compile(r"^encoder\.layer\.(\d+)\.")
 _QKV = ("query", "key", "value")
+# BertLayer and its kin: `attention` (self-attention, output projection, its LayerNorm), `intermediate` and
+# `output` (the feed-forward block and its LayerNorm); `attention.output.` starts with `attention.`
+_BERT_PARTS = (("attention", ("attention.",)), ("mlp", ("intermediate.", "output.")))
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("bert", ("bert",), "bert", ("embeddings.",), _BERT_LAYERS,
            _modules("cls.predictions.transform"), _linear("cls.predictions.decoder"),
-           {"sdpa": "flag", "eager": "additive"}, _QKV, "tiny-bert", lora_full=("pooler",)),
+           {"sdpa": "flag", "eager": "additive"}, _QKV, "tiny-bert", lora_full=("pooler",),
+           components=_BERT_PARTS),
     # also CamemBERT (CamemBERT-bio, DrBERT), XLM-R, BioMed-RoBERTa
     Family("roberta", ("roberta", "camembert", "xlm-roberta"), "roberta", ("embeddings.",), _BERT_LAYERS,
            _roberta_transform, _linear("lm_head.decoder"), {"sdpa": "flag", "eager": "additive"}, _QKV,
-           "tiny-roberta"),
+           "tiny-roberta", components=_BERT_PARTS),
     Family("distilbert", ("distilbert",), "distilbert", ("embeddings.",), re.compile(r"^transformer\.layer\.(\d+)\."),
            _modules("vocab_transform", "activation", "vocab_layer_norm"), _linear("vocab_projector"),
            {"sdpa": "flag", "eager": "additive"}, ("q_lin", "k_lin", "v_lin"), "tiny-distilbert",
-           lora_full=("pre_classifier",)),
+           lora_full=("pre_classifier",), components=(("attention", ("attention.",)), ("mlp", ("ffn.",)))),
     # ElectraForMaskedLM is the generator; embeddings_project exists when embedding_size != hidden_size
     Family("electra", ("electra",), "electra", ("embeddings.", "embeddings_project."), _BERT_LAYERS,
            _modules("generator_predictions"), _linear("generator_lm_head"), {"sdpa": "flag", "eager": "additive"},
-           _QKV, "tiny-electra"),
+           _QKV, "tiny-electra", components=_BERT_PARTS),
     # DeBERTa-v3 checkpoints. Disentangled attention has no SDPA path in transformers. The optional convolution
     # (conv_kernel_size > 0: v2-xlarge/xxlarge) mixes neighbouring tokens, the future included, and cannot
     # take a pairwise mask: the preflight rejects such a model for CLM.
     Family("deberta-v2", ("deberta-v2",), "deberta", ("embeddings.",), _BERT_LAYERS,
            _deberta_transform, _deberta_decoder, {"eager": "pairwise-bool"}, ("query_proj", "key_proj", "value_proj"), "tiny-deberta-v2",
-           shared=("encoder.rel_embeddings.", "encoder.LayerNorm.", "encoder.conv."), lora_full=("pooler",)),
-    # sdpa: banded (ablate.models.attention, no L x L mask); eager: today's dense masks per layer type
+           shared=("encoder.rel_embeddings.", "encoder.LayerNorm.", "encoder.conv."), lora_full=("pooler",),
+           components=_BERT_PARTS),
+    # sdpa: banded (ablate.models.attention, no L x L mask); eager: today's dense masks per layer type;
+    # components are the `attn` and `mlp` modules (the pre-norms attn_norm / mlp_norm are neither)
     Family("modernbert", ("modernbert",), "model", ("embeddings.",), re.compile(r"^layers\.(\d+)\."),
            _modules("head"), _linear("decoder"), {"sdpa": "banded", "eager": "per-layer-type"}, ("Wqkv",),
            "tiny-modernbert", shared=("final_norm.",), lora_full=("head",),
-           rope_thetas=(("rope_theta", "full_attention"), ("local_rope_theta", "sliding_attention"))),
+           rope_thetas=(("rope_theta", "full_attention"), ("local_rope_theta", "sliding_attention")),
+           components=(("attention", ("attn.",)), ("mlp", ("mlp.",)))),
     Family("eurobert", ("eurobert",), "model", ("embed_tokens.",), re.compile(r"^layers\.(\d+)\."),
            _modules(), _linear("lm_head"), {"sdpa": "flag", "eager": "additive"}, ("q_proj", "k_proj", "v_proj"),
-           "tiny-eurobert", shared=("norm.",), lora_full=("dense",)),
+           "tiny-eurobert", shared=("norm.",), lora_full=("dense",),
+           components=(("attention", ("self_attn.",)), ("mlp", ("mlp.",)))),
 )}
 
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}

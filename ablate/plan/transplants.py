@@ -1,12 +1,15 @@
-"""Layer transplants against concrete runs: which run of one arm goes with which run of the other (per
-seed), the layer split against the model's depth, and the derived run (its id and spec). For a grid's
-`transplants:` block this is checked before anything is submitted; `ablate transplant` does the same on a
-sweep's finished runs (ablate.evaluate.transplant).
+"""Layer and component transplants against concrete runs: which run of one arm goes with which run of the
+other (per seed), the split (layers, components) against the model's depth and family, and the derived run
+(its id and spec). For a grid's `transplants:` block this is checked before anything is submitted;
+`ablate transplant` does the same on a sweep's finished runs (ablate.evaluate.transplant).
 
 Matching: the runs of the two arms with the same training identity (model, data, data seed, training
 settings: RunSpec.training_identity) and the same seed. A derived run's spec is its `into` run's, with
-labels.axes {schedule: "<into>_<from>[<layers>]", freeze: "none"}, labels.derived (the provenance) and,
-when the entry names tasks, those as eval.tasks.
+labels.axes {schedule: "<into>_<from>[<split>]", freeze: "none"}, labels.derived (the provenance) and the
+entry's evaluation over the run's: its tasks and seeds replace the run's, its finetune settings are set
+over the run's eval.finetune, its protocol replaces the run's. The split is "emb,0-7" for layers (the
+embeddings come with them), "attention" / "mlp" for a component of every block, "8-14:attention" for one
+within some blocks.
 
 May import: config, models, plan.
 """
@@ -20,8 +23,8 @@ from typing import Any
 from ablate.config.errors import SpecError
 from ablate.config.grid import GridSpec
 from ablate.config.spec import RunSpec, dump_run_spec
-from ablate.config.transplants import arm_name, derived_id, parse_arm, parse_layers
-from ablate.plan.freezing import resolve_freeze
+from ablate.config.transplants import TransplantEval, arm_name, derived_id, entry_split, parse_arm
+from ablate.plan.freezing import FrozenSet, resolve_freeze
 from ablate.plan.grid import PlannedRun
 
 
@@ -32,7 +35,7 @@ class PlannedTransplant:
     from_id: str
     into_id: str
     spec: RunSpec         # the derived run's spec
-    own_tasks: bool       # the entry names its tasks (else the into run's eval.tasks)
+    own_tasks: bool       # the entry sets its own evaluation (tasks, seeds, finetune, protocol): checked apart
 
     @property
     def derived(self) -> dict[str, Any]:
@@ -53,22 +56,62 @@ def match_arms(source: Mapping[str, RunSpec], target: Mapping[str, RunSpec], nam
     return matched, alone
 
 
+def resolve_split(words: tuple[str, ...], components: tuple[str, ...], depth: int, key: str
+                  ) -> tuple[FrozenSet, str]:
+    """(what is copied, the split's name). Layers alone: the embeddings and those layers. Components: the
+    blocks the words name (embeddings, final norm and head are not blocks), SpecError when they name none."""
+    if not components:
+        chosen = resolve_freeze(("embeddings", *words), depth, key)
+        return chosen, chosen.describe()
+    chosen = FrozenSet(resolve_freeze(words, depth, key).layers, embeddings=False, encoder_tail=False)
+    if not chosen.layers:
+        raise SpecError("components are parts of blocks: the layers name no block", key=key, value=",".join(words),
+                        allowed="low, mid, high, a range such as 0-7, encoder (every block)")
+    parts = "+".join(components)
+    return chosen, parts if len(chosen.layers) == depth else f"{chosen.describe()}:{parts}"
+
+
 def derived_spec(into: RunSpec, from_id: str, into_id: str, words: tuple[str, ...], names: tuple[str, str],
                  depth: int, key: str, tasks: tuple[str, ...] | None = None,
-                 seeds: tuple[int, ...] | None = None) -> RunSpec:
-    """The derived run's spec; SpecError (at `key`) for layers past the model's depth."""
-    layers = resolve_freeze(("embeddings", *words), depth, key).describe()
+                 seeds: tuple[int, ...] | None = None, components: tuple[str, ...] = (),
+                 evaluation: TransplantEval | None = None) -> RunSpec:
+    """The derived run's spec; SpecError (at `key`) for layers past the model's depth. `tasks` / `seeds`
+    (an entry's tasks, the command line's) win over `evaluation`'s."""
+    chosen, split = resolve_split(words, components, depth, key)
     data = dump_run_spec(into)
     labels = data.get("labels") or {}
-    data["labels"] = {**labels, "axes": {**(labels.get("axes") or {}), "schedule": f"{names[1]}_{names[0]}[{layers}]",
-                                         "freeze": "none"},
-                      "derived": {"kind": "transplant", "from": from_id, "into": into_id, "layers": layers,
-                                  "words": list(words), "from_arm": names[0], "into_arm": names[1]}}
+    axes = {**(labels.get("axes") or {}), "schedule": f"{names[1]}_{names[0]}[{split}]", "freeze": "none"}
+    data["labels"] = {**labels, "axes": axes,
+                      "derived": {"kind": "transplant", "from": from_id, "into": into_id,
+                                  "layers": chosen.describe(),
+                                  "words": list(words), "components": list(components), "split": split,
+                                  "from_arm": names[0], "into_arm": names[1],
+                                  "whole": not components and chosen == resolve_freeze(("encoder", "head"), depth),
+                                  "eval": scoring_overrides(evaluation)}}
+    evaluation = evaluation or TransplantEval()
+    tasks = tasks if tasks is not None else evaluation.tasks
+    seeds = seeds if seeds is not None else evaluation.seeds
     if tasks is not None:
         data["eval"]["tasks"] = list(tasks)
     if seeds is not None:
         data["eval"]["seeds"] = list(seeds)
+    data["eval"]["finetune"] = {**data["eval"].get("finetune", {}), **evaluation.finetune}
+    if evaluation.protocol is not None:
+        data["eval"]["protocol"] = evaluation.protocol
     return RunSpec.model_validate(data)
+
+
+def scoring_overrides(evaluation: TransplantEval | None) -> dict[str, Any]:
+    """What of a transplant's evaluation changes how a task is scored (finetune settings, protocol; not
+    which tasks or seeds): hybrids and their whole-model references compare only when it is the same."""
+    if evaluation is None:
+        return {}
+    return {k: v for k, v in (("finetune", evaluation.finetune), ("protocol", evaluation.protocol)) if v}
+
+
+def own_eval(tasks: tuple[str, ...] | None, evaluation: TransplantEval | None) -> bool:
+    """Whether a transplant's evaluation differs from its into run's (then it is checked on its own)."""
+    return tasks is not None or (evaluation is not None and evaluation.model_dump(exclude_defaults=True) != {})
 
 
 def plan_transplants(grid: GridSpec, runs: list[PlannedRun], models: dict[str, tuple], file: str | None = None
@@ -91,7 +134,7 @@ def plan_transplants(grid: GridSpec, runs: list[PlannedRun], models: dict[str, t
             if pair[0] == pair[1]:
                 raise SpecError("from and into are the same arm (the hybrid would be the run itself)",
                                 key=f"{key}.into", value=entry.target)
-            words = parse_layers(entry.layers, f"{key}.layers")
+            words, components = entry_split(entry, key)
             matched, alone = match_arms(arms[pair[0]], arms[pair[1]], names)
             if not matched:
                 raise SpecError(f"arms {names[0]} and {names[1]} have no run with the same seed and training "
@@ -100,14 +143,17 @@ def plan_transplants(grid: GridSpec, runs: list[PlannedRun], models: dict[str, t
                          "and training settings: no hybrid for it" for seed, arm, rid in alone]
             for from_id, into_id in matched:
                 into = arms[pair[1]][into_id]
-                spec = derived_spec(into, from_id, into_id, words, names, models[into.model][1], f"{key}.layers",
-                                    entry.tasks)
-                rid = derived_id(from_id, into_id, words)
+                family, depth = models[into.model]
+                family.check_components(components, f"{key}.components")
+                spec = derived_spec(into, from_id, into_id, words, names, depth, f"{key}.layers", entry.tasks,
+                                    components=components, evaluation=entry.eval)
+                rid = derived_id(from_id, into_id, words, components)
                 if rid in seen:
                     raise SpecError(f"the same transplant as {seen[rid]}", key=key,
-                                    value=f"{names[0]} -> {names[1]} [{','.join(words)}]")
+                                    value=f"{names[0]} -> {names[1]} [{spec.labels['derived']['split']}]")
                 seen[rid] = key
-                planned.append(PlannedTransplant(rid, key, from_id, into_id, spec, entry.tasks is not None))
+                planned.append(PlannedTransplant(rid, key, from_id, into_id, spec,
+                                                 own_eval(entry.tasks, entry.eval)))
         except SpecError as exc:
             raise SpecError(exc.message, file=file, key=exc.key, value=exc.value, allowed=exc.allowed) from None
     return planned, warnings

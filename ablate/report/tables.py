@@ -1,7 +1,8 @@
 """The paper's results tables: `scores` (rows = arms, columns = tasks grouped by language + average; cells
 mean ± std over seeds, the difference from the baseline arm with significance marks, the best per column in
 bold) and `freeze` (arm, what each phase froze, average score, difference from the unfrozen arm of the same
-schedule and from the baseline). Each is written as a tidy CSV, Markdown and LaTeX (booktabs).
+schedule and from the baseline) and `transplant` (per hybrid and task, the share of the gap between its two
+arms it recovers: ablate.report.recovery). Each is written as a tidy CSV, Markdown and LaTeX (booktabs).
 
 Differences, CIs and p-values come from a paired bootstrap (ablate.evaluate.bootstrap) over the pairing units
 both arms were measured on: (pretraining seed, fine-tuning seed) when the sweep's pretraining seeds are
@@ -28,6 +29,7 @@ from ablate.report.arms import arm_label, arm_tokens_match, done_runs
 from ablate.report.beside import (BASE_MODEL, arm_models, beside_freeze, beside_scores, check_fractions,
                                   freeze_block, is_base_model, score_blocks)
 from ablate.report.divergence import divergence_table
+from ablate.report.recovery import recovery_table
 from ablate.report.references import check_reference, load_reference
 from ablate.evaluate.sizes import min_test_examples
 from ablate.report.scores import (AVERAGE, arm_vs_baseline, average_names, averages, is_average, task_languages,
@@ -303,7 +305,21 @@ def _markdown(head: list[str], body: list[list[str]]) -> str:
     return "\n".join("| " + " | ".join(r) + " |" for r in rows) + "\n"
 
 
-TABLES = {"scores": score_table, "freeze": freeze_table, "divergence": divergence_table}
+def transplant_table(sweep: Sweep, *, split: str | None = None, units: tuple[str, ...] | None = None, tasks=None,
+                     seed: int = 0) -> pd.DataFrame:
+    """One row per transplant arm and task (and their average): the hybrid's score, its from and into arms'
+    and the share of their gap it recovers, with a bootstrap interval (ablate.report.recovery)."""
+    units = _units(sweep, units)
+    u = unit_scores(sweep, split, None, "table")
+    u = u[~u["task"].map(is_average)]
+    if tasks is not None:
+        wanted = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks)]
+        u = u[u["task"].isin(wanted)]
+    return recovery_table(u, done_runs(sweep.runs), units, seed, file=str(sweep.path))
+
+
+TABLES = {"scores": score_table, "freeze": freeze_table, "divergence": divergence_table,
+          "transplant": transplant_table}
 REFERENCE_TABLES = ("scores", "freeze")      # the tables a reference's rows can be set beside
 
 
