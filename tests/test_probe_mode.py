@@ -146,9 +146,9 @@ def test_the_needle_figure_means_each_arm_over_seeds(tmp_path):
 
 def test_a_probed_score_is_not_a_fine_tuned_one():
     full = FinetuneSettings()
-    assert len({settings_hash(full), settings_hash(FinetuneSettings(probe="linear")),
-                settings_hash(FinetuneSettings(probe="mlp")), settings_hash(FinetuneSettings(probe="mlp",
-                                                                                            probe_dropout=0.2))}) == 4
+    probed = [FinetuneSettings(probe="linear"), FinetuneSettings(probe="mlp"),
+              FinetuneSettings(probe="mlp", probe_dropout=0.2)]
+    assert len({settings_hash(s) for s in (full, *probed)}) == 4
     needle = load_task(NEEDLE)
     assert task_hash(needle) != task_hash(needle.model_copy(update={"group_by": None}))
     assert resolve_settings(needle, protocol="paper").probe == "mlp"

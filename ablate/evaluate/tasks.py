@@ -75,11 +75,12 @@ class FinetuneSettings(Strict):
     lstm_hidden_size: int = Field(400, ge=2, description="span_ner: the BiLSTM's size (both directions)")
     lstm_layers: PositiveInt = Field(3, description="span_ner: the BiLSTM's layers")
     biaffine_hidden_size: PositiveInt = Field(64, description="span_ner: the biaffine scorer's size per label")
-    probe: Literal["none", "linear", "mlp"] = Field("none", description="sequence tasks: none, fine-tune the "
-                                                    "whole model; linear / mlp: the encoder frozen, only a linear "
-                                                    "head or the paper's 2-layer MLP on the pooled sequence trained")
+    probe: Literal["none", "linear", "mlp"] = Field(
+        "none", description="sequence tasks: none, fine-tune the whole model; linear / mlp: the encoder frozen, "
+                            "only a linear head or the paper's 2-layer MLP on the pooled sequence trained")
     probe_hidden: PositiveInt | None = Field(None, description="probe mlp: the hidden size; null: the encoder's")
-    probe_dropout: float = Field(0.1, ge=0, lt=1, description="probe: the dropout before each of its linear layers")
+    probe_dropout: float = Field(0.1, ge=0, lt=1, description="probe: the dropout before each of its linear "
+                                 "layers")
 
     @model_validator(mode="after")
     def _probe_alone(self) -> FinetuneSettings:
