@@ -110,7 +110,7 @@ def _add_run_commands(sub, results, sweep, submit) -> None:
 
 def _add_analysis_commands(sub, results, sweep, submit) -> None:
     rp = sub.add_parser("report", parents=[sweep], help="draw a figure from a sweep's tidy tables (PNG + SVG/PDF + CSV)")
-    rp.add_argument("--figure", nargs="?", const="", help="layers, deltas, curves, freeze, tune, divergence, regions, persistence (no value: list them)")
+    rp.add_argument("--figure", nargs="?", const="", help="layers, deltas, curves, freeze, tune, divergence, regions, persistence, needle (no value: list them)")
     rp.add_argument("--table", help="scores, freeze, divergence or transplant: the paper's results tables (CSV + Markdown + LaTeX)")
     rp.add_argument("--baseline", help="the arm everything is compared with (default: the mlm schedule, no freezing)")
     rp.add_argument("--reference", metavar="NAME", help="with --table scores|freeze (or --html): the published "

@@ -47,7 +47,9 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def task_hash(task: TaskSpec) -> str:
-    return _digest(task.model_dump(mode="json", exclude=_NOT_COMPUTATION))
+    # group_by (issue 46) adds per-group scores; unset it computes what every older score computed
+    unset = {"group_by"} if task.group_by is None else set()
+    return _digest(task.model_dump(mode="json", exclude=_NOT_COMPUTATION | unset))
 
 
 def data_hash(task: TaskSpec, data_root: str | os.PathLike | None = None) -> str:
@@ -62,7 +64,9 @@ def data_hash(task: TaskSpec, data_root: str | os.PathLike | None = None) -> str
 NEUTRAL_SETTINGS = {"group_by_length": False, "length_pieces": False, "subset": "first", "precision": "fp32",
                     # span_ner's settings (issue 44), at their defaults: what every older score computed with
                     "max_steps": None, "eval_every": None, "head_lr": None, "head_dropout": 0.4,
-                    "max_span_length": 40, "lstm_hidden_size": 400, "lstm_layers": 3, "biaffine_hidden_size": 64}
+                    "max_span_length": 40, "lstm_hidden_size": 400, "lstm_layers": 3, "biaffine_hidden_size": 64,
+                    # the probes (issue 46): none is full fine-tuning, what every older score computed
+                    "probe": "none", "probe_hidden": None, "probe_dropout": 0.1}
 
 
 def settings_hash(settings: FinetuneSettings) -> str:

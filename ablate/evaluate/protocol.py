@@ -45,8 +45,8 @@ _SMOKE = {"epochs": 2, "lr": 1.0e-4, "batch_size": 16, "patience": None, "max_le
           "max_train_examples": 1000, "max_eval_examples": 300}
 
 # Tasks the paper runs with settings of their own: the needle in a haystack is probed (encoder frozen, an MLP
-# on CLS) for 3 epochs at lr 2e-5, batch 4, at long lengths.
-_NEEDLE = {"lr": 2.0e-5, "batch_size": 4, "epochs": 3, "max_length": WHOLE_CONTEXT}
+# on CLS: ablate.evaluate.task_types.probe) for 3 epochs at lr 2e-5, batch 4, at long lengths.
+_NEEDLE = {"lr": 2.0e-5, "batch_size": 4, "epochs": 3, "max_length": WHOLE_CONTEXT, "probe": "mlp"}
 # The paper's own tasks read their documents at lengths of their own (its fine-tuning harness: multi-label
 # documents at 4096 tokens, DiaMED at 2048; the clinical English tasks of long notes at 8192).
 _PAPER_LENGTHS = {"diamed": 2048, "meddialog_fr": 4096, "fracco_30": 4096, "fracco_100": 4096, "cantemist": 4096,

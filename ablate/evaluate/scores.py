@@ -11,7 +11,10 @@ A suite task whose data the data root lacks is not run: <out_dir>/skipped.json r
 the missing paths, how to get them) until a later evaluation scores it, so that a table can call an average
 over that suite partial.
 
-May import: config, store, evaluate (tasks, protocol, identity, finetune, suites).
+A task with `group_by` also gets its metrics per group (ablate.evaluate.groups) of dev and test, at the best
+dev epoch: the score file's `groups` rows, which `ablate collect` gathers into the score_groups table.
+
+May import: config, store, evaluate (tasks, task_readers, protocol, identity, finetune, suites, groups).
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from typing import Callable
 
 from ablate.config.errors import SpecError
 from ablate.evaluate import finetune as ft
+from ablate.evaluate.groups import group_rows
 from ablate.evaluate.identity import changed, score_identity
 from ablate.evaluate.suites import EvalItem
+from ablate.evaluate.task_readers import read_groups
 from ablate.evaluate.tasks import capped, load_task, load_task_data, resolve_settings
 from ablate.store import atomic
 
@@ -66,12 +71,13 @@ def evaluate_items(model_dir, items: list[EvalItem], out_dir: Path, data_root=No
         data = load_task_data(task, data_root)
         wanted = score_identity(task, settings, data_root)
         sizes = {s: len(capped(data.splits[s], settings.max_eval_examples)) for s in ("dev", "test")}
+        groups = read_groups(task, data_root) if task.group_by else {}   # a missing field: before any training
         for seed in item.seeds:
             path = out_dir / task.name / f"seed-{seed}.json"
-            plan.append((task, settings, seed, path, wanted, sizes,
+            plan.append((task, settings, seed, path, wanted, sizes, groups,
                          read_record(path) if path.exists() else None))
     rows: list[dict] = []
-    for task, settings, seed, path, wanted, sizes, record in units_of(plan, share):
+    for task, settings, seed, path, wanted, sizes, groups, record in units_of(plan, share):
         if record is not None:
             reasons = changed(record.get("identity"), wanted)
             if not reasons or keep_stale:
@@ -82,12 +88,30 @@ def evaluate_items(model_dir, items: list[EvalItem], out_dir: Path, data_root=No
                 continue
             aside = _set_aside(path)
             log(f"{task.name} seed {seed}: recomputing ({'; '.join(reasons)}); old scores kept in {aside}")
+        predictions: dict[str, tuple[list, list]] = {}
+
+        def keep(split: str, gold: list, preds: list) -> None:
+            predictions[split] = (gold, preds)
         done = [{**row, "n_examples": sizes.get(row["split"])}
                 for row in ft.finetune(model_dir, task, seed, settings, data_root=data_root, device=device,
-                                       log=log, progress=progress)]
+                                       log=log, progress=progress, on_predictions=keep if task.group_by else None)]
+        by_group = _group_rows(task, settings, seed, groups, predictions)
         atomic.write_json(path, {"task": task.name, "seed": seed, "model_dir": str(model_dir),
-                                 "settings": settings.model_dump(mode="json"), "identity": wanted, "rows": done})
+                                 "settings": settings.model_dump(mode="json"), "identity": wanted, "rows": done,
+                                 **({"groups": by_group} if task.group_by else {})})
         rows += [{**row, "stale": False} for row in done]
+    return rows
+
+
+def _group_rows(task, settings, seed: int, groups: dict[str, list], predictions: dict[str, tuple[list, list]]
+                ) -> list[dict]:
+    """The per-group rows of one fine-tuning from its dev and test predictions (in split order); groups: each
+    split's examples' group values (task_readers.read_groups)."""
+    rows = []
+    for split, (gold, preds) in predictions.items():
+        values = capped(groups[split], settings.max_eval_examples, settings.subset)
+        rows += [{"task": task.name, "finetune_seed": seed, **row} for row in group_rows(task, split, values,
+                                                                                         gold, preds)]
     return rows
 
 

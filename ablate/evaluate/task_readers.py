@@ -235,6 +235,22 @@ def _label(task: TaskSpec, raw: Any, where: str) -> str | tuple[str, ...] | floa
 _READERS = {"conll": _read_conll, "brat": _read_brat}
 
 
+def read_groups(task: TaskSpec, data_root: str | os.PathLike | None = None) -> dict[str, list[tuple[str, ...]]]:
+    """Per split, each record's values of the task's `group_by` fields (as text), in the order read_splits
+    gives its examples (one per record). Records formats only (jsonl, csv, json, hf)."""
+    def values(records: Iterable[tuple[str, dict]]) -> list[tuple[str, ...]]:
+        return [tuple(str(_field(rec, name, where, task, "group_by")) for name in task.group_by or ())
+                for where, rec in records]
+
+    if task.data.format == "hf":
+        dataset = load_hf(task, data_root)
+        return {split: values((f"{task.data.dataset} [{split}] row {i}", rec)
+                              for i, rec in enumerate(dataset[_hf_split_name(task, dataset, split)]))
+                for split in SPLITS}
+    return {split: values((f"{path} {where}", rec) for where, rec in _iter_records(task, path))
+            for split in SPLITS for path in (_split_path(task, split, data_root),)}
+
+
 # ---------------------------------------------------------------------------------------------------- datasets
 
 def load_hf(task: TaskSpec, data_root=None):

@@ -75,6 +75,21 @@ class FinetuneSettings(Strict):
     lstm_hidden_size: int = Field(400, ge=2, description="span_ner: the BiLSTM's size (both directions)")
     lstm_layers: PositiveInt = Field(3, description="span_ner: the BiLSTM's layers")
     biaffine_hidden_size: PositiveInt = Field(64, description="span_ner: the biaffine scorer's size per label")
+    probe: Literal["none", "linear", "mlp"] = Field(
+        "none", description="sequence tasks: none, fine-tune the whole model; linear / mlp: the encoder frozen, "
+                            "only a linear head or the paper's 2-layer MLP on the pooled sequence trained")
+    probe_hidden: PositiveInt | None = Field(None, description="probe mlp: the hidden size; null: the encoder's")
+    probe_dropout: float = Field(0.1, ge=0, lt=1, description="probe: the dropout before each of its linear "
+                                 "layers")
+
+    @model_validator(mode="after")
+    def _probe_alone(self) -> FinetuneSettings:
+        if self.probe != "none" and self.method == "lora":
+            raise Located("a probe trains no encoder weights: it has no LoRA adapters", "probe", self.probe,
+                          "none with method lora, or method full")
+        if self.probe_hidden is not None and self.probe != "mlp":
+            raise Located("probe_hidden sizes the MLP probe", "probe_hidden", self.probe_hidden, "with probe: mlp")
+        return self
 
 LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
 
@@ -165,9 +180,18 @@ class TaskSpec(Strict):
     max_length: int = Field(128, ge=8, description="tokens per example (longer ones are cut)")
     finetune: FinetuneSettings = Field(FinetuneSettings(), description="how to fine-tune; a grid's "
                                        "eval.finetune overrides any key")
+    group_by: list[str] | None = Field(None, min_length=1, description="fields of the records (jsonl, csv, json, "
+                                       "hf) whose values group the examples: the metrics are also computed per "
+                                       "value of each field and, with two fields or more, per combination "
+                                       "(ablate.evaluate.groups); null: overall only")
     access: Access | None = Field(None, description="how the data is obtained when no catalogued dataset holds "
                                   "it (ablate.evaluate.access)")
     _file: str | None = PrivateAttr(default=None)
+
+    @field_validator("group_by")
+    @classmethod
+    def _fields_once(cls, fields):      # a field listed twice would be grouped on twice
+        return fields if fields is None else unique_items(fields, "group_by field")
 
     @property
     def file(self) -> str | None:
@@ -196,6 +220,10 @@ class TaskSpec(Strict):
         if self.finetune.max_length is not None and "max_length" in self.model_fields_set:
             raise Located("the task's max_length and finetune.max_length are both given: finetune's would win",
                           "finetune.max_length", self.finetune.max_length, "one of the two")
+        if self.group_by is not None:
+            if self.data.format in ("conll", "brat"):
+                raise Located("group_by reads fields of records", "group_by", self.group_by,
+                              "data formats jsonl, csv, json, hf")
         unread = unread_settings(self.finetune.model_fields_set, self.finetune.method, self.type)
         if unread:
             key, why = next(iter(unread.items()))

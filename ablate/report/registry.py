@@ -18,6 +18,7 @@ from ablate.report.curves import curves_figure
 from ablate.report.divergence import divergence_figure, regions_figure
 from ablate.report.layers import layers_figure
 from ablate.report.persistence import persistence_figure
+from ablate.report.needle import needle_figure
 from ablate.report.scores import deltas_figure, freeze_figure
 from ablate.report.style import save_figure
 from ablate.report.sweep import load_sweep
@@ -26,7 +27,8 @@ from ablate.tune.figure import tune_figure
 
 FIGURES: dict[str, Callable] = {"layers": layers_figure, "deltas": deltas_figure, "curves": curves_figure,
                                 "freeze": freeze_figure, "tune": tune_figure, "divergence": divergence_figure,
-                                "regions": regions_figure, "persistence": persistence_figure}
+                                "regions": regions_figure, "persistence": persistence_figure,
+                                "needle": needle_figure}
 
 
 def _flag(option: str) -> str:

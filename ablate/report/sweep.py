@@ -19,7 +19,8 @@ from ablate.report.arms import with_data_arms
 from ablate.store import sweep as store_sweep
 from ablate.store.sweep import SweepFolder
 
-TABLES = ("runs", "scores", "layers", "curves", "frozen", "pairs")   # the tables the figures read (not grads)
+# the tables the figures read (not grads); score_groups: the per-group scores of tasks with group_by
+TABLES = ("runs", "scores", "layers", "curves", "frozen", "pairs", "score_groups")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Sweep:
     curves: pd.DataFrame | None = None
     frozen: pd.DataFrame | None = None
     pairs: pd.DataFrame | None = None         # `ablate collect --pairs`
+    score_groups: pd.DataFrame | None = None  # metrics per group (a task's group_by: the needle's lengths)
     baseline: str = DEFAULT_BASELINE          # the baseline arm's schedule, as the sweep's grid declares it
 
     @property

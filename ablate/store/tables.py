@@ -25,6 +25,20 @@ from ablate.store.rundir import (RECORD_TABLES, TABLE_COLUMNS, TABLES, RunInfo, 
 # records that folders finished before they existed lack: such a folder keeps its other rows (reported in
 # `problems`) rather than being left out whole
 ADDED_LATER = ("frozen",)
+GROUPS_TABLE = "score_groups"
+GROUPS_COLUMNS = ("run_id", "task", "finetune_seed", "split", "metric", "group_by", "group", "value",
+                  "n_examples", "stale")
+
+
+def read_score_groups(folder: Path, run_id: str) -> list[dict]:
+    """The `groups` rows of a folder's score files (scores/<task>/seed-<n>.json; superseded ones left out)."""
+    rows: list[dict] = []
+    for path in sorted(Path(folder).glob("scores/*/seed-*.json")):
+        record = read_json(path)
+        if isinstance(record, dict) and isinstance(record.get("groups"), list):
+            stale = bool(record.get("stale"))
+            rows += [{"run_id": run_id, **row, "stale": stale} for row in record["groups"]]
+    return rows
 
 
 @dataclass
@@ -183,6 +197,7 @@ def collect(sweep_dir: Path, write: bool = True) -> Collected:
     sweep_dir = Path(sweep_dir)
     runs, problems, views = [], [], {}
     tables = {t: _ColumnTable(TABLE_COLUMNS[t]) for t in TABLES if t != "runs"}
+    tables[GROUPS_TABLE] = _ColumnTable(GROUPS_COLUMNS)
     root = runs_dir(sweep_dir)
     folders = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     for run_dir in folders:
@@ -200,6 +215,7 @@ def collect(sweep_dir: Path, write: bool = True) -> Collected:
             if n:
                 tables[table].add_columns(run_dir.name, cols, n)
         tables["scores"].add_rows(scores)
+        tables[GROUPS_TABLE].add_rows(read_score_groups(run_dir, run_dir.name))
     for source_file in sorted((sweep_dir / "base").glob("*/source.json")):
         try:
             source = read_json(source_file)
@@ -207,13 +223,14 @@ def collect(sweep_dir: Path, write: bool = True) -> Collected:
             runs.append({"run_id": source_file.parent.name, "sweep": sweep_dir.name, "schedule": "base",
                          "freeze": "none", "status": "done", "model_source": source.get("model")})
             tables["scores"].add_rows(scores)
+            tables[GROUPS_TABLE].add_rows(read_score_groups(source_file.parent, source_file.parent.name))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             problems.append(f"{source_file.parent}: skipped, unreadable record ({type(exc).__name__}: {exc})")
     twins, warnings = twin_check(views)
     for row in runs:
         row.update(twins.get(row["run_id"], {"twin": "", "twin_tokens": ""}))
     frames = {"runs": pd.DataFrame(runs), **{t: c.frame() for t, c in tables.items()}}
-    for name, columns in TABLE_COLUMNS.items():
+    for name, columns in {**TABLE_COLUMNS, GROUPS_TABLE: GROUPS_COLUMNS}.items():
         frame = frames[name]
         for c in columns:  # the contract's columns are always there (empty where no run has them yet)
             if c not in frame.columns:

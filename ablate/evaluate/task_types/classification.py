@@ -52,7 +52,9 @@ def _no_label_set(task) -> None:
         raise Located("a regression task has no label set", "labels.values", task.labels.values)
 
 
-_SEQUENCE = dict(formats=RECORD_FORMATS, collate=dense_labels(torch.long), reads=frozenset({"pooling"}),
+PROBE_SETTINGS = frozenset({"probe", "probe_hidden", "probe_dropout"})   # ablate.evaluate.task_types.probe
+_SEQUENCE = dict(formats=RECORD_FORMATS, collate=dense_labels(torch.long),
+                 reads=frozenset({"pooling"}) | PROBE_SETTINGS,
                  lora_task="SEQ_CLS")
 for _name, _pair in (("sequence_classification", False), ("sequence_pair_classification", True)):
     register(TaskType(
@@ -73,7 +75,8 @@ register(TaskType(
     collate=dense_labels(torch.float), loss=_weighted_bce,
     decode=per_row(lambda logits, item, labels, ex: tuple(lab for lab, on in zip(labels, (logits > 0).tolist())
                                                           if on)),    # sigmoid > 0.5
-    label_names=tuple, reads=frozenset({"pooling", "multi_label_pos_weight"}), lora_task="SEQ_CLS"))
+    label_names=tuple, reads=frozenset({"pooling", "multi_label_pos_weight"}) | PROBE_SETTINGS,
+    lora_task="SEQ_CLS"))
 
 register(TaskType(
     name="regression", description="a number per text (or pair)", protocol_kind="classification",
@@ -81,4 +84,4 @@ register(TaskType(
     label_kind="number", head=sequence_head("regression", one_output=True),
     encode=text_encoder(lambda label, labels, label_id: float(label)), collate=dense_labels(torch.float),
     decode=per_row(lambda logits, item, labels, ex: float(logits[0])), label_names=lambda label: (),
-    reads=frozenset({"pooling"}), lora_task="SEQ_CLS", has_label_set=False, check=_no_label_set))
+    reads=frozenset({"pooling"}) | PROBE_SETTINGS, lora_task="SEQ_CLS", has_label_set=False, check=_no_label_set))

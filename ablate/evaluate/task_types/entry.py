@@ -27,6 +27,9 @@ TYPE_SETTINGS: dict[str, str] = {
     "lstm_hidden_size": "has a BiLSTM",
     "lstm_layers": "has a BiLSTM",
     "biaffine_hidden_size": "has a biaffine span scorer",
+    "probe": "is probed (a frozen encoder under a head on the pooled sequence)",
+    "probe_hidden": "is probed with an MLP",
+    "probe_dropout": "is probed",
 }
 
 

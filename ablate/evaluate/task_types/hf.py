@@ -2,7 +2,9 @@
 (checkpoints may be bf16: trained in float32), the pooling a sequence head is set to, and the encoding of
 texts (and pairs) with one label each.
 
-May import: evaluate (encoded, pooling).
+A probe (settings.probe linear | mlp) replaces the Hugging Face head by ablate.evaluate.task_types.probe's.
+
+May import: evaluate (encoded, pooling, task_types.probe).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 
 from ablate.evaluate.encoded import Encoded
 from ablate.evaluate.pooling import set_pooling
+from ablate.evaluate.task_types.probe import probed_encoder
 
 
 def label_kwargs(labels: tuple[str, ...]) -> dict[str, Any]:
@@ -27,9 +30,13 @@ def token_head(model_dir: str, labels: tuple[str, ...], settings) -> torch.nn.Mo
 
 
 def sequence_head(problem_type: str, one_output: bool = False) -> Callable[..., torch.nn.Module]:
-    """A head builder: a *ForSequenceClassification of this problem type, pooled as the settings say."""
+    """A head builder: a *ForSequenceClassification of this problem type, pooled as the settings say; with a
+    probe, the frozen encoder under the probe's head."""
     def build(model_dir: str, labels: tuple[str, ...], settings) -> torch.nn.Module:
         from transformers import AutoModelForSequenceClassification
+
+        if getattr(settings, "probe", "none") != "none":
+            return probed_encoder(model_dir, 1 if one_output else len(labels), problem_type, settings)
 
         sizes = {"num_labels": 1} if one_output else label_kwargs(labels)
         model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32,
