@@ -125,7 +125,7 @@ def test_the_dry_run_of_the_freeze_grid_prints_its_cost_plan(tmp_path, capsys, m
     assert "(0.82x)" in out and "GPU-hours saved" in out      # against branching: false
     assert "cost plan: throughput --tokens-per-s 50,000 for every phase" in out
     assert "slurm: 1 GPU per run" in out and "fine-tuning: not estimated" in out
-    assert lines[-1].startswith("5 runs, 2 transplants; executor slurm;")
+    assert lines[-1].startswith("5 runs, 7 transplants; executor slurm;")
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "nan"])

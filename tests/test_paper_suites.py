@@ -117,6 +117,10 @@ def registry(tmp_path, monkeypatch):
             splits = {s: f"{name}/{s}.jsonl" for s in ("train", "dev", "test")}
             (tasks / f"{name}.yaml").write_text(yaml.safe_dump(
                 {"name": name, **STAND_IN, "data": {"format": "jsonl", "splits": splits}}))
+    for name in ("quaero_emea_spans", "quaero_medline_spans"):    # the data root has QUAERO's BRAT files: here absent
+        task = yaml.safe_load((tasks / f"{name}.yaml").read_text())
+        task["data"]["splits"] = {s: f"absent_quaero_brat/{s}" for s in ("train", "dev", "test")}
+        (tasks / f"{name}.yaml").write_text(yaml.safe_dump(task, allow_unicode=True))
     data = tmp_path / "present"
     data.mkdir()
     for split in ("train", "dev", "test"):
@@ -160,7 +164,7 @@ def test_the_freeze_dry_run_lists_fr_papers_tasks_and_names_the_missing_ones(reg
     assert "  suite:fr_paper: 8 task(s) skipped, the data root lacks them (the suite's average will be partial)" \
         in out
     assert "    meddialog_fr: brought: MedDialog-FR women" in out and "access: ask the MedDialog-FR" in out
-    assert "5 runs, 2 transplants;" in out
+    assert "5 runs, 7 transplants;" in out
 
 
 def test_a_grid_naming_a_missing_task_directly_is_exit_2_with_file_key_value_and_the_way(registry, capsys):
@@ -184,7 +188,7 @@ def test_evaluate_suite_is_task_suite_and_records_the_skipped_tasks(registry, ca
     assert main(["evaluate", "--base", "hub:almanach/ModernCamemBERT-bio-base", "--base-only", "--suite",
                  "fr_paper", "--results", str(results)]) == 0
     out = capsys.readouterr().out
-    assert "suite:fr_paper: 8 task(s) skipped" in out and "  diamed: not catalogued" in out
+    assert "suite:fr_paper: 8 task(s) skipped" in out and "  diamed: `ablate data fetch diamed`" in out
     scores = results / "base" / "base-ModernCamemBERT-bio-base" / "scores"
     assert f"base model scores in {scores}" in out
     held = read_skipped(scores)
