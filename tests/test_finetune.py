@@ -566,7 +566,8 @@ def test_settings_added_later_keep_older_score_files_matching_at_their_neutral_v
               if k not in ("group_by_length", "length_pieces", "subset", "precision",
                            # span_ner's settings (issue 44), at their defaults
                            "max_steps", "eval_every", "head_lr", "head_dropout", "max_span_length",
-                           "lstm_hidden_size", "lstm_layers", "biaffine_hidden_size")}
+                           "lstm_hidden_size", "lstm_layers", "biaffine_hidden_size",
+                           "probe", "probe_hidden", "probe_dropout")}   # the probes (issue 46), at none
     assert settings_hash(old) == _digest(before)
     assert len({settings_hash(old), settings_hash(small(task, group_by_length=False, length_pieces=True)),
                 settings_hash(small(task, precision="fp32")), settings_hash(small(task, subset="spread")),

@@ -24,7 +24,8 @@ def test_batches_are_grouped_by_length_by_default_and_scores_of_the_old_default_
               if k not in ("group_by_length", "length_pieces", "subset", "precision",
                            # span_ner's settings (issue 44), at their defaults
                            "max_steps", "eval_every", "head_lr", "head_dropout", "max_span_length",
-                           "lstm_hidden_size", "lstm_layers", "biaffine_hidden_size")}
+                           "lstm_hidden_size", "lstm_layers", "biaffine_hidden_size",
+                           "probe", "probe_hidden", "probe_dropout")}   # the probes (issue 46), at none
     assert settings_hash(old) == _digest(before)
     assert settings_hash(default) != settings_hash(old)
 
