@@ -238,10 +238,12 @@ def check_references(grid: GridSpec, file: str) -> None:
                         value=baseline_label(grid.baseline), allowed=", ".join(grid.schedules))
     for name in RESERVED_AXES:
         if name in grid.base:
-            raise SpecError(f"not a base setting: {RESERVED_AXES[name]}", file=file, key=f"base.{name}")
+            raise SpecError(f"not a base setting: {RESERVED_AXES[name]}", file=file, key=f"base.{name}",
+                            value=grid.base[name], allowed="the grid's own top-level block")
     for name, phases in grid.schedules.items():
         if not phases and not grid.prelude:
-            raise SpecError("a schedule needs at least one phase", file=file, key=f"schedules.{name}")
+            raise SpecError("a schedule needs at least one phase", file=file, key=f"schedules.{name}",
+                            value=phases, allowed="a list of one phase or more")
     axis_names = list(grid.axes) + [k for group in grid.zip for k in group]
     dupes = {k for k in axis_names if axis_names.count(k) > 1}
     if dupes:
@@ -249,23 +251,29 @@ def check_references(grid: GridSpec, file: str) -> None:
     for name in axis_names:
         if name.split(".")[0] in RESERVED_AXES:
             where = next(axis_values(grid, name))[0]
-            raise SpecError(f"this key cannot be an axis: {RESERVED_AXES[name.split('.')[0]]}", file=file, key=where)
+            raise SpecError(f"this key cannot be an axis: {RESERVED_AXES[name.split('.')[0]]}", file=file, key=where,
+                            value=name, allowed="a model or run setting")
     for model_name, entry in grid.models.items():
         for k in entry:
             if str(k).split(".")[0] in RESERVED_AXES:
                 raise SpecError(f"not a model setting: {RESERVED_AXES[str(k).split('.')[0]]}", file=file,
-                                key=f"models.{model_name}.{k}")
+                                key=f"models.{model_name}.{k}",
+                                value=entry[k], allowed="a model setting")
     for name, values in grid.axes.items():
         if not values:
-            raise SpecError("an axis needs at least one value", file=file, key=f"axes.{name}")
+            raise SpecError("an axis needs at least one value", file=file, key=f"axes.{name}", value=values,
+                            allowed="a list of one value or more")
     for i, group in enumerate(grid.zip):
         if not group:
-            raise SpecError("a zip group needs axes to vary together", file=file, key=f"zip[{i}]")
+            raise SpecError("a zip group needs axes to vary together", file=file, key=f"zip[{i}]", value=group,
+                            allowed="{AXIS: [values], ...}")
         lengths = {k: len(v) for k, v in group.items()}
         if len(set(lengths.values())) > 1:
-            raise SpecError(f"zipped axes must have the same length, got {lengths}", file=file, key=f"zip[{i}]")
+            raise SpecError(f"zipped axes must have the same length, got {lengths}", file=file, key=f"zip[{i}]",
+                            value=lengths, allowed="lists of one length")
         if not next(iter(lengths.values())):
-            raise SpecError("an axis needs at least one value", file=file, key=f"zip[{i}].{next(iter(group))}")
+            raise SpecError("an axis needs at least one value", file=file, key=f"zip[{i}].{next(iter(group))}",
+                            value=[], allowed="a list of one value or more")
     named = {"schedule": grid.schedules, "freeze": grid.freeze_masks, "data": grid.data_choices}
     for axis, table in named.items():
         for where, values in axis_values(grid, axis):
