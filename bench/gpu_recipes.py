@@ -164,7 +164,6 @@ def predicted_gb(spec, batch: int) -> float:
 
 
 def run_trainer(args, row: Row, batch: int, tokenizer, device) -> dict:
-    import torch
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
 
     from ablate.models.sources import load_masked_lm

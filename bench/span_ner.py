@@ -52,7 +52,7 @@ def _tags(text: str, entities) -> tuple[list[str], list[str]]:
 
 
 def _tag_spans(text: str, tags: list[str]) -> tuple:
-    words, out, start = _words(text), [], None
+    words, out, start, lab = _words(text), [], None, ""
     for i, tag in enumerate(tags + ["O"]):
         if start is not None and not tag.startswith("I-" + lab):
             out.append((words[start][0], words[i - 1][1], lab))

@@ -5,7 +5,6 @@ savings, and a Slurm child's dependency on its parent's job."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

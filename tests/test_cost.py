@@ -104,9 +104,9 @@ def test_the_dry_run_of_the_freeze_grid_prints_its_cost_plan(tmp_path, capsys, m
     assert [line.split()[0] for line in lines[1:lines.index("")]] == [r.run_id for r in runs]   # the plan
     costs = _table(lines[lines.index(""):], COSTS)
     steps = -(-10_000_000_000 // (384 * 8192)) + -(-1_000_000_000 // (384 * 8192))
-    derived = [c for c in costs if c["run_id"].startswith("tx-")]   # the 2 transplants: fine-tuning only
+    derived = [c for c in costs if c["run_id"].startswith("tx-")]   # the 7 transplants: fine-tuning only
     assert [c["run_id"] for c in costs] == [r.run_id for r in runs] + [c["run_id"] for c in derived] + ["total"]
-    assert len(derived) == 2 and all((c["steps"], c["tokens"], c["hours"], c["epochs"], c["fine-tuning h"])
+    assert len(derived) == 7 and all((c["steps"], c["tokens"], c["hours"], c["epochs"], c["fine-tuning h"])
                                      == ("0", "0", "0", "-", "not estimated") for c in derived)
     decay = -(-1_000_000_000 // (384 * 8192))    # low_decay branches from the unfrozen detour: trains its decay
     for run, cost in zip(runs, costs[:len(runs)]):

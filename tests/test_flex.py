@@ -79,23 +79,29 @@ def test_a_compiled_encoder_takes_each_micro_batch_s_block_mask_without_recompil
     micro-batch, the compiled graph does not (forward: FlexAttention has no backward on the CPU)."""
     from torch._dynamo.utils import counters
 
+    torch._dynamo.reset()   # earlier tests compile the same forward code: count from an empty cache
     model = load_masked_lm("config:tiny-modernbert", "sdpa", seed=0)
     family = family_of(model.config)
     encoder = torch.compile(family.encoder(model), dynamic=False)
     counters.clear()
-    for seed in range(3):
+    graphs = []
+    for seed in range(5):
         rng = np.random.default_rng(seed)
         docs = np.stack([np.repeat(np.arange(50), rng.integers(5, 40, 50))[:256] for _ in range(2)])
         ids = torch.randint(1000, 2000, (2, 256), generator=torch.Generator().manual_seed(seed))
         with torch.no_grad(), attention_for(model, family, "mlm", 256, torch.float32, "cpu", docs,
                                             use_flex=True) as attn:
             encoder(input_ids=ids, attention_mask=attn)
-    assert counters["stats"]["unique_graphs"] == 1
+        graphs.append(counters["stats"]["unique_graphs"])
+    # One recompile may follow the first call: the `kernels` package (transformers' hub kernels) sets a context
+    # variable during it that the first graph guarded as unset. After that, a new mask is never a new graph.
+    assert graphs[1] <= 2 and graphs[1:] == [graphs[1]] * 4, graphs
 
 
 def test_the_compiled_mask_builder_cuda_uses_gives_the_eager_masks_in_one_graph():
     from torch._dynamo.utils import counters
 
+    torch._dynamo.reset()
     counters.clear()
     for seed in range(2):
         docs = torch.as_tensor(np.stack([np.repeat(np.arange(60), np.random.default_rng(seed + b).integers(

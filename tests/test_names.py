@@ -27,7 +27,7 @@ UNKNOWN = {   # arguments -> what the message must hold: the flag, the value, so
     "figure option": (["report", "--figure", "curves", "--set", "colour=red"],
                       ["--set colour", "'red'", "smooth"]),
     "table option": (["report", "--table", "scores", "--set", "colour=red"], ["--set colour", "'red'", "units"]),
-    "task": (["evaluate", "--task", "no_such_task"], ["--task", "'no_such_task'", "ncbi_disease, pubmedqa_pqal"]),
+    "task": (["evaluate", "--task", "no_such_task"], ["--task", "'no_such_task'", "phenotyping, pubmedqa_pqal"]),
     "transplant task": (["transplant", "--from", "clm", "--into", "mlm", "--layers", "low", "--task", "no_such_task"],
                         ["--task", "'no_such_task'", "ncbi_disease"]),
     "protocol": (["evaluate", "--task", "ncbi_disease", "--protocol", "no_such_protocol"],

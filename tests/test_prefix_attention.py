@@ -7,7 +7,6 @@ reading nothing back to the host."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F

@@ -222,7 +222,7 @@ def test_lr_schedules():
      "allowed"),
     ({"phases": [{"name": "m", "objective": "rtd", "steps": 2}]}, "phases[0].objective", "mlm"),
     ({"phases": [{"name": "m", "objective": "mlm"}]}, "phases[0]", "exactly one length"),
-    ({"batch_size": 6, "micro_batch_size": 4}, "(top level)", "multiple"),
+    ({"batch_size": 6, "micro_batch_size": 4}, "micro_batch_size", "multiple"),
 ])
 def test_bad_specs_name_the_key(change, key, words):
     with pytest.raises(SpecError) as err:

@@ -202,7 +202,7 @@ def test_probe_texts_fixed_by_seed():
     assert a != probe_texts(texts, 10, seed=4)
     assert a == sorted(a, key=texts.index)
     assert probe_texts(texts, 100, seed=0) == texts[:100]  # exactly as many as there are: all non-empty ones
-    with pytest.raises(SpecError, match="asks for 101 held-out texts.*has 100 usable"):
+    with pytest.raises(SpecError, match="asks for 101 held-out texts.*have 100 usable"):
         probe_texts(texts, 101, seed=0)    # fewer than asked: refused (tests/test_probe_ratio_floor.py)
 
 

@@ -22,7 +22,7 @@ from sklearn.preprocessing import MultiLabelBinarizer
 
 import ablate.evaluate.finetune as ft
 import ablate.evaluate.scores as sc
-from ablate.evaluate import metrics, task_types
+from ablate.evaluate import task_types
 from ablate.config.errors import SpecError
 from ablate.evaluate.identity import data_hash
 from ablate.evaluate.tasks import TASKS_DIR_ENV, load_task, load_task_data, resolve_settings

@@ -9,8 +9,6 @@ evaluation settings can change without re-training.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from pathlib import Path
 from typing import Annotated, Any, Literal

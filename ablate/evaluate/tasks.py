@@ -19,7 +19,7 @@ from ablate.config.errors import SpecError
 from ablate.config.paths import registry_dir, registry_names
 from ablate.evaluate.access import Access
 from ablate.evaluate.protocol import profile_settings
-from ablate.evaluate.task_readers import HUB_PREFIX, SPLITS, Example, data_files, read_splits
+from ablate.evaluate.task_readers import HUB_PREFIX, SPLITS, Example, read_splits
 from ablate.evaluate.task_types import METRICS, TASK_TYPES, TYPE_NAMES, TYPE_SETTINGS, task_type
 
 TASKS_DIR_ENV = "ABLATE_TASKS_DIR"   # default: grids/tasks of this checkout

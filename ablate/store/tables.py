@@ -253,7 +253,7 @@ def _arrow_table(frame: pd.DataFrame):
     except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
         pass
     fixed = {}
-    for name in frame.columns[frame.dtypes == object]:
+    for name in frame.columns[frame.dtypes == object]:   # noqa: E721 (an elementwise pandas comparison)
         if pd.api.types.infer_dtype(frame[name], skipna=True) not in ("string", "empty", "boolean", "integer",
                                                                       "floating", "mixed-integer-float"):
             fixed[name] = frame[name].map(lambda v: v if v is None or v is pd.NA or (isinstance(v, float) and v != v)

@@ -8,7 +8,6 @@ May import: config, data.
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 from ablate.data.converters.common import SPLITS, write_jsonl
