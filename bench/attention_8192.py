@@ -52,11 +52,22 @@ def build(layers: int, seq_len: int, dtype):
     from transformers import ModernBertConfig, ModernBertForMaskedLM
     from transformers.initialization import no_init_weights
 
-    config = ModernBertConfig(hidden_size=768, num_attention_heads=12, intermediate_size=1152,
-                              num_hidden_layers=layers, global_attn_every_n_layers=3, local_attention=128,
-                              vocab_size=50368, max_position_embeddings=max(seq_len, 8192),
-                              pad_token_id=50283, bos_token_id=50281, eos_token_id=50282, cls_token_id=50281,
-                              sep_token_id=50282, attn_implementation="sdpa")
+    config = ModernBertConfig(
+        hidden_size=768,
+        num_attention_heads=12,
+        intermediate_size=1152,
+        num_hidden_layers=layers,
+        global_attn_every_n_layers=3,
+        local_attention=128,
+        vocab_size=50368,
+        max_position_embeddings=max(seq_len, 8192),
+        pad_token_id=50283,
+        bos_token_id=50281,
+        eos_token_id=50282,
+        cls_token_id=50281,
+        sep_token_id=50282,
+        attn_implementation="sdpa",
+    )
     with no_init_weights():
         model = ModernBertForMaskedLM(config)
     generator = torch.Generator().manual_seed(0)
@@ -84,9 +95,10 @@ def step(model, family, objective: str, ids, docs, kind: str, documents: bool, o
     prefix = None
     if objective == "mlm":
         special = torch.tensor([50281, 50282, 50283, 50284])
-        inputs, labels = mlm_inputs(ids, 0.3, special, 50284, model.config.vocab_size,
-                                    torch.Generator().manual_seed(2))
-    elif objective == "prefix-lm":          # the prefix at mid-sequence: the suffix predicted causally
+        inputs, labels = mlm_inputs(
+            ids, 0.3, special, 50284, model.config.vocab_size, torch.Generator().manual_seed(2)
+        )
+    elif objective == "prefix-lm":  # the prefix at mid-sequence: the suffix predicted causally
         from ablate.config.objectives.prefix_lm import prefix_labels
 
         prefix = torch.tensor([ids.shape[1] // 2])
@@ -94,8 +106,17 @@ def step(model, family, objective: str, ids, docs, kind: str, documents: bool, o
     else:
         inputs, labels = ids, clm_labels(ids, docs)
     n_labels = int((labels != -100).sum())
-    with attention_for(model, family, objective, ids.shape[1], torch.float32, "cpu",
-                       docs if documents else None, kind=kind, prefix=prefix) as attn:
+    with attention_for(
+        model,
+        family,
+        objective,
+        ids.shape[1],
+        torch.float32,
+        "cpu",
+        docs if documents else None,
+        kind=kind,
+        prefix=prefix,
+    ) as attn:
         hidden = family.encoder(model)(input_ids=inputs, attention_mask=attn).last_hidden_state
         where = labels != -100
         features = family.transform(model, hidden[where])
@@ -127,8 +148,14 @@ def worker(args) -> dict:
         times.append(time.perf_counter() - start)
         peak = vm_hwm_mb()
         step_peaks.append(None if peak is None or before is None else peak - before)
-    return {"objective": args.objective, "variant": args.variant, "step_s": times, "loss": losses,
-            "step_peak_mb": step_peaks, "peak_mb": peak_rss_mb()}
+    return {
+        "objective": args.objective,
+        "variant": args.variant,
+        "step_s": times,
+        "loss": losses,
+        "step_peak_mb": step_peaks,
+        "peak_mb": peak_rss_mb(),
+    }
 
 
 def square_tensors(model, family, objective: str, ids, length: int) -> int:
@@ -169,14 +196,17 @@ def output_check(args) -> dict:
         for objective in ("clm", "mlm"):
             hidden = {}
             for kind in ("per-layer-type", "banded"):
-                with torch.no_grad(), attention_for(model, family, objective, length, dtype, "cpu",
-                                                    kind=kind) as attn:
+                with (
+                    torch.no_grad(),
+                    attention_for(model, family, objective, length, dtype, "cpu", kind=kind) as attn,
+                ):
                     hidden[kind] = family.encoder(model)(input_ids=ids, attention_mask=attn).last_hidden_state
             diff = float((hidden["banded"] - hidden["per-layer-type"]).abs().max())
             out[f"{objective}_{str(dtype).removeprefix('torch.')}_L{length}_max_abs_diff"] = diff
         if dtype == torch.float32:
-            out["square_tensors_banded"] = sum(square_tensors(model.train(), family, o, ids, length)
-                                               for o in ("clm", "mlm"))
+            out["square_tensors_banded"] = sum(
+                square_tensors(model.train(), family, o, ids, length) for o in ("clm", "mlm")
+            )
     return out
 
 
@@ -202,21 +232,40 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(output_check(args)))
         return {}
 
-    common = [sys.executable, __file__, "--seq-len", str(args.seq_len), "--layers", str(args.layers),
-              "--steps", str(args.steps), "--doc-len", str(args.doc_len), "--threads", str(args.threads)]
+    common = [
+        sys.executable,
+        __file__,
+        "--seq-len",
+        str(args.seq_len),
+        "--layers",
+        str(args.layers),
+        "--steps",
+        str(args.steps),
+        "--doc-len",
+        str(args.doc_len),
+        "--threads",
+        str(args.threads),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     results = []
     for objective in args.objectives.split(","):
         for variant in args.variants.split(","):
-            run = subprocess.run([*common, "--worker", "--objective", objective, "--variant", variant],
-                                 capture_output=True, text=True, env=env, check=True)
+            run = subprocess.run(
+                [*common, "--worker", "--objective", objective, "--variant", variant],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=True,
+            )
             r = json.loads(run.stdout.strip().splitlines()[-1])
             results.append(r)
             every = ", ".join(f"{t:.2f}" for t in r["step_s"])
             step_peak = max(p or 0 for p in r["step_peak_mb"]) / 1024
-            print(f"{objective} {variant:12s} step {min(r['step_s']):7.2f} s  (all {every})  peak "
-                  f"{r['peak_mb'] / 1024:5.2f} GiB  step peak {step_peak:5.2f} GiB  loss {r['loss'][0]:.6f}",
-                  flush=True)
+            print(
+                f"{objective} {variant:12s} step {min(r['step_s']):7.2f} s  (all {every})  peak "
+                f"{r['peak_mb'] / 1024:5.2f} GiB  step peak {step_peak:5.2f} GiB  loss {r['loss'][0]:.6f}",
+                flush=True,
+            )
     summary: dict = {"seq_len": args.seq_len, "layers": args.layers, "threads": args.threads, "results": results}
     for objective in args.objectives.split(","):
         by = {r["variant"]: r for r in results if r["objective"] == objective}

@@ -45,8 +45,9 @@ LENGTH, WINDOW, HEADS, HEAD_DIM, BLOCK = 8192, 64, 12, 64, 64
 LAYERS = {"global": 8, "local": 14}
 
 
-def key_intervals(docs: np.ndarray, causal: bool, window: int | None, prefix: int | None = None
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def key_intervals(
+    docs: np.ndarray, causal: bool, window: int | None, prefix: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Per query, the first and last key it may see (inclusive); prefix (with causal): keys k < prefix too."""
     q = np.arange(len(docs))
     change = np.flatnonzero(docs[1:] != docs[:-1]) + 1
@@ -79,8 +80,11 @@ def sdpa_global_pairs(docs: np.ndarray, causal: bool, documents: bool, prefix: i
     """The SDPA path's global layer: all pairs (CLM: the causal half), per document with documents; with a
     prefix, per document the causal call plus one over its part of the prefix (prefix^2; none for 0 or 1),
     a document inside the prefix in full."""
-    bounds = np.concatenate([[0], np.flatnonzero(np.diff(docs)) + 1, [len(docs)]]) if documents \
+    bounds = (
+        np.concatenate([[0], np.flatnonzero(np.diff(docs)) + 1, [len(docs)]])
+        if documents
         else np.array([0, len(docs)])
+    )
     total = 0
     for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
         n, head = end - start, (0 if prefix is None else min(max(prefix - start, 0), end - start))
@@ -91,41 +95,59 @@ def sdpa_global_pairs(docs: np.ndarray, causal: bool, documents: bool, prefix: i
     return total
 
 
-def row_counts(docs: np.ndarray, layer: str, causal: bool, documents: bool, prefix: int | None = None
-               ) -> dict[str, int]:
+def row_counts(
+    docs: np.ndarray, layer: str, causal: bool, documents: bool, prefix: int | None = None
+) -> dict[str, int]:
     """One row's pairs per column; prefix: the row's prefix length under the prefix pattern (a prefix-LM
     row, or a mixture's causal (0) or bidirectional (L) row in a micro-batch with rows of the other)."""
     window = WINDOW if layer == "local" else None
     seen = docs if documents else np.zeros_like(docs)
     lo, hi = key_intervals(seen, causal, window, prefix)
-    if layer == "local":        # a prefix pattern takes the two-sided span (MLM's) for every row
+    if layer == "local":  # a prefix pattern takes the two-sided span (MLM's) for every row
         sdpa = cuda = banded_pairs(len(docs), causal and prefix is None)
     else:
         sdpa = sdpa_global_pairs(docs, causal, documents, prefix)
         cuda = tile_pairs(lo, hi, 128) if (causal or documents) else len(docs) ** 2
-    return {"dense": len(docs) ** 2, "allowed": int((hi - lo + 1).sum()), "sdpa_cpu": sdpa, "cuda": cuda,
-            "flex128": tile_pairs(lo, hi, 128), "flex64": tile_pairs(lo, hi, 64)}
+    return {
+        "dense": len(docs) ** 2,
+        "allowed": int((hi - lo + 1).sum()),
+        "sdpa_cpu": sdpa,
+        "cuda": cuda,
+        "flex128": tile_pairs(lo, hi, 128),
+        "flex64": tile_pairs(lo, hi, 64),
+    }
 
 
 def check_block_masks(docs: np.ndarray, prefix: int) -> None:
     import torch
 
     from ablate.models import flex
+
     for causal, cut in ((False, None), (True, None), (True, prefix)):
-        mask = flex.block_mask(1, len(docs), causal, None, torch.as_tensor(docs)[None], "cpu",
-                               prefix=None if cut is None else torch.tensor([cut]))
+        mask = flex.block_mask(
+            1,
+            len(docs),
+            causal,
+            None,
+            torch.as_tensor(docs)[None],
+            "cpu",
+            prefix=None if cut is None else torch.tensor([cut]),
+        )
         lo, hi = key_intervals(docs, causal, None, cut)
         assert flex.computed_pairs(mask) == tile_pairs(lo, hi, flex.TILE), (causal, cut)
-    print(f"block masks: computed pairs equal the tile counts (row 0, global layers with documents; MLM, CLM, "
-          f"prefix {prefix})")
+    print(
+        f"block masks: computed pairs equal the tile counts (row 0, global layers with documents; MLM, CLM, "
+        f"prefix {prefix})"
+    )
 
 
 OBJECTIVES = ("mlm", "clm", "prefix-lm", "mixture")
-MIXTURE_CLM_SHARE = 0.25     # grids/detours.yaml's CLM+MLM mixture by sequence, 1:3
+MIXTURE_CLM_SHARE = 0.25  # grids/detours.yaml's CLM+MLM mixture by sequence, 1:3
 
 
-def objective_counts(row: np.ndarray, layer: str, objective: str, documents: bool, prefixes: list[int]
-                     ) -> dict[str, float]:
+def objective_counts(
+    row: np.ndarray, layer: str, objective: str, documents: bool, prefixes: list[int]
+) -> dict[str, float]:
     """A row's pairs per column under an objective: prefix-lm the mean over the row's drawn prefixes; the
     mixture a CLM row (prefix 0) and an MLM row (prefix L) by their shares, both under the prefix pattern."""
     if objective in ("mlm", "clm"):
@@ -143,8 +165,13 @@ def packed_rows(corpus: str, rows: int) -> np.ndarray:
     from ablate.data.corpus import SequenceOrder, open_prepared
     from ablate.models.sources import DEFAULT_MODEL, load_tokenizer
 
-    spec = parse_run_spec({"model": DEFAULT_MODEL, "data": {"corpus": corpus, "seq_len": LENGTH},
-                           "phases": [{"name": "p", "objective": "mlm", "steps": 1}]})
+    spec = parse_run_spec(
+        {
+            "model": DEFAULT_MODEL,
+            "data": {"corpus": corpus, "seq_len": LENGTH},
+            "phases": [{"name": "p", "objective": "mlm", "steps": 1}],
+        }
+    )
     _sequences, doc_ids = open_prepared(spec.data, load_tokenizer(DEFAULT_MODEL)).packed(LENGTH)
     return np.asarray(doc_ids[SequenceOrder(len(doc_ids), spec.data.data_seed).take(0, rows)])
 
@@ -158,8 +185,10 @@ def main() -> None:
     args = ap.parse_args()
     docs = packed_rows(args.corpus, args.rows)
     lengths = np.diff(np.flatnonzero(np.diff(np.concatenate([[-1], docs[0], [-1]])))).tolist()
-    print(f"{args.corpus}: {len(docs)} rows of {LENGTH}; row 0 holds {len(lengths)} documents "
-          f"(median {int(np.median(lengths))} tokens)")
+    print(
+        f"{args.corpus}: {len(docs)} rows of {LENGTH}; row 0 holds {len(lengths)} documents "
+        f"(median {int(np.median(lengths))} tokens)"
+    )
     # prefix-LM's split: uniform in [1, L - 1] per row (ablate.config.objectives.prefix_lm), drawn here
     prefixes = np.random.default_rng(0).integers(1, LENGTH, (len(docs), args.prefix_draws)).tolist()
     if args.check:
@@ -168,10 +197,18 @@ def main() -> None:
     for layer in LAYERS:
         for objective in OBJECTIVES:
             for documents in (False, True):
-                counts = [objective_counts(row, layer, objective, documents, cuts) for row, cuts in zip(docs, prefixes)]
+                counts = [
+                    objective_counts(row, layer, objective, documents, cuts) for row, cuts in zip(docs, prefixes)
+                ]
                 mean = {k: sum(c[k] for c in counts) / len(counts) for k in counts[0]}
-                table.append({"layer": layer, "objective": objective, "documents": documents,
-                              **{k: round(4 * HEAD_DIM * HEADS * v / 1e9, 2) for k, v in mean.items()}})
+                table.append(
+                    {
+                        "layer": layer,
+                        "objective": objective,
+                        "documents": documents,
+                        **{k: round(4 * HEAD_DIM * HEADS * v / 1e9, 2) for k, v in mean.items()},
+                    }
+                )
     print("forward GFLOPs per sequence and layer (4 x 64 x 12 x pairs)")
     for row in table:
         print(json.dumps(row))
@@ -179,9 +216,12 @@ def main() -> None:
     for objective in OBJECTIVES:
         for documents in (False, True):
             rows = [r for r in table if r["objective"] == objective and r["documents"] == documents]
-            total = {k: round(sum(LAYERS[r["layer"]] * r[k] for r in rows), 1)
-                     for k in ("dense", "allowed", "sdpa_cpu", "cuda", "flex128", "flex64")}
+            total = {
+                k: round(sum(LAYERS[r["layer"]] * r[k] for r in rows), 1)
+                for k in ("dense", "allowed", "sdpa_cpu", "cuda", "flex128", "flex64")
+            }
             print(json.dumps({"layer": "model", "objective": objective, "documents": documents, **total}))
+
 
 if __name__ == "__main__":
     main()

@@ -32,30 +32,61 @@ REPO = Path(__file__).resolve().parents[1]
 SHARES = (0.1, 0.2, 0.4)
 
 
-def grid(main_steps: int, seeds: list[int], branching: bool, parallel: int,
-         objectives: tuple[str, ...] = ("mlm", "clm")) -> dict:
+def grid(
+    main_steps: int, seeds: list[int], branching: bool, parallel: int, objectives: tuple[str, ...] = ("mlm", "clm")
+) -> dict:
     base = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())["base"]
     base.update(checkpoint_every=10, log_every=10, probe={"n_texts": 8, "max_length": 32})
     base["data"] = {**base["data"], "max_documents": 2000}
     schedules = {}
     for objective in objectives:
-        main = {"name": "main", "objective": objective, "steps": main_steps, "lr": {"warmup_steps": 1},
-                **({"mask_rate": 0.3} if objective == "mlm" else {})}
+        main = {
+            "name": "main",
+            "objective": objective,
+            "steps": main_steps,
+            "lr": {"warmup_steps": 1},
+            **({"mask_rate": 0.3} if objective == "mlm" else {}),
+        }
         for share in SHARES:
-            decay = {"name": "mlm_decay", "objective": "mlm", "mask_rate": 0.15,
-                     "steps": max(1, round(share * main_steps)), "lr": {"decay": "1-sqrt", "final_fraction": 0.1}}
+            decay = {
+                "name": "mlm_decay",
+                "objective": "mlm",
+                "mask_rate": 0.15,
+                "steps": max(1, round(share * main_steps)),
+                "lr": {"decay": "1-sqrt", "final_fraction": 0.1},
+            }
             schedules[f"{objective}_d{round(share * 100):02d}"] = [main, decay]
-    return {"sweep": "bench-branching", "base": base, "schedules": schedules,
-            "axes": {"schedule": list(schedules), "seed": seeds}, "allow_unequal_compute": True,
-            "branching": branching, "launcher": {"executor": "local", "local": {"parallel": parallel}}}
+    return {
+        "sweep": "bench-branching",
+        "base": base,
+        "schedules": schedules,
+        "axes": {"schedule": list(schedules), "seed": seeds},
+        "allow_unequal_compute": True,
+        "branching": branching,
+        "launcher": {"executor": "local", "local": {"parallel": parallel}},
+    }
 
 
 def sweep(folder: Path, spec: dict, env: dict) -> float:
     path = folder / "grid.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "ablate.cli", "sweep", str(path), "--results",
-                           str(folder / "results"), "--poll", "0.5"], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ablate.cli",
+            "sweep",
+            str(path),
+            "--results",
+            str(folder / "results"),
+            "--poll",
+            "0.5",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - started
     if done.returncode != 0:
         sys.exit(f"sweep failed in {folder}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -71,8 +102,12 @@ def run_facts(results: Path) -> dict[str, dict]:
         record = json.loads((run / "records" / "run.json").read_text())
         branch = json.loads((run / "branch.json").read_text()) if (run / "branch.json").is_file() else None
         weights = hashlib.sha256((run / "model" / "model.safetensors").read_bytes()).hexdigest()
-        out[run.name] = {"weights": weights, "token_hash": record["token_hash"], "steps": record["steps"],
-                         "trained": record["steps"] - (branch["step"] if branch else 0)}
+        out[run.name] = {
+            "weights": weights,
+            "token_hash": record["token_hash"],
+            "steps": record["steps"],
+            "trained": record["steps"] - (branch["step"] if branch else 0),
+        }
     return out
 
 
@@ -90,30 +125,55 @@ def main() -> None:
         env.setdefault("ABLATE_CACHE", str(Path(tmp) / "cache"))
         warm = Path(tmp) / "warm"
         warm.mkdir()
-        sweep(warm, {**grid(2, args.seeds[:1], True, 1, ("mlm",)),
-                     "axes": {"schedule": ["mlm_d10"], "seed": args.seeds[:1]}}, env)                                  # prepares the corpus once for both variants
+        sweep(
+            warm,
+            {
+                **grid(2, args.seeds[:1], True, 1, ("mlm",)),
+                "axes": {"schedule": ["mlm_d10"], "seed": args.seeds[:1]},
+            },
+            env,
+        )  # prepares the corpus once for both variants
         rows, facts = [], {}
         for branching in (True, False):
             folder = Path(tmp) / ("branched" if branching else "unbranched")
             folder.mkdir()
-            wall = sweep(folder, grid(args.main_steps, args.seeds, branching, args.parallel, tuple(args.objectives)),
-                         env)
+            wall = sweep(
+                folder, grid(args.main_steps, args.seeds, branching, args.parallel, tuple(args.objectives)), env
+            )
             facts[branching] = run_facts(folder / "results")
-            rows.append({"variant": "branching" if branching else "branching: false", "runs": len(facts[branching]),
-                         "steps trained": sum(f["trained"] for f in facts[branching].values()),
-                         "wall s": round(wall, 1)})
+            rows.append(
+                {
+                    "variant": "branching" if branching else "branching: false",
+                    "runs": len(facts[branching]),
+                    "steps trained": sum(f["trained"] for f in facts[branching].values()),
+                    "wall s": round(wall, 1),
+                }
+            )
     print("| variant | runs | steps trained | wall s |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['variant']} | {r['runs']} | {r['steps trained']} | {r['wall s']} |")
     ratio = rows[0]["wall s"] / rows[1]["wall s"]
     steps_ratio = rows[0]["steps trained"] / rows[1]["steps trained"]
     print(f"\nwall time branched / unbranched: {ratio:.2f}x (steps trained: {steps_ratio:.2f}x)")
-    same = {rid: facts[True][rid]["weights"] == facts[False][rid]["weights"]
-            and facts[True][rid]["token_hash"] == facts[False][rid]["token_hash"] for rid in facts[False]}
+    same = {
+        rid: facts[True][rid]["weights"] == facts[False][rid]["weights"]
+        and facts[True][rid]["token_hash"] == facts[False][rid]["token_hash"]
+        for rid in facts[False]
+    }
     print(f"same final weights and token hash in both variants: {sum(same.values())} of {len(same)} runs")
-    print(json.dumps({"rows": rows, "wall_ratio": round(ratio, 3), "steps_ratio": round(steps_ratio, 3),
-                      "same_bits": all(same.values()), "main_steps": args.main_steps, "seeds": args.seeds,
-                      "parallel": args.parallel}))
+    print(
+        json.dumps(
+            {
+                "rows": rows,
+                "wall_ratio": round(ratio, 3),
+                "steps_ratio": round(steps_ratio, 3),
+                "same_bits": all(same.values()),
+                "main_steps": args.main_steps,
+                "seeds": args.seeds,
+                "parallel": args.parallel,
+            }
+        )
+    )
     if not all(same.values()):
         sys.exit(1)
 

@@ -49,14 +49,23 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from pretrain_step import (DEFAULT_CORPUS, DEFAULT_MODEL, OtherLoad, busy_cpu_s, load_avg,  # noqa: E402
-                           peak_rss_mb, reset_peak_rss, vm_hwm_mb)
+from pretrain_step import (  # noqa: E402
+    DEFAULT_CORPUS,
+    DEFAULT_MODEL,
+    OtherLoad,
+    busy_cpu_s,
+    load_avg,
+    peak_rss_mb,
+    reset_peak_rss,
+    vm_hwm_mb,
+)
 
-GOALS = {"mlm": 1.8, "clm": 1.2}   # tokens/s ratio ablate / standard issue 15 asks for (issue 2: 1.5, 1.0)
-MEMORY_GOAL = 0.8                  # peak RSS ratio ablate / standard, at most (issue 15; issue 2: 1.0)
+GOALS = {"mlm": 1.8, "clm": 1.2}  # tokens/s ratio ablate / standard issue 15 asks for (issue 2: 1.5, 1.0)
+MEMORY_GOAL = 0.8  # peak RSS ratio ablate / standard, at most (issue 15; issue 2: 1.0)
 
 
 # ------------------------------------------------------------------ the standard recipe, in this process
+
 
 def run_standard(args) -> dict:
     import torch
@@ -64,8 +73,16 @@ def run_standard(args) -> dict:
     torch.set_num_threads(args.threads)
     import transformers
     from datasets import load_dataset
-    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer,
-                              DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments)
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForMaskedLM,
+        AutoTokenizer,
+        DataCollatorForLanguageModeling,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     from ablate.models.sources import resolve_source
     from ablate.config.paths import resolve_data_path
@@ -87,19 +104,24 @@ def run_standard(args) -> dict:
     text_column_name = "text" if "text" in column_names else column_names[0]
 
     def tokenize_function(examples):
-        if mlm:   # run_mlm.py: the collator is faster given the special tokens mask
+        if mlm:  # run_mlm.py: the collator is faster given the special tokens mask
             return tokenizer(examples[text_column_name], return_special_tokens_mask=True)
         return tokenizer(examples[text_column_name])
 
-    tokenized = raw.map(tokenize_function, batched=True, remove_columns=column_names,
-                        desc="Running tokenizer on every text in dataset")
+    tokenized = raw.map(
+        tokenize_function,
+        batched=True,
+        remove_columns=column_names,
+        desc="Running tokenizer on every text in dataset",
+    )
 
     def group_texts(examples):
         concatenated = {k: list(chain(*examples[k])) for k in examples.keys()}
         total_length = len(concatenated[list(examples.keys())[0]])
         total_length = (total_length // block_size) * block_size
-        result = {k: [t[i:i + block_size] for i in range(0, total_length, block_size)]
-                  for k, t in concatenated.items()}
+        result = {
+            k: [t[i : i + block_size] for i in range(0, total_length, block_size)] for k, t in concatenated.items()
+        }
         if not mlm:  # run_clm.py
             result["labels"] = result["input_ids"].copy()
         return result
@@ -130,8 +152,9 @@ def run_standard(args) -> dict:
             if state.global_step == args.warmup:
                 self.other.start()
             if args.profile and state.global_step == args.warmup:
-                self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                                       record_shapes=True)
+                self.profiler = torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
+                )
                 self.profiler.__enter__()
             self._start = time.perf_counter()
 
@@ -147,33 +170,60 @@ def run_standard(args) -> dict:
             self.other_load = self.other.stop()
             if getattr(self, "profiler", None) is not None:
                 self.profiler.__exit__(None, None, None)
-                Path(args.profile).write_text(self.profiler.key_averages().table(sort_by="self_cpu_time_total",
-                                                                                 row_limit=40))
+                Path(args.profile).write_text(
+                    self.profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+                )
 
     timer = StepTimer()
     with tempfile.TemporaryDirectory(prefix="bench-standard-") as out:
         targs = TrainingArguments(
-            output_dir=out, per_device_train_batch_size=args.batch_size, learning_rate=args.lr,
-            max_steps=args.warmup + args.steps, eval_strategy="no", save_strategy="no", logging_strategy="no",
-            report_to="none", use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, seed=args.seed)
-        trainer = Trainer(model=model, args=targs, train_dataset=train_dataset, data_collator=collator,
-                          processing_class=tokenizer, callbacks=[timer])
+            output_dir=out,
+            per_device_train_batch_size=args.batch_size,
+            learning_rate=args.lr,
+            max_steps=args.warmup + args.steps,
+            eval_strategy="no",
+            save_strategy="no",
+            logging_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            seed=args.seed,
+        )
+        trainer = Trainer(
+            model=model,
+            args=targs,
+            train_dataset=train_dataset,
+            data_collator=collator,
+            processing_class=tokenizer,
+            callbacks=[timer],
+        )
         setup_s = time.perf_counter() - t0
         train_out = trainer.train()
 
-    times = timer.times[args.warmup:]
-    intervals = timer.intervals[max(args.warmup - 1, 0):]   # intervals[i] ends at step i + 2
+    times = timer.times[args.warmup :]
+    intervals = timer.intervals[max(args.warmup - 1, 0) :]  # intervals[i] ends at step i + 2
     tokens_per_step = args.batch_size * args.seq_len
     return {
-        "bench": "pretrain_step", "recipe": "standard", "objective": args.objective,
-        "model": args.model, "model_class": type(model).__name__, "attn": args.attn,
-        "batch": args.batch_size, "seq_len": args.seq_len,
-        "mask_rate": args.mask_rate if mlm else None, "lr": args.lr,
-        "optim": str(targs.optim), "warmup": args.warmup, "steps": len(times), "threads": args.threads,
+        "bench": "pretrain_step",
+        "recipe": "standard",
+        "objective": args.objective,
+        "model": args.model,
+        "model_class": type(model).__name__,
+        "attn": args.attn,
+        "batch": args.batch_size,
+        "seq_len": args.seq_len,
+        "mask_rate": args.mask_rate if mlm else None,
+        "lr": args.lr,
+        "optim": str(targs.optim),
+        "warmup": args.warmup,
+        "steps": len(times),
+        "threads": args.threads,
         "tokens_per_s": round(tokens_per_step * len(times) / sum(times), 1),
         "median_step_s": round(statistics.median(times), 4),
         "mean_step_s": round(statistics.fmean(times), 4),
-        "min_step_s": round(min(times), 4), "max_step_s": round(max(times), 4),
+        "min_step_s": round(min(times), 4),
+        "max_step_s": round(max(times), 4),
         "step_times_s": [round(t, 4) for t in times],
         "median_interval_s": round(statistics.median(intervals), 4) if intervals else None,
         "peak_rss_mb": peak_rss_mb(),
@@ -182,20 +232,45 @@ def run_standard(args) -> dict:
         "setup_s": round(setup_s, 1),
         "n_sequences": len(train_dataset),
         "train_loss": round(float(train_out.training_loss), 4),
-        "other_load_cores": timer.other_load, "load_avg": load_avg(), "cpu_count": os.cpu_count(),
-        "torch": torch.__version__, "transformers": transformers.__version__,
+        "other_load_cores": timer.other_load,
+        "load_avg": load_avg(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "datasets": __import__("datasets").__version__,
-        "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
     }
 
 
 # ------------------------------------------------------------------ the comparison
 
+
 def _common_flags(args, objective: str) -> list[str]:
-    return ["--objective", objective, "--steps", str(args.steps), "--warmup", str(args.warmup),
-            "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len),
-            "--mask-rate", str(args.mask_rate), "--lr", str(args.lr), "--corpus", args.corpus,
-            "--model", args.model, "--attn", args.attn, "--threads", str(args.threads)]
+    return [
+        "--objective",
+        objective,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--batch-size",
+        str(args.batch_size),
+        "--seq-len",
+        str(args.seq_len),
+        "--mask-rate",
+        str(args.mask_rate),
+        "--lr",
+        str(args.lr),
+        "--corpus",
+        args.corpus,
+        "--model",
+        args.model,
+        "--attn",
+        args.attn,
+        "--threads",
+        str(args.threads),
+    ]
 
 
 def wait_for_quiet(threshold: float, timeout: float, log, windows: int = 3) -> float | None:
@@ -217,13 +292,24 @@ def wait_for_quiet(threshold: float, timeout: float, log, windows: int = 3) -> f
             return round(busy, 2)
 
 
-def _run_child(cmd: list[str], log, quiet: tuple[float, float] | None = None, retry_above: float | None = None,
-               retries: int = 0) -> dict:
+def _run_child(
+    cmd: list[str],
+    log,
+    quiet: tuple[float, float] | None = None,
+    retry_above: float | None = None,
+    retries: int = 0,
+) -> dict:
     """Run one measurement subprocess and return its JSON line. When other processes kept more than
     `retry_above` cores busy during its timed steps, measure again (up to `retries` times) and keep the
     measurement with the least interference."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               TRANSFORMERS_VERBOSITY="error", PYTHONWARNINGS="ignore")
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        TRANSFORMERS_VERBOSITY="error",
+        PYTHONWARNINGS="ignore",
+    )
     tries = []
     for attempt in range(retries + 1):
         busy_before = wait_for_quiet(*quiet, log) if quiet else None
@@ -242,9 +328,11 @@ def _run_child(cmd: list[str], log, quiet: tuple[float, float] | None = None, re
         result["busy_cores_before"] = busy_before
         result["attempt"] = attempt + 1
         other = result.get("other_load_cores")
-        log(f"  {result['recipe']:8s} {result['objective']}: {result['tokens_per_s']:8.1f} tok/s, "
+        log(
+            f"  {result['recipe']:8s} {result['objective']}: {result['tokens_per_s']:8.1f} tok/s, "
             f"median step {result['median_step_s']:.3f} s, peak RSS {result['peak_rss_mb']:.0f} MiB "
-            f"(train {result['peak_rss_train_mb']}), other processes {other} cores")
+            f"(train {result['peak_rss_train_mb']}), other processes {other} cores"
+        )
         tries.append(result)
         if retry_above is None or other is None or other <= retry_above:
             break
@@ -263,48 +351,66 @@ def _summary(runs: list[dict], clean_below: float | None) -> dict:
     med = lambda key: round(statistics.median(r[key] for r in used), 4)  # noqa: E731
     trains = [r["peak_rss_train_mb"] for r in runs if r.get("peak_rss_train_mb") is not None]
     loads = [r["other_load_cores"] for r in used if r.get("other_load_cores") is not None]
-    return {"tokens_per_s": med("tokens_per_s"), "median_step_s": med("median_step_s"),
-            "min_step_s": min(r["min_step_s"] for r in used),
-            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-            "peak_rss_train_mb": max(trains) if trains else None,
-            "other_load_cores_max": max(loads) if loads else None,
-            "runs_used": len(used), "runs": len(runs), "disturbed": not clean,
-            "tokens_per_s_runs": [r["tokens_per_s"] for r in runs]}
+    return {
+        "tokens_per_s": med("tokens_per_s"),
+        "median_step_s": med("median_step_s"),
+        "min_step_s": min(r["min_step_s"] for r in used),
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+        "peak_rss_train_mb": max(trains) if trains else None,
+        "other_load_cores_max": max(loads) if loads else None,
+        "runs_used": len(used),
+        "runs": len(runs),
+        "disturbed": not clean,
+        "tokens_per_s_runs": [r["tokens_per_s"] for r in runs],
+    }
 
 
 def summarize(runs: dict[str, dict[str, list[dict]]], clean_below: float | None) -> dict:
     summary = {}
     for obj, by_recipe in runs.items():
         a, s = _summary(by_recipe["ablate"], clean_below), _summary(by_recipe["standard"], clean_below)
-        summary[obj] = {"ablate": a, "standard": s,
-                        "speed_ratio": round(a["tokens_per_s"] / s["tokens_per_s"], 3),
-                        "fastest_step_ratio": round(s["min_step_s"] / a["min_step_s"], 3),
-                        "rss_ratio": round(a["peak_rss_mb"] / s["peak_rss_mb"], 3),
-                        "speed_goal": GOALS[obj],
-                        "speed_goal_met": a["tokens_per_s"] / s["tokens_per_s"] >= GOALS[obj],
-                        "memory_goal": MEMORY_GOAL,
-                        "memory_goal_met": a["peak_rss_mb"] <= MEMORY_GOAL * s["peak_rss_mb"]}
+        summary[obj] = {
+            "ablate": a,
+            "standard": s,
+            "speed_ratio": round(a["tokens_per_s"] / s["tokens_per_s"], 3),
+            "fastest_step_ratio": round(s["min_step_s"] / a["min_step_s"], 3),
+            "rss_ratio": round(a["peak_rss_mb"] / s["peak_rss_mb"], 3),
+            "speed_goal": GOALS[obj],
+            "speed_goal_met": a["tokens_per_s"] / s["tokens_per_s"] >= GOALS[obj],
+            "memory_goal": MEMORY_GOAL,
+            "memory_goal_met": a["peak_rss_mb"] <= MEMORY_GOAL * s["peak_rss_mb"],
+        }
     return summary
 
 
 def markdown_table(summary: dict) -> str:
-    rows = ["| objective | recipe | tokens/s | median step (s) | fastest step (s) | peak RSS (MiB) | "
-            "peak RSS in training (MiB) | other processes (cores, max) | runs used |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    rows = [
+        "| objective | recipe | tokens/s | median step (s) | fastest step (s) | peak RSS (MiB) | "
+        "peak RSS in training (MiB) | other processes (cores, max) | runs used |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for obj, s in summary.items():
         for recipe in ("ablate", "standard"):
             r = s[recipe]
             train = f"{r['peak_rss_train_mb']:,.0f}" if r["peak_rss_train_mb"] is not None else "n/a"
-            rows.append(f"| {obj.upper()} | {recipe} | {r['tokens_per_s']:,.0f} | {r['median_step_s']:.3f} | "
-                        f"{r['min_step_s']:.3f} | {r['peak_rss_mb']:,.0f} | {train} | {r['other_load_cores_max']} | "
-                        f"{r['runs_used']}/{r['runs']}{' (all disturbed)' if r['disturbed'] else ''} |")
-    rows += ["", "| objective | tokens/s ratio ablate/standard | goal | fastest-step ratio | "
-                 "peak RSS ratio ablate/standard | memory goal |", "|---|---:|---|---:|---:|---|"]
+            rows.append(
+                f"| {obj.upper()} | {recipe} | {r['tokens_per_s']:,.0f} | {r['median_step_s']:.3f} | "
+                f"{r['min_step_s']:.3f} | {r['peak_rss_mb']:,.0f} | {train} | {r['other_load_cores_max']} | "
+                f"{r['runs_used']}/{r['runs']}{' (all disturbed)' if r['disturbed'] else ''} |"
+            )
+    rows += [
+        "",
+        "| objective | tokens/s ratio ablate/standard | goal | fastest-step ratio | "
+        "peak RSS ratio ablate/standard | memory goal |",
+        "|---|---:|---|---:|---:|---|",
+    ]
     for obj, s in summary.items():
         ok_speed = "met" if s["speed_ratio"] >= GOALS[obj] else "NOT met"
         ok_mem = "met" if s["rss_ratio"] <= MEMORY_GOAL else "NOT met"
-        rows.append(f"| {obj.upper()} | {s['speed_ratio']:.2f}x | >= {GOALS[obj]:.1f}x: {ok_speed} | "
-                    f"{s['fastest_step_ratio']:.2f}x | {s['rss_ratio']:.2f} | <= {MEMORY_GOAL}: {ok_mem} |")
+        rows.append(
+            f"| {obj.upper()} | {s['speed_ratio']:.2f}x | >= {GOALS[obj]:.1f}x: {ok_speed} | "
+            f"{s['fastest_step_ratio']:.2f}x | {s['rss_ratio']:.2f} | <= {MEMORY_GOAL}: {ok_mem} |"
+        )
     return "\n".join(rows)
 
 
@@ -312,8 +418,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--objectives", default="mlm,clm", help="comma-separated: mlm, clm (default both)")
     ap.add_argument("--objective", choices=["mlm", "clm"], help="with --standard-only")
-    ap.add_argument("--standard-only", action="store_true",
-                    help="run one standard-recipe measurement in this process and print its JSON line")
+    ap.add_argument(
+        "--standard-only",
+        action="store_true",
+        help="run one standard-recipe measurement in this process and print its JSON line",
+    )
     ap.add_argument("--steps", type=int, default=10, help="timed steps per measurement (default 10)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     ap.add_argument("--repeats", type=int, default=1, help="measurements per recipe and objective (default 1)")
@@ -326,14 +435,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=42, help="Trainer seed (standard recipe)")
-    ap.add_argument("--profile", default=None, metavar="FILE",
-                    help="with --standard-only: profile the timed steps (torch.profiler), op table to FILE")
+    ap.add_argument(
+        "--profile",
+        default=None,
+        metavar="FILE",
+        help="with --standard-only: profile the timed steps (torch.profiler), op table to FILE",
+    )
     add_quiet_options(ap, timeout=180.0, retries=3)
-    ap.add_argument("--ablate-script", default=str(HERE / "pretrain_step.py"),
-                    help="the ablate side: bench/pretrain_step.py (default) or any script with its CLI, e.g. a "
-                         "wrapper that runs it against a patched engine")
-    ap.add_argument("--summarize", default=None, metavar="JSON",
-                    help="re-make the table from a saved --json-out file instead of measuring")
+    ap.add_argument(
+        "--ablate-script",
+        default=str(HERE / "pretrain_step.py"),
+        help="the ablate side: bench/pretrain_step.py (default) or any script with its CLI, e.g. a "
+        "wrapper that runs it against a patched engine",
+    )
+    ap.add_argument(
+        "--summarize",
+        default=None,
+        metavar="JSON",
+        help="re-make the table from a saved --json-out file instead of measuring",
+    )
     ap.add_argument("--json-out", default=None, help="also write the final JSON object to this file")
     args = ap.parse_args(argv)
 
@@ -365,35 +485,78 @@ def main(argv: list[str] | None = None) -> None:
                 if recipe == "ablate":
                     cmd = [sys.executable, args.ablate_script, *flags]
                 else:
-                    cmd = [sys.executable, str(Path(__file__).resolve()), "--standard-only", *flags,
-                           "--seed", str(args.seed)]
+                    cmd = [
+                        sys.executable,
+                        str(Path(__file__).resolve()),
+                        "--standard-only",
+                        *flags,
+                        "--seed",
+                        str(args.seed),
+                    ]
                 quiet = (args.quiet_below, args.quiet_timeout) if args.quiet_below > 0 else None
                 runs[obj][recipe].append(_run_child(cmd, log, quiet, args.retry_above, args.retries))
 
     summary = summarize(runs, args.retry_above)
     first = next(iter(runs.values()))["ablate"][0]
-    out = {"bench": "compare_recipes", "summary": summary, "runs": runs,
-           "settings": {k: getattr(args, k) for k in ("steps", "warmup", "repeats", "batch_size", "seq_len",
-                                                      "mask_rate", "lr", "corpus", "model", "attn", "threads")},
-           "load_avg_start": load_start, "load_avg_end": load_avg(), "cpu_count": os.cpu_count(),
-           "torch": first["torch"], "transformers": first["transformers"], "python": first["python"],
-           "wall_s": round(time.perf_counter() - started, 1)}
+    out = {
+        "bench": "compare_recipes",
+        "summary": summary,
+        "runs": runs,
+        "settings": {
+            k: getattr(args, k)
+            for k in (
+                "steps",
+                "warmup",
+                "repeats",
+                "batch_size",
+                "seq_len",
+                "mask_rate",
+                "lr",
+                "corpus",
+                "model",
+                "attn",
+                "threads",
+            )
+        },
+        "load_avg_start": load_start,
+        "load_avg_end": load_avg(),
+        "cpu_count": os.cpu_count(),
+        "torch": first["torch"],
+        "transformers": first["transformers"],
+        "python": first["python"],
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
     emit(markdown_table(summary), out, args.json_out)
 
 
 def add_quiet_options(ap: argparse.ArgumentParser, timeout: float, retries: int) -> None:
     """--quiet-below, --quiet-timeout, --retry-above, --retries: measuring on a machine others share."""
-    ap.add_argument("--quiet-below", type=float, default=0.3, metavar="CORES",
-                    help="before each measurement wait until other processes keep fewer than this many cores busy "
-                         "(default 0.3; 0 to not wait)")
-    ap.add_argument("--quiet-timeout", type=float, default=timeout,
-                    help=f"longest wait for quiet, s (default {timeout:g})")
-    ap.add_argument("--retry-above", type=float, default=0.2, metavar="CORES",
-                    help="measure again when other processes kept more than this many cores busy during a "
-                         "measurement (default 0.2; the least disturbed try is kept); the summary uses the runs "
-                         "under this where there are any")
-    ap.add_argument("--retries", type=int, default=retries,
-                    help=f"at most this many extra tries per measurement (default {retries})")
+    ap.add_argument(
+        "--quiet-below",
+        type=float,
+        default=0.3,
+        metavar="CORES",
+        help="before each measurement wait until other processes keep fewer than this many cores busy "
+        "(default 0.3; 0 to not wait)",
+    )
+    ap.add_argument(
+        "--quiet-timeout", type=float, default=timeout, help=f"longest wait for quiet, s (default {timeout:g})"
+    )
+    ap.add_argument(
+        "--retry-above",
+        type=float,
+        default=0.2,
+        metavar="CORES",
+        help="measure again when other processes kept more than this many cores busy during a "
+        "measurement (default 0.2; the least disturbed try is kept); the summary uses the runs "
+        "under this where there are any",
+    )
+    ap.add_argument(
+        "--retries",
+        type=int,
+        default=retries,
+        help=f"at most this many extra tries per measurement (default {retries})",
+    )
 
 
 def emit(table: str, out: dict, json_out: str | None) -> None:

@@ -67,7 +67,7 @@ def measure(config: str, corpus: Path, workers: int) -> dict:
 
     tokenizer = load_tokenizer(DEFAULT_MODEL)
     spec = DataSpec(corpus=str(corpus), prepared_root=str(TMP / "prepared"), seq_len=128)
-    if config in ("prepare", "datasets"):     # timed from nothing: no prepared folder or Arrow cache of a past run
+    if config in ("prepare", "datasets"):  # timed from nothing: no prepared folder or Arrow cache of a past run
         shutil.rmtree(TMP / ("prepared" if config == "prepare" else "hf-cache"), ignore_errors=True)
     row = {"config": config, "size_mb": round(corpus.stat().st_size / 1e6)}
     start = time.perf_counter()
@@ -84,15 +84,18 @@ def measure(config: str, corpus: Path, workers: int) -> dict:
         sequences, doc_ids = load_packed(spec, tokenizer)
         idx = SequenceOrder(len(sequences), 42).take(0, 16)
         batch, docs = sequences[idx], doc_ids[idx]
-        row["tokens"] = int(batch.size + 0 * docs.size)     # the first batch's tokens
+        row["tokens"] = int(batch.size + 0 * docs.size)  # the first batch's tokens
     else:
         from datasets import load_dataset
 
         raw = load_dataset("text", data_files={"train": str(corpus)}, cache_dir=str(TMP / "hf-cache"))
-        tok = raw.map(lambda b: tokenizer(b["text"], add_special_tokens=True, truncation=False,
-                                          return_attention_mask=False), batched=True, num_proc=workers,
-                      remove_columns=["text"])
-        row["tokens"] = None          # documents only: counting tokens would read the whole result again
+        tok = raw.map(
+            lambda b: tokenizer(b["text"], add_special_tokens=True, truncation=False, return_attention_mask=False),
+            batched=True,
+            num_proc=workers,
+            remove_columns=["text"],
+        )
+        row["tokens"] = None  # documents only: counting tokens would read the whole result again
         row["documents"] = len(tok["train"])
     row["seconds"] = round(time.perf_counter() - start, 2)
     own, children = _peak_mb()
@@ -115,8 +118,12 @@ def main() -> None:
     for size in args.sizes:
         corpus = build_corpus(size)
         for config in args.configs:
-            out = subprocess.run([sys.executable, __file__, "--one", config, str(corpus), "--workers",
-                                  str(args.workers)], capture_output=True, text=True, env=dict(os.environ))
+            out = subprocess.run(
+                [sys.executable, __file__, "--one", config, str(corpus), "--workers", str(args.workers)],
+                capture_output=True,
+                text=True,
+                env=dict(os.environ),
+            )
             if out.returncode:
                 print(out.stderr[-3000:], file=sys.stderr)
                 failed += 1
@@ -127,8 +134,10 @@ def main() -> None:
     print("\n| size MB | config | seconds | peak RSS GB | workers' peak RSS GB | tokens | load avg |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['size_mb']} | {r['config']} | {r['seconds']} | {r['peak_rss_gb']} | {r['workers_peak_rss_gb']} "
-              f"| {r['tokens'] or '-'} | {r['load_avg']} |")
+        print(
+            f"| {r['size_mb']} | {r['config']} | {r['seconds']} | {r['peak_rss_gb']} | {r['workers_peak_rss_gb']} "
+            f"| {r['tokens'] or '-'} | {r['load_avg']} |"
+        )
     if failed:
         sys.exit(f"{failed} measurement(s) failed (their errors above)")
 

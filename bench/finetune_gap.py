@@ -55,7 +55,7 @@ def run_variant(args) -> dict:
 
     per_epoch = []
     real_predict, real_load, real_encode = ft._predict, ft._load_model, ft.encode
-    encoded = []   # (encodings, examples) of train, dev, test: finetune encodes them in this order
+    encoded = []  # (encodings, examples) of train, dev, test: finetune encodes them in this order
 
     def encode(tokenizer, task, examples, labels, max_length):
         encoded.append((real_encode(tokenizer, task, examples, labels, max_length), examples))
@@ -63,7 +63,7 @@ def run_variant(args) -> dict:
 
     def predict(model, task, data, labels, examples, *rest):
         preds = real_predict(model, task, data, labels, examples, *rest)
-        if args.test_every_epoch and data is encoded[1][0]:   # a dev pass, after an epoch: score test too
+        if args.test_every_epoch and data is encoded[1][0]:  # a dev pass, after an epoch: score test too
             test_data, test_examples = encoded[2]
             test_preds = real_predict(model, task, test_data, labels, test_examples, *rest)
             per_epoch.append(round(entity_f1([list(ex.label) for ex in test_examples], test_preds), 4))
@@ -87,13 +87,31 @@ def run_variant(args) -> dict:
 
 def _child(args, variant: str, seed: int) -> dict:
     script = finetune_compare.__file__ if variant == "recipe" else __file__
-    cmd = [sys.executable, script, "--seed", str(seed), "--max-train", str(args.max_train),
-           "--epochs", str(args.epochs), "--threads", str(args.threads), "--lr", str(args.lr)]
+    cmd = [
+        sys.executable,
+        script,
+        "--seed",
+        str(seed),
+        "--max-train",
+        str(args.max_train),
+        "--epochs",
+        str(args.epochs),
+        "--threads",
+        str(args.threads),
+        "--lr",
+        str(args.lr),
+    ]
     cmd += ["--max-eval", str(args.max_eval)] if args.max_eval else []
     cmd += ["--side", "recipe"] if variant == "recipe" else ["--variant", variant]
     cmd += ["--test-every-epoch"] if args.test_every_epoch and variant != "recipe" else []
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               TRANSFORMERS_VERBOSITY="error", PYTHONWARNINGS="ignore")
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        TRANSFORMERS_VERBOSITY="error",
+        PYTHONWARNINGS="ignore",
+    )
     print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -101,45 +119,71 @@ def _child(args, variant: str, seed: int) -> dict:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
         raise SystemExit(f"subprocess failed (exit {proc.returncode}): {' '.join(cmd)}")
     row = {**json.loads(lines[-1]), "variant": variant}
-    print(f"  {variant} seed {seed}: test F1 {row['test_entity_f1']:.4f} dev {row['dev_entity_f1']:.4f} "
-          f"per epoch {row.get('test_f1_per_epoch')} best epoch {row.get('best_epoch')}", file=sys.stderr, flush=True)
+    print(
+        f"  {variant} seed {seed}: test F1 {row['test_entity_f1']:.4f} dev {row['dev_entity_f1']:.4f} "
+        f"per epoch {row.get('test_f1_per_epoch')} best epoch {row.get('best_epoch')}",
+        file=sys.stderr,
+        flush=True,
+    )
     return row
 
 
 def table(rows: list[dict]) -> str:
     seeds = sorted({r["seed"] for r in rows})
-    out = ["| variant | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | spread (sd) | min-max |",
-           "|---|" + "---:|" * (len(seeds) + 3)]
+    out = [
+        "| variant | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | spread (sd) | min-max |",
+        "|---|" + "---:|" * (len(seeds) + 3),
+    ]
     for variant in dict.fromkeys(r["variant"] for r in rows):
         f1 = {r["seed"]: r["test_entity_f1"] for r in rows if r["variant"] == variant}
         vals = list(f1.values())
         sd = statistics.stdev(vals) if len(vals) > 1 else float("nan")
-        out.append(f"| {variant} | " + " | ".join(f"{f1[s]:.4f}" if s in f1 else "" for s in seeds)
-                   + f" | {statistics.fmean(vals):.4f} | {sd:.4f} | {min(vals):.4f}-{max(vals):.4f} |")
+        out.append(
+            f"| {variant} | "
+            + " | ".join(f"{f1[s]:.4f}" if s in f1 else "" for s in seeds)
+            + f" | {statistics.fmean(vals):.4f} | {sd:.4f} | {min(vals):.4f}-{max(vals):.4f} |"
+        )
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--variant", choices=[v for v in VARIANTS if v != "recipe"], help="run one ablate variant here")
+    ap.add_argument(
+        "--variant", choices=[v for v in VARIANTS if v != "recipe"], help="run one ablate variant here"
+    )
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--runs", nargs="*", metavar="VARIANT:SEED", help="these runs, in this order, instead")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--max-train", type=int, default=2000)
-    ap.add_argument("--max-eval", type=int, default=None, help="the first N dev and N test sentences (default all)")
+    ap.add_argument(
+        "--max-eval", type=int, default=None, help="the first N dev and N test sentences (default all)"
+    )
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--jobs", type=int, default=1, help="subprocesses at once (F1 does not depend on the load)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--test-every-epoch", action="store_true", help="ablate variants: test F1 after every epoch too")
+    ap.add_argument(
+        "--test-every-epoch", action="store_true", help="ablate variants: test F1 after every epoch too"
+    )
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args(argv)
     if args.variant:
         base = finetune_compare.parser().parse_args(
-            ["--seed", str(args.seed), "--max-train", str(args.max_train), "--epochs", str(args.epochs),
-             "--threads", str(args.threads), "--lr", str(args.lr)]
-            + (["--max-eval", str(args.max_eval)] if args.max_eval else []))
+            [
+                "--seed",
+                str(args.seed),
+                "--max-train",
+                str(args.max_train),
+                "--epochs",
+                str(args.epochs),
+                "--threads",
+                str(args.threads),
+                "--lr",
+                str(args.lr),
+            ]
+            + (["--max-eval", str(args.max_eval)] if args.max_eval else [])
+        )
         base.variant, base.test_every_epoch = args.variant, args.test_every_epoch
         print(json.dumps(run_variant(base)), flush=True)
         return

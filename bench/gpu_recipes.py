@@ -17,21 +17,26 @@ class Row:
     recipe: str
     objective: str
     seq_len: int
-    documents: bool | None       # document masking (ablate rows); None: the Trainer recipe has none
+    documents: bool | None  # document masking (ablate rows); None: the Trainer recipe has none
 
     def fields(self) -> dict:
-        return {"recipe": self.recipe, "objective": self.objective, "seq_len": self.seq_len,
-                "documents": self.documents}
+        return {
+            "recipe": self.recipe,
+            "objective": self.objective,
+            "seq_len": self.seq_len,
+            "documents": self.documents,
+        }
 
 
 # ---------------------------------------------------------------- FLOPs
+
 
 def model_flops_per_token(model, seq_len: int) -> float:
     config = model.config
     embedding = model.get_input_embeddings().weight
     n = sum(p.numel() for p in model.parameters()) - embedding.numel()
     out = model.get_output_embeddings()
-    if out is not None and out.weight is embedding:          # tied: the decoder matmul still happens
+    if out is not None and out.weight is embedding:  # tied: the decoder matmul still happens
         n += embedding.numel()
     window = int(getattr(config, "local_attention", seq_len))
     types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
@@ -40,6 +45,7 @@ def model_flops_per_token(model, seq_len: int) -> float:
 
 
 # ---------------------------------------------------------------- data
+
 
 def random_tokens(n_seq: int, seq_len: int, vocab: int, special: set[int], seed: int):
     """Token ids drawn away from special ids, and document ids (documents of 512 tokens) per position."""
@@ -55,6 +61,7 @@ def random_tokens(n_seq: int, seq_len: int, vocab: int, special: set[int], seed:
 
 
 # ---------------------------------------------------------------- the two recipes
+
 
 def sync(device) -> None:
     import torch
@@ -111,27 +118,55 @@ def run_ablate(args, row: Row, batch: int, tokenizer, device) -> dict:
     phase = {"name": objective, "objective": objective, "steps": args.warmup + args.steps}
     if objective == "mlm":
         phase["mask_rate"] = args.mask_rate
-    spec = parse_run_spec({
-        "model": args.model, "tokenizer": args.tokenizer, "attn_implementation": _spec_attn(args),
-        "data": {"corpus": "random", "seq_len": seq_len}, "batch_size": batch, "device": device.type,
-        "precision": args.precision, "compile": args.compile, "deterministic": args.deterministic,
-        "document_masking": row.documents, "optim": {"lr": args.lr, "grad_clip": 1.0}, "phases": [phase]})
+    spec = parse_run_spec(
+        {
+            "model": args.model,
+            "tokenizer": args.tokenizer,
+            "attn_implementation": _spec_attn(args),
+            "data": {"corpus": "random", "seq_len": seq_len},
+            "batch_size": batch,
+            "device": device.type,
+            "precision": args.precision,
+            "compile": args.compile,
+            "deterministic": args.deterministic,
+            "document_masking": row.documents,
+            "optim": {"lr": args.lr, "grad_clip": 1.0},
+            "phases": [phase],
+        }
+    )
     model = load_masked_lm(args.model, _model_attn(args), seed=0).to(device)
     model.train()
     flops = model_flops_per_token(model, seq_len)
     family = family_of(model.config)
     mask = family.mask_kind(model.config._attn_implementation)
     if args.attn == "ablate_sdpa" and mask != "banded":
-        return status_row(row, batch, f"skipped: {family.name} does not run "
-                       f"ablate.models.attention under sdpa (mask kind {mask})")
-    plan = PhasePlan(0, spec.phases[0], args.warmup + args.steps, resolve_freeze(("none",), n_layers(model.config)))
+        return status_row(
+            row,
+            batch,
+            f"skipped: {family.name} does not run ablate.models.attention under sdpa (mask kind {mask})",
+        )
+    plan = PhasePlan(
+        0, spec.phases[0], args.warmup + args.steps, resolve_freeze(("none",), n_layers(model.config))
+    )
     special = sorted(set(tokenizer.all_special_ids))
     n_seq = batch * (args.warmup + args.steps)
     seqs, docs = random_tokens(n_seq, seq_len, min(model.config.vocab_size, len(tokenizer)), set(special), seed=1)
     cuda = device.type == "cuda"
-    ctx = Context(spec, model, family, device, seqs, docs, None, torch.tensor(special), tokenizer.mask_token_id,
-                  model.config.vocab_size, layer_params(model), autocast=uses_autocast(spec, device),
-                  pin_memory=cuda)
+    ctx = Context(
+        spec,
+        model,
+        family,
+        device,
+        seqs,
+        docs,
+        None,
+        torch.tensor(special),
+        tokenizer.mask_token_id,
+        model.config.vocab_size,
+        layer_params(model),
+        autocast=uses_autocast(spec, device),
+        pin_memory=cuda,
+    )
     if args.compile:
         ctx.encoder = compiled_encoder(family.encoder(model))
     opt = Optimizer(model, spec, fused=fused_adamw(device))
@@ -149,8 +184,8 @@ def run_ablate(args, row: Row, batch: int, tokenizer, device) -> dict:
             break
     peak = peak_gb(device)
     del ctx, opt, model
-    out = {**_row(row, batch, times[args.warmup:], flops, peak, args, loss), "mask": mask}
-    if getattr(args, "predict_memory", False):     # the dry run's prediction beside max_memory_allocated
+    out = {**_row(row, batch, times[args.warmup :], flops, peak, args, loss), "mask": mask}
+    if getattr(args, "predict_memory", False):  # the dry run's prediction beside max_memory_allocated
         out["predicted_mem_gb"] = predicted_gb(spec, batch)
     return out
 
@@ -202,29 +237,52 @@ def run_trainer(args, row: Row, batch: int, tokenizer, device) -> dict:
 
     targs = TrainingArguments(
         output_dir=str(Path(os.environ.get("TMPDIR", "/tmp")) / "ablate-gpu-step-trainer"),
-        per_device_train_batch_size=batch, max_steps=args.warmup + args.steps, learning_rate=args.lr,
-        weight_decay=1e-5, adam_beta1=0.9, adam_beta2=0.98, adam_epsilon=1e-6, max_grad_norm=1.0,
-        lr_scheduler_type="constant", warmup_steps=0, bf16=args.precision == "bf16", use_cpu=not cuda,
-        torch_compile=args.compile, logging_steps=1, save_strategy="no", report_to=[],
-        dataloader_pin_memory=cuda, dataloader_num_workers=0, disable_tqdm=True, seed=0,
-        remove_unused_columns=False)
+        per_device_train_batch_size=batch,
+        max_steps=args.warmup + args.steps,
+        learning_rate=args.lr,
+        weight_decay=1e-5,
+        adam_beta1=0.9,
+        adam_beta2=0.98,
+        adam_epsilon=1e-6,
+        max_grad_norm=1.0,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        bf16=args.precision == "bf16",
+        use_cpu=not cuda,
+        torch_compile=args.compile,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        dataloader_pin_memory=cuda,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        seed=0,
+        remove_unused_columns=False,
+    )
     reset_memory(device)
     trainer = Trainer(model=model, args=targs, train_dataset=dataset, data_collator=collator, callbacks=[Timer()])
     trainer.train()
     peak = peak_gb(device)
     del trainer, model
-    return _row(row, batch, times[args.warmup:], flops, peak, args, losses[-1] if losses else float("nan"))
+    return _row(row, batch, times[args.warmup :], flops, peak, args, losses[-1] if losses else float("nan"))
 
 
 def _row(row: Row, batch, times, flops_per_token, peak_gb, args, loss) -> dict:
     tokens = batch * row.seq_len * len(times)
     seconds = sum(times)
     tps = tokens / seconds if seconds else 0.0
-    return {**row.fields(), "batch": batch, "timed_steps": len(times),
-            "tokens_per_s": round(tps, 1), "vs_reference": round(tps / args.reference_tokens_per_s, 3),
-            "step_s": round(seconds / max(len(times), 1), 4),
-            "mfu": round(tps * flops_per_token / (args.peak_tflops * 1e12), 4),
-            "peak_mem_gb": peak_gb, "last_loss": round(float(loss), 4), "status": "ok"}
+    return {
+        **row.fields(),
+        "batch": batch,
+        "timed_steps": len(times),
+        "tokens_per_s": round(tps, 1),
+        "vs_reference": round(tps / args.reference_tokens_per_s, 3),
+        "step_s": round(seconds / max(len(times), 1), 4),
+        "mfu": round(tps * flops_per_token / (args.peak_tflops * 1e12), 4),
+        "peak_mem_gb": peak_gb,
+        "last_loss": round(float(loss), 4),
+        "status": "ok",
+    }
 
 
 def status_row(row: Row, batch, status: str, **more) -> dict:

@@ -70,48 +70,87 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from gpu_recipes import Row, peak_gb, reset_memory, run_ablate, run_trainer, status_row  # noqa: E402
 
-DEFAULT_TOKENIZER = str(REPO / "bench" / "tokenizer")       # the MiniLM vocabulary alone (no weights)
-RECIPE_TOKENS_PER_S = 300_000      # the recipe's ModernBERT-base throughput per H100 at 8192, bf16 (issue 25)
-HEADLINE = ("ablate", "mlm", 8192, False)       # recipe, objective, seq len, documents
-MAX_STEPS = 100                    # timed + warm-up steps per row: the script is sized for one short session
+DEFAULT_TOKENIZER = str(REPO / "bench" / "tokenizer")  # the MiniLM vocabulary alone (no weights)
+RECIPE_TOKENS_PER_S = 300_000  # the recipe's ModernBERT-base throughput per H100 at 8192, bf16 (issue 25)
+HEADLINE = ("ablate", "mlm", 8192, False)  # recipe, objective, seq len, documents
+MAX_STEPS = 100  # timed + warm-up steps per row: the script is sized for one short session
 ATTN = ["sdpa", "eager", "flash_attention_2", "ablate_sdpa"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None,
-                    help="a local ModernBERT folder, or config:NAME (default: config:modernbert-base, random init; "
-                         "config:tiny-modernbert with --tiny)")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="a local ModernBERT folder, or config:NAME (default: config:modernbert-base, random init; "
+        "config:tiny-modernbert with --tiny)",
+    )
     ap.add_argument("--tokenizer", default=None, help="default: the model folder's, else bench/tokenizer")
     ap.add_argument("--seq-lens", type=int, nargs="+", default=None, help="default 8192 1024 (64 128 with --tiny)")
-    ap.add_argument("--tokens-per-step", type=int, default=None,
-                    help="global batch in tokens; batch = this / seq len (default 32768; 256 with --tiny)")
+    ap.add_argument(
+        "--tokens-per-step",
+        type=int,
+        default=None,
+        help="global batch in tokens; batch = this / seq len (default 32768; 256 with --tiny)",
+    )
     ap.add_argument("--objectives", nargs="+", default=["mlm", "clm"], choices=["mlm", "clm"])
     ap.add_argument("--recipes", nargs="+", default=["ablate", "trainer"], choices=["ablate", "trainer"])
-    ap.add_argument("--documents", nargs="+", default=["off", "on"], choices=["off", "on"],
-                    help="ablate rows without and with document masking (the Trainer recipe has none)")
+    ap.add_argument(
+        "--documents",
+        nargs="+",
+        default=["off", "on"],
+        choices=["off", "on"],
+        help="ablate rows without and with document masking (the Trainer recipe has none)",
+    )
     ap.add_argument("--mask-rate", type=float, default=0.3, help="MLM masking rate of both recipes (the grids')")
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 10; 2 with --tiny)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; 1 with --tiny)")
-    ap.add_argument("--attn", default="sdpa", choices=ATTN,
-                    help="attention implementation: flash_attention_2 only for MLM (CLM needs a mask); ablate_sdpa "
-                         "= ablate.models.attention (ablate: sdpa where the family runs it under sdpa; trainer: "
-                         "the model switched to it)")
-    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp32"], help="bf16 autocast (default) or fp32")
-    ap.add_argument("--compile", action="store_true", help="torch.compile (ablate: the encoder; Trainer: the model)")
-    ap.add_argument("--deterministic", action="store_true", help="deterministic algorithms, as `deterministic: true`")
+    ap.add_argument(
+        "--attn",
+        default="sdpa",
+        choices=ATTN,
+        help="attention implementation: flash_attention_2 only for MLM (CLM needs a mask); ablate_sdpa "
+        "= ablate.models.attention (ablate: sdpa where the family runs it under sdpa; trainer: "
+        "the model switched to it)",
+    )
+    ap.add_argument(
+        "--precision", default="bf16", choices=["bf16", "fp32"], help="bf16 autocast (default) or fp32"
+    )
+    ap.add_argument(
+        "--compile", action="store_true", help="torch.compile (ablate: the encoder; Trainer: the model)"
+    )
+    ap.add_argument(
+        "--deterministic", action="store_true", help="deterministic algorithms, as `deterministic: true`"
+    )
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="accelerator peak, bf16 dense")
-    ap.add_argument("--reference-tokens-per-s", type=float, default=RECIPE_TOKENS_PER_S,
-                    help="the recipe's tokens/s per GPU the rows are compared with (default 300000, per H100)")
-    ap.add_argument("--budget-s", type=float, default=None, help="start a row only while it fits (its "
-                    "--row-budget-s) in what is left of this (default 260; 3600 with --tiny)")
-    ap.add_argument("--row-budget-s", type=float, default=None,
-                    help="seconds one row may take: it stops timing steps past it (default 40; 600 with --tiny)")
+    ap.add_argument(
+        "--reference-tokens-per-s",
+        type=float,
+        default=RECIPE_TOKENS_PER_S,
+        help="the recipe's tokens/s per GPU the rows are compared with (default 300000, per H100)",
+    )
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="start a row only while it fits (its "
+        "--row-budget-s) in what is left of this (default 260; 3600 with --tiny)",
+    )
+    ap.add_argument(
+        "--row-budget-s",
+        type=float,
+        default=None,
+        help="seconds one row may take: it stops timing steps past it (default 40; 600 with --tiny)",
+    )
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--json", default=None, help="also write the result object to this file")
-    ap.add_argument("--predict-memory", action="store_true", help="each ablate row also gets the peak "
-                    "ablate.launch.gpu_memory predicts on the meta device (predicted_mem_gb; a minute per row "
-                    "at 8192 tokens on a few cores, outside the row budgets)")
+    ap.add_argument(
+        "--predict-memory",
+        action="store_true",
+        help="each ablate row also gets the peak "
+        "ablate.launch.gpu_memory predicts on the meta device (predicted_mem_gb; a minute per row "
+        "at 8192 tokens on a few cores, outside the row budgets)",
+    )
     ap.add_argument("--tiny", action="store_true", help="tiny model and sizes (smoke check)")
     ap.add_argument("--allow-cpu", action="store_true", help="run on CPU (only with --tiny makes sense)")
     args = ap.parse_args(argv)
@@ -131,6 +170,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ---------------------------------------------------------------- the rows
 
+
 def plan_rows(args) -> list[Row]:
     """The rows in the order they run: per sequence length and objective, ablate without documents (the
     headline first), the Trainer recipe, then ablate with documents."""
@@ -138,11 +178,17 @@ def plan_rows(args) -> list[Row]:
     for seq_len in args.seq_lens:
         for objective in args.objectives:
             for recipe in args.recipes:
-                for docs in ([d == "on" for d in args.documents] if recipe == "ablate" else [None]):
+                for docs in [d == "on" for d in args.documents] if recipe == "ablate" else [None]:
                     rows.append(Row(recipe, objective, seq_len, docs))
     order = {(False, "ablate"): 0, (None, "trainer"): 1, (True, "ablate"): 2}
-    return sorted(rows, key=lambda r: (args.seq_lens.index(r.seq_len), args.objectives.index(r.objective),
-                                       order[(r.documents, r.recipe)]))
+    return sorted(
+        rows,
+        key=lambda r: (
+            args.seq_lens.index(r.seq_len),
+            args.objectives.index(r.objective),
+            order[(r.documents, r.recipe)],
+        ),
+    )
 
 
 def _line(row: dict) -> str:
@@ -150,10 +196,12 @@ def _line(row: dict) -> str:
     head = f"{row['recipe']:8s} {row['objective']} {docs} L={row['seq_len']:<5d} B={row['batch']:<3d} "
     if row["status"] != "ok":
         return head + row["status"]
-    return head + (f"{row['tokens_per_s']:>12,.0f} tok/s ({row['vs_reference']:.2f}x the reference)  "
-                   f"MFU {row['mfu']:.1%}  peak {row['peak_mem_gb']} GB"
-                   + (f" (predicted {row['predicted_mem_gb']} GB)" if "predicted_mem_gb" in row else "")
-                   + (f"  mask {row['mask']}" if "mask" in row else ""))
+    return head + (
+        f"{row['tokens_per_s']:>12,.0f} tok/s ({row['vs_reference']:.2f}x the reference)  "
+        f"MFU {row['mfu']:.1%}  peak {row['peak_mem_gb']} GB"
+        + (f" (predicted {row['predicted_mem_gb']} GB)" if "predicted_mem_gb" in row else "")
+        + (f"  mask {row['mask']}" if "mask" in row else "")
+    )
 
 
 def _headline(rows: list[dict], args, device_name: str) -> str:
@@ -161,16 +209,21 @@ def _headline(rows: list[dict], args, device_name: str) -> str:
     found = [r for r in rows if (r["recipe"], r["objective"], r["seq_len"], r["documents"]) == HEADLINE]
     what = f"ablate mlm at 8192, {args.precision}, {args.model} on {device_name}"
     if not found:
-        return f"headline ({what}): not run (give --seq-lens 8192 --objectives mlm --recipes ablate --documents off)"
+        return (
+            f"headline ({what}): not run (give --seq-lens 8192 --objectives mlm --recipes ablate --documents off)"
+        )
     row = found[0]
     if row["status"] != "ok":
         return f"headline ({what}): {row['status']}"
-    return (f"headline ({what}): {row['tokens_per_s']:,.0f} tokens/s = {row['vs_reference']:.2f}x the recipe's "
-            f"{args.reference_tokens_per_s:,.0f} tokens/s per H100; MFU {row['mfu']:.1%} of {args.peak_tflops:g} "
-            "TFLOP/s")
+    return (
+        f"headline ({what}): {row['tokens_per_s']:,.0f} tokens/s = {row['vs_reference']:.2f}x the recipe's "
+        f"{args.reference_tokens_per_s:,.0f} tokens/s per H100; MFU {row['mfu']:.1%} of {args.peak_tflops:g} "
+        "TFLOP/s"
+    )
 
 
 # ---------------------------------------------------------------- main
+
 
 def main(argv=None) -> int:
     started = time.monotonic()
@@ -178,8 +231,11 @@ def main(argv=None) -> int:
     import torch
 
     if not torch.cuda.is_available() and not args.allow_cpu:
-        print("bench/gpu_step.py needs a CUDA GPU (none is visible here); for a CPU smoke check of the code "
-              "path: python bench/gpu_step.py --allow-cpu --tiny", file=sys.stderr)
+        print(
+            "bench/gpu_step.py needs a CUDA GPU (none is visible here); for a CPU smoke check of the code "
+            "path: python bench/gpu_step.py --allow-cpu --tiny",
+            file=sys.stderr,
+        )
         return 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
@@ -187,15 +243,28 @@ def main(argv=None) -> int:
     else:
         torch.backends.cuda.matmul.allow_tf32 = True
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    result = {"device": device_name, "model": args.model, "attn": args.attn, "precision": args.precision,
-              "compile": args.compile, "deterministic": args.deterministic, "mask_rate": args.mask_rate,
-              "peak_tflops": args.peak_tflops, "reference_tokens_per_s": args.reference_tokens_per_s,
-              "steps": args.steps, "warmup": args.warmup, "budget_s": args.budget_s,
-              "row_budget_s": args.row_budget_s, "torch": torch.__version__,
-              "transformers": __import__("transformers").__version__, "rows": [], "headline": None}
+    result = {
+        "device": device_name,
+        "model": args.model,
+        "attn": args.attn,
+        "precision": args.precision,
+        "compile": args.compile,
+        "deterministic": args.deterministic,
+        "mask_rate": args.mask_rate,
+        "peak_tflops": args.peak_tflops,
+        "reference_tokens_per_s": args.reference_tokens_per_s,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "budget_s": args.budget_s,
+        "row_budget_s": args.row_budget_s,
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "rows": [],
+        "headline": None,
+    }
     try:
         tokenizer = _prepare(args)
-    except Exception as err:          # a bad --tokenizer or --model: said in the JSON, as a row's error is
+    except Exception as err:  # a bad --tokenizer or --model: said in the JSON, as a row's error is
         result["error"] = _error(err)
         tokenizer = None
     for row in plan_rows(args):
@@ -205,7 +274,7 @@ def main(argv=None) -> int:
         else:
             result["rows"].append(_one_row(args, row, batch, tokenizer, device, started))
         print(_line(result["rows"][-1]), flush=True)
-        _write(result, args, started)           # after each row: a crash later still leaves the rows done
+        _write(result, args, started)  # after each row: a crash later still leaves the rows done
     result["headline"] = _headline(result["rows"], args, device_name)
     print(result["headline"], flush=True)
     _write(result, args, started)
@@ -218,13 +287,14 @@ def _prepare(args):
     from ablate.models.sources import load_tokenizer, resolve_source
     from ablate.train.precision import set_determinism
 
-    set_determinism(args.deterministic)          # before anything touches the GPU (cuBLAS reads its workspace)
+    set_determinism(args.deterministic)  # before anything touches the GPU (cuBLAS reads its workspace)
     if args.attn == "ablate_sdpa":
         from ablate.models import attention  # noqa: F401  (registers the implementation with transformers)
     if args.tokenizer is None:
         kind, loc = resolve_source(args.model)
-        args.tokenizer = args.model if kind == "dir" and (Path(loc) / "tokenizer_config.json").is_file() \
-            else DEFAULT_TOKENIZER
+        args.tokenizer = (
+            args.model if kind == "dir" and (Path(loc) / "tokenizer_config.json").is_file() else DEFAULT_TOKENIZER
+        )
     return load_tokenizer(args.tokenizer)
 
 
@@ -244,8 +314,12 @@ def _one_row(args, row: Row, batch: int, tokenizer, device, started: float) -> d
 
     elapsed = time.monotonic() - started
     if elapsed + args.row_budget_s > args.budget_s:
-        return status_row(row, batch, f"skipped: a row's {args.row_budget_s:g} s do not fit in what is left of "
-                                   f"--budget-s {args.budget_s:g} ({elapsed:.0f} s spent)")
+        return status_row(
+            row,
+            batch,
+            f"skipped: a row's {args.row_budget_s:g} s do not fit in what is left of "
+            f"--budget-s {args.budget_s:g} ({elapsed:.0f} s spent)",
+        )
     if row.objective == "clm" and args.attn == "flash_attention_2":
         return status_row(row, batch, "skipped: flash_attention_2 takes no causal 4D mask")
     run = run_ablate if row.recipe == "ablate" else run_trainer
@@ -253,7 +327,7 @@ def _one_row(args, row: Row, batch: int, tokenizer, device, started: float) -> d
         out = run(args, row, batch, tokenizer, device)
     except torch.cuda.OutOfMemoryError:
         out = status_row(row, batch, "oom", peak_mem_gb=peak_gb(device))
-    except Exception as err:     # SpecError, a kernel without a deterministic version, ...: the next rows still run
+    except Exception as err:  # SpecError, a kernel without a deterministic version, ...: the next rows still run
         out = status_row(row, batch, _error(err))
     out["row_s"] = round(time.monotonic() - started - elapsed, 1)
     reset_memory(device)

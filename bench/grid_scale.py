@@ -73,18 +73,26 @@ def grid_text() -> str:
         "schedules:",
     ]
     for i, obj in enumerate(objectives):
-        lines += [f"  s{i}:",
-                  f"    - {{name: main, objective: {obj}, fraction: {0.5 + 0.1 * i:.1f}, lr: {{warmup_steps: 100}}}}",
-                  f"    - {{name: decay, objective: mlm, fraction: {0.5 - 0.1 * i:.1f}, "
-                  "lr: {decay: 1-sqrt, final_fraction: 0.1}}"]
-    lines += ["freeze_masks:", "  none: {}", "  low: {main: low}", "  mid: {main: mid}", "  high: {main: high}",
-              "  low_mid: {main: [low, mid]}",
-              "axes:",
-              f"  schedule: [{', '.join(f's{i}' for i in range(N_SCHEDULES))}]",
-              "  freeze: [none, low, mid, high, low_mid]",
-              f"  seed: [{', '.join(str(s) for s in range(N_SEEDS))}]",
-              f"  optim.lr: [{', '.join(f'{(k + 1) * 1.0e-5:.1e}' for k in range(N_LRS))}]",
-              "launcher: {executor: slurm}"]
+        lines += [
+            f"  s{i}:",
+            f"    - {{name: main, objective: {obj}, fraction: {0.5 + 0.1 * i:.1f}, lr: {{warmup_steps: 100}}}}",
+            f"    - {{name: decay, objective: mlm, fraction: {0.5 - 0.1 * i:.1f}, "
+            "lr: {decay: 1-sqrt, final_fraction: 0.1}}",
+        ]
+    lines += [
+        "freeze_masks:",
+        "  none: {}",
+        "  low: {main: low}",
+        "  mid: {main: mid}",
+        "  high: {main: high}",
+        "  low_mid: {main: [low, mid]}",
+        "axes:",
+        f"  schedule: [{', '.join(f's{i}' for i in range(N_SCHEDULES))}]",
+        "  freeze: [none, low, mid, high, low_mid]",
+        f"  seed: [{', '.join(str(s) for s in range(N_SEEDS))}]",
+        f"  optim.lr: [{', '.join(f'{(k + 1) * 1.0e-5:.1e}' for k in range(N_LRS))}]",
+        "launcher: {executor: slurm}",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -123,35 +131,87 @@ def write_synthetic(sweep_dir: Path, runs) -> dict[str, int]:
                 continue
             if k % 20 == 2:
                 rundir.write_status(run_dir, "running", attempts=1, started=time.time() - 60)
-                rundir.write_status(run_dir, "failed", error="Traceback (most recent call last):\n  ...\n"
-                                                              "RuntimeError: CUDA out of memory")
+                rundir.write_status(
+                    run_dir,
+                    "failed",
+                    error="Traceback (most recent call last):\n  ...\nRuntimeError: CUDA out of memory",
+                )
                 counts["failed"] += 1
                 continue
             rundir.write_status(run_dir, "running", attempts=1, started=time.time() - 600)
-            curves = [{"phase": phases[min(s // 34, 2)], "step": s, "tokens": s * 4096,
-                       "loss": 9.0 / (1 + s / 10) + k * 1e-6, "lr": 1e-4 * (1 - s / 100)} for s in range(100)]
-            grads = [{"phase": phases[min(s // 34, 2)], "step": s // 8 * 10, "layer": s % 8 - 1,
-                      "grad_norm": 0.5 + s * 1e-3} for s in range(100)]
-            layers = [{"phase": p, "layer": layer, "measure": m, "value": 1.0 - layer * 0.01}
-                      for p in phases for layer in range(-1, 7)
-                      for m in ("cka_vs_base", "weight_rel_change", "grad_norm")]
-            run_rec = {"token_hash": f"{k:064x}", "tokens_seen": 409600,
-                       "phase_token_hashes": {p: "ab" * 32 for p in phases},
-                       "phase_tokens": {p: 136533 for p in phases}, "steps": 100, "train_time_s": 512.25,
-                       "wall_time_s": 600.5, "n_layers": 22,
-                       "model_dir": str(run_dir / "model"),
-                       "versions": json.dumps({"ablate": "0.1.0", "torch": "2.5.1", "transformers": "4.57.0",
-                                               "python": platform.python_version()})}
-            frozen = [{"phase": "head_warmup", "layer": layer} for layer in range(-1, 22)] + \
-                [{"phase": "main", "layer": layer} for layer in range(8)]
+            curves = [
+                {
+                    "phase": phases[min(s // 34, 2)],
+                    "step": s,
+                    "tokens": s * 4096,
+                    "loss": 9.0 / (1 + s / 10) + k * 1e-6,
+                    "lr": 1e-4 * (1 - s / 100),
+                }
+                for s in range(100)
+            ]
+            grads = [
+                {
+                    "phase": phases[min(s // 34, 2)],
+                    "step": s // 8 * 10,
+                    "layer": s % 8 - 1,
+                    "grad_norm": 0.5 + s * 1e-3,
+                }
+                for s in range(100)
+            ]
+            layers = [
+                {"phase": p, "layer": layer, "measure": m, "value": 1.0 - layer * 0.01}
+                for p in phases
+                for layer in range(-1, 7)
+                for m in ("cka_vs_base", "weight_rel_change", "grad_norm")
+            ]
+            run_rec = {
+                "token_hash": f"{k:064x}",
+                "tokens_seen": 409600,
+                "phase_token_hashes": {p: "ab" * 32 for p in phases},
+                "phase_tokens": {p: 136533 for p in phases},
+                "steps": 100,
+                "train_time_s": 512.25,
+                "wall_time_s": 600.5,
+                "n_layers": 22,
+                "model_dir": str(run_dir / "model"),
+                "versions": json.dumps(
+                    {
+                        "ablate": "0.1.0",
+                        "torch": "2.5.1",
+                        "transformers": "4.57.0",
+                        "python": platform.python_version(),
+                    }
+                ),
+            }
+            frozen = [{"phase": "head_warmup", "layer": layer} for layer in range(-1, 22)] + [
+                {"phase": "main", "layer": layer} for layer in range(8)
+            ]
             rundir.write_records(run_dir, run_rec, curves, grads, layers, frozen)
             for task in ("ncbi_disease", "bc5cdr", "chemprot"):
-                rows = [{"task": task, "language": "en", "finetune_seed": 0, "split": split, "metric": m,
-                         "value": 0.8 + k * 1e-6, "epoch": 3, "wall_time_s": 100.0}
-                        for split in ("dev", "test") for m in ("f1", "precision")]
-                atomic.write_json(run_dir / "scores" / task / "seed-0.json",
-                                  {"task": task, "seed": 0, "model_dir": str(run_dir / "model"),
-                                   "settings": {"epochs": 3, "lr": 5e-5}, "rows": rows})
+                rows = [
+                    {
+                        "task": task,
+                        "language": "en",
+                        "finetune_seed": 0,
+                        "split": split,
+                        "metric": m,
+                        "value": 0.8 + k * 1e-6,
+                        "epoch": 3,
+                        "wall_time_s": 100.0,
+                    }
+                    for split in ("dev", "test")
+                    for m in ("f1", "precision")
+                ]
+                atomic.write_json(
+                    run_dir / "scores" / task / "seed-0.json",
+                    {
+                        "task": task,
+                        "seed": 0,
+                        "model_dir": str(run_dir / "model"),
+                        "settings": {"epochs": 3, "lr": 5e-5},
+                        "rows": rows,
+                    },
+                )
             rundir.write_status(run_dir, "done", finished=time.time(), wall_time_s=600.5)
             counts["done"] += 1
     atomic.write_json(sweep_dir / "sweep.json", {"sweep": "scale", "run_ids": [r.run_id for r in runs]})
@@ -202,14 +262,25 @@ def main(argv: list[str] | None = None) -> int:
         assert not collected.problems, collected.problems[:3]
 
         result = {
-            "bench": "grid_scale", "runs": len(runs), "cpus": os.cpu_count(), "python": platform.python_version(),
-            "expand_s": round(t_expand, 3), "resolve_s": round(t_resolve, 3), "status_s": round(t_status, 3),
-            "collect_s": round(t_collect, 3), "collect_no_write_s": round(t_collect_read, 3),
-            "cpu_s": CPU_S, "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-            "states": states, "rows": {name: len(frame) for name, frame in collected.tables.items()},
+            "bench": "grid_scale",
+            "runs": len(runs),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "expand_s": round(t_expand, 3),
+            "resolve_s": round(t_resolve, 3),
+            "status_s": round(t_status, 3),
+            "collect_s": round(t_collect, 3),
+            "collect_no_write_s": round(t_collect_read, 3),
+            "cpu_s": CPU_S,
+            "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "states": states,
+            "rows": {name: len(frame) for name, frame in collected.tables.items()},
             "goals_s": GOALS_S,
-            "met": {"expand": t_expand < GOALS_S["expand"], "status": t_status < GOALS_S["status"],
-                    "collect": t_collect < GOALS_S["collect"]},
+            "met": {
+                "expand": t_expand < GOALS_S["expand"],
+                "status": t_status < GOALS_S["status"],
+                "collect": t_collect < GOALS_S["collect"],
+            },
         }
         print(json.dumps(result))
         return 0 if all(result["met"].values()) else 1

@@ -75,8 +75,8 @@ def busy_cpu_s() -> float | None:
         fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     except (OSError, ValueError):
         return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)          # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")        # user..steal (guest is in user)
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # user..steal (guest is in user)
 
 
 class OtherLoad:
@@ -107,9 +107,17 @@ def build_spec(args) -> dict:
     data = {"corpus": args.corpus, "seq_len": args.seq_len}
     if args.max_documents:
         data["max_documents"] = args.max_documents
-    return {"model": args.model, "attn_implementation": args.attn, "data": data, "batch_size": args.batch_size,
-            "seed": args.seed, "phases": [phase], "optim": {"lr": args.lr}, "device": "cpu",
-            "compile": {"auto": "auto", "true": True, "false": False}[args.compile]}
+    return {
+        "model": args.model,
+        "attn_implementation": args.attn,
+        "data": data,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+        "phases": [phase],
+        "optim": {"lr": args.lr},
+        "device": "cpu",
+        "compile": {"auto": "auto", "true": True, "false": False}[args.compile],
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -121,20 +129,35 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--mask-rate", type=float, default=0.15, help="MLM only")
     ap.add_argument("--lr", type=float, default=5e-5)
-    ap.add_argument("--corpus", default=DEFAULT_CORPUS,
-                    help="text file, one document per line; relative paths are under ABLATE_DATA_ROOT "
-                         f"(default {DEFAULT_CORPUS})")
+    ap.add_argument(
+        "--corpus",
+        default=DEFAULT_CORPUS,
+        help="text file, one document per line; relative paths are under ABLATE_DATA_ROOT "
+        f"(default {DEFAULT_CORPUS})",
+    )
     ap.add_argument("--max-documents", type=int, default=None, help="use only the first N documents")
     ap.add_argument("--model", default=DEFAULT_MODEL, help=f"model source (default {DEFAULT_MODEL})")
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     ap.add_argument("--seed", type=int, default=17)
-    ap.add_argument("--compile", choices=["auto", "true", "false"], default="auto",
-                    help="the RunSpec's compile (default auto: off on the CPU)")
-    ap.add_argument("--fused-adamw", choices=["engine", "on", "off"], default="engine",
-                    help="AdamW as pretrain() builds it (default), or forced fused / not fused")
-    ap.add_argument("--profile", default=None, metavar="FILE",
-                    help="also profile the timed steps with torch.profiler and write the op table to FILE")
+    ap.add_argument(
+        "--compile",
+        choices=["auto", "true", "false"],
+        default="auto",
+        help="the RunSpec's compile (default auto: off on the CPU)",
+    )
+    ap.add_argument(
+        "--fused-adamw",
+        choices=["engine", "on", "off"],
+        default="engine",
+        help="AdamW as pretrain() builds it (default), or forced fused / not fused",
+    )
+    ap.add_argument(
+        "--profile",
+        default=None,
+        metavar="FILE",
+        help="also profile the timed steps with torch.profiler and write the op table to FILE",
+    )
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")
@@ -175,21 +198,24 @@ def main(argv: list[str] | None = None) -> dict:
         if step == args.warmup:
             other.start()
         if timed and args.profile and profiler is None:
-            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                              record_shapes=True)
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
             profiler.__enter__()
         start = time.perf_counter()
         idx = ctx.order.take(position, spec.batch_size)
         batch, docs = ctx.sequences[idx], ctx.doc_ids[idx]
         loss, _norms = train_step(ctx, plan, batch, docs, step, opt, args.lr)
-        loss = float(loss)        # the step returns its loss unread, on the device: the step ends once it is read
+        loss = float(loss)  # the step returns its loss unread, on the device: the step ends once it is read
         elapsed = time.perf_counter() - start
         position += spec.batch_size
         losses.append(loss)
         if timed:
             times.append(elapsed)
-        print(f"step {step + 1}/{args.warmup + args.steps}{'' if timed else ' (warm-up)'}: "
-              f"{elapsed:.3f} s, loss {loss:.4f}", file=sys.stderr, flush=True)
+        print(
+            f"step {step + 1}/{args.warmup + args.steps}{'' if timed else ' (warm-up)'}: "
+            f"{elapsed:.3f} s, loss {loss:.4f}",
+            file=sys.stderr,
+            flush=True,
+        )
     other_load = other.stop()
     if profiler is not None:
         profiler.__exit__(None, None, None)
@@ -197,26 +223,41 @@ def main(argv: list[str] | None = None) -> dict:
 
     tokens_per_step = args.batch_size * args.seq_len
     result = {
-        "bench": "pretrain_step", "recipe": "ablate", "objective": args.objective,
-        "model": args.model, "attn": args.attn, "batch": args.batch_size, "seq_len": args.seq_len,
-        "mask_rate": args.mask_rate if args.objective == "mlm" else None, "lr": args.lr,
-        "warmup": args.warmup, "steps": args.steps, "threads": args.threads, "fused_adamw": fused,
+        "bench": "pretrain_step",
+        "recipe": "ablate",
+        "objective": args.objective,
+        "model": args.model,
+        "attn": args.attn,
+        "batch": args.batch_size,
+        "seq_len": args.seq_len,
+        "mask_rate": args.mask_rate if args.objective == "mlm" else None,
+        "lr": args.lr,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "threads": args.threads,
+        "fused_adamw": fused,
         "compile": args.compile,
         "tokens_per_s": round(tokens_per_step * len(times) / sum(times), 1),
         "median_step_s": round(statistics.median(times), 4),
         "mean_step_s": round(statistics.fmean(times), 4),
-        "min_step_s": round(min(times), 4), "max_step_s": round(max(times), 4),
+        "min_step_s": round(min(times), 4),
+        "max_step_s": round(max(times), 4),
         "step_times_s": [round(t, 4) for t in times],
         "peak_rss_mb": peak_rss_mb(),
         "peak_rss_train_mb": vm_hwm_mb() if can_reset else None,
         "rss_before_steps_mb": rss_before_steps,
         "setup_s": round(setup_s, 1),
         "n_sequences": int(len(ctx.sequences)),
-        "first_loss": round(losses[0], 4), "last_loss": round(losses[-1], 4),
+        "first_loss": round(losses[0], 4),
+        "last_loss": round(losses[-1], 4),
         "loss_finite": bool(np.isfinite(losses).all()),
-        "other_load_cores": other_load, "load_avg": load_avg(), "cpu_count": os.cpu_count(),
-        "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-        "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+        "other_load_cores": other_load,
+        "load_avg": load_avg(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
     }
     print(json.dumps(result), flush=True)
     return result

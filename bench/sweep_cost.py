@@ -31,14 +31,20 @@ def grid(n: int, executor: str) -> dict:
     g = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())
     g["sweep"] = f"cost-{executor}-{n}"
     g["base"].pop("probe", None)
-    g["schedules"] = {"clm_detour": [{"name": "clm", "objective": "clm", "steps": 6},
-                                     {"name": "mlm_decay", "objective": "mlm", "steps": 2}]}
+    g["schedules"] = {
+        "clm_detour": [
+            {"name": "clm", "objective": "clm", "steps": 6},
+            {"name": "mlm_decay", "objective": "mlm", "steps": 2},
+        ]
+    }
     g["freeze_masks"] = {"none": {}}
     g["axes"] = {"seed": list(range(n))}
     g["exclude"] = []
-    g["launcher"] = {"executor": executor, "local": {"parallel": 1},
-                     "slurm": {"partition": "cpu", "cpus_per_task": 1, "mem_gb": 3, "timeout_min": 30,
-                               "array_parallelism": 2}}
+    g["launcher"] = {
+        "executor": executor,
+        "local": {"parallel": 1},
+        "slurm": {"partition": "cpu", "cpus_per_task": 1, "mem_gb": 3, "timeout_min": 30, "array_parallelism": 2},
+    }
     return g
 
 
@@ -46,22 +52,43 @@ def measure(n: int, executor: str, work: Path, results: str = "r") -> dict:
     path = work / f"{executor}-{n}.yaml"
     path.write_text(yaml.safe_dump(grid(n, executor)))
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "ablate.cli", "sweep", str(path), "--results", str(work / results),
-                          "--poll", "0.5"], capture_output=True, text=True, env=dict(os.environ))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ablate.cli",
+            "sweep",
+            str(path),
+            "--results",
+            str(work / results),
+            "--poll",
+            "0.5",
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+    )
     wall = time.perf_counter() - start
     if out.returncode != 0:
         raise SystemExit(out.stdout + out.stderr)
     runs = pd.read_parquet(work / results / f"cost-{executor}-{n}" / "runs.parquet")
     train = float(runs["train_time_s"].sum())
-    return {"executor": executor, "runs": n, "wall_s": round(wall, 2), "train_s_sum": round(train, 2),
-            "overhead_per_run_s": round((wall - train) / n, 2), "wall_per_run_s": round(wall / n, 2)}
+    return {
+        "executor": executor,
+        "runs": n,
+        "wall_s": round(wall, 2),
+        "train_s_sum": round(train, 2),
+        "overhead_per_run_s": round((wall - train) / n, 2),
+        "wall_per_run_s": round(wall / n, 2),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--executors", nargs="+", default=["debug", "local"] + (["slurm"] if shutil.which("sbatch")
-                                                                             else []))
+    ap.add_argument(
+        "--executors", nargs="+", default=["debug", "local"] + (["slurm"] if shutil.which("sbatch") else [])
+    )
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ablate-sweep-cost-"))
     os.environ.setdefault("ABLATE_CACHE", str(work / "cache"))

@@ -16,14 +16,16 @@ import json
 import os
 import time
 
-os.environ["TOKENIZERS_PARALLELISM"] = "false"   # one thread, as in a worker of a multi-worker preparation
+os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread, as in a worker of a multi-worker preparation
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", type=int, default=6000)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--size-mb", type=int, default=20, help="the corpus of bench/data_scale.py to read (default 20)")
+    ap.add_argument(
+        "--size-mb", type=int, default=20, help="the corpus of bench/data_scale.py to read (default 20)"
+    )
     args = ap.parse_args()
 
     from tokenizers import Tokenizer
@@ -38,24 +40,37 @@ def main() -> None:
     backend.no_truncation()
     backend.no_padding()
     with build_corpus(args.size_mb).open() as f:
-        docs = [line.strip() for line in f if line.strip()][:args.docs]
-    chunks = [docs[i:i + CHUNK_DOCS] for i in range(0, len(docs), CHUNK_DOCS)]
+        docs = [line.strip() for line in f if line.strip()][: args.docs]
+    chunks = [docs[i : i + CHUNK_DOCS] for i in range(0, len(docs), CHUNK_DOCS)]
     for round_ in range(args.rounds):
         t0 = time.perf_counter()
         encodings = [backend.encode_batch_fast(c, add_special_tokens=True) for c in chunks]
         t1 = time.perf_counter()
         ids = [[e.ids for e in batch] for batch in encodings]
         t2 = time.perf_counter()
-        recipe = [tokenizer(c, add_special_tokens=True, truncation=False, return_attention_mask=False,
-                            verbose=False)["input_ids"] for c in chunks]
+        recipe = [
+            tokenizer(c, add_special_tokens=True, truncation=False, return_attention_mask=False, verbose=False)[
+                "input_ids"
+            ]
+            for c in chunks
+        ]
         t3 = time.perf_counter()
         encode = make_encoder(backend)
         cached = [encode(c) for c in chunks]
         t4 = time.perf_counter()
         assert [i for b in ids for i in b] == [i for b in recipe for i in b] == [i for b in cached for i in b]
-        print(json.dumps({"round": round_, "documents": len(docs), "encode_s": round(t1 - t0, 3),
-                          "to_lists_s": round(t2 - t1, 3), "transformers_call_s": round(t3 - t2, 3),
-                          "word_cache_s": round(t4 - t3, 3)}))
+        print(
+            json.dumps(
+                {
+                    "round": round_,
+                    "documents": len(docs),
+                    "encode_s": round(t1 - t0, 3),
+                    "to_lists_s": round(t2 - t1, 3),
+                    "transformers_call_s": round(t3 - t2, 3),
+                    "word_cache_s": round(t4 - t3, 3),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -30,10 +30,14 @@ from pretrain_step import reset_peak_rss, vm_hwm_mb, vm_rss_mb  # noqa: E402
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--positions", type=int, default=2017, help="labelled positions (default 2,017: CLM, 16 x 128)")
+    ap.add_argument(
+        "--positions", type=int, default=2017, help="labelled positions (default 2,017: CLM, 16 x 128)"
+    )
     ap.add_argument("--hidden", type=int, default=384)
     ap.add_argument("--vocab", type=int, default=30522)
-    ap.add_argument("--chunk", type=int, default=None, help="positions per chunk of the fused head (default: its own)")
+    ap.add_argument(
+        "--chunk", type=int, default=None, help="positions per chunk of the fused head (default: its own)"
+    )
     ap.add_argument("--rounds", type=int, default=16, help="calls of each head, alternating (default 16)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
@@ -52,8 +56,8 @@ def main(argv: list[str] | None = None) -> dict:
     heads = {"dense": dense_cross_entropy, "fused": lambda *a: fused_cross_entropy(*a, **chunk)}
     seconds: dict[str, list[float]] = {name: [] for name in heads}
     peak_mb: dict[str, list[float]] = {name: [] for name in heads}
-    for round_ in range(args.rounds + 1):                 # round 0 warms up and is not kept
-        for name in (heads if round_ % 2 == 0 else reversed(heads)):
+    for round_ in range(args.rounds + 1):  # round 0 warms up and is not kept
+        for name in heads if round_ % 2 == 0 else reversed(heads):
             x.grad = w.grad = b.grad = None
             before = vm_rss_mb()
             reset_peak_rss()
@@ -63,12 +67,19 @@ def main(argv: list[str] | None = None) -> dict:
                 seconds[name].append(time.perf_counter() - start)
                 peak_mb[name].append(vm_hwm_mb() - before)
     ratios = [d / f for d, f in zip(seconds["dense"], seconds["fused"])]
-    result = {"bench": "vocab_head", "positions": args.positions, "hidden": args.hidden, "vocab": args.vocab,
-              "chunk": args.chunk, "rounds": args.rounds, "threads": args.threads,
-              "median_s": {n: round(statistics.median(s), 4) for n, s in seconds.items()},
-              "peak_mb": {n: round(max(p), 1) for n, p in peak_mb.items()},
-              "speed_fused_over_dense": round(statistics.median(ratios), 3),
-              "torch": torch.__version__}
+    result = {
+        "bench": "vocab_head",
+        "positions": args.positions,
+        "hidden": args.hidden,
+        "vocab": args.vocab,
+        "chunk": args.chunk,
+        "rounds": args.rounds,
+        "threads": args.threads,
+        "median_s": {n: round(statistics.median(s), 4) for n, s in seconds.items()},
+        "peak_mb": {n: round(max(p), 1) for n, p in peak_mb.items()},
+        "speed_fused_over_dense": round(statistics.median(ratios), 3),
+        "torch": torch.__version__,
+    }
     for name in heads:
         print(f"{name:6s} median {result['median_s'][name]:.3f} s  peak +{result['peak_mb'][name]:.0f} MB")
     print(f"fused is {result['speed_fused_over_dense']}x the dense head's speed (median of per-round ratios)")

@@ -15,18 +15,22 @@ import torch
 from ablate.config.paths import DATA_ROOT_ENV, absolute_env_paths
 
 REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault(DATA_ROOT_ENV, str(REPO / "data"))     # the default data root, seen from the checkout
-absolute_env_paths()     # subprocesses of the tests start in their own tmp folders
+os.environ.setdefault(DATA_ROOT_ENV, str(REPO / "data"))  # the default data root, seen from the checkout
+absolute_env_paths()  # subprocesses of the tests start in their own tmp folders
 torch.set_num_threads(min(2, os.cpu_count() or 1))
-TESTS_SET = "tests"      # the datasets the tests read (ablate/data/sets.yaml)
+TESTS_SET = "tests"  # the datasets the tests read (ablate/data/sets.yaml)
+
 
 def missing_test_data(root: Path) -> list[str]:
     """The datasets of the tests' set with a file missing under root (presence only: `ablate data verify tests`
     checks the contents)."""
     from ablate.data.catalog import dataset, dataset_sets
 
-    return [name for name in dataset_sets()[TESTS_SET]
-            if not all((root / name / expected.file).is_file() for expected in dataset(name).files)]
+    return [
+        name
+        for name in dataset_sets()[TESTS_SET]
+        if not all((root / name / expected.file).is_file() for expected in dataset(name).files)
+    ]
 
 
 def pytest_configure(config):
@@ -35,9 +39,11 @@ def pytest_configure(config):
     root = Path(os.environ[DATA_ROOT_ENV])
     missing = missing_test_data(root)
     if missing:
-        raise pytest.UsageError(f"the data root {root} lacks datasets the tests read ({', '.join(missing)}); fetch "
-                                f"them from their public sources with `.venv/bin/ablate data fetch {TESTS_SET}` "
-                                f"(into ./data), or set {DATA_ROOT_ENV} to a folder that holds them")
+        raise pytest.UsageError(
+            f"the data root {root} lacks datasets the tests read ({', '.join(missing)}); fetch "
+            f"them from their public sources with `.venv/bin/ablate data fetch {TESTS_SET}` "
+            f"(into ./data), or set {DATA_ROOT_ENV} to a folder that holds them"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -65,8 +71,15 @@ def tiny_bert(tmp_path_factory, minilm_tokenizer) -> str:
 
     d = tmp_path_factory.mktemp("tiny_bert")
     torch.manual_seed(0)
-    BertForMaskedLM(BertConfig(vocab_size=minilm_tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
-                               num_attention_heads=2, intermediate_size=64)).save_pretrained(d)
+    BertForMaskedLM(
+        BertConfig(
+            vocab_size=minilm_tokenizer.vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+        )
+    ).save_pretrained(d)
     minilm_tokenizer.save_pretrained(d)
     return str(d)
 
@@ -86,8 +99,11 @@ def _cluster_env() -> dict | None:
         out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return env if out.returncode == 0 and ("idle" in out.stdout or "mix" in out.stdout or "alloc" in out.stdout) \
+    return (
+        env
+        if out.returncode == 0 and ("idle" in out.stdout or "mix" in out.stdout or "alloc" in out.stdout)
         else None
+    )
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +118,13 @@ def slurm_env():
 
 # ---------------------------------------------------------------- a real tiny decay-length sweep
 
-DECAY_FINETUNE = {"epochs": 1, "max_train_examples": 48, "max_eval_examples": 32, "max_length": 64, "batch_size": 8}
+DECAY_FINETUNE = {
+    "epochs": 1,
+    "max_train_examples": 48,
+    "max_eval_examples": 32,
+    "max_length": 64,
+    "batch_size": 8,
+}
 
 
 @pytest.fixture(scope="session")
@@ -141,10 +163,18 @@ def decay_sweep(tmp_path_factory, data_root):
     path = root / "decay.yaml"
     path.write_text(yaml.safe_dump(grid))
     results = root / "results"
-    for args in (["sweep", str(path), "--results", str(results), "--poll", "0.1"],
-                 ["collect", "decay", "--results", str(results), "--pairs"]):
-        done = subprocess.run([sys.executable, "-m", "ablate.cli", *args], cwd=root, capture_output=True, text=True,
-                              timeout=900, env=dict(os.environ))
+    for args in (
+        ["sweep", str(path), "--results", str(results), "--poll", "0.1"],
+        ["collect", "decay", "--results", str(results), "--pairs"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "ablate.cli", *args],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=dict(os.environ),
+        )
         assert done.returncode == 0, done.stdout + done.stderr
     return results, results / "decay"
 
@@ -155,8 +185,9 @@ def pytest_terminal_summary(terminalreporter):
     if not skipped:
         return
     n = len(skipped)
-    terminalreporter.write_sep("!", f"{n} Slurm test{'s' if n != 1 else ''} SKIPPED: no cluster answered",
-                               red=True, bold=True)
+    terminalreporter.write_sep(
+        "!", f"{n} Slurm test{'s' if n != 1 else ''} SKIPPED: no cluster answered", red=True, bold=True
+    )
     terminalreporter.write_line(f"start it: bash scripts/slurm-local.sh start; export SLURM_CONF={DEFAULT_CONF}")
     terminalreporter.write_line("ABLATE_REQUIRE_SLURM=1 turns these skips into failures (CI sets it)")
     for report in skipped:

@@ -7,8 +7,20 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ablate"
-FLOORS = ["config", "store", "data", "models", "plan", "analysis", "train", "evaluate", "launch", "tune",
-          "report", "cli"]
+FLOORS = [
+    "config",
+    "store",
+    "data",
+    "models",
+    "plan",
+    "analysis",
+    "train",
+    "evaluate",
+    "launch",
+    "tune",
+    "report",
+    "cli",
+]
 
 
 def _stage(module: str) -> str | None:
@@ -28,7 +40,9 @@ def _imports() -> dict[str, set[str]]:
             if isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(
+                        "."
+                    )
                 found |= {base} | {f"{base}.{a.name}" for a in node.names}
             elif isinstance(node, ast.Import):
                 found |= {a.name for a in node.names}
@@ -60,7 +74,7 @@ def test_no_import_circles_between_modules():
         state[m] = 1
         for t in sorted(edges[m]):
             if state.get(t) == 1:
-                cycle.extend(path[path.index(t):] + [m, t] if t in path else [m, t])
+                cycle.extend(path[path.index(t) :] + [m, t] if t in path else [m, t])
                 return True
             if t not in state and visit(t, path + [m]):
                 return True

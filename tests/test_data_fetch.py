@@ -20,14 +20,27 @@ import pytest
 
 from ablate.cli import main
 from ablate.data.catalog import dataset, with_requirements
-from ablate.data.converters.blurb import (biosses_records, gad_records, hoc_abstracts, hoc_sentences, jnlpba_lines,
-                                          tsv_rows)
+from ablate.data.converters.blurb import (
+    biosses_records,
+    gad_records,
+    hoc_abstracts,
+    hoc_sentences,
+    jnlpba_lines,
+    tsv_rows,
+)
 from ablate.data.converters.articles import convert_craft, journal_and_notice
 from ablate.data.converters.brat import MANTRA_FOLDERS, convert_quaero, mantra_group, mantra_spans, tagged_tokens
 from ablate.data.converters.common import write_jsonl
 from ablate.data.converters.ddi import convert_ddi
-from ablate.data.converters.e3c_corpus import (EN_LICENCES, FR_LICENCES, LEAFLET_LICENCE, archive_members, corpus_lines,
-                                               e3c_documents, up_to_chars)
+from ablate.data.converters.e3c_corpus import (
+    EN_LICENCES,
+    FR_LICENCES,
+    LEAFLET_LICENCE,
+    archive_members,
+    corpus_lines,
+    e3c_documents,
+    up_to_chars,
+)
 from ablate.data.converters.leaflets import TEST_SETS, novel_leaflets, overlapping, sentence_grams_of
 from ablate.data.converters.medquad import kept_documents, medquad_documents
 from ablate.data.converters.others import conll_sentences, convert_e3c_fr_ner, convert_pubmedqa, morfitt_records
@@ -82,8 +95,11 @@ def mirror_of_shipped(mirror: Path, name: str, data_root: Path) -> Path:
 
 def leftovers(root: Path) -> list[str]:
     """Anything half-done a failed fetch could leave: temporary folders, partial downloads."""
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if ".part-" in p.name
-                  or p.name.startswith(".fetch-") and p.name != ".fetch-cache")
+    return sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if ".part-" in p.name or p.name.startswith(".fetch-") and p.name != ".fetch-cache"
+    )
 
 
 def fetch(root: Path, url: str, *targets: str) -> int:
@@ -91,6 +107,7 @@ def fetch(root: Path, url: str, *targets: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------- fetch end to end
+
 
 def test_a_copied_dataset_is_fetched_byte_for_byte_then_skipped_offline(tmp_path, data_root, capsys):
     root = tmp_path / "root"
@@ -100,7 +117,7 @@ def test_a_copied_dataset_is_fetched_byte_for_byte_then_skipped_offline(tmp_path
     assert "ncbi_disease: licence repository CC BY 4.0" in out and "3 files in" in out
     for f in ("train.tsv", "dev.tsv", "test.tsv"):
         assert (root / "ncbi_disease" / f).read_bytes() == (data_root / "ncbi_disease" / f).read_bytes()
-    assert sorted(p.name for p in root.iterdir()) == ["ncbi_disease"]        # the download cache is gone
+    assert sorted(p.name for p in root.iterdir()) == ["ncbi_disease"]  # the download cache is gone
     assert main(["data", "verify", "ncbi_disease", "--data-root", str(root)]) == 0
     # the server is gone: a second fetch has nothing to download
     assert fetch(root, url, "ncbi_disease") == 0
@@ -108,8 +125,9 @@ def test_a_copied_dataset_is_fetched_byte_for_byte_then_skipped_offline(tmp_path
 
 
 @pytest.mark.parametrize("handler, reason", [(_Quiet, "HTTP 404"), (_Truncating, "truncated download: ")])
-def test_a_missing_or_truncated_source_places_nothing_and_says_how_to_supply_it(tmp_path, capsys, handler,
-                                                                                  reason, data_root):
+def test_a_missing_or_truncated_source_places_nothing_and_says_how_to_supply_it(
+    tmp_path, capsys, handler, reason, data_root
+):
     root, mirror = tmp_path / "root", tmp_path / "mirror"
     mirror.mkdir()
     if handler is _Truncating:
@@ -125,7 +143,7 @@ def test_a_missing_or_truncated_source_places_nothing_and_says_how_to_supply_it(
 
 
 def test_offline_names_the_url_and_exits_2(tmp_path, capsys):
-    with socket.socket() as s:           # a port nobody listens on
+    with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
     assert fetch(tmp_path / "root", url, "bc5cdr") == 2
@@ -157,7 +175,7 @@ def test_an_archive_source_is_downloaded_and_converted_and_a_sample_is_refused(t
     with serving(tmp_path / "mirror") as url:
         assert fetch(tmp_path / "root", url, "corpus_en_e3c") == 2
     out, err = capsys.readouterr()
-    assert out.splitlines()[1].startswith("corpus_en_e3c: NON-COMMERCIAL licence")   # said before the fetch
+    assert out.splitlines()[1].startswith("corpus_en_e3c: NON-COMMERCIAL licence")  # said before the fetch
     assert "do not match the manifest (doc_ids.tsv: size" in err and "train.txt: size" in err
     assert not (tmp_path / "root" / "corpus_en_e3c").exists() and leftovers(tmp_path / "root") == []
 
@@ -166,13 +184,21 @@ def test_targets_name_datasets_tasks_suites_and_grids():
     assert [d.name for d in target_datasets(str(SMOKE))] == ["corpus_en_e3c", "ncbi_disease"]
     assert [d.name for d in target_datasets("bc5cdr_chemical")] == ["bc5cdr"]
     assert {d.name for d in target_datasets("suite:fr_smoke")} == {
-        "quaero_emea", "quaero_medline", "mantragsc_fr_emea", "mantragsc_fr_medline", "mantragsc_fr_patents",
-        "morfitt", "e3c_fr_ner", "frenchmedmcqa"}
+        "quaero_emea",
+        "quaero_medline",
+        "mantragsc_fr_emea",
+        "mantragsc_fr_medline",
+        "mantragsc_fr_patents",
+        "morfitt",
+        "e3c_fr_ner",
+        "frenchmedmcqa",
+    }
     with pytest.raises(Exception, match="unknown fetch target.*datasets: anatem, bc2gm"):
         target_datasets("no_such_thing")
 
 
 # ------------------------------------------------------------------------------------------------- verify
+
 
 def test_verify_names_missing_and_changed_files(tmp_path, data_root, capsys):
     shutil.copytree(data_root / "gad", tmp_path / "gad")
@@ -189,6 +215,7 @@ def test_verify_names_missing_and_changed_files(tmp_path, data_root, capsys):
 
 # --------------------------------------------------------------------------------------- the sweep's check
 
+
 def test_the_smoke_grids_dry_run_on_an_empty_data_root_names_what_to_fetch(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ABLATE_DATA_ROOT", str(tmp_path / "empty"))
     assert main(["sweep", str(SMOKE), "--dry-run", "--results", str(tmp_path / "r")]) == 2
@@ -197,9 +224,10 @@ def test_the_smoke_grids_dry_run_on_an_empty_data_root_names_what_to_fetch(tmp_p
     assert f"`ablate data fetch {SMOKE}`" in err
 
 
-def test_the_freeze_grids_dry_run_on_a_root_without_the_french_tasks_names_its_fetch(tmp_path, data_root, monkeypatch,
-                                                                                     capsys):
-    root = tmp_path / "english"               # what `ablate data fetch grids/smoke.yaml` leaves: no French task
+def test_the_freeze_grids_dry_run_on_a_root_without_the_french_tasks_names_its_fetch(
+    tmp_path, data_root, monkeypatch, capsys
+):
+    root = tmp_path / "english"  # what `ablate data fetch grids/smoke.yaml` leaves: no French task
     for name in ("corpus_en_e3c", "ncbi_disease"):
         shutil.copytree(data_root / name, root / name)
     monkeypatch.setenv("ABLATE_DATA_ROOT", str(root))
@@ -208,10 +236,14 @@ def test_the_freeze_grids_dry_run_on_a_root_without_the_french_tasks_names_its_f
     assert main(["sweep", "grids/freeze.yaml", "--dry-run", "--results", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "suite:fr_paper: 8 task(s) skipped, the data root lacks them" in out
-    assert "  diamed: `ablate data fetch diamed`" in out and "  quaero_emea_spans: `ablate data fetch quaero_brat`" in out
+    assert (
+        "  diamed: `ablate data fetch diamed`" in out
+        and "  quaero_emea_spans: `ablate data fetch quaero_brat`" in out
+    )
 
 
 # ------------------------------------------------------------------------ converters on real upstream samples
+
 
 def _lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines()
@@ -228,8 +260,10 @@ def test_jnlpba_sample_gives_the_shipped_lines(data_root):
     assert converted.count("\n\n") >= 2 and shipped.startswith(converted)
 
 
-@pytest.mark.parametrize("name, records", [
-    ("gad", lambda rows: gad_records(rows, "train")), ("biosses", biosses_records), ("morfitt", morfitt_records)])
+@pytest.mark.parametrize(
+    "name, records",
+    [("gad", lambda rows: gad_records(rows, "train")), ("biosses", biosses_records), ("morfitt", morfitt_records)],
+)
 def test_tsv_samples_give_the_shipped_lines(tmp_path, data_root, name, records):
     converted = _jsonl_lines(tmp_path, records(tsv_rows(SAMPLES / name / "train.tsv")))
     assert len(converted) >= 2 and converted == _lines(data_root / name / "train.jsonl")[: len(converted)]
@@ -246,12 +280,16 @@ def test_hoc_sample_gives_the_shipped_sentence_and_abstract_lines(tmp_path, data
 def test_pubmedqa_sample_gives_the_shipped_records(tmp_path, data_root):
     """The test split is the official PMIDs in file order; train/dev come from a seeded shuffle of all 500
     others, which a sample cannot reproduce: each of its records must be the shipped line all the same."""
-    inputs = {"labelled": SAMPLES / "pubmedqa_pqal" / "ori_pqal.json",
-              "test_ground_truth": SAMPLES / "pubmedqa_pqal" / "test_ground_truth.json"}
+    inputs = {
+        "labelled": SAMPLES / "pubmedqa_pqal" / "ori_pqal.json",
+        "test_ground_truth": SAMPLES / "pubmedqa_pqal" / "test_ground_truth.json",
+    }
     convert_pubmedqa(inputs, tmp_path, dataset("pubmedqa_pqal"))
     shipped_test = _lines(data_root / "pubmedqa_pqal" / "test.jsonl")
     assert _lines(tmp_path / "test.jsonl") == shipped_test[:2]
-    shipped = {line for split in ("train", "dev") for line in _lines(data_root / "pubmedqa_pqal" / f"{split}.jsonl")}
+    shipped = {
+        line for split in ("train", "dev") for line in _lines(data_root / "pubmedqa_pqal" / f"{split}.jsonl")
+    }
     others = _lines(tmp_path / "train.jsonl") + _lines(tmp_path / "dev.jsonl")
     assert len(others) == 3 and all(line in shipped for line in others)
 
@@ -277,10 +315,18 @@ def _shipped_lines(data_root: Path, name: str) -> dict[str, str]:
     return lines
 
 
-@pytest.mark.parametrize("name, licences, kept_ids", [
-    ("corpus_en_e3c", EN_LICENCES, ["EN112374", "EN114836", "EN117429"]),      # a CC BY-NC one, a short one dropped
-    ("corpus_fr_e3c", FR_LICENCES, ["EN101041", "EN101261", "EN101292"]),      # FR101041 repeats EN101041's text
-    ("corpus_fr_e3c", (LEAFLET_LICENCE,), ["EN103644"])])                      # the extra leaflets
+@pytest.mark.parametrize(
+    "name, licences, kept_ids",
+    [
+        (
+            "corpus_en_e3c",
+            EN_LICENCES,
+            ["EN112374", "EN114836", "EN117429"],
+        ),  # a CC BY-NC one, a short one dropped
+        ("corpus_fr_e3c", FR_LICENCES, ["EN101041", "EN101261", "EN101292"]),  # FR101041 repeats EN101041's text
+        ("corpus_fr_e3c", (LEAFLET_LICENCE,), ["EN103644"]),
+    ],
+)  # the extra leaflets
 def test_e3c_corpus_samples_give_the_shipped_lines(data_root, name, licences, kept_ids):
     """Kept documents give exactly their shipped line. (Which split a document lands in depends on the whole
     corpus's shuffle, which a sample cannot reproduce.)"""
@@ -292,7 +338,7 @@ def test_e3c_corpus_samples_give_the_shipped_lines(data_root, name, licences, ke
 
 
 def test_leaflets_are_taken_up_to_a_character_budget():
-    kept = [({"id": str(i)}, "x" * 9) for i in range(5)]        # 10 characters a line with its newline
+    kept = [({"id": str(i)}, "x" * 9) for i in range(5)]  # 10 characters a line with its newline
     assert [d["id"] for d, _ in up_to_chars(kept, 25)] == ["0", "1", "2"]
     assert [d["id"] for d, _ in up_to_chars(kept, 20)] == ["0", "1"]
 
@@ -303,13 +349,19 @@ def test_ddi_sample_gives_the_shipped_pairs_of_its_documents(tmp_path, data_root
     inputs = {"corpus": SAMPLES / "ddi" / "DDICorpus-2013.zip", "blurb_dev": SAMPLES / "ddi" / "dev.tsv"}
     convert_ddi(inputs, tmp_path, dataset("ddi"))
     assert _lines(tmp_path / "dev_doc_ids.txt") == ["DDI-MedLine.d119"]
-    documents = {"train": ("DDI-DrugBank.d236.", "DDI-DrugBank.d532."), "dev": ("DDI-MedLine.d119.",),
-                 "test": ("DDI-MedLine.d",)}
+    documents = {
+        "train": ("DDI-DrugBank.d236.", "DDI-DrugBank.d532."),
+        "dev": ("DDI-MedLine.d119.",),
+        "test": ("DDI-MedLine.d",),
+    }
     for split, prefixes in documents.items():
         converted = _lines(tmp_path / f"{split}.jsonl")
         ids = {json.loads(line)["id"].rsplit(".s", 1)[0] + "." for line in converted}
-        shipped = [line for line in _lines(data_root / "ddi" / f"{split}.jsonl")
-                   if json.loads(line)["id"].rsplit(".s", 1)[0] + "." in ids]
+        shipped = [
+            line
+            for line in _lines(data_root / "ddi" / f"{split}.jsonl")
+            if json.loads(line)["id"].rsplit(".s", 1)[0] + "." in ids
+        ]
         assert converted and converted == shipped and all(i.startswith(prefixes) for i in ids)
     assert any("@DRUG-DRUG$" in line for line in _lines(tmp_path / "train.jsonl"))
 
@@ -352,8 +404,11 @@ def test_craft_sample_gives_the_shipped_line_and_doc_ids_rows(tmp_path, data_roo
     """One article through the converter; the journal and notice of four .copyright files (a PLoS CC BY, a
     BMC open-access notice cut at 300 characters, an Oxford one without a licence: empty)."""
     sample = SAMPLES / "corpus_en_craft"
-    convert_craft({p.name: p for p in sample.iterdir() if p.name.startswith("15018652")}, tmp_path,
-                  dataset("corpus_en_craft"))
+    convert_craft(
+        {p.name: p for p in sample.iterdir() if p.name.startswith("15018652")},
+        tmp_path,
+        dataset("corpus_en_craft"),
+    )
     assert _lines(tmp_path / "train.txt") == [_shipped_lines(data_root, "corpus_en_craft")["15018652"]]
     rows = {line.split("\t")[1]: line for line in _lines(data_root / "corpus_en_craft" / "doc_ids.tsv")}
     assert _lines(tmp_path / "doc_ids.tsv")[1] == rows["15018652"]
@@ -370,7 +425,10 @@ def test_medquad_sample_gives_the_shipped_lines(data_root):
     documents = medquad_documents(files, ds.archive)
     kept = kept_documents(documents)
     assert [(d["collection"], d["id"]) for d, _ in kept] == [
-        ("3_GHR_QA", "0000003"), ("3_GHR_QA", "0000005"), ("9_CDC_QA", "9_CDC_QA/0000397")]
+        ("3_GHR_QA", "0000003"),
+        ("3_GHR_QA", "0000005"),
+        ("9_CDC_QA", "9_CDC_QA/0000397"),
+    ]
     rows = [line.split("\t") for line in _lines(data_root / "corpus_en_medquad" / "doc_ids.tsv")[1:]]
     shipped = {}
     for split in ("train", "valid"):
@@ -378,7 +436,7 @@ def test_medquad_sample_gives_the_shipped_lines(data_root):
         shipped.update(zip(keys, _lines(data_root / "corpus_en_medquad" / f"{split}.txt"), strict=True))
     assert all(shipped[(d["collection"], d["id"])] == line for d, line in kept)
     alone = medquad_documents({k: v for k, v in files.items() if "0000005" in k}, ds.archive)
-    assert len(alone[0]["text"]) > len(kept[1][1])      # with 0000003 before it, a repeated answer went
+    assert len(alone[0]["text"]) > len(kept[1][1])  # with 0000003 before it, a repeated answer went
 
 
 def test_a_derived_dataset_is_fetched_converted_and_checked_end_to_end(tmp_path, data_root, capsys):
@@ -391,8 +449,9 @@ def test_a_derived_dataset_is_fetched_converted_and_checked_end_to_end(tmp_path,
     with serving(tmp_path / "mirror") as url:
         assert fetch(tmp_path / "root", url, "biosses") == 0, capsys.readouterr().err
     for split in ("train", "dev", "test"):
-        assert (tmp_path / "root" / "biosses" / f"{split}.jsonl").read_bytes() == \
-            (data_root / "biosses" / f"{split}.jsonl").read_bytes()
+        assert (tmp_path / "root" / "biosses" / f"{split}.jsonl").read_bytes() == (
+            data_root / "biosses" / f"{split}.jsonl"
+        ).read_bytes()
 
 
 def test_fetch_without_a_target_is_bad_input(tmp_path, capsys):
@@ -408,13 +467,18 @@ def test_leaflets_sample_gives_the_shipped_lines_shares_and_removal(data_root):
     first = [(docs[i], " ".join(docs[i]["text"].split())) for i in ("EN111634", "EN106103", "EN112845")]
     kept = novel_leaflets(first)
     rows = {r[1]: r for r in (line.split("\t") for line in _lines(data_root / ds.name / "doc_ids.tsv")[1:])}
-    assert [f"{share:.2f}" for _, _, share in kept] == [rows[d["id"]][4] for d, _ in first] == ["0.98", "0.94", "0.92"]
+    assert (
+        [f"{share:.2f}" for _, _, share in kept]
+        == [rows[d["id"]][4] for d, _ in first]
+        == ["0.98", "0.94", "0.92"]
+    )
     shipped = _shipped_lines(data_root, ds.name)
     assert all(shipped[d["id"]] == line for d, line, _ in kept)
     removed = dict(line.split("\t") for line in _lines(data_root / ds.name / "removed_for_test_overlap.tsv")[1:])
     grams = sentence_grams_of([data_root / name / "test.tsv" for name in TEST_SETS])
     suspect = [(docs["EN108642"], " ".join(docs["EN108642"]["text"].split()), 1.0)]
     assert overlapping(suspect, grams) == {"EN108642"} and "EN108642" in removed
+
     # EN111634 shares boilerplate with the test sentences: in 20 leaflets it is not distinctive (in the whole
     # corpus it is in far more), in 19 it is
     def copies(n):

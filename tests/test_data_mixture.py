@@ -32,11 +32,28 @@ E3C, MEDQUAD = "corpus_en_e3c/train.txt", "corpus_en_medquad/train.txt"
 
 def mixed_spec(weights=(0.5, 0.5), decay_seq_len=48, detour="clm", **overrides) -> dict:
     """A detour on a mixture of E3C and MedQuAD at 32 tokens, then an MLM decay on E3C at `decay_seq_len`."""
-    return tiny_spec("tiny-bert", phases=[
-        {"name": "detour", "objective": detour, "steps": 6, "lr": {"warmup_steps": 1},
-         "data": {"mixture": [{"corpus": E3C, "weight": weights[0]}, {"corpus": MEDQUAD, "weight": weights[1]}]}},
-        {"name": "decay", "objective": "mlm", "steps": 4, "lr": {"decay": "linear"}, "data": {"seq_len": decay_seq_len}},
-    ], **overrides)
+    return tiny_spec(
+        "tiny-bert",
+        phases=[
+            {
+                "name": "detour",
+                "objective": detour,
+                "steps": 6,
+                "lr": {"warmup_steps": 1},
+                "data": {
+                    "mixture": [{"corpus": E3C, "weight": weights[0]}, {"corpus": MEDQUAD, "weight": weights[1]}]
+                },
+            },
+            {
+                "name": "decay",
+                "objective": "mlm",
+                "steps": 4,
+                "lr": {"decay": "linear"},
+                "data": {"seq_len": decay_seq_len},
+            },
+        ],
+        **overrides,
+    )
 
 
 def _quiet(_msg: str) -> None:
@@ -63,7 +80,7 @@ def test_a_run_reads_each_source_by_its_share_and_records_tokens_per_source(tmp_
     for row in source_tokens(spec):
         planned[row["source"]] = planned.get(row["source"], 0) + row["tokens"]
     assert state.source_tokens == planned
-    assert planned[MEDQUAD] == 6 * 4 * 32 // 4            # a quarter of the detour's rows
+    assert planned[MEDQUAD] == 6 * 4 * 32 // 4  # a quarter of the detour's rows
     assert state.source_tokens[E3C] + state.source_tokens[MEDQUAD] == state.tokens_seen == 6 * 4 * 32 + 4 * 4 * 48
     last = state.curves[-1]
     assert last[f"tokens/{E3C}"] == planned[E3C] and last[f"tokens/{MEDQUAD}"] == planned[MEDQUAD]
@@ -81,12 +98,12 @@ def test_twins_read_identical_streams_by_source(tmp_path, data_root):
 
 def _killed_and_resumed(spec_file: Path, out: Path, pause_at: int, tmp_path: Path) -> None:
     """`ablate run` held after its checkpoint at `pause_at` (ABLATE_PAUSE_AT), killed -9 there, then run again."""
-    threads = str(torch.get_num_threads())      # what the in-process run compared with uses: the same sums
+    threads = str(torch.get_num_threads())  # what the in-process run compared with uses: the same sums
     cmd = [sys.executable, "-m", "ablate.cli", "run", str(spec_file), "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": threads, "ABLATE_PAUSE_AT": f"{pause_at}:{tmp_path / 'never'}"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
-    for line in proc.stdout:         # blocks until the run says it holds: no race
+    for line in proc.stdout:  # blocks until the run says it holds: no race
         seen.append(line)
         if "holding after" in line:
             break
@@ -94,13 +111,14 @@ def _killed_and_resumed(spec_file: Path, out: Path, pause_at: int, tmp_path: Pat
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (out / "model").exists()
-    done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": threads}, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        cmd, env={**os.environ, "OMP_NUM_THREADS": threads}, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr
     assert "resumed from step-" in (out / "log.txt").read_text()
 
 
-@pytest.mark.parametrize("pause_at", [4, 8])     # checkpoints inside the mixture and the longer decay
+@pytest.mark.parametrize("pause_at", [4, 8])  # checkpoints inside the mixture and the longer decay
 def test_kill_9_resume_is_bitwise_with_a_mixture_and_a_change_of_length(pause_at, tmp_path, data_root):
     raw = mixed_spec()
     spec_file = tmp_path / "run.yaml"
@@ -130,14 +148,14 @@ def test_branching_shares_nothing_between_two_weights():
     assert shared_prefix(_tiny(one), _tiny(two), lr_at)[0] == 0
     a, b = (_tiny({**s, "phases": [prelude, *s["phases"]]}) for s in (one, two))
     tree = plan_tree([a, b], lr_at)
-    assert tree.branches[b.run_id].step == 3                  # the shared warm-up, nothing of the mixture
+    assert tree.branches[b.run_id].step == 3  # the shared warm-up, nothing of the mixture
     same = _tiny({**two, "phases": [prelude, *two["phases"]], "seed": 17})
-    assert shared_prefix(b, same, lr_at)[0] == 3 + 6 + 4      # the same weights: everything
+    assert shared_prefix(b, same, lr_at)[0] == 3 + 6 + 4  # the same weights: everything
 
 
 def test_a_source_read_past_max_epochs_by_its_share_is_refused_before_submission(tmp_path, data_root):
     spec = parse_run_spec(mixed_spec(weights=(0.2, 0.8)))
-    tokens = {E3C: 100_000, MEDQUAD: 400}               # MedQuAD: 12 sequences of 32 for ~19 planned
+    tokens = {E3C: 100_000, MEDQUAD: 400}  # MedQuAD: 12 sequences of 32 for ~19 planned
     with pytest.raises(SpecError) as err:
         check_source_epochs(spec, tokens)
     assert MEDQUAD in err.value.message and err.value.key == "data.max_epochs"
@@ -147,8 +165,12 @@ def test_a_source_read_past_max_epochs_by_its_share_is_refused_before_submission
     raw["phases"][0]["data"]["mixture"][1] = {"corpus": str(tmp_path / "small.txt"), "weight": 0.8}
     (tmp_path / "small.txt").write_text("A short question about a rare disease?\nAnd its short answer.\n" * 10)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(raw))
-    done = subprocess.run([sys.executable, "-m", "ablate.cli", "run", str(tmp_path / "run.yaml"), "--out",
-                           str(tmp_path / "out")], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "ablate.cli", "run", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 2, done.stderr
     assert "small.txt" in done.stderr and "max_epochs" in done.stderr
     assert not (tmp_path / "out").exists()
@@ -156,8 +178,15 @@ def test_a_source_read_past_max_epochs_by_its_share_is_refused_before_submission
 
 def test_a_run_without_phase_data_reads_as_before():
     """No mixture, no phase data: one member per phase, whose stream position is the sequences read before."""
-    spec = parse_run_spec({**mixed_spec(), "phases": [{"name": "a", "objective": "mlm", "steps": 5},
-                                                      {"name": "b", "objective": "clm", "steps": 3}]})
+    spec = parse_run_spec(
+        {
+            **mixed_spec(),
+            "phases": [
+                {"name": "a", "objective": "mlm", "steps": 5},
+                {"name": "b", "objective": "clm", "steps": 3},
+            ],
+        }
+    )
     assert not uses_own_data(spec)
     assert [d.starts for d in phase_data(spec)] == [(0,), (5 * 4,)]
     assert spec.run_id == parse_run_spec(json.loads(json.dumps(spec.model_dump(mode="json")))).run_id
@@ -167,8 +196,10 @@ def test_bad_data_names_the_key():
     with pytest.raises(SpecError, match="corpus or a mixture"):
         parse_run_spec({**mixed_spec(), "data": {"corpus": E3C, "mixture": [{"corpus": E3C, "weight": 1}]}})
     with pytest.raises(SpecError, match="each corpus once"):
-        parse_run_spec(mixed_spec(weights=(1, 1)) | {"data": {"mixture": [{"corpus": E3C, "weight": 1},
-                                                                          {"corpus": E3C, "weight": 2}]}})
+        parse_run_spec(
+            mixed_spec(weights=(1, 1))
+            | {"data": {"mixture": [{"corpus": E3C, "weight": 1}, {"corpus": E3C, "weight": 2}]}}
+        )
     with pytest.raises(SpecError, match="weight"):
         parse_run_spec(mixed_spec(weights=(0, 1)))
 
@@ -199,4 +230,4 @@ def test_a_branch_of_a_one_corpus_parent_records_what_it_would_from_scratch(tmp_
     record = json.loads((folders[child.run_id] / "records" / "run.json").read_text())
     assert record["source_tokens"] == scratch.source_tokens
     assert record["source_token_hashes"] == scratch.source_token_hashes
-    assert scratch.source_tokens[E3C] > 6 * 4 * 32 // 2      # the warm-up's E3C counted
+    assert scratch.source_tokens[E3C] > 6 * 4 * 32 // 2  # the warm-up's E3C counted

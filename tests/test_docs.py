@@ -30,7 +30,9 @@ COMMENT = re.compile(r"<!--.*?-->", re.S)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 # a path of this repository in backticks (under ablate/ only modules and folders: an exported model's
 # `ablate/spec.json` is a folder of the export, not of the repository)
-REPO_PATH = re.compile(r"`(ablate/[\w/]*(?:\.py)?|(?:grids|bench|scripts|tests|docs|analysis_notebooks)/[\w./-]*)`")
+REPO_PATH = re.compile(
+    r"`(ablate/[\w/]*(?:\.py)?|(?:grids|bench|scripts|tests|docs|analysis_notebooks)/[\w./-]*)`"
+)
 GRID_FILE = re.compile(r"(?:tests/)?grids/[\w/-]+\.yaml")
 
 
@@ -69,7 +71,9 @@ def test_every_relative_link_anchor_and_image_resolves(page):
 
 
 def test_every_page_under_docs_is_listed_in_the_readme():
-    listed = {Path(t).name for t in LINK.findall(_prose((ROOT / "README.md").read_text())) if t.startswith("docs/")}
+    listed = {
+        Path(t).name for t in LINK.findall(_prose((ROOT / "README.md").read_text())) if t.startswith("docs/")
+    }
     assert {p.name for p in PAGES[1:]} <= listed
 
 
@@ -99,10 +103,12 @@ EXAMPLES = _grid_examples()
 
 
 def test_the_concepts_take_their_examples_from_the_grids():
-    assert len([e for e in EXAMPLES if e[0] == "README.md"]) == 6       # run, phase, objective, ...
+    assert len([e for e in EXAMPLES if e[0] == "README.md"]) == 6  # run, phase, objective, ...
 
 
-@pytest.mark.parametrize("page, grid, block", EXAMPLES, ids=[f"{p}-{g}-{i}" for i, (p, g, _) in enumerate(EXAMPLES)])
+@pytest.mark.parametrize(
+    "page, grid, block", EXAMPLES, ids=[f"{p}-{g}-{i}" for i, (p, g, _) in enumerate(EXAMPLES)]
+)
 def test_a_grid_example_is_made_of_that_grids_lines(page, grid, block):
     parse_yaml(block, file=page)
     lines = {line.strip() for line in (ROOT / grid).read_text().splitlines()}
@@ -152,21 +158,31 @@ def _guide_inputs(folder: Path, data_root: Path, tokenizer) -> None:
 
     torch.manual_seed(0)
     model = folder / "models" / "my-encoder"
-    BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=3,
-                               num_attention_heads=2, intermediate_size=64)).save_pretrained(model)
+    BertForMaskedLM(
+        BertConfig(
+            vocab_size=tokenizer.vocab_size,
+            hidden_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            intermediate_size=64,
+        )
+    ).save_pretrained(model)
     tokenizer.save_pretrained(model)
     texts = [t for t in (data_root / "corpus_en_e3c" / "train.txt").read_text().splitlines() if t.strip()][:300]
     (folder / "data" / "my_corpus").mkdir(parents=True)
     for i in range(3):
-        lines = [json.dumps({"text": t}) for t in texts[i * 80:(i + 1) * 80]]
+        lines = [json.dumps({"text": t}) for t in texts[i * 80 : (i + 1) * 80]]
         (folder / "data" / "my_corpus" / f"part-{i:03d}.jsonl").write_text("\n".join(lines) + "\n")
-    (folder / "data" / "my_held_out.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[240:]))
+    (folder / "data" / "my_held_out.jsonl").write_text(
+        "".join(json.dumps({"text": t}) + "\n" for t in texts[240:])
+    )
     (folder / "data" / "my_task").mkdir()
     for split, n in (("train", 48), ("dev", 16), ("test", 16)):
         rows = [json.loads(line) for line in (data_root / "chemprot" / f"{split}.jsonl").read_text().splitlines()]
         kept = [r for r in rows if r["label"] in ("INHIBITOR", "SUBSTRATE")][:n]
         (folder / "data" / "my_task" / f"{split}.jsonl").write_text(
-            "".join(json.dumps({"text": r["text"], "label": r["label"]}) + "\n" for r in kept))
+            "".join(json.dumps({"text": r["text"], "label": r["label"]}) + "\n" for r in kept)
+        )
 
 
 @pytest.mark.slow
@@ -185,8 +201,9 @@ def test_the_guide_runs_from_a_grid_to_the_tables(tmp_path, data_root, minilm_to
             (tmp_path / target).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / target).write_text(body)
         elif kind == "run":
-            done = subprocess.run(["bash", "-c", prologue + body], cwd=tmp_path, env=env, capture_output=True,
-                                  text=True, timeout=900)
+            done = subprocess.run(
+                ["bash", "-c", prologue + body], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+            )
             assert done.returncode == 0, f"{body}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     sweep = tmp_path / "results" / "my_study"
     assert len(list((sweep / "runs").iterdir())) == 3

@@ -33,8 +33,19 @@ def two_run_grid(folder: Path) -> Path:
 
 
 def sweep_cmd(grid: Path, results: Path) -> list[str]:
-    return [sys.executable, "-m", "ablate.cli", "sweep", str(grid), "--executor", "debug", "--results", str(results),
-            "--poll", "0.2"]
+    return [
+        sys.executable,
+        "-m",
+        "ablate.cli",
+        "sweep",
+        str(grid),
+        "--executor",
+        "debug",
+        "--results",
+        str(results),
+        "--poll",
+        "0.2",
+    ]
 
 
 def count(text: str, needle: str) -> int:
@@ -43,10 +54,15 @@ def count(text: str, needle: str) -> int:
 
 def test_two_drivers_of_one_sweep_run_each_pretraining_and_fine_tuning_once(tmp_path, data_root):
     grid, results, release = two_run_grid(tmp_path), tmp_path / "results", tmp_path / "release"
-    first = subprocess.Popen(sweep_cmd(grid, results), env={**os.environ, "ABLATE_PAUSE_AT": f"2:{release}"},
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen(
+        sweep_cmd(grid, results),
+        env={**os.environ, "ABLATE_PAUSE_AT": f"2:{release}"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen = []
-    for line in first.stdout:          # blocks until its first run holds after its step-2 checkpoint: no race
+    for line in first.stdout:  # blocks until its first run holds after its step-2 checkpoint: no race
         seen.append(line)
         if "holding after" in line:
             break
@@ -54,23 +70,31 @@ def test_two_drivers_of_one_sweep_run_each_pretraining_and_fine_tuning_once(tmp_
 
     second = subprocess.run(sweep_cmd(grid, results), capture_output=True, text=True, timeout=600)
     assert f"another driver (pid {first.pid} on " in second.stdout, second.stdout + second.stderr
-    assert "to run 0; already done 0; failed (not retried; --retry-failed) 0; queued or running elsewhere 2" \
+    assert (
+        "to run 0; already done 0; failed (not retried; --retry-failed) 0; queued or running elsewhere 2"
         in second.stdout
+    )
     assert "nothing to submit" in second.stdout and "left to others: " in second.stdout
-    assert "0 done, 0 failed, 2 held elsewhere" in second.stdout and second.returncode == 0    # nothing was its to do
+    assert (
+        "0 done, 0 failed, 2 held elsewhere" in second.stdout and second.returncode == 0
+    )  # nothing was its to do
 
     release.touch()
     rest, _ = first.communicate(timeout=600)
     assert first.returncode == 0, "".join(seen) + rest
-    assert f"another driver (pid {second_pid(results)} on " in rest and "queued or running elsewhere 2" in rest, rest
+    assert f"another driver (pid {second_pid(results)} on " in rest and "queued or running elsewhere 2" in rest, (
+        rest
+    )
     for run_dir in sorted((results / "tiny" / "runs").iterdir()):
         status, log = rundir.read_status(run_dir), (run_dir / "log.txt").read_text()
         assert status["state"] == "done" and status["attempts"] == 1, status
         assert count(log, "done: ") == 1 and count(log, "evaluating on") == 1, log
         for seed in (0, 1):
             assert count(log, f"ncbi_disease seed {seed}: test entity_f1 =") == 1, log
-        assert sorted(p.name for p in (run_dir / "scores" / "ncbi_disease").glob("seed-*.json")) == \
-            ["seed-0.json", "seed-1.json"]
+        assert sorted(p.name for p in (run_dir / "scores" / "ncbi_disease").glob("seed-*.json")) == [
+            "seed-0.json",
+            "seed-1.json",
+        ]
 
 
 def second_pid(results: Path) -> int:
@@ -97,26 +121,28 @@ def prepared_run(tmp_path: Path) -> Path:
 def test_a_run_finished_after_the_driver_decided_to_run_it_is_not_submitted(tmp_path, data_root):
     run_dir = prepared_run(tmp_path)
     assert classify(run_dir, retry_failed=False) == "submit"
-    assert worker.execute(run_dir) == "done"           # another driver's job finishes it meanwhile
+    assert worker.execute(run_dir) == "done"  # another driver's job finishes it meanwhile
     said = []
     scheduler = Scheduler("debug", Launcher(), tmp_path / "jobs", "tiny", said.append)
     scheduler.submit([run_dir])
     assert said == [f"not submitted {run_dir.name}: finished meanwhile (by another driver or job)"]
     assert not scheduler.busy and rundir.read_status(run_dir)["attempts"] == 1
-    assert scheduler.poll() == [run_dir] and scheduler.poll() == []     # ended here: a tune settles its trial
+    assert scheduler.poll() == [run_dir] and scheduler.poll() == []  # ended here: a tune settles its trial
 
 
 def test_a_run_another_live_driver_has_queued_is_left_to_it(tmp_path, data_root):
     run_dir = prepared_run(tmp_path)
-    other = {"host": drivers.me()["host"], "pid": os.getppid()}     # a live process that is not this one
+    other = {"host": drivers.me()["host"], "pid": os.getppid()}  # a live process that is not this one
     rundir.write_status(run_dir, "pending", driver=other)
     assert classify(run_dir, retry_failed=False) == "skip-active"
     said = []
     scheduler = Scheduler("debug", Launcher(), tmp_path / "jobs", "tiny", said.append)
     scheduler.submit([run_dir])
-    assert said == [f"not submitted {run_dir.name}: pending by another driver (pid {os.getppid()} on {other['host']})"]
+    assert said == [
+        f"not submitted {run_dir.name}: pending by another driver (pid {os.getppid()} on {other['host']})"
+    ]
     assert rundir.read_status(run_dir)["driver"] == other and not scheduler.busy
-    rundir.write_status(run_dir, "pending", driver={**other, "pid": dead_pid()})     # that driver died
+    rundir.write_status(run_dir, "pending", driver={**other, "pid": dead_pid()})  # that driver died
     assert classify(run_dir, retry_failed=False) == "submit"
 
 
@@ -145,29 +171,35 @@ def held_sweep(tmp_path: Path, driver: dict) -> tuple[Path, list[Path]]:
 
 
 def test_a_driver_whose_runs_another_live_driver_holds_names_it_and_exits_0(tmp_path, data_root, capsys):
-    other = {"host": drivers.me()["host"], "pid": os.getppid()}     # a live process that is not this one
+    other = {"host": drivers.me()["host"], "pid": os.getppid()}  # a live process that is not this one
     grid, run_dirs = held_sweep(tmp_path, other)
     assert main(["sweep", str(grid), "--executor", "debug", "--results", str(tmp_path / "results")]) == 0
     out = capsys.readouterr().out
     ids = ", ".join(d.name for d in run_dirs)
     assert "nothing to submit" in out
-    assert f"left to others: 2 runs pending by another driver (pid {other['pid']} on {other['host']}): {ids}" in out
+    assert (
+        f"left to others: 2 runs pending by another driver (pid {other['pid']} on {other['host']}): {ids}" in out
+    )
     assert "summary: 0 done, 0 failed, 2 held elsewhere;" in out and f"`ablate sweep {grid} --wait`" in out
-    assert all(rundir.read_status(d)["driver"] == other for d in run_dirs)       # left as they were
+    assert all(rundir.read_status(d)["driver"] == other for d in run_dirs)  # left as they were
 
 
 def test_wait_watches_the_held_runs_and_runs_what_their_driver_left_unfinished(tmp_path, data_root):
     other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     grid, run_dirs = held_sweep(tmp_path, {"host": drivers.me()["host"], "pid": other.pid})
-    waiting = subprocess.Popen(sweep_cmd(grid, tmp_path / "results") + ["--wait"], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    waiting = subprocess.Popen(
+        sweep_cmd(grid, tmp_path / "results") + ["--wait"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen = []
-    for line in waiting.stdout:        # blocks until the driver waits: no race
+    for line in waiting.stdout:  # blocks until the driver waits: no race
         seen.append(line)
         if "waiting for the 2 runs held elsewhere" in line:
             break
     assert "left to others: 2 runs pending by another driver" in "".join(seen), "".join(seen)
-    other.stdin.close()                # the other driver ends without running them
+    other.stdin.close()  # the other driver ends without running them
     other.wait()
     rest, _ = waiting.communicate(timeout=600)
     assert waiting.returncode == 0, "".join(seen) + rest

@@ -17,8 +17,14 @@ FINETUNE = {"epochs": 1, "max_train_examples": 48, "max_eval_examples": 32, "max
 
 
 def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ablate.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=900, env=dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "ablate.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +35,9 @@ def finished(tmp_path_factory, data_root):
     grid["base"]["eval"] = {"tasks": ["ncbi_disease"], "seeds": [0, 1], "finetune": FINETUNE}
     path = root / "e2e.yaml"
     path.write_text(yaml.safe_dump(grid))
-    result = cli(["sweep", str(path), "--executor", "debug", "--results", str(root / "results"), "--poll", "0.1"],
-                 root)
+    result = cli(
+        ["sweep", str(path), "--executor", "debug", "--results", str(root / "results"), "--poll", "0.1"], root
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return root, root / "results" / "e2e"
 
@@ -68,7 +75,7 @@ def test_evaluate_adds_a_task_without_recomputing_the_others(finished):
     result = cli(args, root)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "evaluated 3 finished runs" in result.stdout
-    assert {p: p.stat().st_mtime_ns for p in before} == before          # ncbi scores read back, not redone
+    assert {p: p.stat().st_mtime_ns for p in before} == before  # ncbi scores read back, not redone
     scores = pd.read_parquet(sweep / "scores.parquet")
     assert scores.groupby("task")["run_id"].nunique().to_dict() == {"chemprot": 3, "ncbi_disease": 3}
 
@@ -79,12 +86,13 @@ def test_report_draws_each_figure_from_the_real_sweep(finished, figure):
     out = root / "figures"
     result = cli(["report", str(sweep), "--figure", figure, "--out", str(out)], root)
     assert result.returncode == 0, result.stdout + result.stderr
-    paths = dict(line.split(": ", 1) for line in result.stdout.splitlines() if line.split(": ")[0] in
-                 ("png", "svg", "csv"))
+    paths = dict(
+        line.split(": ", 1) for line in result.stdout.splitlines() if line.split(": ")[0] in ("png", "svg", "csv")
+    )
     assert set(paths) == {"png", "svg", "csv"}
     assert all(Path(p).stat().st_size > 0 for p in paths.values())
     assert not pd.read_csv(paths["csv"]).empty
-    if figure == "deltas":   # the summary: each arm's mean and spread over seeds, and its difference in points
+    if figure == "deltas":  # the summary: each arm's mean and spread over seeds, and its difference in points
         assert "delta_pp" in result.stdout and "clm_detour" in result.stdout
 
 
@@ -105,8 +113,9 @@ def test_notebooks_run_on_the_real_sweep(finished, name, monkeypatch):
     monkeypatch.setenv("ABLATE_SWEEP_DIR", str(sweep))
     monkeypatch.setenv("ABLATE_SWEEP_DIR_B", str(sweep))
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    NotebookClient(nb, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
     assert not [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
 
 
@@ -115,8 +124,9 @@ def test_collect_adds_the_papers_cka_ratio_when_two_mlm_seeds_exist(tmp_path, da
     grid.update(sweep="ratio", axes={"schedule": ["mlm", "clm_detour"], "seed": [17, 18]}, exclude=[])
     path = tmp_path / "ratio.yaml"
     path.write_text(yaml.safe_dump(grid))
-    result = cli(["sweep", str(path), "--executor", "debug", "--results", str(tmp_path / "r"), "--poll", "0.1"],
-                 tmp_path)
+    result = cli(
+        ["sweep", str(path), "--executor", "debug", "--results", str(tmp_path / "r"), "--poll", "0.1"], tmp_path
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     collected = cli(["collect", "ratio", "--results", str(tmp_path / "r"), "--cka-ratio", "16"], tmp_path)
     assert collected.returncode == 0, collected.stderr

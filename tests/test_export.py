@@ -36,9 +36,26 @@ def finished(tmp_path_factory, data_root):
     grid["exclude"] = [{"schedule": "mlm", "freeze": "low_clm"}, {"schedule": "clm_detour", "freeze": "none"}]
     path = root / "rel.yaml"
     path.write_text(yaml.safe_dump(grid))
-    done = subprocess.run([sys.executable, "-m", "ablate.cli", "sweep", str(path), "--executor", "debug",
-                           "--results", str(root / "results"), "--poll", "0.1"], cwd=root, capture_output=True,
-                          text=True, timeout=600, env=dict(os.environ))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ablate.cli",
+            "sweep",
+            str(path),
+            "--executor",
+            "debug",
+            "--results",
+            str(root / "results"),
+            "--poll",
+            "0.1",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     runs = pd.read_parquet(root / "results" / "rel" / "runs.parquet")
     return root / "results", root / "results" / "rel", runs
@@ -55,8 +72,11 @@ def run_id_of(runs: pd.DataFrame, schedule: str, freeze: str) -> str:
 
 def card_rows(readme: Path) -> dict[str, list[str]]:
     """The card's downstream table: task -> its cells."""
-    lines = [line for line in readme.read_text().split("## Downstream scores", 1)[1].splitlines()
-             if line.startswith("| ")]
+    lines = [
+        line
+        for line in readme.read_text().split("## Downstream scores", 1)[1].splitlines()
+        if line.startswith("| ")
+    ]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
     assert rows[0][:5] == ["task", "language", "metric", "this run", "arm mean ± std (n)"]
     return {r[0]: r for r in rows[1:]}
@@ -79,9 +99,11 @@ def test_the_folder_loads_with_transformers_as_the_runs_model(finished, exported
     stored = load_file(run_dir / "model" / "model.safetensors")
     assert stored and all(torch.equal(t, load_file(exported / "model.safetensors")[k]) for k, t in stored.items())
     tokenizer = AutoTokenizer.from_pretrained(exported)
-    assert tokenizer("Disease mentions in abstracts")["input_ids"] == \
-        AutoTokenizer.from_pretrained(run_dir / "model")("Disease mentions in abstracts")["input_ids"]
-    assert not [p for p in exported.parent.iterdir() if p.name.startswith(".")]    # no temporary folder left
+    assert (
+        tokenizer("Disease mentions in abstracts")["input_ids"]
+        == AutoTokenizer.from_pretrained(run_dir / "model")("Disease mentions in abstracts")["input_ids"]
+    )
+    assert not [p for p in exported.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
 
 
 def test_the_card_says_how_the_model_was_made(finished, exported):
@@ -92,31 +114,37 @@ def test_the_card_says_how_the_model_was_made(finished, exported):
     assert card.data.pipeline_tag == "fill-mask" and card.data.library_name == "transformers"
     assert card.data.language == ["en"] and card.data.license and "ablate" in card.data.tags
     text = card.text
-    assert "| 1 | clm | CLM | – | 3 |" in text and "| low | 0, 1 |" in text          # records/frozen.json
+    assert "| 1 | clm | CLM | – | 3 |" in text and "| low | 0, 1 |" in text  # records/frozen.json
     assert "| 2 | mlm_decay | MLM | 0.15 | 2 |" in text and "1-sqrt decay to 0.1 x peak" in text
     run = runs.set_index("run_id").loc[run_id_of(runs, "clm_detour", "low_clm")]
     assert run["token_hash"] in text and "training (pretraining) seed: 17" in text and "data seed" in text
     assert "sha256 `" in text and "transformers" in text.split("## Versions", 1)[1]
     assert "![layers](figures/layers.png)" in text and (exported / "figures" / "layers.png").stat().st_size > 0
     drawn = pd.read_csv(exported / "figures" / "layers.csv")
-    assert set(drawn["arm"]) == {FROZEN_ARM, "mlm"}        # the run and its MLM twin
+    assert set(drawn["arm"]) == {FROZEN_ARM, "mlm"}  # the run and its MLM twin
     assert (exported / "ablate" / "spec.json").is_file() and (exported / "ablate" / "frozen.json").is_file()
 
 
 def test_the_cards_scores_are_the_scores_tables(finished, exported, tmp_path):
     results, sweep, _ = finished
-    assert main(["report", str(sweep), "--table", "scores", "--out", str(tmp_path), "--results", str(results)]) == 0
+    assert (
+        main(["report", str(sweep), "--table", "scores", "--out", str(tmp_path), "--results", str(results)]) == 0
+    )
     table = pd.read_csv(tmp_path / "scores.csv")
     mine = table[table["arm"] == FROZEN_ARM].reset_index(drop=True)
     pd.testing.assert_frame_equal(pd.read_csv(exported / "ablate" / "scores.csv"), mine, check_dtype=False)
     rows = card_rows(exported / "README.md")
-    assert "average" not in rows and "average" not in set(mine["task"])    # one task: no row repeating it
+    assert "average" not in rows and "average" not in set(mine["task"])  # one task: no row repeating it
     for task in ("ncbi_disease",):
         r = mine[mine["task"] == task].iloc[0]
         assert r["test"] == "paired bootstrap" and r["n_pairs"] == 2
         cells = rows[task]
         assert cells[4] == f"{r['mean']:.2f} ± {r['std']:.2f} (n=2)"
-        assert cells[5:8] == [f"{r['delta']:+.2f}", f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]", f"{r['p_value']:.3f}"]
+        assert cells[5:8] == [
+            f"{r['delta']:+.2f}",
+            f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]",
+            f"{r['p_value']:.3f}",
+        ]
     from huggingface_hub import ModelCard
 
     [result] = ModelCard.load(exported / "README.md").data.eval_results
@@ -173,12 +201,21 @@ def test_an_error_midway_leaves_nothing(finished, tmp_path, monkeypatch):
 
 
 def test_an_arm_with_several_seeds_exports_the_lowest_unless_told():
-    runs = pd.DataFrame({"run_id": ["a18", "a17", "b17"], "schedule": ["clm", "clm", "mlm"],
-                         "freeze": ["low", "low", "none"], "seed": [18, 17, 17], "status": ["done"] * 3,
-                         "twin": ["", "b17", ""]})
+    runs = pd.DataFrame(
+        {
+            "run_id": ["a18", "a17", "b17"],
+            "schedule": ["clm", "clm", "mlm"],
+            "freeze": ["low", "low", "none"],
+            "seed": [18, 17, 17],
+            "status": ["done"] * 3,
+            "twin": ["", "b17", ""],
+        }
+    )
     lowest = choose_run(runs, "clm, freeze low")
     assert (lowest.run_id, lowest.twin) == ("a17", "b17") and "seeds 17, 18" in lowest.note
-    assert choose_run(runs, "clm/low", seed=18).run_id == "a18" and choose_run(runs, "clm/low", seed=18).note is None
+    assert (
+        choose_run(runs, "clm/low", seed=18).run_id == "a18" and choose_run(runs, "clm/low", seed=18).note is None
+    )
     with pytest.raises(SpecError) as exc:
         choose_run(runs, "clm, freeze low", seed=19)
     assert exc.value.key == "--seed" and exc.value.allowed == "17, 18"
@@ -190,9 +227,27 @@ def test_push_without_a_token_is_exit_2_and_the_folder_is_complete(finished, tmp
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
     env.update(HF_HOME=str(tmp_path / "hf-home"), HF_ENDPOINT="http://127.0.0.1:9")
     out = tmp_path / "to-push"
-    done = subprocess.run([sys.executable, "-m", "ablate.cli", "export", str(sweep), "mlm", "--out", str(out),
-                           "--results", str(results), "--push-to-hub", "me/tiny-mlm"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ablate.cli",
+            "export",
+            str(sweep),
+            "mlm",
+            "--out",
+            str(out),
+            "--results",
+            str(results),
+            "--push-to-hub",
+            "me/tiny-mlm",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "no hub token" in done.stderr and f"{out} is complete" in done.stderr
     assert {"config.json", "model.safetensors", "README.md", "tokenizer.json"} <= {p.name for p in out.iterdir()}
@@ -200,13 +255,13 @@ def test_push_without_a_token_is_exit_2_and_the_folder_is_complete(finished, tmp
 
 def test_push_to_an_unreachable_hub_is_exit_1_and_the_folder_is_complete(finished, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")      # nothing listens on the discard port
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
     out = tmp_path / "to-push"
     assert export(finished, FROZEN_ARM, out, "--push-to-hub", "me/tiny-frozen") == 1
     err = capsys.readouterr().err
     assert "push to me/tiny-frozen at http://127.0.0.1:9 failed" in err and f"{out} is complete" in err
     assert (out / "README.md").is_file() and (out / "model.safetensors").is_file()
-    assert "me/tiny-frozen" in (out / "README.md").read_text()          # the card names the repository
+    assert "me/tiny-frozen" in (out / "README.md").read_text()  # the card names the repository
 
 
 def test_a_bad_repository_id_is_exit_2_before_anything_is_written(finished, tmp_path):

@@ -49,15 +49,29 @@ def source(name: str) -> str:
 
 def run_spec(name: str, **overrides) -> dict:
     spec = {
-        "model": source(name), "tokenizer": TOKENIZER,
+        "model": source(name),
+        "tokenizer": TOKENIZER,
         "attn_implementation": FAMILIES[name].attn_implementations[0],
-        "data": {"corpus": "corpus_en_e3c/train.txt", "valid_corpus": "corpus_en_e3c/valid.txt",
-                 "max_documents": 120, "seq_len": 32},
-        "batch_size": 4, "checkpoint_every": 5, "log_every": 5, "optim": {"lr": 1.0e-3},
+        "data": {
+            "corpus": "corpus_en_e3c/train.txt",
+            "valid_corpus": "corpus_en_e3c/valid.txt",
+            "max_documents": 120,
+            "seq_len": 32,
+        },
+        "batch_size": 4,
+        "checkpoint_every": 5,
+        "log_every": 5,
+        "optim": {"lr": 1.0e-3},
         "probe": {"n_texts": 8, "max_length": 32},
-        "phases": [{"name": "clm", "objective": "clm", "steps": 3, "freeze": "low", "lr": {"warmup_steps": 1}},
-                   {"name": "mlm_decay", "objective": "mlm", "steps": 2,
-                    "lr": {"decay": "1-sqrt", "final_fraction": 0.1}}],
+        "phases": [
+            {"name": "clm", "objective": "clm", "steps": 3, "freeze": "low", "lr": {"warmup_steps": 1}},
+            {
+                "name": "mlm_decay",
+                "objective": "mlm",
+                "steps": 2,
+                "lr": {"decay": "1-sqrt", "final_fraction": 0.1},
+            },
+        ],
         "eval": {"tasks": ["ncbi_disease"], "seeds": [0], "finetune": SMALL},
         "labels": {"sweep": "families", "axes": {"schedule": "clm_detour", "freeze": "low_clm"}},
     }
@@ -73,10 +87,13 @@ def write_spec(path: Path, spec: dict) -> Path:
 
 def mlm_logits(model, family, ids) -> torch.Tensor:
     with torch.no_grad(), attention_for(model, family, "mlm", ids.shape[1], torch.float32) as mask:
-        return family.head_logits(model, family.encoder(model)(input_ids=ids, attention_mask=mask).last_hidden_state[0])
+        return family.head_logits(
+            model, family.encoder(model)(input_ids=ids, attention_mask=mask).last_hidden_state[0]
+        )
 
 
 # ------------------------------------------------------------------------------------------- the entries
+
 
 def test_every_family_ships_a_tiny_config_its_entry_reads():
     for name, fam in FAMILIES.items():
@@ -113,7 +130,7 @@ def test_freeze_groups_per_family(name):
     depth = model.config.num_hidden_layers
     params = dict(model.named_parameters())
     encoder = {id(p) for p in fam.encoder(model).parameters()}
-    outside = [n for n, p in params.items() if id(p) not in encoder]       # the MLM head
+    outside = [n for n, p in params.items() if id(p) not in encoder]  # the MLM head
     word_embeddings = model.get_input_embeddings().weight
 
     def frozen(*words) -> set[str]:
@@ -136,6 +153,7 @@ def test_camembert_and_xlm_r_are_roberta():
 
 # ------------------------------------------------------------------------------------------- the preflight
 
+
 @pytest.mark.parametrize("name, impl", IMPLEMENTATIONS)
 def test_preflight_passes_and_the_mlm_forward_stays_bidirectional(name, impl, minilm_tokenizer):
     family = FAMILIES[name]
@@ -145,10 +163,10 @@ def test_preflight_passes_and_the_mlm_forward_stays_bidirectional(name, impl, mi
     result = measure(model, family, ids)
     assert result.causal, result.describe()
     assert (result.family, result.attn_implementation, result.leak) == (name, impl, 0.0) and result.reach > 0
-    assert torch.equal(mlm_logits(model, family, ids), before)      # flags and hooks are undone
+    assert torch.equal(mlm_logits(model, family, ids), before)  # flags and hooks are undone
     changed = ids.clone()
     changed[0, result.position] += 1
-    assert not torch.equal(mlm_logits(model, family, changed)[:result.position], before[:result.position])
+    assert not torch.equal(mlm_logits(model, family, changed)[: result.position], before[: result.position])
 
 
 def test_an_implementation_a_family_does_not_run_is_an_error_naming_the_one_to_use():
@@ -159,9 +177,13 @@ def test_an_implementation_a_family_does_not_run_is_an_error_naming_the_one_to_u
 
 def test_a_bidirectional_mask_is_caught_and_the_working_implementation_named(monkeypatch, tmp_path, data_root):
     # every additive mask lets everything through: eager attention is bidirectional, SDPA's causal flag is not
-    monkeypatch.setattr(objectives, "dense_mask",
-                        lambda seq_len, dtype, device="cpu", causal=True, window=None, documents=None:
-                        torch.zeros(1, 1, seq_len, seq_len, dtype=dtype, device=device))
+    monkeypatch.setattr(
+        objectives,
+        "dense_mask",
+        lambda seq_len, dtype, device="cpu", causal=True, window=None, documents=None: torch.zeros(
+            1, 1, seq_len, seq_len, dtype=dtype, device=device
+        ),
+    )
     spec = parse_run_spec(run_spec("roberta", attn_implementation="eager"))
     with pytest.raises(SpecError) as err:
         check_models([spec], file="run.yaml")
@@ -186,9 +208,11 @@ def test_sdpa_causal_flag_leaks_through_modernbert_local_layers(minilm_tokenizer
 
 def test_a_model_that_cannot_take_a_causal_mask_exits_2_before_anything_runs(tmp_path, capsys, data_root):
     config = json.loads((SHIPPED_CONFIGS / "tiny-deberta-v2.json").read_text())
-    config["conv_kernel_size"] = 3          # DeBERTa-v2 xlarge's convolution over neighbouring tokens
+    config["conv_kernel_size"] = 3  # DeBERTa-v2 xlarge's convolution over neighbouring tokens
     (tmp_path / "conv.json").write_text(json.dumps(config))
-    spec_file = write_spec(tmp_path / "conv.yaml", run_spec("deberta-v2", model=f"config:{tmp_path / 'conv.json'}"))
+    spec_file = write_spec(
+        tmp_path / "conv.yaml", run_spec("deberta-v2", model=f"config:{tmp_path / 'conv.json'}")
+    )
     out = tmp_path / "out"
     assert main(["run", str(spec_file), "--out", str(out)]) == 2
     err = capsys.readouterr().err
@@ -197,6 +221,7 @@ def test_a_model_that_cannot_take_a_causal_mask_exits_2_before_anything_runs(tmp
 
 
 # ------------------------------------------------------------------------------------------- runs
+
 
 @pytest.fixture(scope="module")
 def family_run(tmp_path_factory):
@@ -237,19 +262,22 @@ def test_clm_with_low_layers_frozen_then_mlm_decay_through_ablate_run(name, fami
     change = {(r["phase"], r["layer"]): r["value"] for r in layers if r["measure"] == "weight_rel_change"}
     blocks = set(range(depth))
     assert set(change) == {(p, layer) for p in ("clm", "mlm_decay") for layer in {-1, *blocks}}
-    assert all(change["clm", layer] == 0.0 for layer in low)          # frozen: bitwise the base weights
+    assert all(change["clm", layer] == 0.0 for layer in low)  # frozen: bitwise the base weights
     assert all(change["clm", layer] > 0 for layer in {-1, *(blocks - low)})
-    assert all(change["mlm_decay", layer] > 0 for layer in low)       # trained again in the decay
+    assert all(change["mlm_decay", layer] > 0 for layer in low)  # trained again in the decay
     cka = {(r["phase"], r["layer"]) for r in layers if r["measure"] == "cka_vs_base" and math.isfinite(r["value"])}
     assert cka == set(change)
     grads = {(r["phase"], r["layer"]) for r in _rows(run_dir / "records" / "grads.json")}
-    assert grads == {("clm", layer) for layer in {-1, *(blocks - low)}} | {("mlm_decay", layer) for layer in {-1, *blocks}}
+    assert grads == {("clm", layer) for layer in {-1, *(blocks - low)}} | {
+        ("mlm_decay", layer) for layer in {-1, *blocks}
+    }
 
     model, info = AutoModelForMaskedLM.from_pretrained(run_dir / "model", output_loading_info=True)
     assert family_of(model.config).name == name and not info["missing_keys"] and not info["unexpected_keys"]
     scores = json.loads((run_dir / "scores" / "ncbi_disease" / "seed-0.json").read_text())["rows"]
     assert {(r["split"], r["metric"]) for r in scores} == {
-        (s, m) for s in ("dev", "test") for m in ("entity_f1", "entity_precision", "entity_recall")}
+        (s, m) for s in ("dev", "test") for m in ("entity_f1", "entity_precision", "entity_recall")
+    }
     assert all(0.0 <= r["value"] <= 1.0 for r in scores)
 
 
@@ -289,16 +317,20 @@ def test_dry_run_of_the_families_grid_prints_each_family_and_its_layer_split(tmp
     assert main(["sweep", str(REPO / "grids" / "families.yaml"), "--dry-run", "--results", str(results)]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = lines[0].split()
-    rows = [dict(zip(header, line.split())) for line in lines[1:lines.index("")]]    # then the cost plan
+    rows = [dict(zip(header, line.split())) for line in lines[1 : lines.index("")]]  # then the cost plan
     assert {r["family"] for r in rows} == {"roberta", "deberta-v2", "eurobert"}
     assert {r["low|mid|high"] for r in rows} == {"0|1|2"}
     assert {(r["family"], r["causal"]) for r in rows if r["schedule"] == "clm_detour"} == {
-        ("roberta", "sdpa:ok"), ("deberta-v2", "eager:ok"), ("eurobert", "sdpa:ok")}
+        ("roberta", "sdpa:ok"),
+        ("deberta-v2", "eager:ok"),
+        ("eurobert", "sdpa:ok"),
+    }
     assert {r["causal"] for r in rows if r["schedule"] == "mlm"} == {"-"}
     assert not results.exists()
 
 
 # ------------------------------------------------------------------------------------------- bad input
+
 
 def _bad_model(tmp_path, capsys, model: str, **overrides) -> str:
     spec_file = write_spec(tmp_path / "bad.yaml", run_spec("bert", model=model, **overrides))
@@ -321,9 +353,19 @@ def test_a_model_folder_without_a_tokenizer(tmp_path, capsys):
 
 
 def test_an_architecture_without_a_family_entry_lists_the_families_and_how_to_add_one(tmp_path, capsys):
-    (tmp_path / "albert.json").write_text(json.dumps({"model_type": "albert", "vocab_size": 30522, "hidden_size": 32,
-                                                      "num_hidden_layers": 2, "num_attention_heads": 2,
-                                                      "intermediate_size": 64, "embedding_size": 16}))
+    (tmp_path / "albert.json").write_text(
+        json.dumps(
+            {
+                "model_type": "albert",
+                "vocab_size": 30522,
+                "hidden_size": 32,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "intermediate_size": 64,
+                "embedding_size": 16,
+            }
+        )
+    )
     err = _bad_model(tmp_path, capsys, f"config:{tmp_path / 'albert.json'}")
     assert "no family entry for architecture 'albert'" in err and "docs/models.md: Adding a family" in err
     assert all(name in err for name in NAMES)

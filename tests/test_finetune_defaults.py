@@ -20,26 +20,46 @@ def test_batches_are_grouped_by_length_by_default_and_scores_of_the_old_default_
     default = ft.resolve_precision(resolve_settings(task, SMALL), "cpu")
     old = ft.resolve_precision(resolve_settings(task, {**SMALL, "group_by_length": False}), "cpu")
     # what a score file of the old default recorded: the hash without the later settings at their neutral values
-    before = {k: v for k, v in old.model_dump(mode="json").items()
-              if k not in ("group_by_length", "length_pieces", "subset", "precision",
-                           # span_ner's settings (issue 44), at their defaults
-                           "max_steps", "eval_every", "head_lr", "head_dropout", "max_span_length",
-                           "lstm_hidden_size", "lstm_layers", "biaffine_hidden_size",
-                           "probe", "probe_hidden", "probe_dropout")}   # the probes (issue 46), at none
+    before = {
+        k: v
+        for k, v in old.model_dump(mode="json").items()
+        if k
+        not in (
+            "group_by_length",
+            "length_pieces",
+            "subset",
+            "precision",
+            # span_ner's settings (issue 44), at their defaults
+            "max_steps",
+            "eval_every",
+            "head_lr",
+            "head_dropout",
+            "max_span_length",
+            "lstm_hidden_size",
+            "lstm_layers",
+            "biaffine_hidden_size",
+            "probe",
+            "probe_hidden",
+            "probe_dropout",
+        )
+    }  # the probes (issue 46), at none
     assert settings_hash(old) == _digest(before)
     assert settings_hash(default) != settings_hash(old)
 
 
-@pytest.mark.parametrize("precision, on_cpu, on_cuda", [("auto", False, True), ("bf16", True, True),
-                                                        ("fp32", False, False)])
+@pytest.mark.parametrize(
+    "precision, on_cpu, on_cuda", [("auto", False, True), ("bf16", True, True), ("fp32", False, False)]
+)
 def test_finetuning_takes_the_autocast_decision_pretraining_takes(precision, on_cpu, on_cuda):
     assert (autocast_on(precision, "cpu"), autocast_on(precision, "cuda")) == (on_cpu, on_cuda)
     settings = FinetuneSettings(precision=precision)
     # a score records the precision it was computed in: CUDA's auto is bf16, anything on the CPU fp32 unless asked
     assert ft.resolve_precision(settings, "cuda").precision == ("bf16" if on_cuda else "fp32")
     assert ft.resolve_precision(settings, "cpu").precision == ("bf16" if on_cpu else "fp32")
-    assert (settings_hash(ft.resolve_precision(settings, "cuda")) ==
-            settings_hash(ft.resolve_precision(settings, "cpu"))) == (on_cpu == on_cuda)
+    assert (
+        settings_hash(ft.resolve_precision(settings, "cuda"))
+        == settings_hash(ft.resolve_precision(settings, "cpu"))
+    ) == (on_cpu == on_cuda)
 
 
 def _forward_dtypes(model_dir, task, settings, monkeypatch) -> set[torch.dtype]:
@@ -54,7 +74,7 @@ def _forward_dtypes(model_dir, task, settings, monkeypatch) -> set[torch.dtype]:
 
     monkeypatch.setattr(ft, "_load_model", load)
     rows = ft.finetune(model_dir, task, 1, settings)
-    assert rows and all(r["value"] == r["value"] for r in rows)   # scored, no NaN
+    assert rows and all(r["value"] == r["value"] for r in rows)  # scored, no NaN
     return seen
 
 
@@ -62,8 +82,9 @@ def test_bf16_runs_every_forward_under_autocast_and_fp32_none(tiny_bert, monkeyp
     """The CPU runs the autocast path CUDA takes by default (precision bf16 here, auto there): training and
     evaluation forwards in bf16, the weights float32; fp32 (the CPU's auto) runs none."""
     task = load_task("ncbi_disease")
-    assert _forward_dtypes(tiny_bert, task, resolve_settings(task, {**SMALL, "precision": "bf16"}),
-                           monkeypatch) == {torch.bfloat16}
+    assert _forward_dtypes(
+        tiny_bert, task, resolve_settings(task, {**SMALL, "precision": "bf16"}), monkeypatch
+    ) == {torch.bfloat16}
     assert _forward_dtypes(tiny_bert, task, resolve_settings(task, SMALL), monkeypatch) == {torch.float32}
 
 

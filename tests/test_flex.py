@@ -16,7 +16,7 @@ from ablate.models.families import family_of
 from ablate.models.sources import load_masked_lm
 from ablate.train.objectives import attention_for, dense_mask
 
-LENGTH = 300        # three 128-tiles, the last one partial
+LENGTH = 300  # three 128-tiles, the last one partial
 
 
 def _doc_ids(batch: int, length: int) -> torch.Tensor:
@@ -31,11 +31,13 @@ def _doc_ids(batch: int, length: int) -> torch.Tensor:
 def test_block_masks_allow_what_the_dense_masks_allow_and_attend_alike(causal, window, documents):
     docs = _doc_ids(2, LENGTH) if documents else None
     mask = flex.block_mask(2, LENGTH, causal, window, docs, "cpu")
-    dense = dense_mask(LENGTH, torch.bool, "cpu", causal, window, docs)            # (1|B, 1, L, L)
+    dense = dense_mask(LENGTH, torch.bool, "cpu", causal, window, docs)  # (1|B, 1, L, L)
     pairs = create_mask(flex.allowed_pairs(causal, window, docs), dense.shape[0], 1, LENGTH, LENGTH, "cpu")
     assert torch.equal(pairs, dense)
-    q, k, v = (torch.randn(2, 3, LENGTH, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
-               for i in range(3))
+    q, k, v = (
+        torch.randn(2, 3, LENGTH, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+        for i in range(3)
+    )
     with torch.no_grad():
         got = flex_attention(q, k, v, block_mask=mask)
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
@@ -47,8 +49,8 @@ def test_a_mask_s_computed_pairs_are_its_non_empty_tiles(causal):
     length, window = 1024, 64
     mask = flex.block_mask(1, length, causal, window, None, "cpu")
     tiles = length // flex.TILE
-    expected = tiles + (tiles - 1) * (1 if causal else 2)        # the diagonal and its neighbours
-    assert flex.computed_pairs(mask, heads=2) == expected * flex.TILE ** 2 * 2
+    expected = tiles + (tiles - 1) * (1 if causal else 2)  # the diagonal and its neighbours
+    assert flex.computed_pairs(mask, heads=2) == expected * flex.TILE**2 * 2
     documents = flex.block_mask(1, length, causal, None, torch.arange(length)[None] // 256, "cpu")
     assert flex.computed_pairs(documents) == 4 * (256 * 256 if not causal else 3 * 128 * 128)
 
@@ -65,12 +67,16 @@ def test_a_model_through_flex_attention_computes_what_the_sdpa_paths_compute(arc
     real = flex.attend
     monkeypatch.setattr(flex, "attend", lambda *args: calls.append(1) or real(*args))
     for use_flex in (False, True):
-        with torch.no_grad(), attention_for(model, family, objective, LENGTH, torch.float64, "cpu", docs,
-                                            use_flex=use_flex) as attn:
+        with (
+            torch.no_grad(),
+            attention_for(model, family, objective, LENGTH, torch.float64, "cpu", docs, use_flex=use_flex) as attn,
+        ):
             outputs.append(family.encoder(model)(input_ids=ids, attention_mask=attn).last_hidden_state)
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-9, atol=1e-9)
-    global_layers = sum(t == "full_attention" for t in getattr(model.config, "layer_types", None)
-                        or ["full_attention"] * model.config.num_hidden_layers)
+    global_layers = sum(
+        t == "full_attention"
+        for t in getattr(model.config, "layer_types", None) or ["full_attention"] * model.config.num_hidden_layers
+    )
     assert len(calls) == global_layers
 
 
@@ -79,7 +85,7 @@ def test_a_compiled_encoder_takes_each_micro_batch_s_block_mask_without_recompil
     micro-batch, the compiled graph does not (forward: FlexAttention has no backward on the CPU)."""
     from torch._dynamo.utils import counters
 
-    torch._dynamo.reset()   # earlier tests compile the same forward code: count from an empty cache
+    torch._dynamo.reset()  # earlier tests compile the same forward code: count from an empty cache
     model = load_masked_lm("config:tiny-modernbert", "sdpa", seed=0)
     family = family_of(model.config)
     encoder = torch.compile(family.encoder(model), dynamic=False)
@@ -89,8 +95,10 @@ def test_a_compiled_encoder_takes_each_micro_batch_s_block_mask_without_recompil
         rng = np.random.default_rng(seed)
         docs = np.stack([np.repeat(np.arange(50), rng.integers(5, 40, 50))[:256] for _ in range(2)])
         ids = torch.randint(1000, 2000, (2, 256), generator=torch.Generator().manual_seed(seed))
-        with torch.no_grad(), attention_for(model, family, "mlm", 256, torch.float32, "cpu", docs,
-                                            use_flex=True) as attn:
+        with (
+            torch.no_grad(),
+            attention_for(model, family, "mlm", 256, torch.float32, "cpu", docs, use_flex=True) as attn,
+        ):
             encoder(input_ids=ids, attention_mask=attn)
         graphs.append(counters["stats"]["unique_graphs"])
     # One recompile may follow the first call: the `kernels` package (transformers' hub kernels) sets a context
@@ -104,11 +112,17 @@ def test_the_compiled_mask_builder_cuda_uses_gives_the_eager_masks_in_one_graph(
     torch._dynamo.reset()
     counters.clear()
     for seed in range(2):
-        docs = torch.as_tensor(np.stack([np.repeat(np.arange(60), np.random.default_rng(seed + b).integers(
-            1, 30, 60))[:LENGTH] for b in range(2)]))
+        docs = torch.as_tensor(
+            np.stack(
+                [
+                    np.repeat(np.arange(60), np.random.default_rng(seed + b).integers(1, 30, 60))[:LENGTH]
+                    for b in range(2)
+                ]
+            )
+        )
         eager = flex.block_mask(2, LENGTH, True, None, docs, "cpu", compiled=False)
         built = flex.block_mask(2, LENGTH, True, None, docs, "cpu", compiled=True)
         assert torch.equal(built.to_dense(), eager.to_dense())
-        assert torch.equal(built.kv_num_blocks, eager.kv_num_blocks)           # partial tiles
+        assert torch.equal(built.kv_num_blocks, eager.kv_num_blocks)  # partial tiles
         assert torch.equal(built.full_kv_num_blocks, eager.full_kv_num_blocks)  # full tiles
     assert counters["stats"]["unique_graphs"] == 1

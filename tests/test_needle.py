@@ -18,8 +18,7 @@ from ablate.cli import main
 from ablate.config.errors import SpecError
 from ablate.data.catalog import dataset, dataset_problems, sha256_of, with_requirements
 from ablate.data.converters.needle import convert_needle, held_out_documents, needle_settings
-from ablate.data.needle.generate import (POSITIONS, TOKENS_PER_WORD, TOLERANCE, Settings, generate,
-                                         word_budget)
+from ablate.data.needle.generate import POSITIONS, TOKENS_PER_WORD, TOLERANCE, Settings, generate, word_budget
 from ablate.data.needle.templates import TEMPLATES, Template
 from ablate.evaluate.tasks import load_task, load_task_data
 
@@ -52,8 +51,10 @@ def cpu_records(cpu_set) -> dict[str, list[dict]]:
 def _pattern(template: Template) -> re.Pattern:
     """The template's sentence with each slot a named group of its lexicon's values."""
     lexicon = dict(template.slots)
-    parts = [re.escape(text) + (f"(?P<{slot}>{'|'.join(map(re.escape, lexicon[slot]))})" if slot else "")
-             for text, slot, _, _ in string.Formatter().parse(template.text)]
+    parts = [
+        re.escape(text) + (f"(?P<{slot}>{'|'.join(map(re.escape, lexicon[slot]))})" if slot else "")
+        for text, slot, _, _ in string.Formatter().parse(template.text)
+    ]
     return re.compile("".join(parts))
 
 
@@ -68,24 +69,29 @@ def _needle(record: dict, language: str = "fr") -> re.Match:
 def test_the_same_seed_gives_the_manifests_bytes_and_another_seed_other_records(tmp_path, cpu_set, data_root):
     again = _generated(tmp_path, CPU, data_root)
     assert all((again / f"{s}.jsonl").read_bytes() == (cpu_set / f"{s}.jsonl").read_bytes() for s in SPLITS)
-    assert dataset_problems(cpu_set, dataset(CPU)) == []            # size and sha256 as manifest.tsv has them
+    assert dataset_problems(cpu_set, dataset(CPU)) == []  # size and sha256 as manifest.tsv has them
     settings = needle_settings(CPU)
     documents = held_out_documents([data_root / req for req in dataset(CPU).requires])
-    other = generate(documents, Settings(settings.language, settings.seed + 1, settings.pairs, settings.lengths),
-                     CPU)
+    other = generate(
+        documents, Settings(settings.language, settings.seed + 1, settings.pairs, settings.lengths), CPU
+    )
     shipped = _records(cpu_set)
     assert [r["text"] for r in other["test"]] != [r["text"] for r in shipped["test"]]
     assert {len(v) for v in other.values()} == {len(v) for v in shipped.values()}
 
 
 def test_every_cell_holds_both_labels_equally_split_70_15_15(cpu_records):
-    cells = Counter((r["length"], r["position"], r["label"], split)
-                    for split, records in cpu_records.items() for r in records)
-    assert {(length, position) for length, position, _, _ in cells} == {(n, p) for n in (512, 1024) for p in POSITIONS}
+    cells = Counter(
+        (r["length"], r["position"], r["label"], split) for split, records in cpu_records.items() for r in records
+    )
+    assert {(length, position) for length, position, _, _ in cells} == {
+        (n, p) for n in (512, 1024) for p in POSITIONS
+    }
     for length in (512, 1024):
         for position in POSITIONS:
-            by_label = {label: sum(cells[(length, position, label, s)] for s in SPLITS)
-                        for label in ("present", "absent")}
+            by_label = {
+                label: sum(cells[(length, position, label, s)] for s in SPLITS) for label in ("present", "absent")
+            }
             assert by_label == {"present": 50, "absent": 50}
             assert [sum(cells[(length, position, label, s)] for label in by_label) for s in SPLITS] == [70, 15, 15]
             assert cells[(length, position, "present", "train")] == 35
@@ -110,7 +116,7 @@ def test_the_query_is_the_needle_or_its_template_with_every_slot_changed(cpu_rec
 def test_the_needle_sits_at_its_position_on_a_sentence_boundary_and_lengths_hold_their_budget(cpu_records):
     for record in (r for records in cpu_records.values() for r in records):
         needle, text, words = _needle(record), record["text"], record["words"]
-        assert len(text[:needle.start()].split()) == record["needle_word"]
+        assert len(text[: needle.start()].split()) == record["needle_word"]
         assert words == len(text.split())
         budget = word_budget(record["length"], "fr")
         assert (1 - TOLERANCE) * budget <= words <= budget
@@ -135,10 +141,12 @@ def test_only_the_valid_splits_are_read(tmp_path, cpu_set, data_root):
     assert "témoin du train" not in (out / "train.jsonl").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("language, corpora", [("fr", ["corpus_fr_e3c", "corpus_fr_leaflets_e3c"]),
-                                               ("en", ["corpus_en_e3c"])])
-def test_tokens_per_word_is_the_default_tokenizers_on_the_held_out_corpus(language, corpora, data_root,
-                                                                          minilm_tokenizer):
+@pytest.mark.parametrize(
+    "language, corpora", [("fr", ["corpus_fr_e3c", "corpus_fr_leaflets_e3c"]), ("en", ["corpus_en_e3c"])]
+)
+def test_tokens_per_word_is_the_default_tokenizers_on_the_held_out_corpus(
+    language, corpora, data_root, minilm_tokenizer
+):
     sample = held_out_documents([data_root / c for c in corpora])[::12]
     pieces = sum(len(minilm_tokenizer(d, add_special_tokens=False)["input_ids"]) for d in sample)
     assert pieces / sum(len(d.split()) for d in sample) == pytest.approx(TOKENS_PER_WORD[language], rel=0.05)
@@ -156,7 +164,7 @@ def test_the_task_reads_the_generated_set(cpu_set):
 def test_fetch_generates_needle_fr_from_the_data_roots_corpora_and_checks_it(tmp_path, data_root, capsys):
     root = tmp_path / "root"
     root.mkdir()
-    for required in with_requirements([dataset("needle_fr")])[:-1]:      # the corpora and what they require
+    for required in with_requirements([dataset("needle_fr")])[:-1]:  # the corpora and what they require
         (root / required.name).symlink_to(data_root / required.name)
     assert main(["data", "fetch", "needle_fr", "--data-root", str(root)]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out

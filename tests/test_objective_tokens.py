@@ -16,13 +16,27 @@ DETOURS = REPO / "grids" / "detours.yaml"
 
 
 def _spec(*phases):
-    return parse_run_spec({"model": "config:tiny-bert", "data": {"corpus": "c.txt", "seq_len": 32}, "batch_size": 4,
-                           "phases": list(phases)})
+    return parse_run_spec(
+        {
+            "model": "config:tiny-bert",
+            "data": {"corpus": "c.txt", "seq_len": 32},
+            "batch_size": 4,
+            "phases": list(phases),
+        }
+    )
 
 
-MIXTURE = {"name": "mix", "objective": "mixture", "granularity": "sequence", "steps": 10,
-           "mixture": [{"objective": "clm", "weight": 1}, {"objective": "mlm", "weight": 2, "mask_rate": 0.3},
-                       {"objective": "mlm", "weight": 1}]}
+MIXTURE = {
+    "name": "mix",
+    "objective": "mixture",
+    "granularity": "sequence",
+    "steps": 10,
+    "mixture": [
+        {"objective": "clm", "weight": 1},
+        {"objective": "mlm", "weight": 2, "mask_rate": 0.3},
+        {"objective": "mlm", "weight": 1},
+    ],
+}
 
 
 def test_a_mixture_s_members_share_its_tokens_by_weight_and_one_objective_s_members_add_up():
@@ -30,11 +44,15 @@ def test_a_mixture_s_members_share_its_tokens_by_weight_and_one_objective_s_memb
     assert objective_shares(spec.phases[1]) == {"clm": 0.25, "mlm": 0.75}
     assert objective_shares(spec.phases[0]) == {"mlm": 1.0}
     step = 4 * 32
-    assert phase_objective_tokens(spec) == [("warm", 2, {"mlm": 2 * step}),
-                                            ("mix", 10, {"clm": 2.5 * step, "mlm": 7.5 * step})]
+    assert phase_objective_tokens(spec) == [
+        ("warm", 2, {"mlm": 2 * step}),
+        ("mix", 10, {"clm": 2.5 * step, "mlm": 7.5 * step}),
+    ]
     # a run branched at step 6 trains 6 of the mixture's 10 steps and none of the warm-up
-    assert phase_objective_tokens(spec, start=6) == [("warm", 0, {"mlm": 0}),
-                                                     ("mix", 6, {"clm": 1.5 * step, "mlm": 4.5 * step})]
+    assert phase_objective_tokens(spec, start=6) == [
+        ("warm", 0, {"mlm": 0}),
+        ("mix", 6, {"clm": 1.5 * step, "mlm": 4.5 * step}),
+    ]
 
 
 def test_the_rows_have_a_column_per_objective_and_a_row_of_totals():
@@ -50,7 +68,7 @@ def test_the_rows_have_a_column_per_objective_and_a_row_of_totals():
 def _after(lines: list[str], title: str) -> list[list[str]]:
     start = next(i for i, line in enumerate(lines) if line.startswith(title))
     rows = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if not line.strip():
             break
         rows.append(line.split())
@@ -65,12 +83,12 @@ def test_the_dry_run_counts_the_detours_mixture_by_member(capsys, data_root, tmp
     assert header[:6] == ["run_id", "schedule", "freeze", "seed", "phase", "steps"]
     assert header[6:] == ["mlm", "clm", "mntp", "prefix-lm"]
     mixture = next(r for r in table if r[1] == "mixture_detour" and r[4] == "clm_mlm")
-    assert mixture[5:] == ["16", "12,288", "4,096"]              # 1:3 CLM:MLM of 16 x 8 x 128 tokens
+    assert mixture[5:] == ["16", "12,288", "4,096"]  # 1:3 CLM:MLM of 16 x 8 x 128 tokens
     total = table[-1]
     assert total[:2] == ["all", "runs"]
     by_objective = sum(int(cell.replace(",", "")) for cell in total[2:])
     cost_total = next(line for line in lines if line.split()[:1] == ["total"])
-    assert by_objective == int(cost_total.split()[2].replace(",", ""))     # what the cost table counts
+    assert by_objective == int(cost_total.split()[2].replace(",", ""))  # what the cost table counts
 
 
 @pytest.mark.parametrize("granularity", ["step", "micro-batch"])

@@ -24,7 +24,7 @@ def test_the_causal_flag_is_restored_after_a_clm_forward():
     ids = torch.randint(1000, 2000, (1, 16))
     before = _logits(model, ids, "mlm")
     _logits(model, ids, "clm")
-    assert torch.equal(_logits(model, ids, "mlm"), before)   # bidirectional again
+    assert torch.equal(_logits(model, ids, "mlm"), before)  # bidirectional again
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
@@ -51,7 +51,7 @@ def test_modernbert_local_layers_stay_windowed_under_clm(impl):
     model.config.layer_types = ["sliding_attention"] * 4
     for layer in model.model.layers:
         layer.attention_type = "sliding_attention"
-        layer.attn.sliding_window = model.config.sliding_window + 1    # what __init__ gives a local layer
+        layer.attn.sliding_window = model.config.sliding_window + 1  # what __init__ gives a local layer
     window = model.config.sliding_window
     ids = torch.randint(1000, 2000, (1, 40), generator=torch.Generator().manual_seed(1))
     changed = ids.clone()
@@ -60,7 +60,7 @@ def test_modernbert_local_layers_stay_windowed_under_clm(impl):
         a, b = _logits(model, ids, "clm"), _logits(model, changed, "clm")
     # one layer reaches `window` back; 4 layers reach 4 * window back
     reach = 4 * window
-    assert (a[:, reach + 1:] - b[:, reach + 1:]).abs().max().item() == 0.0
+    assert (a[:, reach + 1 :] - b[:, reach + 1 :]).abs().max().item() == 0.0
     assert (a[:, 1:reach] - b[:, 1:reach]).abs().max().item() > 0
 
 

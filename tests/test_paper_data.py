@@ -22,8 +22,7 @@ import pytest
 from ablate.cli import main
 from ablate.config.errors import SpecError
 from ablate.data.catalog import FETCHED, Dataset, Download, _download, dataset
-from ablate.data.converters.coded_documents import (entity_codes, floor_counts, largest_remainder_counts,
-                                                    top_codes)
+from ablate.data.converters.coded_documents import entity_codes, floor_counts, largest_remainder_counts, top_codes
 from ablate.data.remote import ChecksumMismatch, download_inputs
 from ablate.evaluate.tasks import load_task, load_task_data
 
@@ -31,6 +30,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 # ------------------------------------------------------------------------------------ a loopback server
+
 
 class _Routes(http.server.BaseHTTPRequestHandler):
     """GET / HEAD of exact paths: routes[path] = bytes (JSON records, files); anything else 404."""
@@ -80,9 +80,15 @@ def serving(routes: dict[str, bytes]):
 
 def zenodo_routes(url_of, record: str, files: dict[str, bytes], md5: dict[str, str] | None = None) -> dict:
     """The record's JSON as Zenodo's API lists it (files[].key / checksum / links.self) and the files."""
-    listed = [{"key": name, "size": len(data), "checksum": f"md5:{(md5 or {}).get(name) or _md5(data)}",
-               "links": {"self": url_of(f"/api/records/{record}/files/{name}/content")}}
-              for name, data in files.items()]
+    listed = [
+        {
+            "key": name,
+            "size": len(data),
+            "checksum": f"md5:{(md5 or {}).get(name) or _md5(data)}",
+            "links": {"self": url_of(f"/api/records/{record}/files/{name}/content")},
+        }
+        for name, data in files.items()
+    ]
     routes = {f"/api/records/{record}": json.dumps({"id": int(record), "files": listed}).encode()}
     routes |= {f"/api/records/{record}/files/{name}/content": data for name, data in files.items()}
     return routes
@@ -105,8 +111,11 @@ def _records(path: Path) -> list[dict]:
 
 
 def leftovers(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if ".part-" in p.name
-                  or p.name.startswith(".fetch-") and p.name != ".fetch-cache")
+    return sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if ".part-" in p.name or p.name.startswith(".fetch-") and p.name != ".fetch-cache"
+    )
 
 
 @pytest.fixture()
@@ -131,13 +140,24 @@ CHAPTER_C, CHAPTER_I = "C00-D49  Neoplasms", "I00-I99  Diseases of the circulato
 
 def diamed_zip() -> bytes:
     def case(text, label):
-        return {"identifier": f"case-{text}", "clinical_case": text, "icd-10": label, "license": "CC BY 4.0",
-                "source_url": "https://x"}
+        return {
+            "identifier": f"case-{text}",
+            "clinical_case": text,
+            "icd-10": label,
+            "license": "CC BY 4.0",
+            "source_url": "https://x",
+        }
 
     splits = {
-        "train": [case("  Patient de 60 ans, tumeur.\n", CHAPTER_C), case("   ", CHAPTER_I),
-                  case("Deux cas.", "Plusieurs cas cliniques (2)"), case("Rien.", "Aucune annotation"),
-                  case("Inconnu.", "nan"), case("Vide.", float("nan")), case("Infarctus.", CHAPTER_I)],
+        "train": [
+            case("  Patient de 60 ans, tumeur.\n", CHAPTER_C),
+            case("   ", CHAPTER_I),
+            case("Deux cas.", "Plusieurs cas cliniques (2)"),
+            case("Rien.", "Aucune annotation"),
+            case("Inconnu.", "nan"),
+            case("Vide.", float("nan")),
+            case("Infarctus.", CHAPTER_I),
+        ],
         "validation": [case("Angor.", CHAPTER_I), case(None, CHAPTER_C)],
         "test": [case("Lymphome.", CHAPTER_C)],
     }
@@ -171,24 +191,29 @@ def frasimed_zip() -> bytes:
         members[f"FRASIMED/CANTEMIST-FRASIMED/cc_onco{i:02}.txt"] = f"Carcinome {i}."
         members[f"FRASIMED/CANTEMIST-FRASIMED/cc_onco{i:02}.ann"] = (
             "T1\tmorphology-onco 0 9\tCarcinome\n#1\tICD-O-3.1 T1\t8010/3\n#2\tSNOMED T1\t68453008\n"
-            + ("T2\tmorphology-onco 0 3\tCar\n#3\tICD-O-3.1 T2\t8000/6\n" if i % 3 == 0 else ""))
+            + ("T2\tmorphology-onco 0 3\tCar\n#3\tICD-O-3.1 T2\t8000/6\n" if i % 3 == 0 else "")
+        )
     for i in range(10):
         members[f"FRASIMED/DISTEMIST-FRASIMED/es-S{i}.txt"] = f"Diabète {i}."
-        members[f"FRASIMED/DISTEMIST-FRASIMED/es-S{i}.ann"] = ("T1\tENFERMEDAD 0 7\tDiabète\n"
-                                                               "#1\tSNOMED T1\t73211009\n")
+        members[f"FRASIMED/DISTEMIST-FRASIMED/es-S{i}.ann"] = (
+            "T1\tENFERMEDAD 0 7\tDiabète\n#1\tSNOMED T1\t73211009\n"
+        )
     return _zip(members)
 
 
 # ------------------------------------------------------------------------------------------ the rules
 
+
 def test_top_codes_break_ties_at_the_cut_by_code():
     docs = {"a": {"A", "C"}, "b": {"A", "B"}, "c": {"A", "C", "B", "D"}, "d": {"E"}}
-    assert top_codes(docs, 2) == ["A", "B"]          # B and C both in 2 documents: B first
+    assert top_codes(docs, 2) == ["A", "B"]  # B and C both in 2 documents: B first
     assert top_codes(docs, 3) == ["A", "B", "C"]
 
 
-@pytest.mark.parametrize("n, largest_remainder, floors", [(7, [5, 1, 1], [5, 0, 2]), (15, [12, 2, 1], [12, 1, 2]),
-                                                          (10, [8, 1, 1], [8, 1, 1])])
+@pytest.mark.parametrize(
+    "n, largest_remainder, floors",
+    [(7, [5, 1, 1], [5, 0, 2]), (15, [12, 2, 1], [12, 1, 2]), (10, [8, 1, 1], [8, 1, 1])],
+)
 def test_the_two_split_roundings(n, largest_remainder, floors):
     """FRACCO: floors, then the rest to the largest fractional parts (equal ones: dev before test); FRASIMED:
     int(0.8 n), int(0.1 n), the rest."""
@@ -213,9 +238,16 @@ def test_a_download_block_names_what_each_kind_needs():
 def test_a_url_download_pinned_is_checked_and_unpinned_says_its_sha256(tmp_path):
     data = b"id\tx\n"
     with serving({"/a.tsv": data}) as url:
+
         def toy(pin):
-            return Dataset("toy", "", "", "x", None, download=Download(
-                "url", (("a.tsv", f"{url}/a.tsv"),), (("a.tsv", pin),) if pin else ()))
+            return Dataset(
+                "toy",
+                "",
+                "",
+                "x",
+                None,
+                download=Download("url", (("a.tsv", f"{url}/a.tsv"),), (("a.tsv", pin),) if pin else ()),
+            )
 
         said = []
         got = download_inputs(toy(None), tmp_path, said.append)
@@ -227,21 +259,25 @@ def test_a_url_download_pinned_is_checked_and_unpinned_says_its_sha256(tmp_path)
 
 # ------------------------------------------------------------------------------------------ end to end
 
-def test_diamed_from_the_hub_keeps_the_official_splits_and_skips_the_non_chapter_labels(tmp_path, endpoints,
-                                                                                          capsys):
+
+def test_diamed_from_the_hub_keeps_the_official_splits_and_skips_the_non_chapter_labels(
+    tmp_path, endpoints, capsys
+):
     url, routes = endpoints
     ds = dataset("diamed")
     routes[f"/datasets/{ds.download.repo}/resolve/{ds.download.revision}/data.zip"] = diamed_zip()
     root = tmp_path / "root"
     assert fetch(root, "diamed") == 0, capsys.readouterr().err
     train = _records(root / "diamed" / "train.jsonl")
-    assert [(r["text"], r["label"]) for r in train] == [("Patient de 60 ans, tumeur.", CHAPTER_C),
-                                                        ("Infarctus.", CHAPTER_I)]
+    assert [(r["text"], r["label"]) for r in train] == [
+        ("Patient de 60 ans, tumeur.", CHAPTER_C),
+        ("Infarctus.", CHAPTER_I),
+    ]
     assert train[1]["id"] == "case-Infarctus."
     assert [r["text"] for r in _records(root / "diamed" / "dev.jsonl")] == ["Angor."]
     data = load_task_data(load_task("diamed"), data_root=root)
     assert [len(data.splits[s]) for s in ("train", "dev", "test")] == [2, 1, 1]
-    assert sorted(p.name for p in root.iterdir()) == ["diamed"]        # the download cache is gone
+    assert sorted(p.name for p in root.iterdir()) == ["diamed"]  # the download cache is gone
 
 
 def test_fracco_from_zenodo_both_cuts_then_verify_catches_a_change(tmp_path, endpoints, capsys):
@@ -256,11 +292,16 @@ def test_fracco_from_zenodo_both_cuts_then_verify_catches_a_change(tmp_path, end
     assert [len(records[s]) for s in ("train", "dev", "test")] == [11, 2, 1]
     labels = {r["id"]: r["labels"] for split in records.values() for r in split}
     assert labels["d00"] == ["X", "Y", "Z"] and labels["d01"] == ["X", "Z"] and labels["d03"] == ["X"]
-    assert "d14" not in labels and (root / "fracco_30" / "train.jsonl").read_bytes() == \
-        (root / "fracco_100" / "train.jsonl").read_bytes()
+    assert (
+        "d14" not in labels
+        and (root / "fracco_30" / "train.jsonl").read_bytes() == (root / "fracco_100" / "train.jsonl").read_bytes()
+    )
     fetched = (root / "fracco_30" / FETCHED).read_text().splitlines()
     assert fetched[0] == "file\tsize\tsha256" and [r.split("\t")[0] for r in fetched[1:]] == [
-        "dev.jsonl", "test.jsonl", "train.jsonl"]
+        "dev.jsonl",
+        "test.jsonl",
+        "train.jsonl",
+    ]
     data = load_task_data(load_task("fracco_30"), data_root=root)
     assert set(data.labels) == {"X", "Y", "Z"}
     assert main(["data", "verify", "fracco_30", "--data-root", str(root)]) == 0
@@ -276,12 +317,14 @@ def test_fracco_top_k_drops_documents_left_without_a_kept_code(tmp_path):
 
     path = tmp_path / "FRACCO.zip"
     path.write_bytes(fracco_zip())
-    convert_fracco({"FRACCO.zip": path}, tmp_path, dataset("fracco_30"), top_k=1)     # X only
+    convert_fracco({"FRACCO.zip": path}, tmp_path, dataset("fracco_30"), top_k=1)  # X only
     kept = [r for s in ("train", "dev", "test") for r in _records(tmp_path / f"{s}.jsonl")]
     assert len(kept) == 14 and all(r["labels"] == ["X"] for r in kept)
-    convert_fracco({"FRACCO.zip": path}, tmp_path, dataset("fracco_30"), top_k=2)     # Y (7) beats Z (2)
-    assert {tuple(r["labels"]) for s in ("train", "dev", "test") for r in _records(tmp_path / f"{s}.jsonl")} \
-        == {("X",), ("X", "Y")}
+    convert_fracco({"FRACCO.zip": path}, tmp_path, dataset("fracco_30"), top_k=2)  # Y (7) beats Z (2)
+    assert {tuple(r["labels"]) for s in ("train", "dev", "test") for r in _records(tmp_path / f"{s}.jsonl")} == {
+        ("X",),
+        ("X", "Y"),
+    }
 
 
 def test_frasimed_cantemist_takes_icd_o_and_distemist_snomed(tmp_path, endpoints, capsys):
@@ -291,7 +334,7 @@ def test_frasimed_cantemist_takes_icd_o_and_distemist_snomed(tmp_path, endpoints
     root = tmp_path / "root"
     assert fetch(root, "cantemist", "distemist") == 0, capsys.readouterr().err
     cantemist = {s: _records(root / "cantemist" / f"{s}.jsonl") for s in ("train", "dev", "test")}
-    assert [len(cantemist[s]) for s in ("train", "dev", "test")] == [9, 1, 2]     # int(9.6), int(1.2), rest
+    assert [len(cantemist[s]) for s in ("train", "dev", "test")] == [9, 1, 2]  # int(9.6), int(1.2), rest
     labels = {r["id"]: r["labels"] for split in cantemist.values() for r in split}
     assert labels["cc_onco00"] == ["8000/6", "8010/3"] and labels["cc_onco01"] == ["8010/3"]
     distemist = [r for s in ("train", "dev", "test") for r in _records(root / "distemist" / f"{s}.jsonl")]
@@ -302,14 +345,15 @@ def test_frasimed_cantemist_takes_icd_o_and_distemist_snomed(tmp_path, endpoints
 
 def test_a_checksum_mismatch_places_nothing_and_names_the_file(tmp_path, endpoints, capsys):
     url, routes = endpoints
-    routes |= zenodo_routes(lambda p: url + p, "17284817", {"FRACCO.zip": fracco_zip()},
-                            md5={"FRACCO.zip": "0" * 32})
+    routes |= zenodo_routes(
+        lambda p: url + p, "17284817", {"FRACCO.zip": fracco_zip()}, md5={"FRACCO.zip": "0" * 32}
+    )
     root = tmp_path / "root"
     assert fetch(root, "fracco_30") == 2
     err = capsys.readouterr().err
     assert "FRACCO.zip is not the published file (md5" in err and "nothing was placed" in err
     assert not (root / "fracco_30").exists() and leftovers(root) == []
-    assert not list((root / ".fetch-cache").rglob("FRACCO.zip"))        # the bad download is not kept
+    assert not list((root / ".fetch-cache").rglob("FRACCO.zip"))  # the bad download is not kept
 
 
 def test_a_file_the_record_does_not_list_is_named_with_those_it_lists(tmp_path, endpoints, capsys):

@@ -21,26 +21,35 @@ MODERNBERT = "hub:answerdotai/ModernBERT-base"
 def _unreachable_hub(monkeypatch):
     """No local cache and no hub: what a machine without network sees for a hub id, without the hub client's
     retries."""
+
     def offline(*args, **kwargs):
         raise OSError("offline")
 
     monkeypatch.setattr(sources.AutoConfig, "from_pretrained", offline)
 
 
-@pytest.mark.parametrize("grid, model", [("freeze.yaml", MODERNCAMEMBERT), ("decay.yaml", MODERNCAMEMBERT),
-                                         ("freeze_en.yaml", MODERNBERT)])
+@pytest.mark.parametrize(
+    "grid, model",
+    [("freeze.yaml", MODERNCAMEMBERT), ("decay.yaml", MODERNCAMEMBERT), ("freeze_en.yaml", MODERNBERT)],
+)
 def test_each_paper_grid_starts_from_its_languages_checkpoint_and_says_which_table(grid, model):
     text = (REPO / "grids" / grid).read_text(encoding="utf-8")
     assert yaml.safe_load(text)["base"]["model"] == model
     header = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
-    assert ("Reproduces the paper's" in header) if model == MODERNCAMEMBERT else "The paper ran no English" in header
+    assert (
+        ("Reproduces the paper's" in header) if model == MODERNCAMEMBERT else "The paper ran no English" in header
+    )
 
 
 def test_moderncamembert_resolves_offline_from_its_shipped_config(monkeypatch):
     _unreachable_hub(monkeypatch)
     config = load_config(MODERNCAMEMBERT)
-    assert (config.model_type, config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == \
-        ("modernbert", 22, 768, 12)
+    assert (config.model_type, config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (
+        "modernbert",
+        22,
+        768,
+        12,
+    )
     assert (config.vocab_size, config.pad_token_id, config.cls_token_id, config.sep_token_id) == (32768, 0, 1, 2)
     assert config.max_position_embeddings == 8192
     family, depth = model_layout(MODERNCAMEMBERT)

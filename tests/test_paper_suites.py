@@ -27,10 +27,29 @@ from ablate.plan.grid import expand
 from ablate.config.grid import load_grid
 
 REPO = Path(__file__).resolve().parents[1]
-FR_PAPER = ["fracco_30", "fracco_100", "cantemist", "distemist", "meddialog_fr", "diamed", "quaero_emea_spans",
-            "quaero_medline_spans"]
-EN_PAPER = ["chemprot_blue", "phenotyping", "cos", "social_history", "deid", "anatem", "bc5cdr", "jnlpba",
-            "ncbi_disease", "gad", "hoc"]
+FR_PAPER = [
+    "fracco_30",
+    "fracco_100",
+    "cantemist",
+    "distemist",
+    "meddialog_fr",
+    "diamed",
+    "quaero_emea_spans",
+    "quaero_medline_spans",
+]
+EN_PAPER = [
+    "chemprot_blue",
+    "phenotyping",
+    "cos",
+    "social_history",
+    "deid",
+    "anatem",
+    "bc5cdr",
+    "jnlpba",
+    "ncbi_disease",
+    "gad",
+    "hoc",
+]
 FR_DECAY = ["diamed", "fracco_30", "fracco_100"]
 BROUGHT = ("meddialog_fr", "phenotyping")
 
@@ -41,22 +60,34 @@ def _suite_file(name: str) -> dict:
 
 # ------------------------------------------------------------------------------------------- the shipped files
 
+
 def test_the_paper_suites_hold_exactly_the_papers_tasks_and_seeds():
-    for name, tasks, seeds in (("fr_paper", FR_PAPER, range(9)), ("en_paper", EN_PAPER, range(5)),
-                               ("fr_decay", FR_DECAY, range(9))):
+    for name, tasks, seeds in (
+        ("fr_paper", FR_PAPER, range(9)),
+        ("en_paper", EN_PAPER, range(5)),
+        ("fr_decay", FR_DECAY, range(9)),
+    ):
         suite = suites.SuiteSpec.model_validate(_suite_file(name))
         assert [e.task for e in suite.entries()] == tasks and suite.seeds == tuple(seeds), name
-        assert not suite.finetune and all(e.seeds is None for e in suite.entries())   # the task files' protocol
+        assert not suite.finetune and all(e.seeds is None for e in suite.entries())  # the task files' protocol
     assert [e.task for e in suites.SuiteSpec.model_validate(_suite_file("fr_public")).entries()] == [
-        "quaero_emea", "quaero_medline", "mantragsc_fr_emea", "mantragsc_fr_medline", "mantragsc_fr_patents",
-        "morfitt", "e3c_fr_ner", "frenchmedmcqa_nbr"]
+        "quaero_emea",
+        "quaero_medline",
+        "mantragsc_fr_emea",
+        "mantragsc_fr_medline",
+        "mantragsc_fr_patents",
+        "morfitt",
+        "e3c_fr_ner",
+        "frenchmedmcqa_nbr",
+    ]
 
 
 def test_every_task_of_the_paper_suites_has_its_task_file():
     """Registry level: true once every engineer's task files are in grids/tasks."""
     for name in ("fr_paper", "en_paper", "fr_decay"):
-        assert [e.task for e in suites.load_suite(name).entries()] == \
-            [t if isinstance(t, str) else t["task"] for t in _suite_file(name)["tasks"]]
+        assert [e.task for e in suites.load_suite(name).entries()] == [
+            t if isinstance(t, str) else t["task"] for t in _suite_file(name)["tasks"]
+        ]
 
 
 def test_every_task_whose_data_no_catalogued_dataset_holds_says_how_to_get_it():
@@ -84,16 +115,23 @@ def test_the_brought_task_files_read_the_stated_format(tmp_path):
     """meddialog_fr and phenotyping read {"id","text","labels"} lines at their stated paths."""
     from ablate.evaluate.tasks import load_task_data
 
-    rows = {"meddialog_fr": [("Question: q1\n\nRéponse: a1", ["C001", "C002"]), ("Question: q2", ["C002"])],
-            "phenotyping": [("note one", ["OBESITY", "DEPRESSION"]), ("note two", [])]}
+    rows = {
+        "meddialog_fr": [("Question: q1\n\nRéponse: a1", ["C001", "C002"]), ("Question: q2", ["C002"])],
+        "phenotyping": [("note one", ["OBESITY", "DEPRESSION"]), ("note two", [])],
+    }
     for name, examples in rows.items():
         task = load_task(name)
         assert missing_paths(task, tmp_path) == [f"{name}/{s}.jsonl" for s in ("train", "dev", "test")]
         for split in ("train", "dev", "test"):
             path = tmp_path / name / f"{split}.jsonl"
             path.parent.mkdir(exist_ok=True)
-            path.write_text("".join(json.dumps({"id": str(i), "text": t, "labels": labels}) + "\n"
-                                    for i, (t, labels) in enumerate(examples)), encoding="utf-8")
+            path.write_text(
+                "".join(
+                    json.dumps({"id": str(i), "text": t, "labels": labels}) + "\n"
+                    for i, (t, labels) in enumerate(examples)
+                ),
+                encoding="utf-8",
+            )
         assert missing_paths(task, tmp_path) == []
         data = load_task_data(task, tmp_path)
         assert [(e.text, e.label) for e in data.splits["test"]] == [(t, tuple(sorted(l))) for t, l in examples]
@@ -102,8 +140,13 @@ def test_the_brought_task_files_read_the_stated_format(tmp_path):
 
 # ------------------------------------------------------------------------------------------- a temp registry
 
-STAND_IN = {"language": "fr", "type": "multi_label_classification", "source": "a stand-in for the real task file",
-            "columns": {"text": "text", "label": "labels"}, "metrics": ["micro_f1"]}
+STAND_IN = {
+    "language": "fr",
+    "type": "multi_label_classification",
+    "source": "a stand-in for the real task file",
+    "columns": {"text": "text", "label": "labels"},
+    "metrics": ["micro_f1"],
+}
 
 
 @pytest.fixture
@@ -115,25 +158,32 @@ def registry(tmp_path, monkeypatch):
     for name in dict.fromkeys(FR_PAPER + EN_PAPER):
         if not (tasks / f"{name}.yaml").exists():
             splits = {s: f"{name}/{s}.jsonl" for s in ("train", "dev", "test")}
-            (tasks / f"{name}.yaml").write_text(yaml.safe_dump(
-                {"name": name, **STAND_IN, "data": {"format": "jsonl", "splits": splits}}))
-    for name in ("quaero_emea_spans", "quaero_medline_spans"):    # the data root has QUAERO's BRAT files: here absent
+            (tasks / f"{name}.yaml").write_text(
+                yaml.safe_dump({"name": name, **STAND_IN, "data": {"format": "jsonl", "splits": splits}})
+            )
+    for name in (
+        "quaero_emea_spans",
+        "quaero_medline_spans",
+    ):  # the data root has QUAERO's BRAT files: here absent
         task = yaml.safe_load((tasks / f"{name}.yaml").read_text())
         task["data"]["splits"] = {s: f"absent_quaero_brat/{s}" for s in ("train", "dev", "test")}
         (tasks / f"{name}.yaml").write_text(yaml.safe_dump(task, allow_unicode=True))
     data = tmp_path / "present"
     data.mkdir()
     for split in ("train", "dev", "test"):
-        (data / f"{split}.jsonl").write_text("".join(json.dumps({"text": f"texte {i}", "labels": [f"L{i % 2}"]})
-                                                     + "\n" for i in range(6)))
+        (data / f"{split}.jsonl").write_text(
+            "".join(json.dumps({"text": f"texte {i}", "labels": [f"L{i % 2}"]}) + "\n" for i in range(6))
+        )
     splits = {s: str(data / f"{s}.jsonl") for s in ("train", "dev", "test")}
-    (tasks / "present_task.yaml").write_text(yaml.safe_dump(
-        {"name": "present_task", **STAND_IN, "data": {"format": "jsonl", "splits": splits}}))
+    (tasks / "present_task.yaml").write_text(
+        yaml.safe_dump({"name": "present_task", **STAND_IN, "data": {"format": "jsonl", "splits": splits}})
+    )
     suites_dir = tmp_path / "suites"
     shutil.copytree(REPO / "grids" / "suites", suites_dir)
     fr = _suite_file("fr_paper")
-    (suites_dir / "fr_paper_one_present.yaml").write_text(yaml.safe_dump(
-        {**fr, "name": "fr_paper_one_present", "tasks": fr["tasks"] + ["present_task"]}))
+    (suites_dir / "fr_paper_one_present.yaml").write_text(
+        yaml.safe_dump({**fr, "name": "fr_paper_one_present", "tasks": fr["tasks"] + ["present_task"]})
+    )
     # the causal preflight builds and runs the whole model (tests/test_grid.py checks it on these grids): these
     # tests are about the evaluation's part of the checks
     monkeypatch.setattr("ablate.launch.checks.check_models", lambda specs, file=None: {})
@@ -148,8 +198,10 @@ def test_a_suite_runs_the_tasks_it_has_and_names_the_others_with_how_to_get_them
     present, skipped = suites.present_items(items)
     assert [i.task for i in present] == ["present_task"] and [s.task for s in skipped] == FR_PAPER
     by_task = {s.task: s for s in skipped}
-    assert by_task["meddialog_fr"].how.startswith("brought: MedDialog-FR") and "place: meddialog_fr/" in \
-        by_task["meddialog_fr"].how
+    assert (
+        by_task["meddialog_fr"].how.startswith("brought: MedDialog-FR")
+        and "place: meddialog_fr/" in by_task["meddialog_fr"].how
+    )
     assert by_task["diamed"].missing == ("diamed/train.jsonl", "diamed/dev.jsonl", "diamed/test.jsonl")
     lines = suites.skipped_lines(skipped)
     assert lines[0].startswith("suite:fr_paper_one_present: 8 task(s) skipped, the data root lacks them")
@@ -157,27 +209,46 @@ def test_a_suite_runs_the_tasks_it_has_and_names_the_others_with_how_to_get_them
 
 
 def test_the_freeze_dry_run_lists_fr_papers_tasks_and_names_the_missing_ones(registry, capsys):
-    assert main(["sweep", str(REPO / "grids" / "freeze.yaml"), "--dry-run", "--tokens-per-s", "300000",
-                 "--results", str(registry / "r")]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(REPO / "grids" / "freeze.yaml"),
+                "--dry-run",
+                "--tokens-per-s",
+                "300000",
+                "--results",
+                str(registry / "r"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"  suite:fr_paper: 8 tasks ({', '.join(FR_PAPER)}), fine-tuning seeds 0-8" in out
-    assert "  suite:fr_paper: 8 task(s) skipped, the data root lacks them (the suite's average will be partial)" \
+    assert (
+        "  suite:fr_paper: 8 task(s) skipped, the data root lacks them (the suite's average will be partial)"
         in out
+    )
     assert "    meddialog_fr: brought: MedDialog-FR women" in out and "access: ask the MedDialog-FR" in out
     assert "5 runs, 7 transplants;" in out
 
 
 def test_a_grid_naming_a_missing_task_directly_is_exit_2_with_file_key_value_and_the_way(registry, capsys):
     tiny = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())
-    grid = {**{k: v for k, v in tiny.items() if k != "exclude"}, "axes": {"schedule": ["mlm"], "freeze": ["none"]},
-            "base": {**tiny["base"], "eval": {"tasks": ["ncbi_disease", "phenotyping"]}}}
+    grid = {
+        **{k: v for k, v in tiny.items() if k != "exclude"},
+        "axes": {"schedule": ["mlm"], "freeze": ["none"]},
+        "base": {**tiny["base"], "eval": {"tasks": ["ncbi_disease", "phenotyping"]}},
+    }
     (path := registry / "insists.yaml").write_text(yaml.safe_dump(grid))
     assert main(["sweep", str(path), "--dry-run", "--results", str(registry / "r")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {path}: base.eval.tasks: eval task 'phenotyping' is named directly but the "
-                          "data root lacks phenotyping/train.jsonl")
+    assert err.startswith(
+        f"error: {path}: base.eval.tasks: eval task 'phenotyping' is named directly but the "
+        "data root lacks phenotyping/train.jsonl"
+    )
     assert "got 'phenotyping'" in err and "brought: PhysioNet" in err and "PhysioNet credentialed" in err
-    with pytest.raises(SpecError) as exc:          # through a suite the same task is skipped, not an error
+    with pytest.raises(SpecError) as exc:  # through a suite the same task is skipped, not an error
         suites.present_items(suites.eval_items(["phenotyping"], (0,)), key="eval.tasks", file="g.yaml")
     assert (exc.value.file, exc.value.key, exc.value.value) == ("g.yaml", "eval.tasks", "phenotyping")
 
@@ -185,8 +256,21 @@ def test_a_grid_naming_a_missing_task_directly_is_exit_2_with_file_key_value_and
 def test_evaluate_suite_is_task_suite_and_records_the_skipped_tasks(registry, capsys):
     """The README's first GPU check, its dry part: nothing of fr_paper is here, so nothing loads a model."""
     results = registry / "results"
-    assert main(["evaluate", "--base", "hub:almanach/ModernCamemBERT-bio-base", "--base-only", "--suite",
-                 "fr_paper", "--results", str(results)]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--base",
+                "hub:almanach/ModernCamemBERT-bio-base",
+                "--base-only",
+                "--suite",
+                "fr_paper",
+                "--results",
+                str(results),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "suite:fr_paper: 8 task(s) skipped" in out and "  diamed: `ablate data fetch diamed`" in out
     scores = results / "base" / "base-ModernCamemBERT-bio-base" / "scores"
@@ -194,10 +278,23 @@ def test_evaluate_suite_is_task_suite_and_records_the_skipped_tasks(registry, ca
     held = read_skipped(scores)
     assert sorted(held) == sorted(FR_PAPER) and held["meddialog_fr"]["suite"] == "suite:fr_paper"
     assert held["fracco_30"]["missing"] == [f"fracco_30/{s}.jsonl" for s in ("train", "dev", "test")]
-    assert main(["evaluate", "--base", "hub:almanach/ModernCamemBERT-bio-base", "--base-only", "--task",
-                 "suite:fr_paper", "--results", str(results)]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == out.splitlines()[0]      # --suite NAME = --task suite:NAME
-    assert main(["evaluate", "--base-only", "--results", str(results)]) == 2   # nothing named
+    assert (
+        main(
+            [
+                "evaluate",
+                "--base",
+                "hub:almanach/ModernCamemBERT-bio-base",
+                "--base-only",
+                "--task",
+                "suite:fr_paper",
+                "--results",
+                str(results),
+            ]
+        )
+        == 0
+    )
+    assert capsys.readouterr().out.splitlines()[0] == out.splitlines()[0]  # --suite NAME = --task suite:NAME
+    assert main(["evaluate", "--base-only", "--results", str(results)]) == 2  # nothing named
     assert "nothing to evaluate" in capsys.readouterr().err
 
 
@@ -210,6 +307,7 @@ def test_a_task_scored_later_leaves_the_skipped_record(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- the decay grids
+
 
 def _decay_shares(grid_file: str) -> dict[str, tuple[int, float]]:
     runs = expand(load_grid(str(REPO / "grids" / grid_file)))
@@ -236,14 +334,31 @@ def test_the_decay_grids_are_the_papers_lengths_objectives_and_tasks():
 
 
 def test_the_decay_dry_run_lists_the_papers_ratios_and_its_three_tasks(registry, capsys):
-    assert main(["sweep", str(REPO / "grids" / "decay.yaml"), "--dry-run", "--tokens-per-s", "300000",
-                 "--results", str(registry / "r")]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(REPO / "grids" / "decay.yaml"),
+                "--dry-run",
+                "--tokens-per-s",
+                "300000",
+                "--results",
+                str(registry / "r"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "  suite:fr_decay: 3 tasks (diamed, fracco_30, fracco_100), fine-tuning seeds 0-8" in out
     phase_rows = [line.split() for line in out.splitlines() if " mlm_decay " in line]
     # each length's decay phase, MLM and CLM twins alike: 2.5 / 10 / 20 / 30 / 50 % of 10B, in whole steps
-    for share, decay_tokens in (("d025", "248,512,512"), ("d10", "997,195,776"), ("d20", "1,997,537,280"),
-                                ("d30", "2,997,878,784"), ("d50", "5,001,707,520")):
+    for share, decay_tokens in (
+        ("d025", "248,512,512"),
+        ("d10", "997,195,776"),
+        ("d20", "1,997,537,280"),
+        ("d30", "2,997,878,784"),
+        ("d50", "5,001,707,520"),
+    ):
         assert {row[1] for row in phase_rows if row[-1] == decay_tokens} == {f"mlm_{share}", f"clm_{share}"}
     assert "10 runs, 2 transplants;" in out
     assert "model hub:almanach/moderncamembert-base (modernbert, 22 layers)" in out

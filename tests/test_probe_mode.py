@@ -25,8 +25,15 @@ from ablate.report.sweep import Sweep
 from ablate.store.tables import collect
 
 NEEDLE = "needle_fr_cpu"
-TINY = {"epochs": 1, "max_train_examples": 8, "max_eval_examples": 12, "max_length": 32, "batch_size": 4,
-        "eval_batch_size": 16, "subset": "spread"}
+TINY = {
+    "epochs": 1,
+    "max_train_examples": 8,
+    "max_eval_examples": 12,
+    "max_length": 32,
+    "batch_size": 4,
+    "eval_batch_size": 16,
+    "subset": "spread",
+}
 
 
 def _captured(monkeypatch) -> dict:
@@ -38,6 +45,7 @@ def _captured(monkeypatch) -> dict:
         model = load(*args, **kwargs)
         seen["model"], seen["initial"] = model, {k: v.clone() for k, v in model.state_dict().items()}
         return model
+
     monkeypatch.setattr(ft, "_load_model", capture)
     return seen
 
@@ -59,7 +67,7 @@ def test_a_probe_leaves_the_encoder_bitwise_unchanged_and_trains_the_head(tiny_b
     head = {k: v for k, v in model.state_dict().items() if k.startswith("head.")}
     assert head and all(not torch.equal(v, seen["initial"][k]) for k, v in head.items() if v.ndim == 2)
     model.train()
-    assert model.head.training and not model.encoder.training     # no dropout inside a frozen encoder
+    assert model.head.training and not model.encoder.training  # no dropout inside a frozen encoder
 
 
 def test_the_mlp_probe_is_dropout_linear_gelu_dropout_linear(tiny_bert):
@@ -94,12 +102,20 @@ def test_metrics_per_length_position_and_cell_on_a_hand_case():
     groups = [("512", "start"), ("512", "end"), ("1024", "start"), ("1024", "end"), ("512", "start")]
     gold = ["present", "absent", "present", "absent", "absent"]
     preds = ["present", "present", "absent", "absent", "absent"]
-    got = {(r["group_by"], r["group"]): (r["value"], r["n_examples"])
-           for r in group_rows(task, "test", groups, gold, preds)}
-    assert got == {("length", "512"): (2 / 3, 3), ("length", "1024"): (0.5, 2),
-                   ("position", "start"): (2 / 3, 3), ("position", "end"): (0.5, 2),
-                   ("length,position", "512,start"): (1.0, 2), ("length,position", "512,end"): (0.0, 1),
-                   ("length,position", "1024,start"): (0.0, 1), ("length,position", "1024,end"): (1.0, 1)}
+    got = {
+        (r["group_by"], r["group"]): (r["value"], r["n_examples"])
+        for r in group_rows(task, "test", groups, gold, preds)
+    }
+    assert got == {
+        ("length", "512"): (2 / 3, 3),
+        ("length", "1024"): (0.5, 2),
+        ("position", "start"): (2 / 3, 3),
+        ("position", "end"): (0.5, 2),
+        ("length,position", "512,start"): (1.0, 2),
+        ("length,position", "512,end"): (0.0, 1),
+        ("length,position", "1024,start"): (0.0, 1),
+        ("length,position", "1024,end"): (1.0, 1),
+    }
     assert group_rows(load_task("chemprot"), "test", [()] * 2, ["a", "b"], ["a", "a"]) == []
 
 
@@ -121,14 +137,36 @@ def test_group_scores_reach_the_score_file_and_the_score_groups_table(tmp_path, 
 
 
 def test_the_needle_figure_means_each_arm_over_seeds(tmp_path):
-    runs = pd.DataFrame({"run_id": ["m0", "m1", "c0"], "schedule": ["mlm", "mlm", "clm_detour"],
-                         "freeze": ["none"] * 3, "status": ["done"] * 3})
+    runs = pd.DataFrame(
+        {
+            "run_id": ["m0", "m1", "c0"],
+            "schedule": ["mlm", "mlm", "clm_detour"],
+            "freeze": ["none"] * 3,
+            "status": ["done"] * 3,
+        }
+    )
     rows = []
     for run, base in (("m0", 0.5), ("m1", 0.7), ("c0", 0.9)):
-        for by, group, shift in (("length", "1024", -0.2), ("length", "512", 0.0), ("position", "end", -0.1),
-                                 ("position", "start", 0.0), ("length,position", "512,start", 0.0)):
-            rows.append({"run_id": run, "task": NEEDLE, "finetune_seed": 0, "split": "test", "metric": "accuracy",
-                         "group_by": by, "group": group, "value": base + shift, "n_examples": 10})
+        for by, group, shift in (
+            ("length", "1024", -0.2),
+            ("length", "512", 0.0),
+            ("position", "end", -0.1),
+            ("position", "start", 0.0),
+            ("length,position", "512,start", 0.0),
+        ):
+            rows.append(
+                {
+                    "run_id": run,
+                    "task": NEEDLE,
+                    "finetune_seed": 0,
+                    "split": "test",
+                    "metric": "accuracy",
+                    "group_by": by,
+                    "group": group,
+                    "value": base + shift,
+                    "n_examples": 10,
+                }
+            )
     sweep = Sweep(path=tmp_path, runs=runs, score_groups=pd.DataFrame(rows), baseline="mlm")
     fig, data = needle_figure(sweep)
     mlm = data[data["arm"] == "mlm"].set_index(["group_by", "group"])["mean"]
@@ -146,8 +184,11 @@ def test_the_needle_figure_means_each_arm_over_seeds(tmp_path):
 
 def test_a_probed_score_is_not_a_fine_tuned_one():
     full = FinetuneSettings()
-    probed = [FinetuneSettings(probe="linear"), FinetuneSettings(probe="mlp"),
-              FinetuneSettings(probe="mlp", probe_dropout=0.2)]
+    probed = [
+        FinetuneSettings(probe="linear"),
+        FinetuneSettings(probe="mlp"),
+        FinetuneSettings(probe="mlp", probe_dropout=0.2),
+    ]
     assert len({settings_hash(s) for s in (full, *probed)}) == 4
     needle = load_task(NEEDLE)
     assert task_hash(needle) != task_hash(needle.model_copy(update={"group_by": None}))

@@ -24,12 +24,16 @@ SMOKE = str(Path(__file__).resolve().parents[1] / "grids" / "smoke.yaml")
 
 # --- the ratio ------------------------------------------------------------------------------------------------
 
+
 def _runs(*rows):
     return pd.DataFrame(rows, columns=["run_id", "model", "schedule", "freeze", "seed", "status", "model_dir"])
 
 
-RUNS = _runs(("mlm0", "m", "mlm", "none", 0, "done", ""), ("mlm1", "m", "mlm", "none", 1, "done", ""),
-             ("clm0", "m", "clm", "none", 0, "done", ""))
+RUNS = _runs(
+    ("mlm0", "m", "mlm", "none", 0, "done", ""),
+    ("mlm1", "m", "mlm", "none", 1, "done", ""),
+    ("clm0", "m", "clm", "none", 0, "done", ""),
+)
 
 
 def _layers(seed: int, n_layers: int = 3) -> list[np.ndarray]:
@@ -52,7 +56,7 @@ def test_a_ratio_over_float32_rounding_noise_is_nan_although_the_arrays_differ()
     x, moved = _layers(0), _layers(1)
     rounded = [_one_ulp(a) for a in x]
     noise = [1.0 - linear_cka(a, b) for a, b in zip(x, rounded)]
-    assert all(0.0 <= n < NOISE_FLOOR for n in noise)       # rounding, far below the floor
+    assert all(0.0 <= n < NOISE_FLOOR for n in noise)  # rounding, far below the floor
     assert not any(np.array_equal(a, b) for a, b in zip(x, rounded))
     got = cka_ratio(RUNS, texts=[], reps={"mlm0": x, "mlm1": rounded, "clm0": moved})
     assert got["value"].isna().all()
@@ -66,8 +70,9 @@ def test_a_frozen_warmup_gives_nan_where_frozen_and_the_direct_ratio_where_the_n
     got = cka_ratio(RUNS, texts=[], reps={"mlm0": mlm0, "mlm1": mlm1, "clm0": clm0}).set_index("layer")["value"]
     assert np.isnan(got[-1])
     for layer in (0, 1):
-        direct = (1.0 - linear_cka(clm0[layer + 1], mlm0[layer + 1])) / (1.0 - linear_cka(mlm1[layer + 1],
-                                                                                        mlm0[layer + 1]))
+        direct = (1.0 - linear_cka(clm0[layer + 1], mlm0[layer + 1])) / (
+            1.0 - linear_cka(mlm1[layer + 1], mlm0[layer + 1])
+        )
         assert np.isfinite(got[layer]) and got[layer] == pytest.approx(direct, rel=1e-12)
 
 
@@ -77,9 +82,15 @@ def _info(run_id: str, seed: int, baseline: bool) -> RunInfo:
 
 def test_the_pairs_table_ratio_follows_the_same_rule():
     arm, twin, partner = _info("clm0", 0, False), _info("mlm0", 0, True), _info("mlm1", 1, True)
-    frozen = _layers(0)                                          # phase 1: the same for all three runs
-    reps = {("clm0", 1): frozen, ("mlm0", 1): [a.copy() for a in frozen], ("mlm1", 1): [_one_ulp(a) for a in frozen],
-            ("clm0", 2): _layers(3), ("mlm0", 2): _layers(4), ("mlm1", 2): _layers(5)}
+    frozen = _layers(0)  # phase 1: the same for all three runs
+    reps = {
+        ("clm0", 1): frozen,
+        ("mlm0", 1): [a.copy() for a in frozen],
+        ("mlm1", 1): [_one_ulp(a) for a in frozen],
+        ("clm0", 2): _layers(3),
+        ("mlm0", 2): _layers(4),
+        ("mlm1", 2): _layers(5),
+    }
     rows = pair_rows([(arm, twin, TWIN), (twin, partner, NOISE)], lambda run_id, pos: reps[(run_id, pos)])
     ratio = rows[rows["measure"] == "cka_ratio"].set_index(["position", "layer"])["value"]
     assert ratio.loc[1].isna().all()
@@ -97,6 +108,7 @@ def test_noise_ratio_is_undefined_below_the_floor_only():
 
 
 # --- the probe's held-out texts ---------------------------------------------------------------------------------
+
 
 def test_probe_texts_refuses_fewer_texts_than_asked_naming_all_of_it():
     texts = [f"text {i}" for i in range(37)] + ["", "  "]
@@ -126,18 +138,18 @@ def no_models(monkeypatch):
 
 
 def test_check_probe_texts_passes_the_smoke_grid_and_refuses_more_texts_than_the_corpus_has(data_root, no_models):
-    check_probe_texts(_specs(SMOKE), SMOKE)      # 64 of 399 English texts
+    check_probe_texts(_specs(SMOKE), SMOKE)  # 64 of 399 English texts
     with pytest.raises(SpecError) as err:
         check_probe_texts(_specs(SMOKE, n_texts=400), SMOKE)
     e = err.value
     assert (e.file, e.key, e.value) == (SMOKE, "probe.n_texts", 400)
     assert "corpus_en_e3c/valid.txt" in e.message and "399 usable" in e.message
-    check_probe_texts(_specs(SMOKE, n_texts=0), SMOKE)   # no probe: nothing to check
+    check_probe_texts(_specs(SMOKE, n_texts=0), SMOKE)  # no probe: nothing to check
 
 
 def test_collect_cka_ratio_refuses_more_texts_than_the_corpus_has(tmp_path, data_root):
     spec = dump_run_spec(_specs(SMOKE)[0])
-    spec["data"]["valid_corpus"] = "corpus_fr_e3c/valid.txt"            # 37 texts
+    spec["data"]["valid_corpus"] = "corpus_fr_e3c/valid.txt"  # 37 texts
     atomic.write_json(tmp_path / "runs" / "r1" / "spec.json", spec)
     tables = {"runs": pd.DataFrame({"run_id": ["r1"], "status": ["done"]}), "layers": pd.DataFrame()}
     with pytest.raises(SpecError) as err:

@@ -22,10 +22,10 @@ def test_settling_books_every_step_as_record_step_would():
     for loss, norms in ((2.5, [0.1, 0.2]), (2.25, [0.3]), (2.0, [])):
         _step(state, unread, loss, norms)
         direct.record_step("p", np.zeros((2, 4), dtype=np.int32), loss, 1e-4, dict(enumerate(norms)))
-    assert state.curves == [] and state.grad_norms == []          # nothing read before the boundary
+    assert state.curves == [] and state.grad_norms == []  # nothing read before the boundary
     unread.settle(state)
     assert state.__dict__ == direct.__dict__
-    unread.settle(state)                                            # nothing left: a second read adds nothing
+    unread.settle(state)  # nothing left: a second read adds nothing
     assert state.__dict__ == direct.__dict__
 
 

@@ -29,22 +29,50 @@ from ablate.store.tables import collect
 from ablate.config.spec import dump_run_spec
 
 PHASES = ("mlm", "mlm_decay")
-RUNS_COLUMNS = ["run_id", "sweep", "model", "family", "schedule", "freeze", "seed", "status", "token_hash", "twin",
-                "twin_tokens", "tokens_seen", "wall_time_s", "versions"]
+RUNS_COLUMNS = [
+    "run_id",
+    "sweep",
+    "model",
+    "family",
+    "schedule",
+    "freeze",
+    "seed",
+    "status",
+    "token_hash",
+    "twin",
+    "twin_tokens",
+    "tokens_seen",
+    "wall_time_s",
+    "versions",
+]
 
 
 def curve_rows(n: int = 6) -> list[dict]:
-    return [{"phase": PHASES[s * len(PHASES) // n], "step": s + 1, "tokens": (s + 1) * 128, "loss": 9.0 - s / 10,
-             "lr": 1e-4} for s in range(n)]
+    return [
+        {
+            "phase": PHASES[s * len(PHASES) // n],
+            "step": s + 1,
+            "tokens": (s + 1) * 128,
+            "loss": 9.0 - s / 10,
+            "lr": 1e-4,
+        }
+        for s in range(n)
+    ]
 
 
 def grad_rows() -> list[dict]:
-    return [{"phase": p, "step": 2, "layer": layer, "grad_norm": 0.5 + layer} for p in PHASES for layer in (-1, 0, 1)]
+    return [
+        {"phase": p, "step": 2, "layer": layer, "grad_norm": 0.5 + layer} for p in PHASES for layer in (-1, 0, 1)
+    ]
 
 
 def layer_rows() -> list[dict]:
-    return [{"phase": p, "layer": layer, "measure": m, "value": 0.9 - 0.1 * layer}
-            for p in PHASES for layer in (-1, 0, 1) for m in ("cka_vs_base", "weight_rel_change")]
+    return [
+        {"phase": p, "layer": layer, "measure": m, "value": 0.9 - 0.1 * layer}
+        for p in PHASES
+        for layer in (-1, 0, 1)
+        for m in ("cka_vs_base", "weight_rel_change")
+    ]
 
 
 def frozen_rows() -> list[dict]:
@@ -53,24 +81,52 @@ def frozen_rows() -> list[dict]:
 
 
 def run_record(k: int = 0) -> dict:
-    return {"token_hash": f"{k:064x}", "tokens_seen": 768, "phase_token_hashes": {p: "ab" for p in PHASES},
-            "steps": 6, "wall_time_s": 3.5, "family": "bert", "n_layers": 4,
-            "versions": json.dumps({"ablate": "0.1.0"})}
+    return {
+        "token_hash": f"{k:064x}",
+        "tokens_seen": 768,
+        "phase_token_hashes": {p: "ab" for p in PHASES},
+        "steps": 6,
+        "wall_time_s": 3.5,
+        "family": "bert",
+        "n_layers": 4,
+        "versions": json.dumps({"ablate": "0.1.0"}),
+    }
 
 
 def spec_dict(sweep: str, axes: dict, seed: int = 17) -> dict:
-    return {"model": "config:tiny-bert", "seed": seed, "data": {"corpus": "c.txt", "data_seed": 42},
-            "labels": {"sweep": sweep, "axes": {"schedule": "mlm", "freeze": "none", **axes}}}
+    return {
+        "model": "config:tiny-bert",
+        "seed": seed,
+        "data": {"corpus": "c.txt", "data_seed": 42},
+        "labels": {"sweep": sweep, "axes": {"schedule": "mlm", "freeze": "none", **axes}},
+    }
 
 
 def score_record(task: str, seed: int, value: float = 0.8) -> dict:
-    rows = [{"task": task, "language": "en", "finetune_seed": seed, "split": split, "metric": "f1",
-             "value": value, "epoch": 2, "wall_time_s": 1.5} for split in ("dev", "test")]
+    rows = [
+        {
+            "task": task,
+            "language": "en",
+            "finetune_seed": seed,
+            "split": split,
+            "metric": "f1",
+            "value": value,
+            "epoch": 2,
+            "wall_time_s": 1.5,
+        }
+        for split in ("dev", "test")
+    ]
     return {"task": task, "seed": seed, "model_dir": "m", "settings": {}, "rows": rows}
 
 
-def make_run(sweep_dir: Path, run_id: str, state: str | None = "done", axes: dict | None = None,
-             seed: int = 17, spec: dict | None = None) -> Path:
+def make_run(
+    sweep_dir: Path,
+    run_id: str,
+    state: str | None = "done",
+    axes: dict | None = None,
+    seed: int = 17,
+    spec: dict | None = None,
+) -> Path:
     """A run folder as the worker leaves it in `state` (None: spec.json only, as the sweep prepares it)."""
     run_dir = sweep_dir / "runs" / run_id
     atomic.write_json(run_dir / "spec.json", spec or spec_dict(sweep_dir.name, axes or {}, seed))
@@ -126,10 +182,15 @@ def test_a_writer_killed_before_the_rename_leaves_no_record(tmp_path):
     sweep = tmp_path / "s"
     run_dir = make_run(sweep, "r1", state=None)
     # the child stalls in the fsync that precedes the rename: the temp file is written, the record is not
-    run_child(tmp_path, run_dir, """
+    run_child(
+        tmp_path,
+        run_dir,
+        """
         os.fsync = lambda fd: time.sleep(600)
         rundir.write_records(run_dir, {"token_hash": "x"}, rows, [], [], [])
-    """, "records/.curves.json.*.tmp")
+    """,
+        "records/.curves.json.*.tmp",
+    )
     assert list(run_dir.glob("records/.curves.json.*.tmp")), "the temp file is left behind"
     assert not (run_dir / "records" / "curves.json").exists()
     assert read_status(run_dir)["state"] == "running"
@@ -143,11 +204,17 @@ def test_a_writer_killed_before_the_rename_leaves_no_record(tmp_path):
 def test_a_writer_killed_before_status_done_leaves_the_run_unfinished(tmp_path):
     sweep = tmp_path / "s"
     run_dir = make_run(sweep, "r1", state=None)
-    run_child(tmp_path, run_dir, """
+    run_child(
+        tmp_path,
+        run_dir,
+        """
         rundir.write_records(run_dir, {"token_hash": "x"}, rows, [], [], [])
         os.fsync = lambda fd: time.sleep(600)
         rundir.write_status(run_dir, "done", wall_time_s=1.0)
-    """, ".status.json.*.tmp", after="records/run.json")
+    """,
+        ".status.json.*.tmp",
+        after="records/run.json",
+    )
     # every record is complete, but the status never said done: the folder is not read as finished
     assert len(rundir.read_json(run_dir / "records" / "curves.json")["step"]) == 200000
     assert read_status(run_dir)["state"] == "running"
@@ -160,14 +227,16 @@ def test_a_writer_killed_at_any_moment_never_leaves_half_a_file(tmp_path):
     """Unpatched: rewrite a big JSON in a loop and kill -9 at an arbitrary moment, several times."""
     target = tmp_path / "big.json"
     script = tmp_path / "loop.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import sys
         from ablate.store import atomic
         k = 0
         while True:
             atomic.write_json(sys.argv[1], {"k": k, "values": list(range(300000))})
             k += 1
-    """))
+    """)
+    )
     seen = set()
     for delay in (0.6, 0.9, 1.3):
         proc = subprocess.Popen([sys.executable, str(script), str(target)])
@@ -214,9 +283,15 @@ def test_write_status_keeps_fields_and_drops_a_stale_error(tmp_path):
         write_status(run_dir, "finished")
 
 
-@pytest.mark.parametrize("content, problem", [('["done"]', "a JSON list, not a mapping"),
-                                              ('{"state": "finished"}', "state 'finished' is none of pending"),
-                                              ('{"state": "do', "not JSON"), ("\xff\xfe", "not JSON")])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        ('["done"]', "a JSON list, not a mapping"),
+        ('{"state": "finished"}', "state 'finished' is none of pending"),
+        ('{"state": "do', "not JSON"),
+        ("\xff\xfe", "not JSON"),
+    ],
+)
 def test_a_status_file_that_is_no_status_is_reported_never_overwritten_and_set_aside(tmp_path, content, problem):
     (tmp_path / "status.json").write_text(content, encoding="latin-1")
     raw = (tmp_path / "status.json").read_bytes()
@@ -225,16 +300,17 @@ def test_a_status_file_that_is_no_status_is_reported_never_overwritten_and_set_a
     assert str(err.value).startswith(f"{tmp_path / 'status.json'} is corrupt: ")
     with pytest.raises(rundir.CorruptStatus):
         write_status(tmp_path, "pending", attempts=1)
-    assert (tmp_path / "status.json").read_bytes() == raw          # not replaced by a fresh record
+    assert (tmp_path / "status.json").read_bytes() == raw  # not replaced by a fresh record
     assert rundir.set_aside_corrupt_status(tmp_path) == tmp_path / "status.json.corrupt-1"
     assert read_status(tmp_path) == {"state": "pending"}
     (tmp_path / "status.json").write_text("{")
-    assert rundir.set_aside_corrupt_status(tmp_path) == tmp_path / "status.json.corrupt-2"   # never over the first
+    assert rundir.set_aside_corrupt_status(tmp_path) == tmp_path / "status.json.corrupt-2"  # never over the first
     assert (tmp_path / "status.json.corrupt-1").read_bytes() == raw
     assert (tmp_path / "status.json.corrupt-2").read_text() == "{"
 
 
 # ------------------------------------------------------------------------------------- collect
+
 
 def test_collect_reports_and_skips_partial_and_corrupt_folders(tmp_path):
     sweep = tmp_path / "s"
@@ -249,7 +325,9 @@ def test_collect_reports_and_skips_partial_and_corrupt_folders(tmp_path):
         "h_no_rows": lambda d: atomic.write_json(d / "scores" / "cls_b" / "seed-0.json", [{"task": "x"}]),
         "i_ragged": lambda d: atomic.write_json(d / "records" / "grads.json", {"phase": ["a"], "step": []}),
         "j_missing_layers": lambda d: (d / "records" / "layers.json").unlink(),
-        "j_ragged_frozen": lambda d: atomic.write_json(d / "records" / "frozen.json", {"phase": ["a"], "layer": []}),
+        "j_ragged_frozen": lambda d: atomic.write_json(
+            d / "records" / "frozen.json", {"phase": ["a"], "layer": []}
+        ),
         "k_corrupt_status": lambda d: (d / "status.json").write_text("{"),
         "l_spec_list": lambda d: atomic.write_json(d / "spec.json", ["not", "a", "spec"]),
         "m_no_spec": lambda d: (d / "spec.json").unlink(),
@@ -299,10 +377,16 @@ def test_collect_of_an_empty_or_missing_sweep_gives_empty_tables_with_their_colu
 GRID = {
     "sweep": "g",
     "base": {"model": "config:tiny-bert", "data": {"corpus": "c.txt"}, "batch_size": 4},
-    "schedules": {"mlm": [{"name": "mlm", "objective": "mlm", "steps": 3},
-                          {"name": "mlm_decay", "objective": "mlm", "steps": 2}],
-                  "clm_detour": [{"name": "clm", "objective": "clm", "steps": 3},
-                                 {"name": "mlm_decay", "objective": "mlm", "steps": 2}]},
+    "schedules": {
+        "mlm": [
+            {"name": "mlm", "objective": "mlm", "steps": 3},
+            {"name": "mlm_decay", "objective": "mlm", "steps": 2},
+        ],
+        "clm_detour": [
+            {"name": "clm", "objective": "clm", "steps": 3},
+            {"name": "mlm_decay", "objective": "mlm", "steps": 2},
+        ],
+    },
     "freeze_masks": {"none": {}, "low_clm": {"clm": "low"}},
     "axes": {"schedule": ["mlm", "clm_detour"], "freeze": ["none", "low_clm"], "optim.lr": [1.0e-4, 2.0e-4]},
     "zip": [{"seed": [1, 2], "data.data_seed": [10, 20]}],
@@ -321,14 +405,19 @@ def test_tidy_tables_have_the_design_columns_and_every_grid_axis(tmp_path):
     got = collect(sweep)
     assert got.problems == []
     table = got.tables["runs"]
-    assert list(table.columns[:len(RUNS_COLUMNS)]) == RUNS_COLUMNS
+    assert list(table.columns[: len(RUNS_COLUMNS)]) == RUNS_COLUMNS
     for axis in ("schedule", "freeze", "optim.lr", "seed", "data.data_seed"):
         assert axis in table.columns
     by_id = table.set_index("run_id")
     for run in runs:
         row = by_id.loc[run.run_id]
         assert (row["schedule"], row["freeze"], row["optim.lr"], row["seed"], row["data.data_seed"]) == (
-            run.axes["schedule"], run.axes["freeze"], run.spec.optim.lr, run.spec.seed, run.spec.data.data_seed)
+            run.axes["schedule"],
+            run.axes["freeze"],
+            run.spec.optim.lr,
+            run.spec.seed,
+            run.spec.data.data_seed,
+        )
         assert row["model"] == "config:tiny-bert" and row["sweep"] == "g"
     assert got.tables["scores"].columns.tolist() == list(tables.TABLE_COLUMNS["scores"])
     assert got.tables["layers"].columns.tolist() == ["run_id", "phase", "layer", "measure", "value"]
@@ -350,8 +439,11 @@ def test_tidy_tables_have_the_design_columns_and_every_grid_axis(tmp_path):
         assert from_parquet.columns.tolist() == got.tables[name].columns.tolist() == from_csv.columns.tolist()
         for col in ("run_id", "value", "loss", "optim.lr"):
             if col in from_parquet.columns:
-                assert from_csv[col].dropna().tolist() == from_parquet[col].dropna().tolist() == \
-                    got.tables[name][col].dropna().tolist()
+                assert (
+                    from_csv[col].dropna().tolist()
+                    == from_parquet[col].dropna().tolist()
+                    == got.tables[name][col].dropna().tolist()
+                )
 
 
 def test_collect_writes_the_frozen_table_as_parquet_and_csv(tmp_path):
@@ -363,7 +455,7 @@ def test_collect_writes_the_frozen_table_as_parquet_and_csv(tmp_path):
     pd.testing.assert_frame_equal(got.tables["frozen"], want)
     pd.testing.assert_frame_equal(pd.read_parquet(sweep / "frozen.parquet"), want)
     pd.testing.assert_frame_equal(pd.read_csv(sweep / "frozen.csv"), want)
-    assert "frozen" not in got.tables["runs"].columns   # the plan is data, not a string in the runs table
+    assert "frozen" not in got.tables["runs"].columns  # the plan is data, not a string in the runs table
 
 
 def test_a_run_finished_before_frozen_records_existed_keeps_its_rows(tmp_path):
@@ -500,6 +592,7 @@ def test_looking_at_a_run_never_makes_its_worker_give_up(tmp_path):
 
 # ------------------------------------------------------------------------------------- skip / retry
 
+
 def test_classify_skips_done_failed_and_active_runs(tmp_path):
     from ablate.launch.scheduler import classify
 
@@ -509,7 +602,7 @@ def test_classify_skips_done_failed_and_active_runs(tmp_path):
     fresh = make_run(sweep, "fresh", None)
     interrupted = make_run(sweep, "interrupted", "running")
     active = make_run(sweep, "active", "running")
-    starting = make_run(sweep, "starting", None)   # a worker holds the lock, status not yet written
+    starting = make_run(sweep, "starting", None)  # a worker holds the lock, status not yet written
     queued = make_run(sweep, "queued", None)
     write_status(queued, "submitted", job_id=str(os.getpid()), executor="local")
     lost = make_run(sweep, "lost", None)
@@ -521,11 +614,20 @@ def test_classify_skips_done_failed_and_active_runs(tmp_path):
     assert all(lock.acquire() for lock in locks)
     try:
         for retry in (False, True):
-            got = {d.name: classify(d, retry_failed=retry)
-                   for d in (done, failed, fresh, interrupted, active, starting, queued, lost)}
-            assert got == {"done": "skip-done", "failed": "submit" if retry else "skip-failed", "fresh": "submit",
-                           "interrupted": "submit", "active": "skip-active", "starting": "skip-active",
-                           "queued": "skip-active", "lost": "submit"}
+            got = {
+                d.name: classify(d, retry_failed=retry)
+                for d in (done, failed, fresh, interrupted, active, starting, queued, lost)
+            }
+            assert got == {
+                "done": "skip-done",
+                "failed": "submit" if retry else "skip-failed",
+                "fresh": "submit",
+                "interrupted": "submit",
+                "active": "skip-active",
+                "starting": "skip-active",
+                "queued": "skip-active",
+                "lost": "submit",
+            }
     finally:
         for lock in locks:
             lock.release()
@@ -539,13 +641,13 @@ def test_a_corrupt_status_is_reported_set_aside_and_the_run_resubmitted_from_its
 
     sweep = tmp_path / "s"
     run = make_run(sweep, "r1", "running")
-    checkpoint = run / "checkpoints" / "step-000000004-p0"       # what the worker's last checkpoint leaves
+    checkpoint = run / "checkpoints" / "step-000000004-p0"  # what the worker's last checkpoint leaves
     atomic.write_text(checkpoint / "state.json", json.dumps(TrainState(global_step=4, step_in_phase=4).__dict__))
     atomic.write_text(run / "checkpoints" / "LATEST", checkpoint.name)
     cut = '{"state": "running", "attempts": 3, "job_id": "77", "sta'
-    (run / "status.json").write_text(cut)                        # e.g. copied back from a full disk
+    (run / "status.json").write_text(cut)  # e.g. copied back from a full disk
 
-    [row] = status_rows(SweepFolder(sweep), ["r1"])               # what `ablate status` shows; it moves nothing
+    [row] = status_rows(SweepFolder(sweep), ["r1"])  # what `ablate status` shows; it moves nothing
     assert row["state"] == "corrupt"
     assert f"{run / 'status.json'} is corrupt: not JSON" in row["detail"]
     assert "checkpoints/step-000000004-p0 (step 4)" in row["detail"]
@@ -554,7 +656,7 @@ def test_a_corrupt_status_is_reported_set_aside_and_the_run_resubmitted_from_its
     said: list[str] = []
     lock = RunLock(run)
     assert lock.acquire()
-    try:                                                         # a worker holds the run: say so, touch nothing
+    try:  # a worker holds the run: say so, touch nothing
         assert classify(run, retry_failed=False, out=said.append) == "skip-active"
     finally:
         lock.release()

@@ -16,36 +16,71 @@ from ablate.config.errors import SpecError
 from ablate.report.references import load_reference
 from tests.test_report import rewrite
 
-FR = ["fracco_30", "fracco_100", "cantemist", "distemist", "meddialog_fr", "diamed", "quaero_emea_spans",
-      "quaero_medline_spans"]
+FR = [
+    "fracco_30",
+    "fracco_100",
+    "cantemist",
+    "distemist",
+    "meddialog_fr",
+    "diamed",
+    "quaero_emea_spans",
+    "quaero_medline_spans",
+]
 PAPER_MLM = dict(zip(FR, [69.9, 56.8, 64.9, 23.5, 62.5, 63.4, 68.5, 61.4]))
 CAMEMBERT = "hub:almanach/moderncamembert-base"
 # (schedule, freeze) -> (points added to the paper's MLM numbers, {phase: frozen layers})
-FREEZE_ARMS = {("mlm", "none"): (0.0, {}), ("clm_detour", "none"): (2.0, {}),
-               ("clm_detour", "low_clm"): (0.5, {"clm": range(8)}),
-               ("clm_detour", "mid_clm"): (1.5, {"clm": range(8, 15)}),
-               ("clm_detour", "low_decay"): (1.0, {"mlm_decay": range(8)})}
+FREEZE_ARMS = {
+    ("mlm", "none"): (0.0, {}),
+    ("clm_detour", "none"): (2.0, {}),
+    ("clm_detour", "low_clm"): (0.5, {"clm": range(8)}),
+    ("clm_detour", "mid_clm"): (1.5, {"clm": range(8, 15)}),
+    ("clm_detour", "low_decay"): (1.0, {"mlm_decay": range(8)}),
+}
 
 
-def write_fr_sweep(path: Path, tasks=FR, *, model: str = CAMEMBERT, n_layers: int = 22, arms=FREEZE_ARMS,
-                   fraction: float = 0.01) -> Path:
+def write_fr_sweep(
+    path: Path, tasks=FR, *, model: str = CAMEMBERT, n_layers: int = 22, arms=FREEZE_ARMS, fraction: float = 0.01
+) -> Path:
     """A collected French sweep: one pretraining seed per arm, 3 fine-tuning seeds; each arm's score on a task
     is the paper's MLM number plus the arm's offset, +-0.3 points over the seeds (mean exact), stored as
     fractions (x `fraction`)."""
     runs, scores, frozen, layers = [], [], [], []
     for (schedule, freeze), (offset, froze) in arms.items():
         run_id = f"{schedule}-{freeze}"
-        runs.append(dict(run_id=run_id, sweep=path.name, model=model, model_source=model, schedule=schedule,
-                         freeze=freeze, seed=17, status="done", n_layers=n_layers, tokens_seen=11_010_000_000,
-                         seed_independent=False))
+        runs.append(
+            dict(
+                run_id=run_id,
+                sweep=path.name,
+                model=model,
+                model_source=model,
+                schedule=schedule,
+                freeze=freeze,
+                seed=17,
+                status="done",
+                n_layers=n_layers,
+                tokens_seen=11_010_000_000,
+                seed_independent=False,
+            )
+        )
         frozen += [dict(run_id=run_id, phase=p, layer=layer) for p, idx in froze.items() for layer in idx]
-        layers += [dict(run_id=run_id, phase="mlm_decay", layer=layer, measure="cka_vs_base", value=0.9)
-                   for layer in range(-1, n_layers)]
+        layers += [
+            dict(run_id=run_id, phase="mlm_decay", layer=layer, measure="cka_vs_base", value=0.9)
+            for layer in range(-1, n_layers)
+        ]
         for task in tasks:
             for ft_seed, noise in enumerate((-0.3, 0.0, 0.3)):
-                scores.append(dict(run_id=run_id, task=task, language="fr", finetune_seed=ft_seed, split="test",
-                                   metric="micro_f1", value=(PAPER_MLM[task] + offset + noise) * fraction,
-                                   epoch=15))
+                scores.append(
+                    dict(
+                        run_id=run_id,
+                        task=task,
+                        language="fr",
+                        finetune_seed=ft_seed,
+                        split="test",
+                        metric="micro_f1",
+                        value=(PAPER_MLM[task] + offset + noise) * fraction,
+                        epoch=15,
+                    )
+                )
     path.mkdir(parents=True, exist_ok=True)
     for name, rows in (("runs", runs), ("scores", scores), ("frozen", frozen), ("layers", layers)):
         rewrite(path, name, pd.DataFrame(rows))
@@ -56,10 +91,21 @@ def add_base_model(path: Path, source: str, points: dict[str, float]) -> None:
     """An `ablate evaluate --base SOURCE --base-only` folder as collect leaves it (schedule "base")."""
     runs, scores = (pd.read_parquet(path / f"{n}.parquet") for n in ("runs", "scores"))
     run_id = source.replace(":", "_").replace("/", "_")
-    row = dict(run_id=run_id, sweep=path.name, schedule="base", freeze="none", status="done",
-               model_source=source)
-    extra = [dict(run_id=run_id, task=t, language="fr", finetune_seed=s, split="test", metric="micro_f1",
-                  value=v / 100, epoch=15) for t, v in points.items() for s in range(3)]
+    row = dict(run_id=run_id, sweep=path.name, schedule="base", freeze="none", status="done", model_source=source)
+    extra = [
+        dict(
+            run_id=run_id,
+            task=t,
+            language="fr",
+            finetune_seed=s,
+            split="test",
+            metric="micro_f1",
+            value=v / 100,
+            epoch=15,
+        )
+        for t, v in points.items()
+        for s in range(3)
+    ]
     rewrite(path, "runs", pd.concat([runs, pd.DataFrame([row])], ignore_index=True))
     rewrite(path, "scores", pd.concat([scores, pd.DataFrame(extra)], ignore_index=True))
 
@@ -101,7 +147,7 @@ def test_scores_sit_beside_the_papers_in_percent(full):
     assert avg["measured"] == pytest.approx(np.mean(list(PAPER_MLM.values())) + 2.0)
     source = "Rian-T/thesis sources/part_2/chapter5/article.tex at 0c3a71a, tab:french-results"
     assert clm["paper_source"] == source
-    freeze_rows = table[table["freeze"] != "none"]       # the main table has no freezing rows
+    freeze_rows = table[table["freeze"] != "none"]  # the main table has no freezing rows
     assert (freeze_rows["paper_row"] == "").all() and freeze_rows["paper"].isna().all()
 
 
@@ -110,13 +156,13 @@ def test_partial_average_is_labelled_and_compared_on_the_same_tasks(tmp_path, ca
     path = write_fr_sweep(tmp_path / "part", three)
     table = report.score_table(report.load_sweep(path), reference="paper")
     avg = _row(table, "clm_detour", "average")
-    paper_same_three = np.mean([74.8, 67.4, 68.6])           # not the published 61.6
+    paper_same_three = np.mean([74.8, 67.4, 68.6])  # not the published 61.6
     assert avg["paper_tasks"] == "partial (3 of 8 tasks)" and avg["paper"] == pytest.approx(paper_same_three)
     assert avg["paper_delta"] == pytest.approx(np.mean([PAPER_MLM[t] for t in three]) + 2.0 - paper_same_three)
     assert main(["report", str(path), "--table", "scores", "--reference", "paper"]) == 0
     out = capsys.readouterr().out
     assert "partial (3 of 8 tasks)" in out and "the same k tasks" in out
-    assert "74.8 / 71.9 / -2.9" in out                         # fracco_30: paper / measured / delta
+    assert "74.8 / 71.9 / -2.9" in out  # fracco_30: paper / measured / delta
 
 
 def test_freeze_rows_match_the_papers_arms(full, tmp_path):
@@ -159,7 +205,7 @@ def test_base_only_evaluations_find_their_rows_by_hub_id(tmp_path):
     other = _row(table, "base (hub:someone/other-model)", "diamed")
     assert bio["paper_row"] == "French Base CLM detour" and bio["paper_delta"] == pytest.approx(66.0 - 67.4)
     assert start["paper_row"] == "ModernCamemBERT (start point)" and start["paper"] == 56.4
-    assert start["measured"] == pytest.approx(57.0)            # each base model its own arm, not averaged
+    assert start["measured"] == pytest.approx(57.0)  # each base model its own arm, not averaged
     assert other["paper_row"] == "" and np.isnan(other["paper"]) and other["mean"] == pytest.approx(50.0)
 
 
@@ -170,8 +216,8 @@ def test_english_arms_pick_the_nearest_token_budget(tmp_path):
     model = {"model": "hub:answerdotai/ModernBERT-base", "n_layers": 22, "tokens": 50e9}
     assert main_row_for(ref, "clm_detour", model)[1].name == "English Base 50B CLM detour"
     assert main_row_for(ref, "mlm", model | {"tokens": 9e9})[1].name == "English Base 10B MLM baseline"
-    assert main_row_for(ref, "mlm", model | {"tokens": None}) is None          # which budget: unknown
-    assert main_row_for(ref, "mlm", model | {"n_layers": 6}) is None           # not a size the paper has
+    assert main_row_for(ref, "mlm", model | {"tokens": None}) is None  # which budget: unknown
+    assert main_row_for(ref, "mlm", model | {"n_layers": 6}) is None  # not a size the paper has
     _, _, note = main_row_for(ref, "mlm", {"model": CAMEMBERT, "n_layers": 22, "tokens": 3000.0})
     assert "3000 tokens" in note and "11.0B" in note
 
@@ -184,7 +230,7 @@ def test_bad_reference_input_exits_2(full, tmp_path, capsys):
     assert main(["report", str(full), "--figure", "deltas", "--reference", "paper"]) == 2
     with pytest.raises(SpecError, match="no reference rows"):
         report.make_table("divergence", full, tmp_path, reference="paper")
-    percent = write_fr_sweep(tmp_path / "pct", ["diamed"], fraction=1.0)      # score files in percent
+    percent = write_fr_sweep(tmp_path / "pct", ["diamed"], fraction=1.0)  # score files in percent
     with pytest.raises(SpecError, match="no fraction"):
         report.score_table(report.load_sweep(percent), reference="paper")
     assert main(["report", str(percent), "--table", "scores", "--reference", "paper"]) == 2

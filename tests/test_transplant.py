@@ -36,17 +36,20 @@ def test_the_sweep_builds_the_grids_transplants_per_seed_and_scores_them(decay_s
     grid_made = hybrids[hybrids["schedule"].isin(["mlm_d10_clm_d10[emb,0-1]", "clm_d10_mlm_d10[emb,0-1]"])]
     assert len(grid_made) == 4 and (grid_made["status"] == "done").all()
     assert set(zip(grid_made["schedule"], grid_made["seed"])) == {
-        (s, seed) for s in ("mlm_d10_clm_d10[emb,0-1]", "clm_d10_mlm_d10[emb,0-1]") for seed in (17, 18)}
+        (s, seed) for s in ("mlm_d10_clm_d10[emb,0-1]", "clm_d10_mlm_d10[emb,0-1]") for seed in (17, 18)
+    }
     for row in grid_made.itertuples(index=False):
         source, target = runs.loc[row.derived_from], runs.loc[row.derived_into]
         assert source["seed"] == target["seed"] == row.seed
         assert f"{target['schedule']}_{source['schedule']}[emb,0-1]" == row.schedule
         a, b, h = _weights(sweep, row.derived_from), _weights(sweep, row.derived_into), _weights(sweep, row.run_id)
-        low = [k for k in h if k.startswith(("bert.embeddings.", "bert.encoder.layer.0.", "bert.encoder.layer.1."))]
+        low = [
+            k for k in h if k.startswith(("bert.embeddings.", "bert.encoder.layer.0.", "bert.encoder.layer.1."))
+        ]
         rest = [k for k in h if k not in low]
         assert low and any(k.startswith("bert.encoder.layer.3.") for k in rest) and any("cls." in k for k in rest)
         assert all(torch.equal(h[k], a[k]) for k in low) and all(torch.equal(h[k], b[k]) for k in rest)
-        assert not all(torch.equal(a[k], b[k]) for k in low)   # the arms differ, so the test can fail
+        assert not all(torch.equal(a[k], b[k]) for k in low)  # the arms differ, so the test can fail
     scores = pd.read_parquet(sweep / "scores.parquet")
     f1 = scores[scores["run_id"].isin(grid_made["run_id"]) & (scores["metric"] == "entity_f1")]
     assert set(f1["run_id"]) == set(grid_made["run_id"]) and f1["value"].between(0, 1).all()
@@ -70,8 +73,20 @@ def test_a_rerun_of_the_sweep_skips_the_transplants_done(decay_sweep, capsys):
 
 def test_a_transplant_of_everything_equals_its_source_bit_for_bit(decay_sweep, capsys):
     results, sweep = decay_sweep
-    rc = main(["transplant", "decay", "--results", str(results), "--from", "clm_d40", "--into", "mlm_d40",
-               "--layers", "encoder,head"])
+    rc = main(
+        [
+            "transplant",
+            "decay",
+            "--results",
+            str(results),
+            "--from",
+            "clm_d40",
+            "--into",
+            "mlm_d40",
+            "--layers",
+            "encoder,head",
+        ]
+    )
     assert rc == 0, capsys.readouterr()
     runs = pd.read_parquet(sweep / "runs.parquet").set_index("run_id")
     hybrids = _derived(sweep)
@@ -93,10 +108,15 @@ def test_a_failed_transplant_is_recorded_as_failed_and_shown_in_status(decay_swe
     runs = pd.read_parquet(sweep / "runs.parquet")
     arm = {(r.schedule, r.seed): r.run_id for r in runs.itertuples()}
     lost = arm[("clm_d40", 17)]
-    needed = {arm[("mlm_d40", 17)], arm[("mlm_d40", 18)], arm[("clm_d40", 18)]}    # the models a hybrid reads
+    needed = {arm[("mlm_d40", 17)], arm[("mlm_d40", 18)], arm[("clm_d40", 18)]}  # the models a hybrid reads
     copy = tmp_path / "r" / "decay"
-    shutil.copytree(sweep / "runs", copy / "runs", ignore=lambda folder, names: [
-        n for n in names if n == "checkpoints" or (n == "model" and Path(folder).name not in needed)])
+    shutil.copytree(
+        sweep / "runs",
+        copy / "runs",
+        ignore=lambda folder, names: [
+            n for n in names if n == "checkpoints" or (n == "model" and Path(folder).name not in needed)
+        ],
+    )
     grid = yaml.safe_load((results.parent / "decay.yaml").read_text())
     grid["transplants"].append({"from": "clm_d40", "into": "mlm_d40", "layers": "high", "tasks": []})
     grid["launcher"] = {"executor": "local", "local": {"parallel": 2}}
@@ -126,22 +146,43 @@ def _grid(tmp_path: Path, transplants: list, **extra) -> Path:
 ARMS = "allowed: mlm, clm_detour, clm_detour/low_clm"
 
 
-@pytest.mark.parametrize("entry, key, message", [
-    ({"from": "clm_detur", "into": "mlm", "layers": "low"}, "transplants[0].from",
-     f"not an arm this grid expands to; got 'clm_detur'; {ARMS}"),
-    ({"from": "clm_detour", "into": "mlm/low_clm", "layers": "low"}, "transplants[0].into",   # excluded
-     f"not an arm this grid expands to; got 'mlm/low_clm'; {ARMS}"),
-    ({"from": "clm_detour", "into": "mlm", "layers": "bottom"}, "transplants[0].layers",
-     "not a layer split; got 'bottom'; allowed: none, embeddings"),
-    ({"from": "clm_detour", "into": "mlm", "layers": [0, "2-4"]}, "transplants[0].layers",
-     "layer range goes past the model's depth (4 layers: 0-3); got '2-4'"),
-    ({"from": "clm_detour", "into": "mlm", "layers": "low", "seeds": [1]}, "transplants[0].seeds",
-     "unknown key; allowed: from, into, layers, components, tasks, eval"),
-    ({"from": "clm_detour", "into": "mlm"}, "transplants[0].layers", "missing required key"),
-    ({"from": "mlm", "into": "mlm", "layers": "low"}, "transplants[0].into", "the same arm"),
-    ({"from": "clm_detour", "into": "mlm", "layers": "low", "tasks": ["nope"]}, "transplants[0].tasks",
-     "unknown task"),
-])
+@pytest.mark.parametrize(
+    "entry, key, message",
+    [
+        (
+            {"from": "clm_detur", "into": "mlm", "layers": "low"},
+            "transplants[0].from",
+            f"not an arm this grid expands to; got 'clm_detur'; {ARMS}",
+        ),
+        (
+            {"from": "clm_detour", "into": "mlm/low_clm", "layers": "low"},
+            "transplants[0].into",  # excluded
+            f"not an arm this grid expands to; got 'mlm/low_clm'; {ARMS}",
+        ),
+        (
+            {"from": "clm_detour", "into": "mlm", "layers": "bottom"},
+            "transplants[0].layers",
+            "not a layer split; got 'bottom'; allowed: none, embeddings",
+        ),
+        (
+            {"from": "clm_detour", "into": "mlm", "layers": [0, "2-4"]},
+            "transplants[0].layers",
+            "layer range goes past the model's depth (4 layers: 0-3); got '2-4'",
+        ),
+        (
+            {"from": "clm_detour", "into": "mlm", "layers": "low", "seeds": [1]},
+            "transplants[0].seeds",
+            "unknown key; allowed: from, into, layers, components, tasks, eval",
+        ),
+        ({"from": "clm_detour", "into": "mlm"}, "transplants[0].layers", "missing required key"),
+        ({"from": "mlm", "into": "mlm", "layers": "low"}, "transplants[0].into", "the same arm"),
+        (
+            {"from": "clm_detour", "into": "mlm", "layers": "low", "tasks": ["nope"]},
+            "transplants[0].tasks",
+            "unknown task",
+        ),
+    ],
+)
 def test_a_bad_transplants_block_exits_2_before_anything_is_submitted(tmp_path, capsys, entry, key, message):
     results = tmp_path / "results"
     rc = main(["sweep", str(_grid(tmp_path, [entry])), "--results", str(results)])
@@ -153,15 +194,23 @@ def test_a_bad_transplants_block_exits_2_before_anything_is_submitted(tmp_path, 
 def test_the_dry_run_plans_a_hybrid_per_shared_seed_and_warns_about_the_others(tmp_path, capsys):
     axes = {**TINY["axes"], "seed": [17, 18]}
     exclude = [*TINY["exclude"], {"schedule": "clm_detour", "seed": 18}]
-    path = _grid(tmp_path, [{"from": "clm_detour", "into": "mlm", "layers": "low"},
-                            {"from": "mlm", "into": "clm_detour/low_clm", "layers": ["mid", 3]}],
-                 axes=axes, exclude=exclude)
+    path = _grid(
+        tmp_path,
+        [
+            {"from": "clm_detour", "into": "mlm", "layers": "low"},
+            {"from": "mlm", "into": "clm_detour/low_clm", "layers": ["mid", 3]},
+        ],
+        axes=axes,
+        exclude=exclude,
+    )
     rc = main(["sweep", str(path), "--dry-run", "--results", str(tmp_path / "results")])
     out, err = capsys.readouterr()
     assert rc == 0, err
     rows = [line.split() for line in out.splitlines() if line.startswith("tx-") and " transplants[" in line]
-    assert [(r[1], r[2], r[3]) for r in rows] == [("transplants[0]", "mlm_clm_detour[emb,0-1]", "17"),
-                                                  ("transplants[1]", "clm_detour/low_clm_mlm[emb,2-3]", "17")]
+    assert [(r[1], r[2], r[3]) for r in rows] == [
+        ("transplants[0]", "mlm_clm_detour[emb,0-1]", "17"),
+        ("transplants[1]", "clm_detour/low_clm_mlm[emb,2-3]", "17"),
+    ]
     assert out.splitlines()[-1].startswith("4 runs, 2 transplants; executor debug;")
     warned = [line for line in err.splitlines() if line.startswith("warning: transplants[")]
     assert len(warned) == 2 and all("seed 18" in line and "no hybrid" in line for line in warned)
@@ -176,14 +225,17 @@ def test_the_dry_run_counts_a_transplants_fine_tuning_in_the_per_task_rows(tmp_p
     lines = out.splitlines()
     at = lines.index("evaluation (fine-tuning per task; hours from `ablate calibrate`):")
     row = next(line.split() for line in lines[at:] if line.startswith("ncbi_disease"))
-    assert row[1:5] == ["-", "1", "1", "1"], lines[at:at + 5]     # the derived run alone fine-tunes: seed 0, once
+    assert row[1:5] == ["-", "1", "1", "1"], lines[at : at + 5]  # the derived run alone fine-tunes: seed 0, once
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--from", "clm_d40", "--into", "mlm_d40", "--layers", "0-4"], "past the model's depth"),
-    (["--from", "clm_d40", "--into", "mlm_d40", "--layers", "bottom"], "not a layer split"),
-    (["--from", "clm_d99", "--into", "mlm_d40", "--layers", "low"], "no finished run of this arm"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--from", "clm_d40", "--into", "mlm_d40", "--layers", "0-4"], "past the model's depth"),
+        (["--from", "clm_d40", "--into", "mlm_d40", "--layers", "bottom"], "not a layer split"),
+        (["--from", "clm_d99", "--into", "mlm_d40", "--layers", "low"], "no finished run of this arm"),
+    ],
+)
 def test_bad_transplants_exit_2(decay_sweep, capsys, args, message):
     results, sweep = decay_sweep
     before = sorted(p.name for p in (sweep / "runs").iterdir())

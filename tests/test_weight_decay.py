@@ -11,7 +11,7 @@ from ablate.models.sources import load_masked_lm
 from ablate.train.optimizer import Optimizer, _no_decay
 from tests.test_pretrain import _quiet, tiny_spec
 
-PEAK, WD = 2e-4, 1e-5     # the paper's values
+PEAK, WD = 2e-4, 1e-5  # the paper's values
 
 
 def _optimizer(form: str, fused: bool, weight_decay: float = WD):
@@ -41,7 +41,7 @@ def test_decayed_weights_shrink_by_the_recipes_factor_per_step_and_frozen_ones_d
     steps = 50
     _zero_grad_steps(model, opt, lr, steps)
 
-    per_step = torch.tensor(1 - lr / PEAK * WD, dtype=torch.float32)   # 1e-5 a step at peak
+    per_step = torch.tensor(1 - lr / PEAK * WD, dtype=torch.float32)  # 1e-5 a step at peak
     decayed = [n for n in before if not _no_decay(n) and n != frozen]
     for name, p in model.named_parameters():
         if name in decayed:
@@ -49,11 +49,11 @@ def test_decayed_weights_shrink_by_the_recipes_factor_per_step_and_frozen_ones_d
             for _ in range(steps):
                 expected = expected * per_step
             assert torch.equal(p.detach(), expected), name
-        else:                                        # biases, norms, the frozen weight
+        else:  # biases, norms, the frozen weight
             assert torch.equal(p.detach(), before[name]), f"{name} decayed"
     word = "bert.embeddings.word_embeddings.weight"
     shrink = 1 - float(model.get_parameter(word).detach().double().norm() / before[word].double().norm())
-    assert shrink == pytest.approx(1 - (1 - lr / PEAK * WD) ** steps, rel=1e-2)   # float32 rounding
+    assert shrink == pytest.approx(1 - (1 - lr / PEAK * WD) ** steps, rel=1e-2)  # float32 rounding
 
 
 def test_torch_form_at_the_recipes_values_leaves_float32_weights_bitwise_unchanged():
@@ -76,5 +76,7 @@ def test_runs_with_and_without_weight_decay_end_with_different_weights(tmp_path,
         weights[wd] = dict(model.named_parameters())
     name = "bert.encoder.layer.2.attention.self.query.weight"
     assert not torch.equal(weights[0.0][name], weights[WD][name])
-    assert parse_run_spec(tiny_spec(optim={"weight_decay_form": "torch"})).run_id != \
-        parse_run_spec(tiny_spec()).run_id
+    assert (
+        parse_run_spec(tiny_spec(optim={"weight_decay_form": "torch"})).run_id
+        != parse_run_spec(tiny_spec()).run_id
+    )

@@ -44,18 +44,32 @@ from ablate.analysis.probe import REPS_DIR, cka_vs_reference, load_representatio
 from ablate.analysis.ratio import noise_ratio
 from ablate.config.errors import SpecError
 from ablate.config.spec import RunSpec
-# the rule's view of a run lives in the store, so that `ablate collect` checks twins' tokens by the same rule
-from ablate.store.rundir import (SAME_TOKENS, RunInfo, TokenStream, baselines_by_group, compare_streams,
-                                 differing_phases, read_json, read_spec, run_info, runs_dir, token_stream,
-                                 twins_of)
 
-MODEL_LAYER = -2             # the `layer` of whole-model rows (-1 is the embeddings output, 0.. the blocks)
+# the rule's view of a run lives in the store, so that `ablate collect` checks twins' tokens by the same rule
+from ablate.store.rundir import (
+    SAME_TOKENS,
+    RunInfo,
+    TokenStream,
+    baselines_by_group,
+    compare_streams,
+    differing_phases,
+    read_json,
+    read_spec,
+    run_info,
+    runs_dir,
+    token_stream,
+    twins_of,
+)
+
+MODEL_LAYER = -2  # the `layer` of whole-model rows (-1 is the embeddings output, 0.. the blocks)
 MODEL_MEASURE = "divergence_model"
 PAIR_COLUMNS = ("run_a", "run_b", "relation", "position", "phase", "phase_b", "layer", "measure", "value")
 TWIN, NOISE = "twin", "seed-noise"
-RULE = ("twin: an arm and the baseline arm (the grid's baseline schedule, freeze none) with the same model, "
-        "data, data seed, seed, training settings and phase ends, phase ends matched by position; seed-noise: two "
-        "baselines that differ only in seed")
+RULE = (
+    "twin: an arm and the baseline arm (the grid's baseline schedule, freeze none) with the same model, "
+    "data, data seed, seed, training settings and phase ends, phase ends matched by position; seed-noise: two "
+    "baselines that differ only in seed"
+)
 
 
 def form_pairs(infos: Sequence[RunInfo]) -> list[tuple[RunInfo, RunInfo, str]]:
@@ -67,17 +81,26 @@ def form_pairs(infos: Sequence[RunInfo]) -> list[tuple[RunInfo, RunInfo, str]]:
     for arm in (i for i in infos if not i.baseline):
         twins = twins_of(arm, by_group)
         if not twins:
-            raise SpecError(f"run {arm.run_id} (seed {arm.seed}, phases {' > '.join(arm.phases)}) has no finished "
-                            "MLM twin: no MLM-baseline run with the same model, data, seed and phase ends",
-                            key=f"runs.{arm.run_id}", allowed=RULE)
+            raise SpecError(
+                f"run {arm.run_id} (seed {arm.seed}, phases {' > '.join(arm.phases)}) has no finished "
+                "MLM twin: no MLM-baseline run with the same model, data, seed and phase ends",
+                key=f"runs.{arm.run_id}",
+                allowed=RULE,
+            )
         out += [(arm, b, TWIN) for b in twins]
     for i, a in enumerate(baselines):
-        partners = [b for b in baselines if b is not a and (b.identity, b.schedule) == (a.identity, a.schedule)
-                    and b.seed != a.seed]
+        partners = [
+            b
+            for b in baselines
+            if b is not a and (b.identity, b.schedule) == (a.identity, a.schedule) and b.seed != a.seed
+        ]
         if not partners:
-            raise SpecError(f"MLM baseline {a.run_id} (seed {a.seed}) has no finished run of another seed: the "
-                            "seed-noise pairs (and the ratio) need two MLM seeds", key=f"runs.{a.run_id}",
-                            allowed=RULE)
+            raise SpecError(
+                f"MLM baseline {a.run_id} (seed {a.seed}) has no finished run of another seed: the "
+                "seed-noise pairs (and the ratio) need two MLM seeds",
+                key=f"runs.{a.run_id}",
+                allowed=RULE,
+            )
         out += [(a, b, NOISE) for b in partners if b.seed > a.seed]
     return out
 
@@ -104,12 +127,13 @@ def identical_layers(digests: Sequence[Sequence[bytes]]) -> np.ndarray:
     return np.array([len(set(layer)) == 1 for layer in zip(*digests)], dtype=bool)
 
 
-def pair_rows(pairs: Sequence[tuple[RunInfo, RunInfo, str]],
-              reps_of: Callable[[str, int], Sequence[np.ndarray]]) -> pd.DataFrame:
+def pair_rows(
+    pairs: Sequence[tuple[RunInfo, RunInfo, str]], reps_of: Callable[[str, int], Sequence[np.ndarray]]
+) -> pd.DataFrame:
     """The pairs table for `pairs`; `reps_of(run_id, position)` gives a run's representations at the end
     of its phase `position` (1-based). Each pair's CKA is computed once."""
     cka: dict[tuple[str, str, int], np.ndarray] = {}
-    digests: dict[tuple[str, int], list[bytes]] = {}    # (run, position) -> layer_digests, for the ratio
+    digests: dict[tuple[str, int], list[bytes]] = {}  # (run, position) -> layer_digests, for the ratio
 
     def between(a: RunInfo, b: RunInfo, pos: int) -> np.ndarray:
         key = (*sorted((a.run_id, b.run_id)), pos)
@@ -135,8 +159,11 @@ def pair_rows(pairs: Sequence[tuple[RunInfo, RunInfo, str]],
             rows.append((*head, MODEL_LAYER, MODEL_MEASURE, model_divergence(values)))
             if rel == TWIN:
                 partners = noise_partners.get(b.run_id, [])
-                noise = np.mean([1.0 - between(b, p, pos) for p in partners], axis=0) if partners \
+                noise = (
+                    np.mean([1.0 - between(b, p, pos) for p in partners], axis=0)
+                    if partners
                     else np.full(len(values), np.nan)
+                )
                 same = identical_layers([digests[(r.run_id, pos)] for r in (a, b, *partners)])
                 ratio = noise_ratio(1.0 - values, noise, same)
                 rows += [(*head, layer - 1, "cka_ratio", float(v)) for layer, v in enumerate(ratio)]
@@ -152,10 +179,10 @@ def pairs_table(sweep_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
     for run_id in done["run_id"]:
         folder = runs_dir(sweep_dir) / str(run_id)
         if not (folder / "spec.json").is_file():
-            continue            # the base model's reference scores: no run folder
+            continue  # the base model's reference scores: no run folder
         spec = read_spec(folder)
         if spec.labels.get("derived"):
-            continue            # a layer transplant: no phases of its own
+            continue  # a layer transplant: no phases of its own
         infos.append(run_info(str(run_id), spec))
         folders[str(run_id)], specs[str(run_id)] = folder, spec
     if not infos:
@@ -168,13 +195,22 @@ def pairs_table(sweep_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
         phase = by_id[run_id].phases[pos - 1]
         path = folders[run_id].joinpath(*REPS_DIR, f"{phase}.npz")
         if not path.is_file():
-            raise SpecError(f"run {run_id} saved no representations at the end of phase {phase!r}",
-                            file=str(path), key="probe.n_texts", allowed="a run with probe.n_texts > 0")
+            raise SpecError(
+                f"run {run_id} saved no representations at the end of phase {phase!r}",
+                file=str(path),
+                key="probe.n_texts",
+                allowed="a run with probe.n_texts > 0",
+            )
         reps, key = load_representations(path)
         first = keys.setdefault("key", key)
         if key != first:
-            raise SpecError(f"run {run_id} probed other texts than the rest of the sweep", file=str(path),
-                            key="probe", value=key, allowed=first)
+            raise SpecError(
+                f"run {run_id} probed other texts than the rest of the sweep",
+                file=str(path),
+                key="probe",
+                value=key,
+                allowed=first,
+            )
         return list(reps)
 
     rows = pair_rows(pairs, reps_of)
@@ -183,15 +219,18 @@ def pairs_table(sweep_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
     rows["decay_tokens"] = [ends[a][pos - 1] - ends[a][0] for a, pos in zip(rows["run_a"], rows["position"])]
     rows["objective"] = rows["run_a"].map({r: spec.phases[0].objective.upper() for r, spec in specs.items()})
     streams = {run_id: _token_stream(folders[run_id], by_id[run_id]) for run_id in folders}
-    rows["tokens"] = [_phase_tokens(streams[a], streams[b], pos)
-                      for a, b, pos in zip(rows["run_a"], rows["run_b"], rows["position"])]
+    rows["tokens"] = [
+        _phase_tokens(streams[a], streams[b], pos)
+        for a, b, pos in zip(rows["run_a"], rows["run_b"], rows["position"])
+    ]
     return rows
 
 
 def phase_end_tokens(spec: RunSpec) -> list[int]:
     """The tokens a run has trained at the end of each of its phases (steps x that phase's tokens per step)."""
-    return list(accumulate(steps * per_step for steps, per_step in zip(spec.phase_steps(),
-                                                                        spec.phase_tokens_per_step())))
+    return list(
+        accumulate(steps * per_step for steps, per_step in zip(spec.phase_steps(), spec.phase_tokens_per_step()))
+    )
 
 
 def _token_stream(folder: Path, info: RunInfo) -> TokenStream:
@@ -213,6 +252,7 @@ def _phase_tokens(a: TokenStream, b: TokenStream, position: int) -> str:
 
 
 # --- summaries -------------------------------------------------------------------------------------------
+
 
 def region_of(layers: Sequence[int], n_layers: int) -> dict[int, str]:
     """Block index -> "low" / "mid" / "high" (freeze masks' thirds); the embeddings output (-1) is in none."""

@@ -21,9 +21,10 @@ import numpy as np
 from ablate.config.errors import SpecError
 from ablate.config.spec import PROBE_TASK
 
-TaskReader = Callable[[str, str, "str | None"], list]   # (task, split, data root) -> its texts
+TaskReader = Callable[[str, str, "str | None"], list]  # (task, split, data root) -> its texts
 
 # --- CKA -------------------------------------------------------------------------------------------------
+
 
 def linear_cka(x, y) -> float:
     """Linear CKA (Kornblith et al. 2019) between two (n, d) feature matrices of the same n examples.
@@ -59,16 +60,29 @@ def cka_vs_reference(reps_a: Sequence[np.ndarray], reps_b: Sequence[np.ndarray])
 
 # --- representations -------------------------------------------------------------------------------------
 
-def probe_texts(valid_texts: Sequence[str], n: int, seed: int, *, corpus: str = "data.valid_corpus",
-                key: str = "probe.n_texts", file: str | None = None) -> list[str]:
+
+def probe_texts(
+    valid_texts: Sequence[str],
+    n: int,
+    seed: int,
+    *,
+    corpus: str = "data.valid_corpus",
+    key: str = "probe.n_texts",
+    file: str | None = None,
+) -> list[str]:
     """A fixed set of `n` held-out texts, chosen by `seed`, in corpus order. SpecError (naming the corpus, and
     `key` in `file`) when it has fewer usable (non-blank) texts: a probe never measures fewer than it says."""
     candidates = [t for t in valid_texts if t and t.strip()]
     if n > len(candidates):
-        raise SpecError(f"the layer probe asks for {n} held-out texts, but its texts ({corpus}) have "
-                        f"{len(candidates)} usable (non-blank) texts", file=file or corpus, key=key, value=n,
-                        allowed=f"at most {len(candidates)} (0: no probe), or probe texts (probe.texts, "
-                                f"data.valid_corpus) with at least {n} texts")
+        raise SpecError(
+            f"the layer probe asks for {n} held-out texts, but its texts ({corpus}) have "
+            f"{len(candidates)} usable (non-blank) texts",
+            file=file or corpus,
+            key=key,
+            value=n,
+            allowed=f"at most {len(candidates)} (0: no probe), or probe texts (probe.texts, "
+            f"data.valid_corpus) with at least {n} texts",
+        )
     if n == len(candidates):
         return candidates
     idx = np.sort(np.random.default_rng(seed).choice(len(candidates), size=n, replace=False))
@@ -80,8 +94,11 @@ def probe_sources(spec) -> tuple[str, ...]:
     if spec.probe.texts is not None:
         return spec.probe.texts
     if spec.data.valid_corpus is None:
-        raise SpecError("layer probes need held-out texts", key="data.valid_corpus",
-                        allowed="a corpus path, probe.texts (task:NAME or a corpus), or probe.n_texts: 0")
+        raise SpecError(
+            "layer probes need held-out texts",
+            key="data.valid_corpus",
+            allowed="a corpus path, probe.texts (task:NAME or a corpus), or probe.n_texts: 0",
+        )
     return (spec.data.valid_corpus,)
 
 
@@ -89,7 +106,7 @@ def task_source(source: str) -> tuple[str, str] | None:
     """(task name, split) of a task:NAME[:SPLIT] source (split default test); None for a corpus path."""
     if not source.startswith(PROBE_TASK):
         return None
-    name, _, split = source[len(PROBE_TASK):].partition(":")
+    name, _, split = source[len(PROBE_TASK) :].partition(":")
     return name, split or "test"
 
 
@@ -109,8 +126,12 @@ def held_out_texts(spec, file: str | None = None, read_task: TaskReader | None =
         for source in probe_sources(spec):
             task = task_source(source)
             if task is not None and read_task is None:
-                raise SpecError("task probe texts are read where the tasks are known (ablate sweep / run)",
-                                key="probe.texts", value=source, allowed="a corpus path")
+                raise SpecError(
+                    "task probe texts are read where the tasks are known (ablate sweep / run)",
+                    key="probe.texts",
+                    value=source,
+                    allowed="a corpus path",
+                )
             if task is not None:
                 pool += read_task(*task, spec.data.data_root)
             elif spec.probe.texts is None:
@@ -118,13 +139,15 @@ def held_out_texts(spec, file: str | None = None, read_task: TaskReader | None =
             else:
                 pool += read_documents(spec.data.model_copy(update={"valid_corpus": source}), "valid_corpus")
     except SpecError as exc:
-        raise SpecError(exc.message, file=exc.file or file, key=exc.key, value=exc.value,
-                        allowed=exc.allowed) from None
+        raise SpecError(
+            exc.message, file=exc.file or file, key=exc.key, value=exc.value, allowed=exc.allowed
+        ) from None
     return pool
 
 
-def check_probe_texts(specs: list, file: str | None, read_task: TaskReader | None = None,
-                      absent: Collection[str] = ()) -> None:
+def check_probe_texts(
+    specs: list, file: str | None, read_task: TaskReader | None = None, absent: Collection[str] = ()
+) -> None:
     """Before anything is submitted: each distinct (probe sources, probe.n_texts) of the runs that probe
     has that many usable held-out texts (probe_texts' SpecError otherwise). Reads each source once and loads
     no model. A held-out file, or a probe task source in `absent` (its data missing), is left to the corpus
@@ -144,8 +167,9 @@ def check_probe_texts(specs: list, file: str | None, read_task: TaskReader | Non
                 texts[which] = None
         if texts[which] is None:
             continue
-        probe_texts(texts[which], spec.probe.n_texts, spec.probe.seed, corpus=", ".join(probe_sources(spec)),
-                    file=file)
+        probe_texts(
+            texts[which], spec.probe.n_texts, spec.probe.seed, corpus=", ".join(probe_sources(spec)), file=file
+        )
 
 
 def _encoder(model):
@@ -176,8 +200,9 @@ def layer_representations(model, input_ids_batches, attention_masks) -> list[np.
                 out = encoder(input_ids=ids, attention_mask=mask, output_hidden_states=True)
                 m = mask.to(torch.float64).unsqueeze(-1)
                 count = m.sum(dim=1).clamp_min(1.0)
-                per_layer = [((h.to(torch.float64) * m).sum(dim=1) / count).cpu().numpy()
-                             for h in out.hidden_states]
+                per_layer = [
+                    ((h.to(torch.float64) * m).sum(dim=1) / count).cpu().numpy() for h in out.hidden_states
+                ]
                 if pooled is None:
                     pooled = [[] for _ in per_layer]
                 for acc, p in zip(pooled, per_layer):
@@ -190,21 +215,28 @@ def layer_representations(model, input_ids_batches, attention_masks) -> list[np.
     return [np.concatenate(acc, axis=0) for acc in pooled]
 
 
-def representations_for(model, tokenizer, texts: Sequence[str], max_length: int = 128,
-                        batch_size: int = 32) -> list[np.ndarray]:
+def representations_for(
+    model, tokenizer, texts: Sequence[str], max_length: int = 128, batch_size: int = 32
+) -> list[np.ndarray]:
     """Tokenize `texts` (truncated to max_length) and return their per-layer mean-pooled representations."""
     if not texts:
         raise ValueError("representations_for needs at least one text")
     ids, masks = [], []
     for start in range(0, len(texts), batch_size):
-        enc = tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
-                        max_length=max_length, return_tensors="pt")
+        enc = tokenizer(
+            list(texts[start : start + batch_size]),
+            padding=True,
+            truncation=True,
+            max_length=max_length,
+            return_tensors="pt",
+        )
         ids.append(enc["input_ids"])
         masks.append(enc["attention_mask"])
     return layer_representations(model, ids, masks)
 
 
 # --- weights and gradients -------------------------------------------------------------------------------
+
 
 def layer_params(model) -> dict[int, list[str]]:
     """{layer index (-1 = embeddings): parameter names} for a *ForMaskedLM or a bare encoder."""
@@ -231,7 +263,7 @@ def weight_rel_change(params: Mapping, base: Mapping, groups: Mapping[int, list[
                 w = params[name].detach().to("cpu", torch.float64)
                 w_base = base[name].detach().to("cpu", torch.float64)
                 diff_sq += float(((w - w_base) ** 2).sum())
-                base_sq += float((w_base ** 2).sum())
+                base_sq += float((w_base**2).sum())
             out[layer] = float(np.sqrt(diff_sq) / np.sqrt(base_sq)) if base_sq > 0 else float("nan")
     return out
 
@@ -257,8 +289,9 @@ def grad_norm_values(params: Mapping, groups: Mapping[int, list[str]]):
         grads = [params[n].grad for n in names if params[n].grad is not None]
         if grads:
             layers.append(layer)
-            values.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g).double()
-                                                                for g in grads])))
+            values.append(
+                torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g).double() for g in grads]))
+            )
     return tuple(layers), torch.stack(values) if values else torch.zeros(0, dtype=torch.float64)
 
 
@@ -274,7 +307,7 @@ def layer_grad_norms(model) -> dict[int, float]:
 
 # --- during pretraining ----------------------------------------------------------------------------------
 
-REPS_DIR = ("records", "reps")   # <run folder>/records/reps/<phase>.npz: the phase-end representations
+REPS_DIR = ("records", "reps")  # <run folder>/records/reps/<phase>.npz: the phase-end representations
 
 
 def probe_key(texts: Sequence[str], max_length: int) -> str:
@@ -319,8 +352,12 @@ def cka_vs_base_hook(spec, run_dir: Path | None = None, read_task: TaskReader | 
     pretraining forms it, and the other ranks would wait on the probe there)."""
     from ablate.models.sources import load_tokenizer
 
-    texts = probe_texts(held_out_texts(spec, read_task=read_task), spec.probe.n_texts, spec.probe.seed,
-                        corpus=", ".join(probe_sources(spec)))
+    texts = probe_texts(
+        held_out_texts(spec, read_task=read_task),
+        spec.probe.n_texts,
+        spec.probe.seed,
+        corpus=", ".join(probe_sources(spec)),
+    )
     tokenizer = load_tokenizer(spec.tokenizer or spec.model)
     key = probe_key(texts, spec.probe.max_length)
     base_reps: list[np.ndarray] = []
@@ -331,8 +368,10 @@ def cka_vs_base_hook(spec, run_dir: Path | None = None, read_task: TaskReader | 
         reps = representations_for(model, tokenizer, texts, spec.probe.max_length)
         if run_dir is not None:
             save_representations(Path(run_dir).joinpath(*REPS_DIR, f"{phase}.npz"), reps, key)
-        return [{"layer": i - 1, "measure": "cka_vs_base", "value": v}
-                for i, v in enumerate(cka_vs_reference(reps, base_reps))]
+        return [
+            {"layer": i - 1, "measure": "cka_vs_base", "value": v}
+            for i, v in enumerate(cka_vs_reference(reps, base_reps))
+        ]
 
     return hook
 

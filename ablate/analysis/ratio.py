@@ -47,15 +47,23 @@ def _load_for_probe(model_dir: str, tokenizer=None):
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
         except (OSError, ValueError) as e:
-            raise SpecError("no tokenizer in the run's model folder; pass one", key="model_dir",
-                            value=model_dir) from e
+            raise SpecError(
+                "no tokenizer in the run's model folder; pass one", key="model_dir", value=model_dir
+            ) from e
     return model, tokenizer
 
 
-def cka_ratio(runs, texts: Sequence[str], *, baseline_schedule: str = DEFAULT_BASELINE,
-              match: Sequence[str] = ("model",),
-              reps: Mapping[str, Sequence[np.ndarray]] | None = None, tokenizer=None,
-              max_length: int = 128, batch_size: int = 32):
+def cka_ratio(
+    runs,
+    texts: Sequence[str],
+    *,
+    baseline_schedule: str = DEFAULT_BASELINE,
+    match: Sequence[str] = ("model",),
+    reps: Mapping[str, Sequence[np.ndarray]] | None = None,
+    tokenizer=None,
+    max_length: int = 128,
+    batch_size: int = 32,
+):
     """Rows (run_id, phase="final", layer, measure="cka_ratio_vs_mlm", value) for every arm of a sweep.
 
     value = (1 - CKA(arm, MLM seed a)) / mean_b (1 - CKA(MLM seed b, MLM seed a)) per layer: how far the
@@ -81,8 +89,11 @@ def cka_ratio(runs, texts: Sequence[str], *, baseline_schedule: str = DEFAULT_BA
         if row.run_id not in cache:
             model_dir = getattr(row, "model_dir", "") or ""
             if not model_dir or not Path(model_dir).exists():
-                raise SpecError("run has no saved model folder for cross-run CKA", key=f"runs.{row.run_id}",
-                                value=model_dir or None)
+                raise SpecError(
+                    "run has no saved model folder for cross-run CKA",
+                    key=f"runs.{row.run_id}",
+                    value=model_dir or None,
+                )
             model, tok = _load_for_probe(model_dir, tokenizer)
             cache[row.run_id] = representations_for(model, tok, texts, max_length, batch_size)
         return cache[row.run_id]
@@ -110,7 +121,7 @@ def cka_ratio(runs, texts: Sequence[str], *, baseline_schedule: str = DEFAULT_BA
         others = [b for b in bases.itertuples(index=False) if b.run_id != a.run_id]
         noise = np.mean([1.0 - cka_between(b, a) for b in others], axis=0)
         moved = 1.0 - cka_between(arm, a)
-        layers = zip(*map(reps_of, (arm, a, *others)))    # per layer: each run's representations
+        layers = zip(*map(reps_of, (arm, a, *others)))  # per layer: each run's representations
         same = [all(np.array_equal(layer[0], y) for y in layer[1:]) for layer in layers]
         ratio = noise_ratio(moved, noise, same)
         rows += [(arm.run_id, "final", layer - 1, RATIO_MEASURE, float(v)) for layer, v in enumerate(ratio)]
@@ -131,13 +142,19 @@ def add_cka_ratio(sweep_dir: Path, tables: dict, n_texts: int) -> int:
     if done.empty:
         raise SpecError("no finished runs to compare", key="--cka-ratio", file=str(sweep_dir))
     spec = read_spec(Path(sweep_dir) / "runs" / done["run_id"].iloc[0])
-    texts = probe_texts(held_out_texts(spec, str(sweep_dir)), n_texts, spec.probe.seed,
-                        corpus=spec.data.valid_corpus, key="--cka-ratio")
-    ratio = cka_ratio(done, texts, max_length=spec.probe.max_length, baseline_schedule=declared_baseline(sweep_dir))
+    texts = probe_texts(
+        held_out_texts(spec, str(sweep_dir)),
+        n_texts,
+        spec.probe.seed,
+        corpus=spec.data.valid_corpus,
+        key="--cka-ratio",
+    )
+    ratio = cka_ratio(
+        done, texts, max_length=spec.probe.max_length, baseline_schedule=declared_baseline(sweep_dir)
+    )
     if ratio.empty:
         return 0
     layers = tables["layers"]
     layers = layers[layers["measure"] != RATIO_MEASURE] if "measure" in layers else layers
     tables["layers"] = pd.concat([layers, ratio], ignore_index=True)
     return int(ratio["run_id"].nunique())
-

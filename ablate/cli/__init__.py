@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print("interrupted: run folders keep their checkpoints; run the same command again to resume",
-              file=sys.stderr)
+        print(
+            "interrupted: run folders keep their checkpoints; run the same command again to resume",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED

@@ -12,7 +12,7 @@ from ablate.config.base import parse_assignments
 from ablate.config.errors import SpecError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
-POLL_S = 5.0   # seconds between progress checks of a sweep or a tune
+POLL_S = 5.0  # seconds between progress checks of a sweep or a tune
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -53,8 +53,10 @@ def _print_finetuning(grid, runs, root, transplants) -> None:
 
     lines, rows = finetune_breakdown(grid, runs, root, transplants)
     if rows or lines:
-        print("evaluation (fine-tuning per task; hours from `ablate calibrate`):"
-              + "".join(f"\n  {line}" for line in lines))
+        print(
+            "evaluation (fine-tuning per task; hours from `ablate calibrate`):"
+            + "".join(f"\n  {line}" for line in lines)
+        )
         if rows:
             _print_table(rows)
         print()
@@ -67,12 +69,14 @@ def _print_tree(tree, runs) -> None:
     if tree is None:
         print("branching: off (`branching: false`): every run trains from step 0\n")
         return
-    labels = {r.run_id: ", ".join(f"{k}={v}" for k, v in r.axes.items() if k != "freeze" or v != "none")
-              for r in runs}
+    labels = {
+        r.run_id: ", ".join(f"{k}={v}" for k, v in r.axes.items() if k != "freeze" or v != "none") for r in runs
+    }
     print("\n".join(tree_lines(tree, labels)) + "\n")
 
 
 # ------------------------------------------------------------------ commands
+
 
 def cmd_run(args) -> int:
     from ablate.analysis.probe import check_probe_texts
@@ -90,17 +94,21 @@ def cmd_run(args) -> int:
 
     spec = load_run_spec(args.spec)
     if spec.micro_batch_size == "auto":
-        raise SpecError("micro_batch_size auto is resolved against a grid launcher's gpu_memory_gb; a run spec "
-                        "takes a number", file=str(args.spec), key="micro_batch_size", value="auto",
-                        allowed="a divisor of batch_size, or run it from a grid (docs/gpu-memory.md)")
+        raise SpecError(
+            "micro_batch_size auto is resolved against a grid launcher's gpu_memory_gb; a run spec takes a number",
+            file=str(args.spec),
+            key="micro_batch_size",
+            value="auto",
+            allowed="a divisor of batch_size, or run it from a grid (docs/gpu-memory.md)",
+        )
     check_plan(spec, file=str(args.spec))
     check_model_fit([spec], file=str(args.spec))
     check_eval([spec], file=str(args.spec))
     require_corpora([spec], file=str(args.spec))
     require_probe_data([spec], file=str(args.spec))
     check_probe_texts([spec], file=str(args.spec), read_task=task_texts)
-    prepare_corpora(unprepared([spec]))              # what the run would do first (a changed corpus: exit 2)
-    check_budgets([spec], file=str(args.spec))       # before the run folder exists
+    prepare_corpora(unprepared([spec]))  # what the run would do first (a changed corpus: exit 2)
+    check_budgets([spec], file=str(args.spec))  # before the run folder exists
     for result in check_models([spec], file=str(args.spec)).values():
         if result is not None:
             print(result.describe())
@@ -110,9 +118,9 @@ def cmd_run(args) -> int:
         print(f"{out}: resuming a failed run", file=sys.stderr)
     try:
         state = worker.execute(out, stop_after_steps=args.stop_after_steps)
-    except (rundir.AlreadyRunning, SpecError):    # bad input found in the run (e.g. a changed corpus): exit 2
+    except (rundir.AlreadyRunning, SpecError):  # bad input found in the run (e.g. a changed corpus): exit 2
         raise
-    except Exception as exc:   # recorded in status.json and log.txt by the worker
+    except Exception as exc:  # recorded in status.json and log.txt by the worker
         print(f"failed: {type(exc).__name__}: {exc}\n  log: {out / 'log.txt'}", file=sys.stderr)
         return EXIT_FAILED
     print(f"{state}: {out}")
@@ -130,13 +138,17 @@ def cmd_sweep(args) -> int:
     from ablate.plan.transplants import transplant_table
 
     if check_tokens_per_s(args.tokens_per_s) is not None and not args.dry_run:
-        raise SpecError("a throughput is for the cost plan of a dry run", key="--tokens-per-s",
-                        value=args.tokens_per_s, allowed="--tokens-per-s with --dry-run")
+        raise SpecError(
+            "a throughput is for the cost plan of a dry run",
+            key="--tokens-per-s",
+            value=args.tokens_per_s,
+            allowed="--tokens-per-s with --dry-run",
+        )
     checked = checked_grid(str(args.grid), args.executor)
     grid, runs, transplants = checked.grid, checked.runs, checked.transplants
     executor = args.executor or grid.launcher.executor
     sweep_dir = results_root(args.results) / grid.sweep
-    notes, warnings = seed_notes(runs)   # on stderr: stdout is the plan table
+    notes, warnings = seed_notes(runs)  # on stderr: stdout is the plan table
     for note in [*notes, *checked.notes] if args.dry_run else ():
         print(f"note: {note}", file=sys.stderr)
     _warn(warnings + checked.warnings)
@@ -144,10 +156,21 @@ def cmd_sweep(args) -> int:
         from ablate.analysis.pairs import describe_pairs
         from ablate.launch.estimates import dry_run_cost, objective_breakdown
 
-        header, costs = dry_run_cost(grid, str(args.grid), runs, executor, results_root(args.results),
-                                     args.tokens_per_s, checked.tree, transplants)
-        _print_table(plan_table(runs, checked.plans, checked.models,
-                                {k: "ok" if r else "-" for k, r in checked.causal.items()}))
+        header, costs = dry_run_cost(
+            grid,
+            str(args.grid),
+            runs,
+            executor,
+            results_root(args.results),
+            args.tokens_per_s,
+            checked.tree,
+            transplants,
+        )
+        _print_table(
+            plan_table(
+                runs, checked.plans, checked.models, {k: "ok" if r else "-" for k, r in checked.causal.items()}
+            )
+        )
         print()
         if transplants:
             print("transplants (derived runs: built and fine-tuned once the runs they need are done):")
@@ -165,10 +188,13 @@ def cmd_sweep(args) -> int:
             print("\nGPU memory per device (predicted peak of a training step, docs/gpu-memory.md):")
             _print_table(checked.memory)
         print("\n".join(checked.parity))
-        print(f"{len(runs)} runs" + (f", {len(transplants)} transplants" if transplants else "")
-              + f"; executor {executor}; results in {sweep_dir}; dry run: nothing submitted; "
-              + "".join(f"model {m} ({fam.name}, {depth} layers); " for m, (fam, depth) in checked.models.items())
-              + describe_pairs([(r.run_id, r.spec) for r in runs]))
+        print(
+            f"{len(runs)} runs"
+            + (f", {len(transplants)} transplants" if transplants else "")
+            + f"; executor {executor}; results in {sweep_dir}; dry run: nothing submitted; "
+            + "".join(f"model {m} ({fam.name}, {depth} layers); " for m, (fam, depth) in checked.models.items())
+            + describe_pairs([(r.run_id, r.spec) for r in runs])
+        )
         return EXIT_OK
     from ablate.launch import scheduler
     from ablate.launch.drivers import HELD
@@ -176,21 +202,35 @@ def cmd_sweep(args) -> int:
     from ablate.store import tables
 
     require_executor(executor, key="--executor" if args.executor else "launcher.executor")
-    by_state = scheduler.run_sweep(grid, Path(args.grid), runs, results_root(args.results), executor,
-                                   args.retry_failed, poll_s=args.poll, transplants=transplants,
-                                   tree=checked.tree, wait=args.wait)
+    by_state = scheduler.run_sweep(
+        grid,
+        Path(args.grid),
+        runs,
+        results_root(args.results),
+        executor,
+        args.retry_failed,
+        poll_s=args.poll,
+        transplants=transplants,
+        tree=checked.tree,
+        wait=args.wait,
+    )
     collected = tables.collect(sweep_dir)
     _warn(collected.problems + collected.warnings)
     done, failed = by_state.get("done", []), by_state.get("failed", [])
     others = {k: v for k, v in by_state.items() if k not in ("done", "failed")}
-    print(f"summary: {len(done)} done, {len(failed)} failed"
-          + "".join(f", {len(v)} {k}" for k, v in others.items()) + f"; tables in {sweep_dir}")
+    print(
+        f"summary: {len(done)} done, {len(failed)} failed"
+        + "".join(f", {len(v)} {k}" for k, v in others.items())
+        + f"; tables in {sweep_dir}"
+    )
     for rid in failed:
         print(f"  failed {rid}: log {sweep_dir / 'runs' / rid / 'log.txt'}")
     if by_state.get(HELD):
-        print(f"{len(by_state[HELD])} runs are left to the other drivers, workers or jobs named above: `ablate "
-              f"status {grid.sweep}` follows them, `ablate sweep {args.grid} --wait` waits for them")
-    unfinished = [state for state in others if state != HELD]      # held elsewhere: not this driver's to finish
+        print(
+            f"{len(by_state[HELD])} runs are left to the other drivers, workers or jobs named above: `ablate "
+            f"status {grid.sweep}` follows them, `ablate sweep {args.grid} --wait` waits for them"
+        )
+    unfinished = [state for state in others if state != HELD]  # held elsewhere: not this driver's to finish
     return EXIT_OK if not failed and not unfinished and not collected.problems else EXIT_FAILED
 
 
@@ -203,8 +243,15 @@ def cmd_calibrate(args) -> int:
     check_steps(args.steps, args.warmup)
     checked = checked_grid(str(args.grid))
     require_corpora([r.spec for r in checked.runs], file=str(args.grid))
-    path, _ = calibrate(checked.grid.sweep, Path(args.grid), [r.spec for r in checked.runs],
-                        results_root(args.results), args.steps, args.warmup, finetune=not args.no_finetune)
+    path, _ = calibrate(
+        checked.grid.sweep,
+        Path(args.grid),
+        [r.spec for r in checked.runs],
+        results_root(args.results),
+        args.steps,
+        args.warmup,
+        finetune=not args.no_finetune,
+    )
     print(f"calibration: {path}; `ablate sweep {args.grid} --dry-run` now prints hours and GPU-hours")
     return EXIT_OK
 
@@ -259,7 +306,9 @@ def cmd_collect(args) -> int:
             tables.write_tables(sweep.root, collected.tables)
             print(f"cka ratio: added to the layers table for {n} runs")
         else:
-            print("cka ratio: the sweep needs at least two MLM-baseline seeds (schedule mlm, freeze none) per model")
+            print(
+                "cka ratio: the sweep needs at least two MLM-baseline seeds (schedule mlm, freeze none) per model"
+            )
     if args.pairs:
         from ablate.analysis.pairs import RULE, pairs_table
 
@@ -296,7 +345,7 @@ def cmd_evaluate(args) -> int:
         counts = evaluate.evaluate_sweep(sweep.root, tasks, seeds, overrides, **how)
         print(f"evaluated {counts['evaluated']} finished runs; {counts['not done']} not finished (skipped)")
     if not (sweep.root / "runs").is_dir():
-        return EXIT_OK                    # a base model alone, outside any sweep: nothing to collect
+        return EXIT_OK  # a base model alone, outside any sweep: nothing to collect
     args.cka_ratio, args.pairs = None, False
     return cmd_collect(args)
 
@@ -307,8 +356,11 @@ def evaluated_tasks(tasks, suites) -> tuple[str, ...]:
 
     named = tuple(tasks or ()) + tuple(PREFIX + s.removeprefix(PREFIX) for s in suites or ())
     if not named:
-        raise SpecError("nothing to evaluate", key="--task",
-                        allowed="--task NAME, --task suite:NAME or --suite NAME (repeatable)")
+        raise SpecError(
+            "nothing to evaluate",
+            key="--task",
+            allowed="--task NAME, --task suite:NAME or --suite NAME (repeatable)",
+        )
     return named
 
 
@@ -333,8 +385,12 @@ def cmd_report(args) -> int:
     reference = {"reference": args.reference} if args.reference else {}
     wants_page = args.html or args.serve
     if reference and not (args.table or wants_page):
-        raise SpecError("--reference sets the paper's numbers beside a table's or the page's", key="--reference",
-                        value=args.reference, allowed="with --table scores, --table freeze or --html")
+        raise SpecError(
+            "--reference sets the paper's numbers beside a table's or the page's",
+            key="--reference",
+            value=args.reference,
+            allowed="with --table scores, --table freeze or --html",
+        )
     figure_options = check_figure(args.figure, {} if wants_page or args.table else options) if args.figure else {}
     table_options = check_table(args.table, ({} if wants_page else options) | reference) if args.table else {}
     if wants_page:
@@ -376,10 +432,14 @@ def cmd_transplant(args) -> int:
     sweep = _sweep(args)
     runs = tables.collect(sweep.root, write=False).tables["runs"]
     tasks, seeds = tuple(args.task) if args.task else None, tuple(args.seeds) if args.seeds else None
-    planned = plan_transplant(sweep.root, runs, args.source, args.target, args.layers, tasks, seeds,
-                              args.components)
+    planned = plan_transplant(
+        sweep.root, runs, args.source, args.target, args.layers, tasks, seeds, args.components
+    )
     failed = run_here(sweep.root, planned, tasks, seeds)
-    print(f"transplants: {', '.join(t.run_id for t in planned)}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    print(
+        f"transplants: {', '.join(t.run_id for t in planned)}"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
     args.cka_ratio, args.pairs = None, False
     return max(cmd_collect(args), EXIT_FAILED if failed else EXIT_OK)
 
@@ -391,8 +451,9 @@ def cmd_tune(args) -> int:
     from ablate.tune.spec import load_tune
 
     tune = load_tune(args.tune, storage=args.storage)
-    executor = require_executor(args.executor or tune.spec.launcher.executor,
-                                key="--executor" if args.executor else "launcher.executor")
+    executor = require_executor(
+        args.executor or tune.spec.launcher.executor, key="--executor" if args.executor else "launcher.executor"
+    )
     if args.dry_run:
         print(dry_run_line(tune, executor, results_root(args.results)))
         return EXIT_OK
@@ -412,19 +473,29 @@ def cmd_export(args) -> int:
     from ablate.report.export import export_run
     from ablate.report.hub import PushFailed, check_repo_id, hub_token, push_folder
 
-    repo = check_repo_id(args.push_to_hub) if args.push_to_hub else None   # before anything is written
+    repo = check_repo_id(args.push_to_hub) if args.push_to_hub else None  # before anything is written
     sweep = _sweep(args, collected=True)
-    done = export_run(sweep.root, args.run_or_arm, args.out, bf16=args.bf16, force=args.force, seed=args.seed,
-                      baseline=args.baseline, repo_id=repo)
+    done = export_run(
+        sweep.root,
+        args.run_or_arm,
+        args.out,
+        bf16=args.bf16,
+        force=args.force,
+        seed=args.seed,
+        baseline=args.baseline,
+        repo_id=repo,
+    )
     for note in done.notes:
         print(f"note: {note}", file=sys.stderr)
-    print(f"exported run {done.chosen.run_id} (arm {done.chosen.arm}, seed {done.chosen.seed}, {done.dtype}) "
-          f"-> {done.out}")
+    print(
+        f"exported run {done.chosen.run_id} (arm {done.chosen.arm}, seed {done.chosen.seed}, {done.dtype}) "
+        f"-> {done.out}"
+    )
     if repo is None:
         return EXIT_OK
     try:
         url = push_folder(done.out, repo, hub_token(done.out, repo), f"ablate export of run {done.chosen.run_id}")
-    except PushFailed as exc:    # the hub unreachable or refusing: a runtime failure, the folder is complete
+    except PushFailed as exc:  # the hub unreachable or refusing: a runtime failure, the folder is complete
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     print(f"pushed: {url}")

@@ -38,7 +38,9 @@ def cmd_data_fetch(args) -> int:
         from ablate.config.errors import SpecError
         from ablate.launch.data_needs import TARGETS
 
-        raise SpecError("name what to fetch", key="target", allowed=f"{TARGETS} (`ablate data list`: the datasets)")
+        raise SpecError(
+            "name what to fetch", key="target", allowed=f"{TARGETS} (`ablate data list`: the datasets)"
+        )
     datasets, root = _datasets(args.targets), _root(args)
     print(f"fetching {len(datasets)} datasets into {root}: {', '.join(ds.name for ds in datasets)}")
     fetched = fetch_datasets(datasets, root, mirror_of(args.mirror))
@@ -62,8 +64,10 @@ def cmd_data_verify(args) -> int:
         bad += bool(problems)
         print(f"{ds.name}: " + ("ok" if not problems else "MISMATCH: " + "; ".join(problems)))
     if bad:
-        print(f"error: {bad} datasets in {root} differ from the manifest (`ablate data fetch NAME` replaces "
-              "them)", file=sys.stderr)
+        print(
+            f"error: {bad} datasets in {root} differ from the manifest (`ablate data fetch NAME` replaces them)",
+            file=sys.stderr,
+        )
         return EXIT_BAD_INPUT
     print(f"every checked dataset in {root} matches the manifest")
     return EXIT_OK
@@ -76,8 +80,10 @@ def cmd_data_list(args) -> int:
     for ds in catalog().values():
         size = sum(e.size for e in ds.files) / 1e6
         state = "here" if (root / ds.name).is_dir() else "-"
-        print(f"{ds.name:24} {size:7.2f} MB  {state:4}  {'NON-COMMERCIAL ' if ds.non_commercial else ''}"
-              f"{ds.licence}  [{origin(ds)}{'' if ds.converter else ', no converter yet'}]")
+        print(
+            f"{ds.name:24} {size:7.2f} MB  {state:4}  {'NON-COMMERCIAL ' if ds.non_commercial else ''}"
+            f"{ds.licence}  [{origin(ds)}{'' if ds.converter else ', no converter yet'}]"
+        )
     return EXIT_OK
 
 
@@ -86,13 +92,25 @@ def add_data_commands(sub) -> None:
     where = d.add_subparsers(dest="data_command", required=True)
     root = _data_root_option()
     f = where.add_parser("fetch", parents=[root], help="download, derive and check datasets into the data root")
-    f.add_argument("targets", nargs="*", metavar="TARGET", help="a dataset, a set of datasets (tests: what the "
-                   "test suite reads), a task, suite:NAME, or a grid / run spec file: the datasets it reads")
-    f.add_argument("--mirror", metavar="URL", help="a mirror of the sources laid out as <URL>/<owner>/<repo>/<commit>"
-                   "/<path> (default: $ABLATE_DATA_MIRROR, else GitHub)")
+    f.add_argument(
+        "targets",
+        nargs="*",
+        metavar="TARGET",
+        help="a dataset, a set of datasets (tests: what the "
+        "test suite reads), a task, suite:NAME, or a grid / run spec file: the datasets it reads",
+    )
+    f.add_argument(
+        "--mirror",
+        metavar="URL",
+        help="a mirror of the sources laid out as <URL>/<owner>/<repo>/<commit>"
+        "/<path> (default: $ABLATE_DATA_MIRROR, else GitHub)",
+    )
     f.set_defaults(func=cmd_data_fetch)
-    v = where.add_parser("verify", parents=[root], help="check the data root against the manifest (exit 2 on a "
-                         "missing file or a size / sha256 mismatch)")
+    v = where.add_parser(
+        "verify",
+        parents=[root],
+        help="check the data root against the manifest (exit 2 on a missing file or a size / sha256 mismatch)",
+    )
     v.add_argument("targets", nargs="*", metavar="TARGET", help="as fetch (default: every dataset present)")
     v.set_defaults(func=cmd_data_verify)
     ls = where.add_parser("list", parents=[root], help="the catalogued datasets: size, licence, source")

@@ -30,17 +30,35 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
 # (heading, model, what the file is): one section per file format a user writes, nested models below each
 FILES: tuple[tuple[str, type[BaseModel], str], ...] = (
-    ("Grid file", GridSpec, "A sweep: `ablate sweep GRID.yaml` (`grids/*.yaml`; [grids.md](grids.md)). `base` is "
-     "a partial [run spec](#run-spec); `prelude` and each schedule are lists of [phases](#phase)."),
-    ("Run spec", RunSpec, "One run: `ablate run RUN.yaml` (`grids/run_minilm.yaml`), or a grid's `base` with its "
-     "axes filled in."),
+    (
+        "Grid file",
+        GridSpec,
+        "A sweep: `ablate sweep GRID.yaml` (`grids/*.yaml`; [grids.md](grids.md)). `base` is "
+        "a partial [run spec](#run-spec); `prelude` and each schedule are lists of [phases](#phase).",
+    ),
+    (
+        "Run spec",
+        RunSpec,
+        "One run: `ablate run RUN.yaml` (`grids/run_minilm.yaml`), or a grid's `base` with its axes filled in.",
+    ),
     ("Phase", PhaseSpec, "One entry of a run's `phases`, a grid's `prelude` or one of its `schedules`."),
-    ("Launcher", Launcher, "Where a grid's or a tune file's runs go: the `launcher:` block "
-     "([cluster.md](cluster.md))."),
-    ("Task file", TaskSpec, "One downstream task: a file NAME.yaml in `grids/tasks/` (or `$ABLATE_TASKS_DIR`; "
-     "[tasks.md](tasks.md)). A grid's `eval.finetune` overrides the `finetune` keys."),
-    ("Tune file", TuneSpec, "An Optuna study: `ablate tune TUNE.yaml` (`grids/tune.yaml`; [tune.md](tune.md)). "
-     "`base`, `prelude`, `schedules` and `freeze_masks` are as in a grid file."),
+    (
+        "Launcher",
+        Launcher,
+        "Where a grid's or a tune file's runs go: the `launcher:` block ([cluster.md](cluster.md)).",
+    ),
+    (
+        "Task file",
+        TaskSpec,
+        "One downstream task: a file NAME.yaml in `grids/tasks/` (or `$ABLATE_TASKS_DIR`; "
+        "[tasks.md](tasks.md)). A grid's `eval.finetune` overrides the `finetune` keys.",
+    ),
+    (
+        "Tune file",
+        TuneSpec,
+        "An Optuna study: `ablate tune TUNE.yaml` (`grids/tune.yaml`; [tune.md](tune.md)). "
+        "`base`, `prelude`, `schedules` and `freeze_masks` are as in a grid file.",
+    ),
 )
 
 HEADER = """# Every key
@@ -189,10 +207,15 @@ def _docstring(model: type[BaseModel]) -> str:
 
 
 def _objectives() -> list[str]:
-    rows = ["## Objectives", "",
-            "What a phase's `objective` names ([objectives.md](objectives.md)). Each reads only its own "
-            "[phase](#phase) fields: another objective's field on its phase is an error.", "",
-            "| objective | fields it reads | what it trains |", "|---|---|---|"]
+    rows = [
+        "## Objectives",
+        "",
+        "What a phase's `objective` names ([objectives.md](objectives.md)). Each reads only its own "
+        "[phase](#phase) fields: another objective's field on its phase is an error.",
+        "",
+        "| objective | fields it reads | what it trains |",
+        "|---|---|---|",
+    ]
     for name in objective_names():
         entry = get_objective(name)
         fields = ", ".join(f"`{f}`" for f in entry.fields) or "none"

@@ -77,14 +77,22 @@ class _Loader(yaml.SafeLoader):
 _YAML11_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float", "timestamp")}
 _Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML11_TAGS]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                              list("tTfF"))
-_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
-                              list("-+0123456789"))
-_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
-    r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
-    r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")
+)
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
+        r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
 
 
 def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
@@ -102,8 +110,11 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict:
         key = loader.construct_object(key_node, deep=True)
         if isinstance(key, (str, int, float, bool)) and key in first:
             raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} is given twice in one mapping (first on line {first[key] + 1})",
-                key_node.start_mark)
+                None,
+                None,
+                f"key {key!r} is given twice in one mapping (first on line {first[key] + 1})",
+                key_node.start_mark,
+            )
         first.setdefault(key, key_node.start_mark.line)
     loader.flatten_mapping(node)
     return dict(loader.construct_pairs(node, deep=True))
@@ -119,8 +130,11 @@ def parse_yaml(text: str, file: str | None = None) -> Any:
         return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        raise SpecError(f"not valid YAML: {getattr(exc, 'problem', None) or exc}", file=file,
-                        key=f"line {mark.line + 1}" if mark else None) from None
+        raise SpecError(
+            f"not valid YAML: {getattr(exc, 'problem', None) or exc}",
+            file=file,
+            key=f"line {mark.line + 1}" if mark else None,
+        ) from None
 
 
 def parse_assignments(pairs: list[str] | None, flag: str) -> dict:
@@ -194,18 +208,23 @@ def _problem(err: dict, prefix: str) -> tuple[str, str, Any, str | None, tuple]:
         msg = "unknown key"
     elif err["type"] == "missing":
         msg, value, allowed = "missing required key", None, "a value for it"
-    elif "; allowed: " in msg:                        # a validator's ValueError says it in its message
+    elif "; allowed: " in msg:  # a validator's ValueError says it in its message
         msg, allowed = msg.split("; allowed: ", 1)
-    elif msg.startswith("Input should be "):        # pydantic's type and range errors say what is allowed
+    elif msg.startswith("Input should be "):  # pydantic's type and range errors say what is allowed
         allowed = msg.removeprefix("Input should be ")
-    elif " should " in msg and err["type"] != "value_error":      # e.g. List should have at least 1 item
+    elif " should " in msg and err["type"] != "value_error":  # e.g. List should have at least 1 item
         allowed = msg.split(" should ", 1)[1]
     key = ".".join(p for p in (prefix, format_loc(loc)) if p)
     return key, msg, value, allowed, loc
 
 
-def spec_error_from(exc: ValidationError, file: str | None, model: type[BaseModel] | None = None,
-                    prefix: str = "", hidden_keys: tuple[str, ...] = ()) -> SpecError:
+def spec_error_from(
+    exc: ValidationError,
+    file: str | None,
+    model: type[BaseModel] | None = None,
+    prefix: str = "",
+    hidden_keys: tuple[str, ...] = (),
+) -> SpecError:
     """The first validation problem, located as file + key path (every other problem listed after it);
     for an unknown key, the keys allowed there (less `hidden_keys`)."""
     problems = [_problem(err, prefix) for err in exc.errors()]
@@ -220,12 +239,19 @@ def spec_error_from(exc: ValidationError, file: str | None, model: type[BaseMode
     return SpecError(msg, file=file, key=key or "(top level)", value=shown, allowed=allowed)
 
 
-def validate(model: type[M], data: Any, file: str | None = None, what: str = "file", prefix: str = "",
-             hidden_keys: tuple[str, ...] = ()) -> M:
+def validate(
+    model: type[M],
+    data: Any,
+    file: str | None = None,
+    what: str = "file",
+    prefix: str = "",
+    hidden_keys: tuple[str, ...] = (),
+) -> M:
     """`data` (parsed YAML/JSON) as a `model`, or a located SpecError."""
     if not isinstance(data, dict):
-        raise SpecError(f"a {what} must be a mapping of keys", file=file, key=prefix or None,
-                        value=type(data).__name__)
+        raise SpecError(
+            f"a {what} must be a mapping of keys", file=file, key=prefix or None, value=type(data).__name__
+        )
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -6,8 +6,15 @@ from __future__ import annotations
 class SpecError(ValueError):
     """Bad input, located: which file, which key path, what value, what is allowed."""
 
-    def __init__(self, message: str, *, file: str | None = None, key: str | None = None,
-                 value: object = None, allowed: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        key: str | None = None,
+        value: object = None,
+        allowed: str | None = None,
+    ):
         self.file, self.key, self.value, self.allowed = file, key, value, allowed
         self.message = message
         super().__init__(self.format())

@@ -37,15 +37,21 @@ from ablate.config.spec import FREEZE_ALLOWED, FREEZE_WORDS, parse_layer_range
 from ablate.config.transplants import TransplantSpec, entry_split, parse_arm
 
 NAMED_AXES = ("schedule", "freeze", "model", "data")
-RESERVED_AXES = {"phases": "phases come from the named schedules: vary them with the `schedule` axis",
-                 "labels": "labels are written by the grid (sweep name and axis values)"}
+RESERVED_AXES = {
+    "phases": "phases come from the named schedules: vary them with the `schedule` axis",
+    "labels": "labels are written by the grid (sweep name and axis values)",
+}
 MODEL_SOURCE_FORMS = "package:MODULE, hub:ORG/NAME, ORG/NAME, config:NAME|PATH or an existing folder"
 
 
-GPU_MEMORY_GB = {"A100-40": 40, "A100-80": 80, "H100-80": 80, "H200-141": 141, "L40S-48": 48}   # GiB per device
-GPU_MEMORY_FIELD = Field(default=None, description="GPU memory per device, in GiB, or a GPU name: "
-                         + ", ".join(GPU_MEMORY_GB) + "; set, the dry run and the sweep check every run's "
-                         "peak against it (docs/gpu-memory.md)")
+GPU_MEMORY_GB = {"A100-40": 40, "A100-80": 80, "H100-80": 80, "H200-141": 141, "L40S-48": 48}  # GiB per device
+GPU_MEMORY_FIELD = Field(
+    default=None,
+    description="GPU memory per device, in GiB, or a GPU name: "
+    + ", ".join(GPU_MEMORY_GB)
+    + "; set, the dry run and the sweep check every run's "
+    "peak against it (docs/gpu-memory.md)",
+)
 
 
 def gpu_memory_value(value: Any) -> float | str | None:
@@ -54,8 +60,12 @@ def gpu_memory_value(value: Any) -> float | str | None:
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
         return float(value)
-    raise Located(f"unknown GPU memory {value!r}", "gpu_memory_gb", value,
-                  f"a number of GiB > 0 or one of {', '.join(GPU_MEMORY_GB)}")
+    raise Located(
+        f"unknown GPU memory {value!r}",
+        "gpu_memory_gb",
+        value,
+        f"a number of GiB > 0 or one of {', '.join(GPU_MEMORY_GB)}",
+    )
 
 
 class LocalLauncher(Strict):
@@ -78,11 +88,17 @@ class SlurmLauncher(Strict):
     tasks_per_node: int = Field(default=1, gt=0, description="data-parallel ranks per node (one per GPU)")
     cpus_per_task: int = Field(default=2, gt=0, description="CPU cores per rank (data loading, tokenization)")
     mem_gb: float = Field(default=8, gt=0, description="memory per node, in GB")
-    timeout_min: int = Field(default=60, gt=0, description="the job's time limit in minutes (a run stopped by it "
-                             "is requeued and resumes from its checkpoint)")
+    timeout_min: int = Field(
+        default=60,
+        gt=0,
+        description="the job's time limit in minutes (a run stopped by it "
+        "is requeued and resumes from its checkpoint)",
+    )
     account: str | None = Field(default=None, description="sbatch --account (the allocation the hours go to)")
     qos: str | None = Field(default=None, description="sbatch --qos")
-    constraint: str | None = Field(default=None, description="sbatch --constraint (node features, e.g. a GPU type)")
+    constraint: str | None = Field(
+        default=None, description="sbatch --constraint (node features, e.g. a GPU type)"
+    )
     additional_parameters: dict[str, Any] = Field(default_factory=dict, description="extra sbatch options")
     array_parallelism: int = Field(default=16, gt=0, description="jobs of one array running at once")
     max_array_size: int = Field(default=1000, gt=0, description="the cluster's MaxArraySize")
@@ -103,17 +119,26 @@ class SlurmLauncher(Strict):
         GPUs asked for through additional_parameters) takes any number of tasks."""
         gpus, tasks = self.gpus_per_node, self.tasks_per_node
         if gpus and tasks != gpus:
-            why = (f"{gpus - tasks} GPU(s) per node would be held and never train" if tasks < gpus
-                   else f"{tasks - gpus} rank(s) per node would have no GPU of their own")
-            raise Located(f"one data-parallel rank per GPU: launcher.slurm.gpus_per_node is {gpus}, so "
-                          f"tasks_per_node must be {gpus} ({why})", "tasks_per_node", tasks,
-                          f"{gpus} (= gpus_per_node), or gpus_per_node: 0 for CPU ranks")
+            why = (
+                f"{gpus - tasks} GPU(s) per node would be held and never train"
+                if tasks < gpus
+                else f"{tasks - gpus} rank(s) per node would have no GPU of their own"
+            )
+            raise Located(
+                f"one data-parallel rank per GPU: launcher.slurm.gpus_per_node is {gpus}, so "
+                f"tasks_per_node must be {gpus} ({why})",
+                "tasks_per_node",
+                tasks,
+                f"{gpus} (= gpus_per_node), or gpus_per_node: 0 for CPU ranks",
+            )
         return self
 
 
 class Launcher(Strict):
-    executor: Literal["local", "slurm", "debug"] = Field(default="local", description="local: processes on this "
-                                                        "machine; slurm: jobs; debug: in this process, one by one")
+    executor: Literal["local", "slurm", "debug"] = Field(
+        default="local",
+        description="local: processes on this machine; slurm: jobs; debug: in this process, one by one",
+    )
     local: LocalLauncher = Field(default=LocalLauncher(), description="settings of the local executor")
     slurm: SlurmLauncher = Field(default=SlurmLauncher(), description="settings of the Slurm executor")
 
@@ -134,7 +159,7 @@ class Launcher(Strict):
         return self.slurm.nodes * self.slurm.gpus_per_node if (executor or self.executor) == "slurm" else 1
 
 
-DEFAULT_BASELINE = "mlm"     # the baseline arm: this schedule without freezing, unless a grid names another
+DEFAULT_BASELINE = "mlm"  # the baseline arm: this schedule without freezing, unless a grid names another
 
 
 def baseline_schedules(labels: dict) -> tuple[str, ...]:
@@ -173,33 +198,55 @@ class GridSpec(Strict):
     sweep: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="the sweep's name: its folder results/<sweep>/")
     base: dict[str, Any] = Field(description="settings every run shares: a run spec without phases")
     prelude: tuple[dict[str, Any], ...] = Field(default=(), description="phases every schedule starts with")
-    schedules: dict[str, tuple[dict[str, Any], ...]] = Field(description="named lists of phases (the `schedule` "
-                                                                         "axis picks them)")
-    freeze_masks: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"none": {}}, description="named "
-                                                    "masks: phase name -> freeze groups added to that phase")
-    data_choices: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict, description="named data (the "
-                                                              "`data` axis picks them): phase name -> that "
-                                                              "phase's data (corpus, mixture, seq_len, ...)")
-    models: dict[str, dict[str, Any]] = Field(default_factory=dict, description="named models: a `model` source "
-                                              "and any run-spec keys that go with it (batch_size, ...)")
-    axes: dict[str, tuple[Any, ...]] = Field(default_factory=dict, description="what varies, crossed: schedule, "
-                                             "freeze, model, or any dotted run-spec key (seed, optim.lr, ...)")
-    zip: tuple[dict[str, tuple[Any, ...]], ...] = Field(default=(), description="groups of axes whose lists vary "
-                                                        "together, as one axis")
-    exclude: tuple[dict[str, Any], ...] = Field(default=(), description="axis combinations left out (a value or "
-                                                "a list of values per axis)")
-    transplants: tuple[TransplantSpec, ...] = Field(default=(), description="hybrids of two arms' runs built and "
-                                                    "fine-tuned after them")
-    allow_unequal_compute: bool = Field(default=False, description="let arms that the tables, pairs or "
-                                        "transplants compare train different numbers of tokens")
-    branching: bool = Field(default=True, description="runs that compute the same first steps train them once: "
-                            "the others start from that run's checkpoint (ablate.plan.branching); false: every "
-                            "run from step 0")
+    schedules: dict[str, tuple[dict[str, Any], ...]] = Field(
+        description="named lists of phases (the `schedule` axis picks them)"
+    )
+    freeze_masks: dict[str, dict[str, Any]] = Field(
+        default_factory=lambda: {"none": {}},
+        description="named masks: phase name -> freeze groups added to that phase",
+    )
+    data_choices: dict[str, dict[str, dict[str, Any]]] = Field(
+        default_factory=dict,
+        description="named data (the "
+        "`data` axis picks them): phase name -> that "
+        "phase's data (corpus, mixture, seq_len, ...)",
+    )
+    models: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="named models: a `model` source and any run-spec keys that go with it (batch_size, ...)",
+    )
+    axes: dict[str, tuple[Any, ...]] = Field(
+        default_factory=dict,
+        description="what varies, crossed: schedule, "
+        "freeze, model, or any dotted run-spec key (seed, optim.lr, ...)",
+    )
+    zip: tuple[dict[str, tuple[Any, ...]], ...] = Field(
+        default=(), description="groups of axes whose lists vary together, as one axis"
+    )
+    exclude: tuple[dict[str, Any], ...] = Field(
+        default=(), description="axis combinations left out (a value or a list of values per axis)"
+    )
+    transplants: tuple[TransplantSpec, ...] = Field(
+        default=(), description="hybrids of two arms' runs built and fine-tuned after them"
+    )
+    allow_unequal_compute: bool = Field(
+        default=False,
+        description="let arms that the tables, pairs or transplants compare train different numbers of tokens",
+    )
+    branching: bool = Field(
+        default=True,
+        description="runs that compute the same first steps train them once: "
+        "the others start from that run's checkpoint (ablate.plan.branching); false: every "
+        "run from step 0",
+    )
     launcher: Launcher = Field(default=Launcher(), description="where the runs go: this machine or Slurm")
-    baseline: str | tuple[str, ...] = Field(default=DEFAULT_BASELINE, description="the baseline arm's schedule "
-                                            "(with freeze none), or several (each arm's twin is the one of its "
-                                            "length; tables compare with the first): "
-                                                                "twins, tables, pairs, reports and the card")
+    baseline: str | tuple[str, ...] = Field(
+        default=DEFAULT_BASELINE,
+        description="the baseline arm's schedule "
+        "(with freeze none), or several (each arm's twin is the one of its "
+        "length; tables compare with the first): "
+        "twins, tables, pairs, reports and the card",
+    )
 
 
 def load_grid(path: str | Path) -> GridSpec:
@@ -227,88 +274,168 @@ def _looks_like_source(value: str) -> bool:
 def check_references(grid: GridSpec, file: str) -> None:
     """Everything about the grid that one key alone cannot say: names that must exist, axes that must agree."""
     if not grid.schedules:
-        raise SpecError("at least one schedule is needed", file=file, key="schedules",
-                        allowed="schedules: {NAME: [phases]}")
+        raise SpecError(
+            "at least one schedule is needed", file=file, key="schedules", allowed="schedules: {NAME: [phases]}"
+        )
     named = (grid.baseline,) if isinstance(grid.baseline, str) else grid.baseline
     if not named or len(set(named)) < len(named):
-        raise SpecError("the baseline names each schedule once", file=file, key="baseline",
-                        value=baseline_label(grid.baseline), allowed="a schedule, or a list of distinct schedules")
+        raise SpecError(
+            "the baseline names each schedule once",
+            file=file,
+            key="baseline",
+            value=baseline_label(grid.baseline),
+            allowed="a schedule, or a list of distinct schedules",
+        )
     if grid.baseline != DEFAULT_BASELINE and any(name not in grid.schedules for name in named):
-        raise SpecError("the baseline names no schedule", file=file, key="baseline",
-                        value=baseline_label(grid.baseline), allowed=", ".join(grid.schedules))
+        raise SpecError(
+            "the baseline names no schedule",
+            file=file,
+            key="baseline",
+            value=baseline_label(grid.baseline),
+            allowed=", ".join(grid.schedules),
+        )
     for name in RESERVED_AXES:
         if name in grid.base:
-            raise SpecError(f"not a base setting: {RESERVED_AXES[name]}", file=file, key=f"base.{name}",
-                            value=grid.base[name], allowed="the grid's own top-level block")
+            raise SpecError(
+                f"not a base setting: {RESERVED_AXES[name]}",
+                file=file,
+                key=f"base.{name}",
+                value=grid.base[name],
+                allowed="the grid's own top-level block",
+            )
     for name, phases in grid.schedules.items():
         if not phases and not grid.prelude:
-            raise SpecError("a schedule needs at least one phase", file=file, key=f"schedules.{name}",
-                            value=phases, allowed="a list of one phase or more")
+            raise SpecError(
+                "a schedule needs at least one phase",
+                file=file,
+                key=f"schedules.{name}",
+                value=phases,
+                allowed="a list of one phase or more",
+            )
     axis_names = list(grid.axes) + [k for group in grid.zip for k in group]
     dupes = {k for k in axis_names if axis_names.count(k) > 1}
     if dupes:
-        raise SpecError("an axis is given twice (in axes and/or zip)", file=file, key="axes", value=sorted(dupes)[0])
+        raise SpecError(
+            "an axis is given twice (in axes and/or zip)", file=file, key="axes", value=sorted(dupes)[0]
+        )
     for name in axis_names:
         if name.split(".")[0] in RESERVED_AXES:
             where = next(axis_values(grid, name))[0]
-            raise SpecError(f"this key cannot be an axis: {RESERVED_AXES[name.split('.')[0]]}", file=file, key=where,
-                            value=name, allowed="a model or run setting")
+            raise SpecError(
+                f"this key cannot be an axis: {RESERVED_AXES[name.split('.')[0]]}",
+                file=file,
+                key=where,
+                value=name,
+                allowed="a model or run setting",
+            )
     for model_name, entry in grid.models.items():
         for k in entry:
             if str(k).split(".")[0] in RESERVED_AXES:
-                raise SpecError(f"not a model setting: {RESERVED_AXES[str(k).split('.')[0]]}", file=file,
-                                key=f"models.{model_name}.{k}",
-                                value=entry[k], allowed="a model setting")
+                raise SpecError(
+                    f"not a model setting: {RESERVED_AXES[str(k).split('.')[0]]}",
+                    file=file,
+                    key=f"models.{model_name}.{k}",
+                    value=entry[k],
+                    allowed="a model setting",
+                )
     for name, values in grid.axes.items():
         if not values:
-            raise SpecError("an axis needs at least one value", file=file, key=f"axes.{name}", value=values,
-                            allowed="a list of one value or more")
+            raise SpecError(
+                "an axis needs at least one value",
+                file=file,
+                key=f"axes.{name}",
+                value=values,
+                allowed="a list of one value or more",
+            )
     for i, group in enumerate(grid.zip):
         if not group:
-            raise SpecError("a zip group needs axes to vary together", file=file, key=f"zip[{i}]", value=group,
-                            allowed="{AXIS: [values], ...}")
+            raise SpecError(
+                "a zip group needs axes to vary together",
+                file=file,
+                key=f"zip[{i}]",
+                value=group,
+                allowed="{AXIS: [values], ...}",
+            )
         lengths = {k: len(v) for k, v in group.items()}
         if len(set(lengths.values())) > 1:
-            raise SpecError(f"zipped axes must have the same length, got {lengths}", file=file, key=f"zip[{i}]",
-                            value=lengths, allowed="lists of one length")
+            raise SpecError(
+                f"zipped axes must have the same length, got {lengths}",
+                file=file,
+                key=f"zip[{i}]",
+                value=lengths,
+                allowed="lists of one length",
+            )
         if not next(iter(lengths.values())):
-            raise SpecError("an axis needs at least one value", file=file, key=f"zip[{i}].{next(iter(group))}",
-                            value=[], allowed="a list of one value or more")
+            raise SpecError(
+                "an axis needs at least one value",
+                file=file,
+                key=f"zip[{i}].{next(iter(group))}",
+                value=[],
+                allowed="a list of one value or more",
+            )
     named = {"schedule": grid.schedules, "freeze": grid.freeze_masks, "data": grid.data_choices}
     for axis, table in named.items():
         for where, values in axis_values(grid, axis):
             for v in values:
                 if not isinstance(v, str) or v not in table:
-                    raise SpecError(f"unknown {axis} name", file=file, key=where, value=v,
-                                    allowed=", ".join(table) or "names under data_choices (the grid has none)")
+                    raise SpecError(
+                        f"unknown {axis} name",
+                        file=file,
+                        key=where,
+                        value=v,
+                        allowed=", ".join(table) or "names under data_choices (the grid has none)",
+                    )
     for where, values in axis_values(grid, "model"):
         for v in values:
             if not isinstance(v, str) or (grid.models and v not in grid.models and not _looks_like_source(v)):
-                raise SpecError("unknown model: neither a name under `models` nor a model source", file=file,
-                                key=where, value=v, allowed=", ".join([*grid.models, MODEL_SOURCE_FORMS]))
+                raise SpecError(
+                    "unknown model: neither a name under `models` nor a model source",
+                    file=file,
+                    key=where,
+                    value=v,
+                    allowed=", ".join([*grid.models, MODEL_SOURCE_FORMS]),
+                )
     for i, rule in enumerate(grid.exclude):
         if not rule:
             raise SpecError("an empty exclude rule would exclude every run", file=file, key=f"exclude[{i}]")
         for k, wanted in rule.items():
             if k not in axis_names:
-                raise SpecError("exclude rule names an axis the grid does not vary", file=file,
-                                key=f"exclude[{i}].{k}", value=k, allowed=", ".join(axis_names))
+                raise SpecError(
+                    "exclude rule names an axis the grid does not vary",
+                    file=file,
+                    key=f"exclude[{i}].{k}",
+                    value=k,
+                    allowed=", ".join(axis_names),
+                )
             values = [v for _, vs in axis_values(grid, k) for v in vs]
             if wanted not in values:
                 for w in as_list(wanted):
                     if w not in values:
-                        raise SpecError(f"exclude rule names a value axis {k!r} does not take", file=file,
-                                        key=f"exclude[{i}].{k}", value=w, allowed=", ".join(map(repr, values)))
+                        raise SpecError(
+                            f"exclude rule names a value axis {k!r} does not take",
+                            file=file,
+                            key=f"exclude[{i}].{k}",
+                            value=w,
+                            allowed=", ".join(map(repr, values)),
+                        )
     known_phases = phase_names(grid)
     for mask_name, mask in grid.freeze_masks.items():
         for phase_name, groups in mask.items():
             key = f"freeze_masks.{mask_name}.{phase_name}"
             if phase_name not in known_phases:
-                raise SpecError("freeze mask names a phase that no schedule (or the prelude) has", file=file,
-                                key=key, value=phase_name, allowed=", ".join(known_phases))
+                raise SpecError(
+                    "freeze mask names a phase that no schedule (or the prelude) has",
+                    file=file,
+                    key=key,
+                    value=phase_name,
+                    allowed=", ".join(known_phases),
+                )
             for g in as_list(groups):
-                if not isinstance(g, (str, int)) or isinstance(g, bool) or (
-                        str(g) not in FREEZE_WORDS and parse_layer_range(str(g)) is None):
+                if (
+                    not isinstance(g, (str, int))
+                    or isinstance(g, bool)
+                    or (str(g) not in FREEZE_WORDS and parse_layer_range(str(g)) is None)
+                ):
                     raise SpecError("unknown freeze group", file=file, key=key, value=g, allowed=FREEZE_ALLOWED)
             check_mask_groups(grid, phase_name, [str(g) for g in as_list(groups)], file, key)
     check_transplants(grid, file)
@@ -321,23 +448,33 @@ def check_data_choices(grid: GridSpec, file: str) -> None:
     for choice, blocks in grid.data_choices.items():
         for phase_name in blocks:
             if phase_name not in known_phases:
-                raise SpecError("data choice names a phase that no schedule (or the prelude) has", file=file,
-                                key=f"data_choices.{choice}.{phase_name}", value=phase_name,
-                                allowed=", ".join(known_phases))
+                raise SpecError(
+                    "data choice names a phase that no schedule (or the prelude) has",
+                    file=file,
+                    key=f"data_choices.{choice}.{phase_name}",
+                    value=phase_name,
+                    allowed=", ".join(known_phases),
+                )
 
 
 def check_mask_groups(grid: GridSpec, phase_name: str, groups: list[str], file: str, key: str) -> None:
     """A mask's groups are added to the phase's own freeze: 'none' among others, or a group the phase
     freezes already, would be dropped in the merge without a word."""
     if "none" in groups and len(groups) > 1:
-        raise SpecError("'none' cannot be combined with other freeze groups", file=file, key=key,
-                        value=", ".join(groups))
+        raise SpecError(
+            "'none' cannot be combined with other freeze groups", file=file, key=key, value=", ".join(groups)
+        )
     for where, phase in _phases_named(grid, phase_name):
         own = {str(g).strip() for g in as_list(phase.get("freeze", "none"))} - {"none"}
         again = [g for g in groups if g in own]
         if again:
-            raise SpecError(f"{where} freezes {again[0]!r} already: the mask would add nothing there", file=file,
-                            key=key, value=again[0], allowed="groups the phase does not freeze itself")
+            raise SpecError(
+                f"{where} freezes {again[0]!r} already: the mask would add nothing there",
+                file=file,
+                key=key,
+                value=again[0],
+                allowed="groups the phase does not freeze itself",
+            )
 
 
 def _phases_named(grid: GridSpec, name: str):
@@ -375,23 +512,28 @@ def axis_key(grid: GridSpec, axis: str) -> str:
     return next(axis_values(grid, axis), (f"axes.{axis}", ()))[0]
 
 
-
-
 def unused_entries(grid: GridSpec) -> list[str]:
     """Warnings: without a `schedule` axis every run takes the first schedule, without `freeze` the mask
     `none`, and without `model` (or `data`) no models (data_choices) entry, so the other entries are not run. (With an axis, the axis
     says which entries run.)"""
     has_axis = set(grid.axes) | {k for group in grid.zip for k in group}
     used = {"schedule": [next(iter(grid.schedules))], "freeze": ["none"], "model": [], "data": []}
-    tables = {"schedule": ("schedules", grid.schedules), "freeze": ("freeze_masks", grid.freeze_masks),
-              "model": ("models", grid.models), "data": ("data_choices", grid.data_choices)}
+    tables = {
+        "schedule": ("schedules", grid.schedules),
+        "freeze": ("freeze_masks", grid.freeze_masks),
+        "model": ("models", grid.models),
+        "data": ("data_choices", grid.data_choices),
+    }
     out = []
     for axis, (key, table) in tables.items():
         if axis in has_axis:
             continue
-        out += [f"{key}.{name}: no run uses this entry (the grid has no `{axis}` axis); runs use "
-                f"{', '.join(map(str, used[axis])) or 'base'}" for name, entry in table.items()
-                if name not in used[axis] and not (axis == "freeze" and not entry)]
+        out += [
+            f"{key}.{name}: no run uses this entry (the grid has no `{axis}` axis); runs use "
+            f"{', '.join(map(str, used[axis])) or 'base'}"
+            for name, entry in table.items()
+            if name not in used[axis] and not (axis == "freeze" and not entry)
+        ]
     return out
 
 
@@ -414,10 +556,20 @@ def check_replaced_mappings(grid: GridSpec, file: str) -> None:
     that the entry does not give again would be dropped for that model without a word."""
     for name, entry in grid.models.items():
         for k, v in entry.items():
-            dropped = [p for p in leaf_paths(grid.base) if p.startswith(f"{k}.")
-                       and not any(_sets(f"{k}.{q}", p) or _sets(p, f"{k}.{q}") for q in leaf_paths(v))] \
-                if isinstance(v, dict) else []
+            dropped = (
+                [
+                    p
+                    for p in leaf_paths(grid.base)
+                    if p.startswith(f"{k}.")
+                    and not any(_sets(f"{k}.{q}", p) or _sets(p, f"{k}.{q}") for q in leaf_paths(v))
+                ]
+                if isinstance(v, dict)
+                else []
+            )
             if dropped:
-                raise SpecError(f"this mapping replaces base.{k} whole, dropping base.{dropped[0]}", file=file,
-                                key=f"models.{name}.{k}", allowed=f"dotted keys ({k}.KEY: VALUE) to change "
-                                                                  "single settings")
+                raise SpecError(
+                    f"this mapping replaces base.{k} whole, dropping base.{dropped[0]}",
+                    file=file,
+                    key=f"models.{name}.{k}",
+                    allowed=f"dotted keys ({k}.KEY: VALUE) to change single settings",
+                )

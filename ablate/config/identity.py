@@ -29,20 +29,41 @@ HOW = frozenset({STEP})
 NONE: frozenset = frozenset()
 
 FIELDS: dict[str, frozenset] = {
-    "model": ALL, "tokenizer": ALL, "attn_implementation": ALL, "document_masking": ALL, "data": ALL,
-    "data.prepared_root": NONE, "data.max_epochs": NONE,
-    "batch_size": ALL, "micro_batch_size": ALL, "optim": ALL, "precision": ALL,
+    "model": ALL,
+    "tokenizer": ALL,
+    "attn_implementation": ALL,
+    "document_masking": ALL,
+    "data": ALL,
+    "data.prepared_root": NONE,
+    "data.max_epochs": NONE,
+    "batch_size": ALL,
+    "micro_batch_size": ALL,
+    "optim": ALL,
+    "precision": ALL,
     "seed": frozenset({RUN, STEP}),
-    "budget_tokens": frozenset({RUN, ARM}),      # STEP reads the phases' resolved lengths instead
-    "phases": frozenset({RUN}),                   # STEP: phase by phase (plan.branching)
-    "device": HOW, "compile": HOW, "deterministic": HOW, "vocab_loss": HOW, "probe": HOW,
-    "checkpoint_every": NONE, "log_every": NONE, "eval": NONE, "tracking": NONE, "labels": NONE,
+    "budget_tokens": frozenset({RUN, ARM}),  # STEP reads the phases' resolved lengths instead
+    "phases": frozenset({RUN}),  # STEP: phase by phase (plan.branching)
+    "device": HOW,
+    "compile": HOW,
+    "deterministic": HOW,
+    "vocab_loss": HOW,
+    "probe": HOW,
+    "checkpoint_every": NONE,
+    "log_every": NONE,
+    "eval": NONE,
+    "tracking": NONE,
+    "labels": NONE,
     "branching": NONE,
 }
-LATER_DEFAULTS: dict[str, Any] = {"precision": "auto", "document_masking": False, "data.errors": "strict",
-                                  "data.mixture": None, "probe.texts": None}
+LATER_DEFAULTS: dict[str, Any] = {
+    "precision": "auto",
+    "document_masking": False,
+    "data.errors": "strict",
+    "data.mixture": None,
+    "probe.texts": None,
+}
 PHASE_LATER_DEFAULTS = ("mask_rate_end", "corruption", "span_length", "mixture", "granularity", "data")  # at None
-PHASE_DATA_LATER_DEFAULTS = ("rope_theta", "local_rope_theta")    # keys of a phase's data, at None
+PHASE_DATA_LATER_DEFAULTS = ("rope_theta", "local_rope_theta")  # keys of a phase's data, at None
 
 
 def content(dumped: dict, scope: str) -> dict:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-DATA_ROOT_ENV = "ABLATE_DATA_ROOT"    # default: ./data
-CACHE_ENV = "ABLATE_CACHE"            # default: ~/.cache/ablate
-RESULTS_ENV = "ABLATE_RESULTS"        # default: ./results
-PREPARED_ENV = "ABLATE_PREPARED"      # default: <cache>/prepared (on a cluster: shared storage)
+DATA_ROOT_ENV = "ABLATE_DATA_ROOT"  # default: ./data
+CACHE_ENV = "ABLATE_CACHE"  # default: ~/.cache/ablate
+RESULTS_ENV = "ABLATE_RESULTS"  # default: ./results
+PREPARED_ENV = "ABLATE_PREPARED"  # default: <cache>/prepared (on a cluster: shared storage)
 
 
 def absolute_env_paths() -> None:

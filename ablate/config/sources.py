@@ -49,24 +49,35 @@ class PhaseData(Strict):
 
     corpus: str | None = Field(default=None, min_length=1, description="this phase's corpus")
     format: FORMATS | None = Field(default=None, description="how this phase's corpus is read; default: the run's")
-    text_field: str | None = Field(default=None, description="the text field of this phase's corpus; default: the "
-                                                             "run's")
+    text_field: str | None = Field(
+        default=None, description="the text field of this phase's corpus; default: the run's"
+    )
     mixture: tuple[SourceSpec, ...] | None = Field(default=None, description="this phase's weighted corpora")
     seq_len: int | None = Field(default=None, ge=8, description="tokens per sequence in this phase")
-    rope_theta: float | None = Field(default=None, gt=0, description="RoPE theta of the global-attention layers "
-                                      "from this phase on (context extension; families that declare one)")
-    local_rope_theta: float | None = Field(default=None, gt=0, description="RoPE theta of the local "
-                                            "(sliding-window) layers from this phase on")
+    rope_theta: float | None = Field(
+        default=None,
+        gt=0,
+        description="RoPE theta of the global-attention layers "
+        "from this phase on (context extension; families that declare one)",
+    )
+    local_rope_theta: float | None = Field(
+        default=None, gt=0, description="RoPE theta of the local (sliding-window) layers from this phase on"
+    )
 
     @model_validator(mode="after")
     def _one_source(self):
         if self.corpus is not None and self.mixture is not None:
-            raise Located("a phase reads a corpus or a mixture, not both", "mixture", "(and corpus)",
-                          "corpus, or mixture")
+            raise Located(
+                "a phase reads a corpus or a mixture, not both", "mixture", "(and corpus)", "corpus, or mixture"
+            )
         check_members(self.mixture)
         if self.model_dump(exclude_none=True) == {}:
-            raise Located("a phase's data names nothing", "data", {},
-                          "corpus, format, text_field, mixture, seq_len, rope_theta, local_rope_theta")
+            raise Located(
+                "a phase's data names nothing",
+                "data",
+                {},
+                "corpus, format, text_field, mixture, seq_len, rope_theta, local_rope_theta",
+            )
         return self
 
     @property
@@ -82,7 +93,7 @@ def rope_thetas_at(phases, index: int) -> dict[str, float]:
     """The RoPE thetas in effect in phase `index`: each the last one a phase up to it sets (a theta holds until
     a later phase sets another); none: the model's own."""
     out: dict[str, float] = {}
-    for phase in phases[:index + 1]:
+    for phase in phases[: index + 1]:
         for key in ROPE_KEYS:
             value = getattr(phase.data, key, None) if phase.data is not None else None
             if value is not None:
@@ -95,6 +106,7 @@ def phase_rope_thetas(phases) -> dict[str, dict[str, float]]:
     if not any(rope_thetas_at(phases, i) for i in range(len(phases))):
         return {}
     return {p.name: rope_thetas_at(phases, i) for i, p in enumerate(phases)}
+
 
 def steps_by_length(phases, per_step: list[int], budget_tokens: int | None) -> list[int]:
     """Each phase's steps when phases differ in length: a fraction's cumulative boundary in tokens, reached from

@@ -30,7 +30,8 @@ class LRSchedule(Strict):
     warmup_steps: int = Field(default=0, ge=0, description="steps of linear warm-up from 0 to the peak")
     warmup_fraction: float = Field(default=0.0, ge=0, lt=1, description="of the phase's steps")
     decay: Literal["constant", "linear", "1-sqrt", "cosine"] = Field(
-        default="constant", description="the LR's shape after the warm-up, down to final_fraction of the peak")
+        default="constant", description="the LR's shape after the warm-up, down to final_fraction of the peak"
+    )
     final_fraction: float = Field(default=0.0, ge=0, le=1, description="LR at the end, as a fraction of peak")
 
     @model_validator(mode="after")
@@ -39,8 +40,12 @@ class LRSchedule(Strict):
             raise ValueError("give warmup_steps or warmup_fraction, not both; allowed: one of them")
         # compared with the default, not with what was written: a dumped spec (spec.json) writes every field
         if self.decay == "constant" and self.final_fraction != 0.0:
-            raise Located("a constant LR never decays to final_fraction: give decay too", "final_fraction",
-                          self.final_fraction, "decay: linear, 1-sqrt or cosine")
+            raise Located(
+                "a constant LR never decays to final_fraction: give decay too",
+                "final_fraction",
+                self.final_fraction,
+                "decay: linear, 1-sqrt or cosine",
+            )
         return self
 
 
@@ -52,10 +57,13 @@ class ObjectiveFields(Strict):
     written", so fields added later leave the ids of older runs as they were)."""
 
     objective: str = Field(description="a registered objective: clm, mlm, mntp, prefix-lm, span, or mixture")
-    mask_rate: float | None = Field(default=None, description="masking objectives; default 0.15 (with "
-                                                              "mask_rate_end: the rate at the phase's start)")
-    mask_rate_end: float | None = Field(default=None, description="a linear masking-rate schedule over the phase "
-                                                                  "from mask_rate to this rate")
+    mask_rate: float | None = Field(
+        default=None,
+        description="masking objectives; default 0.15 (with mask_rate_end: the rate at the phase's start)",
+    )
+    mask_rate_end: float | None = Field(
+        default=None, description="a linear masking-rate schedule over the phase from mask_rate to this rate"
+    )
     corruption: tuple[float, float, float] | None = Field(default=None, description=CORRUPTION_ALLOWED)
     span_length: float | None = Field(default=None, ge=1, description="span: the spans' mean length (default 3)")
 
@@ -74,13 +82,16 @@ class ObjectiveFields(Strict):
             return None
         named = {"80/10/10": (0.8, 0.1, 0.1), "mask": (1.0, 0.0, 0.0)}
         shares = named.get(v) if isinstance(v, str) else v
-        if not isinstance(shares, (list, tuple)) or len(shares) != 3 or any(
-                isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in shares):
+        if (
+            not isinstance(shares, (list, tuple))
+            or len(shares) != 3
+            or any(isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in shares)
+        ):
             raise ValueError(f"unknown corruption {v!r}; allowed: {CORRUPTION_ALLOWED}")
         if not math.isclose(sum(shares), 1.0, abs_tol=1e-9):
             raise ValueError(f"corruption shares add up to {sum(shares):g}, not 1; allowed: {CORRUPTION_ALLOWED}")
         shares = tuple(float(x) for x in shares)
-        return None if shares == (0.8, 0.1, 0.1) else shares     # the default is one identity, written or not
+        return None if shares == (0.8, 0.1, 0.1) else shares  # the default is one identity, written or not
 
     @model_validator(mode="after")
     def _objective_reads(self):
@@ -103,28 +114,40 @@ class MixtureMember(ObjectiveFields):
 
 
 class PhaseSpec(ObjectiveFields):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="what freeze masks, tables and "
-                      "records call the phase; unique within a run")
+    name: str = Field(
+        min_length=1,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="what freeze masks, tables and records call the phase; unique within a run",
+    )
     mixture: tuple[MixtureMember, ...] | None = Field(default=None, description="objective mixture: its members")
     granularity: Literal["step", "micro-batch", "sequence"] | None = Field(
-        default=None, description="objective mixture: what one draw of a member trains (default step)")
-    steps: int | None = Field(default=None, gt=0, description="the phase's length in optimizer steps (give one "
-                                                               "of steps, tokens, fraction)")
-    tokens: int | None = Field(default=None, gt=0, description="the phase's length in training tokens, rounded "
-                                                                "up to whole steps")
+        default=None, description="objective mixture: what one draw of a member trains (default step)"
+    )
+    steps: int | None = Field(
+        default=None,
+        gt=0,
+        description="the phase's length in optimizer steps (give one of steps, tokens, fraction)",
+    )
+    tokens: int | None = Field(
+        default=None, gt=0, description="the phase's length in training tokens, rounded up to whole steps"
+    )
     fraction: float | None = Field(default=None, gt=0, le=1, description="of the run's budget_tokens")
     lr: LRSchedule = Field(default=LRSchedule(), description="the phase's learning-rate schedule")
-    freeze: tuple[str, ...] = Field(default=("none",), description=f"layers left untouched: {FREEZE_ALLOWED}; "
-                                    "a grid's freeze masks add to it")
-    data: PhaseData | None = Field(default=None, description="this phase's corpus, mixture or seq_len, where "
-                                                             "they differ from the run's data")
+    freeze: tuple[str, ...] = Field(
+        default=("none",), description=f"layers left untouched: {FREEZE_ALLOWED}; a grid's freeze masks add to it"
+    )
+    data: PhaseData | None = Field(
+        default=None, description="this phase's corpus, mixture or seq_len, where they differ from the run's data"
+    )
 
     @field_validator("freeze", mode="before")
     @classmethod
     def _freeze_list(cls, v):
         if isinstance(v, (str, int)) and not isinstance(v, bool):
             v = [v]
-        if not isinstance(v, (list, tuple)) or any(isinstance(x, bool) or not isinstance(x, (str, int)) for x in v):
+        if not isinstance(v, (list, tuple)) or any(
+            isinstance(x, bool) or not isinstance(x, (str, int)) for x in v
+        ):
             raise ValueError(f"a freeze mask is a group or a list of groups, got {v!r}; allowed: {FREEZE_ALLOWED}")
         return tuple(str(x).strip() for x in v)
 
@@ -142,40 +165,59 @@ class PhaseSpec(ObjectiveFields):
     def _check(self):
         given = [k for k in ("steps", "tokens", "fraction") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"a phase needs exactly one length: steps, tokens or fraction (got {given or 'none'}); "
-                             "allowed: one of steps: N, tokens: N, fraction: F")
+            raise ValueError(
+                f"a phase needs exactly one length: steps, tokens or fraction (got {given or 'none'}); "
+                "allowed: one of steps: N, tokens: N, fraction: F"
+            )
         return self
 
 
 class DataSpec(Strict):
-    corpus: str | None = Field(default=None, description="path under the data root (or absolute), or hf:NAME for a "
-                                                         "datasets dataset")
+    corpus: str | None = Field(
+        default=None, description="path under the data root (or absolute), or hf:NAME for a datasets dataset"
+    )
     mixture: tuple[SourceSpec, ...] | None = Field(default=None, description="weighted corpora instead of one")
     format: Literal["auto", "text", "jsonl", "parquet", "hf"] = Field(
-        default="auto", description="how the corpus is read; auto: from the files' suffixes (.txt one document "
-                                    "a line, .jsonl, .parquet)")
+        default="auto",
+        description="how the corpus is read; auto: from the files' suffixes (.txt one document "
+        "a line, .jsonl, .parquet)",
+    )
     text_field: str = Field(default="text", description="jsonl, parquet, hf: the field holding each document")
     valid_corpus: str | None = Field(default=None, description="held-out texts for layer probes")
     max_documents: int | None = Field(default=None, gt=0, description="use only the first N documents")
     seq_len: int = Field(default=128, ge=8, description="tokens per packed training sequence")
     data_seed: int = Field(default=42, description="the order documents are packed and read in")
     data_root: str | None = Field(default=None, description="overrides ABLATE_DATA_ROOT")
-    errors: Literal["strict", "replace"] = Field(default="strict", description="invalid UTF-8: an error, or "
-                                                 "replaced by U+FFFD")
-    prepared_root: str | None = Field(default=None, description="where prepared token shards live; overrides "
-                                                                "ABLATE_PREPARED (default: the cache)")
-    max_epochs: float = Field(default=1.0, gt=0, description="how many times a run may read its corpus; a run "
-                                                             "planned to read it more often is refused")
+    errors: Literal["strict", "replace"] = Field(
+        default="strict", description="invalid UTF-8: an error, or replaced by U+FFFD"
+    )
+    prepared_root: str | None = Field(
+        default=None,
+        description="where prepared token shards live; overrides ABLATE_PREPARED (default: the cache)",
+    )
+    max_epochs: float = Field(
+        default=1.0,
+        gt=0,
+        description="how many times a run may read its corpus; a run planned to read it more often is refused",
+    )
 
     @model_validator(mode="after")
     def _text_field_read(self):
         if (self.corpus is None) == (self.mixture is None):
-            raise Located("data reads a corpus or a mixture of corpora, exactly one", "corpus", self.corpus,
-                          "corpus: NAME, or mixture: [{corpus: NAME, weight: W}, ...]")
+            raise Located(
+                "data reads a corpus or a mixture of corpora, exactly one",
+                "corpus",
+                self.corpus,
+                "corpus: NAME, or mixture: [{corpus: NAME, weight: W}, ...]",
+            )
         check_members(self.mixture)
         if self.format == "text" and self.text_field != "text":
-            raise Located("a text corpus has one document per line and no fields", "text_field", self.text_field,
-                          "text_field with format jsonl, parquet or hf")
+            raise Located(
+                "a text corpus has one document per line and no fields",
+                "text_field",
+                self.text_field,
+                "text_field with format jsonl, parquet or hf",
+            )
         return self
 
 
@@ -189,26 +231,33 @@ class OptimSpec(Strict):
     betas: tuple[float, float] = Field(default=(0.9, 0.98), description="AdamW's beta1, beta2")
     eps: float = Field(default=1e-6, gt=0, description="AdamW's epsilon")
     weight_decay: float = Field(default=1e-5, ge=0, description="decoupled weight decay (see weight_decay_form)")
-    weight_decay_form: Literal["composer", "torch"] = Field(default="composer", description="composer: decay "
-                                                            "scaled by lr_t / lr; torch: by lr_t (see above)")
+    weight_decay_form: Literal["composer", "torch"] = Field(
+        default="composer", description="composer: decay scaled by lr_t / lr; torch: by lr_t (see above)"
+    )
     grad_clip: float | None = Field(default=1.0, gt=0, description="gradient norm clipped to this; null: none")
 
 
-PROBE_TASK = "task:"          # probe.texts: task:NAME[:SPLIT], a task's texts (ablate.analysis.probe)
+PROBE_TASK = "task:"  # probe.texts: task:NAME[:SPLIT], a task's texts (ablate.analysis.probe)
 PROBE_SPLITS = ("train", "dev", "test", "all")
 
 
 class ProbeSpec(Strict):
     """Per-layer CKA against the base model at the end of each phase (off when n_texts is 0)."""
 
-    n_texts: int = Field(default=0, ge=0, description="held-out texts the layers are measured on (drawn from "
-                                                       "probe.texts); 0: no probe")
+    n_texts: int = Field(
+        default=0,
+        ge=0,
+        description="held-out texts the layers are measured on (drawn from probe.texts); 0: no probe",
+    )
     max_length: int = Field(default=128, ge=8, description="tokens per probe text")
     seed: int = Field(default=0, description="which held-out texts are drawn")
-    texts: tuple[str, ...] | None = Field(default=None, description="where the probe texts come from: "
-                                          "task:NAME (that task's test split), task:NAME:SPLIT (train, dev, "
-                                          "test or all), or a corpus path; a list pools them and n_texts are "
-                                          "drawn from the pool; null: data.valid_corpus")
+    texts: tuple[str, ...] | None = Field(
+        default=None,
+        description="where the probe texts come from: "
+        "task:NAME (that task's test split), task:NAME:SPLIT (train, dev, "
+        "test or all), or a corpus path; a list pools them and n_texts are "
+        "drawn from the pool; null: data.valid_corpus",
+    )
 
     @field_validator("texts", mode="before")
     @classmethod
@@ -224,10 +273,11 @@ class ProbeSpec(Strict):
             raise ValueError("at least one source (or null: data.valid_corpus)")
         for source in value:
             if source.startswith(PROBE_TASK):
-                name, _, split = source[len(PROBE_TASK):].partition(":")
+                name, _, split = source[len(PROBE_TASK) :].partition(":")
                 if not name or (split and split not in PROBE_SPLITS):
-                    raise ValueError(f"{source!r}: task:NAME or task:NAME:SPLIT, SPLIT one of "
-                                     f"{', '.join(PROBE_SPLITS)}")
+                    raise ValueError(
+                        f"{source!r}: task:NAME or task:NAME:SPLIT, SPLIT one of {', '.join(PROBE_SPLITS)}"
+                    )
             elif not source.strip():
                 raise ValueError("an empty source")
         if len(set(value)) != len(value):
@@ -236,12 +286,20 @@ class ProbeSpec(Strict):
 
 
 class EvalSpec(Strict):
-    tasks: tuple[str, ...] = Field(default=(), description="fine-tuning tasks after pretraining: task names "
-                                   "(grids/tasks) or suite:NAME (grids/suites); none: no fine-tuning")
+    tasks: tuple[str, ...] = Field(
+        default=(),
+        description="fine-tuning tasks after pretraining: task names "
+        "(grids/tasks) or suite:NAME (grids/suites); none: no fine-tuning",
+    )
     seeds: tuple[int, ...] = Field(default=(0,), description="fine-tuning seeds, each task once per seed")
-    finetune: dict[str, Any] = Field(default_factory=dict, description="overrides of the tasks' fine-tuning defaults")
-    protocol: str | None = Field(default=None, description="a fine-tuning profile of ablate.evaluate.protocol "
-                                                           "(paper, smoke) over the task files; null: the files'")
+    finetune: dict[str, Any] = Field(
+        default_factory=dict, description="overrides of the tasks' fine-tuning defaults"
+    )
+    protocol: str | None = Field(
+        default=None,
+        description="a fine-tuning profile of ablate.evaluate.protocol "
+        "(paper, smoke) over the task files; null: the files'",
+    )
 
     @field_validator("seeds")
     @classmethod
@@ -250,13 +308,17 @@ class EvalSpec(Strict):
 
 
 class TensorBoardSpec(Strict):
-    log_dir: str | None = Field(default=None, description="event files go to LOG_DIR/<run_id>; default: "
-                                                             "<run folder>/tensorboard")
+    log_dir: str | None = Field(
+        default=None, description="event files go to LOG_DIR/<run_id>; default: <run folder>/tensorboard"
+    )
 
 
 class MlflowSpec(Strict):
-    uri: str | None = Field(default=None, description="tracking URI (sqlite:///..., http://server:5000) or a "
-                                                      "local folder (its mlflow.db); default: <sweep>/mlflow.db")
+    uri: str | None = Field(
+        default=None,
+        description="tracking URI (sqlite:///..., http://server:5000) or a "
+        "local folder (its mlflow.db); default: <sweep>/mlflow.db",
+    )
     experiment: str | None = Field(default=None, description="default: the sweep's name")
     log_model: bool = Field(default=False, description="log the final model folder as an artifact")
 
@@ -271,8 +333,9 @@ class TrackingSpec(Strict):
     `tensorboard: true` is `tensorboard: {}`; false or absent is off. W&B runs offline only: sync later with
     `wandb sync`."""
 
-    tensorboard: TensorBoardSpec | None = Field(default=None, description="TensorBoard event files (true: "
-                                                "the defaults)")
+    tensorboard: TensorBoardSpec | None = Field(
+        default=None, description="TensorBoard event files (true: the defaults)"
+    )
     mlflow: MlflowSpec | None = Field(default=None, description="an MLflow run per run (true: the defaults)")
     wandb: WandbSpec | None = Field(default=None, description="an offline W&B run per run (true: the defaults)")
 
@@ -287,47 +350,69 @@ class TrackingSpec(Strict):
 
 
 class RunSpec(Strict):
-    model: str = Field(description="package:MODULE, a local folder, hub:ORG/NAME (or ORG/NAME), or config:NAME|PATH "
-                                   "for a random init")
+    model: str = Field(
+        description="package:MODULE, a local folder, hub:ORG/NAME (or ORG/NAME), or config:NAME|PATH "
+        "for a random init"
+    )
     tokenizer: str | None = Field(default=None, description="same forms as model; defaults to the model's")
-    attn_implementation: Literal["sdpa", "eager"] = Field(default="sdpa", description="the encoder's attention "
-                                                          "kernel: torch's scaled dot product, or plain matmuls")
-    document_masking: bool = Field(default=False, description="attention stays inside each packed document "
-                                                             "(as unpadded varlen training); in the run id when on")
+    attn_implementation: Literal["sdpa", "eager"] = Field(
+        default="sdpa", description="the encoder's attention kernel: torch's scaled dot product, or plain matmuls"
+    )
+    document_masking: bool = Field(
+        default=False,
+        description="attention stays inside each packed document "
+        "(as unpadded varlen training); in the run id when on",
+    )
     data: DataSpec = Field(description="the pretraining corpus and how it is read and packed")
     batch_size: int = Field(default=16, gt=0, description="sequences per optimizer step")
     micro_batch_size: Annotated[int, Field(gt=0)] | Literal["auto"] | None = Field(
-        default=None, description="sequences per forward/backward (gradient accumulation); auto, in a grid whose "
-                                  "launcher states gpu_memory_gb: the largest divisor of the per-rank batch that "
-                                  "fits the GPU (docs/gpu-memory.md)")
+        default=None,
+        description="sequences per forward/backward (gradient accumulation); auto, in a grid whose "
+        "launcher states gpu_memory_gb: the largest divisor of the per-rank batch that "
+        "fits the GPU (docs/gpu-memory.md)",
+    )
     seed: int = Field(default=17, description="the pretraining seed: initialisation of new weights, masking draws")
     budget_tokens: int | None = Field(default=None, gt=0, description="what phase fractions are fractions of")
     phases: tuple[PhaseSpec, ...] = Field(description="the phases, in order (in a grid: prelude + a schedule)")
-    optim: OptimSpec = Field(default=OptimSpec(), description="the optimizer (AdamW), its state kept across "
-                                                              "phases")
+    optim: OptimSpec = Field(
+        default=OptimSpec(), description="the optimizer (AdamW), its state kept across phases"
+    )
     checkpoint_every: int = Field(default=50, gt=0, description="optimizer steps")
     log_every: int = Field(default=10, gt=0, description="optimizer steps between curve points")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto: CUDA when there is one")
     precision: Literal["auto", "bf16", "fp32"] = Field(
-        default="auto", description="auto: bf16 autocast on CUDA, float32 on the CPU; bf16 (autocast, float32 master "
-                                    "weights) or fp32 on any device")
+        default="auto",
+        description="auto: bf16 autocast on CUDA, float32 on the CPU; bf16 (autocast, float32 master "
+        "weights) or fp32 on any device",
+    )
     compile: Literal["auto", True, False] = Field(
-        default="auto", description="torch.compile the encoder: auto is on for CUDA and off on the CPU (where "
-                                    "compiling costs more than it saves on short runs); true or false on any device")
-    deterministic: bool = Field(default=False, description="deterministic algorithms (torch, cuDNN, cuBLAS): "
-                                                           "repeatable CUDA steps at some speed; no change on CPU")
+        default="auto",
+        description="torch.compile the encoder: auto is on for CUDA and off on the CPU (where "
+        "compiling costs more than it saves on short runs); true or false on any device",
+    )
+    deterministic: bool = Field(
+        default=False,
+        description="deterministic algorithms (torch, cuDNN, cuBLAS): "
+        "repeatable CUDA steps at some speed; no change on CPU",
+    )
     vocab_loss: Literal["fused", "dense"] = Field(
-        default="fused", description="the MLM head's vocabulary projection + cross-entropy: fused (a chunk of "
-                                     "positions at a time, never all logits at once) or dense (all logits, as the "
-                                     "model's own forward); the same loss and gradients up to float rounding")
+        default="fused",
+        description="the MLM head's vocabulary projection + cross-entropy: fused (a chunk of "
+        "positions at a time, never all logits at once) or dense (all logits, as the "
+        "model's own forward); the same loss and gradients up to float rounding",
+    )
     probe: ProbeSpec = Field(default=ProbeSpec(), description="per-layer measures at each phase end")
     eval: EvalSpec = Field(default=EvalSpec(), description="fine-tuning on downstream tasks after pretraining")
     tracking: TrackingSpec = Field(default=TrackingSpec(), description="live views in TensorBoard, MLflow, W&B")
-    labels: dict[str, Any] = Field(default_factory=dict, description="names that do not change training "
-                                                                     "(sweep, axis values)")
-    branching: bool = Field(default=True, description="may start from another run's checkpoint of the same "
-                                                      "sweep where both compute the same first steps (false: "
-                                                      "always from step 0); the same bits either way")
+    labels: dict[str, Any] = Field(
+        default_factory=dict, description="names that do not change training (sweep, axis values)"
+    )
+    branching: bool = Field(
+        default=True,
+        description="may start from another run's checkpoint of the same "
+        "sweep where both compute the same first steps (false: "
+        "always from step 0); the same bits either way",
+    )
 
     @field_validator("phases")
     @classmethod
@@ -343,17 +428,28 @@ class RunSpec(Strict):
     def _check(self):
         fractions = [p.fraction for p in self.phases if p.fraction is not None]
         if fractions and self.budget_tokens is None:
-            raise Located("a phase length given as a fraction needs budget_tokens", "budget_tokens", None,
-                          "budget_tokens: N, or phase lengths in steps or tokens")
+            raise Located(
+                "a phase length given as a fraction needs budget_tokens",
+                "budget_tokens",
+                None,
+                "budget_tokens: N, or phase lengths in steps or tokens",
+            )
         if fractions and not math.isclose(sum(fractions), 1.0, rel_tol=0, abs_tol=1e-9):
-            raise Located(f"the phases' fractions of budget_tokens add up to {sum(fractions):g}, not 1: "
-                          f"{' + '.join(f'{f:g}' for f in fractions)}", "phases", sum(fractions),
-                          "fractions adding up to 1 (give the rest as a fraction too), or lengths in steps or "
-                          "tokens")
+            raise Located(
+                f"the phases' fractions of budget_tokens add up to {sum(fractions):g}, not 1: "
+                f"{' + '.join(f'{f:g}' for f in fractions)}",
+                "phases",
+                sum(fractions),
+                "fractions adding up to 1 (give the rest as a fraction too), or lengths in steps or tokens",
+            )
         mb = self.micro_batch_size
         if isinstance(mb, int) and self.batch_size % mb:
-            raise Located(f"batch_size {self.batch_size} is not a multiple of micro_batch_size {mb}",
-                          "micro_batch_size", mb, f"a divisor of batch_size {self.batch_size}")
+            raise Located(
+                f"batch_size {self.batch_size} is not a multiple of micro_batch_size {mb}",
+                "micro_batch_size",
+                mb,
+                f"a divisor of batch_size {self.batch_size}",
+            )
         return self
 
     @property
@@ -401,7 +497,7 @@ class RunSpec(Strict):
         return out
 
     def _steps_for(self, tokens: float) -> int:
-        return math.ceil(tokens / self.tokens_per_step - 1e-9)   # 0.7 * 1000 is 700.0000000000001
+        return math.ceil(tokens / self.tokens_per_step - 1e-9)  # 0.7 * 1000 is 700.0000000000001
 
 
 def parse_layer_range(text: str) -> tuple[int, int] | None:

@@ -28,36 +28,46 @@ from ablate.config.errors import SpecError
 from ablate.config.spec import FREEZE_ALLOWED, FREEZE_WORDS, parse_layer_range
 
 ARM_FORMS = "SCHEDULE or SCHEDULE/FREEZE (a schedule name, and a freeze mask name when it is not none)"
-COMPONENTS = ("attention", "mlp")    # a block's parts a transplant can copy alone (each family names its own)
+COMPONENTS = ("attention", "mlp")  # a block's parts a transplant can copy alone (each family names its own)
 
 
 class TransplantEval(Strict):
     """A transplant's own evaluation: what it changes of the `into` run's eval (the rest is the run's)."""
 
-    tasks: tuple[str, ...] | None = Field(default=None, description="fine-tuning tasks or suite:NAME ([] "
-                                                                    "builds only)")
+    tasks: tuple[str, ...] | None = Field(
+        default=None, description="fine-tuning tasks or suite:NAME ([] builds only)"
+    )
     seeds: tuple[int, ...] | None = Field(default=None, description="fine-tuning seeds")
-    finetune: dict[str, Any] = Field(default_factory=dict, description="fine-tuning settings over the run's "
-                                                                       "eval.finetune (e.g. probe: linear)")
-    protocol: str | None = Field(default=None, description="a fine-tuning profile (paper, smoke) instead of "
-                                                           "the run's")
+    finetune: dict[str, Any] = Field(
+        default_factory=dict, description="fine-tuning settings over the run's eval.finetune (e.g. probe: linear)"
+    )
+    protocol: str | None = Field(
+        default=None, description="a fine-tuning profile (paper, smoke) instead of the run's"
+    )
 
 
 class TransplantSpec(Strict):
     """One entry of a grid's `transplants:` block: per pretraining seed, a hybrid of two arms' runs."""
 
-    source: str = Field(alias="from", description=f"the arm that gives the embeddings and the chosen layers: "
-                                                  f"{ARM_FORMS}")
+    source: str = Field(
+        alias="from", description=f"the arm that gives the embeddings and the chosen layers: {ARM_FORMS}"
+    )
     target: str = Field(alias="into", description="the arm that gives everything else")
     layers: str | int | tuple[str | int, ...] | None = Field(
-        default=None, description="freeze-mask words: low, mid, high, 0-7, encoder, head; a list or "
-        "comma-separated (with components: the blocks they are taken from; default every block)")
-    components: tuple[str, ...] | None = Field(default=None, description="copy only these parts of each "
-                                               f"block: {', '.join(COMPONENTS)} (no embeddings)")
-    tasks: tuple[str, ...] | None = Field(default=None, description="fine-tuning tasks (default: the runs' "
-                                                                    "eval.tasks; [] builds only)")
-    eval: TransplantEval | None = Field(default=None, description="the hybrid's evaluation over the into run's: "
-                                        "tasks, seeds, finetune settings, protocol")
+        default=None,
+        description="freeze-mask words: low, mid, high, 0-7, encoder, head; a list or "
+        "comma-separated (with components: the blocks they are taken from; default every block)",
+    )
+    components: tuple[str, ...] | None = Field(
+        default=None, description=f"copy only these parts of each block: {', '.join(COMPONENTS)} (no embeddings)"
+    )
+    tasks: tuple[str, ...] | None = Field(
+        default=None, description="fine-tuning tasks (default: the runs' eval.tasks; [] builds only)"
+    )
+    eval: TransplantEval | None = Field(
+        default=None,
+        description="the hybrid's evaluation over the into run's: tasks, seeds, finetune settings, protocol",
+    )
 
 
 def parse_layers(text: str | int | list | tuple, key: str = "--layers") -> tuple[str, ...]:
@@ -77,8 +87,9 @@ def parse_components(items: str | list | tuple | None, key: str = "--components"
     names = [str(c).strip() for c in (items.split(",") if isinstance(items, str) else items) if str(c).strip()]
     bad = [c for c in names if c not in COMPONENTS]
     if bad or not names:
-        raise SpecError("unknown component", key=key, value=bad[0] if bad else str(items),
-                        allowed=", ".join(COMPONENTS))
+        raise SpecError(
+            "unknown component", key=key, value=bad[0] if bad else str(items), allowed=", ".join(COMPONENTS)
+        )
     return tuple(c for c in COMPONENTS if c in names)
 
 
@@ -87,8 +98,7 @@ def entry_split(entry: TransplantSpec, key: str) -> tuple[tuple[str, ...], tuple
     every block). SpecError at `key`.layers / .components / .tasks."""
     components = parse_components(entry.components, f"{key}.components")
     if entry.tasks is not None and entry.eval is not None and entry.eval.tasks is not None:
-        raise SpecError("tasks given twice: as tasks and as eval.tasks", key=f"{key}.tasks",
-                        allowed="one of them")
+        raise SpecError("tasks given twice: as tasks and as eval.tasks", key=f"{key}.tasks", allowed="one of them")
     if entry.layers is None:
         if not components:
             raise SpecError("missing required key (layers, or components for every block)", key=f"{key}.layers")

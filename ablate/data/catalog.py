@@ -26,8 +26,8 @@ CATALOG = HERE / "catalog.yaml"
 MANIFEST = HERE / "manifest.tsv"
 SETS = HERE / "sets.yaml"
 MANIFEST_COLUMNS = ("dataset", "file", "size", "sha256")
-FETCHED = "FETCHED.tsv"     # a derived dataset's files as its fetch wrote them (MANIFEST_COLUMNS[1:])
-NOT_DATA = {"SOURCE.md", "README.md", FETCHED}     # notes beside the data: not fetched, not checked
+FETCHED = "FETCHED.tsv"  # a derived dataset's files as its fetch wrote them (MANIFEST_COLUMNS[1:])
+NOT_DATA = {"SOURCE.md", "README.md", FETCHED}  # notes beside the data: not fetched, not checked
 DOWNLOAD_KINDS = ("url", "zenodo", "hf")
 HASH_BLOCK = 1 << 22
 OTHER_REPO = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)@(?P<commit>[0-9a-f]{40}):(?P<path>.+)$")
@@ -46,12 +46,12 @@ class Expected:
 class Download:
     """Where a dataset that is not a GitHub repository at a commit is downloaded from."""
 
-    kind: str                                     # url | zenodo | hf
-    files: tuple[tuple[str, str], ...]            # (input name, URL) for url; (file name, file name) otherwise
-    sha256: tuple[tuple[str, str], ...] = ()      # input name -> pinned sha256 (optional per file)
-    record: str | None = None                     # zenodo
-    repo: str | None = None                       # hf: the dataset repository
-    revision: str | None = None                   # hf: commit sha or tag
+    kind: str  # url | zenodo | hf
+    files: tuple[tuple[str, str], ...]  # (input name, URL) for url; (file name, file name) otherwise
+    sha256: tuple[tuple[str, str], ...] = ()  # input name -> pinned sha256 (optional per file)
+    record: str | None = None  # zenodo
+    repo: str | None = None  # hf: the dataset repository
+    revision: str | None = None  # hf: commit sha or tag
 
     def pinned_sha256(self, name: str) -> str | None:
         return dict(self.sha256).get(name)
@@ -65,30 +65,47 @@ class Dataset:
     licence: str
     converter: str | None
     non_commercial: bool = False
-    sources: tuple[tuple[str, str], ...] = ()     # (name the converter reads it by, path in the repository)
-    archive: tuple[str, ...] = ()                 # folders read from the repository's archive at the commit
-    requires: tuple[str, ...] = ()                # datasets the converter reads (from the data root)
-    files: tuple[Expected, ...] = ()              # what the data root must hold (the manifest)
-    download: Download | None = None              # instead of repo / commit / sources
-    derived: bool = False                         # checked: derived (FETCHED.tsv, not the manifest)
+    sources: tuple[tuple[str, str], ...] = ()  # (name the converter reads it by, path in the repository)
+    archive: tuple[str, ...] = ()  # folders read from the repository's archive at the commit
+    requires: tuple[str, ...] = ()  # datasets the converter reads (from the data root)
+    files: tuple[Expected, ...] = ()  # what the data root must hold (the manifest)
+    download: Download | None = None  # instead of repo / commit / sources
+    derived: bool = False  # checked: derived (FETCHED.tsv, not the manifest)
 
 
 @cache
 def catalog() -> dict[str, Dataset]:
     entries = yaml.safe_load(CATALOG.read_text(encoding="utf-8"))
     manifest = read_manifest(MANIFEST)
-    return {name: Dataset(name, e.get("repo", ""), e.get("commit", ""), e["licence"], e.get("converter"),
-                          bool(e.get("non_commercial", False)), _sources(e), tuple(e.get("archive") or ()),
-                          tuple(e.get("requires") or ()), tuple(manifest.get(name, ())), _download(name, e),
-                          _derived(name, e, manifest))
-            for name, e in entries.items()}
+    return {
+        name: Dataset(
+            name,
+            e.get("repo", ""),
+            e.get("commit", ""),
+            e["licence"],
+            e.get("converter"),
+            bool(e.get("non_commercial", False)),
+            _sources(e),
+            tuple(e.get("archive") or ()),
+            tuple(e.get("requires") or ()),
+            tuple(manifest.get(name, ())),
+            _download(name, e),
+            _derived(name, e, manifest),
+        )
+        for name, e in entries.items()
+    }
 
 
 def _derived(name: str, entry: dict, manifest: dict) -> bool:
     checked = entry.get("checked")
     if checked not in (None, "derived"):
-        raise SpecError("unknown `checked`", file=str(CATALOG), key=f"{name}.checked", value=checked,
-                        allowed="derived (or no key: the manifest)")
+        raise SpecError(
+            "unknown `checked`",
+            file=str(CATALOG),
+            key=f"{name}.checked",
+            value=checked,
+            allowed="derived (or no key: the manifest)",
+        )
     if checked and name in manifest:
         raise SpecError("a `checked: derived` dataset has no manifest rows", file=str(MANIFEST), key=name)
     return checked == "derived"
@@ -102,19 +119,29 @@ def _download(name: str, entry: dict) -> Download | None:
     key = f"{name}.download"
     kind = block.get("kind")
     if kind not in DOWNLOAD_KINDS:
-        raise SpecError("unknown download kind", file=str(CATALOG), key=f"{key}.kind", value=kind,
-                        allowed=", ".join(DOWNLOAD_KINDS))
+        raise SpecError(
+            "unknown download kind",
+            file=str(CATALOG),
+            key=f"{key}.kind",
+            value=kind,
+            allowed=", ".join(DOWNLOAD_KINDS),
+        )
     files = block.get("files") or {}
     if kind == "url":
         pairs = tuple(files.items()) if isinstance(files, dict) else ()
         bad = [url for _, url in pairs if not str(url).startswith(("https://", "http://"))]
         if not pairs or bad:
-            raise SpecError("kind url takes `files: {INPUT_NAME: URL}`", file=str(CATALOG), key=f"{key}.files",
-                            value=bad[0] if bad else files)
+            raise SpecError(
+                "kind url takes `files: {INPUT_NAME: URL}`",
+                file=str(CATALOG),
+                key=f"{key}.files",
+                value=bad[0] if bad else files,
+            )
     else:
         if not isinstance(files, list) or not files:
-            raise SpecError(f"kind {kind} takes `files: [FILE, ...]`", file=str(CATALOG), key=f"{key}.files",
-                            value=files)
+            raise SpecError(
+                f"kind {kind} takes `files: [FILE, ...]`", file=str(CATALOG), key=f"{key}.files", value=files
+            )
         pairs = tuple((str(f), str(f)) for f in files)
     needs = {"zenodo": ("record",), "hf": ("repo", "revision")}.get(kind, ())
     for field in needs:
@@ -123,11 +150,21 @@ def _download(name: str, entry: dict) -> Download | None:
     sha256 = block.get("sha256") or {}
     unknown = sorted(set(sha256) - {n for n, _ in pairs})
     if unknown:
-        raise SpecError("sha256 for a file the block does not download", file=str(CATALOG), key=f"{key}.sha256",
-                        value=unknown[0], allowed=", ".join(n for n, _ in pairs))
-    return Download(kind, pairs, tuple((str(k), str(v).lower()) for k, v in sha256.items()),
-                    str(block["record"]) if kind == "zenodo" else None, block.get("repo"),
-                    str(block["revision"]) if kind == "hf" else None)
+        raise SpecError(
+            "sha256 for a file the block does not download",
+            file=str(CATALOG),
+            key=f"{key}.sha256",
+            value=unknown[0],
+            allowed=", ".join(n for n, _ in pairs),
+        )
+    return Download(
+        kind,
+        pairs,
+        tuple((str(k), str(v).lower()) for k, v in sha256.items()),
+        str(block["record"]) if kind == "zenodo" else None,
+        block.get("repo"),
+        str(block["revision"]) if kind == "hf" else None,
+    )
 
 
 def origin(ds: Dataset) -> str:
@@ -145,8 +182,11 @@ def origin(ds: Dataset) -> str:
 def _sources(entry: dict) -> tuple[tuple[str, str], ...]:
     """`sources` as written, then `each`: every path template once per id, named by its file name."""
     each = entry.get("each") or {"paths": [], "ids": []}
-    templated = [(PurePosixPath(path).name, path) for i in each["ids"] for path in
-                 (template.format(id=i) for template in each["paths"])]
+    templated = [
+        (PurePosixPath(path).name, path)
+        for i in each["ids"]
+        for path in (template.format(id=i) for template in each["paths"])
+    ]
     return tuple((entry.get("sources") or {}).items()) + tuple(templated)
 
 
@@ -214,10 +254,14 @@ def manifest_rows(root: Path) -> list[tuple[str, str, int, str]]:
     """(dataset, file, size, sha256) of every data file under root's dataset folders, sorted; not those of
     `checked: derived` datasets (their FETCHED.tsv holds that)."""
     derived = {name for name, ds in catalog().items() if ds.derived}
-    return [(d.name, f.name, f.stat().st_size, sha256_of(f))
-            for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
-                            and p.name not in derived)
-            for f in sorted(d.iterdir()) if f.is_file() and f.name not in NOT_DATA]
+    return [
+        (d.name, f.name, f.stat().st_size, sha256_of(f))
+        for d in sorted(
+            p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in derived
+        )
+        for f in sorted(d.iterdir())
+        if f.is_file() and f.name not in NOT_DATA
+    ]
 
 
 def write_manifest(rows: list[tuple[str, str, int, str]], path: Path = MANIFEST) -> None:

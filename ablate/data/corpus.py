@@ -26,8 +26,18 @@ from ablate.data.prepare import changed_sources, prepare, prepared_folder, read_
 from ablate.data.prepared import PackedView, PreparedCorpus
 from ablate.data.sources import Source, iter_documents, resolve_sources
 
-__all__ = ["SequenceOrder", "TokenStream", "estimated_tokens", "find_prepared", "load_packed", "open_prepared",
-           "prepared_tokens", "read_documents", "tokenize_documents", "tokenizer_fingerprint"]
+__all__ = [
+    "SequenceOrder",
+    "TokenStream",
+    "estimated_tokens",
+    "find_prepared",
+    "load_packed",
+    "open_prepared",
+    "prepared_tokens",
+    "read_documents",
+    "tokenize_documents",
+    "tokenizer_fingerprint",
+]
 
 # UTF-8 bytes a token, roughly, for biomedical text: measured 4.4 (English clinical cases, BERT WordPiece) and
 # 3.2 (French clinical cases); only for the dry run's estimate of a corpus that is not prepared
@@ -44,9 +54,12 @@ def open_prepared(spec: DataSpec, tokenizer, which: str = "corpus", workers: int
     else:
         changed = changed_sources(manifest, sources, spec)
         if changed:
-            raise SpecError(f"the corpus changed since it was prepared in {folder} ({', '.join(changed)}); "
-                            f"re-prepare it: ablate prepare <this run spec or grid>", key=f"data.{which}",
-                            value=getattr(spec, which))
+            raise SpecError(
+                f"the corpus changed since it was prepared in {folder} ({', '.join(changed)}); "
+                f"re-prepare it: ablate prepare <this run spec or grid>",
+                key=f"data.{which}",
+                value=getattr(spec, which),
+            )
     return PreparedCorpus(folder)
 
 
@@ -93,16 +106,21 @@ def read_documents(spec: DataSpec, which: str = "corpus") -> list[str]:
 class TokenStream:
     """The whole stream in memory: the reference the prepared path is tested against."""
 
-    tokens: np.ndarray      # (n_tokens,) int32
-    doc_index: np.ndarray   # (n_tokens,) int32, document of each token
+    tokens: np.ndarray  # (n_tokens,) int32
+    doc_index: np.ndarray  # (n_tokens,) int32, document of each token
     n_documents: int
 
 
 def tokenize_documents(docs: list[str], tokenizer, batch: int = 1000) -> TokenStream:
     pieces, owners = [], []
     for start in range(0, len(docs), batch):
-        encoded = tokenizer(docs[start:start + batch], add_special_tokens=True, truncation=False,
-                            return_attention_mask=False, verbose=False)["input_ids"]
+        encoded = tokenizer(
+            docs[start : start + batch],
+            add_special_tokens=True,
+            truncation=False,
+            return_attention_mask=False,
+            verbose=False,
+        )["input_ids"]
         for i, ids in enumerate(encoded):
             pieces.append(np.asarray(ids, dtype=np.int32))
             owners.append(np.full(len(ids), start + i, dtype=np.int32))

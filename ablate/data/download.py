@@ -68,8 +68,9 @@ def _copy_response(url: str, part: Path, label: str) -> None:
         with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response, open(part, "wb") as out:
             announced = response.headers.get("Content-Length")
             total = int(announced) if announced else None
-            with tqdm(total=total, unit="B", unit_scale=True, desc=label, file=sys.stderr, leave=False,
-                      disable=None) as bar:
+            with tqdm(
+                total=total, unit="B", unit_scale=True, desc=label, file=sys.stderr, leave=False, disable=None
+            ) as bar:
                 got = 0
                 while chunk := response.read(CHUNK):
                     out.write(chunk)
@@ -78,8 +79,11 @@ def _copy_response(url: str, part: Path, label: str) -> None:
     except urllib.error.HTTPError as e:
         raise DownloadError(f"HTTP {e.code} {e.reason}", value=url) from None
     except http.client.IncompleteRead as e:
-        raise DownloadError(f"truncated download: {len(e.partial):,} more bytes arrived, "
-                            f"{e.expected:,} were missing when the connection closed", value=url) from None
+        raise DownloadError(
+            f"truncated download: {len(e.partial):,} more bytes arrived, "
+            f"{e.expected:,} were missing when the connection closed",
+            value=url,
+        ) from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         raise DownloadError(f"cannot download ({getattr(e, 'reason', e)})", value=url) from None
     if total is not None and got != total:

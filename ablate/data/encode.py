@@ -26,7 +26,7 @@ from typing import Callable
 _WHITESPACE = re.compile("[\t\n\r \xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+")
 _PY_ONLY_SPACE = frozenset("\x0b\x0c\x1c\x1d\x1e\x1f\x85")
 _WORD_LOCAL_PRE = {"BertPreTokenizer", "Whitespace", "WhitespaceSplit"}
-CACHE_WORDS = 1 << 21             # cleared when it grows past this many chunks (memory stays bounded)
+CACHE_WORDS = 1 << 21  # cleared when it grows past this many chunks (memory stays bounded)
 
 
 def word_local(backend) -> bool:
@@ -34,10 +34,15 @@ def word_local(backend) -> bool:
     rules = json.loads(backend.to_str())
     pre, norm, model = rules.get("pre_tokenizer"), rules.get("normalizer"), rules.get("model") or {}
     added = [t["content"] for t in rules.get("added_tokens") or []]
-    return (pre is not None and pre.get("type") in _WORD_LOCAL_PRE
-            and norm is not None and norm.get("type") == "BertNormalizer" and norm.get("clean_text")
-            and model.get("type") == "WordPiece"
-            and not any(_WHITESPACE.search(t) for t in added))
+    return (
+        pre is not None
+        and pre.get("type") in _WORD_LOCAL_PRE
+        and norm is not None
+        and norm.get("type") == "BertNormalizer"
+        and norm.get("clean_text")
+        and model.get("type") == "WordPiece"
+        and not any(_WHITESPACE.search(t) for t in added)
+    )
 
 
 def _chunks(doc: str) -> list[str]:
@@ -54,8 +59,8 @@ def make_encoder(backend) -> Callable[[list[str]], list[list[int]]]:
 
     plain = backend.encode("a", add_special_tokens=False).ids
     full = backend.encode("a", add_special_tokens=True).ids
-    at = next(i for i in range(len(full) - len(plain) + 1) if full[i:i + len(plain)] == plain)
-    prefix, suffix = full[:at], full[at + len(plain):]
+    at = next(i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain)
+    prefix, suffix = full[:at], full[at + len(plain) :]
     cache: dict[str, list[int]] = {}
 
     def encode_docs(docs: list[str]) -> list[list[int]]:

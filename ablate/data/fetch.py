@@ -21,8 +21,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ablate.config.errors import SpecError
-from ablate.data.catalog import (FETCHED, Dataset, dataset_problems, expected_files, origin, source_location,
-                                 with_requirements, write_fetched)
+from ablate.data.catalog import (
+    FETCHED,
+    Dataset,
+    dataset_problems,
+    expected_files,
+    origin,
+    source_location,
+    with_requirements,
+    write_fetched,
+)
 from ablate.data.converters import CONVERTERS
 from ablate.data.download import DownloadError, archive_url, download, file_url, remove_quietly
 from ablate.data.remote import ChecksumMismatch, download_inputs
@@ -34,17 +42,22 @@ DOCS = "docs/data.md"
 def by_hand(ds: Dataset, root: Path) -> str:
     """How to supply a dataset without this command."""
     if ds.download is not None:
-        return (f"to supply it by hand, put {', '.join(n for n, _ in ds.download.files)} (from {origin(ds)}) "
-                f"where the fetch caches its downloads ({root / CACHE}/, see {DOCS}) and fetch again: the "
-                "files are checked and converted as if downloaded")
-    return (f"to supply it by hand, build the files of {ds.name} as its SOURCE notes say ({DOCS}; from "
-            f"{ds.repo} at {ds.commit}) into {root / ds.name}/ and check them with `ablate data verify {ds.name}`; "
-            "a task can also read a `datasets` folder saved with save_to_disk or a hub dataset (format: hf in its "
-            "task file), and a corpus any file, folder or hf: name (data.corpus)")
+        return (
+            f"to supply it by hand, put {', '.join(n for n, _ in ds.download.files)} (from {origin(ds)}) "
+            f"where the fetch caches its downloads ({root / CACHE}/, see {DOCS}) and fetch again: the "
+            "files are checked and converted as if downloaded"
+        )
+    return (
+        f"to supply it by hand, build the files of {ds.name} as its SOURCE notes say ({DOCS}; from "
+        f"{ds.repo} at {ds.commit}) into {root / ds.name}/ and check them with `ablate data verify {ds.name}`; "
+        "a task can also read a `datasets` folder saved with save_to_disk or a hub dataset (format: hf in its "
+        "task file), and a corpus any file, folder or hf: name (data.corpus)"
+    )
 
 
-def fetch_datasets(datasets: list[Dataset], root: Path, mirror: str | None = None,
-                   say: Callable[[str], None] = print) -> list[str]:
+def fetch_datasets(
+    datasets: list[Dataset], root: Path, mirror: str | None = None, say: Callable[[str], None] = print
+) -> list[str]:
     """Fetch each dataset not already in place; returns the names fetched. A SpecError (exit 2) for the first
     that cannot be fetched, after the ones before it were placed."""
     root.mkdir(parents=True, exist_ok=True)
@@ -55,8 +68,11 @@ def fetch_datasets(datasets: list[Dataset], root: Path, mirror: str | None = Non
             continue
         say(_licence_line(ds))
         if ds.converter is None:
-            raise SpecError(f"dataset {ds.name}: no converter yet for its derivation; {by_hand(ds, root)}",
-                            key="dataset", value=ds.name)
+            raise SpecError(
+                f"dataset {ds.name}: no converter yet for its derivation; {by_hand(ds, root)}",
+                key="dataset",
+                value=ds.name,
+            )
         _fetch_one(ds, root, mirror, say)
         fetched.append(ds.name)
         n = len(expected_files(root / ds.name, ds) or ())
@@ -84,11 +100,14 @@ def _fetch_one(ds: Dataset, root: Path, mirror: str | None, say: Callable[[str],
             write_fetched(out, [p for p in out.iterdir() if p.is_file()])
         problems = dataset_problems(out, ds)
         if problems:
-            for path in _downloaded(inputs, ds):       # a corrupt download must not be reused
+            for path in _downloaded(inputs, ds):  # a corrupt download must not be reused
                 remove_quietly(path)
-            raise ChecksumMismatch(f"dataset {ds.name}: the derived files do not match the manifest ("
-                                   f"{'; '.join(problems)}); nothing was placed in {root / ds.name}", key="dataset",
-                                   value=ds.name)
+            raise ChecksumMismatch(
+                f"dataset {ds.name}: the derived files do not match the manifest ("
+                f"{'; '.join(problems)}); nothing was placed in {root / ds.name}",
+                key="dataset",
+                value=ds.name,
+            )
         _place(out, root / ds.name, ds)
 
 
@@ -100,13 +119,19 @@ def _remote_sources(ds: Dataset, cache: Path, root: Path, say: Callable[[str], N
     try:
         return download_inputs(ds, cache, say)
     except DownloadError as e:
-        raise DownloadError(f"{e.message} (offline, or the source moved); {by_hand(ds, root)}", key=e.key,
-                            value=e.value, allowed=e.allowed) from None
+        raise DownloadError(
+            f"{e.message} (offline, or the source moved); {by_hand(ds, root)}",
+            key=e.key,
+            value=e.value,
+            allowed=e.allowed,
+        ) from None
 
 
 def _download_sources(ds: Dataset, cache: Path, mirror: str | None, root: Path) -> dict[str, Path]:
-    wanted = [(name, file_url(ds, path, mirror), cache / "/".join(source_location(ds, path)))
-              for name, path in ds.sources]
+    wanted = [
+        (name, file_url(ds, path, mirror), cache / "/".join(source_location(ds, path)))
+        for name, path in ds.sources
+    ]
     if ds.archive:
         wanted.append(("archive", archive_url(ds, mirror), cache / ds.repo / "tar.gz" / ds.commit))
     inputs = {}
@@ -114,8 +139,11 @@ def _download_sources(ds: Dataset, cache: Path, mirror: str | None, root: Path) 
         try:
             inputs[name] = download(url, dest, f"{ds.name} {name}")
         except DownloadError as e:
-            raise DownloadError(f"dataset {ds.name}: {e.message} (offline, or the source moved); "
-                                f"{by_hand(ds, root)}", key="url", value=url) from None
+            raise DownloadError(
+                f"dataset {ds.name}: {e.message} (offline, or the source moved); {by_hand(ds, root)}",
+                key="url",
+                value=url,
+            ) from None
     return inputs
 
 
@@ -125,9 +153,7 @@ def _place(out: Path, folder: Path, ds: Dataset) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / FETCHED).unlink(missing_ok=True)
     for expected in expected_files(out, ds):
-        (folder / expected.file).parent.mkdir(parents=True, exist_ok=True)    # a dataset of nested folders
+        (folder / expected.file).parent.mkdir(parents=True, exist_ok=True)  # a dataset of nested folders
         os.replace(out / expected.file, folder / expected.file)
     if ds.derived:
         os.replace(out / FETCHED, folder / FETCHED)
-
-

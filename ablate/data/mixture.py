@@ -23,7 +23,7 @@ import numpy as np
 
 from ablate.config.spec import DataSpec, RunSpec
 
-GOLDEN = (5 ** 0.5 - 1) / 2
+GOLDEN = (5**0.5 - 1) / 2
 # what decides the prepared tokens of a corpus (seq_len, data_seed, valid_corpus do not)
 READING_FIELDS = ("corpus", "format", "text_field", "max_documents", "errors", "data_root", "prepared_root")
 
@@ -48,7 +48,7 @@ class PhaseData:
 
     seq_len: int
     members: tuple[Member, ...]
-    starts: tuple[int, ...]          # each member's stream position (sequences read) at the phase's start
+    starts: tuple[int, ...]  # each member's stream position (sequences read) at the phase's start
 
     @property
     def weights(self) -> tuple[float, ...]:
@@ -85,9 +85,22 @@ def _members(spec: RunSpec, index: int) -> tuple[Member, ...]:
         written = tuple((m.corpus, m.weight, m.format, m.text_field) for m in base.mixture)
     else:
         written = ((base.corpus, 1.0, None, None),)
-    return tuple(Member(corpus, base.model_copy(update={
-        "corpus": corpus, "mixture": None, "format": f or fmt, "text_field": t or field, "seq_len": seq_len}), weight)
-        for corpus, weight, f, t in written)
+    return tuple(
+        Member(
+            corpus,
+            base.model_copy(
+                update={
+                    "corpus": corpus,
+                    "mixture": None,
+                    "format": f or fmt,
+                    "text_field": t or field,
+                    "seq_len": seq_len,
+                }
+            ),
+            weight,
+        )
+        for corpus, weight, f, t in written
+    )
 
 
 def phase_data(spec: RunSpec) -> list[PhaseData]:
@@ -129,5 +142,7 @@ def member_counts(weights: tuple[float, ...], data_seed: int, rows: int, first_r
 def planned_member_sequences(spec: RunSpec) -> list[tuple[PhaseData, np.ndarray]]:
     """Each phase's data with the sequences each of its members is planned to read."""
     plans = phase_data(spec)
-    return [(p, member_counts(p.weights, spec.data.data_seed, steps * spec.batch_size))
-            for p, steps in zip(plans, spec.phase_steps())]
+    return [
+        (p, member_counts(p.weights, spec.data.data_seed, steps * spec.batch_size))
+        for p, steps in zip(plans, spec.phase_steps())
+    ]

@@ -42,9 +42,9 @@ from ablate.store.lock import FileLock
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-SHARD_TOKENS = 1 << 28            # 512 MB of uint16 per shard
-CHUNK_DOCS = 512                  # documents per task handed to a worker
-DIE_AFTER_SHARDS_ENV = "ABLATE_PREPARE_DIE_AFTER_SHARDS"   # test hook: SIGKILL self after N shards
+SHARD_TOKENS = 1 << 28  # 512 MB of uint16 per shard
+CHUNK_DOCS = 512  # documents per task handed to a worker
+DIE_AFTER_SHARDS_ENV = "ABLATE_PREPARE_DIE_AFTER_SHARDS"  # test hook: SIGKILL self after N shards
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -66,8 +66,12 @@ def default_workers() -> int:
 
 
 def _reading(spec: DataSpec) -> dict:
-    return {"format": spec.format, "text_field": spec.text_field, "max_documents": spec.max_documents,
-            "errors": spec.errors}
+    return {
+        "format": spec.format,
+        "text_field": spec.text_field,
+        "max_documents": spec.max_documents,
+        "errors": spec.errors,
+    }
 
 
 def prepared_folder(spec: DataSpec, sources: list[Source], fingerprint: str) -> Path:
@@ -95,8 +99,9 @@ def changed_sources(manifest: dict, sources: list[Source], spec: DataSpec) -> li
                 changed.append(str(source.path))
             continue
         now = source.stat()
-        if (now["size"], now["mtime_ns"]) != (was["size"], was["mtime_ns"]) and \
-                source.content_hash() != was["sha256"]:
+        if (now["size"], now["mtime_ns"]) != (was["size"], was["mtime_ns"]) and source.content_hash() != was[
+            "sha256"
+        ]:
             changed.append(str(source.path))
     return changed
 
@@ -115,8 +120,8 @@ _DTYPE = np.dtype(np.int64)
 
 def _init_worker(backend_json: str | None, hf_tokenizer, single: bool, dtype: str) -> None:
     global _ENCODE, _DTYPE
-    _DTYPE = np.dtype(dtype)     # the shards' own: a worker sends 2 bytes a token, not 8
-    if single:      # one tokenizer per core: the Rust thread pool would only oversubscribe
+    _DTYPE = np.dtype(dtype)  # the shards' own: a worker sends 2 bytes a token, not 8
+    if single:  # one tokenizer per core: the Rust thread pool would only oversubscribe
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     if backend_json is not None:
         from tokenizers import Tokenizer
@@ -126,8 +131,13 @@ def _init_worker(backend_json: str | None, hf_tokenizer, single: bool, dtype: st
         backend.no_padding()
         _ENCODE = make_encoder(backend)
     else:
-        _ENCODE = lambda docs: hf_tokenizer(docs, add_special_tokens=True, truncation=False,   # noqa: E731
-                                            return_attention_mask=False, verbose=False)["input_ids"]
+        _ENCODE = lambda docs: hf_tokenizer(  # noqa: E731
+            docs,
+            add_special_tokens=True,
+            truncation=False,
+            return_attention_mask=False,
+            verbose=False,
+        )["input_ids"]
 
 
 def _encode(docs: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
@@ -144,6 +154,7 @@ def _chunks(docs: Iterator[str], size: int) -> Iterator[list[str]]:
 
 
 # ---------------------------------------------------------------- writing
+
 
 class ShardWriter:
     """Appends token arrays to fixed-size shards and document ends to doc_ends.bin, hashing as it writes."""
@@ -174,7 +185,7 @@ class ShardWriter:
             self._hash.update(take.tobytes())
             self._in_shard += len(take)
             self.n_tokens += len(take)
-            data = data[len(take):]
+            data = data[len(take) :]
             if self._in_shard == self.shard_tokens:
                 self._close_shard()
 
@@ -189,16 +200,27 @@ class ShardWriter:
         if self._file is not None:
             self._close_shard()
         self._ends.close()
-        return {"doc_ends": {"file": "doc_ends.bin", "sha256": self._ends_hash.hexdigest()}, "shards": self.shards,
-                "n_tokens": self.n_tokens, "n_documents": self.n_documents}
+        return {
+            "doc_ends": {"file": "doc_ends.bin", "sha256": self._ends_hash.hexdigest()},
+            "shards": self.shards,
+            "n_tokens": self.n_tokens,
+            "n_documents": self.n_documents,
+        }
 
 
 def _progress_bar(sources: list[Source], show: bool):
     from tqdm import tqdm
 
     total = sum(s.path.stat().st_size for s in sources if s.path.is_file()) or None
-    return tqdm(total=total, unit="B", unit_scale=True, desc="preparing", disable=not show, file=sys.stderr,
-                mininterval=0.5 if sys.stderr.isatty() else 10.0)
+    return tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        desc="preparing",
+        disable=not show,
+        file=sys.stderr,
+        mininterval=0.5 if sys.stderr.isatty() else 10.0,
+    )
 
 
 def _bounded_map(pool, chunks: Iterator[list[str]], window: int) -> Iterator[tuple]:
@@ -212,13 +234,18 @@ def _bounded_map(pool, chunks: Iterator[list[str]], window: int) -> Iterator[tup
         yield pending.popleft().get()
 
 
-def _tokenize_into(tmp: Path, sources: list[Source], spec: DataSpec, tokenizer, workers: int,
-                   shard_tokens: int, show: bool) -> dict:
+def _tokenize_into(
+    tmp: Path, sources: list[Source], spec: DataSpec, tokenizer, workers: int, shard_tokens: int, show: bool
+) -> dict:
     dtype = np.dtype(np.uint16) if len(tokenizer) <= 1 << 16 else np.dtype(np.uint32)
     writer = ShardWriter(tmp, dtype, shard_tokens)
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    initargs = (backend.to_str() if backend is not None else None, None if backend else tokenizer, workers > 1,
-                dtype.name)
+    initargs = (
+        backend.to_str() if backend is not None else None,
+        None if backend else tokenizer,
+        workers > 1,
+        dtype.name,
+    )
     bar = _progress_bar(sources, show)
     chunks = _chunks(iter_documents(sources, spec), CHUNK_DOCS)
 
@@ -232,23 +259,34 @@ def _tokenize_into(tmp: Path, sources: list[Source], spec: DataSpec, tokenizer, 
         _init_worker(*initargs[:2], False, dtype.name)
         consume(map(_encode, chunks))
     else:
-        ctx = multiprocessing.get_context("spawn")   # the caller may hold torch threads: no fork
+        ctx = multiprocessing.get_context("spawn")  # the caller may hold torch threads: no fork
         with ctx.Pool(workers, initializer=_init_worker, initargs=initargs) as pool:
             consume(_bounded_map(pool, chunks, 4 * workers))
     bar.close()
     if writer.n_documents == 0:
         writer.close()
-        raise SpecError("corpus is empty (no non-empty document)", key="data.corpus",
-                        value=", ".join(str(s.path) for s in sources))
+        raise SpecError(
+            "corpus is empty (no non-empty document)",
+            key="data.corpus",
+            value=", ".join(str(s.path) for s in sources),
+        )
     if spec.max_documents is not None and writer.n_documents < spec.max_documents:
-        print(f"warning: data.max_documents {spec.max_documents:,} is more than the corpus's {writer.n_documents:,} "
-              f"documents ({', '.join(str(s.path) for s in sources)}): all {writer.n_documents:,} are used",
-              file=sys.stderr)
+        print(
+            f"warning: data.max_documents {spec.max_documents:,} is more than the corpus's {writer.n_documents:,} "
+            f"documents ({', '.join(str(s.path) for s in sources)}): all {writer.n_documents:,} are used",
+            file=sys.stderr,
+        )
     return {**writer.close(), "dtype": dtype.name, "vocab_size": len(tokenizer)}
 
 
-def prepare(spec: DataSpec, tokenizer, which: str = "corpus", workers: int | None = None, show: bool = True,
-            shard_tokens: int = SHARD_TOKENS) -> Path:
+def prepare(
+    spec: DataSpec,
+    tokenizer,
+    which: str = "corpus",
+    workers: int | None = None,
+    show: bool = True,
+    shard_tokens: int = SHARD_TOKENS,
+) -> Path:
     """The prepared folder of this corpus and tokenizer, tokenizing it first unless a complete one exists whose
     sources did not change (a changed source is re-tokenized: this is the re-prepare command)."""
     sources = resolve_sources(spec, which)
@@ -263,14 +301,22 @@ def prepare(spec: DataSpec, tokenizer, which: str = "corpus", workers: int | Non
         if manifest is not None and not changed_sources(manifest, sources, spec):
             return folder
         tmp = folder.with_name(folder.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)   # left by a preparer that died: we hold the lock
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a preparer that died: we hold the lock
         tmp.mkdir(parents=True)
         if show:
             print(f"tokenizing {len(sources)} source file(s) into {folder}", file=sys.stderr)
         identities = [_identity(s, spec) for s in sources]
         counts = _tokenize_into(tmp, sources, spec, tokenizer, workers or default_workers(), shard_tokens, show)
-        write_json(tmp / MANIFEST, {"format_version": FORMAT_VERSION, "tokenizer_fingerprint": fingerprint,
-                                    "reading": _reading(spec), "sources": identities, **counts})
+        write_json(
+            tmp / MANIFEST,
+            {
+                "format_version": FORMAT_VERSION,
+                "tokenizer_fingerprint": fingerprint,
+                "reading": _reading(spec),
+                "sources": identities,
+                **counts,
+            },
+        )
         publish_dir(tmp, folder)
         return folder
     finally:

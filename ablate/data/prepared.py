@@ -25,15 +25,20 @@ class PreparedCorpus:
         self.folder = Path(folder)
         manifest = read_manifest(self.folder)
         if manifest is None or manifest.get("format_version") != FORMAT_VERSION:
-            raise SpecError("not a prepared corpus of this version (run `ablate prepare` again)",
-                            file=str(self.folder / MANIFEST))
+            raise SpecError(
+                "not a prepared corpus of this version (run `ablate prepare` again)",
+                file=str(self.folder / MANIFEST),
+            )
         self.manifest = manifest
         dtype = np.dtype(manifest["dtype"])
         for shard in manifest["shards"]:
             size = (self.folder / shard["file"]).stat().st_size if (self.folder / shard["file"]).is_file() else -1
             if size != shard["n_tokens"] * dtype.itemsize:
-                raise SpecError(f"prepared shard has {size} bytes, the manifest says {shard['n_tokens']} tokens; "
-                                f"re-prepare with `ablate prepare`", file=str(self.folder / shard["file"]))
+                raise SpecError(
+                    f"prepared shard has {size} bytes, the manifest says {shard['n_tokens']} tokens; "
+                    f"re-prepare with `ablate prepare`",
+                    file=str(self.folder / shard["file"]),
+                )
         self.shards = [np.memmap(self.folder / s["file"], dtype=dtype, mode="r") for s in manifest["shards"]]
         self.starts = np.cumsum([0] + [s["n_tokens"] for s in manifest["shards"]])
         self.doc_ends = np.memmap(self.folder / "doc_ends.bin", dtype=np.int64, mode="r")
@@ -48,7 +53,7 @@ class PreparedCorpus:
             if pos >= stop:
                 break
             lo, hi = pos - self.starts[i], min(stop, self.starts[i + 1]) - self.starts[i]
-            out[pos - start: pos - start + hi - lo] = self.shards[i][lo:hi]
+            out[pos - start : pos - start + hi - lo] = self.shards[i][lo:hi]
             pos += hi - lo
         return out
 
@@ -59,8 +64,11 @@ class PreparedCorpus:
         """(sequences, doc ids): each indexable by an array of sequence indices -> (n, seq_len) int32."""
         n = self.n_tokens // seq_len
         if n == 0:
-            raise SpecError(f"corpus has {self.n_tokens} tokens, fewer than one sequence of {seq_len}",
-                            key="data.seq_len", value=seq_len)
+            raise SpecError(
+                f"corpus has {self.n_tokens} tokens, fewer than one sequence of {seq_len}",
+                key="data.seq_len",
+                value=seq_len,
+            )
         return PackedView(self.tokens, n, seq_len), PackedView(self.doc_ids, n, seq_len)
 
     def verify(self) -> list[str]:

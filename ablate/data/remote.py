@@ -51,13 +51,12 @@ def download_inputs(ds: Dataset, cache: Path, say: Callable[[str], None] = print
         got, checks = _zenodo(ds, cache / "zenodo" / d.record)
     else:
         got, checks = _hf(ds, cache / "hf"), {}
-    for name, path in got.items():      # hf keeps a blob behind each link: a bad one goes with the whole cache
+    for name, path in got.items():  # hf keeps a blob behind each link: a bad one goes with the whole cache
         _check(ds, name, path, checks.get(name), say, cache / "hf" if d.kind == "hf" else path)
     return got
 
 
-def _check(ds: Dataset, name: str, path: Path, md5: str | None, say: Callable[[str], None],
-           discard: Path) -> None:
+def _check(ds: Dataset, name: str, path: Path, md5: str | None, say: Callable[[str], None], discard: Path) -> None:
     problems = []
     if md5 is not None and (got := md5_of(path)) != md5:
         problems.append(f"md5 {got}, the record lists {md5}")
@@ -66,9 +65,13 @@ def _check(ds: Dataset, name: str, path: Path, md5: str | None, say: Callable[[s
     if pinned is not None and digest != pinned:
         problems.append(f"sha256 {digest}, the catalog pins {pinned}")
     if problems:
-        remove_quietly(discard)             # a corrupt download must not be reused
-        raise ChecksumMismatch(f"dataset {ds.name}: the download {name} is not the published file "
-                               f"({'; '.join(problems)}); nothing was placed", key="file", value=name)
+        remove_quietly(discard)  # a corrupt download must not be reused
+        raise ChecksumMismatch(
+            f"dataset {ds.name}: the download {name} is not the published file "
+            f"({'; '.join(problems)}); nothing was placed",
+            key="file",
+            value=name,
+        )
     if pinned is None:
         say(f"{ds.name}: {name} unpinned in ablate/data/catalog.yaml; got sha256 {digest}")
 
@@ -89,14 +92,21 @@ def _zenodo(ds: Dataset, cache: Path) -> tuple[dict[str, Path], dict[str, str]]:
     for name, _ in ds.download.files:
         entry = listed.get(name)
         if entry is None:
-            raise DownloadError(f"dataset {ds.name}: Zenodo record {ds.download.record} lists no file {name}",
-                                key="file", value=name, allowed=", ".join(sorted(map(str, listed))) or "(none)")
+            raise DownloadError(
+                f"dataset {ds.name}: Zenodo record {ds.download.record} lists no file {name}",
+                key="file",
+                value=name,
+                allowed=", ".join(sorted(map(str, listed))) or "(none)",
+            )
         algorithm, _, md5 = str(entry.get("checksum") or "").partition(":")
         links = entry.get("links") or {}
         file_url = links.get("self") or links.get("content") or links.get("download")
         if algorithm != "md5" or not md5 or not file_url:
-            raise DownloadError(f"dataset {ds.name}: the record's entry for {name} has no md5 checksum or no "
-                                "links.self", key="url", value=url)
+            raise DownloadError(
+                f"dataset {ds.name}: the record's entry for {name} has no md5 checksum or no links.self",
+                key="url",
+                value=url,
+            )
         got[name] = download(file_url, cache / name, f"{ds.name} {name}")
         md5s[name] = md5.lower()
     return got, md5s
@@ -122,11 +132,17 @@ def _hf(ds: Dataset, cache: Path) -> dict[str, Path]:
     got = {}
     for name, _ in d.files:
         try:
-            got[name] = Path(hf_hub_download(d.repo, name, repo_type="dataset", revision=d.revision,
-                                             cache_dir=cache, endpoint=endpoint))
-        except Exception as e:      # huggingface_hub's errors: offline, not found, gated, a bad endpoint
+            got[name] = Path(
+                hf_hub_download(
+                    d.repo, name, repo_type="dataset", revision=d.revision, cache_dir=cache, endpoint=endpoint
+                )
+            )
+        except Exception as e:  # huggingface_hub's errors: offline, not found, gated, a bad endpoint
             where = endpoint or "https://huggingface.co"
-            raise DownloadError(f"cannot download {name} from the Hugging Face dataset {d.repo} at revision "
-                                f"{d.revision} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
-                                key="url", value=where) from None
+            raise DownloadError(
+                f"cannot download {name} from the Hugging Face dataset {d.repo} at revision "
+                f"{d.revision} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
+                key="url",
+                value=where,
+            ) from None
     return got

@@ -27,8 +27,18 @@ from ablate.config.errors import SpecError
 from ablate.config.paths import resolve_data_path
 from ablate.config.spec import DataSpec
 
-SUFFIXES = (".txt", ".text", ".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".parquet",
-            ".txt.gz")
+SUFFIXES = (
+    ".txt",
+    ".text",
+    ".jsonl",
+    ".json",
+    ".jsonl.gz",
+    ".json.gz",
+    ".jsonl.zst",
+    ".json.zst",
+    ".parquet",
+    ".txt.gz",
+)
 HASH_BLOCK = 1 << 22
 
 
@@ -41,12 +51,15 @@ class Source:
     """One file (or saved dataset folder) of a corpus and how to read it."""
 
     path: Path
-    fmt: str             # text, jsonl, parquet, hf
+    fmt: str  # text, jsonl, parquet, hf
 
     def stat(self) -> dict:
         files = self._files()
-        return {"path": str(self.path), "size": sum(f.stat().st_size for f in files),
-                "mtime_ns": max(f.stat().st_mtime_ns for f in files)}
+        return {
+            "path": str(self.path),
+            "size": sum(f.stat().st_size for f in files),
+            "mtime_ns": max(f.stat().st_mtime_ns for f in files),
+        }
 
     def content_hash(self) -> str:
         h = hashlib.sha256()
@@ -79,16 +92,21 @@ def resolve_sources(spec: DataSpec, which: str = "corpus") -> list[Source]:
     path = resolve_data_path(ref, spec.data_root)
     if any(c in ref for c in "*?["):
         paths = [Path(p) for p in sorted(glob.glob(str(path), recursive=True)) if Path(p).is_file()]
-    elif path.is_dir() and not (path / "dataset_info.json").is_file() and not (path / "dataset_dict.json").is_file():
+    elif (
+        path.is_dir() and not (path / "dataset_info.json").is_file() and not (path / "dataset_dict.json").is_file()
+    ):
         paths = sorted(p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(SUFFIXES))
     elif path.exists():
         paths = [path]
     else:
         paths = []
     if not paths:
-        raise CorpusNotFound("corpus not found (relative paths are under the data root: ABLATE_DATA_ROOT or "
-                             "data.data_root; a glob or folder must match at least one corpus file)", key=key,
-                             value=str(path))
+        raise CorpusNotFound(
+            "corpus not found (relative paths are under the data root: ABLATE_DATA_ROOT or "
+            "data.data_root; a glob or folder must match at least one corpus file)",
+            key=key,
+            value=str(path),
+        )
     sources = [Source(p.resolve(), _fmt_of(p, spec.format)) for p in paths]
     for s in sources:
         if not os.access(s.path, os.R_OK):
@@ -106,8 +124,9 @@ def _open_text(path: Path) -> io.BufferedIOBase:
         try:
             import zstandard
         except ImportError:
-            raise SpecError("reading .zst needs the zstandard package (pip install zstandard)",
-                            file=str(path)) from None
+            raise SpecError(
+                "reading .zst needs the zstandard package (pip install zstandard)", file=str(path)
+            ) from None
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
     return open(path, "rb")
 
@@ -116,8 +135,12 @@ def _decode(raw: bytes, path: Path, lineno: int, errors: str) -> str:
     try:
         return raw.decode("utf-8", errors=errors)
     except UnicodeDecodeError as exc:
-        raise SpecError(f"line {lineno} is not valid UTF-8 ({exc.reason} at byte {exc.start}); fix the file or "
-                        f"set data.errors: replace", file=str(path), key="data.errors") from None
+        raise SpecError(
+            f"line {lineno} is not valid UTF-8 ({exc.reason} at byte {exc.start}); fix the file or "
+            f"set data.errors: replace",
+            file=str(path),
+            key="data.errors",
+        ) from None
 
 
 def _read_lines(source: Source, spec: DataSpec) -> Iterator[str]:
@@ -132,8 +155,11 @@ def _read_lines(source: Source, spec: DataSpec) -> Iterator[str]:
             try:
                 yield str(json.loads(line)[spec.text_field])
             except (json.JSONDecodeError, KeyError, TypeError):
-                raise SpecError(f"line {lineno} is not a JSON object with field {spec.text_field!r}",
-                                file=str(source.path), key="data.text_field") from None
+                raise SpecError(
+                    f"line {lineno} is not a JSON object with field {spec.text_field!r}",
+                    file=str(source.path),
+                    key="data.text_field",
+                ) from None
 
 
 def _read_parquet(source: Source, spec: DataSpec) -> Iterator[str]:
@@ -141,8 +167,13 @@ def _read_parquet(source: Source, spec: DataSpec) -> Iterator[str]:
 
     f = pq.ParquetFile(source.path)
     if spec.text_field not in f.schema_arrow.names:
-        raise SpecError("text field not in the parquet file", file=str(source.path), key="data.text_field",
-                        value=spec.text_field, allowed=", ".join(f.schema_arrow.names))
+        raise SpecError(
+            "text field not in the parquet file",
+            file=str(source.path),
+            key="data.text_field",
+            value=spec.text_field,
+            allowed=", ".join(f.schema_arrow.names),
+        )
     for batch in f.iter_batches(batch_size=4096, columns=[spec.text_field]):
         yield from (str(x) for x in batch.column(0).to_pylist())
 
@@ -158,8 +189,12 @@ def load_dataset_source(source: Source, spec: DataSpec):
     if isinstance(ds, datasets.DatasetDict):
         ds = ds["train"]
     if spec.text_field not in ds.column_names:
-        raise SpecError("text field not in the dataset", key="data.text_field", value=spec.text_field,
-                        allowed=", ".join(ds.column_names))
+        raise SpecError(
+            "text field not in the dataset",
+            key="data.text_field",
+            value=spec.text_field,
+            allowed=", ".join(ds.column_names),
+        )
     return ds
 
 
@@ -171,8 +206,13 @@ def _read_dataset(source: Source, spec: DataSpec) -> Iterator[str]:
 
 def iter_documents(sources: list[Source], spec: DataSpec) -> Iterator[str]:
     """Every non-empty stripped document, in file order, the first `max_documents` of them."""
-    readers = {"text": _read_lines, "jsonl": _read_lines, "parquet": _read_parquet, "hf": _read_dataset,
-               "hub": _read_dataset}
+    readers = {
+        "text": _read_lines,
+        "jsonl": _read_lines,
+        "parquet": _read_parquet,
+        "hf": _read_dataset,
+        "hub": _read_dataset,
+    }
     n = 0
     for source in sources:
         for doc in readers[source.fmt](source, spec):

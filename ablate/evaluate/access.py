@@ -27,13 +27,16 @@ HUB = "hf:"
 class Access(Strict):
     """Where a task's data comes from and how a user gets it."""
 
-    kind: Literal["fetch", "brought"] = Field(description="fetch: `ablate data fetch DATASET`; brought: the user "
-                                          "obtains the data and places it under the data root")
+    kind: Literal["fetch", "brought"] = Field(
+        description="fetch: `ablate data fetch DATASET`; brought: the user "
+        "obtains the data and places it under the data root"
+    )
     dataset: str | None = Field(None, description="fetch: the catalog's dataset name")
     source: str | None = Field(None, description="brought: where the data comes from")
     obtain: str | None = Field(None, description="brought: how access is obtained (a licence, a credential)")
-    place: str | None = Field(None, description="brought: the files to write under the data root, and their "
-                              "format")
+    place: str | None = Field(
+        None, description="brought: the files to write under the data root, and their format"
+    )
 
     @model_validator(mode="after")
     def _complete(self) -> Access:
@@ -71,8 +74,11 @@ def how_to_get(task) -> str:
     access = getattr(task, "access", None)
     if access is not None and access.kind == "brought":
         return f"brought: {access.source}; access: {access.obtain}; place: {access.place}"
-    name = access.dataset if access is not None else next(
-        (n for n in map(dataset_of_path, task_data_paths(task)) if n), None)
+    name = (
+        access.dataset
+        if access is not None
+        else next((n for n in map(dataset_of_path, task_data_paths(task)) if n), None)
+    )
     if name:
         return f"`ablate data fetch {name}`"
     return f"not catalogued: see the task file's source ({task.source.strip()})"

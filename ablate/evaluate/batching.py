@@ -20,20 +20,21 @@ __all__ = ["IGNORE", "Encoded", "POOL_BATCHES", "epoch_batches", "length_pieces"
 POOL_BATCHES = 50
 
 
-def epoch_batches(lengths: list[int], batch_size: int, generator: torch.Generator,
-                  by_length: bool = True) -> list[list[int]]:
+def epoch_batches(
+    lengths: list[int], batch_size: int, generator: torch.Generator, by_length: bool = True
+) -> list[list[int]]:
     """One epoch's batches of example indexes, every example once. A random permutation, cut into batches;
     by_length: cut into pools of POOL_BATCHES batches first, each pool sorted by length (stably) before it is
     cut, and the batches then shuffled, so that long and short batches alternate at random. As many batches
     as plain shuffling (only the last pool can end in a partial batch)."""
     order = torch.randperm(len(lengths), generator=generator).tolist()
     if not by_length:
-        return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     pool = batch_size * POOL_BATCHES
     batches = []
     for start in range(0, len(order), pool):
-        chunk = sorted(order[start:start + pool], key=lengths.__getitem__)
-        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+        chunk = sorted(order[start : start + pool], key=lengths.__getitem__)
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
     return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
 
@@ -45,13 +46,13 @@ def length_pieces(lengths: list[int], overhead: int | None) -> list[list[int]]:
     if overhead is None:
         return [list(range(len(lengths)))]
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    cost, cut = [0] + [0] * len(order), [0] * (len(order) + 1)   # best cost of the first `end`, and its last cut
+    cost, cut = [0] + [0] * len(order), [0] * (len(order) + 1)  # best cost of the first `end`, and its last cut
     for end in range(1, len(order) + 1):
         longest = lengths[order[end - 1]]
         cost[end], cut[end] = min((cost[s] + (end - s) * longest + overhead, s) for s in range(end))
     pieces, end = [], len(order)
     while end:
-        pieces.append(order[cut[end]:end])
+        pieces.append(order[cut[end] : end])
         end = cut[end]
     return pieces[::-1]
 
@@ -60,8 +61,10 @@ def collate(items: list[Encoded], pad_id: int, task_type: str, token_types: bool
     """Model inputs and labels of one batch, padded to its longest example. token_types: pass token_type_ids
     (False for models that take none, e.g. DistilBERT saved with a BERT tokenizer)."""
     n = max(len(it.input_ids) for it in items)
-    batch = {"input_ids": pad_rows([it.input_ids for it in items], pad_id, n),
-             "attention_mask": pad_rows([[1] * len(it.input_ids) for it in items], 0, n)}
+    batch = {
+        "input_ids": pad_rows([it.input_ids for it in items], pad_id, n),
+        "attention_mask": pad_rows([[1] * len(it.input_ids) for it in items], 0, n),
+    }
     if token_types and items[0].token_type_ids is not None:
         batch["token_type_ids"] = pad_rows([it.token_type_ids for it in items], 0, n)
     return {**batch, **type_entry(task_type).collate(items)}

@@ -21,15 +21,16 @@ N_RESAMPLES = 10_000
 
 @dataclass(frozen=True)
 class PairedResult:
-    delta: float          # mean over units of (arm - baseline)
+    delta: float  # mean over units of (arm - baseline)
     ci_low: float
     ci_high: float
     p_value: float
     n_units: int
 
 
-def paired_bootstrap(arm, baseline, *, n_resamples: int = N_RESAMPLES, seed: int = 0,
-                     confidence: float = 0.95) -> PairedResult:
+def paired_bootstrap(
+    arm, baseline, *, n_resamples: int = N_RESAMPLES, seed: int = 0, confidence: float = 0.95
+) -> PairedResult:
     """`arm[i]` and `baseline[i]` are the scores of unit i. Needs at least two units."""
     diffs = np.asarray(arm, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
     if diffs.ndim != 1 or len(diffs) < 2:
@@ -44,7 +45,7 @@ def exact_bootstrap(arm, baseline, confidence: float = 0.95) -> PairedResult:
     of paired_bootstrap estimates."""
     diffs = np.asarray(arm, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
     n = len(diffs)
-    if n < 2 or n ** n > 2_000_000:
+    if n < 2 or n**n > 2_000_000:
         raise ValueError(f"exact bootstrap takes 2 to 7 units, got {n}")
     picks = np.array(np.meshgrid(*[np.arange(n)] * n, indexing="ij")).reshape(n, -1).T
     return _summarise(diffs, diffs[picks].mean(axis=1), confidence, plus_one=False)
@@ -61,14 +62,15 @@ def _summarise(diffs: np.ndarray, means: np.ndarray, confidence: float, plus_one
 
 @dataclass(frozen=True)
 class RecoveryResult:
-    recovery: float       # mean(hybrid - into) / mean(source - into); nan when the gap is 0
-    ci_low: float         # percentile interval over resamples whose gap is not 0
+    recovery: float  # mean(hybrid - into) / mean(source - into); nan when the gap is 0
+    ci_low: float  # percentile interval over resamples whose gap is not 0
     ci_high: float
     n_units: int
 
 
-def recovery_bootstrap(hybrid, into, source, *, n_resamples: int = N_RESAMPLES, seed: int = 0,
-                       confidence: float = 0.95) -> RecoveryResult:
+def recovery_bootstrap(
+    hybrid, into, source, *, n_resamples: int = N_RESAMPLES, seed: int = 0, confidence: float = 0.95
+) -> RecoveryResult:
     """The share of the gap from `into` to `source` that `hybrid` recovers, the three scored on the same
     units (`x[i]`: unit i), resampled together as paired_bootstrap resamples (from `seed`). One unit: the
     ratio, no interval."""

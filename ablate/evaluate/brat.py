@@ -16,10 +16,10 @@ from ablate.config.errors import SpecError
 
 
 class BratCounts(NamedTuple):
-    entities: int        # T lines
-    discontinuous: int   # of them, with more than one fragment
-    kept: int            # in the examples
-    across_lines: int    # left out: crossing a line break
+    entities: int  # T lines
+    discontinuous: int  # of them, with more than one fragment
+    kept: int  # in the examples
+    across_lines: int  # left out: crossing a line break
 
 
 def read_ann(path: Path) -> list[tuple[int, int, str]]:

@@ -50,7 +50,7 @@ class BIOULCRF(torch.nn.Module):
         alphas = [alpha]
         for t in range(1, emissions.shape[1]):
             step = torch.logsumexp(alpha.unsqueeze(2) + trans + emissions[:, t].unsqueeze(1), dim=1)
-            alpha = torch.where(mask[:, t:t + 1], step, alpha)
+            alpha = torch.where(mask[:, t : t + 1], step, alpha)
             alphas.append(alpha)
         return alphas
 
@@ -84,6 +84,6 @@ class BIOULCRF(torch.nn.Module):
         betas = [beta]
         for t in range(emissions.shape[1] - 2, -1, -1):
             step = torch.logsumexp(trans + (emissions[:, t + 1] + beta).unsqueeze(1), dim=2)
-            beta = torch.where(mask[:, t + 1:t + 2], step, end.expand_as(step))
+            beta = torch.where(mask[:, t + 1 : t + 2], step, end.expand_as(step))
             betas.append(beta)
         return torch.stack(alphas, 1) + torch.stack(betas[::-1], 1) - log_z[:, None, None], log_z

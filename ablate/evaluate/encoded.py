@@ -10,15 +10,15 @@ from typing import Any, NamedTuple
 
 import torch
 
-IGNORE = -100   # label of sub-tokens that carry no loss (special tokens, non-first pieces of a word, padding)
+IGNORE = -100  # label of sub-tokens that carry no loss (special tokens, non-first pieces of a word, padding)
 
 
 class Encoded(NamedTuple):
     input_ids: list[int]
     token_type_ids: list[int] | None
-    label: Any                      # token cls: list of ids (IGNORE for unlabelled pieces); else id/vector/float
+    label: Any  # token cls: list of ids (IGNORE for unlabelled pieces); else id/vector/float
     word_ids: list[int | None] | None
-    offsets: list[tuple[int, int]] | None = None   # span tasks: each sub-token's characters ((0, 0): special)
+    offsets: list[tuple[int, int]] | None = None  # span tasks: each sub-token's characters ((0, 0): special)
 
 
 def pad_rows(rows, value, n: int | None = None, dtype=torch.long) -> torch.Tensor:

@@ -41,8 +41,15 @@ from ablate.evaluate.tasks import Example, FinetuneSettings, TaskSpec, capped, l
 from ablate.models.families import FAMILIES, family_of
 from ablate.train.precision import autocast_on
 
-__all__ = ["FinetuneSettings", "finetune", "encode", "align_word_labels", "pos_weight", "context_length",
-           "resolve_precision"]
+__all__ = [
+    "FinetuneSettings",
+    "finetune",
+    "encode",
+    "align_word_labels",
+    "pos_weight",
+    "context_length",
+    "resolve_precision",
+]
 
 # LoRA adapters go on the attention projections named by the model's family entry (lora_targets); the modules
 # in its lora_full, when the model has them, are trained in full because they may be freshly initialised
@@ -58,8 +65,9 @@ _LORA_FULL = ("pooler", "head")
 PIECE_OVERHEAD_TOKENS = 48
 
 
-def encode(tokenizer, task: TaskSpec, examples: list[Example], labels: tuple[str, ...],
-           max_length: int) -> list[Encoded]:
+def encode(
+    tokenizer, task: TaskSpec, examples: list[Example], labels: tuple[str, ...], max_length: int
+) -> list[Encoded]:
     return task.entry.encode(tokenizer, examples, labels, max_length)
 
 
@@ -86,24 +94,33 @@ def _wrap_lora(model, task: TaskSpec, settings: FinetuneSettings):
         family = None
     targets = settings.lora_target_modules or (family.lora_targets if family else None)
     if not targets:
-        raise SpecError(f"no default LoRA target modules for model type {model_type!r} (no family entry)",
-                        key="finetune.lora_target_modules",
-                        allowed="set them explicitly, or use a model of a family: " + ", ".join(FAMILIES))
+        raise SpecError(
+            f"no default LoRA target modules for model type {model_type!r} (no family entry)",
+            key="finetune.lora_target_modules",
+            allowed="set them explicitly, or use a model of a family: " + ", ".join(FAMILIES),
+        )
     full = family.lora_full if family else _LORA_FULL
     leaf = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     missing = [t for t in targets if t.rsplit(".", 1)[-1] not in leaf]
     if missing:
-        raise SpecError(f"LoRA target modules not in this {model_type} model", key="finetune.lora_target_modules",
-                        value=missing)
+        raise SpecError(
+            f"LoRA target modules not in this {model_type} model",
+            key="finetune.lora_target_modules",
+            value=missing,
+        )
     config = LoraConfig(
         task_type=getattr(TaskType, task.entry.lora_task),
-        r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
-        target_modules=list(targets), modules_to_save=[m for m in full if m in leaf])
+        r=settings.lora_r,
+        lora_alpha=settings.lora_alpha,
+        lora_dropout=settings.lora_dropout,
+        target_modules=list(targets),
+        modules_to_save=[m for m in full if m in leaf],
+    )
     return get_peft_model(model, config)
 
 
 def _takes_token_types(model) -> bool:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model   # under a LoRA wrapper
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a LoRA wrapper
     return "token_type_ids" in inspect.signature(base.forward).parameters
 
 
@@ -115,20 +132,30 @@ def resolve_precision(settings: FinetuneSettings, device: str) -> FinetuneSettin
 
 def _autocast(settings: FinetuneSettings, device: str):
     """bf16 autocast where the precision setting asks for it on `device` (a disabled context elsewhere)."""
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
-                          enabled=autocast_on(settings.precision, device))
+    return torch.autocast(
+        torch.device(device).type, dtype=torch.bfloat16, enabled=autocast_on(settings.precision, device)
+    )
 
 
-def _predict(model, task: TaskSpec, data: list[Encoded], labels: tuple[str, ...], examples: list[Example],
-             batch_size: int, to_batch: Callable[[list[Encoded]], dict], device: str, autocast=None) -> list:
+def _predict(
+    model,
+    task: TaskSpec,
+    data: list[Encoded],
+    labels: tuple[str, ...],
+    examples: list[Example],
+    batch_size: int,
+    to_batch: Callable[[list[Encoded]], dict],
+    device: str,
+    autocast=None,
+) -> list:
     """Predictions in the form metrics take (the task type's decode). autocast: a context each forward runs
     in (None: none)."""
     model.eval()
-    order = sorted(range(len(data)), key=lambda i: len(data[i].input_ids))   # less padding
+    order = sorted(range(len(data)), key=lambda i: len(data[i].input_ids))  # less padding
     preds: list[Any] = [None] * len(data)
     with torch.inference_mode(), autocast or contextlib.nullcontext():
         for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
+            idx = order[start : start + batch_size]
             batch = to_batch([data[i] for i in idx])
             for key in task.entry.targets:
                 batch.pop(key)
@@ -150,10 +177,11 @@ def _gold(task: TaskSpec, examples: list[Example]) -> list:
 
 
 def _lr_factor(warmup: int, total: int):
-    def factor(step: int) -> float:   # step = updates done so far
+    def factor(step: int) -> float:  # step = updates done so far
         if step < warmup:
             return (step + 1) / (warmup + 1)
         return max(0.0, (total - step) / max(1, total - warmup))
+
     return factor
 
 
@@ -171,22 +199,25 @@ def context_length(model_dir: str, tokenizer=None) -> int | None:
     return n
 
 
-def _max_length(model_dir: str, tokenizer, task: TaskSpec, settings: FinetuneSettings,
-                log: Callable[[str], None] | None) -> int:
+def _max_length(
+    model_dir: str, tokenizer, task: TaskSpec, settings: FinetuneSettings, log: Callable[[str], None] | None
+) -> int:
     wanted = settings.max_length or task.max_length
     context = context_length(model_dir, tokenizer)
     if context is None or wanted <= context:
         return wanted
     if log is not None:
-        log(f"{task.name}: max_length {wanted} is more than the model's context ({context} positions); "
-            f"inputs are cut at {context}")
+        log(
+            f"{task.name}: max_length {wanted} is more than the model's context ({context} positions); "
+            f"inputs are cut at {context}"
+        )
     return context
 
 
 class _Optim(NamedTuple):
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    params: list[torch.nn.Parameter]   # the trainable ones
+    params: list[torch.nn.Parameter]  # the trainable ones
 
 
 def _optimizer(model, settings: FinetuneSettings, device: str, total_steps: int) -> _Optim:
@@ -196,12 +227,17 @@ def _optimizer(model, settings: FinetuneSettings, device: str, total_steps: int)
     # the model's `encoder` (the span model's BiLSTM and heads) learns at its own rate.
     encoder = {id(p) for p in model.encoder.parameters()} if settings.head_lr is not None else None
     groups = []
-    for rate, part in ((settings.lr, [p for p in params if encoder is None or id(p) in encoder]),
-                       (settings.head_lr, [p for p in params if encoder is not None and id(p) not in encoder])):
-        groups += [{"params": [p for p in part if p.ndim >= 2], "weight_decay": settings.weight_decay, "lr": rate},
-                   {"params": [p for p in part if p.ndim < 2], "weight_decay": 0.0, "lr": rate}]
-    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=settings.lr,
-                                  fused=torch.device(device).type in ("cpu", "cuda"))
+    for rate, part in (
+        (settings.lr, [p for p in params if encoder is None or id(p) in encoder]),
+        (settings.head_lr, [p for p in params if encoder is not None and id(p) not in encoder]),
+    ):
+        groups += [
+            {"params": [p for p in part if p.ndim >= 2], "weight_decay": settings.weight_decay, "lr": rate},
+            {"params": [p for p in part if p.ndim < 2], "weight_decay": 0.0, "lr": rate},
+        ]
+    optimizer = torch.optim.AdamW(
+        [g for g in groups if g["params"]], lr=settings.lr, fused=torch.device(device).type in ("cpu", "cuda")
+    )
     warmup = round(total_steps * settings.warmup_ratio)
     return _Optim(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(warmup, total_steps)), params)
 
@@ -211,20 +247,35 @@ def _loss_fn(task: TaskSpec, settings: FinetuneSettings, train: list[Encoded], n
     return task.entry.loss(settings, train, n_labels, device)
 
 
-def _pieces(items: list[Encoded], type_name: str, to_batch: Callable[[list[Encoded]], dict],
-            overhead: int | None) -> list[tuple[dict, float]]:
+def _pieces(
+    items: list[Encoded], type_name: str, to_batch: Callable[[list[Encoded]], dict], overhead: int | None
+) -> list[tuple[dict, float]]:
     """One batch as the length-sorted pieces it is run in (batching.length_pieces), each with its share of the
     batch's loss terms (labelled tokens for token classification, else examples). A piece's mean loss times its
     share adds up to the whole batch's mean loss, so the step is the batch's, as if it were padded together."""
     terms = [task_type(type_name).loss_terms(it) for it in items]
     total = sum(terms)
-    shares = [(idx, sum(terms[i] for i in idx) / total) for idx in
-              length_pieces([len(it.input_ids) for it in items], overhead)] if total else []
+    shares = (
+        [
+            (idx, sum(terms[i] for i in idx) / total)
+            for idx in length_pieces([len(it.input_ids) for it in items], overhead)
+        ]
+        if total
+        else []
+    )
     return [(to_batch([items[i] for i in idx]), share) for idx, share in shares if share]
 
 
-def _train_epoch(model, steps: Iterable[list[tuple[dict, float]]], opt: _Optim, loss_fn, grad_clip: float | None,
-                 device: str, on_step: Callable[[torch.Tensor], None], autocast=None) -> torch.Tensor:
+def _train_epoch(
+    model,
+    steps: Iterable[list[tuple[dict, float]]],
+    opt: _Optim,
+    loss_fn,
+    grad_clip: float | None,
+    device: str,
+    on_step: Callable[[torch.Tensor], None],
+    autocast=None,
+) -> torch.Tensor:
     """An optimizer step for each element of `steps`, the pieces of one batch (_pieces); the last step's loss.
     autocast: a context each forward runs in (None: none; the backward runs outside it, as torch advises)."""
     model.train()
@@ -250,10 +301,17 @@ def _train_epoch(model, steps: Iterable[list[tuple[dict, float]]], opt: _Optim, 
     return loss
 
 
-def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettings, data_root=None,
-             device: str = "cpu", log: Callable[[str], None] | None = None,
-             progress: Callable[[dict], None] | None = None,
-             on_predictions: Callable[[str, list, list], None] | None = None) -> list[dict]:
+def finetune(
+    model_dir: str,
+    task: TaskSpec,
+    seed: int,
+    settings: FinetuneSettings,
+    data_root=None,
+    device: str = "cpu",
+    log: Callable[[str], None] | None = None,
+    progress: Callable[[dict], None] | None = None,
+    on_predictions: Callable[[str, list, list], None] | None = None,
+) -> list[dict]:
     """Fine-tune `model_dir` on `task` with `seed`; rows {task, language, finetune_seed, split, metric, value,
     epoch, wall_time_s} for every metric on dev and test, both at the best dev epoch (1-based).
 
@@ -263,8 +321,10 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
     epoch, in the form the metrics take (the scores are those metrics of them)."""
     t0 = time.perf_counter()
     data = load_task_data(task, data_root)
-    examples = {"train": capped(data.splits["train"], settings.max_train_examples, settings.subset),
-                **{s: capped(data.splits[s], settings.max_eval_examples, settings.subset) for s in ("dev", "test")}}
+    examples = {
+        "train": capped(data.splits["train"], settings.max_train_examples, settings.subset),
+        **{s: capped(data.splits[s], settings.max_eval_examples, settings.subset) for s in ("dev", "test")},
+    }
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if task.entry.label_kind in ("tags", "spans") and not tokenizer.is_fast:
         raise SpecError(f"a {task.type} task needs a fast tokenizer (word ids, offsets)", file=str(model_dir))
@@ -275,8 +335,9 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
 
     _seed_everything(seed)
     model = _load_model(str(model_dir), task, data.labels, settings).to(device)
-    to_batch = functools.partial(collate, pad_id=tokenizer.pad_token_id or 0, task_type=task.type,
-                                 token_types=_takes_token_types(model))
+    to_batch = functools.partial(
+        collate, pad_id=tokenizer.pad_token_id or 0, task_type=task.type, token_types=_takes_token_types(model)
+    )
     order_gen = torch.Generator().manual_seed(seed)
     rounds, round_steps, batches_of = _rounds(settings, lengths, order_gen)
     opt = _optimizer(model, settings, device, settings.max_steps or round_steps * rounds)
@@ -284,19 +345,28 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
     reporter = FinetuneProgress(progress, task, seed, rounds, round_steps)
 
     def evaluate(split: str) -> tuple[dict[str, float], list, list]:
-        preds = _predict(model, task, enc[split], data.labels, examples[split], settings.eval_batch_size,
-                         to_batch, device, _autocast(settings, device))
+        preds = _predict(
+            model,
+            task,
+            enc[split],
+            data.labels,
+            examples[split],
+            settings.eval_batch_size,
+            to_batch,
+            device,
+            _autocast(settings, device),
+        )
         gold = _gold(task, examples[split])
-        return (compute(task.type, task.metrics, gold, preds, task.metric_options.negative_label),
-                gold, preds)
+        return (compute(task.type, task.metrics, gold, preds, task.metric_options.negative_label), gold, preds)
 
     best_epoch, best_dev, best_state, stale, best_dev_out = 0, {}, None, 0, ([], [])
     for epoch in range(1, rounds + 1):
         reporter.epoch = epoch
         batches = batches_of(epoch)
         steps = (_pieces([train[i] for i in b], task.type, to_batch, overhead) for b in batches)
-        loss = _train_epoch(model, steps, opt, loss_fn, settings.grad_clip, device, reporter.step_done,
-                            _autocast(settings, device))
+        loss = _train_epoch(
+            model, steps, opt, loss_fn, settings.grad_clip, device, reporter.step_done, _autocast(settings, device)
+        )
         dev, *dev_out = evaluate("dev")
         if _better(dev[task.primary_metric], reporter.best):
             reporter.best, best_epoch, best_dev, stale = dev[task.primary_metric], epoch, dev, 0
@@ -316,14 +386,26 @@ def finetune(model_dir: str, task: TaskSpec, seed: int, settings: FinetuneSettin
         on_predictions("dev", *best_dev_out)
         on_predictions("test", *test_out)
     wall = round(time.perf_counter() - t0, 3)
-    return [{"task": task.name, "language": task.language, "finetune_seed": seed, "split": split, "metric": m,
-             "value": v, "epoch": best_epoch, "wall_time_s": wall}
-            for split, scores in (("dev", best_dev), ("test", test)) for m, v in scores.items()]
+    return [
+        {
+            "task": task.name,
+            "language": task.language,
+            "finetune_seed": seed,
+            "split": split,
+            "metric": m,
+            "value": v,
+            "epoch": best_epoch,
+            "wall_time_s": wall,
+        }
+        for split, scores in (("dev", best_dev), ("test", test))
+        for m, v in scores.items()
+    ]
 
 
 def _rounds(settings: FinetuneSettings, lengths: list[int], generator: torch.Generator):
     """(evaluations, steps between them, round -> its batches). Epochs: one round per epoch. max_steps: rounds
     of eval_every steps (the last one shorter) cut from a stream of epochs' batches."""
+
     def epoch():
         return epoch_batches(lengths, settings.batch_size, generator, settings.group_by_length)
 
@@ -336,6 +418,7 @@ def _rounds(settings: FinetuneSettings, lengths: list[int], generator: torch.Gen
 
     def batches_of(n: int) -> list[list[int]]:
         return list(itertools.islice(stream, min(every, settings.max_steps - (n - 1) * every)))
+
     return rounds, every, batches_of
 
 

@@ -33,9 +33,22 @@ def group_rows(task, split: str, groups: list[tuple[str, ...]], gold: list, pred
         for i, values in enumerate(groups):
             members.setdefault(tuple(values[j] for j in idx), []).append(i)
         for values, rows_of in members.items():
-            scores = compute(task.type, task.metrics, [gold[i] for i in rows_of], [preds[i] for i in rows_of],
-                             task.metric_options.negative_label)
-            rows += [{"split": split, "metric": metric, "group_by": SEPARATOR.join(fields[j] for j in idx),
-                      "group": SEPARATOR.join(values), "value": value, "n_examples": len(rows_of)}
-                     for metric, value in scores.items()]
+            scores = compute(
+                task.type,
+                task.metrics,
+                [gold[i] for i in rows_of],
+                [preds[i] for i in rows_of],
+                task.metric_options.negative_label,
+            )
+            rows += [
+                {
+                    "split": split,
+                    "metric": metric,
+                    "group_by": SEPARATOR.join(fields[j] for j in idx),
+                    "group": SEPARATOR.join(values),
+                    "value": value,
+                    "n_examples": len(rows_of),
+                }
+                for metric, value in scores.items()
+            ]
     return rows

@@ -31,7 +31,7 @@ def _digest(value: Any) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _file_sha256(path: str, size: int, mtime_ns: int) -> str:   # size and mtime: the cache key
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:  # size and mtime: the cache key
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -61,12 +61,25 @@ def data_hash(task: TaskSpec, data_root: str | os.PathLike | None = None) -> str
 # true since issue 32, so a default score no longer matches an older default one (shuffled batches): they are
 # kept apart. precision is hashed as it resolves on the device (finetune.resolve_precision): fp32 is what
 # every older score computed in; bf16 (CUDA's auto) is another identity.
-NEUTRAL_SETTINGS = {"group_by_length": False, "length_pieces": False, "subset": "first", "precision": "fp32",
-                    # span_ner's settings (issue 44), at their defaults: what every older score computed with
-                    "max_steps": None, "eval_every": None, "head_lr": None, "head_dropout": 0.4,
-                    "max_span_length": 40, "lstm_hidden_size": 400, "lstm_layers": 3, "biaffine_hidden_size": 64,
-                    # the probes (issue 46): none is full fine-tuning, what every older score computed
-                    "probe": "none", "probe_hidden": None, "probe_dropout": 0.1}
+NEUTRAL_SETTINGS = {
+    "group_by_length": False,
+    "length_pieces": False,
+    "subset": "first",
+    "precision": "fp32",
+    # span_ner's settings (issue 44), at their defaults: what every older score computed with
+    "max_steps": None,
+    "eval_every": None,
+    "head_lr": None,
+    "head_dropout": 0.4,
+    "max_span_length": 40,
+    "lstm_hidden_size": 400,
+    "lstm_layers": 3,
+    "biaffine_hidden_size": 64,
+    # the probes (issue 46): none is full fine-tuning, what every older score computed
+    "probe": "none",
+    "probe_hidden": None,
+    "probe_dropout": 0.1,
+}
 
 
 def settings_hash(settings: FinetuneSettings) -> str:

@@ -27,8 +27,16 @@ def _seqeval(fn, gold: Tags, pred: Tags) -> float:
         if len(g) != len(p):
             raise ValueError(f"sentence {i}: {len(g)} gold tags but {len(p)} predicted")
     # strict mode: an entity counts only if its exact span and type match under IOB2 (no IOB1 repair).
-    return float(fn([list(s) for s in gold], [list(s) for s in pred], mode="strict", scheme=IOB2,
-                    average="micro", zero_division=0))
+    return float(
+        fn(
+            [list(s) for s in gold],
+            [list(s) for s in pred],
+            mode="strict",
+            scheme=IOB2,
+            average="micro",
+            zero_division=0,
+        )
+    )
 
 
 def entity_f1(gold: Tags, pred: Tags) -> float:
@@ -102,8 +110,14 @@ def _multilabel_f1(gold, pred, average: str) -> float:
     mlb.fit([set(g) | set(p) for g, p in zip(gold, pred)])
     if not len(mlb.classes_):
         return 0.0
-    return float(f1_score(mlb.transform([set(g) for g in gold]), mlb.transform([set(p) for p in pred]),
-                          average=average, zero_division=0))
+    return float(
+        f1_score(
+            mlb.transform([set(g) for g in gold]),
+            mlb.transform([set(p) for p in pred]),
+            average=average,
+            zero_division=0,
+        )
+    )
 
 
 def pearson(gold: Sequence[float], pred: Sequence[float]) -> float:

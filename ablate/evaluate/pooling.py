@@ -53,11 +53,14 @@ def set_pooling(model: torch.nn.Module, pooling: str) -> torch.nn.Module:
         return model
     reader = FIRST_TOKEN_READER.get(model_type)
     if reader is None:
-        raise SpecError(f"no known pooling for sequence classification with model type {model_type!r}",
-                        key="finetune.pooling", value=pooling,
-                        allowed="model types " + ", ".join(sorted({*CONFIG_POOLING, *FIRST_TOKEN_READER,
-                                                                   *FIRST_TOKEN_OF_OUTPUT}))
-                        + " (add the new type to ablate/evaluate/pooling.py)")
+        raise SpecError(
+            f"no known pooling for sequence classification with model type {model_type!r}",
+            key="finetune.pooling",
+            value=pooling,
+            allowed="model types "
+            + ", ".join(sorted({*CONFIG_POOLING, *FIRST_TOKEN_READER, *FIRST_TOKEN_OF_OUTPUT}))
+            + " (add the new type to ablate/evaluate/pooling.py)",
+        )
     if pooling == "mean":
         _mean_at_first_position(model, model.get_submodule(reader))
     return model
@@ -102,4 +105,3 @@ def _mean_in_base_output(model: torch.nn.Module) -> None:
 
     model.base_model.register_forward_pre_hook(keep_mask, with_kwargs=True)
     model.base_model.register_forward_hook(mean_first)
-

@@ -31,28 +31,65 @@ from ablate.evaluate.task_types import task_type
 # The largest max_length a profile asks for: the model's context caps it (finetune.context_length).
 WHOLE_CONTEXT = 8192
 
-_PAPER_COMMON = {"lr": 5.0e-5, "weight_decay": 0.01, "batch_size": 16, "epochs": 10, "patience": None,
-                 "max_length": 512, "pooling": "cls", "multi_label_pos_weight": True}
-_PAPER_RULES: dict[tuple[str, str], dict[str, Any]] = {   # (language or "*", a protocol kind)
+_PAPER_COMMON = {
+    "lr": 5.0e-5,
+    "weight_decay": 0.01,
+    "batch_size": 16,
+    "epochs": 10,
+    "patience": None,
+    "max_length": 512,
+    "pooling": "cls",
+    "multi_label_pos_weight": True,
+}
+_PAPER_RULES: dict[tuple[str, str], dict[str, Any]] = {  # (language or "*", a protocol kind)
     ("*", "ner"): {"epochs": 20},
     ("*", "classification"): {},
     ("fr", "classification"): {"lr": 2.0e-5, "batch_size": 4, "epochs": 15, "max_length": WHOLE_CONTEXT},
-    ("*", "span_ner"): {"max_steps": 4000, "eval_every": 500, "head_lr": 1.0e-3, "warmup_ratio": 0.1,
-                        "grad_clip": 10.0, "max_length": 1024, "head_dropout": 0.4, "max_span_length": 40,
-                        "lstm_hidden_size": 400, "lstm_layers": 3, "biaffine_hidden_size": 64},
+    ("*", "span_ner"): {
+        "max_steps": 4000,
+        "eval_every": 500,
+        "head_lr": 1.0e-3,
+        "warmup_ratio": 0.1,
+        "grad_clip": 10.0,
+        "max_length": 1024,
+        "head_dropout": 0.4,
+        "max_span_length": 40,
+        "lstm_hidden_size": 400,
+        "lstm_layers": 3,
+        "biaffine_hidden_size": 64,
+    },
 }
-_SMOKE = {"epochs": 2, "lr": 1.0e-4, "batch_size": 16, "patience": None, "max_length": 128,
-          "max_train_examples": 1000, "max_eval_examples": 300}
+_SMOKE = {
+    "epochs": 2,
+    "lr": 1.0e-4,
+    "batch_size": 16,
+    "patience": None,
+    "max_length": 128,
+    "max_train_examples": 1000,
+    "max_eval_examples": 300,
+}
 
 # Tasks the paper runs with settings of their own: the needle in a haystack is probed (encoder frozen, an MLP
 # on CLS: ablate.evaluate.task_types.probe) for 3 epochs at lr 2e-5, batch 4, at long lengths.
 _NEEDLE = {"lr": 2.0e-5, "batch_size": 4, "epochs": 3, "max_length": WHOLE_CONTEXT, "probe": "mlp"}
 # The paper's own tasks read their documents at lengths of their own (its fine-tuning harness: multi-label
 # documents at 4096 tokens, DiaMED at 2048; the clinical English tasks of long notes at 8192).
-_PAPER_LENGTHS = {"diamed": 2048, "meddialog_fr": 4096, "fracco_30": 4096, "fracco_100": 4096, "cantemist": 4096,
-                  "distemist": 4096, "phenotyping": 8192, "deid": 8192}
-_PAPER_TASKS: dict[str, dict[str, Any]] = {"needle_fr": _NEEDLE, "needle_fr_cpu": _NEEDLE, "needle_en": _NEEDLE,
-                                           **{t: {"max_length": n} for t, n in _PAPER_LENGTHS.items()}}
+_PAPER_LENGTHS = {
+    "diamed": 2048,
+    "meddialog_fr": 4096,
+    "fracco_30": 4096,
+    "fracco_100": 4096,
+    "cantemist": 4096,
+    "distemist": 4096,
+    "phenotyping": 8192,
+    "deid": 8192,
+}
+_PAPER_TASKS: dict[str, dict[str, Any]] = {
+    "needle_fr": _NEEDLE,
+    "needle_fr_cpu": _NEEDLE,
+    "needle_en": _NEEDLE,
+    **{t: {"max_length": n} for t, n in _PAPER_LENGTHS.items()},
+}
 
 PROFILES = ("paper", "smoke")
 
@@ -73,8 +110,13 @@ def paper_settings(language: str, task_type: str, task: str | None = None) -> di
 def check_protocol(name: str | None, key: str = "--protocol", file: str | None = None) -> str | None:
     """`name` if it is a profile (or None: the task files' own settings); else a SpecError listing them."""
     if name is not None and name not in PROFILES:
-        raise SpecError("unknown fine-tuning protocol", file=file, key=key, value=name,
-                        allowed=", ".join(PROFILES) + " (or none: the task files' own settings)")
+        raise SpecError(
+            "unknown fine-tuning protocol",
+            file=file,
+            key=key,
+            value=name,
+            allowed=", ".join(PROFILES) + " (or none: the task files' own settings)",
+        )
     return name
 
 

@@ -22,31 +22,54 @@ from ablate.train.loop import pick_device
 from ablate.config.spec import RunSpec
 
 
-def evaluate_run(run_dir: Path, spec: RunSpec, log: Callable[[str], None] = print,
-                 tasks: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
-                 overrides: dict | None = None, protocol: str | None = None, keep_stale: bool = False,
-                 progress: Callable[[dict], None] | None = None, share: tuple[int, int] = (0, 1),
-                 device: str | None = None) -> list[dict]:
+def evaluate_run(
+    run_dir: Path,
+    spec: RunSpec,
+    log: Callable[[str], None] = print,
+    tasks: tuple[str, ...] | None = None,
+    seeds: tuple[int, ...] | None = None,
+    overrides: dict | None = None,
+    protocol: str | None = None,
+    keep_stale: bool = False,
+    progress: Callable[[dict], None] | None = None,
+    share: tuple[int, int] = (0, 1),
+    device: str | None = None,
+) -> list[dict]:
     """Fine-tune a run folder's model on `tasks` (task names and `suite:NAME`s; default the spec's
     eval.tasks) with `seeds` (default each task's: eval.seeds, or its suite's). `share`: this process's
     share of the (task, seed) units (evaluate.scores.evaluate_items; the rows returned are its share's);
     `device`: default the spec's."""
     key = "--task" if tasks else "eval.tasks"
-    items, skipped = present_items(spec_items(spec, tasks=tasks, seeds=seeds, overrides=overrides, key=key),
-                                   spec.data.data_root, key=key)
+    items, skipped = present_items(
+        spec_items(spec, tasks=tasks, seeds=seeds, overrides=overrides, key=key), spec.data.data_root, key=key
+    )
     for line in skipped_lines(skipped):
         log(line)
     record_skipped(Path(run_dir) / "scores", [i.task for i in items], skipped)
     protocol = protocol or spec.eval.protocol
-    log(f"evaluating on {_described(items)}" + (f", protocol {protocol}" if protocol else "")
-        + (f", share {share[0] + 1} of {share[1]} of the fine-tunings" if share[1] > 1 else ""))
-    rows = evaluate_items(str(Path(run_dir) / "model"), items, Path(run_dir) / "scores",
-                          data_root=spec.data.data_root, device=device or str(pick_device(spec.device)),
-                          protocol=protocol, keep_stale=keep_stale, log=log, progress=progress, share=share)
+    log(
+        f"evaluating on {_described(items)}"
+        + (f", protocol {protocol}" if protocol else "")
+        + (f", share {share[0] + 1} of {share[1]} of the fine-tunings" if share[1] > 1 else "")
+    )
+    rows = evaluate_items(
+        str(Path(run_dir) / "model"),
+        items,
+        Path(run_dir) / "scores",
+        data_root=spec.data.data_root,
+        device=device or str(pick_device(spec.device)),
+        protocol=protocol,
+        keep_stale=keep_stale,
+        log=log,
+        progress=progress,
+        share=share,
+    )
     for row in rows:
         if row["split"] == "test":
-            log(f"  {row['task']} seed {row['finetune_seed']}: test {row['metric']} = {row['value']:.4f}"
-                + ("  (stale)" if row["stale"] else ""))
+            log(
+                f"  {row['task']} seed {row['finetune_seed']}: test {row['metric']} = {row['value']:.4f}"
+                + ("  (stale)" if row["stale"] else "")
+            )
     return rows
 
 
@@ -55,13 +78,20 @@ def _described(items: list[EvalItem]) -> str:
     groups: dict[tuple[int, ...], list[str]] = {}
     for item in items:
         groups.setdefault(item.seeds, []).append(item.task)
-    return "; ".join(f"{', '.join(names)} (fine-tuning seeds {', '.join(map(str, seeds))})"
-                     for seeds, names in groups.items())
+    return "; ".join(
+        f"{', '.join(names)} (fine-tuning seeds {', '.join(map(str, seeds))})" for seeds, names in groups.items()
+    )
 
 
-def evaluate_sweep(sweep_dir: Path, tasks: tuple[str, ...], seeds: tuple[int, ...] | None,
-                   overrides: dict | None, log: Callable[[str], None] = print, protocol: str | None = None,
-                   keep_stale: bool = False) -> dict[str, int]:
+def evaluate_sweep(
+    sweep_dir: Path,
+    tasks: tuple[str, ...],
+    seeds: tuple[int, ...] | None,
+    overrides: dict | None,
+    log: Callable[[str], None] = print,
+    protocol: str | None = None,
+    keep_stale: bool = False,
+) -> dict[str, int]:
     """Add tasks/seeds to every finished run of a sweep; returns counts of runs evaluated and skipped."""
     counts = {"evaluated": 0, "not done": 0}
     for run_dir in sorted(rundir.runs_dir(sweep_dir).iterdir()):
@@ -71,8 +101,16 @@ def evaluate_sweep(sweep_dir: Path, tasks: tuple[str, ...], seeds: tuple[int, ..
             counts["not done"] += 1
             continue
         spec = rundir.read_spec(run_dir)
-        evaluate_run(run_dir, spec, log=lambda m, r=run_dir.name: log(f"[{r}] {m}"), tasks=tasks, seeds=seeds,
-                     overrides=overrides, protocol=protocol, keep_stale=keep_stale)
+        evaluate_run(
+            run_dir,
+            spec,
+            log=lambda m, r=run_dir.name: log(f"[{r}] {m}"),
+            tasks=tasks,
+            seeds=seeds,
+            overrides=overrides,
+            protocol=protocol,
+            keep_stale=keep_stale,
+        )
         counts["evaluated"] += 1
     return counts
 
@@ -81,9 +119,17 @@ def base_folder_name(model_source: str) -> str:
     return "base-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", model_source.split(":")[-1].rstrip("/").split("/")[-1])
 
 
-def evaluate_base(sweep_dir: Path, model_source: str, tasks: tuple[str, ...], seeds: tuple[int, ...] | None,
-                  overrides: dict | None, data_root: str | None = None, log: Callable[[str], None] = print,
-                  protocol: str | None = None, keep_stale: bool = False) -> Path:
+def evaluate_base(
+    sweep_dir: Path,
+    model_source: str,
+    tasks: tuple[str, ...],
+    seeds: tuple[int, ...] | None,
+    overrides: dict | None,
+    data_root: str | None = None,
+    log: Callable[[str], None] = print,
+    protocol: str | None = None,
+    keep_stale: bool = False,
+) -> Path:
     """The base model itself, as the reference: results/<sweep>/base/<name>/scores/... (seeds None: each
     task's suite seeds, else seed 0)."""
     from ablate.models.sources import resolve_source
@@ -92,18 +138,31 @@ def evaluate_base(sweep_dir: Path, model_source: str, tasks: tuple[str, ...], se
     if kind == "config":
         from ablate.config.errors import SpecError
 
-        raise SpecError("a random-init config is no reference model", key="--base", value=model_source,
-                        allowed="package:MODULE, a model folder or a hub id")
+        raise SpecError(
+            "a random-init config is no reference model",
+            key="--base",
+            value=model_source,
+            allowed="package:MODULE, a model folder or a hub id",
+        )
     folder = Path(sweep_dir) / "base" / base_folder_name(model_source)
     rundir.atomic.write_json(folder / "source.json", {"model": model_source, "location": location})
     log(f"evaluating base model {model_source} on {', '.join(tasks)}")
-    items, skipped = present_items(eval_items(tasks, (0,), overrides, seeds_override=seeds, key="--task"),
-                                   data_root, key="--task")
+    items, skipped = present_items(
+        eval_items(tasks, (0,), overrides, seeds_override=seeds, key="--task"), data_root, key="--task"
+    )
     for line in skipped_lines(skipped):
         log(line)
     record_skipped(folder / "scores", [i.task for i in items], skipped)
-    evaluate_items(location, items, folder / "scores", data_root=data_root, device=str(pick_device("auto")),
-                   protocol=protocol, keep_stale=keep_stale, log=log)
+    evaluate_items(
+        location,
+        items,
+        folder / "scores",
+        data_root=data_root,
+        device=str(pick_device("auto")),
+        protocol=protocol,
+        keep_stale=keep_stale,
+        log=log,
+    )
     return folder
 
 
@@ -130,8 +189,13 @@ def check_eval(specs: list[RunSpec], file: str | None = None) -> None:
                 load_task_data(task, spec.data.data_root)
             except SpecError as exc:
                 key = f"eval.{exc.key}" if exc.file is None and (exc.key or "").startswith("finetune") else exc.key
-                raise SpecError(f"eval task {item.task!r}: {exc.message}", file=exc.file or file,
-                                key=key or "base.eval.tasks", value=exc.value, allowed=exc.allowed) from None
+                raise SpecError(
+                    f"eval task {item.task!r}: {exc.message}",
+                    file=exc.file or file,
+                    key=key or "base.eval.tasks",
+                    value=exc.value,
+                    allowed=exc.allowed,
+                ) from None
         read_key = (spec.eval.tasks, repr(sorted(spec.eval.finetune.items())), spec.eval.protocol)
         if read_key not in seen:
             seen.add(read_key)
@@ -147,9 +211,13 @@ def _check_seeds_read(spec: RunSpec, file: str | None) -> None:
 
     tasks = spec.eval.tasks
     if tasks and all(is_suite(t) for t in tasks) and spec.eval.seeds != EvalSpec().seeds:
-        raise SpecError("no eval task reads it: a suite's tasks take the suite's seeds", file=file,
-                        key="base.eval.seeds", value=list(spec.eval.seeds),
-                        allowed="no eval.seeds with suites alone (write a suite file for other seeds)")
+        raise SpecError(
+            "no eval task reads it: a suite's tasks take the suite's seeds",
+            file=file,
+            key="base.eval.seeds",
+            value=list(spec.eval.seeds),
+            allowed="no eval.seeds with suites alone (write a suite file for other seeds)",
+        )
 
 
 def check_overrides_read(spec: RunSpec, file: str | None, items: list[EvalItem] | None = None) -> None:
@@ -160,19 +228,32 @@ def check_overrides_read(spec: RunSpec, file: str | None, items: list[EvalItem] 
     from ablate.evaluate.suites import PREFIX, load_suite, suites_dir
 
     if not spec.eval.tasks:
-        return                       # kept for a later `ablate evaluate --task`
+        return  # kept for a later `ablate evaluate --task`
     items = items if items is not None else spec_items(spec, file=file)
     groups = [(items, spec.eval.finetune, "eval.finetune", file)]
     for suite in dict.fromkeys(i.suite for i in items if i.suite):
-        groups.append(([i for i in items if i.suite == suite], load_suite(suite).finetune, "finetune",
-                       str(suites_dir() / f"{suite}.yaml")))
+        groups.append(
+            (
+                [i for i in items if i.suite == suite],
+                load_suite(suite).finetune,
+                "finetune",
+                str(suites_dir() / f"{suite}.yaml"),
+            )
+        )
     for group, keys, where, in_file in groups:
         unread = _unread(spec, group, keys)
         if unread:
             key, why = next(iter(unread.items()))
-            raise SpecError(f"no eval task reads it: {why}", file=in_file, key=f"{where}.{key}", value=keys[key],
-                            allowed="settings the tasks " + ", ".join(i.task for i in group) + " read"
-                            + (f" (of {PREFIX}{group[0].suite})" if where == "finetune" else ""))
+            raise SpecError(
+                f"no eval task reads it: {why}",
+                file=in_file,
+                key=f"{where}.{key}",
+                value=keys[key],
+                allowed="settings the tasks "
+                + ", ".join(i.task for i in group)
+                + " read"
+                + (f" (of {PREFIX}{group[0].suite})" if where == "finetune" else ""),
+            )
 
 
 def _unread(spec: RunSpec, items: list[EvalItem], keys: dict) -> dict[str, str]:

@@ -35,27 +35,54 @@ from ablate.evaluate.tasks import capped, load_task, load_task_data, resolve_set
 from ablate.store import atomic
 
 SUPERSEDED = "superseded"
-SKIPPED = "skipped.json"   # <out_dir>/skipped.json: the suite tasks left out for want of data
+SKIPPED = "skipped.json"  # <out_dir>/skipped.json: the suite tasks left out for want of data
 
 
 def _quiet(_message: str) -> None:
     pass
 
 
-def evaluate_scores(model_dir, tasks: list[str], seeds: list[int], settings_overrides: dict | None,
-                    out_dir: Path, data_root=None, device: str = "cpu", protocol: str | None = None,
-                    keep_stale: bool = False, log: Callable[[str], None] = _quiet,
-                    progress: Callable[[dict], None] | None = None) -> list[dict]:
+def evaluate_scores(
+    model_dir,
+    tasks: list[str],
+    seeds: list[int],
+    settings_overrides: dict | None,
+    out_dir: Path,
+    data_root=None,
+    device: str = "cpu",
+    protocol: str | None = None,
+    keep_stale: bool = False,
+    log: Callable[[str], None] = _quiet,
+    progress: Callable[[dict], None] | None = None,
+) -> list[dict]:
     """Fine-tune `model_dir` on every task x seed whose scores under out_dir are missing or out of date and
     return all their rows (each with `stale`: True for a score kept out of date by keep_stale)."""
     items = [EvalItem(name, tuple(seeds), dict(settings_overrides or {})) for name in tasks]
-    return evaluate_items(model_dir, items, out_dir, data_root=data_root, device=device, protocol=protocol,
-                          keep_stale=keep_stale, log=log, progress=progress)
+    return evaluate_items(
+        model_dir,
+        items,
+        out_dir,
+        data_root=data_root,
+        device=device,
+        protocol=protocol,
+        keep_stale=keep_stale,
+        log=log,
+        progress=progress,
+    )
 
 
-def evaluate_items(model_dir, items: list[EvalItem], out_dir: Path, data_root=None, device: str = "cpu",
-                   protocol: str | None = None, keep_stale: bool = False, log: Callable[[str], None] = _quiet,
-                   progress: Callable[[dict], None] | None = None, share: tuple[int, int] = (0, 1)) -> list[dict]:
+def evaluate_items(
+    model_dir,
+    items: list[EvalItem],
+    out_dir: Path,
+    data_root=None,
+    device: str = "cpu",
+    protocol: str | None = None,
+    keep_stale: bool = False,
+    log: Callable[[str], None] = _quiet,
+    progress: Callable[[dict], None] | None = None,
+    share: tuple[int, int] = (0, 1),
+) -> list[dict]:
     """evaluate_scores with seeds and overrides per task (ablate.evaluate.suites.EvalItem). Every task file,
     setting, data file and existing score file is checked before any training starts. Each row carries
     `n_examples`, the examples of its split the score was computed on.
@@ -71,11 +98,12 @@ def evaluate_items(model_dir, items: list[EvalItem], out_dir: Path, data_root=No
         data = load_task_data(task, data_root)
         wanted = score_identity(task, settings, data_root)
         sizes = {s: len(capped(data.splits[s], settings.max_eval_examples)) for s in ("dev", "test")}
-        groups = read_groups(task, data_root) if task.group_by else {}   # a missing field: before any training
+        groups = read_groups(task, data_root) if task.group_by else {}  # a missing field: before any training
         for seed in item.seeds:
             path = out_dir / task.name / f"seed-{seed}.json"
-            plan.append((task, settings, seed, path, wanted, sizes, groups,
-                         read_record(path) if path.exists() else None))
+            plan.append(
+                (task, settings, seed, path, wanted, sizes, groups, read_record(path) if path.exists() else None)
+            )
     rows: list[dict] = []
     for task, settings, seed, path, wanted, sizes, groups, record in units_of(plan, share):
         if record is not None:
@@ -92,26 +120,50 @@ def evaluate_items(model_dir, items: list[EvalItem], out_dir: Path, data_root=No
 
         def keep(split: str, gold: list, preds: list) -> None:
             predictions[split] = (gold, preds)
-        done = [{**row, "n_examples": sizes.get(row["split"])}
-                for row in ft.finetune(model_dir, task, seed, settings, data_root=data_root, device=device,
-                                       log=log, progress=progress, on_predictions=keep if task.group_by else None)]
+
+        done = [
+            {**row, "n_examples": sizes.get(row["split"])}
+            for row in ft.finetune(
+                model_dir,
+                task,
+                seed,
+                settings,
+                data_root=data_root,
+                device=device,
+                log=log,
+                progress=progress,
+                on_predictions=keep if task.group_by else None,
+            )
+        ]
         by_group = _group_rows(task, settings, seed, groups, predictions)
-        atomic.write_json(path, {"task": task.name, "seed": seed, "model_dir": str(model_dir),
-                                 "settings": settings.model_dump(mode="json"), "identity": wanted, "rows": done,
-                                 **({"groups": by_group} if task.group_by else {})})
+        atomic.write_json(
+            path,
+            {
+                "task": task.name,
+                "seed": seed,
+                "model_dir": str(model_dir),
+                "settings": settings.model_dump(mode="json"),
+                "identity": wanted,
+                "rows": done,
+                **({"groups": by_group} if task.group_by else {}),
+            },
+        )
         rows += [{**row, "stale": False} for row in done]
     return rows
 
 
-def _group_rows(task, settings, seed: int, groups: dict[str, list], predictions: dict[str, tuple[list, list]]
-                ) -> list[dict]:
+def _group_rows(
+    task, settings, seed: int, groups: dict[str, list], predictions: dict[str, tuple[list, list]]
+) -> list[dict]:
     """The per-group rows of one fine-tuning from its dev and test predictions (in split order); groups: each
     split's examples' group values (task_readers.read_groups)."""
     rows = []
     for split, (gold, preds) in predictions.items():
         values = capped(groups[split], settings.max_eval_examples, settings.subset)
-        rows += [{"task": task.name, "finetune_seed": seed, **row} for row in group_rows(task, split, values,
-                                                                                         gold, preds)]
+        rows += [
+            {"task": task.name, "finetune_seed": seed, **row}
+            for row in group_rows(task, split, values, gold, preds)
+        ]
     return rows
 
 

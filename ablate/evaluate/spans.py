@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-O, B, I, L, U = range(5)        # BIOUL: outside, begin, inside, last, unit (a one-token span)
+O, B, I, L, U = range(5)  # BIOUL: outside, begin, inside, last, unit (a one-token span)
 BIOUL = "OBILU"
 
 
@@ -31,7 +31,7 @@ def bioul_tags(spans: Iterable[tuple[int, int]], length: int) -> list[int]:
             tags[s] = U
         else:
             tags[s], tags[e] = B, L
-            tags[s + 1:e] = [I] * (e - s - 1)
+            tags[s + 1 : e] = [I] * (e - s - 1)
     return tags
 
 
@@ -68,7 +68,7 @@ def drop_same_label_overlaps(scored: Iterable[tuple[float, int, int, str]]) -> l
     if no kept span of its label overlaps it; spans of different labels may nest or overlap. In order."""
     candidates = sorted(scored, key=lambda c: (-c[0], c[1] - c[2], c[1], c[3]))
     size = max((e for _, _, e, _ in candidates), default=0)
-    taken: dict[str, bytearray] = {}      # label -> the characters its kept spans cover
+    taken: dict[str, bytearray] = {}  # label -> the characters its kept spans cover
     kept: list[tuple[int, int, str]] = []
     for _, s, e, lab in candidates:
         used = taken.setdefault(lab, bytearray(size))

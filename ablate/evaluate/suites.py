@@ -27,7 +27,7 @@ from ablate.config.errors import SpecError
 from ablate.config.paths import registry_dir, registry_names
 
 PREFIX = "suite:"
-SUITES_DIR_ENV = "ABLATE_SUITES_DIR"   # default: grids/suites of this checkout
+SUITES_DIR_ENV = "ABLATE_SUITES_DIR"  # default: grids/suites of this checkout
 
 
 class SuiteTask(Strict):
@@ -45,8 +45,10 @@ class SuiteSpec(Strict):
     description: str = ""
     seeds: tuple[int, ...] = Field(min_length=1, description="fine-tuning seeds of every task without its own")
     tasks: tuple[str | SuiteTask, ...] = Field(min_length=1)
-    finetune: dict[str, Any] = Field(default_factory=dict, description="overrides of the tasks' fine-tuning "
-                                                                       "settings, under the grid's eval.finetune")
+    finetune: dict[str, Any] = Field(
+        default_factory=dict,
+        description="overrides of the tasks' fine-tuning settings, under the grid's eval.finetune",
+    )
 
     @field_validator("seeds")
     @classmethod
@@ -90,13 +92,19 @@ def load_suite(name: str, key: str = "eval.tasks", file: str | None = None) -> S
         raise SpecError("unknown task suite", file=file, key=key, value=PREFIX + name, allowed=known)
     suite = _read_suite(str(path), path.stat().st_mtime_ns)
     if suite.name != name:
-        raise SpecError("a suite's name is its file name", file=str(path), key="name", value=suite.name,
-                        allowed=name)
+        raise SpecError(
+            "a suite's name is its file name", file=str(path), key="name", value=suite.name, allowed=name
+        )
     names = [e.task for e in suite.entries()]
     for i, task in enumerate(names):
         if not (tasks_dir() / f"{task}.yaml").is_file():
-            raise SpecError("the suite names a task with no task file", file=str(path), key=f"tasks[{i}]",
-                            value=task, allowed=", ".join(list_tasks()))
+            raise SpecError(
+                "the suite names a task with no task file",
+                file=str(path),
+                key=f"tasks[{i}]",
+                value=task,
+                allowed=", ".join(list_tasks()),
+            )
         if task in names[:i]:
             raise SpecError("a task listed twice", file=str(path), key=f"tasks[{i}]", value=task)
     return suite
@@ -108,8 +116,15 @@ def _read_suite(path: str, _mtime_ns: int) -> SuiteSpec:
     return validate(SuiteSpec, read_yaml(path), path, "suite file")
 
 
-def eval_items(tasks, seeds, finetune: dict | None = None, *, seeds_override=None, key: str = "eval.tasks",
-               file: str | None = None) -> list[EvalItem]:
+def eval_items(
+    tasks,
+    seeds,
+    finetune: dict | None = None,
+    *,
+    seeds_override=None,
+    key: str = "eval.tasks",
+    file: str | None = None,
+) -> list[EvalItem]:
     """The tasks of an eval block (names and `suite:NAME` entries) as EvalItems in order; `seeds_override`
     (the command line's --seeds) replaces every seed list. A task named twice (directly and by a suite, or
     by two suites) is a SpecError: which seeds and settings it gets would be a guess."""
@@ -122,26 +137,46 @@ def eval_items(tasks, seeds, finetune: dict | None = None, *, seeds_override=Non
     where: dict[str, str] = {}
     for entry in tasks:
         if is_suite(entry):
-            suite = load_suite(str(entry)[len(PREFIX):], key=key, file=file)
+            suite = load_suite(str(entry)[len(PREFIX) :], key=key, file=file)
             named = [(e.task, e.seeds or suite.seeds, suite.finetune, suite.name) for e in suite.entries()]
         else:
             named = [(str(entry), tuple(seeds), {}, None)]
         for task, task_seeds, suite_finetune, suite in named:
             if task in where:
-                raise SpecError(f"task {task!r} is named twice (by {where[task]} and by "
-                                f"{PREFIX + suite if suite else 'name'})", file=file, key=key, value=entry)
+                raise SpecError(
+                    f"task {task!r} is named twice (by {where[task]} and by "
+                    f"{PREFIX + suite if suite else 'name'})",
+                    file=file,
+                    key=key,
+                    value=entry,
+                )
             where[task] = PREFIX + suite if suite else "name"
-            items.append(EvalItem(task, tuple(seeds_override or task_seeds),
-                                  {**suite_finetune, **(finetune or {})}, suite))
+            items.append(
+                EvalItem(task, tuple(seeds_override or task_seeds), {**suite_finetune, **(finetune or {})}, suite)
+            )
     return items
 
 
-def spec_items(spec, *, tasks=None, seeds=None, overrides: dict | None = None, key: str = "eval.tasks",
-               file: str | None = None, present_only: bool = False) -> list[EvalItem]:
+def spec_items(
+    spec,
+    *,
+    tasks=None,
+    seeds=None,
+    overrides: dict | None = None,
+    key: str = "eval.tasks",
+    file: str | None = None,
+    present_only: bool = False,
+) -> list[EvalItem]:
     """A RunSpec's evaluation (or the command line's --task / --seeds / --set over it) as EvalItems;
     `present_only`: without the suite tasks whose data the spec's data root lacks (`present_items`)."""
-    items = eval_items(tuple(tasks or spec.eval.tasks), spec.eval.seeds,
-                       {**spec.eval.finetune, **(overrides or {})}, seeds_override=seeds, key=key, file=file)
+    items = eval_items(
+        tuple(tasks or spec.eval.tasks),
+        spec.eval.seeds,
+        {**spec.eval.finetune, **(overrides or {})},
+        seeds_override=seeds,
+        key=key,
+        file=file,
+    )
     return present_items(items, spec.data.data_root, key=key, file=file)[0] if present_only else items
 
 
@@ -158,8 +193,9 @@ class Skipped:
         return {"task": self.task, "suite": PREFIX + self.suite, "missing": list(self.missing), "how": self.how}
 
 
-def present_items(items: list[EvalItem], data_root=None, key: str = "eval.tasks",
-                  file: str | None = None) -> tuple[list[EvalItem], list[Skipped]]:
+def present_items(
+    items: list[EvalItem], data_root=None, key: str = "eval.tasks", file: str | None = None
+) -> tuple[list[EvalItem], list[Skipped]]:
     """The items whose data the data root holds, and the suite tasks it lacks (skipped: a suite names what it
     can, the rest runs). A task named directly whose data is missing is a SpecError: the grid insists on it."""
     from ablate.evaluate.access import how_to_get, missing_paths
@@ -169,17 +205,22 @@ def present_items(items: list[EvalItem], data_root=None, key: str = "eval.tasks"
     for item in items:
         try:
             task = load_task(item.task, key=key)
-        except SpecError as exc:            # an unknown name: where it is written
-            raise SpecError(exc.message, file=exc.file or file, key=exc.key, value=exc.value,
-                            allowed=exc.allowed) from None
+        except SpecError as exc:  # an unknown name: where it is written
+            raise SpecError(
+                exc.message, file=exc.file or file, key=exc.key, value=exc.value, allowed=exc.allowed
+            ) from None
         missing = missing_paths(task, data_root)
         if not missing:
             present.append(item)
         elif item.suite is None:
-            raise SpecError(f"eval task {item.task!r} is named directly but the data root lacks "
-                            f"{', '.join(missing)}", file=file, key=key, value=item.task,
-                            allowed=f"get its data: {how_to_get(task)}; or name it through a suite, "
-                                    "which skips a task it lacks")
+            raise SpecError(
+                f"eval task {item.task!r} is named directly but the data root lacks {', '.join(missing)}",
+                file=file,
+                key=key,
+                value=item.task,
+                allowed=f"get its data: {how_to_get(task)}; or name it through a suite, "
+                "which skips a task it lacks",
+            )
         else:
             skipped.append(Skipped(item.task, item.suite, tuple(missing), how_to_get(task)))
     return present, skipped
@@ -192,8 +233,10 @@ def skipped_lines(skipped: list[Skipped]) -> list[str]:
         by_suite.setdefault(s.suite, []).append(s)
     lines = []
     for suite, group in by_suite.items():
-        lines.append(f"{PREFIX}{suite}: {len(group)} task(s) skipped, the data root lacks them (the suite's "
-                     f"average will be partial): {', '.join(s.task for s in group)}")
+        lines.append(
+            f"{PREFIX}{suite}: {len(group)} task(s) skipped, the data root lacks them (the suite's "
+            f"average will be partial): {', '.join(s.task for s in group)}"
+        )
         lines += [f"  {s.task}: {s.how}" for s in group]
     return lines
 
@@ -204,12 +247,13 @@ def suite_lines(tasks, key: str = "eval.tasks", file: str | None = None) -> list
     for entry in dict.fromkeys(tasks):
         if not is_suite(entry):
             continue
-        suite = load_suite(str(entry)[len(PREFIX):], key=key, file=file)
+        suite = load_suite(str(entry)[len(PREFIX) :], key=key, file=file)
         seeds = {e.task: e.seeds or suite.seeds for e in suite.entries()}
         seed_text = "; ".join(dict.fromkeys(_seed_range(s) for s in seeds.values()))
-        lines.append(f"{entry}: {len(seeds)} tasks ({', '.join(seeds)}), fine-tuning seeds {seed_text}"
-                     + ("; settings " + ", ".join(f"{k}={v}" for k, v in suite.finetune.items())
-                        if suite.finetune else ""))
+        lines.append(
+            f"{entry}: {len(seeds)} tasks ({', '.join(seeds)}), fine-tuning seeds {seed_text}"
+            + ("; settings " + ", ".join(f"{k}={v}" for k, v in suite.finetune.items()) if suite.finetune else "")
+        )
     return lines
 
 

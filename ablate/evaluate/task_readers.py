@@ -48,8 +48,10 @@ def read_splits(task: TaskSpec, data_root: str | os.PathLike | None = None) -> d
     an empty split or a malformed record."""
     if task.data.format == "hf":
         dataset = load_hf(task, data_root)
-        return {split: _nonempty(task, split, _read_hf_split(task, dataset, split), task.data.dataset)
-                for split in SPLITS}
+        return {
+            split: _nonempty(task, split, _read_hf_split(task, dataset, split), task.data.dataset)
+            for split in SPLITS
+        }
     splits = {}
     for split in SPLITS:
         path = _split_path(task, split, data_root)
@@ -65,13 +67,19 @@ def data_files(task: TaskSpec, data_root: str | os.PathLike | None = None) -> di
     """The files a task's data is read from, by a name that stays put (a score's data identity hashes
     them): a file format's split files by split name; a `datasets` dataset's Arrow files by split/index."""
     if task.data.format == "brat":
-        return {f"{split}/{p.name}": p for split in SPLITS
-                for p in sorted(_split_path(task, split, data_root).glob("*.[ta][xn][tn]"))}
+        return {
+            f"{split}/{p.name}": p
+            for split in SPLITS
+            for p in sorted(_split_path(task, split, data_root).glob("*.[ta][xn][tn]"))
+        }
     if task.data.format != "hf":
         return {split: _split_path(task, split, data_root) for split in SPLITS}
     dataset = load_hf(task, data_root)
-    return {f"{split}/{i}": Path(f["filename"]) for split in SPLITS
-            for i, f in enumerate(dataset[_hf_split_name(task, dataset, split)].cache_files)}
+    return {
+        f"{split}/{i}": Path(f["filename"])
+        for split in SPLITS
+        for i, f in enumerate(dataset[_hf_split_name(task, dataset, split)].cache_files)
+    }
 
 
 def _split_path(task: TaskSpec, split: str, data_root) -> Path:
@@ -79,19 +87,28 @@ def _split_path(task: TaskSpec, split: str, data_root) -> Path:
     path = resolve_data_path(rel, data_root)
     folder = task.data.format == "brat"
     if not (path.is_dir() if folder else path.is_file()):
-        raise SpecError(f"data {'folder' if folder else 'file'} not found: {path}", file=task.file,
-                        key=f"data.splits.{split}", value=rel)
+        raise SpecError(
+            f"data {'folder' if folder else 'file'} not found: {path}",
+            file=task.file,
+            key=f"data.splits.{split}",
+            value=rel,
+        )
     return path
 
 
 def _nonempty(task: TaskSpec, split: str, examples: list[Example], source) -> list[Example]:
     if not examples:
-        raise SpecError(f"split has no examples: {source}", file=task.file, key=f"data.splits.{split}",
-                        value=getattr(task.data.splits, split))
+        raise SpecError(
+            f"split has no examples: {source}",
+            file=task.file,
+            key=f"data.splits.{split}",
+            value=getattr(task.data.splits, split),
+        )
     return examples
 
 
 # ---------------------------------------------------------------------------------------------------- conll
+
 
 def _read_conll(task: TaskSpec, path: Path) -> list[Example]:
     delim, ti, li = task.data.delimiter, task.columns.text, task.columns.label
@@ -115,14 +132,23 @@ def _read_conll(task: TaskSpec, path: Path) -> list[Example]:
             parts = line.split(delim) if delim else line.split()
             if len(parts) < need:
                 sep = repr(delim) if delim else "whitespace"
-                raise SpecError(f"malformed line: expected at least {need} columns separated by {sep}",
-                                file=str(path), key=f"line {n}", value=line)
+                raise SpecError(
+                    f"malformed line: expected at least {need} columns separated by {sep}",
+                    file=str(path),
+                    key=f"line {n}",
+                    value=line,
+                )
             word, tag = parts[ti], parts[li].strip()
             if not word.strip():
                 raise SpecError("malformed line: empty token", file=str(path), key=f"line {n}", value=line)
             if not IOB2_TAG.match(tag):
-                raise SpecError("malformed IOB2 tag", file=str(path), key=f"line {n}", value=tag,
-                                allowed="O, B-<type>, I-<type>")
+                raise SpecError(
+                    "malformed IOB2 tag",
+                    file=str(path),
+                    key=f"line {n}",
+                    value=tag,
+                    allowed="O, B-<type>, I-<type>",
+                )
             words.append(word)
             tags.append(tag)
     flush()
@@ -142,6 +168,7 @@ def _read_brat(task: TaskSpec, folder: Path) -> list[Example]:
 
 
 # ---------------------------------------------------------------------------------------------------- records
+
 
 def _iter_records(task: TaskSpec, path: Path) -> Iterator[tuple[str, dict]]:
     """(location, record) pairs; location names the line or item for error messages."""
@@ -182,8 +209,13 @@ def _field(rec: dict, name: str, where: str, task: TaskSpec, key: str):
     value: Any = rec
     for part in name.split("."):
         if not isinstance(value, dict) or part not in value:
-            raise SpecError(f"{where} has no column {name!r}", file=task.file, key=key, value=name,
-                            allowed=", ".join(sorted(map(str, rec))))
+            raise SpecError(
+                f"{where} has no column {name!r}",
+                file=task.file,
+                key=key,
+                value=name,
+                allowed=", ".join(sorted(map(str, rec))),
+            )
         value = value[part]
     return value
 
@@ -193,8 +225,9 @@ def _text(rec, names, where, task, key) -> str:
     for name in [names] if isinstance(names, str) else names:
         v = _field(rec, name, where, task, key)
         if v is None or isinstance(v, (dict, list)):
-            raise SpecError(f"{where}: column {name!r} is not text", file=task.file, key=key,
-                            value=type(v).__name__)
+            raise SpecError(
+                f"{where}: column {name!r} is not text", file=task.file, key=key, value=type(v).__name__
+            )
         parts.append(str(v))
     return " ".join(parts)
 
@@ -238,20 +271,31 @@ _READERS = {"conll": _read_conll, "brat": _read_brat}
 def read_groups(task: TaskSpec, data_root: str | os.PathLike | None = None) -> dict[str, list[tuple[str, ...]]]:
     """Per split, each record's values of the task's `group_by` fields (as text), in the order read_splits
     gives its examples (one per record). Records formats only (jsonl, csv, json, hf)."""
+
     def values(records: Iterable[tuple[str, dict]]) -> list[tuple[str, ...]]:
-        return [tuple(str(_field(rec, name, where, task, "group_by")) for name in task.group_by or ())
-                for where, rec in records]
+        return [
+            tuple(str(_field(rec, name, where, task, "group_by")) for name in task.group_by or ())
+            for where, rec in records
+        ]
 
     if task.data.format == "hf":
         dataset = load_hf(task, data_root)
-        return {split: values((f"{task.data.dataset} [{split}] row {i}", rec)
-                              for i, rec in enumerate(dataset[_hf_split_name(task, dataset, split)]))
-                for split in SPLITS}
-    return {split: values((f"{path} {where}", rec) for where, rec in _iter_records(task, path))
-            for split in SPLITS for path in (_split_path(task, split, data_root),)}
+        return {
+            split: values(
+                (f"{task.data.dataset} [{split}] row {i}", rec)
+                for i, rec in enumerate(dataset[_hf_split_name(task, dataset, split)])
+            )
+            for split in SPLITS
+        }
+    return {
+        split: values((f"{path} {where}", rec) for where, rec in _iter_records(task, path))
+        for split in SPLITS
+        for path in (_split_path(task, split, data_root),)
+    }
 
 
 # ---------------------------------------------------------------------------------------------------- datasets
+
 
 def load_hf(task: TaskSpec, data_root=None):
     """The task's `datasets` DatasetDict: `hf:ORG/NAME` from the hub (datasets.load_dataset, with
@@ -270,40 +314,63 @@ def _load_hf(file: str | None, ref: str, config: str | None, folder: str | None,
     try:
         import datasets
     except ImportError:
-        raise SpecError("format hf needs the `datasets` package (pip install datasets)", file=file,
-                        key="data.format", value="hf") from None
+        raise SpecError(
+            "format hf needs the `datasets` package (pip install datasets)",
+            file=file,
+            key="data.format",
+            value="hf",
+        ) from None
     if ref.startswith(HUB_PREFIX):
-        name = ref[len(HUB_PREFIX):]
+        name = ref[len(HUB_PREFIX) :]
         try:
             loaded = datasets.load_dataset(name, config)
-        except Exception as e:   # the hub's errors have no common base: each is reported as it is
+        except Exception as e:  # the hub's errors have no common base: each is reported as it is
             offline = datasets.config.HF_HUB_OFFLINE or isinstance(e, (ConnectionError, OSError))
-            hint = (" The Hugging Face hub is unreachable from here (offline, or HF_HUB_OFFLINE is set): save "
-                    "the dataset with save_to_disk where the hub is reachable and name that folder instead."
-                    if offline else "")
-            raise SpecError(f"could not load {name!r} from the Hugging Face hub: {type(e).__name__}: {e}.{hint}",
-                            file=file, key="data.dataset", value=ref) from None
+            hint = (
+                " The Hugging Face hub is unreachable from here (offline, or HF_HUB_OFFLINE is set): save "
+                "the dataset with save_to_disk where the hub is reachable and name that folder instead."
+                if offline
+                else ""
+            )
+            raise SpecError(
+                f"could not load {name!r} from the Hugging Face hub: {type(e).__name__}: {e}.{hint}",
+                file=file,
+                key="data.dataset",
+                value=ref,
+            ) from None
     else:
         path = Path(folder)
         if not path.is_dir():
-            raise SpecError(f"saved dataset folder not found: {path}", file=file, key="data.dataset",
-                            value=ref, allowed=f"a folder saved with save_to_disk, or {HUB_PREFIX}ORG/NAME")
+            raise SpecError(
+                f"saved dataset folder not found: {path}",
+                file=file,
+                key="data.dataset",
+                value=ref,
+                allowed=f"a folder saved with save_to_disk, or {HUB_PREFIX}ORG/NAME",
+            )
         try:
             loaded = datasets.load_from_disk(str(path))
         except (FileNotFoundError, ValueError) as e:
-            raise SpecError(f"not a dataset saved with save_to_disk: {path}: {e}", file=file,
-                            key="data.dataset", value=ref) from None
+            raise SpecError(
+                f"not a dataset saved with save_to_disk: {path}: {e}", file=file, key="data.dataset", value=ref
+            ) from None
     if not isinstance(loaded, datasets.DatasetDict):
-        raise SpecError("the dataset has no named splits (a DatasetDict is needed)", file=file,
-                        key="data.dataset", value=ref)
+        raise SpecError(
+            "the dataset has no named splits (a DatasetDict is needed)", file=file, key="data.dataset", value=ref
+        )
     return loaded
 
 
 def _hf_split_name(task: TaskSpec, dataset, split: str) -> str:
     name = getattr(task.data.splits, split)
     if name not in dataset:
-        raise SpecError(f"the dataset has no split {name!r}", file=task.file, key=f"data.splits.{split}",
-                        value=name, allowed=", ".join(dataset))
+        raise SpecError(
+            f"the dataset has no split {name!r}",
+            file=task.file,
+            key=f"data.splits.{split}",
+            value=name,
+            allowed=", ".join(dataset),
+        )
     return name
 
 
@@ -341,13 +408,26 @@ def _token_example(task: TaskSpec, rec: dict, where: str) -> Example:
     words = _field(rec, task.columns.text, where, task, "columns.text")
     tags = _field(rec, task.columns.label, where, task, "columns.label")
     if not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words):
-        raise SpecError(f"{where}: the tokens column must be a list of non-empty strings", file=task.file,
-                        key="columns.text", value=task.columns.text)
+        raise SpecError(
+            f"{where}: the tokens column must be a list of non-empty strings",
+            file=task.file,
+            key="columns.text",
+            value=task.columns.text,
+        )
     if not isinstance(tags, list) or len(tags) != len(words):
-        raise SpecError(f"{where}: the tags column must be a list of one tag per token", file=task.file,
-                        key="columns.label", value=tags if not isinstance(tags, list) else len(tags))
+        raise SpecError(
+            f"{where}: the tags column must be a list of one tag per token",
+            file=task.file,
+            key="columns.label",
+            value=tags if not isinstance(tags, list) else len(tags),
+        )
     bad = [t for t in tags if not isinstance(t, str) or not IOB2_TAG.match(t)]
     if bad:
-        raise SpecError(f"{where}: malformed IOB2 tag", file=task.file, key="columns.label", value=bad[0],
-                        allowed="O, B-<type>, I-<type> (or ClassLabel integers with such names)")
+        raise SpecError(
+            f"{where}: malformed IOB2 tag",
+            file=task.file,
+            key="columns.label",
+            value=bad[0],
+            allowed="O, B-<type>, I-<type> (or ClassLabel integers with such names)",
+        )
     return Example(tuple(words), keep_entity_types(task, tags))

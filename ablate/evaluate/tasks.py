@@ -22,8 +22,8 @@ from ablate.evaluate.protocol import profile_settings
 from ablate.evaluate.task_readers import HUB_PREFIX, SPLITS, Example, read_splits
 from ablate.evaluate.task_types import METRICS, TASK_TYPES, TYPE_NAMES, TYPE_SETTINGS, task_type
 
-TASKS_DIR_ENV = "ABLATE_TASKS_DIR"   # default: grids/tasks of this checkout
-TaskType = Literal[TYPE_NAMES]        # the registered entries (ablate.evaluate.task_types)
+TASKS_DIR_ENV = "ABLATE_TASKS_DIR"  # default: grids/tasks of this checkout
+TaskType = Literal[TYPE_NAMES]  # the registered entries (ablate.evaluate.task_types)
 
 
 class FinetuneSettings(Strict):
@@ -33,63 +33,90 @@ class FinetuneSettings(Strict):
     lr: PositiveFloat = Field(5e-5, description="peak learning rate")
     batch_size: PositiveInt = Field(16, description="training examples per step")
     eval_batch_size: PositiveInt = Field(64, description="examples per evaluation batch")
-    group_by_length: bool = Field(True, description="batches of about one length (a fraction of the padding, the "
-                                  "same scores over seeds as shuffled batches); false: shuffled batches")
+    group_by_length: bool = Field(
+        True,
+        description="batches of about one length (a fraction of the padding, the "
+        "same scores over seeds as shuffled batches); false: shuffled batches",
+    )
     # the same step in exact arithmetic, not in float rounding, so scores move by seed-level noise: opt-in
-    length_pieces: bool = Field(False, description="CPU: each batch run as length-sorted pieces padded to their "
-                                "own longest")
+    length_pieces: bool = Field(
+        False, description="CPU: each batch run as length-sorted pieces padded to their own longest"
+    )
     epochs: PositiveInt = Field(10, description="training epochs at most")
-    patience: PositiveInt | None = Field(3, description="epochs without a dev improvement before stopping; "
-                                         "null: never")
-    max_length: int | None = Field(None, ge=8, description="tokens per example; null: the task's max_length; "
-                                   "capped at the model's context")
-    max_train_examples: PositiveInt | None = Field(None, description="N examples of train (tests, CPU budgets), "
-                                                   "by `subset`; null: all")
-    max_eval_examples: PositiveInt | None = Field(None, description="N examples of dev and of test, by `subset`; "
-                                                  "null: all")
-    subset: Literal["first", "spread"] = Field("first", description="which N: the first ones, or N spread evenly "
-                                               "over the split (a file sorted by label gives one class in its first N)")
+    patience: PositiveInt | None = Field(
+        3, description="epochs without a dev improvement before stopping; null: never"
+    )
+    max_length: int | None = Field(
+        None, ge=8, description="tokens per example; null: the task's max_length; capped at the model's context"
+    )
+    max_train_examples: PositiveInt | None = Field(
+        None, description="N examples of train (tests, CPU budgets), by `subset`; null: all"
+    )
+    max_eval_examples: PositiveInt | None = Field(
+        None, description="N examples of dev and of test, by `subset`; null: all"
+    )
+    subset: Literal["first", "spread"] = Field(
+        "first",
+        description="which N: the first ones, or N spread evenly "
+        "over the split (a file sorted by label gives one class in its first N)",
+    )
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="share of the steps with a linear LR warm-up")
     weight_decay: float = Field(0.01, ge=0, description="AdamW's weight decay")
     grad_clip: PositiveFloat | None = Field(1.0, description="gradient norm clipped to this; null: none")
-    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 autocast on CUDA, float32 "
-                                                       "elsewhere; weights stay float32")
-    pooling: Literal["cls", "mean"] = Field("cls", description="sequence tasks: the first token's state, or the "
-                                            "masked mean")
-    multi_label_pos_weight: bool = Field(True, description="multi-label: BCE with pos_weight = negatives / "
-                                         "positives per label")
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto", description="auto: bf16 autocast on CUDA, float32 elsewhere; weights stay float32"
+    )
+    pooling: Literal["cls", "mean"] = Field(
+        "cls", description="sequence tasks: the first token's state, or the masked mean"
+    )
+    multi_label_pos_weight: bool = Field(
+        True, description="multi-label: BCE with pos_weight = negatives / positives per label"
+    )
     lora_r: PositiveInt = Field(8, description="LoRA: the adapters' rank")
     lora_alpha: PositiveFloat = Field(16, description="LoRA: the adapters' scale")
     lora_dropout: float = Field(0.1, ge=0, lt=1, description="LoRA: dropout on the adapters' input")
-    lora_target_modules: tuple[str, ...] | None = Field(None, description="LoRA: the modules adapted; null: a "
-                                                        "default per architecture")
-    max_steps: PositiveInt | None = Field(None, description="span_ner: optimizer steps in all (passes over "
-                                          "train repeat); null: `epochs` passes")
-    eval_every: PositiveInt | None = Field(None, description="span_ner: steps between dev evaluations; null: "
-                                           "one per epoch")
-    head_lr: PositiveFloat | None = Field(None, description="span_ner: the learning rate of everything but the "
-                                          "encoder; null: lr")
-    head_dropout: float = Field(0.4, ge=0, lt=1, description="span_ner: dropout on the encoder's and the "
-                                "BiLSTM's outputs")
+    lora_target_modules: tuple[str, ...] | None = Field(
+        None, description="LoRA: the modules adapted; null: a default per architecture"
+    )
+    max_steps: PositiveInt | None = Field(
+        None, description="span_ner: optimizer steps in all (passes over train repeat); null: `epochs` passes"
+    )
+    eval_every: PositiveInt | None = Field(
+        None, description="span_ner: steps between dev evaluations; null: one per epoch"
+    )
+    head_lr: PositiveFloat | None = Field(
+        None, description="span_ner: the learning rate of everything but the encoder; null: lr"
+    )
+    head_dropout: float = Field(
+        0.4, ge=0, lt=1, description="span_ner: dropout on the encoder's and the BiLSTM's outputs"
+    )
     max_span_length: PositiveInt = Field(40, description="span_ner: the longest span scored, in sub-tokens")
     lstm_hidden_size: int = Field(400, ge=2, description="span_ner: the BiLSTM's size (both directions)")
     lstm_layers: PositiveInt = Field(3, description="span_ner: the BiLSTM's layers")
     biaffine_hidden_size: PositiveInt = Field(64, description="span_ner: the biaffine scorer's size per label")
     probe: Literal["none", "linear", "mlp"] = Field(
-        "none", description="sequence tasks: none, fine-tune the whole model; linear / mlp: the encoder frozen, "
-                            "only a linear head or the paper's 2-layer MLP on the pooled sequence trained")
+        "none",
+        description="sequence tasks: none, fine-tune the whole model; linear / mlp: the encoder frozen, "
+        "only a linear head or the paper's 2-layer MLP on the pooled sequence trained",
+    )
     probe_hidden: PositiveInt | None = Field(None, description="probe mlp: the hidden size; null: the encoder's")
-    probe_dropout: float = Field(0.1, ge=0, lt=1, description="probe: the dropout before each of its linear "
-                                 "layers")
+    probe_dropout: float = Field(
+        0.1, ge=0, lt=1, description="probe: the dropout before each of its linear layers"
+    )
 
     @model_validator(mode="after")
     def _probe_alone(self) -> FinetuneSettings:
         if self.probe != "none" and self.method == "lora":
-            raise Located("a probe trains no encoder weights: it has no LoRA adapters", "probe", self.probe,
-                          "none with method lora, or method full")
+            raise Located(
+                "a probe trains no encoder weights: it has no LoRA adapters",
+                "probe",
+                self.probe,
+                "none with method lora, or method full",
+            )
         if self.probe_hidden is not None and self.probe != "mlp":
             raise Located("probe_hidden sizes the MLP probe", "probe_hidden", self.probe_hidden, "with probe: mlp")
         return self
+
 
 LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
 
@@ -107,10 +134,13 @@ def unread_settings(keys, method: str, type_name: str) -> dict[str, str]:
     """The fine-tuning settings among `keys` that a `type_name` task fine-tuned by `method` never reads: why.
     The type-specific ones are its entry's `reads` (ablate.evaluate.task_types)."""
     entry = task_type(type_name)
-    why = {**{k: f"a {type_name} task never {does}" for k, does in TYPE_SETTINGS.items() if k not in entry.reads},
-           **{k: "LoRA settings apply with method: lora only" if method != "lora" else None for k in LORA_FIELDS},
-           "method": f"a {type_name} task is fine-tuned in full (no LoRA)" if method == "lora"
-           and entry.lora_task is None else None}
+    why = {
+        **{k: f"a {type_name} task never {does}" for k, does in TYPE_SETTINGS.items() if k not in entry.reads},
+        **{k: "LoRA settings apply with method: lora only" if method != "lora" else None for k in LORA_FIELDS},
+        "method": f"a {type_name} task is fine-tuned in full (no LoRA)"
+        if method == "lora" and entry.lora_task is None
+        else None,
+    }
     return {k: why[k] for k in keys if why.get(k)}
 
 
@@ -125,11 +155,14 @@ class Splits(Strict):
 class DataSpec(Strict):
     format: Literal["conll", "jsonl", "csv", "json", "hf", "brat"] = Field(
         description="how the split files are read; hf: a `datasets` dataset; brat: a folder of BRAT .txt/.ann "
-                    "files per split (span_ner)")
-    delimiter: str | None = Field(None, description="conll: column separator (null: any whitespace); csv: "
-                                  "default \",\"")
-    dataset: str | None = Field(None, description="hf: hf:ORG/NAME on the hub, or a save_to_disk folder "
-                                "(relative: to the data root)")
+        "files per split (span_ner)"
+    )
+    delimiter: str | None = Field(
+        None, description='conll: column separator (null: any whitespace); csv: default ","'
+    )
+    dataset: str | None = Field(
+        None, description="hf: hf:ORG/NAME on the hub, or a save_to_disk folder (relative: to the data root)"
+    )
     config: str | None = Field(None, description="hf hub datasets: the configuration (load_dataset's name)")
     splits: Splits = Field(description="the three splits")
 
@@ -145,14 +178,15 @@ class Columns(Strict):
 
 
 class LabelOptions(Strict):
-    values: list[str] | None = Field(None, description="the expected label set; any other label in the data is "
-                                     "an error")
+    values: list[str] | None = Field(
+        None, description="the expected label set; any other label in the data is an error"
+    )
     allow_unseen_eval_labels: bool = Field(False, description="allow dev/test labels that train lacks")
     keep_entity_types: list[str] | None = Field(None, min_length=1, description="NER: other types' tags become O")
 
     @field_validator("values", "keep_entity_types")
     @classmethod
-    def _each_once(cls, values):      # a label listed twice would be two outputs of one class
+    def _each_once(cls, values):  # a label listed twice would be two outputs of one class
         return values if values is None else unique_items(values, "label")
 
 
@@ -163,34 +197,46 @@ class MetricOptions(Strict):
 
 
 class TaskSpec(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="the task's name in tables (the "
-                      "file's name)")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="the task's name in tables (the file's name)"
+    )
     language: str = Field(min_length=2, description="the texts' language code (en, fr, ...)")
-    type: TaskType = Field(description="what is predicted: " + "; ".join(
-        f"{name}: {entry.description}" for name, entry in TASK_TYPES.items()))
+    type: TaskType = Field(
+        description="what is predicted: "
+        + "; ".join(f"{name}: {entry.description}" for name, entry in TASK_TYPES.items())
+    )
     source: str = Field(min_length=1, description="where the data comes from publicly")
     description: str | None = Field(None, description="one line for tables and the report")
     data: DataSpec = Field(description="where the splits are and how they are read")
     columns: Columns = Field(description="which columns or fields hold the text and the label")
-    metrics: list[str] = Field(min_length=1, description="scores computed on dev and test, by the task's type: "
-                               + "; ".join(f"{t}: {', '.join(m)}" for t, m in METRICS.items())
-                               + "; the first drives early stopping")
+    metrics: list[str] = Field(
+        min_length=1,
+        description="scores computed on dev and test, by the task's type: "
+        + "; ".join(f"{t}: {', '.join(m)}" for t, m in METRICS.items())
+        + "; the first drives early stopping",
+    )
     metric_options: MetricOptions = Field(MetricOptions(), description="options of the metrics")
     labels: LabelOptions = Field(LabelOptions(), description="the label set and its checks")
     max_length: int = Field(128, ge=8, description="tokens per example (longer ones are cut)")
-    finetune: FinetuneSettings = Field(FinetuneSettings(), description="how to fine-tune; a grid's "
-                                       "eval.finetune overrides any key")
-    group_by: list[str] | None = Field(None, min_length=1, description="fields of the records (jsonl, csv, json, "
-                                       "hf) whose values group the examples: the metrics are also computed per "
-                                       "value of each field and, with two fields or more, per combination "
-                                       "(ablate.evaluate.groups); null: overall only")
-    access: Access | None = Field(None, description="how the data is obtained when no catalogued dataset holds "
-                                  "it (ablate.evaluate.access)")
+    finetune: FinetuneSettings = Field(
+        FinetuneSettings(), description="how to fine-tune; a grid's eval.finetune overrides any key"
+    )
+    group_by: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="fields of the records (jsonl, csv, json, "
+        "hf) whose values group the examples: the metrics are also computed per "
+        "value of each field and, with two fields or more, per combination "
+        "(ablate.evaluate.groups); null: overall only",
+    )
+    access: Access | None = Field(
+        None, description="how the data is obtained when no catalogued dataset holds it (ablate.evaluate.access)"
+    )
     _file: str | None = PrivateAttr(default=None)
 
     @field_validator("group_by")
     @classmethod
-    def _fields_once(cls, fields):      # a field listed twice would be grouped on twice
+    def _fields_once(cls, fields):  # a field listed twice would be grouped on twice
         return fields if fields is None else unique_items(fields, "group_by field")
 
     @property
@@ -218,12 +264,20 @@ class TaskSpec(Strict):
         _check_data(self)
         _check_labels(self)
         if self.finetune.max_length is not None and "max_length" in self.model_fields_set:
-            raise Located("the task's max_length and finetune.max_length are both given: finetune's would win",
-                          "finetune.max_length", self.finetune.max_length, "one of the two")
+            raise Located(
+                "the task's max_length and finetune.max_length are both given: finetune's would win",
+                "finetune.max_length",
+                self.finetune.max_length,
+                "one of the two",
+            )
         if self.group_by is not None:
             if self.data.format in ("conll", "brat"):
-                raise Located("group_by reads fields of records", "group_by", self.group_by,
-                              "data formats jsonl, csv, json, hf")
+                raise Located(
+                    "group_by reads fields of records",
+                    "group_by",
+                    self.group_by,
+                    "data formats jsonl, csv, json, hf",
+                )
         unread = unread_settings(self.finetune.model_fields_set, self.finetune.method, self.type)
         if unread:
             key, why = next(iter(unread.items()))
@@ -237,13 +291,19 @@ def _check_data(t: TaskSpec) -> None:
     formats = t.entry.formats
     if fmt not in formats:
         readers = [n for n, e in TASK_TYPES.items() if fmt in e.formats]
-        raise Located(f"a {t.type} task reads {', '.join(formats)}" + (f"; {fmt} is for {', '.join(readers)}"
-                      if readers else ""), "data.format", fmt, ", ".join(formats))
+        raise Located(
+            f"a {t.type} task reads {', '.join(formats)}"
+            + (f"; {fmt} is for {', '.join(readers)}" if readers else ""),
+            "data.format",
+            fmt,
+            ", ".join(formats),
+        )
     if fmt == "conll":
         for key in ("text", "label"):
             if not isinstance(getattr(c, key), int):
-                raise Located("a conll column is an index (0, 1, ... or -1 for the last)", f"columns.{key}",
-                              getattr(c, key))
+                raise Located(
+                    "a conll column is an index (0, 1, ... or -1 for the last)", f"columns.{key}", getattr(c, key)
+                )
         if c.text_pair is not None:
             raise Located("conll tasks have no text_pair", "columns.text_pair", c.text_pair)
     else:
@@ -256,14 +316,22 @@ def _check_data(t: TaskSpec) -> None:
     if fmt in ("jsonl", "json", "hf") and d.delimiter is not None:
         raise Located(f"{fmt} data has no delimiter", "data.delimiter", d.delimiter)
     if fmt == "hf" and not d.dataset:
-        raise Located("format hf needs data.dataset", "data.dataset", None,
-                      f"{HUB_PREFIX}ORG/NAME, or a folder saved with save_to_disk")
+        raise Located(
+            "format hf needs data.dataset",
+            "data.dataset",
+            None,
+            f"{HUB_PREFIX}ORG/NAME, or a folder saved with save_to_disk",
+        )
     if fmt != "hf" and (d.dataset is not None or d.config is not None):
         key = "data.dataset" if d.dataset is not None else "data.config"
         raise Located("dataset and config are for format hf", key, d.dataset or d.config)
     if fmt == "hf" and d.config is not None and not d.dataset.startswith(HUB_PREFIX):
-        raise Located("a config selects a hub dataset's configuration; a saved folder has none", "data.config",
-                      d.config, f"with data.dataset {HUB_PREFIX}ORG/NAME")
+        raise Located(
+            "a config selects a hub dataset's configuration; a saved folder has none",
+            "data.config",
+            d.config,
+            f"with data.dataset {HUB_PREFIX}ORG/NAME",
+        )
 
 
 def _check_labels(t: TaskSpec) -> None:
@@ -272,22 +340,36 @@ def _check_labels(t: TaskSpec) -> None:
     tag_types = [n for n, e in TASK_TYPES.items() if e.label_kind == "tags"]
     if keep is not None:
         if t.entry.label_kind != "tags":
-            raise Located("keep_entity_types selects NER entity types", "labels.keep_entity_types", keep,
-                          "only with type " + ", ".join(tag_types))
+            raise Located(
+                "keep_entity_types selects NER entity types",
+                "labels.keep_entity_types",
+                keep,
+                "only with type " + ", ".join(tag_types),
+            )
         dropped = [v for v in values or () if v != "O" and v[2:] not in keep]
         if dropped:
-            raise Located("labels.values lists a tag of a type keep_entity_types drops", "labels.values",
-                          dropped[0], "O and the B-/I- tags of " + ", ".join(keep))
+            raise Located(
+                "labels.values lists a tag of a type keep_entity_types drops",
+                "labels.values",
+                dropped[0],
+                "O and the B-/I- tags of " + ", ".join(keep),
+            )
     if negative is not None:
         if not t.entry.takes_negative:
-            raise Located("negative_label is for single-label classification", "metric_options.negative_label",
-                          negative)
+            raise Located(
+                "negative_label is for single-label classification", "metric_options.negative_label", negative
+            )
         if values is not None and negative not in values:
-            raise Located("the negative label is not in labels.values", "metric_options.negative_label",
-                          negative, ", ".join(values))
+            raise Located(
+                "the negative label is not in labels.values",
+                "metric_options.negative_label",
+                negative,
+                ", ".join(values),
+            )
 
 
 # ---------------------------------------------------------------------------------------------------- registry
+
 
 def tasks_dir() -> Path:
     return registry_dir(TASKS_DIR_ENV, "tasks")
@@ -313,26 +395,32 @@ def load_task(name_or_path: str | os.PathLike, key: str = "task") -> TaskSpec:
     file = str(path)
     spec = validate(TaskSpec, read_yaml(path), file, "task file")
     if spec.name != path.stem:
-        raise SpecError("a task's name is its file name", file=file, key="name", value=spec.name,
-                        allowed=path.stem)
+        raise SpecError(
+            "a task's name is its file name", file=file, key="name", value=spec.name, allowed=path.stem
+        )
     spec._file = file
     return spec
 
 
-def resolve_settings(task: TaskSpec, overrides: dict[str, Any] | None = None,
-                     protocol: str | None = None) -> FinetuneSettings:
+def resolve_settings(
+    task: TaskSpec, overrides: dict[str, Any] | None = None, protocol: str | None = None
+) -> FinetuneSettings:
     """The task file's fine-tuning settings, then the protocol profile's (ablate.evaluate.protocol), then a
     sweep's or the command line's overrides, validated."""
-    merged = {**task.finetune.model_dump(), **profile_settings(protocol, task.language, task.type, task.name),
-              **(overrides or {})}
+    merged = {
+        **task.finetune.model_dump(),
+        **profile_settings(protocol, task.language, task.type, task.name),
+        **(overrides or {}),
+    }
     return validate(FinetuneSettings, merged, what="fine-tuning settings", prefix="finetune")
 
 
 # ---------------------------------------------------------------------------------------------------- data
 
+
 class TaskData(NamedTuple):
-    splits: dict[str, list[Example]]   # train, dev, test
-    labels: tuple[str, ...]            # model output order; () for regression
+    splits: dict[str, list[Example]]  # train, dev, test
+    labels: tuple[str, ...]  # model output order; () for regression
 
 
 def load_task_data(task: TaskSpec, data_root: str | os.PathLike | None = None) -> TaskData:
@@ -356,15 +444,25 @@ def _label_set(task: TaskSpec, splits: dict[str, list[Example]]) -> tuple[str, .
         for split, s in seen.items():
             outside = sorted(s - set(declared))
             if outside:
-                raise SpecError(f"{split} has labels outside labels.values", file=task.file, key="labels.values",
-                                value=outside[:10], allowed=", ".join(declared))
+                raise SpecError(
+                    f"{split} has labels outside labels.values",
+                    file=task.file,
+                    key="labels.values",
+                    value=outside[:10],
+                    allowed=", ".join(declared),
+                )
     train = seen["train"]
     unseen: set[str] = set()
     for split in SPLITS[1:]:
         extra = seen[split] - train
         if extra and not task.labels.allow_unseen_eval_labels:
-            raise SpecError(f"labels in {split} that train lacks", file=task.file, key=f"data.splits.{split}",
-                            value=sorted(extra), allowed="set labels.allow_unseen_eval_labels: true to accept them")
+            raise SpecError(
+                f"labels in {split} that train lacks",
+                file=task.file,
+                key=f"data.splits.{split}",
+                value=sorted(extra),
+                allowed="set labels.allow_unseen_eval_labels: true to accept them",
+            )
         unseen |= extra
     if declared is not None:
         return tuple(declared)

@@ -38,19 +38,24 @@ from ablate.plan.transplants import PlannedTransplant, derived_spec, match_arms,
 from ablate.store import rundir
 
 
-def hybrid_state(source, target, words: tuple[str, ...], key: str = "--layers",
-                 components: tuple[str, ...] = ()) -> FrozenSet:
+def hybrid_state(
+    source, target, words: tuple[str, ...], key: str = "--layers", components: tuple[str, ...] = ()
+) -> FrozenSet:
     """Copy the embeddings and the layers `words` name from `source` into `target` (two *ForMaskedLM of the
     same architecture and depth), in place, or with `components` only those parts of the blocks `words`
     name; returns what was copied (with components: the blocks). SpecError for different architectures or
     depths, layers out of range, a component the family does not declare."""
     cs, ct = source.config, target.config
     shapes = {n: p.shape for n, p in source.named_parameters()}
-    if (cs.model_type, n_layers(cs)) != (ct.model_type, n_layers(ct)) or \
-            shapes != {n: p.shape for n, p in target.named_parameters()}:
-        raise SpecError("transplant between different architectures or depths", key=key,
-                        value=f"{cs.model_type} x {n_layers(cs)} layers into {ct.model_type} x {n_layers(ct)} layers",
-                        allowed="two runs of the same model")
+    if (cs.model_type, n_layers(cs)) != (ct.model_type, n_layers(ct)) or shapes != {
+        n: p.shape for n, p in target.named_parameters()
+    }:
+        raise SpecError(
+            "transplant between different architectures or depths",
+            key=key,
+            value=f"{cs.model_type} x {n_layers(cs)} layers into {ct.model_type} x {n_layers(ct)} layers",
+            allowed="two runs of the same model",
+        )
     family = family_of(ct)
     family.check_components(components, "--components")
     chosen, _ = resolve_split(words, components, n_layers(ct), key)
@@ -76,18 +81,29 @@ def scoring_key(overrides: dict | None) -> str:
 
 def _arm_runs(sweep_dir: Path, runs: pd.DataFrame, arm: tuple[str, str], key: str) -> dict[str, RunSpec]:
     """The finished runs of one arm, by id."""
-    done = runs[(runs["status"] == "done") & (runs["schedule"].astype(str) == arm[0])
-                & (runs["freeze"].astype(str) == arm[1])]
+    done = runs[
+        (runs["status"] == "done")
+        & (runs["schedule"].astype(str) == arm[0])
+        & (runs["freeze"].astype(str) == arm[1])
+    ]
     if done.empty:
         arms = sorted({arm_name((s, f)) for s, f in zip(runs["schedule"], runs["freeze"]) if isinstance(s, str)})
-        raise SpecError("no finished run of this arm in the sweep", key=key, value=arm_name(arm),
-                        allowed=", ".join(arms))
+        raise SpecError(
+            "no finished run of this arm in the sweep", key=key, value=arm_name(arm), allowed=", ".join(arms)
+        )
     return {rid: rundir.read_spec(rundir.runs_dir(sweep_dir) / rid) for rid in done["run_id"]}
 
 
-def plan_transplant(sweep_dir: Path, runs: pd.DataFrame, source: str, target: str, layers: str | list | None,
-                    tasks: tuple[str, ...] | None = None, seeds: tuple[int, ...] | None = None,
-                    components: str | list | None = None) -> list[PlannedTransplant]:
+def plan_transplant(
+    sweep_dir: Path,
+    runs: pd.DataFrame,
+    source: str,
+    target: str,
+    layers: str | list | None,
+    tasks: tuple[str, ...] | None = None,
+    seeds: tuple[int, ...] | None = None,
+    components: str | list | None = None,
+) -> list[PlannedTransplant]:
     """`ablate transplant`: the hybrids of arm `source`'s layers (or components) in arm `target`, one per
     seed, from the sweep's finished runs (`runs`: its collected runs table). SpecError for an unknown arm, a
     seed one arm lacks, layers that do not parse or lie past the depth, an unknown component."""
@@ -98,25 +114,38 @@ def plan_transplant(sweep_dir: Path, runs: pd.DataFrame, source: str, target: st
     arms = (parse_arm(source, "--from"), parse_arm(target, "--into"))
     names = (arm_name(arms[0]), arm_name(arms[1]))
     if arms[0] == arms[1]:
-        raise SpecError("--from and --into are the same arm (the hybrid would be the run itself)", key="--into",
-                        value=target)
+        raise SpecError(
+            "--from and --into are the same arm (the hybrid would be the run itself)", key="--into", value=target
+        )
     found = (_arm_runs(sweep_dir, runs, arms[0], "--from"), _arm_runs(sweep_dir, runs, arms[1], "--into"))
     matched, alone = match_arms(*found, names)
     if alone:
         seed, arm, rid = alone[0]
         side = "--into" if arm == names[0] else "--from"
-        raise SpecError(f"run {rid} (arm {arm}, seed {seed}) has no finished {side.strip('-')} run with its seed "
-                        "(the arms must have the same seeds and training settings)", key=side,
-                        value=names[1] if side == "--into" else names[0])
+        raise SpecError(
+            f"run {rid} (arm {arm}, seed {seed}) has no finished {side.strip('-')} run with its seed "
+            "(the arms must have the same seeds and training settings)",
+            key=side,
+            value=names[1] if side == "--into" else names[0],
+        )
     root = rundir.runs_dir(sweep_dir)
     planned = []
     for from_id, into_id in matched:
         config = load_config(str(root / into_id / "model"))
         family_of(config).check_components(parts, "--components")
-        spec = derived_spec(found[1][into_id], from_id, into_id, words, names, n_layers(config), "--layers", tasks,
-                            seeds, parts)
-        planned.append(PlannedTransplant(derived_id(from_id, into_id, words, parts), "--from/--into", from_id,
-                                         into_id, spec, tasks is not None))
+        spec = derived_spec(
+            found[1][into_id], from_id, into_id, words, names, n_layers(config), "--layers", tasks, seeds, parts
+        )
+        planned.append(
+            PlannedTransplant(
+                derived_id(from_id, into_id, words, parts),
+                "--from/--into",
+                from_id,
+                into_id,
+                spec,
+                tasks is not None,
+            )
+        )
     return planned
 
 
@@ -147,13 +176,24 @@ def build_hybrid(run_dir: Path, spec: RunSpec, log: Callable[[str], None] = prin
     components = tuple(derived.get("components") or ())
     chosen = hybrid_state(src, model, tuple(derived["words"]), components=components)
     save_final_model(model, AutoTokenizer.from_pretrained(sources["into"] / "model"), run_dir / "model")
-    rundir.write_records(run_dir, {"model_dir": str((run_dir / "model").resolve()), "n_layers": n_layers(model.config),
-                                   "tokens_seen": 0, "derived_from": derived["from"], "derived_into": derived["into"],
-                                   "transplant_layers": chosen.describe(),
-                                   "transplant_components": "+".join(components),
-                                   "transplant_whole": bool(derived.get("whole")),
-                                   "transplant_eval": scoring_key(derived.get("eval"))}, [], [], [], [])
+    rundir.write_records(
+        run_dir,
+        {
+            "model_dir": str((run_dir / "model").resolve()),
+            "n_layers": n_layers(model.config),
+            "tokens_seen": 0,
+            "derived_from": derived["from"],
+            "derived_into": derived["into"],
+            "transplant_layers": chosen.describe(),
+            "transplant_components": "+".join(components),
+            "transplant_whole": bool(derived.get("whole")),
+            "transplant_eval": scoring_key(derived.get("eval")),
+        },
+        [],
+        [],
+        [],
+        [],
+    )
     what = chosen.describe() + (f" ({'+'.join(components)})" if components else "")
-    log(f"{run_dir.name}: {spec.labels['axes']['schedule']}: {what} of {derived['from']} "
-        f"into {derived['into']}")
+    log(f"{run_dir.name}: {spec.labels['axes']['schedule']}: {what} of {derived['from']} into {derived['into']}")
     return chosen

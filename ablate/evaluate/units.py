@@ -44,14 +44,22 @@ def pairing_units(runs: pd.DataFrame) -> list[str]:
     return list(WITH_PRETRAINING_SEED)
 
 
-def require_task_scores(scores: pd.DataFrame, runs: pd.DataFrame, tasks: Sequence[str],
-                        arm_columns: Sequence[str] = ("schedule", "freeze")) -> None:
+def require_task_scores(
+    scores: pd.DataFrame,
+    runs: pd.DataFrame,
+    tasks: Sequence[str],
+    arm_columns: Sequence[str] = ("schedule", "freeze"),
+) -> None:
     """A SpecError (exit 2) naming the first task asked for that an arm has no score for, and the tasks
     every arm has; `runs` holds the arms compared (one row per run, with the arm columns)."""
     missing_cols = [c for c in arm_columns if c not in runs.columns]
     if missing_cols:
-        raise SpecError("the runs table has no such arm column", key="arms", value=missing_cols,
-                        allowed=", ".join(map(str, runs.columns)))
+        raise SpecError(
+            "the runs table has no such arm column",
+            key="arms",
+            value=missing_cols,
+            allowed=", ".join(map(str, runs.columns)),
+        )
     scored = scores.merge(runs[["run_id", *arm_columns]], on="run_id")
     arms = runs[list(arm_columns)].drop_duplicates().itertuples(index=False, name=None)
     have = {arm: set(scored.loc[(scored[list(arm_columns)] == list(arm)).all(axis=1), "task"]) for arm in arms}
@@ -60,5 +68,9 @@ def require_task_scores(scores: pd.DataFrame, runs: pd.DataFrame, tasks: Sequenc
         for arm, tasks_of_arm in have.items():
             if task not in tasks_of_arm:
                 label = ", ".join(f"{c}={v}" for c, v in zip(arm_columns, arm))
-                raise SpecError(f"no scores for task {task!r} in arm {label}", key="task", value=task,
-                                allowed=", ".join(sorted(everywhere)) or "(no task is scored in every arm)")
+                raise SpecError(
+                    f"no scores for task {task!r} in arm {label}",
+                    key="task",
+                    value=task,
+                    allowed=", ".join(sorted(everywhere)) or "(no task is scored in every arm)",
+                )

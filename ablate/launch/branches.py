@@ -27,7 +27,7 @@ from ablate.store import rundir
 from ablate.store.sweep import SweepFolder
 from ablate.train.checkpoint import kept_checkpoint
 
-NOT_STARTING = ("failed", "pruned")      # a parent in one of these states gives no start to its children
+NOT_STARTING = ("failed", "pruned")  # a parent in one of these states gives no start to its children
 
 
 def write_tree(paths: SweepFolder, tree: BranchTree | None, run_ids: list[str]) -> None:
@@ -36,7 +36,7 @@ def write_tree(paths: SweepFolder, tree: BranchTree | None, run_ids: list[str]) 
     for rid in run_ids:
         folder = paths.run(rid)
         branch = tree.branches.get(rid) if tree else None
-        if rundir.branched(folder) is None:       # a child that started keeps the record of where it did
+        if rundir.branched(folder) is None:  # a child that started keeps the record of where it did
             rundir.write_branch(folder, branch.parent if branch else None, branch.step if branch else 0)
         rundir.write_branch_points(folder, tree.keep_steps(rid) if tree else {})
 
@@ -47,8 +47,10 @@ def parent_ready(paths: SweepFolder, child: str) -> bool:
     if branch is None:
         return True
     parent = paths.run(branch["parent"])
-    return (kept_checkpoint(parent / "checkpoints", branch["step"]) is not None
-            or rundir.state_or_corrupt(parent) == "done")
+    return (
+        kept_checkpoint(parent / "checkpoints", branch["step"]) is not None
+        or rundir.state_or_corrupt(parent) == "done"
+    )
 
 
 def parent_lost(paths: SweepFolder, child: str) -> str | None:
@@ -58,8 +60,10 @@ def parent_lost(paths: SweepFolder, child: str) -> str | None:
         return None
     state = rundir.state_or_corrupt(paths.run(branch["parent"]))
     if state in NOT_STARTING:
-        return (f"not run: its parent run {branch['parent']} is {state} before step {branch['step']}, where this "
-                f"run starts from its checkpoint (--retry-failed re-runs the parent, then this run)")
+        return (
+            f"not run: its parent run {branch['parent']} is {state} before step {branch['step']}, where this "
+            f"run starts from its checkpoint (--retry-failed re-runs the parent, then this run)"
+        )
     return None
 
 
@@ -70,7 +74,7 @@ class Children:
         self.paths = paths
         self.left = [rid for rid in to_run if not parent_ready(paths, rid)]
         for rid in self.left:
-            rundir.write_status(paths.run(rid), "pending", driver=me())     # held by this driver
+            rundir.write_status(paths.run(rid), "pending", driver=me())  # held by this driver
 
     def first(self, to_run: list[str]) -> list[str]:
         return [rid for rid in to_run if rid not in self.left]
@@ -94,8 +98,10 @@ class Children:
         lines = []
         for rid in self.left:
             branch = rundir.read_branch(self.paths.run(rid)) or {}
-            lines.append(f"run {rid} waits for its parent run {branch.get('parent')} to reach step "
-                         f"{branch.get('step')} (queued or running elsewhere, or interrupted): run the sweep again")
+            lines.append(
+                f"run {rid} waits for its parent run {branch.get('parent')} to reach step "
+                f"{branch.get('step')} (queued or running elsewhere, or interrupted): run the sweep again"
+            )
         return lines
 
 
@@ -117,10 +123,11 @@ def slurm_children(scheduler, paths: SweepFolder, tree: BranchTree, to_run: list
         if not job:
             out(f"run {rid} waits for its parent run {parent}, which has no Slurm job: run the sweep again")
             continue
-        scheduler.executor.update_parameters(slurm_additional_parameters={
-            **base, "dependency": f"afterok:{job}", "kill_on_invalid_dep": "yes"})
+        scheduler.executor.update_parameters(
+            slurm_additional_parameters={**base, "dependency": f"afterok:{job}", "kill_on_invalid_dep": "yes"}
+        )
         scheduler.submit([paths.run(rid)])
-        if parent_ready(paths, rid):   # the parent got there meanwhile, maybe before this job id was written
+        if parent_ready(paths, rid):  # the parent got there meanwhile, maybe before this job id was written
             out(f"{rid}: {release_job(rundir.read_status(paths.run(rid))['job_id'])}")
     scheduler.executor.update_parameters(slurm_additional_parameters=base)
 
@@ -147,8 +154,9 @@ def release_job(job_id: str) -> str:
     """Lift a pending Slurm job's dependency (its parent's job); one that already started or ended is as it
     should be."""
     try:
-        out = subprocess.run(["scontrol", "update", f"JobId={job_id}", "Dependency="], capture_output=True,
-                             text=True, timeout=60)
+        out = subprocess.run(
+            ["scontrol", "update", f"JobId={job_id}", "Dependency="], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"job {job_id} still waits for this run's whole job (scontrol: {exc})"
     if out.returncode:
@@ -162,5 +170,7 @@ def branch_cell(run_dir: Path) -> str:
     if branch is None:
         return ""
     started = rundir.branched(run_dir)
-    how = "" if started is None else " (started)" if started["from"] == "parent" else " (from step 0: no checkpoint)"
+    how = (
+        "" if started is None else " (started)" if started["from"] == "parent" else " (from step 0: no checkpoint)"
+    )
     return f"branch of {branch['parent']} @ step {branch['step']}{how}"

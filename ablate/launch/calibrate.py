@@ -37,21 +37,27 @@ Print = Callable[[str], None]
 def check_steps(steps: int, warmup: int) -> None:
     if steps < 1:
         raise SpecError("at least one timed step is needed", key="--steps", value=steps, allowed="an integer >= 1")
-    if warmup < 1:    # fine-tuning is timed from the report of the last untimed step
-        raise SpecError("at least one untimed step comes first", key="--warmup", value=warmup,
-                        allowed="an integer >= 1")
+    if warmup < 1:  # fine-tuning is timed from the report of the last untimed step
+        raise SpecError(
+            "at least one untimed step comes first", key="--warmup", value=warmup, allowed="an integer >= 1"
+        )
 
 
 def hardware(device: str) -> dict:
     """What the numbers were measured on."""
     import torch
 
-    info = {"host": platform.node(), "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "device": device}
+    info = {
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": device,
+    }
     if device.startswith("cuda"):
         info.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count())
     try:
-        info["load_avg"] = [round(x, 2) for x in os.getloadavg()]    # > the cores: the machine was shared
+        info["load_avg"] = [round(x, 2) for x in os.getloadavg()]  # > the cores: the machine was shared
     except OSError:
         pass
     return info
@@ -90,13 +96,21 @@ def time_pretraining(spec: RunSpec, objective: str, steps: int, warmup: int) -> 
         sync()
         if step >= warmup:
             times.append(time.perf_counter() - start)
-    return PretrainRate(model=spec.model, objective=objective, seq_len=spec.data.seq_len, batch_size=spec.batch_size,
-                        tokens_per_s=one.tokens_per_step * len(times) / sum(times), device=str(ctx.device),
-                        warmup=warmup, step_s=tuple(round(t, 4) for t in times))
+    return PretrainRate(
+        model=spec.model,
+        objective=objective,
+        seq_len=spec.data.seq_len,
+        batch_size=spec.batch_size,
+        tokens_per_s=one.tokens_per_step * len(times) / sum(times),
+        device=str(ctx.device),
+        warmup=warmup,
+        step_s=tuple(round(t, 4) for t in times),
+    )
 
 
-def _rates_from_reports(reports: list[tuple[float, int]], warmup: int, batch: int, n_train: int,
-                        n_dev: int) -> tuple[float, float, int]:
+def _rates_from_reports(
+    reports: list[tuple[float, int]], warmup: int, batch: int, n_train: int, n_dev: int
+) -> tuple[float, float, int]:
     """(train examples/s, eval examples/s, timed steps) from fine-tuning's progress reports (time, step): the
     reports whose step moved on are training steps; the one after the last step, at the same step, comes
     after the dev evaluation."""
@@ -110,8 +124,9 @@ def _rates_from_reports(reports: list[tuple[float, int]], warmup: int, batch: in
     return examples / (t1 - t0), n_dev / (after_eval - t1), s1 - s0
 
 
-def time_finetuning(spec: RunSpec, task_name: str, settings, key_settings: str, model_dir: Path, steps: int,
-                    warmup: int) -> FinetuneRate:
+def time_finetuning(
+    spec: RunSpec, task_name: str, settings, key_settings: str, model_dir: Path, steps: int, warmup: int
+) -> FinetuneRate:
     """Train and eval examples/s of the engine's fine-tuning of `model_dir` on the task's first
     (warmup + steps) batches, one epoch, a dev set of two evaluation batches."""
     from ablate.evaluate.finetune import finetune
@@ -122,15 +137,31 @@ def time_finetuning(spec: RunSpec, task_name: str, settings, key_settings: str, 
     splits = load_task_data(task, spec.data.data_root).splits
     n_train = min(len(splits["train"]), settings.batch_size * (warmup + steps))
     n_dev = min(len(splits["dev"]), 2 * settings.eval_batch_size)
-    short = settings.model_copy(update={"epochs": 1, "patience": None, "max_train_examples": n_train,
-                                        "max_eval_examples": n_dev})
+    short = settings.model_copy(
+        update={"epochs": 1, "patience": None, "max_train_examples": n_train, "max_eval_examples": n_dev}
+    )
     device = str(pick_device(spec.device))
     reports: list[tuple[float, int]] = []
-    finetune(str(model_dir), task, 0, short, data_root=spec.data.data_root, device=device,
-             progress=lambda p: reports.append((time.perf_counter(), int(p["step"]))))
+    finetune(
+        str(model_dir),
+        task,
+        0,
+        short,
+        data_root=spec.data.data_root,
+        device=device,
+        progress=lambda p: reports.append((time.perf_counter(), int(p["step"]))),
+    )
     train_rate, eval_rate, timed = _rates_from_reports(reports, warmup, settings.batch_size, n_train, n_dev)
-    return FinetuneRate(model=spec.model, task=task.name, settings=key_settings, train_examples_per_s=train_rate,
-                        eval_examples_per_s=eval_rate, device=device, warmup=warmup, steps=timed)
+    return FinetuneRate(
+        model=spec.model,
+        task=task.name,
+        settings=key_settings,
+        train_examples_per_s=train_rate,
+        eval_examples_per_s=eval_rate,
+        device=device,
+        warmup=warmup,
+        steps=timed,
+    )
 
 
 def _model_folder(spec: RunSpec, root: Path) -> Path:
@@ -139,13 +170,24 @@ def _model_folder(spec: RunSpec, root: Path) -> Path:
     from ablate.train.checkpoint import save_final_model
 
     out = root / "model"
-    save_final_model(load_masked_lm(spec.model, spec.attn_implementation, spec.seed),
-                     load_tokenizer(spec.tokenizer or spec.model), out)
+    save_final_model(
+        load_masked_lm(spec.model, spec.attn_implementation, spec.seed),
+        load_tokenizer(spec.tokenizer or spec.model),
+        out,
+    )
     return out
 
 
-def calibrate(sweep: str, grid_file: Path, specs: list[RunSpec], results_root: Path, steps: int, warmup: int,
-              finetune: bool = True, out: Print = print) -> tuple[Path, Calibration]:
+def calibrate(
+    sweep: str,
+    grid_file: Path,
+    specs: list[RunSpec],
+    results_root: Path,
+    steps: int,
+    warmup: int,
+    finetune: bool = True,
+    out: Print = print,
+) -> tuple[Path, Calibration]:
     """Time every combination of the grid's specs and write <results>/<sweep>/calibration.json."""
     import torch
 
@@ -157,8 +199,10 @@ def calibrate(sweep: str, grid_file: Path, specs: list[RunSpec], results_root: P
     pretraining = []
     for combo, spec in first.items():
         rate = time_pretraining(spec, combo.objective, steps, warmup)
-        out(f"{combo.describe()}: {rate.tokens_per_s:,.0f} tokens/s on {rate.device} "
-            f"({steps} steps after {warmup} untimed)")
+        out(
+            f"{combo.describe()}: {rate.tokens_per_s:,.0f} tokens/s on {rate.device} "
+            f"({steps} steps after {warmup} untimed)"
+        )
         pretraining.append(rate)
     finetuning = []
     jobs = finetune_plan(specs).jobs if finetune else {}
@@ -168,14 +212,21 @@ def calibrate(sweep: str, grid_file: Path, specs: list[RunSpec], results_root: P
             if key.model not in folders:
                 folders[key.model] = _model_folder(spec, Path(tmp) / str(len(folders)))
             rate = time_finetuning(spec, key.task, settings, key.settings, folders[key.model], steps, warmup)
-            out(f"fine-tuning {key.model} {key.task}: {rate.train_examples_per_s:,.1f} train examples/s, "
-                f"{rate.eval_examples_per_s:,.1f} eval examples/s on {rate.device}")
+            out(
+                f"fine-tuning {key.model} {key.task}: {rate.train_examples_per_s:,.1f} train examples/s, "
+                f"{rate.eval_examples_per_s:,.1f} eval examples/s on {rate.device}"
+            )
             finetuning.append(rate)
     device = pretraining[0].device
-    calibration = Calibration(sweep=sweep, grid_file=str(Path(grid_file).resolve()),
-                              created=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                              hardware=hardware(device), torch=torch.__version__, pretraining=tuple(pretraining),
-                              finetuning=tuple(finetuning))
+    calibration = Calibration(
+        sweep=sweep,
+        grid_file=str(Path(grid_file).resolve()),
+        created=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        hardware=hardware(device),
+        torch=torch.__version__,
+        pretraining=tuple(pretraining),
+        finetuning=tuple(finetuning),
+    )
     path = SweepFolder(Path(results_root) / sweep).calibration
     atomic.write_json(path, calibration.model_dump(mode="json"))
     return path, calibration

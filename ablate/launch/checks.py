@@ -31,15 +31,15 @@ from ablate.train.preflight import check_models
 class CheckedGrid:
     grid: GridSpec
     runs: list[PlannedRun]
-    models: dict[str, tuple]          # model source -> (family, depth)
-    plans: dict[str, list]            # run id -> its phase plans
-    causal: dict[tuple, object]       # (model, tokenizer, implementation) -> preflight result, None without CLM
-    transplants: list                 # the grid's planned transplants (ablate.plan.transplants)
-    warnings: list[str]               # e.g. a transplant's seed one arm lacks
-    parity: list[str]                 # the compute parity check, a line per comparison group
-    tree: object = None               # shared prefixes (plan.branching.BranchTree); None: `branching: false`
-    notes: tuple = ()                 # what the dry run says on stderr, e.g. token lengths rounded to whole steps
-    memory: list | None = None        # each run's predicted GPU peak per phase (launch.gpu_memory); None: no limit
+    models: dict[str, tuple]  # model source -> (family, depth)
+    plans: dict[str, list]  # run id -> its phase plans
+    causal: dict[tuple, object]  # (model, tokenizer, implementation) -> preflight result, None without CLM
+    transplants: list  # the grid's planned transplants (ablate.plan.transplants)
+    warnings: list[str]  # e.g. a transplant's seed one arm lacks
+    parity: list[str]  # the compute parity check, a line per comparison group
+    tree: object = None  # shared prefixes (plan.branching.BranchTree); None: `branching: false`
+    notes: tuple = ()  # what the dry run says on stderr, e.g. token lengths rounded to whole steps
+    memory: list | None = None  # each run's predicted GPU peak per phase (launch.gpu_memory); None: no limit
 
 
 def checked_grid(path: str, executor: str | None = None) -> CheckedGrid:
@@ -60,15 +60,25 @@ def checked_grid(path: str, executor: str | None = None) -> CheckedGrid:
     check_eval(specs, file=path)
     check_tasks(transplants, file=path)
     check_corpora(specs, file=path)
-    probe_missing = missing_probe_data(specs, path)          # a submission refuses them (require_probe_data)
+    probe_missing = missing_probe_data(specs, path)  # a submission refuses them (require_probe_data)
     check_probe_texts(specs, file=path, read_task=task_texts, absent=absent_probe_sources(specs))
     notes, rounded = rounding_notes(specs)
     memory = memory_plan(runs, grid.launcher, executor, path)
-    return CheckedGrid(grid, runs, models, plans, check_models(specs, file=path), transplants,
-                       [f"{path}: {w}" for w in unused_entries(grid) + rounded] + warnings
-                       + [f"{path}: {e.message}" for e in probe_missing],
-                       parity_lines(groups, grid.allow_unequal_compute), sweep_tree(grid, runs, plans),
-                       tuple(notes + auto_notes), memory)
+    return CheckedGrid(
+        grid,
+        runs,
+        models,
+        plans,
+        check_models(specs, file=path),
+        transplants,
+        [f"{path}: {w}" for w in unused_entries(grid) + rounded]
+        + warnings
+        + [f"{path}: {e.message}" for e in probe_missing],
+        parity_lines(groups, grid.allow_unequal_compute),
+        sweep_tree(grid, runs, plans),
+        tuple(notes + auto_notes),
+        memory,
+    )
 
 
 def sweep_tree(grid: GridSpec, runs: list[PlannedRun], plans: dict[str, list]):

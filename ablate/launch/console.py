@@ -39,8 +39,14 @@ class Console:
             self.close()
             self.key = key
             label = f"fine-tuning {report['task']} seed {report['seed']}" if "task" in report else "pretraining"
-            self.bar = tqdm(total=report.get("total_steps") or None, desc=label, file=self.stream, unit="step",
-                            dynamic_ncols=True, leave=True)
+            self.bar = tqdm(
+                total=report.get("total_steps") or None,
+                desc=label,
+                file=self.stream,
+                unit="step",
+                dynamic_ncols=True,
+                leave=True,
+            )
         self.bar.n = report.get("step", 0)
         self.bar.set_postfix_str(describe_progress(report), refresh=False)
         self.bar.refresh()

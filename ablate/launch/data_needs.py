@@ -44,7 +44,7 @@ def probe_tasks(spec) -> list[str]:
     """The tasks whose texts the run's layer probe reads (probe.texts task:NAME[:SPLIT] sources)."""
     if spec.probe.n_texts <= 0 or not spec.probe.texts:
         return []
-    return [s[len(PROBE_TASK):].partition(":")[0] for s in spec.probe.texts if s.startswith(PROBE_TASK)]
+    return [s[len(PROBE_TASK) :].partition(":")[0] for s in spec.probe.texts if s.startswith(PROBE_TASK)]
 
 
 def missing_probe_data(specs, file: str | None = None) -> list[SpecError]:
@@ -60,7 +60,11 @@ def missing_probe_data(specs, file: str | None = None) -> list[SpecError]:
                 missing[name] = SpecError(
                     f"the layer probe reads task {name}'s texts, whose data the data root lacks "
                     f"({', '.join(absent)}): fetch it with `ablate data fetch {name}` (or set ABLATE_DATA_ROOT, or data.data_root, to "
-                    "a folder that holds it)", file=file, key="probe.texts", value=f"{PROBE_TASK}{name}")
+                    "a folder that holds it)",
+                    file=file,
+                    key="probe.texts",
+                    value=f"{PROBE_TASK}{name}",
+                )
     return list(missing.values())
 
 
@@ -73,9 +77,13 @@ def require_probe_data(specs, file: str | None = None) -> None:
 
 def absent_probe_sources(specs) -> set[str]:
     """The probe.texts sources of the runs whose task data is missing (check_probe_texts leaves them)."""
-    gone = {e.value[len(PROBE_TASK):] for e in missing_probe_data(specs)}
-    return {s for spec in specs for s in (spec.probe.texts or ()) if s.startswith(PROBE_TASK)
-            and s[len(PROBE_TASK):].partition(":")[0] in gone}
+    gone = {e.value[len(PROBE_TASK) :] for e in missing_probe_data(specs)}
+    return {
+        s
+        for spec in specs
+        for s in (spec.probe.texts or ())
+        if s.startswith(PROBE_TASK) and s[len(PROBE_TASK) :].partition(":")[0] in gone
+    }
 
 
 def spec_reads(specs, lenient: bool = False, tasks: bool = True) -> list[tuple[str, str | None]]:
@@ -83,13 +91,13 @@ def spec_reads(specs, lenient: bool = False, tasks: bool = True) -> list[tuple[s
     read; `lenient`: an eval block or task that does not load is left out (check_eval reports it)."""
     reads, task_files = [], {}
     for spec in specs:
-        read = [m.data.corpus for p in phase_data(spec) for m in p.members]     # every phase's corpora
+        read = [m.data.corpus for p in phase_data(spec) for m in p.members]  # every phase's corpora
         corpora = list(dict.fromkeys(read)) + ([spec.data.valid_corpus] if spec.data.valid_corpus else [])
         if not tasks:
             task_files[tuple(spec.eval.tasks)] = []
-        elif tuple(spec.eval.tasks) not in task_files:      # a grid's runs mostly share their eval block
+        elif tuple(spec.eval.tasks) not in task_files:  # a grid's runs mostly share their eval block
             task_files[tuple(spec.eval.tasks)] = task_paths(_eval_tasks(spec, lenient), lenient)
-        probed = task_paths(probe_tasks(spec), lenient) if tasks else []     # fetched with the eval tasks
+        probed = task_paths(probe_tasks(spec), lenient) if tasks else []  # fetched with the eval tasks
         reads += [(path, spec.data.data_root) for path in corpora + task_files[tuple(spec.eval.tasks)] + probed]
     return list(dict.fromkeys(reads))
 
@@ -124,9 +132,12 @@ def target_datasets(target: str) -> list[Dataset]:
         return [dataset(name) for name in dataset_sets()[target]]
     if target in list_tasks():
         return datasets_of(task_paths([target]))
-    raise SpecError("unknown fetch target", key="target", value=target,
-                    allowed=f"{TARGETS}; datasets: {', '.join(sorted(catalog()))}; sets: "
-                            f"{', '.join(sorted(dataset_sets()))}")
+    raise SpecError(
+        "unknown fetch target",
+        key="target",
+        value=target,
+        allowed=f"{TARGETS}; datasets: {', '.join(sorted(catalog()))}; sets: {', '.join(sorted(dataset_sets()))}",
+    )
 
 
 def missing_datasets(specs, tasks: bool = True) -> dict[str, list[str]]:
@@ -157,6 +168,9 @@ def check_data_root(specs, target: str) -> None:
         return
     roots = sorted({str(resolve_data_path(".", s.data.data_root).resolve()) for s in specs})
     lacks = "; ".join(f"{name} ({', '.join(paths)})" for name, paths in missing.items())
-    raise SpecError(f"the data root ({', '.join(roots)}) lacks {lacks}; fetch them from their public sources: "
-                    f"`ablate data fetch {target}` (or set ABLATE_DATA_ROOT, or data.data_root, to a folder that "
-                    "holds them)", file=target)
+    raise SpecError(
+        f"the data root ({', '.join(roots)}) lacks {lacks}; fetch them from their public sources: "
+        f"`ablate data fetch {target}` (or set ABLATE_DATA_ROOT, or data.data_root, to a folder that "
+        "holds them)",
+        file=target,
+    )

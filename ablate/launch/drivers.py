@@ -24,7 +24,7 @@ from ablate.store import atomic, rundir
 from ablate.store.lock import FileLock
 
 DRIVERS_FILE = "drivers.json"
-KEEP_ENDED = 20          # ended drivers kept in drivers.json for the ones still watching to report
+KEEP_ENDED = 20  # ended drivers kept in drivers.json for the ones still watching to report
 HELD = "held elsewhere"  # the final state of an unfinished run another live driver, worker or job holds
 
 
@@ -60,8 +60,9 @@ def job_alive(status: dict) -> bool:
         return False
     if executor == "slurm":
         try:
-            out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
-                                 timeout=30)
+            out = subprocess.run(
+                ["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True, timeout=30
+            )
         except (OSError, subprocess.TimeoutExpired):
             return True  # cannot tell: do not risk a second copy
         return bool(out.stdout.strip())
@@ -73,8 +74,12 @@ def job_alive(status: dict) -> bool:
 def owned_elsewhere(status: dict) -> dict | None:
     """The other live driver that has this run queued or submitted, if any."""
     driver = status.get("driver")
-    if status.get("state") in ("pending", "submitted") and isinstance(driver, dict) and not is_me(driver) \
-            and alive(driver):
+    if (
+        status.get("state") in ("pending", "submitted")
+        and isinstance(driver, dict)
+        and not is_me(driver)
+        and alive(driver)
+    ):
         return driver
     return None
 
@@ -95,7 +100,7 @@ def taken(run_dir: Path) -> str | None:
     try:
         status = rundir.read_status(run_dir)
     except rundir.CorruptStatus:
-        return None      # classify set it aside; a corrupt file read now is a worker's, which holds the run lock
+        return None  # classify set it aside; a corrupt file read now is a worker's, which holds the run lock
     state = rundir.effective_state(run_dir, status)
     if state == "done":
         return "finished meanwhile (by another driver or job)"
@@ -124,9 +129,14 @@ def still_free(run_dirs: list[Path]) -> tuple[list[Path], list[tuple[Path, str]]
 
 def decided(decisions: dict[str, str]) -> str:
     """What a driver decided for its runs (scheduler.classify's words), as it says it and drivers.json keeps it."""
-    n = {d: sum(1 for x in decisions.values() if x == d) for d in ("submit", "skip-done", "skip-failed", "skip-active")}
-    return (f"to run {n['submit']}; already done {n['skip-done']}; failed (not retried; --retry-failed) "
-            f"{n['skip-failed']}; queued or running elsewhere {n['skip-active']}")
+    n = {
+        d: sum(1 for x in decisions.values() if x == d)
+        for d in ("submit", "skip-done", "skip-failed", "skip-active")
+    }
+    return (
+        f"to run {n['submit']}; already done {n['skip-done']}; failed (not retried; --retry-failed) "
+        f"{n['skip-failed']}; queued or running elsewhere {n['skip-active']}"
+    )
 
 
 def holder(run_dir: Path) -> str | None:
@@ -170,13 +180,15 @@ class Watch:
     def __init__(self, sweep_dir: Path, out: Callable[[str], None]):
         self.path, self.out = Path(sweep_dir) / DRIVERS_FILE, out
         self.lock = FileLock(Path(sweep_dir) / ".drivers.lock")
-        self.did = "it ended before deciding what to run"     # the driver sets what it decided
+        self.did = "it ended before deciding what to run"  # the driver sets what it decided
         entries = self._update(lambda mine: [{**me(), "started": time.time()}])
         self.seen = {_key(d) for d in entries}
         for d in entries:
             if not d.get("ended") and not is_me(d) and alive(d):
-                out(f"another driver ({describe(d)}) is watching this sweep since {_clock(d['started'])}: the runs "
-                    "it has queued or started are left to it; this driver submits only what no driver has taken")
+                out(
+                    f"another driver ({describe(d)}) is watching this sweep since {_clock(d['started'])}: the runs "
+                    "it has queued or started are left to it; this driver submits only what no driver has taken"
+                )
 
     def poll(self) -> None:
         for d in self._read():
@@ -184,11 +196,15 @@ class Watch:
                 continue
             self.seen.add(_key(d))
             if d.get("ended"):
-                self.out(f"another driver ({describe(d)}) looked at this sweep from {_clock(d['started'])} to "
-                         f"{_clock(d['ended'])}: {d.get('did', '')}")
+                self.out(
+                    f"another driver ({describe(d)}) looked at this sweep from {_clock(d['started'])} to "
+                    f"{_clock(d['ended'])}: {d.get('did', '')}"
+                )
             else:
-                self.out(f"another driver ({describe(d)}) started on this sweep at {_clock(d['started'])}: the "
-                         "runs this driver has queued or started are left to this driver")
+                self.out(
+                    f"another driver ({describe(d)}) started on this sweep at {_clock(d['started'])}: the "
+                    "runs this driver has queued or started are left to this driver"
+                )
 
     def close(self) -> None:
         """Mark this driver ended, with what it did (kept for the drivers still watching to report)."""
@@ -196,7 +212,9 @@ class Watch:
 
     def _read(self) -> list[dict]:
         try:
-            return [d for d in rundir.read_json(self.path).get("drivers", []) if isinstance(d, dict) and "pid" in d]
+            return [
+                d for d in rundir.read_json(self.path).get("drivers", []) if isinstance(d, dict) and "pid" in d
+            ]
         except (OSError, ValueError, AttributeError):
             return []
 

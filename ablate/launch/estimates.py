@@ -21,9 +21,23 @@ from ablate.config.spec import RunSpec
 from ablate.data.mixture import uses_own_data
 from ablate.launch.preparation import corpus_key, corpus_sizes, source_specs
 from ablate.plan.data_plan import plan_lines, source_epochs_cell
-from ablate.plan.cost import (Actual, ArmCost, Calibration, FinetuneKey, FinetuneWork, Throughput, arm_cost,
-                              branched_cost, branching_lines, calibrated_throughput, compare_rows, cost_rows, describe_plan, given_throughput,
-                              matching_throughput)
+from ablate.plan.cost import (
+    Actual,
+    ArmCost,
+    Calibration,
+    FinetuneKey,
+    FinetuneWork,
+    Throughput,
+    arm_cost,
+    branched_cost,
+    branching_lines,
+    calibrated_throughput,
+    compare_rows,
+    cost_rows,
+    describe_plan,
+    given_throughput,
+    matching_throughput,
+)
 from ablate.plan.eval_cost import finetune_task_rows
 from ablate.plan.epochs import GRID_KEY, OVER, epochs_cell
 from ablate.plan.grid import PlannedRun
@@ -40,28 +54,41 @@ def read_calibration(path: Path) -> Calibration | None:
     try:
         data = rundir.read_json(path)
     except (OSError, ValueError) as exc:
-        raise SpecError(f"unreadable calibration ({exc}); re-run `ablate calibrate GRID`", file=str(path)) from None
+        raise SpecError(
+            f"unreadable calibration ({exc}); re-run `ablate calibrate GRID`", file=str(path)
+        ) from None
     return validate(Calibration, data, str(path), "calibration")
 
 
 # the fine-tuning settings that set its speed: one throughput is measured per (model, task, these); batching
 # and precision since issue 32 (a calibration made before times another computation: it is made again)
-SPEED_SETTINGS = ("method", "batch_size", "eval_batch_size", "max_length", "lora_r", "group_by_length",
-                  "length_pieces", "precision")
+SPEED_SETTINGS = (
+    "method",
+    "batch_size",
+    "eval_batch_size",
+    "max_length",
+    "lora_r",
+    "group_by_length",
+    "length_pieces",
+    "precision",
+)
 
 
 @dataclass
 class FinetunePlan:
-    work: dict[str, list[FinetuneWork]] = field(default_factory=dict)       # run id -> its fine-tuning
-    jobs: dict[FinetuneKey, tuple] = field(default_factory=dict)            # key -> (a spec, its settings)
-    notes: dict[str, None] = field(default_factory=dict)   # caps past a task's data: all of it is used
+    work: dict[str, list[FinetuneWork]] = field(default_factory=dict)  # run id -> its fine-tuning
+    jobs: dict[FinetuneKey, tuple] = field(default_factory=dict)  # key -> (a spec, its settings)
+    notes: dict[str, None] = field(default_factory=dict)  # caps past a task's data: all of it is used
 
 
 def cap_notes(task: str, caps: dict[str, int | None], sizes: dict[str, int]) -> list[str]:
     """A max_train_examples / max_eval_examples larger than the split it caps: said, not clamped silently."""
     names = {"train": "max_train_examples", "dev": "max_eval_examples", "test": "max_eval_examples"}
-    return [f"{task}: {names[s]} {caps[s]:,} is more than its {sizes[s]:,} {s} examples: all {sizes[s]:,} are used"
-            for s in ("train", "dev", "test") if caps[s] and caps[s] > sizes[s]]
+    return [
+        f"{task}: {names[s]} {caps[s]:,} is more than its {sizes[s]:,} {s} examples: all {sizes[s]:,} are used"
+        for s in ("train", "dev", "test")
+        if caps[s] and caps[s] > sizes[s]
+    ]
 
 
 def _task_work(item, spec: RunSpec) -> tuple[str, str, object, tuple[int, int, int], list[str]]:
@@ -76,8 +103,11 @@ def _task_work(item, spec: RunSpec) -> tuple[str, str, object, tuple[int, int, i
     speed["max_length"] = settings.max_length or task.max_length
     if settings.method != "lora":
         speed.pop("lora_r")
-    cap = {"train": settings.max_train_examples, "dev": settings.max_eval_examples,
-           "test": settings.max_eval_examples}
+    cap = {
+        "train": settings.max_train_examples,
+        "dev": settings.max_eval_examples,
+        "test": settings.max_eval_examples,
+    }
     sizes = tuple(min(len(splits[s]), cap[s] or len(splits[s])) for s in ("train", "dev", "test"))
     notes = cap_notes(task.name, cap, {s: len(splits[s]) for s in splits})
     return task.name, json.dumps(speed, sort_keys=True), settings, sizes, notes
@@ -92,9 +122,13 @@ def finetune_plan(specs: list[RunSpec], ids: list[str] | None = None) -> Finetun
     plan, seen = FinetunePlan(), {}
     for spec, rid in zip(specs, ids or [s.run_id for s in specs]):
         work = []
-        for item in spec_items(spec, present_only=True):       # a suite task without data is skipped
-            where = (item.task, json.dumps(item.finetune, sort_keys=True, default=str), spec.eval.protocol,
-                     spec.data.data_root)
+        for item in spec_items(spec, present_only=True):  # a suite task without data is skipped
+            where = (
+                item.task,
+                json.dumps(item.finetune, sort_keys=True, default=str),
+                spec.eval.protocol,
+                spec.data.data_root,
+            )
             if where not in seen:
                 seen[where] = _task_work(item, spec)
             task, speed, settings, (n_train, n_dev, n_test), notes = seen[where]
@@ -106,15 +140,37 @@ def finetune_plan(specs: list[RunSpec], ids: list[str] | None = None) -> Finetun
     return plan
 
 
-def _costs(runs: list[tuple[str, dict, RunSpec]], throughput: Throughput | None, launcher: Launcher,
-           executors: dict[str, str], finetune: FinetunePlan | None) -> dict[str, ArmCost]:
-    return {rid: arm_cost(rid, axes, spec, throughput, launcher.ranks(executors.get(rid)),
-                          launcher.gpus(executors.get(rid)), finetune.work.get(rid) if finetune else None)
-            for rid, axes, spec in runs}
+def _costs(
+    runs: list[tuple[str, dict, RunSpec]],
+    throughput: Throughput | None,
+    launcher: Launcher,
+    executors: dict[str, str],
+    finetune: FinetunePlan | None,
+) -> dict[str, ArmCost]:
+    return {
+        rid: arm_cost(
+            rid,
+            axes,
+            spec,
+            throughput,
+            launcher.ranks(executors.get(rid)),
+            launcher.gpus(executors.get(rid)),
+            finetune.work.get(rid) if finetune else None,
+        )
+        for rid, axes, spec in runs
+    }
 
 
-def dry_run_cost(grid: GridSpec, grid_file: str, runs: list[PlannedRun], executor: str, results_root: Path,
-                 tokens_per_s: float | None, tree=None, transplants=()) -> tuple[list[str], list[dict]]:
+def dry_run_cost(
+    grid: GridSpec,
+    grid_file: str,
+    runs: list[PlannedRun],
+    executor: str,
+    results_root: Path,
+    tokens_per_s: float | None,
+    tree=None,
+    transplants=(),
+) -> tuple[list[str], list[dict]]:
     """The cost plan of a grid, its runs' pretraining and fine-tuning and its transplants' fine-tuning (derived
     runs, ablate.plan.transplants: no pretraining) in one table: its header lines and table rows. The
     throughput is --tokens-per-s, else the sweep's calibration (a SpecError when that was made for another
@@ -128,15 +184,33 @@ def dry_run_cost(grid: GridSpec, grid_file: str, runs: list[PlannedRun], executo
         path = SweepFolder(Path(results_root) / grid.sweep).calibration
         calibration = read_calibration(path)
         if calibration is not None:
-            finetune = (finetune_plan(specs + [t.spec for t in transplants],
-                                      [r.run_id for r in runs] + [t.run_id for t in transplants])
-                        if calibration.finetuning else None)
-            throughput = matching_throughput(calibration, str(path), grid.sweep, specs,
-                                             list(finetune.jobs) if finetune else [], grid_file)
-    costs = _costs([(r.run_id, r.axes, r.spec) for r in runs], throughput, grid.launcher,
-                   {r.run_id: executor for r in runs}, finetune)
-    header = describe_plan(throughput, grid_file, executor, grid.launcher.gpus(executor),
-                           grid.launcher.ranks(executor), calibration, any(s.eval.tasks for s in specs))
+            finetune = (
+                finetune_plan(
+                    specs + [t.spec for t in transplants],
+                    [r.run_id for r in runs] + [t.run_id for t in transplants],
+                )
+                if calibration.finetuning
+                else None
+            )
+            throughput = matching_throughput(
+                calibration, str(path), grid.sweep, specs, list(finetune.jobs) if finetune else [], grid_file
+            )
+    costs = _costs(
+        [(r.run_id, r.axes, r.spec) for r in runs],
+        throughput,
+        grid.launcher,
+        {r.run_id: executor for r in runs},
+        finetune,
+    )
+    header = describe_plan(
+        throughput,
+        grid_file,
+        executor,
+        grid.launcher.gpus(executor),
+        grid.launcher.ranks(executor),
+        calibration,
+        any(s.eval.tasks for s in specs),
+    )
     corpus_lines, epochs = corpus_epochs(specs, grid_file)
     costs, saved = _branched(costs, runs, tree, throughput, grid.launcher, executor)
     derived = _transplant_costs(transplants, throughput, grid.launcher, executor, finetune)
@@ -149,33 +223,57 @@ def objective_breakdown(runs: list[PlannedRun], tree=None) -> tuple[list[str], l
     counted), of what is trained: with `tree` a branched run's steps after its branch step."""
     starts = {} if tree is None else {rid: branch.step for rid, branch in tree.branches.items()}
     rows = objective_rows([(r.run_id, r.axes, r.spec, starts.get(r.run_id, 0)) for r in runs])
-    return ["tokens by objective per phase (a mixture's members by their weights; what is trained, "
-            "branched runs after their branch step):"], rows
+    return [
+        "tokens by objective per phase (a mixture's members by their weights; what is trained, "
+        "branched runs after their branch step):"
+    ], rows
 
 
-def _transplant_costs(transplants, throughput: Throughput | None, launcher: Launcher, executor: str,
-                      finetune: FinetunePlan | None) -> list[ArmCost]:
+def _transplant_costs(
+    transplants, throughput: Throughput | None, launcher: Launcher, executor: str, finetune: FinetunePlan | None
+) -> list[ArmCost]:
     """A derived run's cost (ablate.plan.transplants.PlannedTransplant): built from two finished runs, so no
     pretraining, only its fine-tuning."""
-    costs = _costs([(t.run_id, t.spec.labels.get("axes", {}), t.spec) for t in transplants], throughput,
-                   launcher, {t.run_id: executor for t in transplants}, finetune)
-    return [replace(costs[t.run_id], steps=0, tokens=0, hours=None if throughput is None else 0.0)
-            for t in transplants]
+    costs = _costs(
+        [(t.run_id, t.spec.labels.get("axes", {}), t.spec) for t in transplants],
+        throughput,
+        launcher,
+        {t.run_id: executor for t in transplants},
+        finetune,
+    )
+    return [
+        replace(costs[t.run_id], steps=0, tokens=0, hours=None if throughput is None else 0.0) for t in transplants
+    ]
 
 
-def _branched(costs: dict[str, ArmCost], runs: list[PlannedRun], tree, throughput: Throughput | None,
-              launcher: Launcher, executor: str) -> tuple[dict[str, ArmCost], list[str]]:
+def _branched(
+    costs: dict[str, ArmCost],
+    runs: list[PlannedRun],
+    tree,
+    throughput: Throughput | None,
+    launcher: Launcher,
+    executor: str,
+) -> tuple[dict[str, ArmCost], list[str]]:
     """The costs of what is really trained under the tree (children: after their branch step), and the
     savings lines."""
     if tree is None or not tree.branches:
         return costs, []
-    trained = {r.run_id: branched_cost(costs[r.run_id], r.spec, getattr(tree.branches.get(r.run_id), "step", 0),
-                                       throughput, launcher.ranks(executor)) for r in runs}
+    trained = {
+        r.run_id: branched_cost(
+            costs[r.run_id],
+            r.spec,
+            getattr(tree.branches.get(r.run_id), "step", 0),
+            throughput,
+            launcher.ranks(executor),
+        )
+        for r in runs
+    }
     return trained, branching_lines(list(costs.values()), list(trained.values()), len(tree.branches))
 
 
-def finetune_breakdown(grid: GridSpec, runs: list[PlannedRun], results_root: Path,
-                       transplants=()) -> tuple[list[str], list[dict]]:
+def finetune_breakdown(
+    grid: GridSpec, runs: list[PlannedRun], results_root: Path, transplants=()
+) -> tuple[list[str], list[dict]]:
     """The dry run's fine-tuning per task, the runs' and the transplants' (ablate.plan.transplants): a line per
     suite the grid names (its tasks and seeds), and a row per task (ablate.plan.cost.finetune_task_rows),
     timed from the sweep's calibration when it timed fine-tuning."""
@@ -191,7 +289,7 @@ def finetune_breakdown(grid: GridSpec, runs: list[PlannedRun], results_root: Pat
     throughput = calibrated_throughput(calibration, str(path)) if calibration and calibration.finetuning else None
     groups = {i.task: PREFIX + i.suite for s in specs for i in spec_items(s) if i.suite}
     lines = [line for tasks in dict.fromkeys(s.eval.tasks for s in specs) for line in suite_lines(tasks)]
-    blocks = {(s.eval.tasks, s.data.data_root): s for s in specs}      # a grid's runs mostly share one
+    blocks = {(s.eval.tasks, s.data.data_root): s for s in specs}  # a grid's runs mostly share one
     for spec in blocks.values():
         lines += skipped_lines(present_items(spec_items(spec), spec.data.data_root)[1])
     plan = finetune_plan(specs, [rid for _, rid in pairs])
@@ -204,19 +302,24 @@ def corpus_epochs(specs: list[RunSpec], grid_file: str) -> tuple[list[str], dict
     sizes, lines = corpus_sizes(specs, grid_file)
     epochs = {}
     for spec in specs:
-        if uses_own_data(spec):     # tokens per source per phase, epochs per source
+        if uses_own_data(spec):  # tokens per source per phase, epochs per source
             by_source = {one.data.corpus: sizes[corpus_key(one)] for one in source_specs(spec)}
-            lines += plan_lines(spec, {k: v.tokens for k, v in by_source.items()},
-                                "-".join(map(str, (spec.labels.get("axes") or {}).values())) or "run")
+            lines += plan_lines(
+                spec,
+                {k: v.tokens for k, v in by_source.items()},
+                "-".join(map(str, (spec.labels.get("axes") or {}).values())) or "run",
+            )
             epochs[spec.run_id] = source_epochs_cell(spec, by_source)
         else:
             epochs[spec.run_id] = epochs_cell(spec, sizes[corpus_key(spec)])
     over = [rid for rid, cell in epochs.items() if cell.endswith(OVER)]
     if over:
         estimated = " (by the estimate)" if any("estimate" in epochs[rid] for rid in over) else ""
-        lines.append(f"warning: {len(over)} of {len(specs)} runs (epochs marked{OVER}) would{estimated} read their "
-                     f"corpus more than data.max_epochs times, or hold more sequences in a batch than it has: a real "
-                     f"submission refuses them (exit 2); supply a larger corpus, or allow repetition with {GRID_KEY}")
+        lines.append(
+            f"warning: {len(over)} of {len(specs)} runs (epochs marked{OVER}) would{estimated} read their "
+            f"corpus more than data.max_epochs times, or hold more sequences in a batch than it has: a real "
+            f"submission refuses them (exit 2); supply a larger corpus, or allow repetition with {GRID_KEY}"
+        )
     return lines, epochs
 
 
@@ -238,8 +341,9 @@ def _actual(run_dir: Path, spec: RunSpec) -> Actual | None:
     return Actual(float(record["wall_time_s"]), finetune)
 
 
-def status_comparison(folder: SweepFolder, tokens_per_s: float | None = None
-                      ) -> tuple[str, list[dict], str] | None:
+def status_comparison(
+    folder: SweepFolder, tokens_per_s: float | None = None
+) -> tuple[str, list[dict], str] | None:
     """For `ablate status`: (where the estimate comes from, a row per finished run with an estimate, the
     totals line), or None when the sweep has no calibration and no --tokens-per-s was given. Runs whose
     combination the calibration did not measure have no estimate (the grid may have changed since)."""
@@ -252,7 +356,7 @@ def status_comparison(folder: SweepFolder, tokens_per_s: float | None = None
         throughput = calibrated_throughput(calibration, str(folder.calibration))
     try:
         launcher = load_grid(folder.root / "grid.yaml").launcher
-    except SpecError:        # no grid (a tune's folder) or an unreadable one: one process, one GPU
+    except SpecError:  # no grid (a tune's folder) or an unreadable one: one process, one GPU
         launcher = Launcher()
     runs, executors, actual = [], {}, {}
     for rid in folder.run_ids():
@@ -260,7 +364,7 @@ def status_comparison(folder: SweepFolder, tokens_per_s: float | None = None
         try:
             status = rundir.read_status(run_dir)
             spec = rundir.read_spec(run_dir)
-        except (OSError, ValueError):       # CorruptStatus and invalid specs too: the status table says so
+        except (OSError, ValueError):  # CorruptStatus and invalid specs too: the status table says so
             continue
         if status.get("state") != "done":
             continue
@@ -273,13 +377,14 @@ def status_comparison(folder: SweepFolder, tokens_per_s: float | None = None
     if calibration is not None and calibration.finetuning:
         try:
             finetune = finetune_plan([spec for _, _, spec in runs])
-        except SpecError:      # a task file or its data gone since: fine-tuning not estimated
+        except SpecError:  # a task file or its data gone since: fine-tuning not estimated
             finetune = None
     costs = _costs(runs, throughput, launcher, executors, finetune)
-    for rid, _, spec in runs:      # a run that started from its parent's checkpoint trained only what followed
+    for rid, _, spec in runs:  # a run that started from its parent's checkpoint trained only what followed
         started = rundir.branched(folder.run(rid))
         if started and started.get("from") == "parent":
-            costs[rid] = branched_cost(costs[rid], spec, started["step"], throughput,
-                                       launcher.ranks(executors.get(rid)))
+            costs[rid] = branched_cost(
+                costs[rid], spec, started["step"], throughput, launcher.ranks(executors.get(rid))
+            )
     rows, line = compare_rows(costs, actual)
     return f"estimate vs actual (throughput {throughput.source}; training steps only):", rows, line

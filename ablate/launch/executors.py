@@ -51,8 +51,9 @@ def require_executor(kind: str, key: str = "launcher.executor") -> str:
     if kind not in EXECUTORS:
         raise SpecError("unknown executor", key=key, value=kind, allowed=", ".join(EXECUTORS))
     if kind == "slurm" and not have_slurm():
-        raise SpecError("Slurm is not available here (no sbatch on PATH)", key=key, value="slurm",
-                        allowed="local, debug")
+        raise SpecError(
+            "Slurm is not available here (no sbatch on PATH)", key=key, value="slurm", allowed="local, debug"
+        )
     return kind
 
 
@@ -67,15 +68,25 @@ def make_executor(kind: str, launcher: Launcher, folder: Path, name: str):
         return ex
     s = launcher.slurm
     ex = submitit.AutoExecutor(folder, cluster="slurm", slurm_max_num_timeout=s.max_requeues)
-    params = dict(name=name, timeout_min=s.timeout_min, cpus_per_task=s.cpus_per_task, mem_gb=s.mem_gb,
-                  slurm_array_parallelism=s.array_parallelism, slurm_additional_parameters=dict(s.additional_parameters))
+    params = dict(
+        name=name,
+        timeout_min=s.timeout_min,
+        cpus_per_task=s.cpus_per_task,
+        mem_gb=s.mem_gb,
+        slurm_array_parallelism=s.array_parallelism,
+        slurm_additional_parameters=dict(s.additional_parameters),
+    )
     if s.gpus_per_node:
         params["gpus_per_node"] = s.gpus_per_node
-    if s.nodes > 1 or s.tasks_per_node > 1:      # one run = nodes x tasks_per_node data-parallel ranks
+    if s.nodes > 1 or s.tasks_per_node > 1:  # one run = nodes x tasks_per_node data-parallel ranks
         params["nodes"] = s.nodes
         params["tasks_per_node"] = s.tasks_per_node
-    for key, value in (("slurm_partition", s.partition), ("slurm_account", s.account), ("slurm_qos", s.qos),
-                       ("slurm_constraint", s.constraint)):
+    for key, value in (
+        ("slurm_partition", s.partition),
+        ("slurm_account", s.account),
+        ("slurm_qos", s.qos),
+        ("slurm_constraint", s.constraint),
+    ):
         if value:
             params[key] = value
     if s.setup:

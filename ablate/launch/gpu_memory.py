@@ -44,15 +44,19 @@ from ablate.train.optimizer import Optimizer
 from ablate.train.rope import start_phase
 
 GiB = 2**30
-CUDA_CONTEXT_BYTES = 600 * 2**20     # the CUDA context and torch's kernels: outside the allocator (300-800 MiB)
+CUDA_CONTEXT_BYTES = 600 * 2**20  # the CUDA context and torch's kernels: outside the allocator (300-800 MiB)
 CUBLAS_WORKSPACE_BYTES = 32 * 2**20  # cuBLAS's workspace per handle on sm90 (":4096:8": 8 x 4 MiB)
-ALLOCATOR_OVERHEAD = 0.05            # the caching allocator's rounding (512 B, 2 MiB blocks) and fragmentation
-AUTO_MARGIN = 0.10                   # `micro_batch_size: auto` keeps this fraction of the device free
+ALLOCATOR_OVERHEAD = 0.05  # the caching allocator's rounding (512 B, 2 MiB blocks) and fragmentation
+AUTO_MARGIN = 0.10  # `micro_batch_size: auto` keeps this fraction of the device free
 META = torch.device("meta")
 PARTS = ("weights", "gradients", "optimizer", "activations", "temporaries")
-_REFTYPES = {"weights": (_MemRefType.PARAM, _MemRefType.BUFFER), "gradients": (_MemRefType.GRAD,),
-             "optimizer": (_MemRefType.OPT,), "activations": (_MemRefType.ACT, _MemRefType.OTH),
-             "temporaries": (_MemRefType.TEMP,)}
+_REFTYPES = {
+    "weights": (_MemRefType.PARAM, _MemRefType.BUFFER),
+    "gradients": (_MemRefType.GRAD,),
+    "optimizer": (_MemRefType.OPT,),
+    "activations": (_MemRefType.ACT, _MemRefType.OTH),
+    "temporaries": (_MemRefType.TEMP,),
+}
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ class StepMemory:
     optimizer: int
     activations: int
     temporaries: int
-    kernels: tuple[str, ...] = ()       # the attention kernels the step ran (flash, efficient, math)
+    kernels: tuple[str, ...] = ()  # the attention kernels the step ran (flash, efficient, math)
 
     @property
     def traced(self) -> int:
@@ -86,12 +90,12 @@ class StepShape:
     mask_rate: float | None
     seq_len: int
     micro: int
-    rows: int                 # rows traced: one or two micro-batches
+    rows: int  # rows traced: one or two micro-batches
     bf16: bool
     vocab_loss: str
     document_masking: bool
-    phase: int                # the phase's index in `phases`
-    phases: tuple             # the run's phases up to this one as (objective, freeze): moments and freezing
+    phase: int  # the phase's index in `phases`
+    phases: tuple  # the run's phases up to this one as (objective, freeze): moments and freezing
 
 
 def bf16_on_gpu(spec: RunSpec) -> bool:
@@ -104,11 +108,22 @@ def step_shapes(spec: RunSpec, micro: int, ranks: int = 1) -> list[StepShape]:
     per_rank = spec.batch_size // ranks
     out = []
     for i, phase in enumerate(spec.phases):
-        out.append(StepShape(spec.model, spec.attn_implementation, phase.objective,
-                             getattr(phase, "mask_rate", None),
-                             spec.phase_seq_len(i), micro, min(2 * micro, per_rank), bf16_on_gpu(spec),
-                             spec.vocab_loss, spec.document_masking, i,
-                             tuple((p.objective, tuple(p.freeze)) for p in spec.phases[:i + 1])))
+        out.append(
+            StepShape(
+                spec.model,
+                spec.attn_implementation,
+                phase.objective,
+                getattr(phase, "mask_rate", None),
+                spec.phase_seq_len(i),
+                micro,
+                min(2 * micro, per_rank),
+                bf16_on_gpu(spec),
+                spec.vocab_loss,
+                spec.document_masking,
+                i,
+                tuple((p.objective, tuple(p.freeze)) for p in spec.phases[: i + 1]),
+            )
+        )
     return out
 
 
@@ -145,8 +160,9 @@ def trace_step(shape: StepShape, spec: RunSpec, device: str = "meta") -> StepMem
     """One training step of `shape` on meta tensors under MemTracker (see the module docstring); on the CPU
     with real tensors when `device` is cpu (the check that meta accounts what real tensors hold)."""
     where = torch.device(device)
-    traced = spec.model_copy(update={"batch_size": shape.rows, "micro_batch_size": shape.micro,
-                                     "device": "cpu", "compile": False})
+    traced = spec.model_copy(
+        update={"batch_size": shape.rows, "micro_batch_size": shape.micro, "device": "cpu", "compile": False}
+    )
     model = _meta_model(shape.model, shape.attn_implementation, device)
     model.train()
     model.zero_grad(set_to_none=True)
@@ -157,19 +173,38 @@ def trace_step(shape: StepShape, spec: RunSpec, device: str = "meta") -> StepMem
     rng = np.random.default_rng(0)
     sequences = rng.integers(8, vocab, (shape.rows, shape.seq_len))
     docs = np.zeros((shape.rows, shape.seq_len), dtype=np.int64)
-    ctx = loop.Context(traced, model, family, where, sequences, docs, SequenceOrder(shape.rows, 0),
-                       torch.arange(4), 4, vocab, layer_params(model), autocast=shape.bf16)
-    opt = Optimizer(model, traced, fused=False)          # torch's fused AdamW refuses meta parameters
+    ctx = loop.Context(
+        traced,
+        model,
+        family,
+        where,
+        sequences,
+        docs,
+        SequenceOrder(shape.rows, 0),
+        torch.arange(4),
+        4,
+        vocab,
+        layer_params(model),
+        autocast=shape.bf16,
+    )
+    opt = Optimizer(model, traced, fused=False)  # torch's fused AdamW refuses meta parameters
     start_phase(model, family, plan, traced.phases, opt)
-    trained = {n for n, _ in model.named_parameters() for p in plans[:shape.phase + 1]
-               if not is_frozen(n, family, p.frozen)}
+    trained = {
+        n
+        for n, _ in model.named_parameters()
+        for p in plans[: shape.phase + 1]
+        if not is_frozen(n, family, p.frozen)
+    }
     named = dict(model.named_parameters())
-    for name in trained:        # the moments of every parameter trained so far: a step after the first
+    for name in trained:  # the moments of every parameter trained so far: a step after the first
         p = named[name]
-        opt.torch.state[p] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros_like(p),
-                              "exp_avg_sq": torch.zeros_like(p)}
+        opt.torch.state[p] = {
+            "step": torch.tensor(1.0),
+            "exp_avg": torch.zeros_like(p),
+            "exp_avg_sq": torch.zeros_like(p),
+        }
     tracker = _StepTracker()
-    for p in model.parameters():      # MemTracker hooks every parameter, which a frozen one refuses
+    for p in model.parameters():  # MemTracker hooks every parameter, which a frozen one refuses
         if not p.requires_grad:
             tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
     tracker.track_external(model, opt.torch)
@@ -181,14 +216,17 @@ def trace_step(shape: StepShape, spec: RunSpec, device: str = "meta") -> StepMem
         opt.torch.state.clear()
         model.zero_grad(set_to_none=True)
     peak = tracker.get_tracker_snapshot("peak").get(where, {})
-    return StepMemory(**{part: sum(int(peak.get(r, 0)) for r in refs) for part, refs in _REFTYPES.items()},
-                      kernels=tuple(sorted(set(kernels.kernels))))
+    return StepMemory(
+        **{part: sum(int(peak.get(r, 0)) for r in refs) for part, refs in _REFTYPES.items()},
+        kernels=tuple(sorted(set(kernels.kernels))),
+    )
 
 
 @contextlib.contextmanager
 def _gpu_paths(kernels: CudaKernels):
     """The step's autocast and fused loss as on CUDA: the loop's autocast switches the router's bf16 casting,
     and the fused loss, which turns autocast off inside and computes in its dtype, gets bf16 features."""
+
     def autocast(_device, enabled):
         @contextlib.contextmanager
         def on():
@@ -197,6 +235,7 @@ def _gpu_paths(kernels: CudaKernels):
                 yield
             finally:
                 kernels.autocast_on = before
+
         return on()
 
     fused = vocab_loss.fused_cross_entropy
@@ -210,8 +249,10 @@ def _gpu_paths(kernels: CudaKernels):
         finally:
             kernels.paused = False
 
-    with mock.patch.object(loop, "autocast", autocast), \
-            mock.patch.dict(vocab_loss.LOSSES, {"fused": fused_as_under_autocast}):
+    with (
+        mock.patch.object(loop, "autocast", autocast),
+        mock.patch.dict(vocab_loss.LOSSES, {"fused": fused_as_under_autocast}),
+    ):
         yield
 
 
@@ -226,8 +267,11 @@ class _StepTracker(MemTracker):
 
     def _pre_fw_hook(self, module, inputs):
         name = self._mod_tracker.get_known_fqn(module)
-        if (module in self.memory_tracking and not self._mod_tracker.is_bw
-                and set(self._mod_tracker.parents) - {name} == {"Global"}):
+        if (
+            module in self.memory_tracking
+            and not self._mod_tracker.is_bw
+            and set(self._mod_tracker.parents) - {name} == {"Global"}
+        ):
             self.reset_mod_stats()
         super()._pre_fw_hook(module, inputs)
 
@@ -267,8 +311,13 @@ def resolve_auto(runs: list, groups: list, launcher, executor: str, file: str | 
         return runs, []
     limit, key = _limit(launcher, executor)
     if limit is None:
-        raise SpecError(f"micro_batch_size: auto needs the GPU's memory ({key})", file=file, key=key,
-                        value=None, allowed="a number of GiB or a GPU name")
+        raise SpecError(
+            f"micro_batch_size: auto needs the GPU's memory ({key})",
+            file=file,
+            key=key,
+            value=None,
+            allowed="a number of GiB or a GPU name",
+        )
     ranks = launcher.ranks(executor)
     chosen: dict[str, int] = {}
     for run in runs:
@@ -276,9 +325,14 @@ def resolve_auto(runs: list, groups: list, launcher, executor: str, file: str | 
             continue
         found = largest_fitting(run.spec.model_copy(update={"micro_batch_size": None}), limit, ranks, AUTO_MARGIN)
         if found is None:
-            raise SpecError(f"run {run.run_id} ({run.axes}): not even one sequence per micro-batch fits "
-                            f"{gib(limit)} GiB with {AUTO_MARGIN:.0%} kept free", file=file, key=key,
-                            value=launcher_value(launcher, executor), allowed="a GPU with more memory")
+            raise SpecError(
+                f"run {run.run_id} ({run.axes}): not even one sequence per micro-batch fits "
+                f"{gib(limit)} GiB with {AUTO_MARGIN:.0%} kept free",
+                file=file,
+                key=key,
+                value=launcher_value(launcher, executor),
+                allowed="a GPU with more memory",
+            )
         chosen[run.run_id] = found
     for group in groups:
         ids = [i for arm in group.runs.values() for i in arm if i in chosen]
@@ -290,14 +344,20 @@ def resolve_auto(runs: list, groups: list, launcher, executor: str, file: str | 
         if run.run_id not in chosen:
             out.append(run)
             continue
-        spec = run.spec.model_copy(update={"micro_batch_size": chosen[run.run_id],
-                                           "labels": {**run.spec.labels, "micro_batch_size": "auto"}})
+        spec = run.spec.model_copy(
+            update={
+                "micro_batch_size": chosen[run.run_id],
+                "labels": {**run.spec.labels, "micro_batch_size": "auto"},
+            }
+        )
         out.append(PlannedRun(spec, run.axes, run.origins))
     values = sorted(set(chosen.values()))
-    notes.append(f"micro_batch_size auto: {', '.join(map(str, values))} (largest divisor of the per-rank batch "
-                 f"fitting {gib(limit)} GiB with {AUTO_MARGIN:.0%} free; compared runs share one); a micro-batch "
-                 "changes a run's numbers through its dropout draws (one stream per micro-batch) and the "
-                 "float rounding of accumulation")
+    notes.append(
+        f"micro_batch_size auto: {', '.join(map(str, values))} (largest divisor of the per-rank batch "
+        f"fitting {gib(limit)} GiB with {AUTO_MARGIN:.0%} free; compared runs share one); a micro-batch "
+        "changes a run's numbers through its dropout draws (one stream per micro-batch) and the "
+        "float rounding of accumulation"
+    )
     return out, notes
 
 
@@ -318,26 +378,51 @@ def memory_plan(runs: list, launcher, executor: str, file: str | None) -> list[d
         spec = run.spec
         micro = spec.micro_batch_size or spec.batch_size // ranks
         for phase, m in zip(spec.phases, phase_memory(spec, micro, ranks)):
-            rows.append({"run": run.run_id, "phase": phase.name, "micro": micro, "weights": gib(m.weights),
-                         "grads": gib(m.gradients), "adamw": gib(m.optimizer), "activations": gib(m.activations),
-                         "temp": gib(m.temporaries), "peak_GiB": gib(m.predicted), "limit_GiB": gib(limit),
-                         "fits": "yes" if m.predicted <= limit else "NO"})
+            rows.append(
+                {
+                    "run": run.run_id,
+                    "phase": phase.name,
+                    "micro": micro,
+                    "weights": gib(m.weights),
+                    "grads": gib(m.gradients),
+                    "adamw": gib(m.optimizer),
+                    "activations": gib(m.activations),
+                    "temp": gib(m.temporaries),
+                    "peak_GiB": gib(m.predicted),
+                    "limit_GiB": gib(limit),
+                    "fits": "yes" if m.predicted <= limit else "NO",
+                }
+            )
             if m.predicted > limit and misfit is None:
                 misfit = (run, phase.name, micro, m)
     if misfit is not None:
         run, phase, micro, m = misfit
         best = largest_fitting(run.spec.model_copy(update={"micro_batch_size": None}), limit, ranks)
-        fix = f"micro_batch_size: {best} (the largest divisor of the per-rank batch that fits)" if best else \
-            "a GPU with more memory: not even one sequence per micro-batch fits"
-        raise SpecError(f"run {run.run_id} ({run.axes}), phase {phase}: predicted peak {gib(m.predicted)} GiB at "
-                        f"micro-batch {micro} does not fit the {gib(limit)} GiB of {key}; largest micro-batch "
-                        f"that fits: {best or 'none'}", file=file, key="micro_batch_size", value=micro,
-                        allowed=fix)
+        fix = (
+            f"micro_batch_size: {best} (the largest divisor of the per-rank batch that fits)"
+            if best
+            else "a GPU with more memory: not even one sequence per micro-batch fits"
+        )
+        raise SpecError(
+            f"run {run.run_id} ({run.axes}), phase {phase}: predicted peak {gib(m.predicted)} GiB at "
+            f"micro-batch {micro} does not fit the {gib(limit)} GiB of {key}; largest micro-batch "
+            f"that fits: {best or 'none'}",
+            file=file,
+            key="micro_batch_size",
+            value=micro,
+            allowed=fix,
+        )
     return rows
 
 
-def oom_reason(exc: BaseException, spec: RunSpec, progress: dict | None, world_size: int = 1,
-               device_bytes: int | None = None, predict: bool = True) -> str | None:
+def oom_reason(
+    exc: BaseException,
+    spec: RunSpec,
+    progress: dict | None,
+    world_size: int = 1,
+    device_bytes: int | None = None,
+    predict: bool = True,
+) -> str | None:
     """A run's CUDA out-of-memory said as what it is (None for any other failure): the phase and step of the
     last progress line, the micro-batch, the predicted peak of that phase (traced here, on the CPU) and the
     device's memory. Nothing here may hide the failure: a trace that fails leaves the prediction out."""
@@ -348,13 +433,15 @@ def oom_reason(exc: BaseException, spec: RunSpec, progress: dict | None, world_s
     names = [p.name for p in spec.phases]
     index = names.index(phase_name) if phase_name in names else 0
     step = (progress or {}).get("step")
-    parts = [f"out of GPU memory in phase {phase_name}" + (f" after step {step}" if step is not None else
-                                                          " before its first logged step"),
-             f"micro-batch {micro}"]
+    parts = [
+        f"out of GPU memory in phase {phase_name}"
+        + (f" after step {step}" if step is not None else " before its first logged step"),
+        f"micro-batch {micro}",
+    ]
     if predict:
         try:
             parts.append(f"predicted peak {gib(phase_memory(spec, micro, world_size)[index].predicted)} GiB")
-        except Exception:           # noqa: BLE001  (the prediction is a courtesy; the OOM is the failure)
+        except Exception:  # noqa: BLE001  (the prediction is a courtesy; the OOM is the failure)
             pass
     if device_bytes is None and torch.cuda.is_available():
         device_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory

@@ -16,7 +16,7 @@ import os
 
 from ablate.config.errors import SpecError
 
-GPUS_PER_LOCAL_RUN = 1          # a local run is one process, one rank (Launcher.gpus("local"))
+GPUS_PER_LOCAL_RUN = 1  # a local run is one process, one rank (Launcher.gpus("local"))
 
 
 def visible_gpus(environ: dict | None = None, device_count: int | None = None) -> tuple[str, ...]:
@@ -38,11 +38,14 @@ def gpu_sets(visible: tuple[str, ...], parallel: int, per_run: int = GPUS_PER_LO
     if not visible:
         return []
     if parallel * per_run > len(visible):
-        raise SpecError(f"{parallel} local runs at once need {parallel * per_run} GPUs ({per_run} each), but this "
-                        f"machine shows {len(visible)} (CUDA_VISIBLE_DEVICES={','.join(visible)})",
-                        key="launcher.local.parallel", value=parallel,
-                        allowed=f"1..{len(visible) // per_run}, or CUDA_VISIBLE_DEVICES= (empty) to run on the CPU")
-    return [visible[i * per_run:(i + 1) * per_run] for i in range(parallel)]
+        raise SpecError(
+            f"{parallel} local runs at once need {parallel * per_run} GPUs ({per_run} each), but this "
+            f"machine shows {len(visible)} (CUDA_VISIBLE_DEVICES={','.join(visible)})",
+            key="launcher.local.parallel",
+            value=parallel,
+            allowed=f"1..{len(visible) // per_run}, or CUDA_VISIBLE_DEVICES= (empty) to run on the CPU",
+        )
+    return [visible[i * per_run : (i + 1) * per_run] for i in range(parallel)]
 
 
 def local_pool(parallel: int) -> "GpuPool":
@@ -81,5 +84,8 @@ def job_parameters(gpus: tuple[str, ...] | None) -> dict:
         return {"visible_gpus": tuple(int(g) for g in gpus), "gpus_per_node": len(gpus), "setup": []}
     import shlex
 
-    return {"visible_gpus": (), "gpus_per_node": 0,
-            "setup": [f"export CUDA_VISIBLE_DEVICES={shlex.quote(','.join(gpus))}"]}
+    return {
+        "visible_gpus": (),
+        "gpus_per_node": 0,
+        "setup": [f"export CUDA_VISIBLE_DEVICES={shlex.quote(','.join(gpus))}"],
+    }

@@ -151,16 +151,19 @@ def _about(n: int) -> str:
 
 
 def _missing_line(exc: SpecError, target: str) -> str:
-    return (f"warning: {target}: {exc.key} {exc.value}: {exc.message}; the dry run goes on, a real submission "
-            "refuses it (exit 2)")
+    return (
+        f"warning: {target}: {exc.key} {exc.value}: {exc.message}; the dry run goes on, a real submission "
+        "refuses it (exit 2)"
+    )
 
 
 def _sequences(tokens: int, seq_lens: set[int]) -> str:
     return "".join(f", {tokens // n:,} sequences of {n}" for n in sorted(seq_lens))
 
 
-def known_size(data: DataSpec, tok: str, target: str, seq_lens: set[int], key: str | None = None
-               ) -> tuple[CorpusSize, str]:
+def known_size(
+    data: DataSpec, tok: str, target: str, seq_lens: set[int], key: str | None = None
+) -> tuple[CorpusSize, str]:
     """What a dry run knows of a corpus's tokens without tokenizing it, and a line saying how it knows:
     counted when prepared, else estimated from its bytes, else unknown; `target` is what `ablate prepare`
     takes to count them, `seq_lens` the runs' sequence lengths."""
@@ -172,16 +175,22 @@ def known_size(data: DataSpec, tok: str, target: str, seq_lens: set[int], key: s
     tokenizer = local_tokenizer(tok)
     tokens = None if tokenizer is None else prepared_tokens(data, tokenizer)
     if tokens is not None:
-        return CorpusSize(tokens, exact=True), f"{name}: {tokens:,} tokens{_sequences(tokens, seq_lens)} (prepared)"
+        return CorpusSize(
+            tokens, exact=True
+        ), f"{name}: {tokens:,} tokens{_sequences(tokens, seq_lens)} (prepared)"
     why = "its tokenizer is not available here" if tokenizer is None else "not prepared yet"
     exact = f"`ablate prepare {target}` counts them"
     estimate = estimated_tokens(data, sources)
     if estimate is None:
-        return CorpusSize(None), (f"{name}: tokens unknown ({why}; its bytes say little: compressed, a dataset "
-                                  f"or max_documents); {exact}")
+        return CorpusSize(None), (
+            f"{name}: tokens unknown ({why}; its bytes say little: compressed, a dataset "
+            f"or max_documents); {exact}"
+        )
     size = sum(src.stat()["size"] for src in sources)
-    return CorpusSize(estimate), (f"{name}: ~{_about(estimate)} tokens, an estimate from its {_about(size)} bytes "
-                                  f"at ~{BYTES_PER_TOKEN:g} bytes a token ({why}); {exact}")
+    return CorpusSize(estimate), (
+        f"{name}: ~{_about(estimate)} tokens, an estimate from its {_about(size)} bytes "
+        f"at ~{BYTES_PER_TOKEN:g} bytes a token ({why}); {exact}"
+    )
 
 
 def corpus_sizes(specs: list[RunSpec], target: str) -> tuple[dict[str, CorpusSize], list[str]]:
@@ -189,15 +198,21 @@ def corpus_sizes(specs: list[RunSpec], target: str) -> tuple[dict[str, CorpusSiz
     warning per missing held-out corpus."""
     sizes, lines = {}, []
     for data, tok, runs, ones in _by_corpus(specs):
-        sizes[corpus_key(ones[0])], line = known_size(data, tok, target, {s.data.seq_len for s in ones},
-                                                      written_key(runs[0], data.corpus))
+        sizes[corpus_key(ones[0])], line = known_size(
+            data, tok, target, {s.data.seq_len for s in ones}, written_key(runs[0], data.corpus)
+        )
         lines.append(line)
     held_out = [exc for exc in check_corpora(specs, target) if exc.key == "data.valid_corpus"]
     return sizes, lines + [_missing_line(exc, target) for exc in held_out]
 
 
-def prepare_corpora(specs: list[RunSpec], workers: int | None = None, verify: bool = False,
-                    out: Print = print, shard_tokens: int | None = None) -> list[Path]:
+def prepare_corpora(
+    specs: list[RunSpec],
+    workers: int | None = None,
+    verify: bool = False,
+    out: Print = print,
+    shard_tokens: int | None = None,
+) -> list[Path]:
     """Prepare each distinct corpus (or wait for whoever is preparing it); with verify, re-hash every prepared
     file and source and raise a SpecError on a mismatch."""
     from ablate.data.prepare import prepare
@@ -207,23 +222,33 @@ def prepare_corpora(specs: list[RunSpec], workers: int | None = None, verify: bo
     folders = []
     for data, tok in distinct_corpora(specs):
         tokenizer = load_tokenizer(tok)
-        folder = prepare(data, tokenizer, workers=workers, **({"shard_tokens": shard_tokens} if shard_tokens else {}))
+        folder = prepare(
+            data, tokenizer, workers=workers, **({"shard_tokens": shard_tokens} if shard_tokens else {})
+        )
         corpus = PreparedCorpus(folder)
         if verify:
             bad = corpus.verify() + _changed_content(corpus.manifest, data)
             if bad:
-                raise SpecError("checksums do not match the manifest; re-prepare: delete the folder and run "
-                                f"ablate prepare again ({folder})", file=", ".join(bad))
-        out(f"{data.corpus} ({tok}): {corpus.n_documents:,} documents, {corpus.n_tokens:,} tokens "
-            f"({corpus.manifest['dtype']}) in {folder}" + (" - verified" if verify else ""))
+                raise SpecError(
+                    "checksums do not match the manifest; re-prepare: delete the folder and run "
+                    f"ablate prepare again ({folder})",
+                    file=", ".join(bad),
+                )
+        out(
+            f"{data.corpus} ({tok}): {corpus.n_documents:,} documents, {corpus.n_tokens:,} tokens "
+            f"({corpus.manifest['dtype']}) in {folder}" + (" - verified" if verify else "")
+        )
         folders.append(folder)
     return folders
 
 
 def _changed_content(manifest: dict, data: DataSpec) -> list[str]:
     by_path = {str(s.path): s for s in resolve_sources(data)}
-    return [rec["path"] for rec in manifest["sources"]
-            if "sha256" in rec and rec["path"] in by_path and by_path[rec["path"]].content_hash() != rec["sha256"]]
+    return [
+        rec["path"]
+        for rec in manifest["sources"]
+        if "sha256" in rec and rec["path"] in by_path and by_path[rec["path"]].content_hash() != rec["sha256"]
+    ]
 
 
 def unprepared(specs: list[RunSpec]) -> list[RunSpec]:
@@ -236,7 +261,7 @@ def unprepared(specs: list[RunSpec]) -> list[RunSpec]:
         if find_prepared(data, tokenizer)[1] is None:
             missing += [spec for spec in group if spec not in missing]
         else:
-            open_prepared(data, tokenizer)      # refuses a corpus that changed since it was prepared
+            open_prepared(data, tokenizer)  # refuses a corpus that changed since it was prepared
     return missing
 
 
@@ -246,8 +271,15 @@ def prepare_job(spec_dicts: list[dict]) -> str:
     return "prepared"
 
 
-def prepare_for_sweep(kind: str, launcher: Launcher, specs: list[RunSpec], folder: Path, name: str,
-                      out: Print = print, file: str | None = None) -> str | None:
+def prepare_for_sweep(
+    kind: str,
+    launcher: Launcher,
+    specs: list[RunSpec],
+    folder: Path,
+    name: str,
+    out: Print = print,
+    file: str | None = None,
+) -> str | None:
     """Prepare before the first run: here for local and debug executors; on Slurm submit one preparation
     job and return its id (the arms then depend on it), or None when nothing needs preparing. Either way the
     runs of every prepared corpus are checked against it first (check_budgets; `file` names the grid)."""
@@ -261,20 +293,28 @@ def prepare_for_sweep(kind: str, launcher: Launcher, specs: list[RunSpec], folde
     if not todo:
         return None
     s = launcher.slurm
-    one_task = launcher.model_copy(update={"slurm": s.model_copy(update={"gpus_per_node": 0, "nodes": 1,
-                                                                          "tasks_per_node": 1})})
+    one_task = launcher.model_copy(
+        update={"slurm": s.model_copy(update={"gpus_per_node": 0, "nodes": 1, "tasks_per_node": 1})}
+    )
     executor = make_executor("slurm", one_task, folder, f"ablate-prepare-{name}")
     job = executor.submit(prepare_job, [spec.model_dump(mode="json") for spec in todo])
-    out(f"submitted the preparation of {len(distinct_corpora(todo))} corpora as job {job.job_id}; the runs wait "
-        f"for it (afterok) and each checks its corpus's epochs (data.max_epochs) at its start")
+    out(
+        f"submitted the preparation of {len(distinct_corpora(todo))} corpora as job {job.job_id}; the runs wait "
+        f"for it (afterok) and each checks its corpus's epochs (data.max_epochs) at its start"
+    )
     return str(job.job_id)
 
 
 def after(job_id: str, launcher: Launcher) -> dict:
     """Slurm parameters of arms that start only after the preparation job succeeded (and are cancelled if
     it fails, rather than wait forever)."""
-    return {"slurm_additional_parameters": {**launcher.slurm.additional_parameters, "dependency": f"afterok:{job_id}",
-                                            "kill_on_invalid_dep": "yes"}}
+    return {
+        "slurm_additional_parameters": {
+            **launcher.slurm.additional_parameters,
+            "dependency": f"afterok:{job_id}",
+            "kill_on_invalid_dep": "yes",
+        }
+    }
 
 
 def specs_for_target(target: str, tokenizer: str | None) -> list:
@@ -294,5 +334,13 @@ def specs_for_target(target: str, tokenizer: str | None) -> list:
         return [parse_run_spec(data, file=str(path))]
     from ablate.models.sources import DEFAULT_MODEL
 
-    return [parse_run_spec({"model": tokenizer or DEFAULT_MODEL, "data": {"corpus": target},
-                            "phases": [{"name": "prepare", "objective": "mlm", "steps": 1}]}, file=target)]
+    return [
+        parse_run_spec(
+            {
+                "model": tokenizer or DEFAULT_MODEL,
+                "data": {"corpus": target},
+                "phases": [{"name": "prepare", "objective": "mlm", "steps": 1}],
+            },
+            file=target,
+        )
+    ]

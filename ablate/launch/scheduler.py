@@ -38,21 +38,40 @@ from ablate.store import atomic, rundir
 from ablate.train.checkpoint import latest_checkpoint
 from ablate.store.sweep import SweepFolder, describe_progress, format_duration, read_progress
 
-__all__ = ["Scheduler", "RunJob", "classify", "have_slurm", "record_job_failure", "run_sweep",
-           "status_rows", "write_sweep_manifest"]
+__all__ = [
+    "Scheduler",
+    "RunJob",
+    "classify",
+    "have_slurm",
+    "record_job_failure",
+    "run_sweep",
+    "status_rows",
+    "write_sweep_manifest",
+]
 
 Print = Callable[[str], None]
 
 
-def write_sweep_manifest(paths: SweepFolder, grid: GridSpec, grid_file: Path, runs: list[PlannedRun],
-                         transplants: list[PlannedTransplant] = ()) -> None:
+def write_sweep_manifest(
+    paths: SweepFolder,
+    grid: GridSpec,
+    grid_file: Path,
+    runs: list[PlannedRun],
+    transplants: list[PlannedTransplant] = (),
+) -> None:
     """grid.yaml, sweep.json (run ids in grid order, and the derived runs' ids) and each run folder's spec."""
     paths.root.mkdir(parents=True, exist_ok=True)
     atomic.write_text(paths.root / "grid.yaml", Path(grid_file).read_text())
-    atomic.write_json(paths.root / "sweep.json", {"sweep": grid.sweep, "grid_file": str(Path(grid_file).resolve()),
-                                                   "run_ids": [r.run_id for r in runs],
-                                                   "transplant_ids": [t.run_id for t in transplants],
-                                                   "updated": time.time()})
+    atomic.write_json(
+        paths.root / "sweep.json",
+        {
+            "sweep": grid.sweep,
+            "grid_file": str(Path(grid_file).resolve()),
+            "run_ids": [r.run_id for r in runs],
+            "transplant_ids": [t.run_id for t in transplants],
+            "updated": time.time(),
+        },
+    )
     for run in runs:
         worker.prepare_run_dir(run.spec, paths.run(run.run_id))
     for planned in transplants:
@@ -86,16 +105,23 @@ def recover_corrupt_status(run_dir: Path, corrupt: rundir.CorruptStatus, out: Pr
     run_dir = Path(run_dir)
     lock = rundir.RunLock(run_dir)
     if not lock.acquire():
-        out(f"warning: run {run_dir.name}: {corrupt}; left as it is while a worker holds the run ({lock.holder()})")
+        out(
+            f"warning: run {run_dir.name}: {corrupt}; left as it is while a worker holds the run ({lock.holder()})"
+        )
         return "skip-active"
     try:
         aside = rundir.set_aside_corrupt_status(run_dir)
-        rundir.write_status(run_dir, "pending", recovered={"corrupt_file": aside.name, "problem": corrupt.problem,
-                                                            "at": time.time()})
+        rundir.write_status(
+            run_dir,
+            "pending",
+            recovered={"corrupt_file": aside.name, "problem": corrupt.problem, "at": time.time()},
+        )
     finally:
         lock.release()
-    out(f"warning: run {run_dir.name}: {corrupt}; moved to {aside} (kept) and the run submitted again: "
-        f"{resume_point(run_dir)}")
+    out(
+        f"warning: run {run_dir.name}: {corrupt}; moved to {aside} (kept) and the run submitted again: "
+        f"{resume_point(run_dir)}"
+    )
     return "submit"
 
 
@@ -109,8 +135,9 @@ def resume_point(run_dir: Path) -> str:
         step, done = state["global_step"], state.get("done")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"the worker resumes from checkpoints/{found.name} (whose state.json is unreadable: {exc})"
-    return (f"the worker resumes from checkpoints/{found.name} (step {step}"
-            + ("; training had finished: records and evaluation are redone)" if done else ")"))
+    return f"the worker resumes from checkpoints/{found.name} (step {step}" + (
+        "; training had finished: records and evaluation are redone)" if done else ")"
+    )
 
 
 def _time_taken(status: dict):
@@ -154,7 +181,7 @@ def record_job_failure(run_dir: Path, job) -> None:
     if rundir.effective_state(run_dir, status) in ("done", "failed", "pruned", "running"):
         return
     lost = branches.parent_lost(SweepFolder(Path(run_dir).parent.parent), Path(run_dir).name)
-    if lost:         # Slurm cancelled it: afterok on a parent that failed
+    if lost:  # Slurm cancelled it: afterok on a parent that failed
         rundir.write_status(run_dir, "failed", error=f"job {job.job_id}: {lost}")
         return
     detail = ""
@@ -167,8 +194,9 @@ def record_job_failure(run_dir: Path, job) -> None:
         tail = Path(job.paths.stderr).read_text()[-2000:]
     except OSError:
         tail = ""
-    rundir.write_status(run_dir, "failed", error=f"job {job.job_id} ended without finishing the run. "
-                                                  f"{detail}\n{tail}")
+    rundir.write_status(
+        run_dir, "failed", error=f"job {job.job_id} ended without finishing the run. {detail}\n{tail}"
+    )
 
 
 class Scheduler:
@@ -184,9 +212,9 @@ class Scheduler:
         self.kind, self.launcher, self.out = kind, launcher, out
         self.executor = make_executor(kind, launcher, Path(folder), f"ablate-{name}")
         self.queued: list[tuple[Path, RunJob]] = []
-        self.active: dict[Path, object] = {}       # run folder -> its submitit job
+        self.active: dict[Path, object] = {}  # run folder -> its submitit job
         self.gpus = gpus.local_pool(launcher.local.parallel) if kind == "local" else gpus.GpuPool([])
-        self.dropped: list[Path] = []              # taken elsewhere meanwhile: `poll` returns them as ended here
+        self.dropped: list[Path] = []  # taken elsewhere meanwhile: `poll` returns them as ended here
 
     @property
     def busy(self) -> bool:
@@ -201,7 +229,7 @@ class Scheduler:
         self._fill()
 
     def _still_free(self, run_dirs: list[Path]) -> list[Path]:
-        free, gone = drivers.still_free(run_dirs)     # the claims held
+        free, gone = drivers.still_free(run_dirs)  # the claims held
         for run_dir, why in gone:
             self.out(f"not submitted {run_dir.name}: {why}")
         self.dropped += [run_dir for run_dir, _ in gone]
@@ -212,7 +240,7 @@ class Scheduler:
         for run_dir, job in list(self.active.items()):
             if self.kind == "debug":
                 try:
-                    job.result()            # runs the job here, now
+                    job.result()  # runs the job here, now
                 except Exception:  # recorded in the run's status by the worker
                     pass
             if job.done():
@@ -224,14 +252,14 @@ class Scheduler:
         return ended
 
     def _fill(self) -> None:
-        cap = {"local": self.launcher.local.parallel, "debug": 1}.get(self.kind)    # Slurm: no cap here
+        cap = {"local": self.launcher.local.parallel, "debug": 1}.get(self.kind)  # Slurm: no cap here
         n = len(self.queued) if cap is None else max(0, cap - len(self.active))
         batch, self.queued = self.queued[:n], self.queued[n:]
-        for fn, group in itertools.groupby(batch, key=lambda queued: queued[1]):   # one array per callable
+        for fn, group in itertools.groupby(batch, key=lambda queued: queued[1]):  # one array per callable
             self._start([run_dir for run_dir, _ in group], fn)
 
     def _start(self, run_dirs: list[Path], fn: RunJob) -> None:
-        with drivers.claimed(run_dirs):      # checked again right before the job goes
+        with drivers.claimed(run_dirs):  # checked again right before the job goes
             self._submit_jobs(self._still_free(run_dirs), fn)
 
     def _submit_jobs(self, run_dirs: list[Path], fn: RunJob) -> None:
@@ -239,37 +267,55 @@ class Scheduler:
             jobs = []
             size = self.launcher.slurm.max_array_size
             for first in range(0, len(run_dirs), size):
-                jobs += self.executor.map_array(fn, [str(d) for d in run_dirs[first:first + size]])
+                jobs += self.executor.map_array(fn, [str(d) for d in run_dirs[first : first + size]])
         else:
             jobs = []
-            for run_dir in run_dirs:            # each local job with GPUs of its own
+            for run_dir in run_dirs:  # each local job with GPUs of its own
                 self.executor.update_parameters(**gpus.job_parameters(self.gpus.take(run_dir)))
                 jobs.append(self.executor.submit(fn, str(run_dir)))
         for run_dir, job in zip(run_dirs, jobs):
             self.active[run_dir] = job
-            rundir.write_status(run_dir, "submitted", job_id=str(job.job_id), executor=self.kind, driver=drivers.me(),
-                                 job_stdout=str(job.paths.stdout), job_stderr=str(job.paths.stderr))
+            rundir.write_status(
+                run_dir,
+                "submitted",
+                job_id=str(job.job_id),
+                executor=self.kind,
+                driver=drivers.me(),
+                job_stdout=str(job.paths.stdout),
+                job_stderr=str(job.paths.stderr),
+            )
             self.out(f"submitted {run_dir.name} as job {job.job_id}")
 
 
-def run_sweep(grid: GridSpec, grid_file: Path, runs: list[PlannedRun], results_root: Path, executor: str | None,
-              retry_failed: bool, out: Print = print, poll_s: float = 5.0,
-              transplants: list[PlannedTransplant] = (), tree: BranchTree | None = None,
-              wait: bool = False) -> dict[str, list[str]]:
+def run_sweep(
+    grid: GridSpec,
+    grid_file: Path,
+    runs: list[PlannedRun],
+    results_root: Path,
+    executor: str | None,
+    retry_failed: bool,
+    out: Print = print,
+    poll_s: float = 5.0,
+    transplants: list[PlannedTransplant] = (),
+    tree: BranchTree | None = None,
+    wait: bool = False,
+) -> dict[str, list[str]]:
     """Submit what needs running, wait for it, and return the run ids by final state (drivers.HELD: runs another
     driver, worker or job holds; with `wait`, this driver waits until they end and looks again). The grid's
     `transplants` (derived runs) go to the same scheduler once the runs each needs are done; the children of
     `tree` (shared prefixes, ablate.plan.branching) once their parents can start them (launch.branches)."""
     kind = executor or grid.launcher.executor
     paths = SweepFolder(Path(results_root) / grid.sweep)
-    preparation.require_corpora(_unfinished(paths, runs), file=str(grid_file))    # before anything is written
+    preparation.require_corpora(_unfinished(paths, runs), file=str(grid_file))  # before anything is written
     data_needs.require_probe_data(_unfinished(paths, runs), file=str(grid_file))
     write_sweep_manifest(paths, grid, grid_file, runs, transplants)
     branches.write_tree(paths, tree, [r.run_id for r in runs])
     watch = drivers.Watch(paths.root, out)
     try:
         while True:
-            by_state = _drive(grid, grid_file, runs, paths, kind, retry_failed, out, poll_s, transplants, tree, watch)
+            by_state = _drive(
+                grid, grid_file, runs, paths, kind, retry_failed, out, poll_s, transplants, tree, watch
+            )
             if not (wait and by_state.get(drivers.HELD)):
                 return by_state
             drivers.wait_released([paths.run(rid) for rid in by_state[drivers.HELD]], poll_s, out)
@@ -281,32 +327,44 @@ def _drive(grid, grid_file, runs, paths, kind, retry_failed, out, poll_s, transp
     """run_sweep once the sweep folder is written and this driver is in its drivers.json."""
     decisions = {r.run_id: classify(paths.run(r.run_id), retry_failed, out) for r in runs}
     to_run = [rid for rid, d in decisions.items() if d == "submit"]
-    children = branches.Children(paths, to_run)        # held until their parents can start them
+    children = branches.Children(paths, to_run)  # held until their parents can start them
     if tree is not None and tree.branches:
-        out(f"branching: {len(tree.branches)} runs start from another run's checkpoint "
-            f"({len(children.left)} of those to run wait for their parents)")
+        out(
+            f"branching: {len(tree.branches)} runs start from another run's checkpoint "
+            f"({len(children.left)} of those to run wait for their parents)"
+        )
     watch.did = drivers.decided(decisions)
     out(f"sweep {grid.sweep}: {len(runs)} runs; " + watch.did)
     derived = {t.run_id: classify(paths.run(t.run_id), retry_failed, out) for t in transplants}
     waiting = Waiting(paths, [t for t in transplants if derived[t.run_id] == "submit"])
     if transplants:
-        out(f"transplants: {len(transplants)} derived runs, built once the runs each needs are done; "
-            + drivers.decided(derived))
+        out(
+            f"transplants: {len(transplants)} derived runs, built once the runs each needs are done; "
+            + drivers.decided(derived)
+        )
     if not to_run and not waiting.left:
         out("nothing to submit")
     else:
         scheduler = Scheduler(kind, grid.launcher, paths.jobs, grid.sweep, out)
         if to_run:
-            prep_job = preparation.prepare_for_sweep(kind, grid.launcher, [r.spec for r in runs if r.run_id in to_run],
-                                                     paths.jobs, grid.sweep, out, file=str(grid_file))
+            prep_job = preparation.prepare_for_sweep(
+                kind,
+                grid.launcher,
+                [r.spec for r in runs if r.run_id in to_run],
+                paths.jobs,
+                grid.sweep,
+                out,
+                file=str(grid_file),
+            )
             if prep_job is not None:
                 scheduler.executor.update_parameters(**preparation.after(prep_job, grid.launcher))
             scheduler.submit([paths.run(rid) for rid in children.first(to_run)])
-            if prep_job is not None:   # every run went to Slurm just now; transplants come hours later, when
+            if prep_job is not None:  # every run went to Slurm just now; transplants come hours later, when
                 # Slurm may have forgotten the preparation job: a dependency on it would be refused
                 scheduler.executor.update_parameters(
-                    slurm_additional_parameters=dict(grid.launcher.slurm.additional_parameters))
-            if kind == "slurm" and tree is not None:      # children after their parents' jobs
+                    slurm_additional_parameters=dict(grid.launcher.slurm.additional_parameters)
+                )
+            if kind == "slurm" and tree is not None:  # children after their parents' jobs
                 branches.slurm_children(scheduler, paths, tree, children.left, out)
                 children.left = []
         scheduler.submit(children.ready() + waiting.ready())
@@ -318,6 +376,7 @@ def _drive(grid, grid_file, runs, paths, kind, retry_failed, out, poll_s, transp
 
 def _unfinished(paths: SweepFolder, runs: list[PlannedRun]) -> list:
     """The specs of runs not done yet: only those need their corpus (a corrupt status counts as not done)."""
+
     def done(run_id: str) -> bool:
         try:
             return rundir.read_status(paths.run(run_id)).get("state") == "done"
@@ -327,8 +386,16 @@ def _unfinished(paths: SweepFolder, runs: list[PlannedRun]) -> list:
     return [r.spec for r in runs if not done(r.run_id)]
 
 
-def _wait(scheduler: Scheduler, paths: SweepFolder, all_ids: list[str], out: Print, poll_s: float,
-          waiting: Waiting, children: branches.Children, watch: drivers.Watch) -> None:
+def _wait(
+    scheduler: Scheduler,
+    paths: SweepFolder,
+    all_ids: list[str],
+    out: Print,
+    poll_s: float,
+    waiting: Waiting,
+    children: branches.Children,
+    watch: drivers.Watch,
+) -> None:
     """Poll until every job has ended, submitting each transplant once its runs are done and each child once
     its parent can start it, and printing the sweep's progress line when it changes (or each minute)."""
     last_line, last_print = "", 0.0
@@ -357,8 +424,14 @@ def status_rows(paths: SweepFolder, run_ids: list[str] | None = None) -> list[di
             status = rundir.read_status(run_dir)
             spec = rundir.read_json(run_dir / "spec.json")
         except rundir.CorruptStatus as exc:
-            rows.append({"run_id": rid, "state": "corrupt", "detail": f"{exc}; `ablate sweep` sets it aside and "
-                         f"submits the run again: {resume_point(run_dir)}"})
+            rows.append(
+                {
+                    "run_id": rid,
+                    "state": "corrupt",
+                    "detail": f"{exc}; `ablate sweep` sets it aside and "
+                    f"submits the run again: {resume_point(run_dir)}",
+                }
+            )
             continue
         except (OSError, ValueError) as exc:
             rows.append({"run_id": rid, "state": "unreadable", "detail": str(exc)})
@@ -376,7 +449,11 @@ def status_rows(paths: SweepFolder, run_ids: list[str] | None = None) -> list[di
         if state == "failed":
             err = [line for line in (status.get("error") or "").strip().splitlines() if line.strip()]
             detail = " / ".join(err[-3:])
-            detail += f"  (log: {run_dir / 'log.txt'}" + (f", {status['job_stderr']}" if status.get("job_stderr") else "") + ")"
+            detail += (
+                f"  (log: {run_dir / 'log.txt'}"
+                + (f", {status['job_stderr']}" if status.get("job_stderr") else "")
+                + ")"
+            )
         if state == "pruned":
             detail = f"at step {status.get('pruned_at_step')}: {status.get('reason', '')}"
         row["detail"] = detail

@@ -28,7 +28,7 @@ class Team:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    finishing: object = None       # the gloo group the ranks finish in (None: one process, or no eval tasks)
+    finishing: object = None  # the gloo group the ranks finish in (None: one process, or no eval tasks)
 
 
 @contextmanager
@@ -46,8 +46,13 @@ def team_for(spec: RunSpec) -> Iterator[Team]:
         dist.close()
 
 
-def fine_tune_share(run_dir: Path, spec: RunSpec, team: Team, log: Callable[[str], None],
-                    progress: Callable[[dict], None] | None = None) -> list[dict]:
+def fine_tune_share(
+    run_dir: Path,
+    spec: RunSpec,
+    team: Team,
+    log: Callable[[str], None],
+    progress: Callable[[dict], None] | None = None,
+) -> list[dict]:
     """Fine-tune this rank's share of the run's units; on rank 0 (and alone), return every unit's rows once
     all ranks are done, [] on the others."""
     device = str(pick_device(spec.device, team.local_rank))

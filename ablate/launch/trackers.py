@@ -64,8 +64,11 @@ class TensorBoardTracker:
 
         cfg = spec.tracking.tensorboard
         sweep = str(spec.labels.get("sweep", run_dir.parent.parent.name))
-        self.log_dir = (Path(cfg.log_dir).expanduser() / sweep / arm_name(spec, run_dir.name) if cfg.log_dir
-                        else run_dir / "tensorboard")
+        self.log_dir = (
+            Path(cfg.log_dir).expanduser() / sweep / arm_name(spec, run_dir.name)
+            if cfg.log_dir
+            else run_dir / "tensorboard"
+        )
         # purge_step drops events at or after it that an earlier attempt wrote past its last bookkeeping
         self.writer = SummaryWriter(str(self.log_dir), purge_step=last_step + 1 if resume_id else None)
         self.id = str(self.log_dir)
@@ -78,7 +81,7 @@ class TensorBoardTracker:
             self.writer.add_scalar(key, value, step)
 
     def log_artifact(self, path: Path) -> None:
-        pass   # TensorBoard has no artifacts; the model stays in the run folder
+        pass  # TensorBoard has no artifacts; the model stays in the run folder
 
     def close(self, finished: bool = True) -> None:
         self.writer.close()
@@ -108,7 +111,9 @@ class MlflowTracker:
         self.synchronous = not self.uri.startswith(("http://", "https://", "databricks"))
         self.log_model = cfg.log_model
         # runs of a sweep starting together would race to create the sqlite tables and the experiment
-        lock = FileLock(Path(self.uri[len("sqlite:///"):] + ".lock")) if self.uri.startswith("sqlite:///") else None
+        lock = (
+            FileLock(Path(self.uri[len("sqlite:///") :] + ".lock")) if self.uri.startswith("sqlite:///") else None
+        )
         if lock is not None:
             lock.acquire(wait_s=300)
         try:
@@ -124,17 +129,19 @@ class MlflowTracker:
             if lock is not None:
                 lock.release()
         axes = spec.labels.get("axes") if isinstance(spec.labels.get("axes"), dict) else {}
-        run = self.client.create_run(exp_id, run_name=arm_name(spec, run_dir.name),
-                                     tags={"ablate.run_id": run_dir.name, **{f"axis.{k}": str(v)
-                                                                             for k, v in axes.items()}})
+        run = self.client.create_run(
+            exp_id,
+            run_name=arm_name(spec, run_dir.name),
+            tags={"ablate.run_id": run_dir.name, **{f"axis.{k}": str(v) for k, v in axes.items()}},
+        )
         self.id = run.info.run_id
 
     def log_params(self, params: dict[str, str]) -> None:
         from mlflow.entities import Param
 
         items = [Param(k[:250], v[:6000]) for k, v in params.items()]
-        for start in range(0, len(items), 100):      # MLflow's limit per batch
-            self.client.log_batch(self.id, params=items[start:start + 100], synchronous=self.synchronous)
+        for start in range(0, len(items), 100):  # MLflow's limit per batch
+            self.client.log_batch(self.id, params=items[start : start + 100], synchronous=self.synchronous)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
@@ -142,7 +149,7 @@ class MlflowTracker:
         stamp = int(__import__("time").time() * 1000)
         items = [Metric(_mlflow_key(k), float(v), stamp, step) for k, v in metrics.items()]
         for start in range(0, len(items), 1000):
-            self.client.log_batch(self.id, metrics=items[start:start + 1000], synchronous=self.synchronous)
+            self.client.log_batch(self.id, metrics=items[start : start + 1000], synchronous=self.synchronous)
 
     def log_artifact(self, path: Path) -> None:
         if self.log_model:
@@ -169,9 +176,16 @@ class WandbTracker:
         folder = Path(cfg.dir).expanduser() if cfg.dir else run_dir
         folder.mkdir(parents=True, exist_ok=True)
         sweep = str(spec.labels.get("sweep", run_dir.parent.parent.name))
-        self.run = wandb.init(project=cfg.project or sweep, group=sweep, name=arm_name(spec, run_dir.name),
-                              id=self.id, resume="allow", mode="offline", dir=str(folder),
-                              settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
+        self.run = wandb.init(
+            project=cfg.project or sweep,
+            group=sweep,
+            name=arm_name(spec, run_dir.name),
+            id=self.id,
+            resume="allow",
+            mode="offline",
+            dir=str(folder),
+            settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
+        )
 
     def log_params(self, params: dict[str, str]) -> None:
         self.run.config.update(params, allow_val_change=True)
@@ -180,7 +194,7 @@ class WandbTracker:
         self.run.log(dict(metrics), step=step)
 
     def log_artifact(self, path: Path) -> None:
-        pass   # offline artifacts of a whole model would copy it; the run folder keeps it
+        pass  # offline artifacts of a whole model would copy it; the run folder keeps it
 
     def close(self, finished: bool = True) -> None:
         self.run.finish(exit_code=0 if finished else 1)
@@ -198,22 +212,27 @@ class RunTrackers:
         self.state = {"ids": {}, "step": 0, "layer_rows": 0}
         try:
             self.state = read_json(self.path) if self.path.is_file() else self.state
-        except (OSError, ValueError) as exc:     # unreadable: start new tracker runs rather than fail the run
+        except (OSError, ValueError) as exc:  # unreadable: start new tracker runs rather than fail the run
             log(f"trackers: {self.path.name} unreadable ({exc}); starting new tracker runs")
         self.trackers: dict[str, object] = {}
         fresh = []
         for name in spec.tracking.enabled:
             resume_id = self.state["ids"].get(name)
-            tracker = self._guard(name, "start", lambda c=TRACKERS[name], r=resume_id: c(
-                spec, self.run_dir, r, int(self.state["step"])))
+            tracker = self._guard(
+                name,
+                "start",
+                lambda c=TRACKERS[name], r=resume_id: c(spec, self.run_dir, r, int(self.state["step"])),
+            )
             if tracker is not None:
                 self.trackers[name] = tracker
                 self.state["ids"][name] = tracker.id
                 fresh += [name] if resume_id is None else []
         if self.trackers:
             self._save()
-            log(f"tracking: {', '.join(self.trackers)}" + (f" (resuming after step {self.state['step']})"
-                                                             if self.state["step"] else ""))
+            log(
+                f"tracking: {', '.join(self.trackers)}"
+                + (f" (resuming after step {self.state['step']})" if self.state["step"] else "")
+            )
         params = flat_params(spec)
         for name in fresh:
             self._call(name, "log_params", params)
@@ -225,7 +244,7 @@ class RunTrackers:
     def _guard(self, name: str, what: str, fn):
         try:
             return fn()
-        except Exception as exc:   # noqa: BLE001  (a tracker never fails a run: the error goes to the log)
+        except Exception as exc:  # noqa: BLE001  (a tracker never fails a run: the error goes to the log)
             self.log(f"tracker {name}: {what} failed ({type(exc).__name__}: {exc}); the run goes on without it")
             self.trackers.pop(name, None)
             return None
@@ -253,9 +272,19 @@ class RunTrackers:
             phase_end[row["phase"]] = row["step"]
             if row["step"] > last:
                 by_step.setdefault(row["step"], {}).update(
-                    {"train/loss": row["loss"], "train/lr": row["lr"], "train/tokens": row["tokens"],
-                     **{f"train/{k}": v for k, v in row.items()  # loss/<member>, mask_rate, tokens/<source>
-                        if k.startswith(("loss/", "mask_rate", "tokens/")) and v is not None and math.isfinite(v)}})
+                    {
+                        "train/loss": row["loss"],
+                        "train/lr": row["lr"],
+                        "train/tokens": row["tokens"],
+                        **{
+                            f"train/{k}": v
+                            for k, v in row.items()  # loss/<member>, mask_rate, tokens/<source>
+                            if k.startswith(("loss/", "mask_rate", "tokens/"))
+                            and v is not None
+                            and math.isfinite(v)
+                        },
+                    }
+                )
         for row in state.grad_norms:
             if row["step"] > last:
                 by_step.setdefault(row["step"], {})[f"grad_norm/layer_{row['layer']}"] = row["grad_norm"]
@@ -271,8 +300,11 @@ class RunTrackers:
         """Downstream scores, as '<task>/<split>/<metric>/seed_<n>' at the run's last step (each once, even
         when an evaluation resumed reads earlier seeds back)."""
         sent = set(self.state.get("scores", []))
-        metrics = {f"{r['task']}/{r['split']}/{r['metric']}/seed_{r['finetune_seed']}": r["value"] for r in rows
-                   if isinstance(r.get("value"), (int, float))}
+        metrics = {
+            f"{r['task']}/{r['split']}/{r['metric']}/seed_{r['finetune_seed']}": r["value"]
+            for r in rows
+            if isinstance(r.get("value"), (int, float))
+        }
         metrics = {k: v for k, v in metrics.items() if k not in sent}
         if metrics:
             self._send({step: metrics})

@@ -18,7 +18,7 @@ from ablate.plan.transplants import PlannedTransplant
 from ablate.store import rundir
 from ablate.store.sweep import SweepFolder
 
-NOT_BUILDABLE = ("failed", "pruned")     # a source run in one of these states gives no hybrid
+NOT_BUILDABLE = ("failed", "pruned")  # a source run in one of these states gives no hybrid
 
 
 def check_tasks(planned: list[PlannedTransplant], file: str) -> None:
@@ -29,7 +29,7 @@ def check_tasks(planned: list[PlannedTransplant], file: str) -> None:
         try:
             check_eval([t.spec], file=file)
         except SpecError as exc:
-            if exc.file != file:                     # an error inside a task file
+            if exc.file != file:  # an error inside a task file
                 key = exc.key
             elif (exc.key or "").startswith(("eval.finetune", "base.eval.protocol")):
                 key = f"{t.key}.eval.{exc.key.rsplit('eval.', 1)[1]}"
@@ -64,12 +64,20 @@ class Waiting:
 
     def describe_left(self) -> list[str]:
         """A line per derived run still waiting (its source runs are neither done nor failed here)."""
-        return [f"transplant {t.run_id} waits for runs {t.from_id} and {t.into_id} (queued or running "
-                "elsewhere, or interrupted): run the sweep again once they are done" for t in self.left]
+        return [
+            f"transplant {t.run_id} waits for runs {t.from_id} and {t.into_id} (queued or running "
+            "elsewhere, or interrupted): run the sweep again once they are done"
+            for t in self.left
+        ]
 
 
-def run_here(sweep_dir: Path, planned: list[PlannedTransplant], tasks: tuple[str, ...] | None,
-             seeds: tuple[int, ...] | None, log: Callable[[str], None] = print) -> list[str]:
+def run_here(
+    sweep_dir: Path,
+    planned: list[PlannedTransplant],
+    tasks: tuple[str, ...] | None,
+    seeds: tuple[int, ...] | None,
+    log: Callable[[str], None] = print,
+) -> list[str]:
     """`ablate transplant`: build and fine-tune each derived run in this process (one already done only
     gets the `tasks` / `seeds` asked for, read back where its scores exist). Returns the ids that failed
     (recorded in their folders); the others go on."""
@@ -81,14 +89,21 @@ def run_here(sweep_dir: Path, planned: list[PlannedTransplant], tasks: tuple[str
     for folder in folders:
         if rundir.read_status(folder).get("state") == "done":
             if tasks or seeds:
-                evaluate_run(folder, worker.load_spec(folder), log=lambda m, r=folder.name: log(f"[{r}] {m}"),
-                             tasks=tasks, seeds=seeds)
+                evaluate_run(
+                    folder,
+                    worker.load_spec(folder),
+                    log=lambda m, r=folder.name: log(f"[{r}] {m}"),
+                    tasks=tasks,
+                    seeds=seeds,
+                )
             continue
         try:
             worker.execute(folder)
         except (SpecError, rundir.AlreadyRunning):
             raise
-        except Exception as exc:   # recorded in status.json and log.txt by the worker
-            print(f"failed {folder.name}: {type(exc).__name__}: {exc}\n  log: {folder / 'log.txt'}", file=sys.stderr)
+        except Exception as exc:  # recorded in status.json and log.txt by the worker
+            print(
+                f"failed {folder.name}: {type(exc).__name__}: {exc}\n  log: {folder / 'log.txt'}", file=sys.stderr
+            )
             failed.append(folder.name)
     return failed

@@ -32,7 +32,13 @@ from ablate.launch import branches, shares
 from ablate.launch.console import Console
 from ablate.launch.trackers import RunTrackers
 from ablate.analysis.probe import REPS_DIR
-from ablate.train.checkpoint import TOKEN_HASH_FORMAT, adopt_checkpoint, kept_checkpoint, kept_path, latest_checkpoint
+from ablate.train.checkpoint import (
+    TOKEN_HASH_FORMAT,
+    adopt_checkpoint,
+    kept_checkpoint,
+    kept_path,
+    latest_checkpoint,
+)
 from ablate.data.mixture import uses_own_data
 from ablate.train.loop import TrainState, _hold_if_asked, pretrain
 from ablate.config.spec import RunSpec, dump_run_spec
@@ -104,11 +110,14 @@ def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: floa
         "token_hash": state.token_hash,
         "tokens_seen": state.tokens_seen,
         "phase_token_hashes": state.phase_token_hashes,
-        "token_hash_format": TOKEN_HASH_FORMAT,      # phase hashes comparable across objectives
+        "token_hash_format": TOKEN_HASH_FORMAT,  # phase hashes comparable across objectives
         "phase_tokens": state.phase_tokens,
         # runs that read by members (data.mixture, a phase's own data): each source's realised tokens and hash
-        **({"source_tokens": state.source_tokens, "source_token_hashes": state.source_token_hashes}
-           if uses_own_data(spec) else {}),
+        **(
+            {"source_tokens": state.source_tokens, "source_token_hashes": state.source_token_hashes}
+            if uses_own_data(spec)
+            else {}
+        ),
         # phases that set a RoPE theta: the thetas in effect in each phase (the final model's config has the last)
         **({"rope_thetas": json.dumps(thetas)} if (thetas := phase_rope_thetas(spec.phases)) else {}),
         "steps": state.global_step,
@@ -117,8 +126,14 @@ def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: floa
         "family": family_of(config).name,
         "n_layers": n_layers(config),
         "model_dir": str((Path(run_dir) / "model").resolve()),
-        "versions": json.dumps({"ablate": __version__, "torch": torch.__version__,
-                                "transformers": transformers.__version__, "python": platform.python_version()}),
+        "versions": json.dumps(
+            {
+                "ablate": __version__,
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "python": platform.python_version(),
+            }
+        ),
         **seed_record(spec),
     }
 
@@ -144,8 +159,10 @@ def _fine_tune(run_dir: Path, spec: RunSpec, log, report, team: shares.Team = sh
     score rows of every unit."""
     if not spec.eval.tasks:
         return []
-    write_progress(run_dir, {"stage": "finetune", "phase": "fine-tuning " + ",".join(spec.eval.tasks),
-                             "step": 0, "total_steps": 0})     # until the first task reports
+    write_progress(
+        run_dir,
+        {"stage": "finetune", "phase": "fine-tuning " + ",".join(spec.eval.tasks), "step": 0, "total_steps": 0},
+    )  # until the first task reports
     return shares.fine_tune_share(run_dir, spec, team, log=log, progress=report)
 
 
@@ -159,12 +176,14 @@ def start_from_parent(run_dir: Path, log) -> None:
         return
     parent_dir, step = run_dir.parent / branch["parent"], int(branch["step"])
     source = "parent"
-    if latest_checkpoint(run_dir / "checkpoints") is None:      # else: adopted, killed before the mark
+    if latest_checkpoint(run_dir / "checkpoints") is None:  # else: adopted, killed before the mark
         found = kept_checkpoint(parent_dir / "checkpoints", step)
         if found is None:
             source = "scratch"
-            log(f"branch of {branch['parent']} @ step {step}: the parent has no checkpoint there (trained before "
-                "the tree named this step, or gone); training from step 0 (the same result)")
+            log(
+                f"branch of {branch['parent']} @ step {step}: the parent has no checkpoint there (trained before "
+                "the tree named this step, or gone); training from step 0 (the same result)"
+            )
         else:
             state = rundir.read_json(found / "state.json")
             for phase in dict.fromkeys(row["phase"] for row in state["layer_rows"]):
@@ -172,14 +191,16 @@ def start_from_parent(run_dir: Path, log) -> None:
                 if reps.is_file():
                     rundir.atomic.link_or_copy(reps, run_dir.joinpath(*REPS_DIR, f"{phase}.npz"))
             adopt_checkpoint(found, run_dir / "checkpoints")
-            log(f"branch of {branch['parent']} @ step {step}: started from its checkpoint "
-                f"(phase {state['phase_index']}, {state['tokens_seen']} tokens seen)")
+            log(
+                f"branch of {branch['parent']} @ step {step}: started from its checkpoint "
+                f"(phase {state['phase_index']}, {state['tokens_seen']} tokens seen)"
+            )
     rundir.mark_branched(run_dir, source, step)
     siblings = rundir.branch_points(parent_dir).get(step, [])
     if all(rundir.branched(run_dir.parent / c) is not None for c in siblings):
         shutil.rmtree(kept_path(parent_dir / "checkpoints", step), ignore_errors=True)
     if source == "parent":
-        _hold_if_asked(step, log)       # ABLATE_PAUSE_AT: how the tests kill a child right after it branched
+        _hold_if_asked(step, log)  # ABLATE_PAUSE_AT: how the tests kill a child right after it branched
 
 
 def _child_release(run_dir: Path, log) -> Callable[[], None]:
@@ -194,8 +215,15 @@ def _child_release(run_dir: Path, log) -> Callable[[], None]:
     return release
 
 
-def _pretrain_then_evaluate(spec: RunSpec, run_dir: Path, log, report, pretraining_report,
-                            trackers: RunTrackers | None, stop_after_steps: int | None) -> str:
+def _pretrain_then_evaluate(
+    spec: RunSpec,
+    run_dir: Path,
+    log,
+    report,
+    pretraining_report,
+    trackers: RunTrackers | None,
+    stop_after_steps: int | None,
+) -> str:
     """The body of one attempt: continue pretraining, write the records, fine-tune, mark done."""
     started = time.perf_counter()
     start_from_parent(run_dir, log)
@@ -206,31 +234,50 @@ def _pretrain_then_evaluate(spec: RunSpec, run_dir: Path, log, report, pretraini
         pretraining_report(progress)
         release()
 
-    with shares.team_for(spec) as team:       # several ranks: held over pretraining and fine-tuning
-        state = pretrain(spec, run_dir, log=log, phase_end_hooks=hooks, progress=report_and_release,
-                         stop_after_steps=stop_after_steps, on_log=trackers.feed if trackers else None)
+    with shares.team_for(spec) as team:  # several ranks: held over pretraining and fine-tuning
+        state = pretrain(
+            spec,
+            run_dir,
+            log=log,
+            phase_end_hooks=hooks,
+            progress=report_and_release,
+            stop_after_steps=stop_after_steps,
+            on_log=trackers.feed if trackers else None,
+        )
         release()
         if trackers:
-            trackers.feed(state)      # the steps after the last log step
+            trackers.feed(state)  # the steps after the last log step
         if not state.done:
             rundir.write_status(run_dir, "interrupted")
             return "interrupted"
         wall = time.perf_counter() - started
-        rundir.write_records(run_dir, _run_record(spec, state, run_dir, wall), state.curves,
-                             state.grad_norms, state.layer_rows, state.frozen)
+        rundir.write_records(
+            run_dir,
+            _run_record(spec, state, run_dir, wall),
+            state.curves,
+            state.grad_norms,
+            state.layer_rows,
+            state.frozen,
+        )
         rows = _fine_tune(run_dir, spec, log, report, team)
     if trackers and spec.eval.tasks:
         trackers.scores(rows, state.global_step)
     if trackers:
         trackers.finish(run_dir / "model")
-    rundir.write_status(run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3),
-                        total_time_s=round(time.perf_counter() - started, 3))   # with fine-tuning: for ETAs
+    rundir.write_status(
+        run_dir,
+        "done",
+        finished=time.time(),
+        wall_time_s=round(wall, 3),
+        total_time_s=round(time.perf_counter() - started, 3),
+    )  # with fine-tuning: for ETAs
     log(f"done: {state.tokens_seen} tokens, token hash {state.token_hash[:16]}")
     return "done"
 
 
-def _execute_derived(run_dir: Path, spec: RunSpec, log: Callable[[str], None], report: Callable[[dict], None]
-                     ) -> str:
+def _execute_derived(
+    run_dir: Path, spec: RunSpec, log: Callable[[str], None], report: Callable[[dict], None]
+) -> str:
     """A derived run (a layer transplant, ablate.evaluate.transplant): build it from its two finished
     source runs, fine-tune it on its tasks, mark it done."""
     from ablate.evaluate.transplant import build_hybrid
@@ -239,10 +286,13 @@ def _execute_derived(run_dir: Path, spec: RunSpec, log: Callable[[str], None], r
     build_hybrid(run_dir, spec, log)
     _fine_tune(run_dir, spec, log, report)
     wall = time.perf_counter() - started
-    rundir.write_status(run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3),
-                        total_time_s=round(wall, 3))
-    log(f"done: transplant {spec.labels['derived']['layers']} of {spec.labels['derived']['from']} "
-        f"into {spec.labels['derived']['into']}")
+    rundir.write_status(
+        run_dir, "done", finished=time.time(), wall_time_s=round(wall, 3), total_time_s=round(wall, 3)
+    )
+    log(
+        f"done: transplant {spec.labels['derived']['layers']} of {spec.labels['derived']['from']} "
+        f"into {spec.labels['derived']['into']}"
+    )
     return "done"
 
 
@@ -254,8 +304,9 @@ def _oom_reason(exc: BaseException, spec: RunSpec, run_dir: Path) -> str | None:
     return oom_reason(exc, spec, read_progress(run_dir), int(os.environ.get("WORLD_SIZE", "1")))
 
 
-def execute(run_dir: Path, stop_after_steps: int | None = None,
-            on_progress: Callable[[dict], None] | None = None) -> str:
+def execute(
+    run_dir: Path, stop_after_steps: int | None = None, on_progress: Callable[[dict], None] | None = None
+) -> str:
     """Run (or resume, or finish) the run in `run_dir`; returns its final state.
 
     `on_progress` is called with what each log step reports (phase, step, total_steps, loss, ...) after
@@ -283,7 +334,7 @@ def execute(run_dir: Path, stop_after_steps: int | None = None,
 
     def pretraining_report(progress: dict) -> None:
         report(progress)
-        if on_progress is not None:     # e.g. a tune's pruning check: may raise Pruned
+        if on_progress is not None:  # e.g. a tune's pruning check: may raise Pruned
             on_progress(progress)
 
     try:
@@ -292,15 +343,22 @@ def execute(run_dir: Path, stop_after_steps: int | None = None,
             return "done"
         spec = load_spec(run_dir)
         attempt = int(rundir.read_status(run_dir).get("attempts", 0)) + 1
-        rundir.write_status(run_dir, "running", attempts=attempt, started=time.time(),
-                             host=platform.node(), pid=os.getpid(),
-                             cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))   # launch.gpus
+        rundir.write_status(
+            run_dir,
+            "running",
+            attempts=attempt,
+            started=time.time(),
+            host=platform.node(),
+            pid=os.getpid(),
+            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        )  # launch.gpus
         trackers = None if spec.labels.get("derived") else RunTrackers.for_spec(spec, run_dir, log)
         try:
             if spec.labels.get("derived"):
                 return _execute_derived(run_dir, spec, log, report)
-            return _pretrain_then_evaluate(spec, run_dir, log, report, pretraining_report, trackers,
-                                           stop_after_steps)
+            return _pretrain_then_evaluate(
+                spec, run_dir, log, report, pretraining_report, trackers, stop_after_steps
+            )
         except Pruned as exc:
             rundir.write_status(run_dir, "pruned", pruned_at_step=exc.step, reason=exc.reason)
             log(f"pruned at step {exc.step}: {exc.reason}")
@@ -316,7 +374,7 @@ def execute(run_dir: Path, stop_after_steps: int | None = None,
             raise
     finally:
         if trackers:
-            trackers.close()      # after finish() this is a no-op; otherwise the next attempt resumes
+            trackers.close()  # after finish() this is a no-op; otherwise the next attempt resumes
         console.close()
         log_file.close()
         lock.release()

@@ -54,27 +54,36 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from ablate.models import flex
 
 IMPLEMENTATION = "ablate_sdpa"
-DOCUMENTS_ATTR = "ablate_documents"      # attention-module attribute: Documents, or absent
-FLEX_ATTR = "ablate_block_mask"          # attention-module attribute: global layers' BlockMask (CUDA), or absent
-PREFIX_ATTR = "ablate_prefix"            # attention-module attribute: Prefix, or absent
-MIN_BLOCK = 16                           # query block of a local layer: its window, at least this
+DOCUMENTS_ATTR = "ablate_documents"  # attention-module attribute: Documents, or absent
+FLEX_ATTR = "ablate_block_mask"  # attention-module attribute: global layers' BlockMask (CUDA), or absent
+PREFIX_ATTR = "ablate_prefix"  # attention-module attribute: Prefix, or absent
+MIN_BLOCK = 16  # query block of a local layer: its window, at least this
 
 
-def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-              sliding_window: int | None = None, is_causal: bool | None = None, **_kwargs
-              ) -> tuple[torch.Tensor, None]:
+def attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    is_causal: bool | None = None,
+    **_kwargs,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-function interface: (B, H, L, D) query/key/value -> ((B, L, H, D), None).
     A 4D attention_mask (prepared by hand) goes to transformers' own SDPA function unchanged."""
     if attention_mask is not None and attention_mask.dim() == 4:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal
+        )
     groups = getattr(module, "num_key_value_groups", 1)
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     causal = bool(getattr(module, "is_causal", False) if is_causal is None else is_causal)
     documents = getattr(module, DOCUMENTS_ATTR, None)
     prefix = getattr(module, PREFIX_ATTR, None) if causal else None
-    keep = None if attention_mask is None else attention_mask.to(torch.bool)     # (B, L): False = padding
+    keep = None if attention_mask is None else attention_mask.to(torch.bool)  # (B, L): False = padding
     if documents is not None and keep is not None:
         raise ValueError("document masking takes packed sequences without padding; got a padding mask too")
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
@@ -93,13 +102,14 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     return out.transpose(1, 2).contiguous(), None
 
 
-def full(q, k, v, causal: bool, keep: torch.Tensor | None, dropout: float, scale: float,
-         prefix: Prefix | None = None) -> torch.Tensor:
+def full(
+    q, k, v, causal: bool, keep: torch.Tensor | None, dropout: float, scale: float, prefix: Prefix | None = None
+) -> torch.Tensor:
     """Every key (causal: every earlier one, and a row's prefix): the fused kernels when there is no padding."""
     if keep is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=causal, scale=scale)
-    allowed = keep[:, None, None, :]                       # (B, 1, 1, L): padding keys out
-    if causal:      # only outside training (padding and CLM): the one place a (B, 1, L, L) mask is built
+    allowed = keep[:, None, None, :]  # (B, 1, 1, L): padding keys out
+    if causal:  # only outside training (padding and CLM): the one place a (B, 1, L, L) mask is built
         length = q.shape[2]
         seen = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()[None]
         if prefix is not None:
@@ -112,8 +122,8 @@ def full(q, k, v, causal: bool, keep: torch.Tensor | None, dropout: float, scale
 class Documents:
     """The packed documents of a micro-batch, as the attention reads them."""
 
-    ids: torch.Tensor                        # (B, L) doc ids on the model's device
-    spans: tuple[tuple[tuple[int, int], ...], ...]   # per row, [start, end) of each document (host ints)
+    ids: torch.Tensor  # (B, L) doc ids on the model's device
+    spans: tuple[tuple[tuple[int, int], ...], ...]  # per row, [start, end) of each document (host ints)
 
 
 def documents_of(doc_ids, device: torch.device | str) -> Documents:
@@ -137,8 +147,8 @@ class Prefix:
     """Per-row prefix lengths of a micro-batch, as the attention reads them: keys k < prefix are seen from
     every query of the row (0: causal, L: bidirectional)."""
 
-    lengths: torch.Tensor                    # (B,) on the model's device
-    host: tuple[int, ...]                    # the same, host ints
+    lengths: torch.Tensor  # (B,) on the model's device
+    host: tuple[int, ...]  # the same, host ints
 
 
 def prefix_of(lengths, device: torch.device | str) -> Prefix:
@@ -153,8 +163,22 @@ def prefixed(q, k, v, prefix: Prefix, documents: Documents | None, dropout: floa
     rows = []
     for b, p in enumerate(prefix.host):
         spans = documents.spans[b] if documents is not None else ((0, length),)
-        rows.append(torch.cat([_prefix_piece(q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e],
-                                             min(max(p - s, 0), e - s), dropout, scale) for s, e in spans], dim=2))
+        rows.append(
+            torch.cat(
+                [
+                    _prefix_piece(
+                        q[b : b + 1, :, s:e],
+                        k[b : b + 1, :, s:e],
+                        v[b : b + 1, :, s:e],
+                        min(max(p - s, 0), e - s),
+                        dropout,
+                        scale,
+                    )
+                    for s, e in spans
+                ],
+                dim=2,
+            )
+        )
     return torch.cat(rows, dim=0)
 
 
@@ -164,10 +188,11 @@ def _prefix_piece(q, k, v, prefix: int, dropout: float, scale: float) -> torch.T
     if prefix >= q.shape[2]:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scale)
     out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scale)
-    if prefix <= 1:              # a one-token prefix sees itself alone, as the causal call has it
+    if prefix <= 1:  # a one-token prefix sees itself alone, as the causal call has it
         return out
-    head = F.scaled_dot_product_attention(q[:, :, :prefix], k[:, :, :prefix], v[:, :, :prefix],
-                                          dropout_p=dropout, scale=scale)
+    head = F.scaled_dot_product_attention(
+        q[:, :, :prefix], k[:, :, :prefix], v[:, :, :prefix], dropout_p=dropout, scale=scale
+    )
     return torch.cat([head, out[:, :, prefix:]], dim=2)
 
 
@@ -175,21 +200,31 @@ def per_document(q, k, v, causal: bool, documents: Documents, dropout: float, sc
     """Each document of each row on its own: SDPA (fused, causal flag) per document."""
     rows = []
     for b, spans in enumerate(documents.spans):
-        parts = [F.scaled_dot_product_attention(q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e],
-                                                dropout_p=dropout, is_causal=causal, scale=scale)
-                 for s, e in spans]
+        parts = [
+            F.scaled_dot_product_attention(
+                q[b : b + 1, :, s:e],
+                k[b : b + 1, :, s:e],
+                v[b : b + 1, :, s:e],
+                dropout_p=dropout,
+                is_causal=causal,
+                scale=scale,
+            )
+            for s, e in spans
+        ]
         rows.append(torch.cat(parts, dim=2))
     return torch.cat(rows, dim=0)
 
 
-def _band_allowed(length: int, window: int, block: int, n_blocks: int, causal: bool,
-                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _band_allowed(
+    length: int, window: int, block: int, n_blocks: int, causal: bool, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(allowed (n, block, span) bool, key positions (n, span)) of the blocked layout: block i's queries are
     positions i*block + [0, block), its keys i*block - window + [0, span)."""
     span = block + window + (0 if causal else window)
     q_pos = torch.arange(n_blocks * block, device=device).view(n_blocks, block, 1)
-    k_pos = (torch.arange(n_blocks, device=device)[:, None] * block - window
-             + torch.arange(span, device=device)).view(n_blocks, 1, span)
+    k_pos = (
+        torch.arange(n_blocks, device=device)[:, None] * block - window + torch.arange(span, device=device)
+    ).view(n_blocks, 1, span)
     distance = q_pos - k_pos
     allowed = (distance <= window) & ((distance >= 0) if causal else (distance >= -window))
     allowed &= (k_pos >= 0) & (k_pos < length)
@@ -204,8 +239,18 @@ def _blocks(x: torch.Tensor, before: int, after: int, block: int, span: int) -> 
     return padded.unfold(2, span, block).transpose(-1, -2)
 
 
-def banded(q, k, v, window: int, causal: bool, keep: torch.Tensor | None, documents: Documents | None,
-           dropout: float, scale: float, prefix: Prefix | None = None) -> torch.Tensor:
+def banded(
+    q,
+    k,
+    v,
+    window: int,
+    causal: bool,
+    keep: torch.Tensor | None,
+    documents: Documents | None,
+    dropout: float,
+    scale: float,
+    prefix: Prefix | None = None,
+) -> torch.Tensor:
     """Sliding-window attention (|q - k| <= window; causal: 0 <= q - k <= window; with a prefix: causal or
     k < the row's prefix, within the window) scoring only the keys of each query block's neighbourhood:
     work and memory linear in L."""
@@ -219,7 +264,7 @@ def banded(q, k, v, window: int, causal: bool, keep: torch.Tensor | None, docume
     kb = _blocks(k, window, tail + span - block - window, block, span)
     vb = _blocks(v, window, tail + span - block - window, block, span)
     qb = F.pad(q, (0, 0, 0, tail)).view(batch, heads, n, block, dim)
-    mask = allowed[None]                                                   # (1, n, block, span)
+    mask = allowed[None]  # (1, n, block, span)
     if keep is not None or documents is not None or prefix is not None:
         index = k_pos.clamp(0, length - 1).flatten()
         per_row = torch.ones(batch, n, block, span, dtype=torch.bool, device=q.device)
@@ -232,13 +277,20 @@ def banded(q, k, v, window: int, causal: bool, keep: torch.Tensor | None, docume
         if documents is not None:
             q_docs = F.pad(documents.ids, (0, tail), value=-1).view(batch, n, block, 1)
             per_row &= (q_docs == documents.ids[:, index].view(batch, n, 1, span)) | (q_docs == -1)
-        mask = (allowed & per_row)[:, None].expand(batch, heads, n, block, span).reshape(batch * heads, n,
-                                                                                        block, span)
+        mask = (
+            (allowed & per_row)[:, None]
+            .expand(batch, heads, n, block, span)
+            .reshape(batch * heads, n, block, span)
+        )
     # 4D (B*H, n, block, D): the layout SDPA's fused CPU kernel takes (measured faster than 5D)
-    out = F.scaled_dot_product_attention(qb.reshape(batch * heads, n, block, dim),
-                                         kb.reshape(batch * heads, n, span, dim),
-                                         vb.reshape(batch * heads, n, span, dim),
-                                         attn_mask=mask, dropout_p=dropout, scale=scale)
+    out = F.scaled_dot_product_attention(
+        qb.reshape(batch * heads, n, block, dim),
+        kb.reshape(batch * heads, n, span, dim),
+        vb.reshape(batch * heads, n, span, dim),
+        attn_mask=mask,
+        dropout_p=dropout,
+        scale=scale,
+    )
     # reshape, not view: CUDA's memory-efficient kernel returns a transposed view ((B*H, n, block, D) over
     # (B*H, block, n, D) memory) that no view can merge n and block of; on CPU the output is contiguous and
     # this is a view

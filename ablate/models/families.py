@@ -42,23 +42,27 @@ DecoderFn = Callable[[torch.nn.Module], tuple[torch.Tensor, "torch.Tensor | None
 
 def _modules(*paths: str) -> HeadFn:
     """A transform that applies the model's submodules `paths` (dotted) in order; none: the identity."""
+
     def transform(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         for path in paths:
             hidden = model.get_submodule(path)(hidden)
         return hidden
+
     return transform
 
 
 def _linear(path: str) -> DecoderFn:
     """The weight and bias of the model's nn.Linear at `path`: the vocabulary projection."""
+
     def decoder(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
         linear = model.get_submodule(path)
         return linear.weight, linear.bias
+
     return decoder
 
 
 def _roberta_transform(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    head = model.lm_head     # RobertaLMHead.forward up to its decoder: dense, gelu, layer_norm
+    head = model.lm_head  # RobertaLMHead.forward up to its decoder: dense, gelu, layer_norm
     return head.layer_norm(torch.nn.functional.gelu(head.dense(hidden)))
 
 
@@ -81,25 +85,25 @@ class Family:
     """Where an architecture keeps its parts, and how it takes a causal mask."""
 
     name: str
-    model_types: tuple[str, ...]        # config.model_type values this entry covers
-    encoder_attr: str                   # the bare encoder inside the *ForMaskedLM; its parameter-name prefix
-    embeddings: tuple[str, ...]         # parameter-name prefixes (inside the encoder) of the embedding block
-    layers: re.Pattern                  # parameter name inside the encoder -> block index
-    transform: HeadFn                   # hidden states -> what the vocabulary projection reads (the MLM
-                                        # head's dense + activation + norm; run at labelled positions only)
-    decoder: DecoderFn                  # the vocabulary projection: (weight [vocab, width], bias or None),
-                                        # the weight often tied to the input embeddings
-    causal: Mapping[str, str]           # attention implementation -> MASK_KINDS entry; the keys are all it runs
-    lora_targets: tuple[str, ...]       # attention projections that get LoRA adapters
-    tiny_config: str                    # ablate/models/configs/<name>.json: the random config its tests use
-    shared: tuple[str, ...] = ()        # other encoder parameters outside the blocks (final norm, relative
-                                        # position embeddings): trained unless `encoder` is frozen
-    lora_full: tuple[str, ...] = ()     # modules trained in full under LoRA: possibly fresh (pooler, head)
-    rope_thetas: tuple[tuple[str, str], ...] = ()   # a phase's data key (rope_theta, local_rope_theta) -> the
-                                        # layer type whose config.rope_parameters entry it sets
-    components: tuple[tuple[str, tuple[str, ...]], ...] = ()   # a block's parts a transplant copies alone
-                                        # (ablate.config.transplants.COMPONENTS) -> parameter-name prefixes
-                                        # inside the block: its attention module, its MLP
+    model_types: tuple[str, ...]  # config.model_type values this entry covers
+    encoder_attr: str  # the bare encoder inside the *ForMaskedLM; its parameter-name prefix
+    embeddings: tuple[str, ...]  # parameter-name prefixes (inside the encoder) of the embedding block
+    layers: re.Pattern  # parameter name inside the encoder -> block index
+    transform: HeadFn  # hidden states -> what the vocabulary projection reads (the MLM
+    # head's dense + activation + norm; run at labelled positions only)
+    decoder: DecoderFn  # the vocabulary projection: (weight [vocab, width], bias or None),
+    # the weight often tied to the input embeddings
+    causal: Mapping[str, str]  # attention implementation -> MASK_KINDS entry; the keys are all it runs
+    lora_targets: tuple[str, ...]  # attention projections that get LoRA adapters
+    tiny_config: str  # ablate/models/configs/<name>.json: the random config its tests use
+    shared: tuple[str, ...] = ()  # other encoder parameters outside the blocks (final norm, relative
+    # position embeddings): trained unless `encoder` is frozen
+    lora_full: tuple[str, ...] = ()  # modules trained in full under LoRA: possibly fresh (pooler, head)
+    rope_thetas: tuple[tuple[str, str], ...] = ()  # a phase's data key (rope_theta, local_rope_theta) -> the
+    # layer type whose config.rope_parameters entry it sets
+    components: tuple[tuple[str, tuple[str, ...]], ...] = ()  # a block's parts a transplant copies alone
+    # (ablate.config.transplants.COMPONENTS) -> parameter-name prefixes
+    # inside the block: its attention module, its MLP
 
     @property
     def attn_implementations(self) -> tuple[str, ...]:
@@ -118,10 +122,14 @@ class Family:
         declared = dict(self.rope_thetas)
         for key, value in thetas.items():
             if key not in declared:
-                raise SpecError(f"family {self.name} has no RoPE theta {key!r} to set", key=f"data.{key}",
-                                value=value,
-                                allowed=", ".join(declared) or "no theta: families that declare one: "
-                                + ", ".join(f.name for f in FAMILIES.values() if f.rope_thetas))
+                raise SpecError(
+                    f"family {self.name} has no RoPE theta {key!r} to set",
+                    key=f"data.{key}",
+                    value=value,
+                    allowed=", ".join(declared)
+                    or "no theta: families that declare one: "
+                    + ", ".join(f.name for f in FAMILIES.values() if f.rope_thetas),
+                )
         return {key: declared[key] for key in thetas}
 
     def check_components(self, components: tuple[str, ...], key: str = "components") -> None:
@@ -129,9 +137,13 @@ class Family:
         declared = dict(self.components)
         for component in components:
             if component not in declared:
-                raise SpecError(f"family {self.name} declares no {component!r} component (Family.components in "
-                                "ablate/models/families.py)", key=key, value=component,
-                                allowed=", ".join(declared) or "none")
+                raise SpecError(
+                    f"family {self.name} declares no {component!r} component (Family.components in "
+                    "ablate/models/families.py)",
+                    key=key,
+                    value=component,
+                    allowed=", ".join(declared) or "none",
+                )
 
     def component_of(self, param_name: str) -> str | None:
         """The component a parameter (of the *ForMaskedLM or its encoder) belongs to; None outside the
@@ -140,16 +152,19 @@ class Family:
         m = self.layers.match(name)
         if not m:
             return None
-        inside = name[m.end():]
+        inside = name[m.end() :]
         return next((c for c, prefixes in self.components if inside.startswith(prefixes)), None)
 
     def mask_kind(self, attn_implementation: str) -> str:
         try:
             return self.causal[attn_implementation]
         except KeyError:
-            raise SpecError(f"family {self.name} does not run under attention implementation "
-                            f"{attn_implementation!r}", key="attn_implementation", value=attn_implementation,
-                            allowed=", ".join(self.causal)) from None
+            raise SpecError(
+                f"family {self.name} does not run under attention implementation {attn_implementation!r}",
+                key="attn_implementation",
+                value=attn_implementation,
+                allowed=", ".join(self.causal),
+            ) from None
 
 
 _BERT_LAYERS = re.compile(r"^encoder\.layer\.(\d+)\.")
@@ -158,42 +173,118 @@ _QKV = ("query", "key", "value")
 # `output` (the feed-forward block and its LayerNorm); `attention.output.` starts with `attention.`
 _BERT_PARTS = (("attention", ("attention.",)), ("mlp", ("intermediate.", "output.")))
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("bert", ("bert",), "bert", ("embeddings.",), _BERT_LAYERS,
-           _modules("cls.predictions.transform"), _linear("cls.predictions.decoder"),
-           {"sdpa": "flag", "eager": "additive"}, _QKV, "tiny-bert", lora_full=("pooler",),
-           components=_BERT_PARTS),
-    # also CamemBERT (CamemBERT-bio, DrBERT), XLM-R, BioMed-RoBERTa
-    Family("roberta", ("roberta", "camembert", "xlm-roberta"), "roberta", ("embeddings.",), _BERT_LAYERS,
-           _roberta_transform, _linear("lm_head.decoder"), {"sdpa": "flag", "eager": "additive"}, _QKV,
-           "tiny-roberta", components=_BERT_PARTS),
-    Family("distilbert", ("distilbert",), "distilbert", ("embeddings.",), re.compile(r"^transformer\.layer\.(\d+)\."),
-           _modules("vocab_transform", "activation", "vocab_layer_norm"), _linear("vocab_projector"),
-           {"sdpa": "flag", "eager": "additive"}, ("q_lin", "k_lin", "v_lin"), "tiny-distilbert",
-           lora_full=("pre_classifier",), components=(("attention", ("attention.",)), ("mlp", ("ffn.",)))),
-    # ElectraForMaskedLM is the generator; embeddings_project exists when embedding_size != hidden_size
-    Family("electra", ("electra",), "electra", ("embeddings.", "embeddings_project."), _BERT_LAYERS,
-           _modules("generator_predictions"), _linear("generator_lm_head"), {"sdpa": "flag", "eager": "additive"},
-           _QKV, "tiny-electra", components=_BERT_PARTS),
-    # DeBERTa-v3 checkpoints. Disentangled attention has no SDPA path in transformers. The optional convolution
-    # (conv_kernel_size > 0: v2-xlarge/xxlarge) mixes neighbouring tokens, the future included, and cannot
-    # take a pairwise mask: the preflight rejects such a model for CLM.
-    Family("deberta-v2", ("deberta-v2",), "deberta", ("embeddings.",), _BERT_LAYERS,
-           _deberta_transform, _deberta_decoder, {"eager": "pairwise-bool"}, ("query_proj", "key_proj", "value_proj"), "tiny-deberta-v2",
-           shared=("encoder.rel_embeddings.", "encoder.LayerNorm.", "encoder.conv."), lora_full=("pooler",),
-           components=_BERT_PARTS),
-    # sdpa: banded (ablate.models.attention, no L x L mask); eager: today's dense masks per layer type;
-    # components are the `attn` and `mlp` modules (the pre-norms attn_norm / mlp_norm are neither)
-    Family("modernbert", ("modernbert",), "model", ("embeddings.",), re.compile(r"^layers\.(\d+)\."),
-           _modules("head"), _linear("decoder"), {"sdpa": "banded", "eager": "per-layer-type"}, ("Wqkv",),
-           "tiny-modernbert", shared=("final_norm.",), lora_full=("head",),
-           rope_thetas=(("rope_theta", "full_attention"), ("local_rope_theta", "sliding_attention")),
-           components=(("attention", ("attn.",)), ("mlp", ("mlp.",)))),
-    Family("eurobert", ("eurobert",), "model", ("embed_tokens.",), re.compile(r"^layers\.(\d+)\."),
-           _modules(), _linear("lm_head"), {"sdpa": "flag", "eager": "additive"}, ("q_proj", "k_proj", "v_proj"),
-           "tiny-eurobert", shared=("norm.",), lora_full=("dense",),
-           components=(("attention", ("self_attn.",)), ("mlp", ("mlp.",)))),
-)}
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family(
+            "bert",
+            ("bert",),
+            "bert",
+            ("embeddings.",),
+            _BERT_LAYERS,
+            _modules("cls.predictions.transform"),
+            _linear("cls.predictions.decoder"),
+            {"sdpa": "flag", "eager": "additive"},
+            _QKV,
+            "tiny-bert",
+            lora_full=("pooler",),
+            components=_BERT_PARTS,
+        ),
+        # also CamemBERT (CamemBERT-bio, DrBERT), XLM-R, BioMed-RoBERTa
+        Family(
+            "roberta",
+            ("roberta", "camembert", "xlm-roberta"),
+            "roberta",
+            ("embeddings.",),
+            _BERT_LAYERS,
+            _roberta_transform,
+            _linear("lm_head.decoder"),
+            {"sdpa": "flag", "eager": "additive"},
+            _QKV,
+            "tiny-roberta",
+            components=_BERT_PARTS,
+        ),
+        Family(
+            "distilbert",
+            ("distilbert",),
+            "distilbert",
+            ("embeddings.",),
+            re.compile(r"^transformer\.layer\.(\d+)\."),
+            _modules("vocab_transform", "activation", "vocab_layer_norm"),
+            _linear("vocab_projector"),
+            {"sdpa": "flag", "eager": "additive"},
+            ("q_lin", "k_lin", "v_lin"),
+            "tiny-distilbert",
+            lora_full=("pre_classifier",),
+            components=(("attention", ("attention.",)), ("mlp", ("ffn.",))),
+        ),
+        # ElectraForMaskedLM is the generator; embeddings_project exists when embedding_size != hidden_size
+        Family(
+            "electra",
+            ("electra",),
+            "electra",
+            ("embeddings.", "embeddings_project."),
+            _BERT_LAYERS,
+            _modules("generator_predictions"),
+            _linear("generator_lm_head"),
+            {"sdpa": "flag", "eager": "additive"},
+            _QKV,
+            "tiny-electra",
+            components=_BERT_PARTS,
+        ),
+        # DeBERTa-v3 checkpoints. Disentangled attention has no SDPA path in transformers. The optional convolution
+        # (conv_kernel_size > 0: v2-xlarge/xxlarge) mixes neighbouring tokens, the future included, and cannot
+        # take a pairwise mask: the preflight rejects such a model for CLM.
+        Family(
+            "deberta-v2",
+            ("deberta-v2",),
+            "deberta",
+            ("embeddings.",),
+            _BERT_LAYERS,
+            _deberta_transform,
+            _deberta_decoder,
+            {"eager": "pairwise-bool"},
+            ("query_proj", "key_proj", "value_proj"),
+            "tiny-deberta-v2",
+            shared=("encoder.rel_embeddings.", "encoder.LayerNorm.", "encoder.conv."),
+            lora_full=("pooler",),
+            components=_BERT_PARTS,
+        ),
+        # sdpa: banded (ablate.models.attention, no L x L mask); eager: today's dense masks per layer type;
+        # components are the `attn` and `mlp` modules (the pre-norms attn_norm / mlp_norm are neither)
+        Family(
+            "modernbert",
+            ("modernbert",),
+            "model",
+            ("embeddings.",),
+            re.compile(r"^layers\.(\d+)\."),
+            _modules("head"),
+            _linear("decoder"),
+            {"sdpa": "banded", "eager": "per-layer-type"},
+            ("Wqkv",),
+            "tiny-modernbert",
+            shared=("final_norm.",),
+            lora_full=("head",),
+            rope_thetas=(("rope_theta", "full_attention"), ("local_rope_theta", "sliding_attention")),
+            components=(("attention", ("attn.",)), ("mlp", ("mlp.",))),
+        ),
+        Family(
+            "eurobert",
+            ("eurobert",),
+            "model",
+            ("embed_tokens.",),
+            re.compile(r"^layers\.(\d+)\."),
+            _modules(),
+            _linear("lm_head"),
+            {"sdpa": "flag", "eager": "additive"},
+            ("q_proj", "k_proj", "v_proj"),
+            "tiny-eurobert",
+            shared=("norm.",),
+            lora_full=("dense",),
+            components=(("attention", ("self_attn.",)), ("mlp", ("mlp.",))),
+        ),
+    )
+}
 
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
 HOW_TO_ADD = "add an entry to FAMILIES in ablate/models/families.py (docs/models.md: Adding a family)"
@@ -203,10 +294,15 @@ def family_of(config: PretrainedConfig) -> Family:
     try:
         return _BY_MODEL_TYPE[config.model_type]
     except KeyError:
-        raise SpecError(f"no family entry for architecture {config.model_type!r}; to add one, {HOW_TO_ADD}",
-                        key="model", value=config.model_type,
-                        allowed=", ".join(f"{f.name} ({', '.join(f.model_types)})" if f.model_types != (f.name,)
-                                          else f.name for f in FAMILIES.values())) from None
+        raise SpecError(
+            f"no family entry for architecture {config.model_type!r}; to add one, {HOW_TO_ADD}",
+            key="model",
+            value=config.model_type,
+            allowed=", ".join(
+                f"{f.name} ({', '.join(f.model_types)})" if f.model_types != (f.name,) else f.name
+                for f in FAMILIES.values()
+            ),
+        ) from None
 
 
 def layer_of(param_name: str, family: Family) -> str:
@@ -248,10 +344,16 @@ def check_layout(model: torch.nn.Module, family: Family) -> None:
     elif "emb" not in where.values():
         problem = f"no embedding parameters under {[prefix + e for e in family.embeddings]}"
     elif blocks != list(range(depth)):
-        problem = (f"blocks {blocks or 'none'} found by the pattern {family.layers.pattern!r}, but the config has "
-                   f"{depth} layers")
+        problem = (
+            f"blocks {blocks or 'none'} found by the pattern {family.layers.pattern!r}, but the config has "
+            f"{depth} layers"
+        )
     elif stray:
         problem = f"encoder parameters in no embedding, block or shared group: {stray[:3]}"
     if problem:
-        raise SpecError(f"family {family.name}: the model's layers cannot be found ({problem}); fix the entry "
-                        "in ablate/models/families.py", key="model", value=model.config.model_type)
+        raise SpecError(
+            f"family {family.name}: the model's layers cannot be found ({problem}); fix the entry "
+            "in ablate/models/families.py",
+            key="model",
+            value=model.config.model_type,
+        )

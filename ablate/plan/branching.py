@@ -31,7 +31,7 @@ from ablate.config.spec import LRSchedule, RunSpec
 from ablate.data.mixture import phase_data
 from ablate.plan.phases import PhasePlan
 
-LrAt = Callable[[LRSchedule, float, int, int], float]   # ablate.train.schedule.lr_at, given by the caller
+LrAt = Callable[[LRSchedule, float, int, int], float]  # ablate.train.schedule.lr_at, given by the caller
 
 
 def computation_key(spec: RunSpec) -> str:
@@ -57,13 +57,13 @@ class RunPlan:
 @dataclass(frozen=True)
 class Branch:
     parent: str
-    step: int           # the global step of the parent's checkpoint the child starts from
+    step: int  # the global step of the parent's checkpoint the child starts from
 
 
 @dataclass
 class BranchTree:
-    branches: dict[str, Branch] = field(default_factory=dict)     # child run id -> where it starts
-    steps: dict[str, int] = field(default_factory=dict)           # run id -> its planned steps
+    branches: dict[str, Branch] = field(default_factory=dict)  # child run id -> where it starts
+    steps: dict[str, int] = field(default_factory=dict)  # run id -> its planned steps
     tokens_per_step: dict[str, int] = field(default_factory=dict)
 
     def keep_steps(self, parent: str) -> dict[int, list[str]]:
@@ -88,8 +88,11 @@ class BranchTree:
         """Run ids parents first (roots, then their children, ...), each level in planning order."""
         placed, out = set(), []
         while len(out) < len(self.steps):
-            level = [r for r in self.steps if r not in placed
-                     and (r not in self.branches or self.branches[r].parent in placed)]
+            level = [
+                r
+                for r in self.steps
+                if r not in placed and (r not in self.branches or self.branches[r].parent in placed)
+            ]
             placed |= set(level)
             out += level
         return out
@@ -97,9 +100,15 @@ class BranchTree:
 
 def _phase_key(plan: PhasePlan, spec: RunSpec, data: list) -> tuple:
     p = plan.spec
-    what = json.dumps(objectives.get(p.objective).identity(p), sort_keys=True)   # its entry's identity fields
-    return (p.name, what, plan.frozen, p.lr.peak_lr or spec.optim.lr, json.dumps(data[plan.index]),
-            json.dumps(rope_thetas_at(spec.phases, plan.index), sort_keys=True))
+    what = json.dumps(objectives.get(p.objective).identity(p), sort_keys=True)  # its entry's identity fields
+    return (
+        p.name,
+        what,
+        plan.frozen,
+        p.lr.peak_lr or spec.optim.lr,
+        json.dumps(data[plan.index]),
+        json.dumps(rope_thetas_at(spec.phases, plan.index), sort_keys=True),
+    )
 
 
 def _data_of(run: RunPlan, cache: dict) -> list:
@@ -139,16 +148,17 @@ def branch_step(child: RunPlan, parent: RunPlan, lr_at: LrAt, cache: dict | None
     """The latest step of the parent's checkpoints the child can start from (0: none)."""
     steps, child_end, parent_end = shared_prefix(child, parent, lr_at, cache)
     if parent_end and not child_end:
-        steps -= 1           # the parent's checkpoint there holds its phase-end work, inside the child's phase
+        steps -= 1  # the parent's checkpoint there holds its phase-end work, inside the child's phase
     return max(steps, 0)
 
 
 def plan_tree(runs: Sequence[RunPlan], lr_at: LrAt) -> BranchTree:
     """The sweep's tree: longest runs first, each run branching from the earlier run it shares the most steps
     with (ties: the earlier). A run with `branching: false` is neither parent nor child."""
-    tree = BranchTree(steps={r.run_id: r.steps for r in runs},
-                      tokens_per_step={r.run_id: r.spec.tokens_per_step for r in runs})
-    ordered = sorted(runs, key=lambda r: -r.steps)       # stable: grid order among equals
+    tree = BranchTree(
+        steps={r.run_id: r.steps for r in runs}, tokens_per_step={r.run_id: r.spec.tokens_per_step for r in runs}
+    )
+    ordered = sorted(runs, key=lambda r: -r.steps)  # stable: grid order among equals
     cache: dict = {}
     keys = {r.run_id: computation_key(r.spec) for r in runs}
     for i, run in enumerate(ordered):
@@ -171,14 +181,18 @@ def tree_lines(tree: BranchTree, labels: dict[str, str]) -> list[str]:
     if not tree.branches:
         return ["branching: no run shares a prefix with another (every run trains from step 0)"]
     planned, trained = tree.planned_tokens(), tree.trained_tokens()
-    lines = [f"branching: {len(tree.branches)} of {len(tree.steps)} runs start from another run's checkpoint; "
-             f"trained {trained:,} of {planned:,} tokens ({trained / planned:.2f}x), {planned - trained:,} saved"]
+    lines = [
+        f"branching: {len(tree.branches)} of {len(tree.steps)} runs start from another run's checkpoint; "
+        f"trained {trained:,} of {planned:,} tokens ({trained / planned:.2f}x), {planned - trained:,} saved"
+    ]
 
     def walk(run_id: str, indent: int) -> None:
         for step, children in tree.keep_steps(run_id).items():
             for child in children:
-                lines.append(f"{'  ' * indent}{child} {labels.get(child, '')}: branch of {run_id} @ step {step} "
-                             f"(trains {tree.trained_steps(child)} of {tree.steps[child]} steps)")
+                lines.append(
+                    f"{'  ' * indent}{child} {labels.get(child, '')}: branch of {run_id} @ step {step} "
+                    f"(trains {tree.trained_steps(child)} of {tree.steps[child]} steps)"
+                )
                 walk(child, indent + 1)
 
     for root in [r for r in tree.steps if r not in tree.branches and tree.keep_steps(r)]:

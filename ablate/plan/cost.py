@@ -27,8 +27,10 @@ from ablate.config.errors import SpecError
 from ablate.config.spec import RunSpec
 from ablate.store.sweep import format_duration
 
-HOW_TO_GET_HOURS = ("for hours and GPU-hours, run `ablate calibrate {grid}` on the target hardware (it stores the "
-                    "measured tokens/s with the sweep) or pass --tokens-per-s N")
+HOW_TO_GET_HOURS = (
+    "for hours and GPU-hours, run `ablate calibrate {grid}` on the target hardware (it stores the "
+    "measured tokens/s with the sweep) or pass --tokens-per-s N"
+)
 
 
 class Combo(NamedTuple):
@@ -84,6 +86,7 @@ class FinetuneWork:
 
 # ---------------------------------------------------------------- the calibration file (<sweep>/calibration.json)
 
+
 class PretrainRate(Strict):
     model: str
     objective: str = Field(description="a registered objective (ablate.config.objectives)")
@@ -126,6 +129,7 @@ class Calibration(Strict):
 
 # ---------------------------------------------------------------- throughput
 
+
 @dataclass(frozen=True)
 class Throughput:
     """What the estimate divides by: tokens/s per process for each combo (or `default` for every combo),
@@ -142,47 +146,74 @@ class Throughput:
 
 def check_tokens_per_s(value: float | None) -> float | None:
     if value is not None and not (math.isfinite(value) and value > 0):
-        raise SpecError("not a throughput", key="--tokens-per-s", value=value,
-                        allowed="a number > 0: training tokens per second of one process (one GPU)")
+        raise SpecError(
+            "not a throughput",
+            key="--tokens-per-s",
+            value=value,
+            allowed="a number > 0: training tokens per second of one process (one GPU)",
+        )
     return value
 
 
 def given_throughput(tokens_per_s: float) -> Throughput:
-    return Throughput(f"--tokens-per-s {tokens_per_s:,g} for every phase", default=check_tokens_per_s(tokens_per_s))
+    return Throughput(
+        f"--tokens-per-s {tokens_per_s:,g} for every phase", default=check_tokens_per_s(tokens_per_s)
+    )
 
 
 def calibrated_throughput(calibration: Calibration, where: str) -> Throughput:
     """The calibration's measurements as they are (no check against a grid: ablate status uses what fits)."""
     hw = calibration.hardware
     machine = hw.get("gpu") or hw.get("cpu") or "?"
-    return Throughput(f"calibrated {calibration.created} on {hw.get('host', '?')} ({machine}; torch "
-                      f"{calibration.torch}), {where}",
-                      per_combo={r.combo: r.tokens_per_s for r in calibration.pretraining},
-                      finetune={r.key: (r.train_examples_per_s, r.eval_examples_per_s) for r in calibration.finetuning})
+    return Throughput(
+        f"calibrated {calibration.created} on {hw.get('host', '?')} ({machine}; torch "
+        f"{calibration.torch}), {where}",
+        per_combo={r.combo: r.tokens_per_s for r in calibration.pretraining},
+        finetune={r.key: (r.train_examples_per_s, r.eval_examples_per_s) for r in calibration.finetuning},
+    )
 
 
-def matching_throughput(calibration: Calibration, where: str, sweep: str, specs: list[RunSpec],
-                        finetune_keys: list[FinetuneKey], grid_file: str) -> Throughput:
+def matching_throughput(
+    calibration: Calibration,
+    where: str,
+    sweep: str,
+    specs: list[RunSpec],
+    finetune_keys: list[FinetuneKey],
+    grid_file: str,
+) -> Throughput:
     """The calibration as the throughput of this grid; a SpecError when it was made for another grid (another
     sweep name, or a model / objective / length / batch, or with fine-tuning timed, a task or fine-tuning
     setting this grid has and it did not measure)."""
     again = f"re-run `ablate calibrate {grid_file}`"
     if calibration.sweep != sweep:
-        raise SpecError(f"this calibration is of sweep {calibration.sweep!r} (grid {calibration.grid_file}), not of "
-                        f"this grid's sweep {sweep!r}; {again}", file=where, key="sweep", value=calibration.sweep,
-                        allowed=sweep)
+        raise SpecError(
+            f"this calibration is of sweep {calibration.sweep!r} (grid {calibration.grid_file}), not of "
+            f"this grid's sweep {sweep!r}; {again}",
+            file=where,
+            key="sweep",
+            value=calibration.sweep,
+            allowed=sweep,
+        )
     throughput = calibrated_throughput(calibration, where)
     missing = [c.describe() for c in pretraining_combos(specs) if c not in throughput.per_combo]
     if calibration.finetuning:
-        missing += [f"fine-tuning {k.describe()}" for k in dict.fromkeys(finetune_keys) if k not in throughput.finetune]
+        missing += [
+            f"fine-tuning {k.describe()}" for k in dict.fromkeys(finetune_keys) if k not in throughput.finetune
+        ]
     if missing:
-        raise SpecError(f"the calibration was made for another grid (or an older version of {grid_file}): it "
-                        f"measured nothing for {'; '.join(missing)}; {again}", file=where, key="pretraining",
-                        value=missing[0], allowed="; ".join(c.describe() for c in throughput.per_combo))
+        raise SpecError(
+            f"the calibration was made for another grid (or an older version of {grid_file}): it "
+            f"measured nothing for {'; '.join(missing)}; {again}",
+            file=where,
+            key="pretraining",
+            value=missing[0],
+            allowed="; ".join(c.describe() for c in throughput.per_combo),
+        )
     return throughput
 
 
 # ---------------------------------------------------------------- the estimate
+
 
 @dataclass(frozen=True)
 class ArmCost:
@@ -190,9 +221,9 @@ class ArmCost:
     axes: dict
     steps: int
     tokens: int
-    hours: float | None                 # pretraining; None without a throughput
+    hours: float | None  # pretraining; None without a throughput
     gpus: int
-    finetune_hours: float | None        # None: not estimated (or no task: see has_finetuning)
+    finetune_hours: float | None  # None: not estimated (or no task: see has_finetuning)
     has_finetuning: bool = False
 
     @property
@@ -202,20 +233,22 @@ class ArmCost:
         return (self.hours + (self.finetune_hours or 0.0)) * self.gpus
 
 
-def pretraining_seconds(spec: RunSpec, throughput: Throughput | None, ranks: int = 1,
-                        phase_steps: list[int] | None = None) -> float | None:
+def pretraining_seconds(
+    spec: RunSpec, throughput: Throughput | None, ranks: int = 1, phase_steps: list[int] | None = None
+) -> float | None:
     """Seconds of the spec's training steps (or of `phase_steps`, per phase: a branched run's): each phase's
     tokens over its combo's throughput x ranks."""
     if throughput is None:
         return None
     seconds = 0.0
-    for index, (phase, steps) in enumerate(zip(spec.phases, spec.phase_steps() if phase_steps is None else phase_steps)):
+    for index, (phase, steps) in enumerate(
+        zip(spec.phases, spec.phase_steps() if phase_steps is None else phase_steps)
+    ):
         rate = throughput.tokens_per_s(phase_combo(spec, index, phase.objective))
         if rate is None:
             return None
         seconds += steps * spec.phase_tokens_per_step()[index] / (rate * ranks)
     return seconds
-
 
 
 def finetune_seconds(work: list[FinetuneWork], throughput: Throughput | None) -> float | None:
@@ -231,17 +264,33 @@ def finetune_seconds(work: list[FinetuneWork], throughput: Throughput | None) ->
     return seconds
 
 
-def arm_cost(run_id: str, axes: dict, spec: RunSpec, throughput: Throughput | None, ranks: int, gpus: int,
-             finetune: list[FinetuneWork] | None = None) -> ArmCost:
+def arm_cost(
+    run_id: str,
+    axes: dict,
+    spec: RunSpec,
+    throughput: Throughput | None,
+    ranks: int,
+    gpus: int,
+    finetune: list[FinetuneWork] | None = None,
+) -> ArmCost:
     """The cost of one run; `finetune` is its fine-tuning work (None: not estimated)."""
     steps = sum(spec.phase_steps())
     pre = pretraining_seconds(spec, throughput, ranks)
     ft = finetune_seconds(finetune, throughput) if finetune is not None else None
-    return ArmCost(run_id, dict(axes), steps, spec.planned_tokens(), None if pre is None else pre / 3600,
-                   gpus, None if ft is None else ft / 3600, bool(spec.eval.tasks))
+    return ArmCost(
+        run_id,
+        dict(axes),
+        steps,
+        spec.planned_tokens(),
+        None if pre is None else pre / 3600,
+        gpus,
+        None if ft is None else ft / 3600,
+        bool(spec.eval.tasks),
+    )
 
 
 # ---------------------------------------------------------------- shared prefixes (ablate.plan.branching)
+
 
 def steps_after(spec: RunSpec, start: int) -> list[int]:
     """Each phase's steps after global step `start`: what a run that branches there trains."""
@@ -258,8 +307,12 @@ def branched_cost(cost: ArmCost, spec: RunSpec, start: int, throughput: Throughp
         return cost
     after = steps_after(spec, start)
     seconds = pretraining_seconds(spec, throughput, ranks, after)
-    return replace(cost, steps=sum(after), tokens=sum(a * t for a, t in zip(after, spec.phase_tokens_per_step())),
-                   hours=None if seconds is None else seconds / 3600)
+    return replace(
+        cost,
+        steps=sum(after),
+        tokens=sum(a * t for a, t in zip(after, spec.phase_tokens_per_step())),
+        hours=None if seconds is None else seconds / 3600,
+    )
 
 
 def branching_lines(planned: list[ArmCost], trained: list[ArmCost], n_branched: int) -> list[str]:
@@ -267,9 +320,11 @@ def branching_lines(planned: list[ArmCost], trained: list[ArmCost], n_branched: 
     if not n_branched:
         return []
     p_tokens, t_tokens = sum(c.tokens for c in planned), sum(c.tokens for c in trained)
-    line = (f"branching: {n_branched} runs start from another run's checkpoint; the plan below counts what is "
-            f"trained: {t_tokens:,} of {p_tokens:,} tokens ({t_tokens / p_tokens:.2f}x), {p_tokens - t_tokens:,} "
-            "saved")
+    line = (
+        f"branching: {n_branched} runs start from another run's checkpoint; the plan below counts what is "
+        f"trained: {t_tokens:,} of {p_tokens:,} tokens ({t_tokens / p_tokens:.2f}x), {p_tokens - t_tokens:,} "
+        "saved"
+    )
     p_gpu, t_gpu = _total([c.gpu_hours for c in planned]), _total([c.gpu_hours for c in trained])
     if p_gpu is not None and t_gpu is not None:
         line += f", {_hours(p_gpu - t_gpu)} GPU-hours saved ({_hours(t_gpu)} of {_hours(p_gpu)})"
@@ -302,46 +357,81 @@ def cost_rows(costs: list[ArmCost], epochs: dict[str, str] | None = None) -> lis
         if epochs is not None:
             row["epochs"] = epochs.get(c.run_id, "unknown")
         if timed:
-            row.update({"hours": _hours(c.hours), "fine-tuning h": _finetune_cell(c), "GPUs": c.gpus,
-                        "GPU-hours": _hours(c.gpu_hours)})
+            row.update(
+                {
+                    "hours": _hours(c.hours),
+                    "fine-tuning h": _finetune_cell(c),
+                    "GPUs": c.gpus,
+                    "GPU-hours": _hours(c.gpu_hours),
+                }
+            )
         rows.append(row)
-    total = {"run_id": "total", **{k: "" for c in costs for k in c.axes}, "steps": sum(c.steps for c in costs),
-             "tokens": f"{sum(c.tokens for c in costs):,}", **({"epochs": ""} if epochs is not None else {})}
+    total = {
+        "run_id": "total",
+        **{k: "" for c in costs for k in c.axes},
+        "steps": sum(c.steps for c in costs),
+        "tokens": f"{sum(c.tokens for c in costs):,}",
+        **({"epochs": ""} if epochs is not None else {}),
+    }
     if timed:
         with_ft = [c for c in costs if c.has_finetuning]
         ft = _total([c.finetune_hours for c in with_ft])
-        total.update({"hours": _hours(_total([c.hours for c in costs])),
-                      "fine-tuning h": "-" if not with_ft else "not estimated" if ft is None else _hours(ft),
-                      "GPUs": "", "GPU-hours": _hours(_total([c.gpu_hours for c in costs]))})
+        total.update(
+            {
+                "hours": _hours(_total([c.hours for c in costs])),
+                "fine-tuning h": "-" if not with_ft else "not estimated" if ft is None else _hours(ft),
+                "GPUs": "",
+                "GPU-hours": _hours(_total([c.gpu_hours for c in costs])),
+            }
+        )
     return rows + [total]
 
 
-def describe_plan(throughput: Throughput | None, grid_file: str, executor: str, gpus: int, ranks: int,
-                  calibration: Calibration | None = None, finetuning: bool = False) -> list[str]:
+def describe_plan(
+    throughput: Throughput | None,
+    grid_file: str,
+    executor: str,
+    gpus: int,
+    ranks: int,
+    calibration: Calibration | None = None,
+    finetuning: bool = False,
+) -> list[str]:
     """The lines above the cost table: where the throughput comes from, what was measured, GPUs per run
     (`finetuning`: whether the grid fine-tunes)."""
     if throughput is None:
-        return ["cost plan: steps and tokens (training steps, prelude included); "
-                + HOW_TO_GET_HOURS.format(grid=grid_file)]
+        return [
+            "cost plan: steps and tokens (training steps, prelude included); "
+            + HOW_TO_GET_HOURS.format(grid=grid_file)
+        ]
     lines = [f"cost plan: throughput {throughput.source}"]
     for rate in calibration.pretraining if calibration else ():
         lines.append(f"  {rate.combo.describe()}: {rate.tokens_per_s:,.0f} tokens/s on {rate.device}")
     for ft in calibration.finetuning if calibration else ():
-        lines.append(f"  fine-tuning {ft.model} {ft.task}: {ft.train_examples_per_s:,.1f} train, "
-                     f"{ft.eval_examples_per_s:,.1f} eval examples/s on {ft.device}")
-    where = (f"{executor}: {gpus} GPU{'s' if gpus != 1 else ''} per run" if executor == "slurm"
-             else f"{executor}: one machine per run, counted as 1 GPU")
+        lines.append(
+            f"  fine-tuning {ft.model} {ft.task}: {ft.train_examples_per_s:,.1f} train, "
+            f"{ft.eval_examples_per_s:,.1f} eval examples/s on {ft.device}"
+        )
+    where = (
+        f"{executor}: {gpus} GPU{'s' if gpus != 1 else ''} per run"
+        if executor == "slurm"
+        else f"{executor}: one machine per run, counted as 1 GPU"
+    )
     if ranks > 1:
         where += f", {ranks} data-parallel ranks (assumed {ranks}x one process's tokens/s)"
-    lines.append(f"  hours: training steps only (not loading, checkpoints or probes); {where}; "
-                 "GPU-hours = (hours + fine-tuning h) x GPUs")
+    lines.append(
+        f"  hours: training steps only (not loading, checkpoints or probes); {where}; "
+        "GPU-hours = (hours + fine-tuning h) x GPUs"
+    )
     if finetuning and not throughput.finetune:
-        lines.append(f"  fine-tuning: not estimated (no fine-tuning throughput: `ablate calibrate {grid_file}` "
-                     "times it); GPU-hours count pretraining only")
+        lines.append(
+            f"  fine-tuning: not estimated (no fine-tuning throughput: `ablate calibrate {grid_file}` "
+            "times it); GPU-hours count pretraining only"
+        )
     return lines
 
 
 # ---------------------------------------------------------------- estimate vs actual (ablate status)
+
 
 @dataclass(frozen=True)
 class Actual:
@@ -369,26 +459,37 @@ def _runs(n: int) -> str:
 def compare_rows(costs: dict[str, ArmCost], actual: dict[str, Actual]) -> tuple[list[dict], str]:
     """Per finished run with an estimate: estimated and actual pretraining and fine-tuning time and the ratio
     actual / estimate; and a line with the totals over those runs."""
-    rows, pre, ft = [], [0.0, 0.0], [0.0, 0.0, 0]       # (estimate, actual) sums; fine-tuning: and its runs
+    rows, pre, ft = [], [0.0, 0.0], [0.0, 0.0, 0]  # (estimate, actual) sums; fine-tuning: and its runs
     for run_id, done in actual.items():
         cost = costs.get(run_id)
         if cost is None or cost.hours is None:
             continue
         est, ft_est = cost.hours * 3600, None if cost.finetune_hours is None else cost.finetune_hours * 3600
         tuned = cost.has_finetuning
-        rows.append({"run_id": run_id, **cost.axes, "estimate": _duration(est),
-                     "actual": _duration(done.pretraining_s), "actual/estimate": _ratio(done.pretraining_s, est),
-                     "fine-tuning estimate": _duration(ft_est) if tuned else "-",
-                     "fine-tuning actual": _duration(done.finetune_s) if tuned else "-",
-                     "ft actual/estimate": _ratio(done.finetune_s, ft_est) if tuned else "-"})
+        rows.append(
+            {
+                "run_id": run_id,
+                **cost.axes,
+                "estimate": _duration(est),
+                "actual": _duration(done.pretraining_s),
+                "actual/estimate": _ratio(done.pretraining_s, est),
+                "fine-tuning estimate": _duration(ft_est) if tuned else "-",
+                "fine-tuning actual": _duration(done.finetune_s) if tuned else "-",
+                "ft actual/estimate": _ratio(done.finetune_s, ft_est) if tuned else "-",
+            }
+        )
         pre[0], pre[1] = pre[0] + est, pre[1] + done.pretraining_s
         if ft_est is not None and done.finetune_s is not None:
             ft = [ft[0] + ft_est, ft[1] + done.finetune_s, ft[2] + 1]
     if not rows:
         return rows, "estimate vs actual: no finished run has an estimate yet"
-    line = (f"estimate vs actual over {_runs(len(rows))} finished: pretraining estimated {_duration(pre[0])}, "
-            f"took {_duration(pre[1])} ({_ratio(pre[1], pre[0])})")
+    line = (
+        f"estimate vs actual over {_runs(len(rows))} finished: pretraining estimated {_duration(pre[0])}, "
+        f"took {_duration(pre[1])} ({_ratio(pre[1], pre[0])})"
+    )
     if ft[2]:
-        line += (f"; fine-tuning ({_runs(ft[2])}) estimated {_duration(ft[0])}, took {_duration(ft[1])} "
-                 f"({_ratio(ft[1], ft[0])})")
+        line += (
+            f"; fine-tuning ({_runs(ft[2])}) estimated {_duration(ft[0])}, took {_duration(ft[1])} "
+            f"({_ratio(ft[1], ft[0])})"
+        )
     return rows, line

@@ -17,7 +17,7 @@ from ablate.config.errors import SpecError
 from ablate.config.grid import GridSpec
 
 SOURCE_KEYS = ("corpus", "mixture", "format", "text_field")
-WHOLE_SOURCE = SOURCE_KEYS[:2]      # a block naming either replaces the phase's whole source
+WHOLE_SOURCE = SOURCE_KEYS[:2]  # a block naming either replaces the phase's whole source
 
 
 def merged_data(own: Any, block: dict[str, Any]) -> dict[str, Any]:
@@ -36,10 +36,13 @@ def check_named_phases(what: str, section: str, name: str, block, schedule: str,
     present = [p.get("name") for p in phases]
     for phase_name in block:
         if phase_name not in present:
-            raise SpecError(f"{what} {name!r} names phase {phase_name!r}, which schedule {schedule!r} "
-                            "does not have; add an exclude rule for this combination",
-                            key=f"{section}.{name}.{phase_name}", value=phase_name,
-                            allowed=", ".join(str(n) for n in present))
+            raise SpecError(
+                f"{what} {name!r} names phase {phase_name!r}, which schedule {schedule!r} "
+                "does not have; add an exclude rule for this combination",
+                key=f"{section}.{name}.{phase_name}",
+                value=phase_name,
+                allowed=", ".join(str(n) for n in present),
+            )
 
 
 def apply_data_choice(grid: GridSpec, phases: list[dict], schedule: str, choice: str | None) -> dict[int, str]:

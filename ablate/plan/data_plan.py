@@ -23,8 +23,15 @@ def source_tokens(spec: RunSpec) -> list[dict]:
     rows = []
     for phase, (data, counts) in zip(spec.phases, planned_member_sequences(spec)):
         for member, count in zip(data.members, counts):
-            rows.append({"phase": phase.name, "source": member.label, "seq_len": data.seq_len,
-                         "sequences": int(count), "tokens": int(count) * data.seq_len})
+            rows.append(
+                {
+                    "phase": phase.name,
+                    "source": member.label,
+                    "seq_len": data.seq_len,
+                    "sequences": int(count),
+                    "tokens": int(count) * data.seq_len,
+                }
+            )
     return rows
 
 
@@ -54,19 +61,27 @@ def check_source_epochs(spec: RunSpec, corpus_tokens: dict[str, int], file: str 
     for row in source_tokens(spec):
         source, packed = row["source"], corpus_tokens[row["source"]] // row["seq_len"]
         if row["sequences"] and packed < spec.batch_size:
-            raise SpecError(f"source {source} packs {packed:,} sequences of {row['seq_len']} in phase "
-                            f"{row['phase']}: fewer than a global batch of {spec.batch_size} (run {spec.run_id})",
-                            file=file, key="batch_size", value=spec.batch_size,
-                            allowed=f"at most {packed:,} sequences, or a larger corpus")
+            raise SpecError(
+                f"source {source} packs {packed:,} sequences of {row['seq_len']} in phase "
+                f"{row['phase']}: fewer than a global batch of {spec.batch_size} (run {spec.run_id})",
+                file=file,
+                key="batch_size",
+                value=spec.batch_size,
+                allowed=f"at most {packed:,} sequences, or a larger corpus",
+            )
     for source, e in epochs.items():
         if e > spec.data.max_epochs * (1 + 1e-12):
             planned = sum(r["tokens"] for r in source_tokens(spec) if r["source"] == source)
-            raise SpecError(f"source {source} has {corpus_tokens[source]:,} tokens; run {spec.run_id} plans "
-                            f"{planned:,} tokens from it by its share, {format_epochs(e)} epochs over it, more "
-                            f"than data.max_epochs allows: supply more text, lower its weight, shorten the run, "
-                            f"or allow repetition with data.max_epochs (in a grid: {GRID_KEY})", file=file,
-                            key="data.max_epochs", value=spec.data.max_epochs,
-                            allowed=f"at least {e:.4g} for this run and source")
+            raise SpecError(
+                f"source {source} has {corpus_tokens[source]:,} tokens; run {spec.run_id} plans "
+                f"{planned:,} tokens from it by its share, {format_epochs(e)} epochs over it, more "
+                f"than data.max_epochs allows: supply more text, lower its weight, shorten the run, "
+                f"or allow repetition with data.max_epochs (in a grid: {GRID_KEY})",
+                file=file,
+                key="data.max_epochs",
+                value=spec.data.max_epochs,
+                allowed=f"at least {e:.4g} for this run and source",
+            )
 
 
 def source_epochs_cell(spec: RunSpec, sizes: dict) -> str:
@@ -87,8 +102,10 @@ def plan_lines(spec: RunSpec, corpus_tokens: dict[str, int | None], name: str) -
     """The dry run's lines of one run: tokens per source per phase, and each source's epochs (`!` refused)."""
     lines = [f"data of {name} ({spec.run_id}): tokens per source per phase"]
     for row in source_tokens(spec):
-        lines.append(f"  {row['phase']}: {row['source']} {row['tokens']:,} tokens ({row['sequences']:,} sequences "
-                     f"of {row['seq_len']})")
+        lines.append(
+            f"  {row['phase']}: {row['source']} {row['tokens']:,} tokens ({row['sequences']:,} sequences "
+            f"of {row['seq_len']})"
+        )
     if all(corpus_tokens.get(s) is not None for s in {r["source"] for r in source_tokens(spec)}):
         known = {k: v for k, v in corpus_tokens.items() if v is not None}
         refused = set(source_refusals(spec, known))

@@ -19,7 +19,7 @@ from ablate.config.errors import SpecError
 from ablate.config.spec import RunSpec
 
 GRID_KEY = "base.data.max_epochs"
-OVER = " !"          # marks a dry run's epochs cell that a real submission refuses
+OVER = " !"  # marks a dry run's epochs cell that a real submission refuses
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def format_epochs(epochs: float, estimate: bool = False) -> str:
     if math.isinf(epochs):
         return "inf"
     if estimate:
-        epochs = float(f"{epochs:.2g}")         # 18,951 -> 19,000: no false precision
+        epochs = float(f"{epochs:.2g}")  # 18,951 -> 19,000: no false precision
     return f"{epochs:,.0f}" if epochs >= 100 else f"{epochs:.{2 if estimate else 3}g}"
 
 
@@ -88,9 +88,11 @@ def epochs_cell(spec: RunSpec, size: CorpusSize) -> str:
 
 def _what(spec: RunSpec, corpus_tokens: int) -> str:
     steps, seq_len = sum(spec.phase_steps()), spec.data.seq_len
-    return (f"corpus {spec.data.corpus} has {corpus_tokens:,} tokens: {packed_sequences(spec, corpus_tokens):,} "
-            f"sequences of {seq_len}; run {spec.run_id} plans {planned_tokens(spec):,} tokens ({steps:,} steps of "
-            f"{spec.batch_size} sequences), {format_epochs(corpus_epochs(spec, corpus_tokens))} epochs over it")
+    return (
+        f"corpus {spec.data.corpus} has {corpus_tokens:,} tokens: {packed_sequences(spec, corpus_tokens):,} "
+        f"sequences of {seq_len}; run {spec.run_id} plans {planned_tokens(spec):,} tokens ({steps:,} steps of "
+        f"{spec.batch_size} sequences), {format_epochs(corpus_epochs(spec, corpus_tokens))} epochs over it"
+    )
 
 
 def check_epochs(spec: RunSpec, corpus_tokens: int, file: str | None = None) -> None:
@@ -99,13 +101,22 @@ def check_epochs(spec: RunSpec, corpus_tokens: int, file: str | None = None) -> 
     what = _what(spec, corpus_tokens)
     sequences = packed_sequences(spec, corpus_tokens)
     if batch_too_large(spec, corpus_tokens):
-        raise SpecError(f"{what}: a global batch of {spec.batch_size} sequences is more than the corpus has, so "
-                        "every step would hold some sequences twice (data.max_epochs, which allows reading the "
-                        "corpus again across steps, does not allow this)", file=file, key="batch_size",
-                        value=spec.batch_size, allowed=f"at most {sequences:,} sequences, or a larger corpus")
+        raise SpecError(
+            f"{what}: a global batch of {spec.batch_size} sequences is more than the corpus has, so "
+            "every step would hold some sequences twice (data.max_epochs, which allows reading the "
+            "corpus again across steps, does not allow this)",
+            file=file,
+            key="batch_size",
+            value=spec.batch_size,
+            allowed=f"at most {sequences:,} sequences, or a larger corpus",
+        )
     if over_max_epochs(spec, corpus_tokens):
         enough = math.ceil(planned_sequences(spec) / spec.data.max_epochs) * spec.data.seq_len
-        raise SpecError(f"{what}, more than data.max_epochs allows: supply a corpus of at least {enough:,} tokens, "
-                        f"shorten the run, or allow repetition with data.max_epochs (in a grid: {GRID_KEY})",
-                        file=file, key="data.max_epochs", value=spec.data.max_epochs,
-                        allowed=f"at least {corpus_epochs(spec, corpus_tokens):.4g} for this run and corpus")
+        raise SpecError(
+            f"{what}, more than data.max_epochs allows: supply a corpus of at least {enough:,} tokens, "
+            f"shorten the run, or allow repetition with data.max_epochs (in a grid: {GRID_KEY})",
+            file=file,
+            key="data.max_epochs",
+            value=spec.data.max_epochs,
+            allowed=f"at least {corpus_epochs(spec, corpus_tokens):.4g} for this run and corpus",
+        )

@@ -77,8 +77,11 @@ def resolve_freeze(words: tuple[str, ...], n_layers: int, key: str = "freeze") -
         else:
             lo, hi = parse_layer_range(word)
             if hi >= n_layers:
-                raise SpecError(f"layer range goes past the model's depth ({n_layers} layers: 0-{n_layers - 1})",
-                                key=key, value=word)
+                raise SpecError(
+                    f"layer range goes past the model's depth ({n_layers} layers: 0-{n_layers - 1})",
+                    key=key,
+                    value=word,
+                )
             layers.update(range(lo, hi + 1))
     return FrozenSet(frozenset(layers), embeddings, tail, head)
 

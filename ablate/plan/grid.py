@@ -18,7 +18,15 @@ from pydantic import ValidationError
 
 from ablate.config.base import spec_error_from, validate
 from ablate.config.errors import SpecError
-from ablate.config.grid import DEFAULT_BASELINE, NAMED_AXES, baseline_label, RESERVED_AXES, GridSpec, as_list, axis_key
+from ablate.config.grid import (
+    DEFAULT_BASELINE,
+    NAMED_AXES,
+    baseline_label,
+    RESERVED_AXES,
+    GridSpec,
+    as_list,
+    axis_key,
+)
 from ablate.config import objectives
 from ablate.config.spec import FREEZE_WORDS, PhaseSpec, RunSpec
 from ablate.plan.data_choices import apply_data_choice, check_named_phases
@@ -28,17 +36,17 @@ from ablate.plan.data_choices import apply_data_choice, check_named_phases
 class PhaseOrigin:
     """Where a run's phase was written in the grid, to point errors found later (against the model) there."""
 
-    key: str                              # prelude[i] or schedules.<name>[j]
-    mask_key: str | None = None           # freeze_masks.<mask>.<phase>, when a freeze mask adds to the phase
-    mask_groups: tuple[str, ...] = ()     # what the mask adds
-    data_key: str | None = None           # data_choices.<choice>.<phase>, when a data choice sets its data
+    key: str  # prelude[i] or schedules.<name>[j]
+    mask_key: str | None = None  # freeze_masks.<mask>.<phase>, when a freeze mask adds to the phase
+    mask_groups: tuple[str, ...] = ()  # what the mask adds
+    data_key: str | None = None  # data_choices.<choice>.<phase>, when a data choice sets its data
 
     def written(self, rest: str, value: Any = None) -> str:
         """Where the phase's key `rest` (.freeze, .data.corpus) was written in the grid."""
         if self.mask_key and rest.startswith(".freeze") and (value is None or str(value) in self.mask_groups):
             return self.mask_key
         if self.data_key and rest.startswith(".data"):
-            return self.data_key + rest[len(".data"):]
+            return self.data_key + rest[len(".data") :]
         return self.key + rest
 
 
@@ -100,25 +108,35 @@ def set_path(target: dict, dotted: str, value: Any, file: str | None = None, whe
         elif isinstance(child, dict):
             child = dict(child)
         else:
-            raise SpecError(f"key path goes through {k!r}, which is not a mapping here", file=file,
-                            key=where or f"axes.{dotted}",
-                            value=child if isinstance(child, (str, int, float)) else None)
+            raise SpecError(
+                f"key path goes through {k!r}, which is not a mapping here",
+                file=file,
+                key=where or f"axes.{dotted}",
+                value=child if isinstance(child, (str, int, float)) else None,
+            )
         target[k] = child
         target = child
     target[keys[-1]] = _own(value)
 
 
-def _phases(grid: GridSpec, schedule: str, mask_name: str, data_name: str | None = None
-            ) -> tuple[list[dict], list[PhaseOrigin]]:
+def _phases(
+    grid: GridSpec, schedule: str, mask_name: str, data_name: str | None = None
+) -> tuple[list[dict], list[PhaseOrigin]]:
     """The prelude and the schedule's phases (as written), with the freeze mask and the data choice merged in,
     and their origins."""
     phases = [copy.deepcopy(dict(p)) for p in (*grid.prelude, *grid.schedules[schedule])]
     n_prelude = len(grid.prelude)
-    keys = [f"prelude[{i}]" if i < n_prelude else f"schedules.{schedule}[{i - n_prelude}]" for i in range(len(phases))]
+    keys = [
+        f"prelude[{i}]" if i < n_prelude else f"schedules.{schedule}[{i - n_prelude}]" for i in range(len(phases))
+    ]
     for p, key in zip(phases, keys):
-        if "name" in p and not isinstance(p["name"], str):      # masks and data choices look phases up by name
-            raise SpecError("a phase's name is a string", key=f"{key}.name", value=type(p["name"]).__name__,
-                            allowed="letters, digits, _ . -")
+        if "name" in p and not isinstance(p["name"], str):  # masks and data choices look phases up by name
+            raise SpecError(
+                "a phase's name is a string",
+                key=f"{key}.name",
+                value=type(p["name"]).__name__,
+                allowed="letters, digits, _ . -",
+            )
     mask = grid.freeze_masks.get(mask_name, {})
     check_named_phases("freeze mask", "freeze_masks", mask_name, mask, schedule, phases)
     origins = []
@@ -136,8 +154,9 @@ def _phases(grid: GridSpec, schedule: str, mask_name: str, data_name: str | None
     return phases, origins
 
 
-def _phase_specs(grid: GridSpec, schedule: str, mask_name: str, data_name: str | None, file: str | None
-                 ) -> tuple[tuple[PhaseSpec, ...], tuple[PhaseOrigin, ...]]:
+def _phase_specs(
+    grid: GridSpec, schedule: str, mask_name: str, data_name: str | None, file: str | None
+) -> tuple[tuple[PhaseSpec, ...], tuple[PhaseOrigin, ...]]:
     """Validated phases of one schedule x freeze mask x data choice (shared, immutable, by every run that uses
     them)."""
     try:
@@ -147,15 +166,19 @@ def _phase_specs(grid: GridSpec, schedule: str, mask_name: str, data_name: str |
     names = [p.get("name") for p in phases]
     for i, name in enumerate(names):
         if name is not None and name in names[:i]:
-            raise SpecError("phase names must be unique within a schedule and the prelude", file=file,
-                            key=f"{origins[i].key}.name", value=name)
+            raise SpecError(
+                "phase names must be unique within a schedule and the prelude",
+                file=file,
+                key=f"{origins[i].key}.name",
+                value=name,
+            )
     specs = []
     for phase, origin in zip(phases, origins):
         try:
             specs.append(validate(PhaseSpec, phase, file, "phase", prefix=origin.key))
         except SpecError as exc:
             mine = origin.data_key and (exc.key or "").startswith(origin.key + ".data")
-            key = origin.written(exc.key[len(origin.key):]) if mine else exc.key
+            key = origin.written(exc.key[len(origin.key) :]) if mine else exc.key
             raise SpecError(exc.message, file=file, key=key, value=exc.value, allowed=exc.allowed) from None
     return tuple(specs), tuple(origins)
 
@@ -219,8 +242,9 @@ def expand(grid: GridSpec, file: str | None = None) -> list[PlannedRun]:
         mask_name, data_name = assignment.get("freeze", "none"), assignment.get("data")
         cached = phase_cache.get((schedule, mask_name, data_name))
         if cached is None:
-            cached = phase_cache[(schedule, mask_name, data_name)] = _phase_specs(grid, schedule, mask_name,
-                                                                                  data_name, file)
+            cached = phase_cache[(schedule, mask_name, data_name)] = _phase_specs(
+                grid, schedule, mask_name, data_name, file
+            )
         spec_dict["phases"], origins = cached
         axes = {"schedule": schedule, "freeze": mask_name, **{k: _own(v) for k, v in assignment.items()}}
         spec_dict["labels"] = _labels(grid, axes)
@@ -228,23 +252,40 @@ def expand(grid: GridSpec, file: str | None = None) -> list[PlannedRun]:
             spec = RunSpec.model_validate(spec_dict)
         except ValidationError as exc:
             err = spec_error_from(exc, file, RunSpec, hidden_keys=tuple(RESERVED_AXES))
-            raise SpecError(err.message, file=file, key=_error_key(err.key, grid, assignment, origins),
-                            value=err.value, allowed=err.allowed) from None
+            raise SpecError(
+                err.message,
+                file=file,
+                key=_error_key(err.key, grid, assignment, origins),
+                value=err.value,
+                allowed=err.allowed,
+            ) from None
         # YAML reads 1e-4 as a string (1.0e-4 is a float); the spec holds the number, and so should the labels
-        coerced = {k: t for k, v in axes.items() if k not in NAMED_AXES and isinstance(v, str)
-                   for t in [_typed(spec, k)] if isinstance(t, (int, float)) and not isinstance(t, bool)}
+        coerced = {
+            k: t
+            for k, v in axes.items()
+            if k not in NAMED_AXES and isinstance(v, str)
+            for t in [_typed(spec, k)]
+            if isinstance(t, (int, float)) and not isinstance(t, bool)
+        }
         if coerced:
             axes = {**axes, **coerced}
             spec = spec.model_copy(update={"labels": _labels(grid, axes)})
         world = grid.launcher.ranks()
         micro = spec.micro_batch_size if isinstance(spec.micro_batch_size, int) else spec.batch_size // world
         if world > 1 and (micro == 0 or spec.batch_size % (world * micro)):
-            raise SpecError(f"batch_size must be a multiple of ranks x micro-batch ({world} x {micro}) "
-                            f"for the run {axes}", file=file, key="base.batch_size", value=spec.batch_size)
+            raise SpecError(
+                f"batch_size must be a multiple of ranks x micro-batch ({world} x {micro}) for the run {axes}",
+                file=file,
+                key="base.batch_size",
+                value=spec.batch_size,
+            )
         run = PlannedRun(spec, axes, origins)
         if run.run_id in seen:
-            raise SpecError(f"two grid points give the same run: {seen[run.run_id]} and {axes}; "
-                            "an axis that changes nothing?", file=file, key="axes")
+            raise SpecError(
+                f"two grid points give the same run: {seen[run.run_id]} and {axes}; an axis that changes nothing?",
+                file=file,
+                key="axes",
+            )
         seen[run.run_id] = axes
         runs.append(run)
     if not runs:
@@ -264,13 +305,15 @@ def resolve_models(runs: list[PlannedRun], file: str | None = None) -> dict[str,
             try:
                 models[source] = model_layout(source)
             except SpecError as exc:
-                raise SpecError(exc.message, file=file, key=f"model (= {source})", value=exc.value,
-                                allowed=exc.allowed) from None
+                raise SpecError(
+                    exc.message, file=file, key=f"model (= {source})", value=exc.value, allowed=exc.allowed
+                ) from None
     return models
 
 
-def resolve_layers(runs: list[PlannedRun], file: str | None = None, models: dict[str, tuple] | None = None
-                   ) -> dict[str, list]:
+def resolve_layers(
+    runs: list[PlannedRun], file: str | None = None, models: dict[str, tuple] | None = None
+) -> dict[str, list]:
     """Each run's phases against its model's depth (configs only, no weights): freeze ranges past the
     depth are errors here, before anything is submitted. Runs that share a model's depth, phases and
     step size share the work. `models`: resolve_models(runs), when already at hand."""
@@ -289,11 +332,14 @@ def resolve_layers(runs: list[PlannedRun], file: str | None = None, models: dict
                 plan = cache[key] = plan_phases(run.spec, depth)
             except SpecError as exc:
                 mask = run.axes.get("freeze", "none")
-                raise SpecError(f"{exc.message} (model {source}; run {run.run_id}, freeze mask {mask!r}, "
-                                f"schedule {run.axes.get('schedule')!r})", file=file,
-                                key=run.locate(exc.key, exc.value), value=exc.value,
-                                allowed=exc.allowed or f"layer ranges within 0-{depth - 1}, or "
-                                                       + ", ".join(FREEZE_WORDS)) from None
+                raise SpecError(
+                    f"{exc.message} (model {source}; run {run.run_id}, freeze mask {mask!r}, "
+                    f"schedule {run.axes.get('schedule')!r})",
+                    file=file,
+                    key=run.locate(exc.key, exc.value),
+                    value=exc.value,
+                    allowed=exc.allowed or f"layer ranges within 0-{depth - 1}, or " + ", ".join(FREEZE_WORDS),
+                ) from None
         plans[run.run_id] = list(plan)
     return plans
 
@@ -302,12 +348,18 @@ def layer_split(depth: int) -> str:
     """'0-7|8-14|15-21': the low | mid | high thirds of a model's blocks."""
     from ablate.plan.freezing import layer_groups
 
-    return "|".join(f"{r.start}-{r.stop - 1}" if len(r) > 1 else str(r.start) if len(r) else "none"
-                    for r in layer_groups(depth).values())
+    return "|".join(
+        f"{r.start}-{r.stop - 1}" if len(r) > 1 else str(r.start) if len(r) else "none"
+        for r in layer_groups(depth).values()
+    )
 
 
-def plan_table(runs: list[PlannedRun], plans: dict[str, list], models: dict[str, tuple] | None = None,
-               causal: dict[tuple, str] | None = None) -> list[dict[str, Any]]:
+def plan_table(
+    runs: list[PlannedRun],
+    plans: dict[str, list],
+    models: dict[str, tuple] | None = None,
+    causal: dict[tuple, str] | None = None,
+) -> list[dict[str, Any]]:
     """One row per run for --dry-run: id, axis values, then (given `models`) the family and its low|mid|high
     layer split, (given `causal`: the preflight per model x tokenizer x implementation) the causal check,
     then frozen layers and length of each phase."""
@@ -325,8 +377,9 @@ def plan_table(runs: list[PlannedRun], plans: dict[str, list], models: dict[str,
             proven = any(objectives.needs_preflight(p) for p in spec.phases)
             row["causal"] = f"{spec.attn_implementation}:{checked}" if proven and checked != "-" else "-"
         row["phases"] = " > ".join(f"{p.name}:{p.spec.objective}x{p.steps}" for p in plans[run.run_id])
-        row["frozen"] = "; ".join(f"{p.name}={p.frozen.describe()}" for p in plans[run.run_id]
-                                  if not p.frozen.empty) or "-"
+        row["frozen"] = (
+            "; ".join(f"{p.name}={p.frozen.describe()}" for p in plans[run.run_id] if not p.frozen.empty) or "-"
+        )
         row["tokens"] = sum(p.steps for p in plans[run.run_id]) * run.spec.tokens_per_step
         rows.append(row)
     return rows

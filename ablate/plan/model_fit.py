@@ -40,16 +40,21 @@ def position_limit(config: Any) -> str:
     """How the limit comes from the config, for the error message."""
     n = config.max_position_embeddings
     if config.model_type in PADDING_OFFSET_TYPES:
-        return (f"{usable_positions(config)} positions (max_position_embeddings {n} less the padding offset of "
-                f"{(config.pad_token_id or 0) + 1}: {config.model_type} position ids start after pad_token_id)")
+        return (
+            f"{usable_positions(config)} positions (max_position_embeddings {n} less the padding offset of "
+            f"{(config.pad_token_id or 0) + 1}: {config.model_type} position ids start after pad_token_id)"
+        )
     return f"{n} positions (max_position_embeddings)"
 
 
 def lengths_asked(spec: RunSpec) -> list[tuple[str, int]]:
     """(key, tokens) of every input length the spec asks the model to take."""
     asked = [("data.seq_len", spec.data.seq_len)]
-    asked += [(f"phases[{i}].data.seq_len", spec.phase_seq_len(i)) for i in range(len(spec.phases))
-              if spec.phase_seq_len(i) != spec.data.seq_len]
+    asked += [
+        (f"phases[{i}].data.seq_len", spec.phase_seq_len(i))
+        for i in range(len(spec.phases))
+        if spec.phase_seq_len(i) != spec.data.seq_len
+    ]
     if spec.probe.n_texts:
         asked.append(("probe.max_length", spec.probe.max_length))
     ft_length = spec.eval.finetune.get("max_length")
@@ -70,18 +75,28 @@ def check_positions(spec: RunSpec, config: Any, file: str | None) -> None:
         return
     for key, tokens in lengths_asked(spec):
         if tokens > limit:
-            raise SpecError(f"model {spec.model} takes at most {position_limit(config)}{_where(spec)}",
-                            file=file, key=key, value=tokens, allowed=f"at most {limit}")
+            raise SpecError(
+                f"model {spec.model} takes at most {position_limit(config)}{_where(spec)}",
+                file=file,
+                key=key,
+                value=tokens,
+                allowed=f"at most {limit}",
+            )
 
 
 def check_attention(spec: RunSpec, family: Any, file: str | None) -> None:
     if spec.attn_implementation not in family.attn_implementations:
-        raise SpecError(f"model {spec.model} (family {family.name}) does not run under attention implementation "
-                        f"{spec.attn_implementation!r}{_where(spec)}", file=file, key="attn_implementation",
-                        value=spec.attn_implementation, allowed=", ".join(family.attn_implementations))
+        raise SpecError(
+            f"model {spec.model} (family {family.name}) does not run under attention implementation "
+            f"{spec.attn_implementation!r}{_where(spec)}",
+            file=file,
+            key="attn_implementation",
+            value=spec.attn_implementation,
+            allowed=", ".join(family.attn_implementations),
+        )
 
 
-EAGER_MAX_TOKENS = 4096     # eager attention materialises every layer's weights: (micro-batch, heads, L, L)
+EAGER_MAX_TOKENS = 4096  # eager attention materialises every layer's weights: (micro-batch, heads, L, L)
 
 
 def check_rope_thetas(spec: RunSpec, family: Any, file: str | None) -> None:
@@ -91,8 +106,13 @@ def check_rope_thetas(spec: RunSpec, family: Any, file: str | None) -> None:
         try:
             family.rope_layer_types(thetas)
         except SpecError as exc:
-            raise SpecError(f"model {spec.model}: {exc.message}", file=file, key=f"phases[{i}].{exc.key}",
-                            value=exc.value, allowed=exc.allowed) from None
+            raise SpecError(
+                f"model {spec.model}: {exc.message}",
+                file=file,
+                key=f"phases[{i}].{exc.key}",
+                value=exc.value,
+                allowed=exc.allowed,
+            ) from None
 
 
 def check_eager_length(spec: RunSpec, config: Any, family: Any, file: str | None) -> None:
@@ -102,14 +122,22 @@ def check_eager_length(spec: RunSpec, config: Any, family: Any, file: str | None
         return
     micro = spec.micro_batch_size or spec.batch_size
     heads = int(getattr(config, "num_attention_heads", 1))
-    gib = micro * heads * spec.data.seq_len ** 2 * 4 / 2**30
+    gib = micro * heads * spec.data.seq_len**2 * 4 / 2**30
     others = [i for i in family.attn_implementations if i != "eager"]
-    instead = (f"attn_implementation: {', '.join(others)} (fused kernels, no L x L attention weights)" if others
-               else f"data.seq_len at most {EAGER_MAX_TOKENS} (family {family.name} runs under eager only)")
-    raise SpecError(f"attn_implementation eager at {spec.data.seq_len} tokens would hold {gib:.1f} GiB of "
-                    f"attention weights per layer (micro-batch {micro} x {heads} heads x {spec.data.seq_len}^2 x "
-                    f"4 bytes){_where(spec)}; eager runs at most {EAGER_MAX_TOKENS} tokens",
-                    file=file, key="attn_implementation", value="eager", allowed=instead)
+    instead = (
+        f"attn_implementation: {', '.join(others)} (fused kernels, no L x L attention weights)"
+        if others
+        else f"data.seq_len at most {EAGER_MAX_TOKENS} (family {family.name} runs under eager only)"
+    )
+    raise SpecError(
+        f"attn_implementation eager at {spec.data.seq_len} tokens would hold {gib:.1f} GiB of "
+        f"attention weights per layer (micro-batch {micro} x {heads} heads x {spec.data.seq_len}^2 x "
+        f"4 bytes){_where(spec)}; eager runs at most {EAGER_MAX_TOKENS} tokens",
+        file=file,
+        key="attn_implementation",
+        value="eager",
+        allowed=instead,
+    )
 
 
 def local_tokenizer(source: str):
@@ -127,10 +155,14 @@ def check_vocabulary(spec: RunSpec, config: Any, file: str | None) -> None:
     source = spec.tokenizer or spec.model
     tokenizer = local_tokenizer(source)
     if tokenizer is not None and len(tokenizer) > config.vocab_size:
-        raise SpecError(f"the tokenizer {source} has {len(tokenizer)} tokens; model {spec.model} embeds at most "
-                        f"{config.vocab_size} (vocab_size): its ids past that index nothing",
-                        file=file, key="tokenizer" if spec.tokenizer else "model", value=source,
-                        allowed=f"a tokenizer of at most {config.vocab_size} tokens (the model's own)")
+        raise SpecError(
+            f"the tokenizer {source} has {len(tokenizer)} tokens; model {spec.model} embeds at most "
+            f"{config.vocab_size} (vocab_size): its ids past that index nothing",
+            file=file,
+            key="tokenizer" if spec.tokenizer else "model",
+            value=source,
+            allowed=f"a tokenizer of at most {config.vocab_size} tokens (the model's own)",
+        )
 
 
 def _config(source: str, file: str | None) -> Any:

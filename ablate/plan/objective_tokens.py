@@ -18,7 +18,7 @@ from ablate.config import objectives
 from ablate.config.spec import PhaseSpec, RunSpec
 from ablate.plan.cost import steps_after
 
-TOTAL = "all runs"      # the last row's label (the cost table's own last row is "total")
+TOTAL = "all runs"  # the last row's label (the cost table's own last row is "total")
 
 
 def objective_shares(phase: PhaseSpec) -> dict[str, float]:
@@ -36,9 +36,14 @@ def phase_objective_tokens(spec: RunSpec, start: int = 0) -> list[tuple[str, int
     """Per phase of the spec: (name, steps trained, objective -> tokens), from global step `start` on (a
     branched run's steps after its branch step; 0: every step)."""
     steps = steps_after(spec, start) if start else spec.phase_steps()
-    return [(phase.name, n, {name: n * spec.tokens_per_step * share
-                             for name, share in objective_shares(phase).items()})
-            for phase, n in zip(spec.phases, steps)]
+    return [
+        (
+            phase.name,
+            n,
+            {name: n * spec.tokens_per_step * share for name, share in objective_shares(phase).items()},
+        )
+        for phase, n in zip(spec.phases, steps)
+    ]
 
 
 def _cell(tokens: float | None) -> str:
@@ -48,12 +53,25 @@ def _cell(tokens: float | None) -> str:
 def objective_rows(runs: list[tuple[str, dict, RunSpec, int]]) -> list[dict[str, Any]]:
     """One row per trained phase of each (run id, axes, spec, branch step) with a column per objective (in
     first-seen order) holding its tokens, then a row of each objective's tokens over all runs."""
-    per_phase = [(rid, axes, name, n, tokens) for rid, axes, spec, start in runs
-                 for name, n, tokens in phase_objective_tokens(spec, start) if n]
+    per_phase = [
+        (rid, axes, name, n, tokens)
+        for rid, axes, spec, start in runs
+        for name, n, tokens in phase_objective_tokens(spec, start)
+        if n
+    ]
     columns = list(dict.fromkeys(obj for *_, tokens in per_phase for obj in tokens))
-    rows = [{"run_id": rid, **axes, "phase": name, "steps": n, **{c: _cell(tokens.get(c)) for c in columns}}
-            for rid, axes, name, n, tokens in per_phase]
+    rows = [
+        {"run_id": rid, **axes, "phase": name, "steps": n, **{c: _cell(tokens.get(c)) for c in columns}}
+        for rid, axes, name, n, tokens in per_phase
+    ]
     axes_keys = dict.fromkeys(k for _, axes, *_ in per_phase for k in axes)
     totals = {c: sum(tokens.get(c, 0.0) for *_, tokens in per_phase) for c in columns}
-    return rows + [{"run_id": TOTAL, **{k: "" for k in axes_keys}, "phase": "", "steps": "",
-                    **{c: _cell(v) for c, v in totals.items()}}]
+    return rows + [
+        {
+            "run_id": TOTAL,
+            **{k: "" for k in axes_keys},
+            "phase": "",
+            "steps": "",
+            **{c: _cell(v) for c, v in totals.items()},
+        }
+    ]

@@ -23,9 +23,9 @@ SETTING = "allow_unequal_compute"
 
 @dataclass(frozen=True)
 class ComparisonGroup:
-    point: tuple[tuple[str, object], ...]    # the axes the group's runs share (model, LR, ...)
-    tokens: dict[str, tuple[int, ...]]       # arm label -> the distinct token counts of its runs (seeds)
-    runs: dict[str, list[str]]               # arm label -> its run ids
+    point: tuple[tuple[str, object], ...]  # the axes the group's runs share (model, LR, ...)
+    tokens: dict[str, tuple[int, ...]]  # arm label -> the distinct token counts of its runs (seeds)
+    runs: dict[str, list[str]]  # arm label -> its run ids
 
     @property
     def equal(self) -> bool:
@@ -35,8 +35,10 @@ class ComparisonGroup:
         return ", ".join(f"{k}={v}" for k, v in self.point) or "the whole grid"
 
     def describe(self) -> str:
-        return "; ".join(f"{arm} ({', '.join(self.runs[arm])}): " + " / ".join(f"{t:,}" for t in counts)
-                         + " tokens" for arm, counts in self.tokens.items())
+        return "; ".join(
+            f"{arm} ({', '.join(self.runs[arm])}): " + " / ".join(f"{t:,}" for t in counts) + " tokens"
+            for arm, counts in self.tokens.items()
+        )
 
 
 def _arm(run: PlannedRun) -> str:
@@ -50,11 +52,13 @@ def comparison_groups(runs: list[PlannedRun]) -> list[ComparisonGroup]:
     grouped: dict[str, tuple[tuple, dict[str, set[int]], dict[str, list[str]]]] = {}
     for run in runs:
         point = tuple((k, v) for k, v in run.axes.items() if k not in ARM_AXES)
-        _, tokens, ids = grouped.setdefault(repr(point), (point, {}, {}))   # repr: axis values may be lists
+        _, tokens, ids = grouped.setdefault(repr(point), (point, {}, {}))  # repr: axis values may be lists
         tokens.setdefault(_arm(run), set()).add(planned_tokens(run.spec))
         ids.setdefault(_arm(run), []).append(run.run_id)
-    return [ComparisonGroup(point, {arm: tuple(sorted(t)) for arm, t in tokens.items()}, ids)
-            for point, tokens, ids in grouped.values()]
+    return [
+        ComparisonGroup(point, {arm: tuple(sorted(t)) for arm, t in tokens.items()}, ids)
+        for point, tokens, ids in grouped.values()
+    ]
 
 
 def parity_lines(groups: list[ComparisonGroup], allowed: bool) -> list[str]:
@@ -63,8 +67,10 @@ def parity_lines(groups: list[ComparisonGroup], allowed: bool) -> list[str]:
     for g in groups:
         if g.equal:
             tokens = next(iter(g.tokens.values()))[0]
-            lines.append(f"compute parity ({g.where()}): ok, {len(g.tokens)} arm(s) train {tokens:,} tokens each "
-                         "(prelude included)")
+            lines.append(
+                f"compute parity ({g.where()}): ok, {len(g.tokens)} arm(s) train {tokens:,} tokens each "
+                "(prelude included)"
+            )
         else:
             state = f"unequal, allowed by {SETTING}: true" if allowed else "VIOLATED"
             lines.append(f"compute parity ({g.where()}): {state}: {g.describe()}")
@@ -78,7 +84,11 @@ def check_parity(groups: list[ComparisonGroup], allowed: bool, file: str | None 
         return
     for g in groups:
         if not g.equal:
-            raise SpecError(f"arms compared with each other train different numbers of tokens ({g.where()}): "
-                            f"{g.describe()}; the tables, pairs and transplants would compare unequal compute",
-                            file=file, key=SETTING, value=False,
-                            allowed=f"phases that give every arm the same tokens, or {SETTING}: true in the grid")
+            raise SpecError(
+                f"arms compared with each other train different numbers of tokens ({g.where()}): "
+                f"{g.describe()}; the tables, pairs and transplants would compare unequal compute",
+                file=file,
+                key=SETTING,
+                value=False,
+                allowed=f"phases that give every arm the same tokens, or {SETTING}: true in the grid",
+            )

@@ -12,7 +12,7 @@ from ablate.config.errors import SpecError
 from ablate.config.spec import PhaseSpec, RunSpec
 from ablate.plan.freezing import FrozenSet, resolve_freeze
 
-EMBEDDINGS = -1     # the `layers` and `frozen` tables' index of the embedding block
+EMBEDDINGS = -1  # the `layers` and `frozen` tables' index of the embedding block
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class PhasePlan:
     spec: PhaseSpec
     steps: int
     frozen: FrozenSet
-    first_step: int = 0      # the run's global step at which the phase starts
+    first_step: int = 0  # the run's global step at which the phase starts
 
     @property
     def name(self) -> str:
@@ -64,4 +64,3 @@ def check_plan(spec: RunSpec, file: str | None = None) -> list[PhasePlan]:
         return plan_for(spec)
     except SpecError as exc:
         raise SpecError(exc.message, file=file, key=exc.key, value=exc.value, allowed=exc.allowed) from None
-

@@ -32,8 +32,8 @@ SEED_AXES = ("seed", "data.data_seed")
 class PhaseSeedEffect:
     phase: str
     objective: str
-    own: tuple[str, ...]     # what the seed changes within the phase: its objective's draws, "dropout"
-    inherited: str | None    # where the phase's starting weights already depend on the seed, or None
+    own: tuple[str, ...]  # what the seed changes within the phase: its objective's draws, "dropout"
+    inherited: str | None  # where the phase's starting weights already depend on the seed, or None
 
     @property
     def changes_nothing(self) -> bool:
@@ -47,9 +47,15 @@ class PhaseSeedEffect:
 
 def dropouts(config) -> dict[str, float]:
     """The config's non-zero dropout probabilities that pretraining applies."""
-    return {k: float(v) for k, v in config.to_dict().items()
-            if "dropout" in k and k not in _FINETUNE_ONLY and isinstance(v, (int, float))
-            and not isinstance(v, bool) and v > 0}
+    return {
+        k: float(v)
+        for k, v in config.to_dict().items()
+        if "dropout" in k
+        and k not in _FINETUNE_ONLY
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and v > 0
+    }
 
 
 def seeded_init(config, source_kind: str) -> str | None:
@@ -95,8 +101,10 @@ def is_seed_independent(effects: list[PhaseSeedEffect]) -> bool:
 def seed_record(spec: RunSpec) -> dict[str, Any]:
     """For records/run.json: seed_independent, and seed_changes ("phase: what; ...")."""
     effects = _effects_of(spec)
-    return {"seed_independent": is_seed_independent(effects),
-            "seed_changes": "; ".join(f"{e.phase}: {e.describe()}" for e in effects)}
+    return {
+        "seed_independent": is_seed_independent(effects),
+        "seed_changes": "; ".join(f"{e.phase}: {e.describe()}" for e in effects),
+    }
 
 
 def _effects_of(spec: RunSpec) -> list[PhaseSeedEffect]:
@@ -106,11 +114,12 @@ def _effects_of(spec: RunSpec) -> list[PhaseSeedEffect]:
 
 
 def _why_nothing(effect: PhaseSeedEffect, config, first: bool) -> str:
-    reasons = ["dropout 0" if not dropouts(config) else "",
-               f"{effect.objective.upper()} draws nothing from the seed" if not random_draws_of(effect.objective)
-               else "",
-               "data order from data.data_seed",
-               "the checkpoint has its MLM head" if first else "the phases before it do not depend on the seed"]
+    reasons = [
+        "dropout 0" if not dropouts(config) else "",
+        f"{effect.objective.upper()} draws nothing from the seed" if not random_draws_of(effect.objective) else "",
+        "data order from data.data_seed",
+        "the checkpoint has its MLM head" if first else "the phases before it do not depend on the seed",
+    ]
     return ", ".join(r for r in reasons if r)
 
 
@@ -125,8 +134,10 @@ def seed_notes(runs: list) -> tuple[list[str], list[str]]:
     axes = [a for a in SEED_AXES if any(a in r.axes for r in runs)]
     if "data.data_seed" in axes:
         values = sorted({r.axes["data.data_seed"] for r in runs if "data.data_seed" in r.axes})
-        notes.append(f"seed axis data.data_seed {values}: changes the data order of every phase (runs with the "
-                     "same data seed read the same token stream)")
+        notes.append(
+            f"seed axis data.data_seed {values}: changes the data order of every phase (runs with the "
+            "same data seed read the same token stream)"
+        )
     if "seed" not in axes:
         return notes, warnings
     groups: dict[tuple, list] = {}
@@ -134,19 +145,25 @@ def seed_notes(runs: list) -> tuple[list[str], list[str]]:
         key = (run.spec.model, tuple((p.name, p.objective) for p in run.spec.phases))
         groups.setdefault(key, []).append(run)
     seeds = sorted({r.spec.seed for r in runs})
-    notes.append(f"seed axis seed {seeds}: what a pretraining seed changes per phase (never the data order: "
-                 "data.data_seed's)")
+    notes.append(
+        f"seed axis seed {seeds}: what a pretraining seed changes per phase (never the data order: "
+        "data.data_seed's)"
+    )
     for (model, _), members in groups.items():
         config = load_config(model)
         effects = seed_effects(members[0].spec, config, resolve_source(model)[0])
         schedules = "/".join(dict.fromkeys(str(r.axes.get("schedule", "-")) for r in members))
-        notes.append(f"  {model}, schedule {schedules}: "
-                     + "; ".join(f"{e.phase}: {e.describe()}" for e in effects)
-                     + ("" if is_seed_independent(effects) else "  (not independent replicates)"))
+        notes.append(
+            f"  {model}, schedule {schedules}: "
+            + "; ".join(f"{e.phase}: {e.describe()}" for e in effects)
+            + ("" if is_seed_independent(effects) else "  (not independent replicates)")
+        )
         n = len({r.spec.seed for r in members})
         for i, e in enumerate(effects):
             if e.changes_nothing and n > 1:
-                warnings.append(f"seed changes nothing in phase {e.phase} for {model}: "
-                                f"{_why_nothing(e, config, i == 0)}: the {n} seeds repeat the same "
-                                f"{e.objective.upper()} computation")
+                warnings.append(
+                    f"seed changes nothing in phase {e.phase} for {model}: "
+                    f"{_why_nothing(e, config, i == 0)}: the {n} seeds repeat the same "
+                    f"{e.objective.upper()} computation"
+                )
     return notes, warnings

@@ -22,24 +22,83 @@ May import: every stage below it (config ... tune); only the CLI is above it.
 """
 
 from ablate.report.arms import arm_label, done_runs
-from ablate.report.divergence import (divergence_data, divergence_figure, divergence_table, model_summary,
-                                      region_summary, regions_figure)
+from ablate.report.divergence import (
+    divergence_data,
+    divergence_figure,
+    divergence_table,
+    model_summary,
+    region_summary,
+    regions_figure,
+)
 from ablate.report.curves import curve_data, curves_figure, phase_spans, plot_curves
-from ablate.report.layers import (MEASURE_LABELS, drawn_frozen, layer_data, layers_figure, ordered_phases,
-                                  phase_positions, plot_layers)
+from ablate.report.layers import (
+    MEASURE_LABELS,
+    drawn_frozen,
+    layer_data,
+    layers_figure,
+    ordered_phases,
+    phase_positions,
+    plot_layers,
+)
 from ablate.report.persistence import persistence_data, persistence_figure
 from ablate.report.registry import FIGURES, make_figure
-from ablate.report.scores import (delta_data, deltas_figure, freeze_data, freeze_figure, plot_deltas, plot_freeze,
-                                  primary_scores, score_summary)
+from ablate.report.scores import (
+    delta_data,
+    deltas_figure,
+    freeze_data,
+    freeze_figure,
+    plot_deltas,
+    plot_freeze,
+    primary_scores,
+    score_summary,
+)
 from ablate.report.stats import mean_ci, welch_ci
 from ablate.report.style import save_figure, style_context
 from ablate.report.sweep import TABLES, Sweep, list_sweeps, load_sweep, resolve_sweep
 from ablate.report.tables import freeze_table, make_table, score_table
 
-__all__ = ["FIGURES", "MEASURE_LABELS", "TABLES", "Sweep", "arm_label", "curve_data", "curves_figure",
-           "delta_data", "deltas_figure", "divergence_data", "divergence_figure", "divergence_table",
-           "model_summary", "persistence_data", "persistence_figure", "region_summary", "regions_figure", "done_runs", "drawn_frozen", "freeze_data", "freeze_figure",
-           "layer_data", "layers_figure", "list_sweeps", "load_sweep", "make_figure", "mean_ci",
-           "ordered_phases", "phase_positions", "phase_spans", "plot_curves", "plot_deltas", "plot_freeze",
-           "plot_layers", "primary_scores", "score_table", "freeze_table", "make_table", "resolve_sweep", "save_figure", "score_summary", "style_context",
-           "welch_ci"]
+__all__ = [
+    "FIGURES",
+    "MEASURE_LABELS",
+    "TABLES",
+    "Sweep",
+    "arm_label",
+    "curve_data",
+    "curves_figure",
+    "delta_data",
+    "deltas_figure",
+    "divergence_data",
+    "divergence_figure",
+    "divergence_table",
+    "model_summary",
+    "persistence_data",
+    "persistence_figure",
+    "region_summary",
+    "regions_figure",
+    "done_runs",
+    "drawn_frozen",
+    "freeze_data",
+    "freeze_figure",
+    "layer_data",
+    "layers_figure",
+    "list_sweeps",
+    "load_sweep",
+    "make_figure",
+    "mean_ci",
+    "ordered_phases",
+    "phase_positions",
+    "phase_spans",
+    "plot_curves",
+    "plot_deltas",
+    "plot_freeze",
+    "plot_layers",
+    "primary_scores",
+    "score_table",
+    "freeze_table",
+    "make_table",
+    "resolve_sweep",
+    "save_figure",
+    "score_summary",
+    "style_context",
+    "welch_ci",
+]

@@ -14,8 +14,25 @@ from ablate.config.errors import SpecError
 
 # Columns of the scores / layers / curves / frozen tables: a runs column of the same name (e.g. an "lr" grid
 # axis) cannot be a panel, since the join would clash with them.
-MEASURE_COLUMNS = {"run_id", "task", "language", "finetune_seed", "split", "metric", "value", "epoch", "primary",
-                   "wall_time_s", "phase", "layer", "measure", "step", "tokens", "loss", "lr"}
+MEASURE_COLUMNS = {
+    "run_id",
+    "task",
+    "language",
+    "finetune_seed",
+    "split",
+    "metric",
+    "value",
+    "epoch",
+    "primary",
+    "wall_time_s",
+    "phase",
+    "layer",
+    "measure",
+    "step",
+    "tokens",
+    "loss",
+    "lr",
+}
 
 
 def done_runs(runs: pd.DataFrame) -> pd.DataFrame:
@@ -48,8 +65,9 @@ def ordered(values: Sequence, first=None) -> list:
     return seen
 
 
-def arm_sorted(df: pd.DataFrame, runs: pd.DataFrame, baseline: str, pcol: str | None,
-               then: Sequence[str] = ()) -> pd.DataFrame:
+def arm_sorted(
+    df: pd.DataFrame, runs: pd.DataFrame, baseline: str, pcol: str | None, then: Sequence[str] = ()
+) -> pd.DataFrame:
     """Rows ordered by panel, then arms as the grid lists them (baseline schedule and freeze "none" first)."""
     schedules = ordered([*runs["schedule"], *df["schedule"]], first=baseline)
     freezes = ordered([*runs["freeze"], *df["freeze"]], first="none")
@@ -66,8 +84,12 @@ def panel_column(runs: pd.DataFrame, panel: str | None) -> str | None:
         return "model" if "model" in runs.columns and runs["model"].nunique() > 1 else None
     allowed = [c for c in runs.columns if c not in MEASURE_COLUMNS]
     if panel not in allowed:
-        raise SpecError("panel must be a column of the runs table that the other tables do not have",
-                        key="panel", value=panel, allowed="auto, none, " + ", ".join(map(str, allowed)))
+        raise SpecError(
+            "panel must be a column of the runs table that the other tables do not have",
+            key="panel",
+            value=panel,
+            allowed="auto, none, " + ", ".join(map(str, allowed)),
+        )
     return panel
 
 
@@ -98,5 +120,7 @@ def arm_tokens_match(runs: pd.DataFrame) -> dict[tuple[str, str], bool | None]:
     out: dict[tuple[str, str], bool | None] = {}
     for arm, group in done.groupby(["schedule", "freeze"], sort=False):
         verdicts = group["twin_tokens"].fillna("").astype(str)
-        out[arm] = False if verdicts.str.startswith("differ").any() else True if (verdicts == "same").all() else None
+        out[arm] = (
+            False if verdicts.str.startswith("differ").any() else True if (verdicts == "same").all() else None
+        )
     return out

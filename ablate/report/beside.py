@@ -33,17 +33,30 @@ from ablate.report.arms import done_runs
 from ablate.report.references import MainRow, MainTable, Reference
 from ablate.report.scores import AVERAGE, is_average, language_average
 
-BASE_MODEL = "base"         # the schedule of `ablate evaluate --base` rows (ablate.store.tables)
+BASE_MODEL = "base"  # the schedule of `ablate evaluate --base` rows (ablate.store.tables)
 HUB_PREFIX = "hub:"
-FAR_BUDGET = 2.0            # an arm whose tokens differ from its row's by more than this factor gets a note
+FAR_BUDGET = 2.0  # an arm whose tokens differ from its row's by more than this factor gets a note
 COLUMNS = ("paper_row", "paper", "measured", "paper_delta", "paper_tasks", "paper_note", "paper_source")
-FREEZE_COLUMNS = ("paper_row", "paper", "measured", "paper_delta", "paper_delta_vs_mlm", "paper_p_vs_mlm",
-                  "paper_tasks", "paper_note", "paper_source")
-UNITS_NOTE = ("Cells: paper / measured / measured - paper, in percent (the paper's F1; ablate's scores are "
-              "fractions, x 100); measured: each task's primary metric, the mean over seeds.")
-PARTIAL_NOTE = ("partial (k of N tasks): the measured average is over the k paper tasks the sweep has; its delta "
-                "is against the paper's average over the same k tasks, computed from the paper's per-task numbers "
-                "(printed to 0.1), not against its published average.")
+FREEZE_COLUMNS = (
+    "paper_row",
+    "paper",
+    "measured",
+    "paper_delta",
+    "paper_delta_vs_mlm",
+    "paper_p_vs_mlm",
+    "paper_tasks",
+    "paper_note",
+    "paper_source",
+)
+UNITS_NOTE = (
+    "Cells: paper / measured / measured - paper, in percent (the paper's F1; ablate's scores are "
+    "fractions, x 100); measured: each task's primary metric, the mean over seeds."
+)
+PARTIAL_NOTE = (
+    "partial (k of N tasks): the measured average is over the k paper tasks the sweep has; its delta "
+    "is against the paper's average over the same k tasks, computed from the paper's per-task numbers "
+    "(printed to 0.1), not against its published average."
+)
 FREEZE_PARTIAL = "no delta: the paper has no per-task numbers for this arm, so no average over the same {k} tasks"
 
 
@@ -56,13 +69,19 @@ def check_fractions(scores: pd.DataFrame, tasks) -> None:
     """The score files' values of `tasks` are fractions in [0, 1] (else percentages would be compared with the
     paper's as if they were fractions: a SpecError naming the task)."""
     values = scores[scores["task"].isin(list(tasks))]
-    bad = values[(pd.to_numeric(values["value"], errors="coerce") > 1.0)
-                 | (pd.to_numeric(values["value"], errors="coerce") < 0.0)]
+    bad = values[
+        (pd.to_numeric(values["value"], errors="coerce") > 1.0)
+        | (pd.to_numeric(values["value"], errors="coerce") < 0.0)
+    ]
     if not bad.empty:
         r = bad.iloc[0]
-        raise SpecError("a score set beside the paper's is no fraction in [0, 1] (the paper's percentages are "
-                        "compared with 100 x the score files' fractions)", key=f"scores: {r['task']}",
-                        value=f"{r['metric']} = {r['value']}", allowed="values in [0, 1]")
+        raise SpecError(
+            "a score set beside the paper's is no fraction in [0, 1] (the paper's percentages are "
+            "compared with 100 x the score files' fractions)",
+            key=f"scores: {r['task']}",
+            value=f"{r['metric']} = {r['value']}",
+            allowed="values in [0, 1]",
+        )
 
 
 def arm_models(runs: pd.DataFrame) -> dict[tuple[str, str], dict]:
@@ -70,12 +89,16 @@ def arm_models(runs: pd.DataFrame) -> dict[tuple[str, str], dict]:
     out = {}
     for arm, g in done_runs(runs).groupby(["schedule", "freeze"], sort=False):
         first = g.iloc[0]
-        source = next((first[c] for c in ("model_source", "model") if c in g and pd.notna(first[c])
-                       and str(first[c])), "")
+        source = next(
+            (first[c] for c in ("model_source", "model") if c in g and pd.notna(first[c]) and str(first[c])), ""
+        )
         layers = pd.to_numeric(g.get("n_layers", pd.Series(dtype=float)), errors="coerce").dropna()
         tokens = pd.to_numeric(g.get("tokens_seen", pd.Series(dtype=float)), errors="coerce").dropna()
-        out[arm] = {"model": str(source), "n_layers": int(layers.iloc[0]) if len(layers) else None,
-                    "tokens": float(tokens.median()) if len(tokens) else None}
+        out[arm] = {
+            "model": str(source),
+            "n_layers": int(layers.iloc[0]) if len(layers) else None,
+            "tokens": float(tokens.median()) if len(tokens) else None,
+        }
     return out
 
 
@@ -89,7 +112,7 @@ def model_size(ref: Reference, n_layers: int | None) -> str | None:
 
 
 def _hub_id(model: str) -> str:
-    return (model[len(HUB_PREFIX):] if model.startswith(HUB_PREFIX) else model).lower()
+    return (model[len(HUB_PREFIX) :] if model.startswith(HUB_PREFIX) else model).lower()
 
 
 def _tokens(n: float) -> str:
@@ -156,8 +179,9 @@ def beside_scores(table: pd.DataFrame, models: dict, ref: Reference) -> pd.DataF
     return out
 
 
-def beside_freeze(frame: pd.DataFrame, scores: pd.DataFrame, models: dict, frozen: dict, ref: Reference
-                  ) -> pd.DataFrame:
+def beside_freeze(
+    frame: pd.DataFrame, scores: pd.DataFrame, models: dict, frozen: dict, ref: Reference
+) -> pd.DataFrame:
     """The freeze table (a row per arm) with the paper's freezing rows beside it: the arm's model must be the
     paper's (French Base), its schedule and mask the row's, and what each phase froze (`frozen`, the freeze
     table's descriptions, when the sweep has them) the row's layers."""
@@ -172,34 +196,45 @@ def beside_freeze(frame: pd.DataFrame, scores: pd.DataFrame, models: dict, froze
             continue
         language, size = model_language(ref, model["model"]), model_size(ref, model["n_layers"])
         if (language, size) != (table.language, table.size):
-            out.loc[i, "paper_note"] = (f"not the paper's model ({table.language} {table.size}, "
-                                        f"{ref.sizes[table.size]} layers): {model['model'] or '?'}")
+            out.loc[i, "paper_note"] = (
+                f"not the paper's model ({table.language} {table.size}, "
+                f"{ref.sizes[table.size]} layers): {model['model'] or '?'}"
+            )
             continue
         wanted = "; ".join(f"{phase}: {layers}" for phase, layers in row.frozen.items()) or "-"
         if key in frozen and frozen[key] != wanted:
             out.loc[i, "paper_note"] = f"froze {frozen[key]}, the paper's arm {wanted}"
             continue
-        mine = scores[(scores["schedule"] == key[0]) & (scores["freeze"] == key[1])
-                      & scores["task"].isin(list(paper_tasks))]
+        mine = scores[
+            (scores["schedule"] == key[0]) & (scores["freeze"] == key[1]) & scores["task"].isin(list(paper_tasks))
+        ]
         k, n = mine["task"].nunique(), table.n_tasks
-        out.loc[i, ["paper_row", "paper_source", "paper_tasks"]] = [row.name, ref.source.cite(table.table),
-                                                                    _tasks_label(k, n)]
+        out.loc[i, ["paper_row", "paper_source", "paper_tasks"]] = [
+            row.name,
+            ref.source.cite(table.table),
+            _tasks_label(k, n),
+        ]
         out.loc[i, ["paper", "paper_delta_vs_mlm", "paper_p_vs_mlm"]] = [
-            row.average, np.nan if row.delta_vs_mlm is None else row.delta_vs_mlm,
-            np.nan if row.p_vs_mlm is None else row.p_vs_mlm]
+            row.average,
+            np.nan if row.delta_vs_mlm is None else row.delta_vs_mlm,
+            np.nan if row.p_vs_mlm is None else row.p_vs_mlm,
+        ]
         out.loc[i, "measured"] = float(mine["mean"].mean()) if k else np.nan
         if 0 < k < n:
             out.loc[i, "paper_note"] = FREEZE_PARTIAL.format(k=k)
-    out["paper_delta"] = np.where(out["paper_tasks"].str.startswith("partial"), np.nan,
-                                  out["measured"] - out["paper"])
+    out["paper_delta"] = np.where(
+        out["paper_tasks"].str.startswith("partial"), np.nan, out["measured"] - out["paper"]
+    )
     return out
 
 
 # ------------------------------------------------------------------ the compact blocks
 
+
 def _triple(paper, measured, delta) -> str:
     def num(v, fmt):
-        return "-" if v != v else format(round(v, 1) + 0.0, fmt)     # + 0.0: no "-0.0" from rounding noise
+        return "-" if v != v else format(round(v, 1) + 0.0, fmt)  # + 0.0: no "-0.0" from rounding noise
+
     return f"{num(paper, '.1f')} / {num(measured, '.1f')} / {num(delta, '+.1f')}"
 
 
@@ -220,22 +255,32 @@ def score_blocks(data: pd.DataFrame, ref: Reference) -> list[tuple[str, pd.DataF
             cells = {"arm": arm, "paper row": mine["paper_row"].iloc[0] if matched else "(not in the paper)"}
             for t in tasks:
                 r = by_task.loc[t] if t in by_task.index else None
-                cells[t] = "" if r is None else _triple(r["paper"] if matched else np.nan, r["mean"],
-                                                        r["paper_delta"] if matched else np.nan)
+                cells[t] = (
+                    ""
+                    if r is None
+                    else _triple(
+                        r["paper"] if matched else np.nan, r["mean"], r["paper_delta"] if matched else np.nan
+                    )
+                )
             avg = mine[(mine["paper_tasks"] != "") & mine["task"].map(is_average)] if matched else mine.iloc[:0]
             if len(avg):
                 a = avg.iloc[0]
                 partial |= a["paper_tasks"].startswith("partial")
                 cells["average"] = _triple(a["paper"], a["measured"], a["paper_delta"]) + (
-                    f", {a['paper_tasks']}" if a["paper_tasks"].startswith("partial") else "")
+                    f", {a['paper_tasks']}" if a["paper_tasks"].startswith("partial") else ""
+                )
             else:
                 k = int(mine["task"].isin(tasks).sum())
                 cells["average"] = _triple(np.nan, mine.loc[mine["task"].isin(tasks), "mean"].mean(), np.nan) + (
-                    f", {_tasks_label(k, len(main.tasks))}" if k < len(main.tasks) else "")
+                    f", {_tasks_label(k, len(main.tasks))}" if k < len(main.tasks) else ""
+                )
             rows.append(cells)
-        notes = [UNITS_NOTE] + ([PARTIAL_NOTE] if partial else []) + sorted(
-            {f"{arm}: {n}" for arm, n in zip(data["arm"], data["paper_note"]) if n}) + [
-            f"Paper: {ref.source.cite(main.table)}: {main.caption}."]
+        notes = (
+            [UNITS_NOTE]
+            + ([PARTIAL_NOTE] if partial else [])
+            + sorted({f"{arm}: {n}" for arm, n in zip(data["arm"], data["paper_note"]) if n})
+            + [f"Paper: {ref.source.cite(main.table)}: {main.caption}."]
+        )
         blocks.append((f"Beside the paper: {main.caption}", pd.DataFrame(rows), notes))
     return blocks
 
@@ -245,15 +290,26 @@ def freeze_block(data: pd.DataFrame, ref: Reference) -> tuple[str, pd.DataFrame,
     paper's difference from MLM and the measured one, and why a row has no delta."""
     rows = []
     for _, r in data.iterrows():
-        rows.append({"arm": r["arm"], "paper row": r["paper_row"] or "(not in the paper)",
-                     "average": _triple(r["paper"], r["measured"], r["paper_delta"]),
-                     "tasks": r["paper_tasks"],
-                     "delta vs MLM (paper / measured)": _triple(r["paper_delta_vs_mlm"], r["delta_vs_baseline"],
-                                                                 np.nan).rsplit(" / ", 1)[0],
-                     "p vs MLM (paper)": "" if r["paper_p_vs_mlm"] != r["paper_p_vs_mlm"]
-                     else f"{r['paper_p_vs_mlm']:.2f}",
-                     "note": r["paper_note"]})
-    notes = [UNITS_NOTE.replace("each task's primary metric, the mean over seeds",
-                                "the mean of the arm's per-task means over the paper's tasks it has"),
-             f"Paper: {ref.source.cite(ref.freeze.table)}: {ref.freeze.caption}."]
+        rows.append(
+            {
+                "arm": r["arm"],
+                "paper row": r["paper_row"] or "(not in the paper)",
+                "average": _triple(r["paper"], r["measured"], r["paper_delta"]),
+                "tasks": r["paper_tasks"],
+                "delta vs MLM (paper / measured)": _triple(
+                    r["paper_delta_vs_mlm"], r["delta_vs_baseline"], np.nan
+                ).rsplit(" / ", 1)[0],
+                "p vs MLM (paper)": ""
+                if r["paper_p_vs_mlm"] != r["paper_p_vs_mlm"]
+                else f"{r['paper_p_vs_mlm']:.2f}",
+                "note": r["paper_note"],
+            }
+        )
+    notes = [
+        UNITS_NOTE.replace(
+            "each task's primary metric, the mean over seeds",
+            "the mean of the arm's per-task means over the paper's tasks it has",
+        ),
+        f"Paper: {ref.source.cite(ref.freeze.table)}: {ref.freeze.caption}.",
+    ]
     return f"Beside the paper: {ref.freeze.caption}", pd.DataFrame(rows), notes

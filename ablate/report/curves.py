@@ -9,16 +9,26 @@ from __future__ import annotations
 import pandas as pd
 
 from ablate.config.errors import SpecError
-from ablate.report.arms import (arm_keys, arm_label, arm_sorted, done_runs, in_panel, ordered, panel_column,
-                                panel_title, panels)
+from ablate.report.arms import (
+    arm_keys,
+    arm_label,
+    arm_sorted,
+    done_runs,
+    in_panel,
+    ordered,
+    panel_column,
+    panel_title,
+    panels,
+)
 from ablate.report.stats import mean_ci
 from ablate.report.style import arm_styles, figure_legend, new_figure, styled
 from ablate.report.sweep import Sweep
 from ablate.config.grid import DEFAULT_BASELINE
 
 
-def curve_data(sweep: Sweep, *,
-               baseline: str | None = None, smooth: int = 1, panel: str | None = "auto") -> pd.DataFrame:
+def curve_data(
+    sweep: Sweep, *, baseline: str | None = None, smooth: int = 1, panel: str | None = "auto"
+) -> pd.DataFrame:
     """Loss and LR per arm, phase and step, averaged over seeds (loss with a 95% CI).
 
     `smooth` > 1 first takes a trailing rolling mean of the loss over that many logged points within each
@@ -27,7 +37,9 @@ def curve_data(sweep: Sweep, *,
     baseline = baseline or sweep.baseline
     curves = sweep.require("curves", "curves")
     if smooth < 1:
-        raise SpecError("smooth must be at least 1 (logged points in the rolling mean)", key="smooth", value=smooth)
+        raise SpecError(
+            "smooth must be at least 1 (logged points in the rolling mean)", key="smooth", value=smooth
+        )
     runs = done_runs(sweep.runs)
     pcol = panel_column(runs, panel)
     keys = arm_keys(pcol)
@@ -37,13 +49,15 @@ def curve_data(sweep: Sweep, *,
     df = df.sort_values(["run_id", "step"], kind="stable")
     if smooth > 1:
         df["loss"] = df.groupby(["run_id", "phase"], sort=False)["loss"].transform(
-            lambda s: s.rolling(smooth, min_periods=1).mean())
+            lambda s: s.rolling(smooth, min_periods=1).mean()
+        )
     rows = []
     for key, g in df.groupby([*keys, "phase", "step"], sort=False):
         m, lo, hi, n = mean_ci(g["loss"])
         rows.append((*key, float(g["tokens"].mean()), m, lo, hi, float(g["lr"].mean()), n))
-    out = pd.DataFrame(rows, columns=[*keys, "phase", "step", "tokens", "loss", "loss_ci_low", "loss_ci_high",
-                                      "lr", "n"])
+    out = pd.DataFrame(
+        rows, columns=[*keys, "phase", "step", "tokens", "loss", "loss_ci_low", "loss_ci_high", "lr", "n"]
+    )
     out.insert(len(keys), "arm", [arm_label(s, f) for s, f in zip(out["schedule"], out["freeze"])])
     return arm_sorted(out, runs, baseline, pcol, then=["step"])
 
@@ -105,8 +119,9 @@ def plot_curves(data: pd.DataFrame, *, panel_col: str | None = None, baseline: s
     scale, unit = token_unit(float(data["tokens"].max()))
     strip_h = 0.3 + 0.17 * data["schedule"].nunique()
     fig = new_figure(2.9 + 3.3 * len(names), 4.2 + strip_h)
-    axes = fig.subplots(3, len(names), sharex="col", squeeze=False,
-                        gridspec_kw={"height_ratios": [strip_h, 2.1, 2.1]})
+    axes = fig.subplots(
+        3, len(names), sharex="col", squeeze=False, gridspec_kw={"height_ratios": [strip_h, 2.1, 2.1]}
+    )
     for j, p in enumerate(names):
         d = in_panel(data, panel_col, p)
         ax_ph, ax_loss, ax_lr = axes[:, j]

@@ -24,19 +24,25 @@ from ablate.report.stats import mean_ci
 from ablate.report.style import arm_styles, figure_legend, layer_ticks, new_figure, styled
 from ablate.report.sweep import Sweep
 
-MEASURES = {"cka": "1 − CKA vs MLM twin", "cka_ratio": "1 − CKA vs MLM twin, in units of\nMLM seed-to-seed (1 − CKA)"}
+MEASURES = {
+    "cka": "1 − CKA vs MLM twin",
+    "cka_ratio": "1 − CKA vs MLM twin, in units of\nMLM seed-to-seed (1 − CKA)",
+}
 NOISE_ARM = "MLM seed noise"
 REGIONS = ("low", "mid", "high", "all")
-styles_list = ("-", "--", ":", "-.")   # line styles of the seed-noise bands (one per baseline schedule)
+styles_list = ("-", "--", ":", "-.")  # line styles of the seed-noise bands (one per baseline schedule)
 
 
 def _pairs(sweep: Sweep, measure: str) -> pd.DataFrame:
     if measure not in MEASURES:
         raise SpecError("unknown divergence measure", key="measure", value=measure, allowed=", ".join(MEASURES))
     if sweep.pairs is None or sweep.pairs.empty:
-        raise SpecError("this sweep has no pairs table: run `ablate collect SWEEP --pairs` first (it needs each "
-                        "arm's MLM twin and two MLM seeds for the seed-noise band)",
-                        file=str(sweep.path), key="pairs")
+        raise SpecError(
+            "this sweep has no pairs table: run `ablate collect SWEEP --pairs` first (it needs each "
+            "arm's MLM twin and two MLM seeds for the seed-noise band)",
+            file=str(sweep.path),
+            key="pairs",
+        )
     runs = done_runs(sweep.runs)[["run_id", "schedule", "freeze"]].rename(columns={"run_id": "run_a"})
     return sweep.pairs.merge(runs, on="run_a")
 
@@ -56,12 +62,45 @@ def divergence_data(sweep: Sweep, *, measure: str = "cka") -> pd.DataFrame:
         y = 1.0 - g["value"] if measure == "cka" else g["value"]
         for layer, yl in y.groupby(g["layer"]):
             m, lo, hi, n = mean_ci(yl)
-            rows.append((_arm(s, f, rel), s, f, rel,
-                         int(pos), ";".join(ordered(g["phase"])), ";".join(ordered(g["phase_b"])), int(layer),
-                         "1-cka" if measure == "cka" else measure, m, lo, hi, n))
-    return pd.DataFrame(rows, columns=["arm", "schedule", "freeze", "relation", "position", "phase", "phase_b",
-                                       "layer", "measure", "mean", "ci_low", "ci_high", "n"]
-                        ).sort_values(["position", "relation", "arm", "layer"], kind="stable").reset_index(drop=True)
+            rows.append(
+                (
+                    _arm(s, f, rel),
+                    s,
+                    f,
+                    rel,
+                    int(pos),
+                    ";".join(ordered(g["phase"])),
+                    ";".join(ordered(g["phase_b"])),
+                    int(layer),
+                    "1-cka" if measure == "cka" else measure,
+                    m,
+                    lo,
+                    hi,
+                    n,
+                )
+            )
+    return (
+        pd.DataFrame(
+            rows,
+            columns=[
+                "arm",
+                "schedule",
+                "freeze",
+                "relation",
+                "position",
+                "phase",
+                "phase_b",
+                "layer",
+                "measure",
+                "mean",
+                "ci_low",
+                "ci_high",
+                "n",
+            ],
+        )
+        .sort_values(["position", "relation", "arm", "layer"], kind="stable")
+        .reset_index(drop=True)
+    )
 
 
 def region_summary(sweep: Sweep, *, measure: str = "cka") -> pd.DataFrame:
@@ -71,19 +110,53 @@ def region_summary(sweep: Sweep, *, measure: str = "cka") -> pd.DataFrame:
     p = _pairs(sweep, measure)
     baseline_of = done_runs(sweep.runs).set_index("run_id")["schedule"]
     values = region_values(p[p["measure"] == measure]).merge(
-        p[["run_a", "schedule", "freeze"]].drop_duplicates(), on="run_a")
+        p[["run_a", "schedule", "freeze"]].drop_duplicates(), on="run_a"
+    )
     values["baseline"] = values["run_b"].map(baseline_of)
     rows = []
-    for (rel, pos, s, f, b, region), g in values.groupby(["relation", "position", "schedule", "freeze", "baseline",
-                                                          "region"], sort=False):
+    for (rel, pos, s, f, b, region), g in values.groupby(
+        ["relation", "position", "schedule", "freeze", "baseline", "region"], sort=False
+    ):
         m, lo, hi, n = mean_ci(g["value"])
-        rows.append((_arm(s, f, rel), rel, b, int(pos), ";".join(ordered(g["phase"])),
-                     ";".join(ordered(g["phase_b"])), region, g["measure"].iloc[0], m, lo, hi, n))
-    out = pd.DataFrame(rows, columns=["arm", "relation", "baseline", "position", "phase", "phase_b", "region",
-                                      "measure", "mean", "ci_low", "ci_high", "n"])
+        rows.append(
+            (
+                _arm(s, f, rel),
+                rel,
+                b,
+                int(pos),
+                ";".join(ordered(g["phase"])),
+                ";".join(ordered(g["phase_b"])),
+                region,
+                g["measure"].iloc[0],
+                m,
+                lo,
+                hi,
+                n,
+            )
+        )
+    out = pd.DataFrame(
+        rows,
+        columns=[
+            "arm",
+            "relation",
+            "baseline",
+            "position",
+            "phase",
+            "phase_b",
+            "region",
+            "measure",
+            "mean",
+            "ci_low",
+            "ci_high",
+            "n",
+        ],
+    )
     out["_r"] = out["region"].map(REGIONS.index)
-    return out.sort_values(["relation", "arm", "position", "_r"], kind="stable").drop(columns="_r"
-                                                                                       ).reset_index(drop=True)
+    return (
+        out.sort_values(["relation", "arm", "position", "_r"], kind="stable")
+        .drop(columns="_r")
+        .reset_index(drop=True)
+    )
 
 
 def _kind(objective: str, freeze: str, relation: str) -> str:
@@ -102,23 +175,62 @@ def model_summary(sweep: Sweep) -> pd.DataFrame:
     p = _pairs(sweep, "cka")
     p = p[p["measure"] == MODEL_MEASURE]
     if p.empty:
-        raise SpecError("the pairs table has no whole-model rows (it was collected before they existed): run "
-                        "`ablate collect SWEEP --pairs` again", file=str(sweep.path), key="pairs")
+        raise SpecError(
+            "the pairs table has no whole-model rows (it was collected before they existed): run "
+            "`ablate collect SWEEP --pairs` again",
+            file=str(sweep.path),
+            key="pairs",
+        )
     baseline_of = done_runs(sweep.runs).set_index("run_id")["schedule"]
     p = p.assign(baseline=p["run_b"].map(baseline_of))
     first = p.groupby("schedule")["objective"].first() if "objective" in p.columns else pd.Series(dtype=str)
     rows = []
-    for (rel, pos, s, f, b), g in p.groupby(["relation", "position", "schedule", "freeze", "baseline"],
-                                            sort=False):
+    for (rel, pos, s, f, b), g in p.groupby(
+        ["relation", "position", "schedule", "freeze", "baseline"], sort=False
+    ):
         m, lo, hi, n = mean_ci(g["value"])
         std = float(np.std(g["value"].dropna(), ddof=0)) if n else float("nan")
         extra = [float(g[c].mean()) if c in g.columns else float("nan") for c in ("step", "decay_tokens")]
-        rows.append((_arm(s, f, rel), _kind(first.get(s, "?"), f, rel), rel, b, int(pos),
-                     ";".join(ordered(g["phase"])), ";".join(ordered(g["phase_b"])), "model", MODEL_MEASURE,
-                     m, std, lo, hi, n, *extra))
-    out = pd.DataFrame(rows, columns=["arm", "kind", "relation", "baseline", "position", "phase", "phase_b",
-                                      "region", "measure", "mean", "std", "ci_low", "ci_high", "n", "step",
-                                      "decay_tokens"])
+        rows.append(
+            (
+                _arm(s, f, rel),
+                _kind(first.get(s, "?"), f, rel),
+                rel,
+                b,
+                int(pos),
+                ";".join(ordered(g["phase"])),
+                ";".join(ordered(g["phase_b"])),
+                "model",
+                MODEL_MEASURE,
+                m,
+                std,
+                lo,
+                hi,
+                n,
+                *extra,
+            )
+        )
+    out = pd.DataFrame(
+        rows,
+        columns=[
+            "arm",
+            "kind",
+            "relation",
+            "baseline",
+            "position",
+            "phase",
+            "phase_b",
+            "region",
+            "measure",
+            "mean",
+            "std",
+            "ci_low",
+            "ci_high",
+            "n",
+            "step",
+            "decay_tokens",
+        ],
+    )
     return out.sort_values(["relation", "arm", "position"], kind="stable").reset_index(drop=True)
 
 
@@ -153,10 +265,17 @@ def divergence_figure(sweep: Sweep, *, measure: str = "cka", baseline: str | Non
         d = data[data["position"] == pos]
         ax = fig.add_subplot(1, len(positions), j + 1, sharey=axes[0] if axes else None)
         for k, (arm, noise) in enumerate(d[d["relation"] == NOISE].groupby("arm", sort=False)):
-            ax.fill_between(noise["layer"], noise["ci_low"].fillna(noise["mean"]),
-                            noise["ci_high"].fillna(noise["mean"]), color="0.6", alpha=0.3, lw=0)
-            ax.plot(noise["layer"], noise["mean"], color="0.45", lw=1, ls=styles_list[k % len(styles_list)],
-                    label=arm)
+            ax.fill_between(
+                noise["layer"],
+                noise["ci_low"].fillna(noise["mean"]),
+                noise["ci_high"].fillna(noise["mean"]),
+                color="0.6",
+                alpha=0.3,
+                lw=0,
+            )
+            ax.plot(
+                noise["layer"], noise["mean"], color="0.45", lw=1, ls=styles_list[k % len(styles_list)], label=arm
+            )
         for (s, f), g in d[d["relation"] == TWIN].groupby(["schedule", "freeze"], sort=False):
             ls, marker = styles[f]
             ax.fill_between(g["layer"], g["ci_low"], g["ci_high"], color=colors[s], alpha=0.18, lw=0)
@@ -164,8 +283,16 @@ def divergence_figure(sweep: Sweep, *, measure: str = "cka", baseline: str | Non
         if measure == "cka_ratio":
             ax.axhline(1.0, color="0.4", lw=0.8, ls=":")
             if not d["mean"].notna().any():
-                ax.text(0.5, 0.5, "undefined: no MLM seed noise\n(identical representations)", ha="center",
-                        va="center", transform=ax.transAxes, color="0.4", fontsize=8)
+                ax.text(
+                    0.5,
+                    0.5,
+                    "undefined: no MLM seed noise\n(identical representations)",
+                    ha="center",
+                    va="center",
+                    transform=ax.transAxes,
+                    color="0.4",
+                    fontsize=8,
+                )
         ax.set_title(_panel_title(d))
         ax.set_ylabel(MEASURES[measure] if j == 0 else "")
         ax.set_xlabel("layer (emb = embeddings output)")
@@ -195,13 +322,29 @@ def regions_figure(sweep: Sweep, *, measure: str = "cka"):
             g = d[d["position"] == pos].set_index("region").reindex(list(REGIONS))
             x = [i - 0.4 + width * (k + 0.5) for i in range(len(REGIONS))]
             err = [(g["mean"] - g["ci_low"]).fillna(0), (g["ci_high"] - g["mean"]).fillna(0)]
-            ax.errorbar(x, g["mean"], yerr=err, fmt="o", ms=4, capsize=2, color=f"C{k}",
-                        label=f"after {' / '.join(ordered(g['phase'].dropna()))}")
+            ax.errorbar(
+                x,
+                g["mean"],
+                yerr=err,
+                fmt="o",
+                ms=4,
+                capsize=2,
+                color=f"C{k}",
+                label=f"after {' / '.join(ordered(g['phase'].dropna()))}",
+            )
             n = noise[(noise["position"] == pos) & noise["baseline"].isin(d["baseline"])]
             n = n.set_index("region").reindex(list(REGIONS))
             if n["mean"].notna().any():
-                ax.plot(x, n["mean"], ls="none", marker="_", ms=10, color=f"C{k}", alpha=0.6,
-                        label=f"{NOISE_ARM}, phase end {pos}")
+                ax.plot(
+                    x,
+                    n["mean"],
+                    ls="none",
+                    marker="_",
+                    ms=10,
+                    color=f"C{k}",
+                    alpha=0.6,
+                    label=f"{NOISE_ARM}, phase end {pos}",
+                )
         ax.set_xticks(range(len(REGIONS)), REGIONS)
         ax.set_title(arm)
         ax.set_ylabel(MEASURES[measure] + " (region mean)" if j == 0 else "")

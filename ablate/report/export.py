@@ -46,8 +46,8 @@ class Chosen:
     schedule: str
     freeze: str
     seed: int
-    twin: str | None = None       # its MLM twin (runs table `twin`), when that run is done
-    note: str | None = None       # how an arm with several seeds was resolved
+    twin: str | None = None  # its MLM twin (runs table `twin`), when that run is done
+    note: str | None = None  # how an arm with several seeds was resolved
 
     @property
     def arm(self) -> str:
@@ -64,6 +64,7 @@ class Exported:
 
 # ---------------------------------------------------------------- which run
 
+
 def _known(done: pd.DataFrame) -> str:
     arms = dict.fromkeys(arm_label(s, f) for s, f in zip(done["schedule"], done["freeze"]))
     return f"runs: {', '.join(done['run_id'])}; arms: {', '.join(arms)}" if len(done) else "(no finished run)"
@@ -76,8 +77,9 @@ def _twin(runs: pd.DataFrame, row: pd.Series) -> str | None:
 
 
 def _chosen(runs: pd.DataFrame, row: pd.Series, note: str | None = None) -> Chosen:
-    return Chosen(str(row["run_id"]), str(row["schedule"]), str(row["freeze"]), int(row["seed"]),
-                  _twin(runs, row), note)
+    return Chosen(
+        str(row["run_id"]), str(row["schedule"]), str(row["freeze"]), int(row["seed"]), _twin(runs, row), note
+    )
 
 
 def choose_run(runs: pd.DataFrame, wanted: str, seed: int | None = None, file: str | None = None) -> Chosen:
@@ -86,32 +88,58 @@ def choose_run(runs: pd.DataFrame, wanted: str, seed: int | None = None, file: s
     if wanted in set(runs["run_id"]):
         row = runs[runs["run_id"] == wanted].iloc[0]
         if row.get("status", "done") != "done":
-            raise SpecError(f"the run is {row['status']}, not done: only a finished run has a model to export",
-                            file=file, key="RUN_OR_ARM", value=wanted, allowed=_known(done))
+            raise SpecError(
+                f"the run is {row['status']}, not done: only a finished run has a model to export",
+                file=file,
+                key="RUN_OR_ARM",
+                value=wanted,
+                allowed=_known(done),
+            )
         if seed is not None and int(row["seed"]) != seed:
             raise SpecError("--seed is not the run's seed", key="--seed", value=seed, allowed=str(row["seed"]))
         return _chosen(runs, row)
     mine = done[[wanted in (arm_label(s, f), arm_name((s, f))) for s, f in zip(done["schedule"], done["freeze"])]]
     if mine.empty:
-        raise SpecError("no finished run or arm of this name in the sweep", file=file, key="RUN_OR_ARM",
-                        value=wanted, allowed=_known(done))
+        raise SpecError(
+            "no finished run or arm of this name in the sweep",
+            file=file,
+            key="RUN_OR_ARM",
+            value=wanted,
+            allowed=_known(done),
+        )
     seeds = sorted({int(s) for s in mine["seed"]})
     pick = seeds[0] if seed is None else seed
     if pick not in seeds:
-        raise SpecError("the arm has no finished run of this seed", file=file, key="--seed", value=seed,
-                        allowed=", ".join(map(str, seeds)))
+        raise SpecError(
+            "the arm has no finished run of this seed",
+            file=file,
+            key="--seed",
+            value=seed,
+            allowed=", ".join(map(str, seeds)),
+        )
     rows = mine[mine["seed"].astype(int) == pick]
     if len(rows) > 1:
-        raise SpecError("the arm has several finished runs of this seed (one per model): name the run", file=file,
-                        key="RUN_OR_ARM", value=wanted, allowed=", ".join(rows["run_id"]))
+        raise SpecError(
+            "the arm has several finished runs of this seed (one per model): name the run",
+            file=file,
+            key="RUN_OR_ARM",
+            value=wanted,
+            allowed=", ".join(rows["run_id"]),
+        )
     label = arm_label(rows.iloc[0]["schedule"], rows.iloc[0]["freeze"])
-    note = None if seed is not None or len(seeds) == 1 else (
-        f"arm {label!r} has finished runs of seeds {', '.join(map(str, seeds))}: exporting the lowest, seed {pick} "
-        f"(run {rows.iloc[0]['run_id']}); --seed picks another")
+    note = (
+        None
+        if seed is not None or len(seeds) == 1
+        else (
+            f"arm {label!r} has finished runs of seeds {', '.join(map(str, seeds))}: exporting the lowest, seed {pick} "
+            f"(run {rows.iloc[0]['run_id']}); --seed picks another"
+        )
+    )
     return _chosen(runs, rows.iloc[0], note)
 
 
 # ---------------------------------------------------------------- what the card reports
+
 
 def arm_scores(sweep: Sweep, chosen: Chosen, baseline: str | None) -> CardScores | None:
     """The arm's rows of the scores table (the very function `ablate report --table scores` calls, with its
@@ -126,18 +154,24 @@ def arm_scores(sweep: Sweep, chosen: Chosen, baseline: str | None) -> CardScores
     try:
         table = score_table(sweep, baseline=wanted)
     except SpecError as exc:
-        if exc.key == "scores":          # no done run has scores
+        if exc.key == "scores":  # no done run has scores
             return None
         if baseline is not None or exc.key != "--baseline":
             raise
-        table, note = score_table(sweep, baseline=chosen.arm), (
-            f"The sweep has no {wanted!r} baseline arm with scores: the arm is shown alone, with no comparison.")
+        table, note = (
+            score_table(sweep, baseline=chosen.arm),
+            (f"The sweep has no {wanted!r} baseline arm with scores: the arm is shown alone, with no comparison."),
+        )
     rows = table[table["arm"] == chosen.arm].reset_index(drop=True)
     if rows.empty:
         return None
     ps = primary_scores(sweep)
-    run = (ps[ps["run_id"] == chosen.run_id].groupby(["task", "metric", "split"], sort=False)["score"]
-           .agg(score="mean", n="count").reset_index())
+    run = (
+        ps[ps["run_id"] == chosen.run_id]
+        .groupby(["task", "metric", "split"], sort=False)["score"]
+        .agg(score="mean", n="count")
+        .reset_index()
+    )
     return CardScores(table=rows, run=run, baseline=str(rows["baseline"].iloc[0]), note=note)
 
 
@@ -161,6 +195,7 @@ def write_layer_figure(sweep: Sweep, chosen: Chosen, folder: Path, baseline: str
 
 # ---------------------------------------------------------------- the files
 
+
 def _cast_bf16(source: Path, target: Path) -> int:
     """A safetensors file with its floating tensors in bfloat16 (its metadata kept); the tensors' bytes."""
     import torch
@@ -180,7 +215,7 @@ def _mark_bf16(folder: Path, total_bytes: int) -> None:
     config["dtype" if "dtype" in config or "torch_dtype" not in config else "torch_dtype"] = "bfloat16"
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     index = folder / INDEX
-    if index.is_file():                  # sharded weights: the index says how many bytes they hold
+    if index.is_file():  # sharded weights: the index says how many bytes they hold
         data = json.loads(index.read_text())
         data.setdefault("metadata", {})["total_size"] = total_bytes
         index.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
@@ -190,8 +225,11 @@ def copy_model(model_dir: Path, folder: Path, bf16: bool) -> str:
     """The run's model/ folder into `folder` (weights cast with bf16); the dtype of the exported weights."""
     files = sorted(f for f in model_dir.iterdir() if f.is_file()) if model_dir.is_dir() else []
     if not any(f.suffix == WEIGHTS for f in files) or not (model_dir / "config.json").is_file():
-        raise SpecError("the run has no model to export (safetensors weights and config.json)",
-                        file=str(model_dir), key="model")
+        raise SpecError(
+            "the run has no model to export (safetensors weights and config.json)",
+            file=str(model_dir),
+            key="model",
+        )
     total = 0
     for f in files:
         if bf16 and f.suffix == WEIGHTS:
@@ -227,35 +265,73 @@ def write_records(facts: RunFacts, scores: CardScores | None, folder: Path) -> N
 
 # ---------------------------------------------------------------- the folder
 
+
 def check_out(out: Path, force: bool, sweep_dir: Path, run_dir: Path) -> None:
     """A new or empty folder (any folder with `force`), never the sweep, a folder holding it, or a run's."""
     where = out.resolve()
-    if where == sweep_dir.resolve() or sweep_dir.resolve().is_relative_to(where) or \
-            where.is_relative_to(run_dir.resolve()):
-        raise SpecError("--out would replace the sweep or the run it exports", key="--out", value=str(out),
-                        allowed="a folder outside the run's folder that does not hold the sweep")
+    if (
+        where == sweep_dir.resolve()
+        or sweep_dir.resolve().is_relative_to(where)
+        or where.is_relative_to(run_dir.resolve())
+    ):
+        raise SpecError(
+            "--out would replace the sweep or the run it exports",
+            key="--out",
+            value=str(out),
+            allowed="a folder outside the run's folder that does not hold the sweep",
+        )
     if out.exists() and not out.is_dir():
         raise SpecError("--out is a file", key="--out", value=str(out), allowed="a new or empty folder")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise SpecError("--out is not empty", key="--out", value=str(out),
-                        allowed="a new or empty folder, or --force to replace it whole")
+        raise SpecError(
+            "--out is not empty",
+            key="--out",
+            value=str(out),
+            allowed="a new or empty folder, or --force to replace it whole",
+        )
 
 
-def _fill(folder: Path, sweep: Sweep, chosen: Chosen, facts: RunFacts, bf16: bool, baseline: str | None,
-          name: str, load_as: str) -> str:
+def _fill(
+    folder: Path,
+    sweep: Sweep,
+    chosen: Chosen,
+    facts: RunFacts,
+    bf16: bool,
+    baseline: str | None,
+    name: str,
+    load_as: str,
+) -> str:
     dtype = copy_model(facts.run_dir / "model", folder, bf16)
     ensure_tokenizer(facts, folder)
     scores = arm_scores(sweep, chosen, baseline)
     write_records(facts, scores, folder)
     figure = write_layer_figure(sweep, chosen, folder, baseline)
-    card = Card(name=name, load_as=load_as, sweep=sweep.name, arm=chosen.arm, facts=facts, scores=scores,
-                figure=figure, dtype=dtype, twin=chosen.twin if figure else None)
+    card = Card(
+        name=name,
+        load_as=load_as,
+        sweep=sweep.name,
+        arm=chosen.arm,
+        facts=facts,
+        scores=scores,
+        figure=figure,
+        dtype=dtype,
+        twin=chosen.twin if figure else None,
+    )
     (folder / "README.md").write_text(render_card(card))
     return dtype
 
 
-def export_run(sweep_dir: str | Path, wanted: str, out: str | Path, *, bf16: bool = False, force: bool = False,
-               seed: int | None = None, baseline: str | None = None, repo_id: str | None = None) -> Exported:
+def export_run(
+    sweep_dir: str | Path,
+    wanted: str,
+    out: str | Path,
+    *,
+    bf16: bool = False,
+    force: bool = False,
+    seed: int | None = None,
+    baseline: str | None = None,
+    repo_id: str | None = None,
+) -> Exported:
     """Write the export of run or arm `wanted` of a collected sweep to `out` (see the module's doc);
     `repo_id` names the model in its card (default: the folder's name)."""
     from ablate.store.atomic import publish_dir

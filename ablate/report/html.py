@@ -37,7 +37,7 @@ RUN_COLUMNS = ("run_id", "model", "schedule", "freeze", "seed", "status", "token
 TWIN_COLUMNS = ("run_id", "model", "schedule", "freeze", "seed", "twin", "twin_tokens")
 # the scores table as most readers read it; the rest (interval bounds, pairs, test, units, ...) folded below it
 SCORE_COLUMNS = ("arm", "task", "language", "test_examples", "mean", "std", "n", "delta", "p_value")
-PAPER_COLUMNS = ("paper_row", "paper", "measured", "paper_delta", "paper_tasks")   # with a reference
+PAPER_COLUMNS = ("paper_row", "paper", "measured", "paper_delta", "paper_tasks")  # with a reference
 
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
@@ -80,7 +80,7 @@ def _cell(value) -> str:
         return f'<td class="num" data-v="{value!r}">{value:.4g}</td>'
     if isinstance(value, int):
         return f'<td class="num">{value}</td>'
-    return f"<td>{value}</td>"   # callers escape text (links are markup on purpose)
+    return f"<td>{value}</td>"  # callers escape text (links are markup on purpose)
 
 
 def html_table(frame: pd.DataFrame, row_class=None) -> str:
@@ -102,8 +102,11 @@ def runs_section(sweep: Sweep) -> str:
     logs = []
     for run_id in runs["run_id"]:
         log = sweep.path / "runs" / str(run_id) / "log.txt"
-        logs.append(f'<a href="runs/{html.escape(str(run_id))}/log.txt">log</a>' if log.is_file()
-                    else '<span class="muted">none</span>')
+        logs.append(
+            f'<a href="runs/{html.escape(str(run_id))}/log.txt">log</a>'
+            if log.is_file()
+            else '<span class="muted">none</span>'
+        )
     frame["log"] = logs
     return html_table(frame, row_class=lambda row: "failed" if row.get("status") == "failed" else "")
 
@@ -125,8 +128,10 @@ def grid_section(sweep: Sweep) -> str:
     if not grid.is_file():
         return f'<ul>{items}</ul><p class="muted">no grid.yaml in the sweep folder</p>'
     text = grid.read_text()
-    return (f"<ul>{items}</ul><details><summary>grid.yaml ({len(text.splitlines())} lines)</summary>"
-            f"<pre>{html.escape(text)}</pre></details>")
+    return (
+        f"<ul>{items}</ul><details><summary>grid.yaml ({len(text.splitlines())} lines)</summary>"
+        f"<pre>{html.escape(text)}</pre></details>"
+    )
 
 
 def tokens_section(sweep: Sweep) -> str:
@@ -142,14 +147,18 @@ def tokens_section(sweep: Sweep) -> str:
     verdicts = verdicts[arms.index]
     counts = {"same": int((verdicts == "same").sum()), "differ": int(verdicts.str.startswith("differ").sum())}
     counts["other (no twin, unchecked)"] = len(arms) - sum(counts.values())
-    summary = ("<p>Each arm's token stream against its MLM twin's (the baseline with the same model, data, seed "
-               "and phase ends; per phase where both runs record it): "
-               + ", ".join(f"{n} {html.escape(k)}" for k, n in counts.items()) + ".</p>")
+    summary = (
+        "<p>Each arm's token stream against its MLM twin's (the baseline with the same model, data, seed "
+        "and phase ends; per phase where both runs record it): "
+        + ", ".join(f"{n} {html.escape(k)}" for k, n in counts.items())
+        + ".</p>"
+    )
     frame = _text_frame(arms[[c for c in TWIN_COLUMNS if c in arms.columns]].fillna("").copy())
-    table = html_table(frame, row_class=lambda row: "failed" if str(row["twin_tokens"]).startswith(
-        "differ") else "")
+    table = html_table(
+        frame, row_class=lambda row: "failed" if str(row["twin_tokens"]).startswith("differ") else ""
+    )
     # folded, so the figures stay near the scores; open when some arm read other tokens than its twin
-    return summary + f'<details{" open" if counts["differ"] else ""}><summary>per arm</summary>{table}</details>'
+    return summary + f"<details{' open' if counts['differ'] else ''}><summary>per arm</summary>{table}</details>"
 
 
 def scores_section(sweep: Sweep, reference: str | None = None) -> str:
@@ -157,17 +166,24 @@ def scores_section(sweep: Sweep, reference: str | None = None) -> str:
         return '<p class="muted">no scores in this sweep</p>'
     try:
         table = score_table(sweep, reference=reference)
-    except Exception as exc:   # noqa: BLE001  (the page still shows everything else)
+    except Exception as exc:  # noqa: BLE001  (the page still shows everything else)
         return f'<p class="muted">scores table not made: {html.escape(str(exc))}</p>'
     tasks = table[~table["task"].map(is_average)]
-    shown = [c for c in SCORE_COLUMNS + (PAPER_COLUMNS if reference else ()) if c in table.columns
-             and (table[c].notna() & (table[c] != "")).any()
-             and (c != "language" or tasks[c].nunique() > 1)]          # one language: said by no column
+    shown = [
+        c
+        for c in SCORE_COLUMNS + (PAPER_COLUMNS if reference else ())
+        if c in table.columns
+        and (table[c].notna() & (table[c] != "")).any()
+        and (c != "language" or tasks[c].nunique() > 1)
+    ]  # one language: said by no column
     folded = [c for c in table.columns if c not in shown]
-    return (averages_block(table) + (reference_section(sweep, table, reference) if reference else "")
-            + f'<div class="wide">{html_table(_text_frame(table[shown]))}</div>'
-            f'<details><summary>all columns (with {html.escape(", ".join(folded))})</summary>'
-            f'<div class="wide">{html_table(_text_frame(table))}</div></details>')
+    return (
+        averages_block(table)
+        + (reference_section(sweep, table, reference) if reference else "")
+        + f'<div class="wide">{html_table(_text_frame(table[shown]))}</div>'
+        f"<details><summary>all columns (with {html.escape(', '.join(folded))})</summary>"
+        f'<div class="wide">{html_table(_text_frame(table))}</div></details>'
+    )
 
 
 def reference_section(sweep: Sweep, table: pd.DataFrame, reference: str) -> str:
@@ -176,11 +192,14 @@ def reference_section(sweep: Sweep, table: pd.DataFrame, reference: str) -> str:
     blocks = reference_blocks("scores", table, reference)
     try:
         blocks += reference_blocks("freeze", freeze_table(sweep, reference=reference), reference)
-    except Exception:   # noqa: BLE001  (a sweep without a freeze table still shows the scores' blocks)
+    except Exception:  # noqa: BLE001  (a sweep without a freeze table still shows the scores' blocks)
         pass
-    return "".join(f"<h3>{html.escape(title)}</h3>" + html_table(_text_frame(frame))
-                   + "".join(f'<p class="muted">{html.escape(n)}</p>' for n in notes)
-                   for title, frame, notes in blocks)
+    return "".join(
+        f"<h3>{html.escape(title)}</h3>"
+        + html_table(_text_frame(frame))
+        + "".join(f'<p class="muted">{html.escape(n)}</p>' for n in notes)
+        for title, frame, notes in blocks
+    )
 
 
 def averages_block(table: pd.DataFrame) -> str:
@@ -189,8 +208,9 @@ def averages_block(table: pd.DataFrame) -> str:
     the tasks whose test sets are too small for their metric."""
     avg = table[table["task"].map(is_average)]
     names = average_names(avg["task"])
-    return (_averages_table(avg, names, str(table["baseline"].iloc[0])) if len(names) > 1 else "") + \
-        _small_tests_note(table)
+    return (
+        _averages_table(avg, names, str(table["baseline"].iloc[0])) if len(names) > 1 else ""
+    ) + _small_tests_note(table)
 
 
 def _averages_table(avg: pd.DataFrame, names: list[str], baseline: str) -> str:
@@ -204,17 +224,22 @@ def _averages_table(avg: pd.DataFrame, names: list[str], baseline: str) -> str:
             text += ")" if p != p else f", p {p:.3f})" if p >= 0.001 else ", p < 0.001)"
         cells.setdefault(r["arm"], {})[r["task"]] = text
     frame = pd.DataFrame([{"arm": arm, **row} for arm, row in cells.items()], columns=["arm", *names])
-    return (f"<p>Averages over tasks (mean score; in brackets the difference from the baseline "
-            f"{html.escape(baseline)}, its 95% paired-bootstrap interval and p-value over the pairing units both "
-            "arms share).</p>" + html_table(_text_frame(frame.fillna(""))))
+    return (
+        f"<p>Averages over tasks (mean score; in brackets the difference from the baseline "
+        f"{html.escape(baseline)}, its 95% paired-bootstrap interval and p-value over the pairing units both "
+        "arms share).</p>" + html_table(_text_frame(frame.fillna("")))
+    )
 
 
 def _small_tests_note(table: pd.DataFrame) -> str:
     small = small_tests(table)
     if not small:
         return ""
-    return ('<p class="muted">too few test examples for the metric: ' + ", ".join(
-        html.escape(f"{t} ({n})") for t, n in small.items()) + " (ablate.evaluate.sizes.MIN_TEST_EXAMPLES)</p>")
+    return (
+        '<p class="muted">too few test examples for the metric: '
+        + ", ".join(html.escape(f"{t} ({n})") for t, n in small.items())
+        + " (ablate.evaluate.sizes.MIN_TEST_EXAMPLES)</p>"
+    )
 
 
 def draw_figures(sweep: Sweep) -> tuple[list[Path], list[str]]:
@@ -222,8 +247,11 @@ def draw_figures(sweep: Sweep) -> tuple[list[Path], list[str]]:
     PNGs of the sweep's figure folder (those drawn now first) and a note for each figure not drawn."""
     folder = sweep.path / "figures"
     # the tune figure belongs to tune studies only (their folder holds study.json)
-    jobs = [(name, {}) for name in FIGURES if name != "layers" and (name != "tune" or
-                                                                  (sweep.path / "study.json").is_file())]
+    jobs = [
+        (name, {})
+        for name in FIGURES
+        if name != "layers" and (name != "tune" or (sweep.path / "study.json").is_file())
+    ]
     measures = sorted(pd.unique(sweep.layers["measure"])) if sweep.layers is not None else []
     jobs += [(f"layers-{m}", {"measure": m}) for m in measures] or [("layers", {})]
     drawn, notes = [], []
@@ -232,13 +260,16 @@ def draw_figures(sweep: Sweep) -> tuple[list[Path], list[str]]:
         try:
             fig, data = FIGURES[name](sweep, **options)
             drawn.append(save_figure(fig, data, folder / stem, "svg")["png"])
-        except Exception as exc:   # noqa: BLE001  (a figure the sweep cannot have is a note on the page)
+        except Exception as exc:  # noqa: BLE001  (a figure the sweep cannot have is a note on the page)
             notes.append(f"{stem}: {exc}")
     # the registered figures are all redrawn here: an older PNG of one (`--figure layers` writes layers.png,
     # the cka_vs_base measure drawn again as layers-cka_vs_base) would show the same figure twice
     redrawn = {p.stem.split("-")[0] for p in drawn}
-    others = sorted(p for p in folder.glob("*.png") if p not in drawn and p.stem not in redrawn
-                    ) if folder.is_dir() else []
+    others = (
+        sorted(p for p in folder.glob("*.png") if p not in drawn and p.stem not in redrawn)
+        if folder.is_dir()
+        else []
+    )
     return drawn + others, notes
 
 
@@ -246,12 +277,14 @@ def figures_section(pngs: list[Path], notes: list[str]) -> str:
     parts = []
     for png in pngs:
         data = base64.b64encode(png.read_bytes()).decode()
-        parts.append(f'<figure><img alt="{html.escape(png.stem)}" src="data:image/png;base64,{data}">'
-                     f"<figcaption>{html.escape(png.stem)} (<a href=\"figures/{html.escape(png.name)}\">png</a>"
-                     f")</figcaption></figure>")
+        parts.append(
+            f'<figure><img alt="{html.escape(png.stem)}" src="data:image/png;base64,{data}">'
+            f'<figcaption>{html.escape(png.stem)} (<a href="figures/{html.escape(png.name)}">png</a>'
+            f")</figcaption></figure>"
+        )
     parts = ['<div class="figs">' + "".join(parts) + "</div>"] if parts else []
     if notes:
-        parts.append("<p class=\"muted\">not drawn: " + "; ".join(html.escape(n) for n in notes) + "</p>")
+        parts.append('<p class="muted">not drawn: ' + "; ".join(html.escape(n) for n in notes) + "</p>")
     return "\n".join(parts) or '<p class="muted">no figures</p>'
 
 
@@ -273,21 +306,29 @@ def failures_section(sweep: Sweep) -> str:
 def render_page(sweep: Sweep, reference: str | None = None) -> str:
     pngs, notes = draw_figures(sweep)
     # what a reader came for first (results), then how the runs went, then the grid that made them
-    sections = [("Scores", scores_section(sweep, reference)), ("Tokens", tokens_section(sweep)),
-                ("Figures", figures_section(pngs, notes)), ("Runs", runs_section(sweep)),
-                ("Failures", failures_section(sweep)), ("Grid", grid_section(sweep))]
+    sections = [
+        ("Scores", scores_section(sweep, reference)),
+        ("Tokens", tokens_section(sweep)),
+        ("Figures", figures_section(pngs, notes)),
+        ("Runs", runs_section(sweep)),
+        ("Failures", failures_section(sweep)),
+        ("Grid", grid_section(sweep)),
+    ]
     nav = "<nav>" + "".join(f'<a href="#{t.lower()}">{t}</a>' for t, _ in sections) + "</nav>"
     body = "".join(f'<h2 id="{t.lower()}">{t}</h2>{s}' for t, s in sections)
     title = html.escape(f"ablate sweep {sweep.name}")
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
-            f"<style>{STYLE}</style></head><body><h1>{title}</h1>"
-            f'<p>{run_counts(sweep)} <span class="muted">· {html.escape(str(sweep.path))} · written '
-            f'{time.strftime("%Y-%m-%d %H:%M")}</span></p>{nav}'
-            f"{body}<script>{SCRIPT}</script></body></html>\n")
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+        f"<style>{STYLE}</style></head><body><h1>{title}</h1>"
+        f'<p>{run_counts(sweep)} <span class="muted">· {html.escape(str(sweep.path))} · written '
+        f"{time.strftime('%Y-%m-%d %H:%M')}</span></p>{nav}"
+        f"{body}<script>{SCRIPT}</script></body></html>\n"
+    )
 
 
-def write_html(sweep_dir: str | Path | None = None, out: str | Path | None = None,
-               reference: str | None = None) -> Path:
+def write_html(
+    sweep_dir: str | Path | None = None, out: str | Path | None = None, reference: str | None = None
+) -> Path:
     """Write (or refresh) the sweep's page: <sweep>/report.html by default (where its log and figure links
     resolve), or `out` (a folder or an .html path); `reference` (e.g. "paper"): the published numbers beside
     the measured scores."""

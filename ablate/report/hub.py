@@ -26,8 +26,12 @@ class PushFailed(RuntimeError):
 
 def check_repo_id(repo_id: str) -> str:
     if not REPO_ID.match(repo_id) or ".." in repo_id or repo_id.endswith((".", "-")):
-        raise SpecError("not a hub repository id", key="--push-to-hub", value=repo_id,
-                        allowed="ORG/NAME (letters, digits, '-', '_', '.')")
+        raise SpecError(
+            "not a hub repository id",
+            key="--push-to-hub",
+            value=repo_id,
+            allowed="ORG/NAME (letters, digits, '-', '_', '.')",
+        )
     return repo_id
 
 
@@ -37,12 +41,20 @@ def hub_token(folder: Path, repo_id: str) -> str:
 
     later = f"the exported folder {folder} is complete; push it later with `hf upload {repo_id} {folder}`"
     if constants.HF_HUB_OFFLINE:
-        raise SpecError(f"the hub is in offline mode; {later}", key="HF_HUB_OFFLINE", value="1",
-                        allowed="unset HF_HUB_OFFLINE to push")
+        raise SpecError(
+            f"the hub is in offline mode; {later}",
+            key="HF_HUB_OFFLINE",
+            value="1",
+            allowed="unset HF_HUB_OFFLINE to push",
+        )
     token = get_token()
     if not token:
-        raise SpecError(f"no hub token to push with; {later}", key="HF_TOKEN", value=None,
-                        allowed="a token in HF_TOKEN, or `hf auth login`")
+        raise SpecError(
+            f"no hub token to push with; {later}",
+            key="HF_TOKEN",
+            value=None,
+            allowed="a token in HF_TOKEN, or `hf auth login`",
+        )
     return token
 
 
@@ -54,10 +66,13 @@ def push_folder(folder: Path, repo_id: str, token: str, message: str) -> str:
     api = HfApi(endpoint=endpoint, token=token)
     try:
         api.create_repo(repo_id, repo_type="model", exist_ok=True)
-        commit = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
-                                   commit_message=message)
-    except Exception as exc:    # whatever the client raises (connection, HTTP, auth): the push did not happen
+        commit = api.upload_folder(
+            repo_id=repo_id, folder_path=str(folder), repo_type="model", commit_message=message
+        )
+    except Exception as exc:  # whatever the client raises (connection, HTTP, auth): the push did not happen
         first = (str(exc).strip().splitlines() or [""])[0]
-        raise PushFailed(f"push to {repo_id} at {endpoint or 'the hub'} failed ({type(exc).__name__}: {first}); "
-                         f"the exported folder {folder} is complete") from exc
+        raise PushFailed(
+            f"push to {repo_id} at {endpoint or 'the hub'} failed ({type(exc).__name__}: {first}); "
+            f"the exported folder {folder} is complete"
+        ) from exc
     return str(getattr(commit, "commit_url", None) or f"{api.endpoint}/{repo_id}")

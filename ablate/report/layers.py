@@ -13,8 +13,17 @@ import pandas as pd
 
 from ablate.config.errors import SpecError
 from ablate.plan.freezing import consecutive_runs
-from ablate.report.arms import (arm_keys, arm_label, arm_sorted, done_runs, in_panel, ordered, panel_column,
-                                panel_title, panels)
+from ablate.report.arms import (
+    arm_keys,
+    arm_label,
+    arm_sorted,
+    done_runs,
+    in_panel,
+    ordered,
+    panel_column,
+    panel_title,
+    panels,
+)
 from ablate.report.stats import mean_ci
 from ablate.report.style import arm_styles, figure_legend, layer_ticks, new_figure, styled
 from ablate.report.sweep import Sweep
@@ -77,8 +86,9 @@ def _measure_rows(sweep: Sweep, runs: pd.DataFrame, measure: str, phase: str) ->
     table = sweep.require("layers", "layers")
     measures = ordered(table["measure"])
     if measure not in measures:
-        raise SpecError("measure not in the sweep's layers table", key="measure", value=measure,
-                        allowed=", ".join(measures))
+        raise SpecError(
+            "measure not in the sweep's layers table", key="measure", value=measure, allowed=", ".join(measures)
+        )
     table = table[(table["measure"] == measure) & table["run_id"].isin(runs["run_id"])]
     if phase == "last":
         pos = phase_positions(table, sweep.curves)
@@ -87,16 +97,23 @@ def _measure_rows(sweep: Sweep, runs: pd.DataFrame, measure: str, phase: str) ->
     else:
         phases = ordered(table["phase"])
         if phase not in phases:
-            raise SpecError(f"phase not measured for {measure}", key="phase", value=phase,
-                            allowed="last, " + ", ".join(phases))
+            raise SpecError(
+                f"phase not measured for {measure}", key="phase", value=phase, allowed="last, " + ", ".join(phases)
+            )
         table = table[table["phase"] == phase]
     if table.empty:
         raise SpecError(f"no done runs with layer measure {measure!r}", file=str(sweep.path), key="layers")
     return table
 
 
-def layer_data(sweep: Sweep, *, measure: str = "cka_vs_base", phase: str = "last", baseline: str | None = None,
-               panel: str | None = "auto") -> pd.DataFrame:
+def layer_data(
+    sweep: Sweep,
+    *,
+    measure: str = "cka_vs_base",
+    phase: str = "last",
+    baseline: str | None = None,
+    panel: str | None = "auto",
+) -> pd.DataFrame:
     """Per arm and layer: mean over seeds of the plotted measure at the end of `phase`, with a 95% CI.
 
     phase "last" takes each run's last measured phase. `frozen_in` names the phases in which the arm froze
@@ -116,11 +133,23 @@ def layer_data(sweep: Sweep, *, measure: str = "cka_vs_base", phase: str = "last
     for key, g in df.groupby(keys, sort=False):
         for layer, gl in g.groupby("layer"):
             m, lo, hi, n = mean_ci(gl["y"])
-            rows.append((*key, arm_label(key[-2], key[-1]), int(layer), ";".join(ordered(gl["phase"])),
-                         ("1 - " if measure in ONE_MINUS else "") + measure, m, lo, hi, n,
-                         frozen_in.get((*key, int(layer)), "")))
-    out = pd.DataFrame(rows, columns=[*keys, "arm", "layer", "phase", "measure", "mean", "ci_low", "ci_high", "n",
-                                      "frozen_in"])
+            rows.append(
+                (
+                    *key,
+                    arm_label(key[-2], key[-1]),
+                    int(layer),
+                    ";".join(ordered(gl["phase"])),
+                    ("1 - " if measure in ONE_MINUS else "") + measure,
+                    m,
+                    lo,
+                    hi,
+                    n,
+                    frozen_in.get((*key, int(layer)), ""),
+                )
+            )
+    out = pd.DataFrame(
+        rows, columns=[*keys, "arm", "layer", "phase", "measure", "mean", "ci_low", "ci_high", "n", "frozen_in"]
+    )
     return arm_sorted(out, runs, baseline, pcol, then=["layer"])
 
 
@@ -140,10 +169,19 @@ def _draw_strip(sx, rows, n_rows: int, colors: dict, same_labels_as_first: bool)
     """The frozen-layers strip under a panel: one bar row per (mask, phase), one bar per run of layers."""
     for i, (s, _f, _ph, idx) in enumerate(rows):
         for lo, hi in consecutive_runs(idx):
-            sx.barh(i, hi - lo + 0.8, left=lo - 0.4, height=0.7, color=colors[s], alpha=0.45,
-                    edgecolor=colors[s], lw=0.8)
-    sx.set_yticks(range(len(rows)), [] if same_labels_as_first else [f"{f} · {ph}" for _, f, ph, _ in rows],
-                  fontsize=7.5)
+            sx.barh(
+                i,
+                hi - lo + 0.8,
+                left=lo - 0.4,
+                height=0.7,
+                color=colors[s],
+                alpha=0.45,
+                edgecolor=colors[s],
+                lw=0.8,
+            )
+    sx.set_yticks(
+        range(len(rows)), [] if same_labels_as_first else [f"{f} · {ph}" for _, f, ph, _ in rows], fontsize=7.5
+    )
     sx.set_ylim(n_rows - 0.5, -0.5)
     sx.tick_params(axis="y", length=0)
     sx.spines["left"].set_visible(False)
@@ -151,8 +189,9 @@ def _draw_strip(sx, rows, n_rows: int, colors: dict, same_labels_as_first: bool)
     sx.set_title("frozen layers (mask · phase)", loc="left", fontsize=7.5, color="0.3")
 
 
-def plot_layers(data: pd.DataFrame, *, panel_col: str | None = None,
-                baseline: str = DEFAULT_BASELINE, logy: bool = False):
+def plot_layers(
+    data: pd.DataFrame, *, panel_col: str | None = None, baseline: str = DEFAULT_BASELINE, logy: bool = False
+):
     measure = data["measure"].iloc[0]
     base_measure = measure.removeprefix("1 - ")
     names = panels(data, panel_col)
@@ -190,8 +229,15 @@ def plot_layers(data: pd.DataFrame, *, panel_col: str | None = None,
 
 
 @styled
-def layers_figure(sweep: Sweep, *, measure: str = "cka_vs_base", phase: str = "last", baseline: str | None = None,
-                  panel: str | None = "auto", logy: bool = False):
+def layers_figure(
+    sweep: Sweep,
+    *,
+    measure: str = "cka_vs_base",
+    phase: str = "last",
+    baseline: str | None = None,
+    panel: str | None = "auto",
+    logy: bool = False,
+):
     """How far each layer moved, per arm: 1 - CKA vs the base model (or another layer measure).
 
     The strip under the axes shows, per freeze mask and phase, the layers the `frozen` table says were

@@ -18,8 +18,20 @@ from ablate.report.style import arm_styles, figure_legend, new_figure, styled
 from ablate.report.sweep import Sweep
 
 POSITIONS = ("start", "middle", "end")
-COLUMNS = ["arm", "schedule", "freeze", "task", "split", "metric", "group_by", "group", "mean", "ci_low",
-           "ci_high", "n"]
+COLUMNS = [
+    "arm",
+    "schedule",
+    "freeze",
+    "task",
+    "split",
+    "metric",
+    "group_by",
+    "group",
+    "mean",
+    "ci_low",
+    "ci_high",
+    "n",
+]
 
 
 def _task(groups: pd.DataFrame, task: str | None, path) -> str:
@@ -27,13 +39,24 @@ def _task(groups: pd.DataFrame, task: str | None, path) -> str:
     both = [t for t, g in groups.groupby("task", sort=False) if {"length", "position"} <= set(g["group_by"])]
     if task is None:
         if len(both) != 1:
-            raise SpecError("name the needle task to draw" if both else "no task of this sweep has scores by "
-                            "length and by position (a task file's group_by: [length, position])",
-                            file=str(path), key="--set task", allowed=", ".join(both) or None)
+            raise SpecError(
+                "name the needle task to draw"
+                if both
+                else "no task of this sweep has scores by "
+                "length and by position (a task file's group_by: [length, position])",
+                file=str(path),
+                key="--set task",
+                allowed=", ".join(both) or None,
+            )
         return both[0]
     if task not in both:
-        raise SpecError("this task has no scores by length and by position in this sweep", file=str(path),
-                        key="--set task", value=task, allowed=", ".join(both) or "(none)")
+        raise SpecError(
+            "this task has no scores by length and by position in this sweep",
+            file=str(path),
+            key="--set task",
+            value=task,
+            allowed=", ".join(both) or "(none)",
+        )
     return task
 
 
@@ -43,13 +66,15 @@ def _group_order(group_by: str, values) -> list:
     return sorted(set(values), key=lambda v: (POSITIONS.index(v) if v in POSITIONS else len(POSITIONS), v))
 
 
-def needle_data(sweep: Sweep, *, task: str | None = None, split: str = "test",
-                metric: str = "accuracy") -> pd.DataFrame:
+def needle_data(
+    sweep: Sweep, *, task: str | None = None, split: str = "test", metric: str = "accuracy"
+) -> pd.DataFrame:
     """Per arm, grouping (length, position) and group: the mean of `metric` (in %) over runs and seeds, with a
     95% CI and the number of scores behind it."""
     groups = sweep.require("score_groups", "needle")
-    groups = groups[(groups["split"] == split) & (groups["metric"] == metric)
-                    & groups["group_by"].isin(["length", "position"])]
+    groups = groups[
+        (groups["split"] == split) & (groups["metric"] == metric) & groups["group_by"].isin(["length", "position"])
+    ]
     task = _task(groups, task, sweep.path)
     runs = done_runs(sweep.runs)[["run_id", "schedule", "freeze"]]
     d = groups[groups["task"] == task].merge(runs, on="run_id")
@@ -63,8 +88,12 @@ def needle_data(sweep: Sweep, *, task: str | None = None, split: str = "test",
                 rows.append((arm_label(s, f), s, f, task, split, metric, group_by, value, m, lo, hi, n))
     out = pd.DataFrame(rows, columns=COLUMNS)
     order = ordered([sweep.baseline, *out["schedule"]])
-    return out.assign(_o=out["schedule"].map(order.index)).sort_values(["_o", "freeze", "group_by"], kind="stable"
-                                                                      ).drop(columns="_o").reset_index(drop=True)
+    return (
+        out.assign(_o=out["schedule"].map(order.index))
+        .sort_values(["_o", "freeze", "group_by"], kind="stable")
+        .drop(columns="_o")
+        .reset_index(drop=True)
+    )
 
 
 def _half_widths(part: pd.DataFrame) -> np.ndarray:
@@ -84,13 +113,30 @@ def plot_needle(data: pd.DataFrame, baseline: str):
         d = data[data["arm"] == arm]
         color, (line, marker) = colors[d["schedule"].iloc[0]], styles[d["freeze"].iloc[0]]
         lg = d[d["group_by"] == "length"].set_index("group").reindex(lengths).reset_index()
-        by_length.errorbar(range(len(lengths)), lg["mean"], yerr=_half_widths(lg), color=color, linestyle=line,
-                           marker=marker, capsize=3, label=arm)
+        by_length.errorbar(
+            range(len(lengths)),
+            lg["mean"],
+            yerr=_half_widths(lg),
+            color=color,
+            linestyle=line,
+            marker=marker,
+            capsize=3,
+            label=arm,
+        )
         pg = d[d["group_by"] == "position"].set_index("group").reindex(positions).reset_index()
-        by_position.bar(np.arange(len(positions)) - 0.4 + width * (k + 0.5), pg["mean"], width,
-                        yerr=_half_widths(pg), color=color, capsize=3, label=arm)
-    for ax, ticks, xlabel in ((by_length, lengths, "context length (tokens)"),
-                              (by_position, positions, "needle position")):
+        by_position.bar(
+            np.arange(len(positions)) - 0.4 + width * (k + 0.5),
+            pg["mean"],
+            width,
+            yerr=_half_widths(pg),
+            color=color,
+            capsize=3,
+            label=arm,
+        )
+    for ax, ticks, xlabel in (
+        (by_length, lengths, "context length (tokens)"),
+        (by_position, positions, "needle position"),
+    ):
         ax.axhline(50.0, color="0.5", linestyle="--", linewidth=0.8)
         ax.set_xticks(range(len(ticks)), ticks)
         ax.set_xlabel(xlabel)

@@ -25,15 +25,30 @@ def persistence_data(sweep: Sweep, *, x: str = "decay_tokens"):
     """Per pair kind and x value: the mean over its arms' model_summary rows there (one arm per decay length
     in a decay grid), with the interval and std of those rows (a single arm: its own)."""
     if x not in X_AXES:
-        raise SpecError("unknown x axis of the persistence figure", key="--set x", value=x,
-                        allowed=", ".join(X_AXES))
+        raise SpecError(
+            "unknown x axis of the persistence figure", key="--set x", value=x, allowed=", ".join(X_AXES)
+        )
     summary = model_summary(sweep)
     if summary[x].isna().all():
-        raise SpecError(f"the pairs table has no {x!r} column (collected before it existed): run `ablate collect "
-                        "SWEEP --pairs` again", file=str(sweep.path), key="pairs")
-    rows = summary.groupby(["kind", "relation", x], sort=False).agg(
-        mean=("mean", "mean"), std=("std", "mean"), ci_low=("ci_low", "mean"), ci_high=("ci_high", "mean"),
-        n=("n", "sum"), arms=("arm", lambda a: ";".join(ordered(a))), phase=("phase", "first")).reset_index()
+        raise SpecError(
+            f"the pairs table has no {x!r} column (collected before it existed): run `ablate collect "
+            "SWEEP --pairs` again",
+            file=str(sweep.path),
+            key="pairs",
+        )
+    rows = (
+        summary.groupby(["kind", "relation", x], sort=False)
+        .agg(
+            mean=("mean", "mean"),
+            std=("std", "mean"),
+            ci_low=("ci_low", "mean"),
+            ci_high=("ci_high", "mean"),
+            n=("n", "sum"),
+            arms=("arm", lambda a: ";".join(ordered(a))),
+            phase=("phase", "first"),
+        )
+        .reset_index()
+    )
     return rows.sort_values(["relation", "kind", x], kind="stable").reset_index(drop=True)
 
 
@@ -47,8 +62,9 @@ def persistence_figure(sweep: Sweep, *, x: str = "decay_tokens"):
         g = data[data["kind"] == kind]
         noise = (g["relation"] == NOISE).all()
         color = "0.45" if noise else f"C{k}"
-        ax.fill_between(g[x], g["ci_low"].fillna(g["mean"]), g["ci_high"].fillna(g["mean"]), color=color,
-                        alpha=0.18, lw=0)
+        ax.fill_between(
+            g[x], g["ci_low"].fillna(g["mean"]), g["ci_high"].fillna(g["mean"]), color=color, alpha=0.18, lw=0
+        )
         ax.plot(g[x], g["mean"], color=color, ls="--" if noise else "-", marker="o", ms=3.5, label=kind)
     ax.set_xlabel(X_AXES[x])
     ax.set_ylabel("1 − CKA, whole model\n(mean over blocks)")

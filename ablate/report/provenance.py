@@ -16,18 +16,20 @@ from ablate.config.errors import SpecError
 from ablate.config.spec import RunSpec
 from ablate.store import rundir
 
+
 @dataclass(frozen=True)
 class PhaseFacts:
     """One phase as the card describes it: the spec's phase, its resolved length and what it froze."""
+
     name: str
     objective: str
-    mask_rate: float | None       # None for CLM
+    mask_rate: float | None  # None for CLM
     steps: int
-    tokens: int | None            # records/run.json phase_tokens (None for records without them)
+    tokens: int | None  # records/run.json phase_tokens (None for records without them)
     token_hash: str | None
-    lr: str                       # "peak 1e-4, warmup 2 steps, 1-sqrt decay to 0.1 x peak"
-    freeze: str                   # as written: "low, head"
-    frozen_layers: list[int]      # as resolved (-1: the embeddings)
+    lr: str  # "peak 1e-4, warmup 2 steps, 1-sqrt decay to 0.1 x peak"
+    freeze: str  # as written: "low, head"
+    frozen_layers: list[int]  # as resolved (-1: the embeddings)
 
 
 @dataclass(frozen=True)
@@ -35,9 +37,9 @@ class RunFacts:
     run_id: str
     run_dir: Path
     spec: RunSpec
-    record: dict                  # records/run.json
+    record: dict  # records/run.json
     phases: list[PhaseFacts]
-    corpus: dict                  # the data's fingerprint: the spec's data fields and the prepared manifest's
+    corpus: dict  # the data's fingerprint: the spec's data fields and the prepared manifest's
     versions: dict
 
 
@@ -47,12 +49,21 @@ def read_run_facts(run_dir: Path) -> RunFacts:
         spec = rundir.read_spec(run_dir)
         record = rundir.read_json(run_dir / "records" / "run.json")
     except (OSError, ValueError) as exc:
-        raise SpecError(f"the run's records cannot be read ({type(exc).__name__}: {exc})",
-                        file=str(run_dir), key="records/run.json") from None
+        raise SpecError(
+            f"the run's records cannot be read ({type(exc).__name__}: {exc})",
+            file=str(run_dir),
+            key="records/run.json",
+        ) from None
     frozen = _frozen_by_phase(run_dir)
-    return RunFacts(run_id=run_dir.name, run_dir=run_dir, spec=spec, record=record,
-                    phases=phase_facts(spec, record, frozen), corpus=corpus_fingerprint(spec),
-                    versions=_versions(record))
+    return RunFacts(
+        run_id=run_dir.name,
+        run_dir=run_dir,
+        spec=spec,
+        record=record,
+        phases=phase_facts(spec, record, frozen),
+        corpus=corpus_fingerprint(spec),
+        versions=_versions(record),
+    )
 
 
 def _frozen_by_phase(run_dir: Path) -> dict[str, list[int]]:
@@ -84,16 +95,25 @@ def phase_facts(spec: RunSpec, record: dict, frozen: dict[str, list[int]]) -> li
     out = []
     for phase, steps in zip(spec.phases, spec.phase_steps()):
         rate = objectives.get(phase.objective).identity(phase).get("mask_rate")
-        out.append(PhaseFacts(name=phase.name, objective=phase.objective, mask_rate=rate, steps=steps,
-                              tokens=tokens.get(phase.name), token_hash=hashes.get(phase.name),
-                              lr=describe_lr(spec, phase), freeze=", ".join(phase.freeze),
-                              frozen_layers=frozen.get(phase.name, [])))
+        out.append(
+            PhaseFacts(
+                name=phase.name,
+                objective=phase.objective,
+                mask_rate=rate,
+                steps=steps,
+                tokens=tokens.get(phase.name),
+                token_hash=hashes.get(phase.name),
+                lr=describe_lr(spec, phase),
+                freeze=", ".join(phase.freeze),
+                frozen_layers=frozen.get(phase.name, []),
+            )
+        )
     return out
 
 
 def _versions(record: dict) -> dict:
     versions = record.get("versions") or {}
-    if isinstance(versions, str):    # run.json keeps them as a JSON string (a flat column of the runs table)
+    if isinstance(versions, str):  # run.json keeps them as a JSON string (a flat column of the runs table)
         try:
             versions = json.loads(versions)
         except ValueError:
@@ -110,10 +130,13 @@ def corpus_fingerprint(spec: RunSpec) -> dict:
     if found is not None:
         folder, manifest = found
         out["prepared"] = str(folder)
-        out["manifest"] = {k: manifest.get(k) for k in ("n_tokens", "n_documents", "tokenizer_fingerprint",
-                                                        "dtype", "vocab_size")}
-        out["manifest"]["sources"] = [{k: s.get(k) for k in ("path", "size", "sha256", "fingerprint") if k in s}
-                                      for s in manifest.get("sources", [])]
+        out["manifest"] = {
+            k: manifest.get(k) for k in ("n_tokens", "n_documents", "tokenizer_fingerprint", "dtype", "vocab_size")
+        }
+        out["manifest"]["sources"] = [
+            {k: s.get(k) for k in ("path", "size", "sha256", "fingerprint") if k in s}
+            for s in manifest.get("sources", [])
+        ]
     return out
 
 

@@ -33,29 +33,40 @@ def hybrid_arms(runs: pd.DataFrame, file: str | None = None) -> tuple[dict[str, 
     """({hybrid schedule: from_arm, into_arm, eval, layers, components}, {(arm, eval): schedule of its
     whole-model copy}) from the done runs table; SpecError when the sweep has no transplant."""
     if "derived_from" not in runs.columns or not runs["derived_from"].fillna("").astype(str).ne("").any():
-        raise SpecError("the sweep has no transplants (derived runs) to tabulate", file=file, key="--table",
-                        value="transplant", allowed="a sweep whose grid has a transplants: block, or `ablate "
-                                                    "transplant` run on it")
+        raise SpecError(
+            "the sweep has no transplants (derived runs) to tabulate",
+            file=file,
+            key="--table",
+            value="transplant",
+            allowed="a sweep whose grid has a transplants: block, or `ablate transplant` run on it",
+        )
     arm_of = {r.run_id: (str(r.schedule), str(r.freeze)) for r in runs.itertuples()}
     hybrids: dict[str, dict] = {}
     copies: dict[tuple[Arm, str], str] = {}
     for r in runs[runs["derived_from"].fillna("").astype(str) != ""].itertuples():
         if r.derived_from not in arm_of or r.derived_into not in arm_of:
-            continue                    # a source run not done (or not collected): nothing to compare with
+            continue  # a source run not done (or not collected): nothing to compare with
         scoring = str(getattr(r, "transplant_eval", "") or "")
         scoring = "" if scoring == "nan" else scoring
         if _truthy(getattr(r, "transplant_whole", False)):
             copies[(arm_of[r.derived_from], scoring)] = str(r.schedule)
             continue
-        hybrids.setdefault(str(r.schedule), {
-            "from_arm": arm_of[r.derived_from], "into_arm": arm_of[r.derived_into], "eval": scoring,
-            "layers": str(getattr(r, "transplant_layers", "") or ""),
-            "components": str(getattr(r, "transplant_components", "") or "")})
+        hybrids.setdefault(
+            str(r.schedule),
+            {
+                "from_arm": arm_of[r.derived_from],
+                "into_arm": arm_of[r.derived_into],
+                "eval": scoring,
+                "layers": str(getattr(r, "transplant_layers", "") or ""),
+                "components": str(getattr(r, "transplant_components", "") or ""),
+            },
+        )
     return hybrids, copies
 
 
-def recovery_table(u: pd.DataFrame, runs: pd.DataFrame, units: tuple[str, ...], seed: int = 0,
-                   file: str | None = None) -> pd.DataFrame:
+def recovery_table(
+    u: pd.DataFrame, runs: pd.DataFrame, units: tuple[str, ...], seed: int = 0, file: str | None = None
+) -> pd.DataFrame:
     """One row per (hybrid arm, task) and the hybrid's average. `u`: unit scores (schedule, freeze, task,
     score and the `units` columns), per-task rows only; `runs`: the done runs."""
     hybrids, copies = hybrid_arms(runs, file)
@@ -94,28 +105,46 @@ def _per_task(u: pd.DataFrame, arm: Arm, tasks: list[str], by: list[str]) -> pd.
 
 def _row(schedule: str, info: dict, refs: dict, task: str, hybrid: pd.DataFrame, scored: dict, seed: int) -> dict:
     h = hybrid[task].dropna()
-    row = {"arm": schedule, "from_arm": _name(info["from_arm"]), "into_arm": _name(info["into_arm"]),
-           "layers": info["layers"], "components": info["components"] or "-", "task": task,
-           "mean": float(h.mean()), "std": float(h.std()) if len(h) > 1 else np.nan, "n": len(h),
-           "from_mean": np.nan, "into_mean": np.nan, "recovery_pct": np.nan, "ci_low_pct": np.nan,
-           "ci_high_pct": np.nan, "n_units": 0,
-           "reference": "; ".join(f"{side[:-4]}: {ref[0]}" for side, ref in refs.items() if ref), "note": ""}
+    row = {
+        "arm": schedule,
+        "from_arm": _name(info["from_arm"]),
+        "into_arm": _name(info["into_arm"]),
+        "layers": info["layers"],
+        "components": info["components"] or "-",
+        "task": task,
+        "mean": float(h.mean()),
+        "std": float(h.std()) if len(h) > 1 else np.nan,
+        "n": len(h),
+        "from_mean": np.nan,
+        "into_mean": np.nan,
+        "recovery_pct": np.nan,
+        "ci_low_pct": np.nan,
+        "ci_high_pct": np.nan,
+        "n_units": 0,
+        "reference": "; ".join(f"{side[:-4]}: {ref[0]}" for side, ref in refs.items() if ref),
+        "note": "",
+    }
     missing = [info[side] for side, ref in refs.items() if ref is None]
     if missing:
-        row["note"] = (f"no scores of {', '.join(map(_name, missing))} under the hybrid's evaluation "
-                       f"({info['eval']}): add a transplant of layers [encoder, head] from each into the other "
-                       "with the same eval")
+        row["note"] = (
+            f"no scores of {', '.join(map(_name, missing))} under the hybrid's evaluation "
+            f"({info['eval']}): add a transplant of layers [encoder, head] from each into the other "
+            "with the same eval"
+        )
         return row
-    s, i = (scored[side][task].dropna() if task in scored[side] else pd.Series(dtype=float)
-            for side in ("from_arm", "into_arm"))
+    s, i = (
+        scored[side][task].dropna() if task in scored[side] else pd.Series(dtype=float)
+        for side in ("from_arm", "into_arm")
+    )
     row.update(from_mean=float(s.mean()) if len(s) else np.nan, into_mean=float(i.mean()) if len(i) else np.nan)
     shared = h.index.intersection(s.index).intersection(i.index)
     if shared.empty:
         row["note"] = "no pairing unit scored for the hybrid and both arms"
         return row
     r = recovery_bootstrap(h[shared].to_numpy(), i[shared].to_numpy(), s[shared].to_numpy(), seed=seed)
-    row.update(recovery_pct=100 * r.recovery, ci_low_pct=100 * r.ci_low, ci_high_pct=100 * r.ci_high,
-               n_units=r.n_units)
+    row.update(
+        recovery_pct=100 * r.recovery, ci_low_pct=100 * r.ci_low, ci_high_pct=100 * r.ci_high, n_units=r.n_units
+    )
     if r.recovery != r.recovery:
         row["note"] = "undefined: the from and into arms score the same (no gap to recover)"
     elif r.n_units < 2:

@@ -20,7 +20,7 @@ from ablate.config.base import Strict, read_yaml, unique_items, validate
 from ablate.config.errors import SpecError
 
 FOLDER = Path(__file__).resolve().parent / "reference"
-REFERENCES = {"paper": FOLDER / "paper.yaml"}     # --reference NAME -> its file
+REFERENCES = {"paper": FOLDER / "paper.yaml"}  # --reference NAME -> its file
 Size = Literal["base", "large"]
 Language = Literal["fr", "en"]
 
@@ -37,6 +37,7 @@ class Source(Strict):
 class MainRow(Strict):
     """One model's row of a main results table; `schedule`/`size`/`tokens` find a sweep's arm for it, `hub`
     a base model evaluated alone."""
+
     name: str
     group: str
     context: int
@@ -79,7 +80,7 @@ class FreezeRow(Strict):
     name: str
     schedule: str
     freeze: str
-    frozen: dict[str, str]          # phase -> encoder layers ("0-7"), as the paper describes the arm
+    frozen: dict[str, str]  # phase -> encoder layers ("0-7"), as the paper describes the arm
     average: float
     delta_vs_mlm: float | None = None
     p_vs_mlm: float | None = None
@@ -144,8 +145,8 @@ class DivergenceTable(Strict):
 class Reference(Strict):
     source: Source
     units: Literal["percent"]
-    sizes: dict[Size, int]                      # size -> encoder layers
-    model_languages: dict[str, Language]        # a model name containing the key -> its language
+    sizes: dict[Size, int]  # size -> encoder layers
+    model_languages: dict[str, Language]  # a model name containing the key -> its language
     main: tuple[MainTable, ...]
     freeze: FreezeTable
     decay: DecayTable

@@ -25,10 +25,17 @@ from ablate.report.sweep import load_sweep
 from ablate.report.tables import TABLES, check_reference_table
 from ablate.tune.figure import tune_figure
 
-FIGURES: dict[str, Callable] = {"layers": layers_figure, "deltas": deltas_figure, "curves": curves_figure,
-                                "freeze": freeze_figure, "tune": tune_figure, "divergence": divergence_figure,
-                                "regions": regions_figure, "persistence": persistence_figure,
-                                "needle": needle_figure}
+FIGURES: dict[str, Callable] = {
+    "layers": layers_figure,
+    "deltas": deltas_figure,
+    "curves": curves_figure,
+    "freeze": freeze_figure,
+    "tune": tune_figure,
+    "divergence": divergence_figure,
+    "regions": regions_figure,
+    "persistence": persistence_figure,
+    "needle": needle_figure,
+}
 
 
 def _flag(option: str) -> str:
@@ -47,8 +54,12 @@ def _coerce(name: str, key: str, value, default, kind: str = "figure"):
             return value.lower() in ("true", "1", "yes")
         return type(default)(value)
     except ValueError:
-        raise SpecError(f"option of {kind} {name!r} has the wrong type", key=_flag(key), value=value,
-                        allowed=type(default).__name__) from None
+        raise SpecError(
+            f"option of {kind} {name!r} has the wrong type",
+            key=_flag(key),
+            value=value,
+            allowed=type(default).__name__,
+        ) from None
 
 
 def coerce_options(name: str, fn: Callable, options: dict, kind: str = "figure") -> dict:
@@ -57,8 +68,12 @@ def coerce_options(name: str, fn: Callable, options: dict, kind: str = "figure")
     params = {k: p for k, p in inspect.signature(fn).parameters.items() if p.kind is p.KEYWORD_ONLY}
     unknown = [key for key in options if key not in params]
     if unknown:
-        raise SpecError(f"unknown option for {kind} {name!r}", key=_flag(unknown[0]), value=options[unknown[0]],
-                        allowed=", ".join(params) or "(none)")
+        raise SpecError(
+            f"unknown option for {kind} {name!r}",
+            key=_flag(unknown[0]),
+            value=options[unknown[0]],
+            allowed=", ".join(params) or "(none)",
+        )
     return {key: _coerce(name, key, value, params[key].default, kind) for key, value in options.items()}
 
 
@@ -88,13 +103,15 @@ def output_stem(name: str, sweep_dir: Path, out: str | Path | None) -> tuple[Pat
     if out.is_dir() or not out.suffix:
         return out / name, "svg"
     if out.suffix.lower() not in (".png", ".svg", ".pdf", ".csv"):
-        raise SpecError("figure output must be a folder or a .png/.svg/.pdf/.csv path", key="--out",
-                        value=str(out))
+        raise SpecError(
+            "figure output must be a folder or a .png/.svg/.pdf/.csv path", key="--out", value=str(out)
+        )
     return out.with_suffix(""), "pdf" if out.suffix.lower() == ".pdf" else "svg"
 
 
-def make_figure(name: str, sweep_dir: str | Path | None = None, out: str | Path | None = None,
-                **options) -> dict[str, Path]:
+def make_figure(
+    name: str, sweep_dir: str | Path | None = None, out: str | Path | None = None, **options
+) -> dict[str, Path]:
     """Draw figure `name` for a sweep (None: the most recent) and write PNG, SVG/PDF and CSV.
 
     `out`: a folder (files named after the figure) or a file path whose suffix picks PDF over SVG;

@@ -15,8 +15,17 @@ import pandas as pd
 from ablate.config.errors import SpecError
 from ablate.evaluate.units import pairing_units
 from ablate.evaluate.bootstrap import N_RESAMPLES, paired_bootstrap
-from ablate.report.arms import (arm_keys, arm_label, arm_sorted, done_runs, in_panel, ordered, panel_column,
-                                panel_title, panels)
+from ablate.report.arms import (
+    arm_keys,
+    arm_label,
+    arm_sorted,
+    done_runs,
+    in_panel,
+    ordered,
+    panel_column,
+    panel_title,
+    panels,
+)
 from ablate.report.stats import mean_ci, welch_ci
 from ablate.report.style import arm_styles, figure_legend, new_figure, styled
 from ablate.report.sweep import Sweep
@@ -53,7 +62,7 @@ def primary_scores(sweep: Sweep, *, split: str | None = None, figure: str = "sco
     out = s[["run_id", "task", "finetune_seed", "metric"]].copy()
     out["score"] = 100.0 * s["value"].astype(float)
     out["split"] = split
-    for extra in ("language", "n_examples"):      # absent from tables of older score files
+    for extra in ("language", "n_examples"):  # absent from tables of older score files
         if extra in s.columns:
             out[extra] = s[extra].to_numpy()
     return out.reset_index(drop=True)
@@ -143,8 +152,9 @@ def arm_vs_baseline(a: pd.Series, b: pd.Series, n_resamples: int = N_RESAMPLES, 
     return (*welch_ci(a, b), np.nan, 0, "welch")
 
 
-def delta_data(sweep: Sweep, *, baseline: str | None = None, split: str | None = None,
-               panel: str | None = "auto") -> pd.DataFrame:
+def delta_data(
+    sweep: Sweep, *, baseline: str | None = None, split: str | None = None, panel: str | None = "auto"
+) -> pd.DataFrame:
     """Per arm and task (and "average" over tasks): arm minus MLM baseline in points, with a 95% CI.
 
     Replicates are (pretraining seed, fine-tuning seed) units, or fine-tuning seeds alone when the pretraining
@@ -159,9 +169,13 @@ def delta_data(sweep: Sweep, *, baseline: str | None = None, split: str | None =
     is_base = (u["schedule"] == baseline) & (u["freeze"] == "none")
     if not is_base.any():
         have = ", ".join(sorted({arm_label(s, f) for s, f in zip(u["schedule"], u["freeze"])}))
-        raise SpecError(f"figure 'deltas' needs MLM-baseline runs (schedule {baseline!r}, freeze 'none') with "
-                        f"scores; the sweep's scored arms are: {have}", file=str(sweep.path), key="baseline",
-                        value=baseline)
+        raise SpecError(
+            f"figure 'deltas' needs MLM-baseline runs (schedule {baseline!r}, freeze 'none') with "
+            f"scores; the sweep's scored arms are: {have}",
+            file=str(sweep.path),
+            key="baseline",
+            value=baseline,
+        )
     if is_base.all():
         raise SpecError("figure 'deltas' needs at least one arm besides the MLM baseline", file=str(sweep.path))
     tasks = ordered(u.loc[~u["task"].map(is_average), "task"]) + average_names(u["task"])
@@ -173,7 +187,7 @@ def delta_data(sweep: Sweep, *, baseline: str | None = None, split: str | None =
         if base.empty:
             continue
         arms = up[~is_base.loc[up.index]]
-        for (s, f) in dict.fromkeys(zip(arms["schedule"], arms["freeze"])):
+        for s, f in dict.fromkeys(zip(arms["schedule"], arms["freeze"])):
             a_all = arms[(arms["schedule"] == s) & (arms["freeze"] == f)]
             for task in tasks:
                 a = a_all[a_all["task"] == task].groupby(units)["score"].mean()
@@ -181,10 +195,43 @@ def delta_data(sweep: Sweep, *, baseline: str | None = None, split: str | None =
                 if a.empty or b.empty:
                     continue
                 d, lo, hi, pv, n, method = arm_vs_baseline(a, b)
-                rows.append(((p,) if pcol else ()) + (s, f, arm_label(s, f), task, d, lo, hi, pv, n, len(a),
-                                                      len(b), method, float(a.mean()), float(b.mean())))
-    out = pd.DataFrame(rows, columns=[*arm_keys(pcol), "arm", "task", "delta", "ci_low", "ci_high", "p_value",
-                                      "n_pairs", "n_arm", "n_baseline", "ci_method", "arm_mean", "baseline_mean"])
+                rows.append(
+                    ((p,) if pcol else ())
+                    + (
+                        s,
+                        f,
+                        arm_label(s, f),
+                        task,
+                        d,
+                        lo,
+                        hi,
+                        pv,
+                        n,
+                        len(a),
+                        len(b),
+                        method,
+                        float(a.mean()),
+                        float(b.mean()),
+                    )
+                )
+    out = pd.DataFrame(
+        rows,
+        columns=[
+            *arm_keys(pcol),
+            "arm",
+            "task",
+            "delta",
+            "ci_low",
+            "ci_high",
+            "p_value",
+            "n_pairs",
+            "n_arm",
+            "n_baseline",
+            "ci_method",
+            "arm_mean",
+            "baseline_mean",
+        ],
+    )
     return arm_sorted(out, sweep.runs, baseline, pcol)  # stable: tasks keep their order within an arm
 
 
@@ -193,15 +240,19 @@ def score_summary(sweep: Sweep, *, baseline: str | None = None, split: str | Non
     (pretraining seed, fine-tuning seed) units, their count, and the difference from the MLM baseline."""
     baseline = baseline or sweep.baseline
     u = unit_scores(sweep, split, None, "summary")
-    out = (u.groupby(["schedule", "freeze", "task"], sort=False)["score"]
-           .agg(mean="mean", std="std", n="count").reset_index())
+    out = (
+        u.groupby(["schedule", "freeze", "task"], sort=False)["score"]
+        .agg(mean="mean", std="std", n="count")
+        .reset_index()
+    )
     base = out[(out["schedule"] == baseline) & (out["freeze"] == "none")].set_index("task")["mean"]
     out["delta_pp"] = out["mean"] - out["task"].map(base)
     return out.round(2)
 
 
-def plot_deltas(data: pd.DataFrame, *, panel_col: str | None = None,
-                baseline: str = DEFAULT_BASELINE, split: str = "test"):
+def plot_deltas(
+    data: pd.DataFrame, *, panel_col: str | None = None, baseline: str = DEFAULT_BASELINE, split: str = "test"
+):
     names = panels(data, panel_col)
     plain = ordered(data.loc[~data["task"].map(is_average), "task"])
     averages = average_names(data["task"])
@@ -225,20 +276,33 @@ def plot_deltas(data: pd.DataFrame, *, panel_col: str | None = None,
                 continue
             xs = np.array([x[t] for t in g["task"]]) + off
             yerr = np.vstack([g["delta"] - g["ci_low"], g["ci_high"] - g["delta"]])
-            ax.errorbar(xs, g["delta"], yerr=yerr, fmt=styles[f][1], color=colors[s], ms=4, capsize=2,
-                        elinewidth=1, lw=0, label=arm_label(s, f))
+            ax.errorbar(
+                xs,
+                g["delta"],
+                yerr=yerr,
+                fmt=styles[f][1],
+                color=colors[s],
+                ms=4,
+                capsize=2,
+                elinewidth=1,
+                lw=0,
+                label=arm_label(s, f),
+            )
         ax.set_ylabel(f"Δ vs {baseline} baseline\n(points)")
         ax.set_title(panel_title(panel_col, p))
         ax.grid(axis="y", lw=0.4, alpha=0.5)
-    axes[-1].set_xticks([x[t] for t in tasks], tasks, rotation=30 if long_names else 0,
-                        ha="right" if long_names else "center")
+    axes[-1].set_xticks(
+        [x[t] for t in tasks], tasks, rotation=30 if long_names else 0, ha="right" if long_names else "center"
+    )
     axes[-1].set_xlabel(f"task (primary metric, {split} split)")
     figure_legend(fig, axes, loc="outside upper center", ncols=min(len(arms), 3))
     return fig
 
 
 @styled
-def deltas_figure(sweep: Sweep, *, baseline: str | None = None, split: str | None = None, panel: str | None = "auto"):
+def deltas_figure(
+    sweep: Sweep, *, baseline: str | None = None, split: str | None = None, panel: str | None = "auto"
+):
     """Downstream difference from the MLM baseline per task and on average, per arm, 95% paired-bootstrap CIs."""
     baseline = baseline or sweep.baseline
     pcol = panel_column(done_runs(sweep.runs), panel)
@@ -248,8 +312,9 @@ def deltas_figure(sweep: Sweep, *, baseline: str | None = None, split: str | Non
     return plot_deltas(data, panel_col=pcol, baseline=baseline, split=pick_split(sweep.scores, split)), data
 
 
-def freeze_data(sweep: Sweep, *, baseline: str | None = None, split: str | None = None,
-                panel: str | None = "auto") -> pd.DataFrame:
+def freeze_data(
+    sweep: Sweep, *, baseline: str | None = None, split: str | None = None, panel: str | None = "auto"
+) -> pd.DataFrame:
     """Mean downstream score (average over tasks, points) per freeze mask x schedule, 95% CI over seeds.
 
     A run's score is its average over tasks of the mean over fine-tuning seeds; the interval is over runs.
@@ -263,8 +328,11 @@ def freeze_data(sweep: Sweep, *, baseline: str | None = None, split: str | None 
     # only runs scored on every task of their panel, so that cells average the same tasks
     n_tasks = per_task.groupby(pcol)["task"].transform("nunique") if pcol else per_task["task"].nunique()
     per_task = per_task.assign(n_tasks=n_tasks)
-    per_run = per_task.groupby([*keys, "run_id"], sort=False).agg(
-        score=("score", "mean"), k=("task", "nunique"), n_tasks=("n_tasks", "first")).reset_index()
+    per_run = (
+        per_task.groupby([*keys, "run_id"], sort=False)
+        .agg(score=("score", "mean"), k=("task", "nunique"), n_tasks=("n_tasks", "first"))
+        .reset_index()
+    )
     per_run = per_run[per_run["k"] == per_run["n_tasks"]]
     rows = [(*key, *mean_ci(g["score"])) for key, g in per_run.groupby(keys, sort=False)]
     out = pd.DataFrame(rows, columns=[*keys, "mean", "ci_low", "ci_high", "n"])
@@ -282,13 +350,29 @@ def plot_freeze(data: pd.DataFrame, *, panel_col: str | None = None, split: str 
     for j, (ax, p) in enumerate(zip(axes, names)):
         d = in_panel(data, panel_col, p)
         grid = d.pivot(index="freeze", columns="schedule", values="mean").reindex(index=freezes, columns=schedules)
-        half = (d.assign(h=(d["ci_high"] - d["ci_low"]) / 2)
-                .pivot(index="freeze", columns="schedule", values="h").reindex(index=freezes, columns=schedules))
-        annot = np.vectorize(lambda m, h: "" if np.isnan(m) else f"{m:.1f}" + ("" if np.isnan(h) else f"\n±{h:.1f}"),
-                             otypes=[object])(grid.to_numpy(), half.to_numpy())
-        sns.heatmap(grid, ax=ax, annot=annot, fmt="", cmap="crest", vmin=vmin, vmax=vmax, linewidths=0.5,
-                    linecolor="white", cbar=j == len(names) - 1, annot_kws={"fontsize": 7.5},
-                    cbar_kws={"label": f"mean score over tasks (points, {split})"})
+        half = (
+            d.assign(h=(d["ci_high"] - d["ci_low"]) / 2)
+            .pivot(index="freeze", columns="schedule", values="h")
+            .reindex(index=freezes, columns=schedules)
+        )
+        annot = np.vectorize(
+            lambda m, h: "" if np.isnan(m) else f"{m:.1f}" + ("" if np.isnan(h) else f"\n±{h:.1f}"),
+            otypes=[object],
+        )(grid.to_numpy(), half.to_numpy())
+        sns.heatmap(
+            grid,
+            ax=ax,
+            annot=annot,
+            fmt="",
+            cmap="crest",
+            vmin=vmin,
+            vmax=vmax,
+            linewidths=0.5,
+            linecolor="white",
+            cbar=j == len(names) - 1,
+            annot_kws={"fontsize": 7.5},
+            cbar_kws={"label": f"mean score over tasks (points, {split})"},
+        )
         ax.set_xlabel("schedule")
         ax.set_ylabel("freeze mask" if j == 0 else "")
         ax.set_title(panel_title(panel_col, p))
@@ -298,7 +382,9 @@ def plot_freeze(data: pd.DataFrame, *, panel_col: str | None = None, split: str 
 
 
 @styled
-def freeze_figure(sweep: Sweep, *, baseline: str | None = None, split: str | None = None, panel: str | None = "auto"):
+def freeze_figure(
+    sweep: Sweep, *, baseline: str | None = None, split: str | None = None, panel: str | None = "auto"
+):
     """Heatmap of mean downstream score per freeze mask x schedule (cells: mean, ± CI half-width)."""
     baseline = baseline or sweep.baseline
     pcol = panel_column(done_runs(sweep.runs), panel)

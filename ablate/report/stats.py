@@ -38,6 +38,6 @@ def welch_ci(a, b) -> tuple[float, float, float]:
     se = math.sqrt(va + vb)
     if se == 0:
         return d, d, d
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     h = float(stats.t.ppf(0.975, df) * se)
     return d, d - h, d + h

@@ -22,12 +22,21 @@ from ablate.plan.phases import EMBEDDINGS
 from ablate.report.arms import ordered
 
 DPI = 300
-FREEZE_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1.5)), "v"), ((0, (1, 1)), "P"),
-                 ((0, (3, 1, 1, 1, 1, 1)), "X"), ((0, (8, 2)), "*")]
+FREEZE_STYLES = [
+    ("-", "o"),
+    ("--", "s"),
+    (":", "^"),
+    ("-.", "D"),
+    ((0, (5, 1.5)), "v"),
+    ((0, (1, 1)), "P"),
+    ((0, (3, 1, 1, 1, 1, 1)), "X"),
+    ((0, (8, 2)), "*"),
+]
 
 
 def palette(schedules: Sequence[str]) -> dict[str, tuple]:
     import seaborn as sns
+
     colors = sns.color_palette("colorblind", max(len(schedules), 1))
     return {s: colors[i % len(colors)] for i, s in enumerate(schedules)}
 
@@ -39,8 +48,7 @@ def freeze_styles(freezes: Sequence[str]) -> dict[str, tuple]:
 def arm_styles(data: pd.DataFrame, baseline: str) -> tuple[dict, dict]:
     """Colour per schedule and (line style, marker) per freeze mask; the baseline and "none" always come first,
     so an arm looks the same in every figure of a sweep, whether or not the baseline is drawn."""
-    return (palette(ordered([baseline, *data["schedule"]])),
-            freeze_styles(ordered(["none", *data["freeze"]])))
+    return (palette(ordered([baseline, *data["schedule"]])), freeze_styles(ordered(["none", *data["freeze"]])))
 
 
 def style_context() -> contextlib.ExitStack:
@@ -51,23 +59,36 @@ def style_context() -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
     stack.enter_context(sns.axes_style("ticks"))
     stack.enter_context(sns.plotting_context("paper", font_scale=1.1))
-    stack.enter_context(mpl.rc_context({"savefig.dpi": DPI, "figure.dpi": 100, "svg.fonttype": "none",
-                                        "pdf.fonttype": 42, "legend.frameon": False,
-                                        "axes.spines.top": False, "axes.spines.right": False}))
+    stack.enter_context(
+        mpl.rc_context(
+            {
+                "savefig.dpi": DPI,
+                "figure.dpi": 100,
+                "svg.fonttype": "none",
+                "pdf.fonttype": 42,
+                "legend.frameon": False,
+                "axes.spines.top": False,
+                "axes.spines.right": False,
+            }
+        )
+    )
     return stack
 
 
 def styled(fn: Callable) -> Callable:
     """Draw a figure inside the shared style, whether called by make_figure or from a notebook."""
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         with style_context():
             return fn(*args, **kwargs)
+
     return wrapper
 
 
 def new_figure(width: float, height: float):
     from matplotlib.figure import Figure
+
     return Figure(figsize=(width, height), layout="constrained")
 
 
@@ -96,7 +117,11 @@ def layer_ticks(ax, layers: Sequence[int]) -> None:
 def save_figure(fig, data: pd.DataFrame, stem: Path, vector: str = "svg") -> dict[str, Path]:
     """Write stem.png (300 dpi), stem.svg|pdf and stem.csv (the plotted data); return their paths."""
     stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = {"png": stem.with_suffix(".png"), vector: stem.with_suffix(f".{vector}"), "csv": stem.with_suffix(".csv")}
+    paths = {
+        "png": stem.with_suffix(".png"),
+        vector: stem.with_suffix(f".{vector}"),
+        "csv": stem.with_suffix(".csv"),
+    }
     with style_context():
         fig.savefig(paths["png"], dpi=DPI, bbox_inches="tight")
         fig.savefig(paths[vector], bbox_inches="tight")

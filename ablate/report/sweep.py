@@ -26,15 +26,16 @@ TABLES = ("runs", "scores", "layers", "curves", "frozen", "pairs", "score_groups
 @dataclass(frozen=True)
 class Sweep:
     """The tidy tables of one collected sweep; a table the sweep lacks is None."""
+
     path: Path
     runs: pd.DataFrame
     scores: pd.DataFrame | None = None
     layers: pd.DataFrame | None = None
     curves: pd.DataFrame | None = None
     frozen: pd.DataFrame | None = None
-    pairs: pd.DataFrame | None = None         # `ablate collect --pairs`
+    pairs: pd.DataFrame | None = None  # `ablate collect --pairs`
     score_groups: pd.DataFrame | None = None  # metrics per group (a task's group_by: the needle's lengths)
-    baseline: str = DEFAULT_BASELINE          # the baseline arm's schedule, as the sweep's grid declares it
+    baseline: str = DEFAULT_BASELINE  # the baseline arm's schedule, as the sweep's grid declares it
 
     @property
     def name(self) -> str:
@@ -43,8 +44,11 @@ class Sweep:
     def require(self, table: str, figure: str) -> pd.DataFrame:
         df = getattr(self, table)
         if df is None or df.empty:
-            raise SpecError(f"figure {figure!r} needs the {table} table, which is missing or empty in this sweep",
-                            file=str(self.path), key=table)
+            raise SpecError(
+                f"figure {figure!r} needs the {table} table, which is missing or empty in this sweep",
+                file=str(self.path),
+                key=table,
+            )
         return df
 
 
@@ -82,4 +86,3 @@ def load_sweep(sweep: str | Path | None = None, results: str | Path | None = Non
         runs[col] = runs[col].astype(str)
     baseline = declared_baseline(folder.root)
     return Sweep(path=folder.root, runs=with_data_arms(runs, baseline), baseline=baseline, **tables)
-

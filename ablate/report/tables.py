@@ -26,23 +26,42 @@ import pandas as pd
 from ablate.config.errors import SpecError
 from ablate.evaluate.units import pairing_units, require_task_scores
 from ablate.report.arms import arm_label, arm_tokens_match, done_runs
-from ablate.report.beside import (BASE_MODEL, arm_models, beside_freeze, beside_scores, check_fractions,
-                                  freeze_block, is_base_model, score_blocks)
+from ablate.report.beside import (
+    BASE_MODEL,
+    arm_models,
+    beside_freeze,
+    beside_scores,
+    check_fractions,
+    freeze_block,
+    is_base_model,
+    score_blocks,
+)
 from ablate.report.divergence import divergence_table
 from ablate.report.recovery import recovery_table
 from ablate.report.references import check_reference, load_reference
 from ablate.evaluate.sizes import min_test_examples
-from ablate.report.scores import (AVERAGE, arm_vs_baseline, average_names, averages, is_average, task_languages,
-                                  unit_scores)
+from ablate.report.scores import (
+    AVERAGE,
+    arm_vs_baseline,
+    average_names,
+    averages,
+    is_average,
+    task_languages,
+    unit_scores,
+)
 from ablate.report.sweep import Sweep, load_sweep
 
-MARKS = ((0.01, "**"), (0.05, "*"))   # p below -> mark
+MARKS = ((0.01, "**"), (0.05, "*"))  # p below -> mark
 DAGGER = {"md": "†", "tex": "$^\\dagger$"}
-TOKENS_NOTE = ("† the arm's runs read other tokens than their MLM twins (runs table: twin_tokens): its comparison "
-               "does not rest on identical data.")
+TOKENS_NOTE = (
+    "† the arm's runs read other tokens than their MLM twins (runs table: twin_tokens): its comparison "
+    "does not rest on identical data."
+)
 SMALL_MARK = {"md": "‡", "tex": "$^\\ddagger$"}
-SMALL_NOTE = ("‡ too few test examples for the metric ({tasks}; ablate.evaluate.sizes.MIN_TEST_EXAMPLES): one "
-              "example moves the score by about as much as the differences between arms.")
+SMALL_NOTE = (
+    "‡ too few test examples for the metric ({tasks}; ablate.evaluate.sizes.MIN_TEST_EXAMPLES): one "
+    "example moves the score by about as much as the differences between arms."
+)
 
 
 def _marks(p: float) -> str:
@@ -51,11 +70,17 @@ def _marks(p: float) -> str:
 
 def _baseline_arm(u: pd.DataFrame, baseline: str, sweep: Sweep) -> tuple[str, str]:
     arms = list(dict.fromkeys(zip(u["schedule"], u["freeze"])))
-    wanted = next((a for a in arms if arm_label(*a) == baseline), None) or \
-        next((a for a in arms if a == (baseline, "none")), None)
+    wanted = next((a for a in arms if arm_label(*a) == baseline), None) or next(
+        (a for a in arms if a == (baseline, "none")), None
+    )
     if wanted is None:
-        raise SpecError("the baseline arm has no scores in this sweep", file=str(sweep.path), key="--baseline",
-                        value=baseline, allowed=", ".join(arm_label(*a) for a in arms))
+        raise SpecError(
+            "the baseline arm has no scores in this sweep",
+            file=str(sweep.path),
+            key="--baseline",
+            value=baseline,
+            allowed=", ".join(arm_label(*a) for a in arms),
+        )
     return wanted
 
 
@@ -87,9 +112,16 @@ def base_models_apart(sweep: Sweep) -> Sweep:
     return replace(sweep, runs=runs.assign(schedule=named))
 
 
-def score_table(sweep: Sweep, *, baseline: str | None = None, split: str | None = None,
-                units: tuple[str, ...] | None = None, tasks=None, seed: int = 0,
-                reference: str | None = None) -> pd.DataFrame:
+def score_table(
+    sweep: Sweep,
+    *,
+    baseline: str | None = None,
+    split: str | None = None,
+    units: tuple[str, ...] | None = None,
+    tasks=None,
+    seed: int = 0,
+    reference: str | None = None,
+) -> pd.DataFrame:
     """Tidy: one row per (arm, task) with language, mean, std, n, and delta / ci_low / ci_high / p_value
     against the baseline arm (a schedule name, meaning its unfrozen arm, or an arm label), and the pairing
     units used (column `units`). `reference` (e.g. "paper"): the published numbers beside the measured ones
@@ -108,7 +140,7 @@ def score_table(sweep: Sweep, *, baseline: str | None = None, split: str | None 
     for arm in dict.fromkeys(zip(u["schedule"], u["freeze"])):
         mine = u[(u["schedule"] == arm[0]) & (u["freeze"] == arm[1])]
         base = u[(u["schedule"] == base_arm[0]) & (u["freeze"] == base_arm[1])]
-        by = ["finetune_seed"] if is_base_model(arm[0]) else list(units)   # the base model has no pretraining seed
+        by = ["finetune_seed"] if is_base_model(arm[0]) else list(units)  # the base model has no pretraining seed
         for task in tasks:
             a = mine[mine["task"] == task].groupby(by)["score"].mean()
             if a.empty:
@@ -118,12 +150,28 @@ def score_table(sweep: Sweep, *, baseline: str | None = None, split: str | None 
             n_pairs, method = 0, "baseline"
             if arm != base_arm and not b.empty:
                 delta, lo, hi, p, n_pairs, method = arm_vs_baseline(a, b, seed=seed)
-            rows.append({"arm": arm_label(*arm), "schedule": arm[0], "freeze": arm[1], "task": task,
-                         "language": _language_of(task, language), **test_size.get(task, _NO_SIZE),
-                         "mean": float(a.mean()), "std": float(a.std()) if len(a) > 1 else np.nan, "n": len(a),
-                         "delta": delta, "ci_low": lo, "ci_high": hi, "p_value": p, "n_pairs": n_pairs,
-                         "test": method, "baseline": arm_label(*base_arm), "units": "+".join(units),
-                         "tokens_match": tokens_match.get(arm)})
+            rows.append(
+                {
+                    "arm": arm_label(*arm),
+                    "schedule": arm[0],
+                    "freeze": arm[1],
+                    "task": task,
+                    "language": _language_of(task, language),
+                    **test_size.get(task, _NO_SIZE),
+                    "mean": float(a.mean()),
+                    "std": float(a.std()) if len(a) > 1 else np.nan,
+                    "n": len(a),
+                    "delta": delta,
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "p_value": p,
+                    "n_pairs": n_pairs,
+                    "test": method,
+                    "baseline": arm_label(*base_arm),
+                    "units": "+".join(units),
+                    "tokens_match": tokens_match.get(arm),
+                }
+            )
     out = pd.DataFrame(rows)
     if out.empty:
         raise SpecError("no scores for done runs", file=str(sweep.path), key="scores")
@@ -140,7 +188,7 @@ def _language_of(task: str, language: dict[str, str]) -> str:
     if task == AVERAGE:
         return "all"
     if is_average(task):
-        return task[len(AVERAGE) + 2:-1]          # "average (fr)" -> fr
+        return task[len(AVERAGE) + 2 : -1]  # "average (fr)" -> fr
     return language.get(task, "")
 
 
@@ -157,9 +205,16 @@ def _test_sizes(u: pd.DataFrame) -> dict[str, dict]:
     return out
 
 
-def freeze_table(sweep: Sweep, *, baseline: str | None = None, split: str | None = None,
-                 units: tuple[str, ...] | None = None, tasks=None, seed: int = 0,
-                 reference: str | None = None) -> pd.DataFrame:
+def freeze_table(
+    sweep: Sweep,
+    *,
+    baseline: str | None = None,
+    split: str | None = None,
+    units: tuple[str, ...] | None = None,
+    tasks=None,
+    seed: int = 0,
+    reference: str | None = None,
+) -> pd.DataFrame:
     """One row per arm: what each phase froze (from the `frozen` table), the average score, and its
     difference from the same schedule without freezing and from the baseline arm. `reference`: the
     paper's freezing rows beside them (ablate.report.beside)."""
@@ -169,7 +224,7 @@ def freeze_table(sweep: Sweep, *, baseline: str | None = None, split: str | None
     units = _units(sweep, units)
     scores = score_table(sweep, baseline=baseline, split=split, units=units, tasks=tasks, seed=seed)
     avg = scores
-    summary = AVERAGE if (avg["task"] == AVERAGE).any() else avg["task"].iloc[0]    # one task: no average of it
+    summary = AVERAGE if (avg["task"] == AVERAGE).any() else avg["task"].iloc[0]  # one task: no average of it
     avg = avg[avg["task"] == summary].set_index("arm")
     u = _only_tasks(sweep, unit_scores(sweep, split, None, "table"), tasks)
     u = u[u["task"] == summary]
@@ -180,12 +235,24 @@ def freeze_table(sweep: Sweep, *, baseline: str | None = None, split: str | None
         mine = u[(u["schedule"] == row["schedule"]) & (u["freeze"] == row["freeze"])]
         d_twin = p_twin = np.nan
         if row["freeze"] != "none" and not twin.empty:
-            d_twin, _, _, p_twin, _, _ = arm_vs_baseline(mine.groupby(list(units))["score"].mean(),
-                                                         twin.groupby(list(units))["score"].mean(), seed=seed)
-        rows.append({"arm": arm, "schedule": row["schedule"], "freeze": row["freeze"],
-                     "frozen": frozen.get((row["schedule"], row["freeze"]), "-"), "mean": row["mean"],
-                     "std": row["std"], "n": row["n"], "delta_vs_unfrozen": d_twin, "p_vs_unfrozen": p_twin,
-                     "delta_vs_baseline": row["delta"], "p_vs_baseline": row["p_value"]})
+            d_twin, _, _, p_twin, _, _ = arm_vs_baseline(
+                mine.groupby(list(units))["score"].mean(), twin.groupby(list(units))["score"].mean(), seed=seed
+            )
+        rows.append(
+            {
+                "arm": arm,
+                "schedule": row["schedule"],
+                "freeze": row["freeze"],
+                "frozen": frozen.get((row["schedule"], row["freeze"]), "-"),
+                "mean": row["mean"],
+                "std": row["std"],
+                "n": row["n"],
+                "delta_vs_unfrozen": d_twin,
+                "p_vs_unfrozen": p_twin,
+                "delta_vs_baseline": row["delta"],
+                "p_vs_baseline": row["p_value"],
+            }
+        )
     out = pd.DataFrame(rows)
     if ref is None:
         return out
@@ -217,6 +284,7 @@ def _frozen_by_arm(sweep: Sweep) -> dict[tuple[str, str], str]:
 
 # ------------------------------------------------------------------ rendering
 
+
 def _tex(text: str) -> str:
     return str(text).replace("_", "\\_").replace("%", "\\%").replace("±", "$\\pm$")
 
@@ -244,9 +312,13 @@ def render_scores(data: pd.DataFrame, fmt: str) -> str:
     differ = _tokens_differ(data)
     small = small_tests(data)
     body = [[_arm_name(arm, arm in differ, fmt)] + [cell.get((arm, t), "") for t in tasks] for arm in arms]
-    units = data["units"].iloc[0].replace("finetune_seed", "fine-tuning seed").replace("seed+", "pretraining seed x ")
-    note = (f"Cells: mean ± std over pairing units ({units}); (delta vs baseline; * p < 0.05, ** p < 0.01, "
-            "paired bootstrap).")
+    units = (
+        data["units"].iloc[0].replace("finetune_seed", "fine-tuning seed").replace("seed+", "pretraining seed x ")
+    )
+    note = (
+        f"Cells: mean ± std over pairing units ({units}); (delta vs baseline; * p < 0.05, ** p < 0.01, "
+        "paired bootstrap)."
+    )
     if data["p_value"].isna().all() and (data["test"] != "baseline").any():
         note += " No p-values: fewer than two pairing units are shared with the baseline, so no test is possible."
     if differ:
@@ -254,17 +326,25 @@ def render_scores(data: pd.DataFrame, fmt: str) -> str:
     if small:
         note += " " + SMALL_NOTE.format(tasks=", ".join(f"{t} ({n})" for t, n in small.items()))
     if fmt == "md":
-        head = ["arm"] + [(t if is_average(t) else f"{t} ({lang})") + (SMALL_MARK["md"] if t in small else "")
-                          for lang, ts in groups.items() for t in ts]
+        head = ["arm"] + [
+            (t if is_average(t) else f"{t} ({lang})") + (SMALL_MARK["md"] if t in small else "")
+            for lang, ts in groups.items()
+            for t in ts
+        ]
         return _markdown(head, body) + "\n" + note + "\n"
     spans = " & ".join(f"\\multicolumn{{{len(ts)}}}{{c}}{{{_tex(lang)}}}" for lang, ts in groups.items())
     rules, start = [], 2
     for ts in groups.values():
         rules.append(f"\\cmidrule(lr){{{start}-{start + len(ts) - 1}}}")
         start += len(ts)
-    lines = ["\\begin{tabular}{l" + "c" * len(tasks) + "}", "\\toprule", f" & {spans} \\\\", " ".join(rules),
-             "arm & " + " & ".join(_tex(t) + (SMALL_MARK["tex"] if t in small else "") for t in tasks) + " \\\\",
-             "\\midrule"]
+    lines = [
+        "\\begin{tabular}{l" + "c" * len(tasks) + "}",
+        "\\toprule",
+        f" & {spans} \\\\",
+        " ".join(rules),
+        "arm & " + " & ".join(_tex(t) + (SMALL_MARK["tex"] if t in small else "") for t in tasks) + " \\\\",
+        "\\midrule",
+    ]
     lines += [" & ".join(r) + " \\\\" for r in body]
     return "\n".join(lines + ["\\bottomrule", "\\end{tabular}", "% " + note]) + "\n"
 
@@ -291,12 +371,18 @@ def _arm_name(arm: str, tokens_differ: bool, fmt: str) -> str:
 def render_plain(frame: pd.DataFrame, fmt: str) -> str:
     """Any tidy frame as a Markdown or booktabs table, one row per row."""
     head = list(frame.columns)
-    body = [["" if v != v else (f"{v:.2f}" if isinstance(v, float) else str(v)) for v in row]
-            for row in frame.itertuples(index=False)]
+    body = [
+        ["" if v != v else (f"{v:.2f}" if isinstance(v, float) else str(v)) for v in row]
+        for row in frame.itertuples(index=False)
+    ]
     if fmt == "md":
         return _markdown(head, body)
-    lines = ["\\begin{tabular}{" + "l" * len(head) + "}", "\\toprule", " & ".join(map(_tex, head)) + " \\\\",
-             "\\midrule"] + [" & ".join(map(_tex, r)) + " \\\\" for r in body]
+    lines = [
+        "\\begin{tabular}{" + "l" * len(head) + "}",
+        "\\toprule",
+        " & ".join(map(_tex, head)) + " \\\\",
+        "\\midrule",
+    ] + [" & ".join(map(_tex, r)) + " \\\\" for r in body]
     return "\n".join(lines + ["\\bottomrule", "\\end{tabular}"]) + "\n"
 
 
@@ -305,8 +391,9 @@ def _markdown(head: list[str], body: list[list[str]]) -> str:
     return "\n".join("| " + " | ".join(r) + " |" for r in rows) + "\n"
 
 
-def transplant_table(sweep: Sweep, *, split: str | None = None, units: tuple[str, ...] | None = None, tasks=None,
-                     seed: int = 0) -> pd.DataFrame:
+def transplant_table(
+    sweep: Sweep, *, split: str | None = None, units: tuple[str, ...] | None = None, tasks=None, seed: int = 0
+) -> pd.DataFrame:
     """One row per transplant arm and task (and their average): the hybrid's score, its from and into arms'
     and the share of their gap it recovers, with a bootstrap interval (ablate.report.recovery)."""
     units = _units(sweep, units)
@@ -318,9 +405,13 @@ def transplant_table(sweep: Sweep, *, split: str | None = None, units: tuple[str
     return recovery_table(u, done_runs(sweep.runs), units, seed, file=str(sweep.path))
 
 
-TABLES = {"scores": score_table, "freeze": freeze_table, "divergence": divergence_table,
-          "transplant": transplant_table}
-REFERENCE_TABLES = ("scores", "freeze")      # the tables a reference's rows can be set beside
+TABLES = {
+    "scores": score_table,
+    "freeze": freeze_table,
+    "divergence": divergence_table,
+    "transplant": transplant_table,
+}
+REFERENCE_TABLES = ("scores", "freeze")  # the tables a reference's rows can be set beside
 
 
 def check_reference_table(name: str, reference) -> None:
@@ -329,12 +420,17 @@ def check_reference_table(name: str, reference) -> None:
         return
     check_reference(str(reference))
     if name not in REFERENCE_TABLES:
-        raise SpecError(f"table {name!r} has no reference rows", key="--reference", value=reference,
-                        allowed="--table " + ", ".join(REFERENCE_TABLES))
+        raise SpecError(
+            f"table {name!r} has no reference rows",
+            key="--reference",
+            value=reference,
+            allowed="--table " + ", ".join(REFERENCE_TABLES),
+        )
 
 
-def make_table(name: str, sweep_dir: str | Path | None = None, out: str | Path | None = None,
-               **options) -> dict[str, Path]:
+def make_table(
+    name: str, sweep_dir: str | Path | None = None, out: str | Path | None = None, **options
+) -> dict[str, Path]:
     """Write table `name` of a sweep as CSV (tidy), Markdown and LaTeX (default <sweep>/tables/); returns
     their paths."""
     if name not in TABLES:

@@ -28,7 +28,7 @@ class FileLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         if wait_s is None:
-            fcntl.flock(fd, fcntl.LOCK_EX)     # blocks until the holder releases or dies
+            fcntl.flock(fd, fcntl.LOCK_EX)  # blocks until the holder releases or dies
             return self._hold(fd)
         deadline = time.monotonic() + wait_s
         while True:

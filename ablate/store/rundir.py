@@ -48,16 +48,41 @@ STATES = ("pending", "submitted", "running", "interrupted", "done", "failed", "p
 TABLES = ("runs", "scores", "layers", "curves", "grads", "frozen")
 
 TABLE_COLUMNS = {
-    "runs": ("run_id", "sweep", "model", "family", "schedule", "freeze", "seed", "status", "token_hash",
-             "twin", "twin_tokens", "tokens_seen", "wall_time_s", "versions"),
-    "scores": ("run_id", "task", "language", "finetune_seed", "split", "metric", "value", "epoch", "wall_time_s",
-               "n_examples", "stale"),    # n_examples: of the split, as fine-tuned on (older score files: none)
+    "runs": (
+        "run_id",
+        "sweep",
+        "model",
+        "family",
+        "schedule",
+        "freeze",
+        "seed",
+        "status",
+        "token_hash",
+        "twin",
+        "twin_tokens",
+        "tokens_seen",
+        "wall_time_s",
+        "versions",
+    ),
+    "scores": (
+        "run_id",
+        "task",
+        "language",
+        "finetune_seed",
+        "split",
+        "metric",
+        "value",
+        "epoch",
+        "wall_time_s",
+        "n_examples",
+        "stale",
+    ),  # n_examples: of the split, as fine-tuned on (older score files: none)
     "layers": ("run_id", "phase", "layer", "measure", "value"),
     "curves": ("run_id", "phase", "step", "tokens", "loss", "lr"),
     "grads": ("run_id", "phase", "step", "layer", "grad_norm"),
-    "frozen": ("run_id", "phase", "layer"),     # the resolved phase plan: what each phase froze (-1: embeddings)
+    "frozen": ("run_id", "phase", "layer"),  # the resolved phase plan: what each phase froze (-1: embeddings)
 }
-RECORD_TABLES = ("curves", "grads", "layers", "frozen")   # records/<table>.json, column-oriented
+RECORD_TABLES = ("curves", "grads", "layers", "frozen")  # records/<table>.json, column-oriented
 # records/run.json's `token_hash_format` from which on the per-phase token hashes start from one constant
 # (ablate.train.checkpoint), so that phase k of two runs can be compared; earlier records seed them by name
 TOKEN_HASH_FORMAT = 2
@@ -93,7 +118,7 @@ def read_status(run_dir: Path) -> dict:
         status = read_json(path)
     except FileNotFoundError:
         return {"state": "pending"}
-    except ValueError as exc:        # JSONDecodeError and UnicodeDecodeError both are
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
         raise CorruptStatus(path, f"not JSON ({exc})") from None
     if not isinstance(status, dict):
         raise CorruptStatus(path, f"a JSON {type(status).__name__}, not a mapping")
@@ -125,7 +150,7 @@ def set_aside_corrupt_status(run_dir: Path) -> Path:
     while True:
         target = source.with_name(f"status.json.corrupt-{n}")
         try:
-            os.link(source, target)      # unlike rename, never replaces an earlier corrupt-<n>
+            os.link(source, target)  # unlike rename, never replaces an earlier corrupt-<n>
         except FileExistsError:
             n += 1
             continue
@@ -161,6 +186,7 @@ def state_or_corrupt(run_dir: Path) -> str:
 # ---------------------------------------------------------------- shared prefixes (ablate.plan.branching)
 # branch.json (a child): {"parent": run id, "step": N}; branch_points.json (a parent): {"steps": {N: [children]}};
 # branched.json (a child that started): {"from": "parent" | "scratch", "step": N, "at": time}
+
 
 def write_branch(run_dir: Path, parent: str | None, step: int = 0) -> None:
     """Where the run starts (the sweep writes it before submitting); parent None: from step 0."""
@@ -205,8 +231,9 @@ def branched(run_dir: Path) -> dict | None:
         return None
 
 
-def write_records(run_dir: Path, run: dict, curves: list[dict], grads: list[dict], layers: list[dict],
-                  frozen: list[dict]) -> None:
+def write_records(
+    run_dir: Path, run: dict, curves: list[dict], grads: list[dict], layers: list[dict], frozen: list[dict]
+) -> None:
     """The run's records, each atomically; the caller writes status "done" only after this returns.
     `frozen` is the phase plan's rows (ablate.plan.phases.frozen_rows): phase, layer."""
     rec = Path(run_dir) / "records"
@@ -270,18 +297,19 @@ def stale_scores(folder: Path) -> list[str]:
 
 # --- what the pairing rule reads of a run (the rule: ablate.analysis.pairs; here so that collect can use it)
 
+
 @dataclass(frozen=True)
 class RunInfo:
     """What the pairing rule reads of one finished run."""
 
     run_id: str
-    identity: str                 # digest of the spec without phases, seed and non-training fields
+    identity: str  # digest of the spec without phases, seed and non-training fields
     seed: int
     phases: tuple[str, ...]
-    ends: tuple[int, ...]         # global step at the end of each phase
-    schedule: str                 # digest of the phases themselves (seed-noise pairs share it)
+    ends: tuple[int, ...]  # global step at the end of each phase
+    schedule: str  # digest of the phases themselves (seed-noise pairs share it)
     baseline: bool
-    data: str | None = None       # the grid's data choice (its `data` axis), if any
+    data: str | None = None  # the grid's data choice (its `data` axis), if any
 
     @property
     def group(self) -> tuple:
@@ -297,8 +325,16 @@ def run_info(run_id: str, spec: RunSpec) -> RunInfo:
     axes = spec.labels.get("axes") or {}
     baseline = is_baseline_arm(axes.get("schedule", DEFAULT_BASELINE), axes.get("freeze", "none"), spec.labels)
     ends = tuple(accumulate(spec.phase_steps()))
-    return RunInfo(run_id, spec.training_identity, spec.seed, tuple(p.name for p in spec.phases), ends,
-                   _digest(phases), baseline, axes.get("data"))
+    return RunInfo(
+        run_id,
+        spec.training_identity,
+        spec.seed,
+        tuple(p.name for p in spec.phases),
+        ends,
+        _digest(phases),
+        baseline,
+        axes.get("data"),
+    )
 
 
 def baselines_by_group(infos: Sequence[RunInfo]) -> dict[tuple, list[RunInfo]]:
@@ -320,10 +356,11 @@ def twins_of(arm: RunInfo, baselines: dict[tuple, list[RunInfo]]) -> list[RunInf
 
 # --- the token stream a run consumed, as records/run.json says
 
+
 @dataclass(frozen=True)
 class TokenStream:
-    whole: str | None                       # token_hash: the whole stream
-    phases: tuple[str | None, ...] | None   # per phase by position; None: older records (seeded by phase name)
+    whole: str | None  # token_hash: the whole stream
+    phases: tuple[str | None, ...] | None  # per phase by position; None: older records (seeded by phase name)
 
 
 def token_stream(run_record: dict, phases: Sequence[str]) -> TokenStream:
@@ -345,7 +382,7 @@ SAME_TOKENS = "same"
 
 
 def compare_streams(a: TokenStream, b: TokenStream) -> str:
-    """"same", "differ at phase 2, 3" (positions, where both records compare phases), "differ (whole
+    """ "same", "differ at phase 2, 3" (positions, where both records compare phases), "differ (whole
     stream)" (older records: whole streams only), or "unrecorded" (a record without a token hash)."""
     if a.whole is None or b.whole is None:
         return "unrecorded"

@@ -79,12 +79,16 @@ def list_sweeps(results: str | Path | None = None, collected: bool = False) -> l
     return sorted(found, key=SweepFolder._recency)
 
 
-def resolve_sweep(sweep: str | Path | None = None, results: str | Path | None = None,
-                  collected: bool = False) -> SweepFolder:
+def resolve_sweep(
+    sweep: str | Path | None = None, results: str | Path | None = None, collected: bool = False
+) -> SweepFolder:
     """The sweep a command means: a folder path, a name under the results root, or (None) the most recent
     one. `collected` asks for a sweep with tidy tables (what the report reads)."""
-    what = "collected sweep (a folder with runs.parquet or runs.csv; run `ablate collect` first)" if collected \
+    what = (
+        "collected sweep (a folder with runs.parquet or runs.csv; run `ablate collect` first)"
+        if collected
         else "sweep"
+    )
     if sweep is None or str(sweep) == "":
         sweeps = list_sweeps(results, collected)
         if not sweeps:
@@ -95,11 +99,18 @@ def resolve_sweep(sweep: str | Path | None = None, results: str | Path | None = 
         if candidate.is_dir() and (candidate / "runs").is_dir() or SweepFolder(candidate).collected:
             folder = SweepFolder(candidate)
             if collected and not folder.collected:
-                raise SpecError("the sweep has no tidy tables (runs.parquet / runs.csv); run `ablate collect`",
-                                key="SWEEP", value=str(candidate))
+                raise SpecError(
+                    "the sweep has no tidy tables (runs.parquet / runs.csv); run `ablate collect`",
+                    key="SWEEP",
+                    value=str(candidate),
+                )
             return folder
-    raise SpecError(f"no such {what.split(' (')[0]}", key="SWEEP", value=str(sweep),
-                    allowed=", ".join(s.name for s in list_sweeps(results, collected)) or "(none yet)")
+    raise SpecError(
+        f"no such {what.split(' (')[0]}",
+        key="SWEEP",
+        value=str(sweep),
+        allowed=", ".join(s.name for s in list_sweeps(results, collected)) or "(none yet)",
+    )
 
 
 def read_progress(run_dir: Path) -> dict | None:
@@ -120,7 +131,11 @@ def write_progress(run_dir: Path, progress: dict) -> None:
 
 def format_duration(seconds: float) -> str:
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+        if seconds >= 3600
+        else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
 
 
 def describe_progress(progress: dict | None) -> str:
@@ -130,13 +145,16 @@ def describe_progress(progress: dict | None) -> str:
         return "starting"
     if progress.get("stage") == "finetune" and "task" in progress:
         dev = progress.get("dev")
-        return (f"fine-tuning {progress['task']} seed {progress['seed']} epoch {progress['epoch']}/"
-                f"{progress['epochs']} step {progress['step']}/{progress['total_steps']}"
-                + (f" loss {progress['loss']:.3f}" if isinstance(progress.get("loss"), (int, float)) else "")
-                + (f" dev {progress['dev_metric']} {dev:.3f}" if isinstance(dev, (int, float)) else "")
-                + f" ETA {format_duration(progress.get('eta_s', 0))}")
+        return (
+            f"fine-tuning {progress['task']} seed {progress['seed']} epoch {progress['epoch']}/"
+            f"{progress['epochs']} step {progress['step']}/{progress['total_steps']}"
+            + (f" loss {progress['loss']:.3f}" if isinstance(progress.get("loss"), (int, float)) else "")
+            + (f" dev {progress['dev_metric']} {dev:.3f}" if isinstance(dev, (int, float)) else "")
+            + f" ETA {format_duration(progress.get('eta_s', 0))}"
+        )
     if progress.get("stage") == "finetune":
         return progress["phase"]
     loss = progress.get("loss")
-    return (f"{progress['phase']} {progress['step']}/{progress['total_steps']}"
-            + (f" loss {loss:.3f}" if isinstance(loss, (int, float)) else ""))
+    return f"{progress['phase']} {progress['step']}/{progress['total_steps']}" + (
+        f" loss {loss:.3f}" if isinstance(loss, (int, float)) else ""
+    )

@@ -18,16 +18,40 @@ from typing import Any
 import pandas as pd
 
 from ablate.config.spec import RunSpec
-from ablate.store.rundir import (RECORD_TABLES, TABLE_COLUMNS, TABLES, RunInfo, TokenStream, baselines_by_group,
-                                 compare_streams, effective_state, read_json, read_scores, read_status, run_info,
-                                 runs_dir, token_stream, twins_of)
+from ablate.store.rundir import (
+    RECORD_TABLES,
+    TABLE_COLUMNS,
+    TABLES,
+    RunInfo,
+    TokenStream,
+    baselines_by_group,
+    compare_streams,
+    effective_state,
+    read_json,
+    read_scores,
+    read_status,
+    run_info,
+    runs_dir,
+    token_stream,
+    twins_of,
+)
 
 # records that folders finished before they existed lack: such a folder keeps its other rows (reported in
 # `problems`) rather than being left out whole
 ADDED_LATER = ("frozen",)
 GROUPS_TABLE = "score_groups"
-GROUPS_COLUMNS = ("run_id", "task", "finetune_seed", "split", "metric", "group_by", "group", "value",
-                  "n_examples", "stale")
+GROUPS_COLUMNS = (
+    "run_id",
+    "task",
+    "finetune_seed",
+    "split",
+    "metric",
+    "group_by",
+    "group",
+    "value",
+    "n_examples",
+    "stale",
+)
 
 
 def read_score_groups(folder: Path, run_id: str) -> list[dict]:
@@ -44,8 +68,8 @@ def read_score_groups(folder: Path, run_id: str) -> list[dict]:
 @dataclass
 class Collected:
     tables: dict[str, pd.DataFrame]
-    problems: list[str] = field(default_factory=list)     # folders left out or kept without a record
-    warnings: list[str] = field(default_factory=list)     # results to doubt, such as twins on other tokens
+    problems: list[str] = field(default_factory=list)  # folders left out or kept without a record
+    warnings: list[str] = field(default_factory=list)  # results to doubt, such as twins on other tokens
 
 
 class _ColumnTable:
@@ -105,11 +129,18 @@ def _record_columns(cols: Any, path: Path) -> tuple[dict[str, list], int]:
 def _run_row(run_dir: Path, spec: dict, status: dict, run_rec: dict) -> dict:
     labels = spec.get("labels") or {}
     axes = labels.get("axes") or {}
-    row = {"run_id": run_dir.name, "sweep": labels.get("sweep", run_dir.parent.parent.name),
-           "model": spec.get("model")}
+    row = {
+        "run_id": run_dir.name,
+        "sweep": labels.get("sweep", run_dir.parent.parent.name),
+        "model": spec.get("model"),
+    }
     row.update(axes)  # every grid axis is a column; a `model` axis names the model as the grid does
-    row.update(status=effective_state(run_dir, status), model_source=spec.get("model"),
-               seed=spec.get("seed"), data_seed=(spec.get("data") or {}).get("data_seed"))
+    row.update(
+        status=effective_state(run_dir, status),
+        model_source=spec.get("model"),
+        seed=spec.get("seed"),
+        data_seed=(spec.get("data") or {}).get("data_seed"),
+    )
     row.update({k: v for k, v in run_rec.items() if not isinstance(v, (dict, list))})
     row.setdefault("wall_time_s", status.get("wall_time_s"))
     error = (status.get("error") or "").strip()
@@ -184,9 +215,12 @@ def twin_check(views: dict[str, View]) -> tuple[dict[str, dict], list[str]]:
             continue
         verdicts = {t.run_id: compare_streams(stream, views[t.run_id][1]) for t in twins_of(info, baselines)}
         columns[run_id] = {"twin": ",".join(verdicts), "twin_tokens": _one_verdict(verdicts)}
-        warnings += [f"run {run_id} (seed {info.seed}, phases {' > '.join(info.phases)}) read other tokens than "
-                     f"its MLM twin {twin}: {verdict}; their comparison does not rest on identical data"
-                     for twin, verdict in verdicts.items() if verdict.startswith("differ")]
+        warnings += [
+            f"run {run_id} (seed {info.seed}, phases {' > '.join(info.phases)}) read other tokens than "
+            f"its MLM twin {twin}: {verdict}; their comparison does not rest on identical data"
+            for twin, verdict in verdicts.items()
+            if verdict.startswith("differ")
+        ]
     return columns, warnings
 
 
@@ -206,8 +240,11 @@ def collect(sweep_dir: Path, write: bool = True) -> Collected:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             problems.append(f"{run_dir}: skipped, unreadable record ({type(exc).__name__}: {exc})")
             continue
-        problems += [f"{run_dir}: kept without records/{t}.json (finished by an older version): the {t} table "
-                     f"has no rows for it" for t in lacking]
+        problems += [
+            f"{run_dir}: kept without records/{t}.json (finished by an older version): the {t} table "
+            f"has no rows for it"
+            for t in lacking
+        ]
         runs.append(row)
         if view is not None:
             views[run_dir.name] = view
@@ -220,8 +257,16 @@ def collect(sweep_dir: Path, write: bool = True) -> Collected:
         try:
             source = read_json(source_file)
             scores = read_scores(source_file.parent, source_file.parent.name)
-            runs.append({"run_id": source_file.parent.name, "sweep": sweep_dir.name, "schedule": "base",
-                         "freeze": "none", "status": "done", "model_source": source.get("model")})
+            runs.append(
+                {
+                    "run_id": source_file.parent.name,
+                    "sweep": sweep_dir.name,
+                    "schedule": "base",
+                    "freeze": "none",
+                    "status": "done",
+                    "model_source": source.get("model"),
+                }
+            )
             tables["scores"].add_rows(scores)
             tables[GROUPS_TABLE].add_rows(read_score_groups(source_file.parent, source_file.parent.name))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -253,11 +298,18 @@ def _arrow_table(frame: pd.DataFrame):
     except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
         pass
     fixed = {}
-    for name in frame.columns[frame.dtypes == object]:   # noqa: E721 (an elementwise pandas comparison)
-        if pd.api.types.infer_dtype(frame[name], skipna=True) not in ("string", "empty", "boolean", "integer",
-                                                                      "floating", "mixed-integer-float"):
-            fixed[name] = frame[name].map(lambda v: v if v is None or v is pd.NA or (isinstance(v, float) and v != v)
-                                          else str(v))
+    for name in frame.columns[frame.dtypes == object]:  # noqa: E721 (an elementwise pandas comparison)
+        if pd.api.types.infer_dtype(frame[name], skipna=True) not in (
+            "string",
+            "empty",
+            "boolean",
+            "integer",
+            "floating",
+            "mixed-integer-float",
+        ):
+            fixed[name] = frame[name].map(
+                lambda v: v if v is None or v is pd.NA or (isinstance(v, float) and v != v) else str(v)
+            )
     return pa.Table.from_pandas(frame.assign(**fixed), preserve_index=False)
 
 
@@ -278,8 +330,10 @@ def write_tables(sweep_dir: Path, tables: dict[str, pd.DataFrame]) -> None:
 
     for name, frame in tables.items():
         table = _arrow_table(frame)
-        for suffix, writer in ((".parquet", lambda p: pq.write_table(table, p)),
-                               (".csv", lambda p: _write_csv(table, frame, p))):
+        for suffix, writer in (
+            (".parquet", lambda p: pq.write_table(table, p)),
+            (".csv", lambda p: _write_csv(table, frame, p)),
+        ):
             target = Path(sweep_dir) / f"{name}{suffix}"
             tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
             try:

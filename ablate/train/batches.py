@@ -28,24 +28,33 @@ def objective_batch(ctx, phase: PhasePlan, batch: np.ndarray, docs: np.ndarray, 
     """The phase's objective entry on the global batch: every draw from (seed, global step), the masking
     stream as it always was, a mixture's member draws from a stream of their own."""
     spec = ctx.spec
-    draws = Draws(masking=torch.Generator().manual_seed(seed_for(spec.seed, global_step, 2)),
-                  choice=torch.Generator().manual_seed(seed_for(spec.seed, global_step, 4)),
-                  step=global_step - phase.first_step, steps=phase.steps,
-                  micro=spec.micro_batch_size or spec.batch_size)
+    draws = Draws(
+        masking=torch.Generator().manual_seed(seed_for(spec.seed, global_step, 2)),
+        choice=torch.Generator().manual_seed(seed_for(spec.seed, global_step, 4)),
+        step=global_step - phase.first_step,
+        steps=phase.steps,
+        micro=spec.micro_batch_size or spec.batch_size,
+    )
     tokens = TokenInfo(ctx.special_ids, ctx.mask_id, ctx.vocab_size)
     ids, doc_ids = torch.from_numpy(batch.astype(np.int64)), torch.from_numpy(docs.astype(np.int64))
     return objectives.get(phase.spec.objective).batch(ids, doc_ids, draws, tokens, phase.spec)
 
 
-def batch_loss(head_loss, decoder, features: torch.Tensor, targets: torch.Tensor, members: torch.Tensor | None,
-               sums: torch.Tensor) -> torch.Tensor:
+def batch_loss(
+    head_loss,
+    decoder,
+    features: torch.Tensor,
+    targets: torch.Tensor,
+    members: torch.Tensor | None,
+    sums: torch.Tensor,
+) -> torch.Tensor:
     """The summed loss of a micro-batch's labelled positions. In a mixture (`members`: each labelled
     position's member, on the host) each member's part is added to `sums` too (on the device, unread: the
     curves' loss/<member>, ablate.train.readback)."""
     if members is None:
         return head_loss(features, *decoder, targets)
     total = features.new_zeros(())
-    for index in members.unique().tolist():         # a host tensor: nothing waits for the device
+    for index in members.unique().tolist():  # a host tensor: nothing waits for the device
         mine = torch.nonzero(members == index).flatten().to(features.device, non_blocking=True)
         part = head_loss(features[mine], *decoder, targets[mine])
         sums[index] += part.detach().double()

@@ -39,23 +39,30 @@ class TrainState:
     phase_index: int = 0
     step_in_phase: int = 0
     global_step: int = 0
-    data_position: int = 0          # sequences consumed so far
+    data_position: int = 0  # sequences consumed so far
     tokens_seen: int = 0
     token_hash: str = STREAM_START
     phase_token_hashes: dict[str, str] = field(default_factory=dict)
     phase_tokens: dict[str, int] = field(default_factory=dict)
-    source_tokens: dict[str, int] = field(default_factory=dict)        # runs that read by members (data.mixture)
+    source_tokens: dict[str, int] = field(default_factory=dict)  # runs that read by members (data.mixture)
     source_token_hashes: dict[str, str] = field(default_factory=dict)  # each source's sequences, chained
     curves: list[dict] = field(default_factory=list)
     grad_norms: list[dict] = field(default_factory=list)
-    grad_norm_sums: dict[str, float] = field(default_factory=dict)   # "phase/layer" -> sum over steps
+    grad_norm_sums: dict[str, float] = field(default_factory=dict)  # "phase/layer" -> sum over steps
     layer_rows: list[dict] = field(default_factory=list)
-    frozen: list[dict] = field(default_factory=list)    # the phase plan as rows: phase, layer (frozen_rows)
+    frozen: list[dict] = field(default_factory=list)  # the phase plan as rows: phase, layer (frozen_rows)
     elapsed_s: float = 0.0
     done: bool = False
 
-    def record_step(self, phase: str, batch: np.ndarray, loss: float, lr: float, norms: dict[int, float],
-                    notes: dict | None = None) -> None:
+    def record_step(
+        self,
+        phase: str,
+        batch: np.ndarray,
+        loss: float,
+        lr: float,
+        norms: dict[int, float],
+        notes: dict | None = None,
+    ) -> None:
         """Book one optimizer step: data position, token counts and hashes, the curve (with `notes`: the
         masking rate, a mixture's per-member losses) and gradient norms."""
         self.advance(phase, batch)
@@ -78,25 +85,40 @@ class TrainState:
         for k, label in enumerate(labels):
             rows = batch[members == k]
             if len(rows):
-                self.source_token_hashes[label] = chain_hash(self.source_token_hashes.get(label, PHASE_START), rows)
+                self.source_token_hashes[label] = chain_hash(
+                    self.source_token_hashes.get(label, PHASE_START), rows
+                )
                 self.source_tokens[label] = self.source_tokens.get(label, 0) + rows.size
         return {f"tokens/{label}": n for label, n in self.source_tokens.items()}
 
-    def book_step(self, phase: str, step: int, tokens: int, loss: float, lr: float, norms: dict[int, float],
-                  notes: dict | None = None) -> None:
+    def book_step(
+        self,
+        phase: str,
+        step: int,
+        tokens: int,
+        loss: float,
+        lr: float,
+        norms: dict[int, float],
+        notes: dict | None = None,
+    ) -> None:
         """The curve row (with `notes`' columns) and gradient norms of global step `step` (read back later than
         the step itself: ablate.train.readback)."""
-        self.curves.append({"phase": phase, "step": step, "tokens": tokens, "loss": loss, "lr": lr, **(notes or {})})
+        self.curves.append(
+            {"phase": phase, "step": step, "tokens": tokens, "loss": loss, "lr": lr, **(notes or {})}
+        )
         for layer, value in norms.items():
             key = f"{phase}/{layer}"
             self.grad_norm_sums[key] = self.grad_norm_sums.get(key, 0.0) + value
-        self.grad_norms += [{"phase": phase, "step": step, "layer": layer, "grad_norm": value}
-                            for layer, value in norms.items()]
+        self.grad_norms += [
+            {"phase": phase, "step": step, "layer": layer, "grad_norm": value} for layer, value in norms.items()
+        ]
 
 
 def chain_hash(previous: str, tokens: np.ndarray) -> str:
     """The token-stream hash after `tokens` (hashed as int32, whatever the storage dtype)."""
-    return hashlib.sha256(bytes.fromhex(previous) + np.ascontiguousarray(tokens, dtype=np.int32).tobytes()).hexdigest()
+    return hashlib.sha256(
+        bytes.fromhex(previous) + np.ascontiguousarray(tokens, dtype=np.int32).tobytes()
+    ).hexdigest()
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
@@ -128,10 +150,13 @@ def _written_dir(final: Path, write: Callable[[Path], None], needed_bytes: int, 
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         free = shutil.disk_usage(final.parent).free if final.parent.exists() else 0
-        raise DiskFull(exc.errno, f"no space left on the device of {final.parent} writing {what} {final.name}: "
-                                  f"it needs about {_mb(needed_bytes)} and {_mb(free)} is free there; the "
-                                  f"half-written {tmp.name} was removed, and the run resumes from its last "
-                                  "complete checkpoint once there is room (run the sweep again)") from None
+        raise DiskFull(
+            exc.errno,
+            f"no space left on the device of {final.parent} writing {what} {final.name}: "
+            f"it needs about {_mb(needed_bytes)} and {_mb(free)} is free there; the "
+            f"half-written {tmp.name} was removed, and the run resumes from its last "
+            "complete checkpoint once there is room (run the sweep again)",
+        ) from None
     return final
 
 
@@ -141,8 +166,11 @@ def _mb(n: int) -> str:
 
 def _tensor_bytes(tensors) -> int:
     """Their bytes, each storage once (tied weights are saved once)."""
-    storages = {t.untyped_storage().data_ptr(): t.numel() * t.element_size()
-                for t in tensors if isinstance(t, torch.Tensor)}
+    storages = {
+        t.untyped_storage().data_ptr(): t.numel() * t.element_size()
+        for t in tensors
+        if isinstance(t, torch.Tensor)
+    }
     return sum(storages.values())
 
 
@@ -156,6 +184,7 @@ def save_checkpoint(ckpt_root: Path, model, opt: Optimizer, state: TrainState, k
     """The state now, published atomically; older checkpoints go, except those kept for children (`keep`:
     this one is a branch point too, linked under branch/ before LATEST names it, so a kill between the two
     re-trains to this step and links it again)."""
+
     def write(tmp: Path) -> None:
         save_model(model, str(tmp / "model.safetensors"))
         torch.save({"moments": opt.state_by_name()}, tmp / "optimizer.pt")
@@ -172,7 +201,7 @@ def save_checkpoint(ckpt_root: Path, model, opt: Optimizer, state: TrainState, k
     return final
 
 
-BRANCH_DIR = "branch"      # checkpoints/branch/step-<N>: a parent's checkpoints its children start from
+BRANCH_DIR = "branch"  # checkpoints/branch/step-<N>: a parent's checkpoints its children start from
 
 
 def kept_path(ckpt_root: Path, step: int) -> Path:
@@ -188,9 +217,11 @@ def kept_checkpoint(ckpt_root: Path, step: int) -> Path | None:
 def _linked(src: Path, names: list[str]):
     """A writer of src's files `names` into a folder: hard links where the filesystem allows (no second copy
     on disk; neither run ever writes into a published checkpoint), copies elsewhere."""
+
     def write(tmp: Path) -> None:
         for name in names:
             atomic.link_or_copy(Path(src) / name, tmp / name)
+
     return write
 
 
@@ -232,6 +263,7 @@ def load_checkpoint(path: Path, model, opt: Optimizer) -> TrainState:
 
 def save_final_model(model, tokenizer, out: Path) -> None:
     """An ordinary *ForMaskedLM folder (safetensors) that AutoModelForMaskedLM loads directly."""
+
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

@@ -32,12 +32,12 @@ import torch.distributed as tdist
 
 from ablate.config.errors import SpecError
 
-BUCKET_ELEMENTS = 25_000_000     # gradients are flattened into buckets of at most this many elements
+BUCKET_ELEMENTS = 25_000_000  # gradients are flattened into buckets of at most this many elements
 TIMEOUT_ENV = "ABLATE_DIST_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 1800.0
-FINISH_TIMEOUT_S = 7 * 24 * 3600.0     # how long ranks wait for each other's fine-tunings (finishing_group)
+FINISH_TIMEOUT_S = 7 * 24 * 3600.0  # how long ranks wait for each other's fine-tunings (finishing_group)
 EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
-LINUX_EPHEMERAL = (32768, 60999)     # the kernel's default, when the file above cannot be read
+LINUX_EPHEMERAL = (32768, 60999)  # the kernel's default, when the file above cannot be read
 # what a task of a multi-task submitit job needs to know its rank and its master (submitit defaults the
 # missing ones to rank 0 and to this host: every task would think it is rank 0)
 SLURM_TASK_VARS = ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_NODELIST")
@@ -50,7 +50,7 @@ class Dist:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    owns_group: bool = False      # this module created the process group, so it tears it down
+    owns_group: bool = False  # this module created the process group, so it tears it down
 
     @property
     def enabled(self) -> bool:
@@ -100,7 +100,7 @@ def _reduce_bucket(bucket: list[torch.Tensor]) -> None:
     tdist.all_reduce(flat, op=tdist.ReduceOp.SUM)
     offset = 0
     for g in bucket:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
 
 
@@ -112,17 +112,23 @@ def _from_submitit() -> bool:
         return False
     missing = [v for v in SLURM_TASK_VARS if not os.environ.get(v)]
     if missing:
-        raise RuntimeError(f"this process is one of SLURM_NTASKS={ntasks} tasks of a submitit Slurm job, but "
-                           f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set, so it cannot "
-                           "form the process group (its rank or the master node is unknown); refusing to train "
-                           "as a single process")
+        raise RuntimeError(
+            f"this process is one of SLURM_NTASKS={ntasks} tasks of a submitit Slurm job, but "
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set, so it cannot "
+            "form the process group (its rank or the master node is unknown); refusing to train "
+            "as a single process"
+        )
     from submitit.helpers import TorchDistributedEnvironment
 
     os.environ.setdefault("MASTER_PORT", str(master_port_for(os.environ["SLURM_JOB_ID"])))
-    env = TorchDistributedEnvironment()     # reads MASTER_PORT; its own pick can be an ephemeral port in use
+    env = TorchDistributedEnvironment()  # reads MASTER_PORT; its own pick can be an ephemeral port in use
     os.environ.setdefault("MASTER_ADDR", env.master_addr)
-    os.environ.update(RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
-                      LOCAL_WORLD_SIZE=str(env.local_world_size))
+    os.environ.update(
+        RANK=str(env.rank),
+        WORLD_SIZE=str(env.world_size),
+        LOCAL_RANK=str(env.local_rank),
+        LOCAL_WORLD_SIZE=str(env.local_world_size),
+    )
     return True
 
 
@@ -187,12 +193,15 @@ def init(device_type: str) -> Dist:
     if backend == "nccl":
         torch.cuda.set_device(local_device_index(local))
     try:
-        tdist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
-                                 timeout=datetime.timedelta(seconds=wait))
-    except Exception as exc:    # torch's own error, with where and how long it waited in front of it
-        raise RuntimeError(f"rank {rank} of {world} could not form the process group at "
-                           f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} (waited at most {wait:g} s, "
-                           f"{TIMEOUT_ENV}): {type(exc).__name__}: {exc}") from exc
+        tdist.init_process_group(
+            backend, init_method="env://", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=wait)
+        )
+    except Exception as exc:  # torch's own error, with where and how long it waited in front of it
+        raise RuntimeError(
+            f"rank {rank} of {world} could not form the process group at "
+            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} (waited at most {wait:g} s, "
+            f"{TIMEOUT_ENV}): {type(exc).__name__}: {exc}"
+        ) from exc
     return Dist(rank, world, local, owns_group=True)
 
 
@@ -207,12 +216,16 @@ def local_device_index(local_rank: int) -> int:
     if local_rank < visible:
         return local_rank
     shown = os.environ.get("CUDA_VISIBLE_DEVICES")
-    raise SpecError(f"the rank with local rank {local_rank} has no GPU of its own: this process sees {visible} "
-                    "GPUs" + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown else ""),
-                    key="LOCAL_RANK", value=local_rank,
-                    allowed=f"one rank per visible GPU: local ranks 0..{visible - 1} (launcher.slurm."
-                            "tasks_per_node = gpus_per_node, or torchrun --nproc-per-node <= GPUs)"
-                    if visible else "a machine with GPUs, or device: cpu")
+    raise SpecError(
+        f"the rank with local rank {local_rank} has no GPU of its own: this process sees {visible} "
+        "GPUs" + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown else ""),
+        key="LOCAL_RANK",
+        value=local_rank,
+        allowed=f"one rank per visible GPU: local ranks 0..{visible - 1} (launcher.slurm."
+        "tasks_per_node = gpus_per_node, or torchrun --nproc-per-node <= GPUs)"
+        if visible
+        else "a machine with GPUs, or device: cpu",
+    )
 
 
 def finishing_group():
@@ -226,8 +239,9 @@ def wait_for_ranks(group) -> str | None:
     """Every rank calls this when its share is done: None once all have, else why not (a rank died, or
     gave up): the caller then computes what is missing itself."""
     try:
-        tdist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=FINISH_TIMEOUT_S),
-                                wait_all_ranks=True)
+        tdist.monitored_barrier(
+            group=group, timeout=datetime.timedelta(seconds=FINISH_TIMEOUT_S), wait_all_ranks=True
+        )
     except RuntimeError as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return None

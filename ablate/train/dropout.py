@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-_WORD = 2 ** 32
+_WORD = 2**32
 
 
 def _dropout_args(input, p=0.5, training=True, inplace=False):
@@ -65,19 +65,23 @@ class CpuDropout(TorchFunctionMode):
         keep = self.keep(x.shape, p, x.dtype)
         return (x.mul_(keep) if inplace else x * keep).mul_(1 / (1 - p))
 
-    def attention(self, q, k, v, attn_mask, p: float, is_causal: bool, scale: float | None,
-                  enable_gqa: bool) -> torch.Tensor:
+    def attention(
+        self, q, k, v, attn_mask, p: float, is_causal: bool, scale: float | None, enable_gqa: bool
+    ) -> torch.Tensor:
         """torch's math path (_scaled_dot_product_attention_math) with this stream's mask on the probabilities."""
         if enable_gqa:
             k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
             v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
         scale = q.shape[-1] ** -0.5 if scale is None else scale
         scores = torch.matmul(q * scale, k.transpose(-2, -1))
-        if is_causal:       # an additive mask: no pass in the backward, and every row keeps its diagonal
+        if is_causal:  # an additive mask: no pass in the backward, and every row keeps its diagonal
             scores = scores + _causal_bias(q.shape[-2], k.shape[-2], scores.dtype)
         if attn_mask is not None:
-            scores = scores.masked_fill(attn_mask.logical_not(), -math.inf) if attn_mask.dtype == torch.bool \
+            scores = (
+                scores.masked_fill(attn_mask.logical_not(), -math.inf)
+                if attn_mask.dtype == torch.bool
                 else scores + attn_mask
+            )
         # a row that a given mask hides entirely attends to nothing, as in torch's math path
         probs = scores.softmax(-1) if attn_mask is None else torch._safe_softmax(scores, -1)
         if p >= 1:
@@ -102,7 +106,8 @@ class CpuDropout(TorchFunctionMode):
 def _causal_bias(queries: int, keys: int, dtype: torch.dtype) -> torch.Tensor:
     """0 where key <= query (torch's is_causal: top-left aligned), -inf above."""
     return torch.zeros(queries, keys, dtype=dtype).masked_fill_(
-        torch.ones(queries, keys, dtype=torch.bool).triu_(1), -math.inf)
+        torch.ones(queries, keys, dtype=torch.bool).triu_(1), -math.inf
+    )
 
 
 def cpu_dropout(seed: int, device: torch.device | str, compiled: bool = False):

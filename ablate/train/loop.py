@@ -35,7 +35,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ablate.train.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint, save_final_model
+from ablate.train.checkpoint import (
+    TrainState,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    save_final_model,
+)
 from ablate.train.distributed import Dist, init as init_distributed, local_device_index, rank_slice
 from ablate.data.corpus import SequenceOrder
 from ablate.config.errors import SpecError
@@ -72,6 +78,7 @@ def _dropout_seed(seed: int, global_step: int, micro_batch: int) -> int:
 
 # ---------------------------------------------------------------- the loop
 
+
 @dataclass
 class Context:
     """What the loop needs that does not change during a run."""
@@ -86,12 +93,12 @@ class Context:
     special_ids: torch.Tensor
     mask_id: int
     vocab_size: int
-    layer_params: dict[int, list[str]]   # layer (-1 = embeddings) -> parameter names
+    layer_params: dict[int, list[str]]  # layer (-1 = embeddings) -> parameter names
     autocast: bool
     dist: Dist = field(default_factory=Dist)
-    encoder: torch.nn.Module | None = None   # the encoder to call (compiled when asked); None = family's
+    encoder: torch.nn.Module | None = None  # the encoder to call (compiled when asked); None = family's
     pin_memory: bool = False
-    streams: Streams | None = None      # every phase's corpora (train.streams)
+    streams: Streams | None = None  # every phase's corpora (train.streams)
 
 
 def pick_device(choice: str, local_rank: int = 0) -> torch.device:
@@ -110,20 +117,31 @@ def check_data_parallel(spec: RunSpec, world_size: int) -> None:
         return
     micro = spec.micro_batch_size or spec.batch_size // world_size
     if spec.batch_size % (world_size * micro):
-        raise SpecError(f"batch_size must be a multiple of world size x micro-batch ({world_size} x {micro})",
-                        key="batch_size", value=spec.batch_size, allowed=f"a multiple of {world_size * micro}")
+        raise SpecError(
+            f"batch_size must be a multiple of world size x micro-batch ({world_size} x {micro})",
+            key="batch_size",
+            value=spec.batch_size,
+            allowed=f"a multiple of {world_size * micro}",
+        )
 
 
-def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarray, global_step: int,
-               opt: Optimizer, lr: float, notes: dict | None = None
-               ) -> tuple[torch.Tensor, tuple[tuple[int, ...], torch.Tensor]]:
+def train_step(
+    ctx: Context,
+    phase: PhasePlan,
+    batch: np.ndarray,
+    docs: np.ndarray,
+    global_step: int,
+    opt: Optimizer,
+    lr: float,
+    notes: dict | None = None,
+) -> tuple[torch.Tensor, tuple[tuple[int, ...], torch.Tensor]]:
     """One optimizer step over `batch` (split into micro-batches); returns (mean loss, (layers, their grad
     norms)) as tensors on the device, unread: nothing in a step waits for the GPU (ablate.train.readback).
     `notes`, when given, receives the curves' columns beside the loss (ablate.train.batches.step_notes)."""
     spec, model, family, dist = ctx.spec, ctx.model, ctx.family, ctx.dist
     made = objective_batch(ctx, phase, batch, docs, global_step)
     inputs, labels, prefix, member = made.inputs, made.labels, made.prefix, made.member
-    n_rows = len(inputs)                   # of the global batch
+    n_rows = len(inputs)  # of the global batch
     n_labels = int((labels != -100).sum())
     if n_labels == 0:
         raise RuntimeError(f"step {global_step}: the batch has no position with a loss")
@@ -131,15 +149,15 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
     mask_dtype = torch.bfloat16 if ctx.autocast else torch.float32
     mixed = len(made.labels_of) > 1
     member_sums = torch.zeros(len(made.labels_of), dtype=torch.float64, device=ctx.device)
-    if dist.enabled:                       # masking and n_labels above are over the global batch
+    if dist.enabled:  # masking and n_labels above are over the global batch
         mine = rank_slice(n_rows, dist)
         inputs, labels, prefix, member = inputs[mine], labels[mine], prefix[mine], member[mine]
     if ctx.pin_memory:
         inputs = inputs.pin_memory()
-    encoder = ctx.encoder if ctx.encoder is not None else family.encoder(model)   # (a compiled one has no bool)
+    encoder = ctx.encoder if ctx.encoder is not None else family.encoder(model)  # (a compiled one has no bool)
     head_loss = LOSSES[spec.vocab_loss]
     micro = spec.micro_batch_size or len(inputs)
-    first = rank_slice(n_rows, dist).start // micro      # this rank's first micro-batch in the global batch
+    first = rank_slice(n_rows, dist).start // micro  # this rank's first micro-batch in the global batch
     total = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for index, start in enumerate(range(0, len(inputs), micro), start=first):
         rows = slice(start, start + micro)
@@ -149,16 +167,27 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
         where = torch.nonzero(flat != -100).flatten()
         y = flat[where]
         members = member[rows][:, None].expand_as(labels[rows]).flatten()[where] if mixed else None
-        where, y = ((t.pin_memory() if ctx.pin_memory else t).to(ctx.device, non_blocking=True) for t in (where, y))
-        with autocast(ctx.device, ctx.autocast), \
-                cpu_dropout(_dropout_seed(spec.seed, global_step, index), ctx.device, ctx.encoder is not None), \
-                attention_for(model, family, pattern_of_rows(prefix[rows], x.shape[1]), x.shape[1], mask_dtype,
-                              ctx.device, docs[rank_slice(n_rows, dist)][start:start + micro]
-                              if spec.document_masking else None, prefix=prefix[rows]) as attn:
+        where, y = (
+            (t.pin_memory() if ctx.pin_memory else t).to(ctx.device, non_blocking=True) for t in (where, y)
+        )
+        with (
+            autocast(ctx.device, ctx.autocast),
+            cpu_dropout(_dropout_seed(spec.seed, global_step, index), ctx.device, ctx.encoder is not None),
+            attention_for(
+                model,
+                family,
+                pattern_of_rows(prefix[rows], x.shape[1]),
+                x.shape[1],
+                mask_dtype,
+                ctx.device,
+                docs[rank_slice(n_rows, dist)][start : start + micro] if spec.document_masking else None,
+                prefix=prefix[rows],
+            ) as attn,
+        ):
             hidden = encoder(input_ids=x, attention_mask=attn).last_hidden_state
             features = family.transform(model, hidden.flatten(0, 1)[where])
             loss = batch_loss(head_loss, family.decoder(model), features, y, members, member_sums) / n_labels
-        del features, hidden     # backward keeps what it needs
+        del features, hidden  # backward keeps what it needs
         loss.backward()
         total += loss.detach().double()
     if dist.enabled:
@@ -180,7 +209,11 @@ def train_step(ctx: Context, phase: PhasePlan, batch: np.ndarray, docs: np.ndarr
 
 def _fmt_time(seconds: float) -> str:
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+        if seconds >= 3600
+        else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
 
 
 def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, list[PhasePlan]]:
@@ -188,9 +221,9 @@ def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, lis
     dist = dist or Dist()
     check_data_parallel(spec, dist.world_size)
     device = pick_device(spec.device, dist.local_rank)
-    set_determinism(spec.deterministic)                # before the model touches the device (cuBLAS)
+    set_determinism(spec.deterministic)  # before the model touches the device (cuBLAS)
     tokenizer = load_tokenizer(spec.tokenizer or spec.model)
-    streams = Streams(spec, tokenizer)                 # memory-mapped; prepared first if need be
+    streams = Streams(spec, tokenizer)  # memory-mapped; prepared first if need be
     sequences, doc_ids = streams.first
     streams.check()
     model = load_masked_lm(spec.model, spec.attn_implementation, seed=spec.seed).to(device)
@@ -199,21 +232,43 @@ def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, lis
     names = [n for n, _ in model.named_parameters()]
     for plan in plans:
         if all(is_frozen(n, family, plan.frozen) for n in names):
-            raise SpecError("the freeze mask leaves nothing to train", key=f"phases[{plan.index}].freeze",
-                            value=",".join(plan.spec.freeze))
+            raise SpecError(
+                "the freeze mask leaves nothing to train",
+                key=f"phases[{plan.index}].freeze",
+                value=",".join(plan.spec.freeze),
+            )
     special = sorted(set(tokenizer.all_special_ids))
-    ctx = Context(spec, model, family, device, sequences, doc_ids, SequenceOrder(len(sequences), spec.data.data_seed),
-                  torch.tensor(special), tokenizer.mask_token_id, model.config.vocab_size,
-                  layer_params(model), autocast=uses_autocast(spec, device), dist=dist,
-                  pin_memory=device.type == "cuda", streams=streams)
+    ctx = Context(
+        spec,
+        model,
+        family,
+        device,
+        sequences,
+        doc_ids,
+        SequenceOrder(len(sequences), spec.data.data_seed),
+        torch.tensor(special),
+        tokenizer.mask_token_id,
+        model.config.vocab_size,
+        layer_params(model),
+        autocast=uses_autocast(spec, device),
+        dist=dist,
+        pin_memory=device.type == "cuda",
+        streams=streams,
+    )
     if uses_compile(spec, device):
         ctx.encoder = compiled_encoder(family.encoder(model))
     return ctx, tokenizer, plans
 
 
-def pretrain(spec: RunSpec, run_dir: Path, log: Log = print, phase_end_hooks: tuple[PhaseEndHook, ...] = (),
-             progress: Callable[[dict], None] | None = None, stop_after_steps: int | None = None,
-             on_log: Callable[[TrainState], None] | None = None) -> TrainState:
+def pretrain(
+    spec: RunSpec,
+    run_dir: Path,
+    log: Log = print,
+    phase_end_hooks: tuple[PhaseEndHook, ...] = (),
+    progress: Callable[[dict], None] | None = None,
+    stop_after_steps: int | None = None,
+    on_log: Callable[[TrainState], None] | None = None,
+) -> TrainState:
     """Run (or resume) the phases of `spec` in `run_dir`; the final model lands in run_dir/model.
 
     stop_after_steps ends the call after that many optimizer steps of this call (a checkpoint is written
@@ -234,9 +289,16 @@ def pretrain(spec: RunSpec, run_dir: Path, log: Log = print, phase_end_hooks: tu
         dist.close()
 
 
-def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hooks: tuple[PhaseEndHook, ...],
-              progress: Callable[[dict], None] | None, stop_after_steps: int | None,
-              on_log: Callable[[TrainState], None] | None = None) -> TrainState:
+def _pretrain(
+    spec: RunSpec,
+    run_dir: Path,
+    dist: Dist,
+    log: Log,
+    phase_end_hooks: tuple[PhaseEndHook, ...],
+    progress: Callable[[dict], None] | None,
+    stop_after_steps: int | None,
+    on_log: Callable[[TrainState], None] | None = None,
+) -> TrainState:
     main = dist.is_main
     if not main:
         log, progress, phase_end_hooks, on_log = _silent, None, (), None
@@ -248,8 +310,8 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
     params = dict(model.named_parameters())
     base = {n: params[n].detach().float().cpu().clone() for names in groups.values() for n in names}
     opt = Optimizer(model, spec, fused=fused_adamw(ctx.device))
-    keep = set(branch_points(run_dir))      # steps whose checkpoints children of a sweep's tree start from
-    unread = Unread()      # each step's loss and norms, read back at log lines, phase ends and checkpoints
+    keep = set(branch_points(run_dir))  # steps whose checkpoints children of a sweep's tree start from
+    unread = Unread()  # each step's loss and norms, read back at log lines, phase ends and checkpoints
 
     def checkpoint() -> None:
         unread.settle(state)
@@ -258,8 +320,8 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
         dist.barrier()
 
     state = _resume(ckpt_root, model, opt, log)
-    state.frozen = frozen_rows(plans)   # the plan as resolved for this run, recorded by the worker
-    dist.barrier()       # every rank has read the checkpoint before rank 0 may replace it
+    state.frozen = frozen_rows(plans)  # the plan as resolved for this run, recorded by the worker
+    dist.barrier()  # every rank has read the checkpoint before rank 0 may replace it
     total_steps = sum(p.steps for p in plans)
     model.train()
     steps_this_call = 0
@@ -269,7 +331,7 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
         start_phase(model, family, plan, spec.phases, opt)
         peak = plan.spec.lr.peak_lr or spec.optim.lr
         window_start, window_tokens = time.perf_counter(), 0
-        if state.step_in_phase == plan.steps:    # started from a parent's checkpoint at this phase's end
+        if state.step_in_phase == plan.steps:  # started from a parent's checkpoint at this phase's end
             _finish_phase(state, plan, model, base, groups, phase_end_hooks)
             if on_log:
                 on_log(state)
@@ -282,7 +344,7 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
             notes: dict = {}
             loss, norms = train_step(ctx, plan, batch, docs, state.global_step, opt, lr, notes)
             state.advance(plan.name, batch)
-            read = state.advance_sources(ctx.streams.labels(plan.index), members, batch)   # a parent's count too
+            read = state.advance_sources(ctx.streams.labels(plan.index), members, batch)  # a parent's count too
             notes.update(read if ctx.streams.by_members else {})
             unread.add(state, plan.name, lr, loss, norms, notes)
             steps_this_call += 1
@@ -292,8 +354,17 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
             if logging:
                 unread.settle(state)
                 tps = window_tokens / max(time.perf_counter() - window_start, 1e-9)
-                _log_step(log, progress, plan, state, state.curves[-1]["loss"], lr, total_steps, tps,
-                          spec.tokens_per_step)
+                _log_step(
+                    log,
+                    progress,
+                    plan,
+                    state,
+                    state.curves[-1]["loss"],
+                    lr,
+                    total_steps,
+                    tps,
+                    spec.tokens_per_step,
+                )
                 window_start, window_tokens = time.perf_counter(), 0
             if last_of_phase:
                 _finish_phase(state, plan, model, base, groups, phase_end_hooks)
@@ -301,8 +372,12 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
                 on_log(state)
             state.elapsed_s = time.perf_counter() - started
             stopping = stop_after_steps is not None and steps_this_call >= stop_after_steps
-            if last_of_phase or state.global_step % spec.checkpoint_every == 0 or stopping or \
-                    state.global_step in keep:
+            if (
+                last_of_phase
+                or state.global_step % spec.checkpoint_every == 0
+                or stopping
+                or state.global_step in keep
+            ):
                 checkpoint()
                 _hold_if_asked(state.global_step, log)
             if stopping:
@@ -316,8 +391,9 @@ def _pretrain(spec: RunSpec, run_dir: Path, dist: Dist, log: Log, phase_end_hook
     return state
 
 
-def _finish_run(state: TrainState, started: float, main: bool, model, tokenizer, run_dir: Path,
-                checkpoint: Callable[[], None]) -> None:
+def _finish_run(
+    state: TrainState, started: float, main: bool, model, tokenizer, run_dir: Path, checkpoint: Callable[[], None]
+) -> None:
     """The final model, and the last checkpoint marked done (a rerun of a done run only restores the model)."""
     if not state.done:
         state.done = True
@@ -333,7 +409,7 @@ def _silent(_message: str) -> None:
     pass
 
 
-PAUSE_ENV = "ABLATE_PAUSE_AT"   # STEP:FILE
+PAUSE_ENV = "ABLATE_PAUSE_AT"  # STEP:FILE
 PAUSE_LIMIT_S = 300.0
 
 
@@ -353,8 +429,10 @@ def _hold_if_asked(global_step: int, log: Log) -> None:
 def _log_plan(log: Log, spec: RunSpec, dist: Dist, plans: list[PhasePlan]) -> None:
     """What the run is about to do: the ranks, and each phase's objective, length and frozen groups."""
     if dist.enabled:
-        log(f"data parallel: {dist.world_size} ranks, {spec.batch_size // dist.world_size} sequences per rank "
-            f"per step")
+        log(
+            f"data parallel: {dist.world_size} ranks, {spec.batch_size // dist.world_size} sequences per rank "
+            f"per step"
+        )
     for p in plans:
         log(f"phase {p.name}: {p.spec.objective}, {p.steps} steps, frozen: {p.frozen.describe() or 'nothing'}")
 
@@ -365,31 +443,55 @@ def _resume(ckpt_root: Path, model, opt: Optimizer, log: Log) -> TrainState:
     if found is None:
         return TrainState()
     state = load_checkpoint(found, model, opt)
-    log(f"resumed from {found.name}: phase {state.phase_index}, step {state.global_step}, "
-        f"{state.tokens_seen} tokens seen")
+    log(
+        f"resumed from {found.name}: phase {state.phase_index}, step {state.global_step}, "
+        f"{state.tokens_seen} tokens seen"
+    )
     return state
 
 
-def _log_step(log: Log, progress, plan: PhasePlan, state: TrainState, loss: float, lr: float, total_steps: int,
-              tokens_per_s: float, tokens_per_step: int) -> None:
+def _log_step(
+    log: Log,
+    progress,
+    plan: PhasePlan,
+    state: TrainState,
+    loss: float,
+    lr: float,
+    total_steps: int,
+    tokens_per_s: float,
+    tokens_per_step: int,
+) -> None:
     """The progress line in the log, and what `ablate status` shows."""
     remaining = (total_steps - state.global_step) * tokens_per_step / tokens_per_s if tokens_per_s else 0.0
-    log(f"{plan.name} {state.step_in_phase}/{plan.steps} | step {state.global_step}/{total_steps} "
-        f"| loss {loss:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tok/s | ETA {_fmt_time(remaining)}")
+    log(
+        f"{plan.name} {state.step_in_phase}/{plan.steps} | step {state.global_step}/{total_steps} "
+        f"| loss {loss:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tok/s | ETA {_fmt_time(remaining)}"
+    )
     if progress:
-        progress({"phase": plan.name, "step": state.global_step, "total_steps": total_steps, "loss": loss,
-                  "tokens_per_s": tokens_per_s, "eta_s": remaining})
+        progress(
+            {
+                "phase": plan.name,
+                "step": state.global_step,
+                "total_steps": total_steps,
+                "loss": loss,
+                "tokens_per_s": tokens_per_s,
+                "eta_s": remaining,
+            }
+        )
 
 
 def _finish_phase(state: TrainState, plan: PhasePlan, model, base, groups, hooks) -> None:
     """Measures at the end of a phase, then move the state to the next phase."""
     for layer, value in weight_rel_change(dict(model.named_parameters()), base, groups).items():
-        state.layer_rows.append({"phase": plan.name, "layer": layer, "measure": "weight_rel_change", "value": value})
+        state.layer_rows.append(
+            {"phase": plan.name, "layer": layer, "measure": "weight_rel_change", "value": value}
+        )
     for layer in groups:
         total = state.grad_norm_sums.get(f"{plan.name}/{layer}")
         if total is not None:
-            state.layer_rows.append({"phase": plan.name, "layer": layer, "measure": "grad_norm",
-                                     "value": total / plan.steps})
+            state.layer_rows.append(
+                {"phase": plan.name, "layer": layer, "measure": "grad_norm", "value": total / plan.steps}
+            )
     was_training = model.training
     model.eval()
     with torch.no_grad():

@@ -46,18 +46,35 @@ aten = torch.ops.aten
 MAX_HEAD_DIM = 256
 
 
-def cuda_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
-                is_causal: bool, enable_gqa: bool = False) -> str:
+def cuda_kernel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    enable_gqa: bool = False,
+) -> str:
     """'flash', 'efficient' or 'math': what SDPA on CUDA (sm80+) runs for these inputs."""
     dims = {q.shape[-1], k.shape[-1], v.shape[-1]}
     same_heads = q.shape[:-3] == k.shape[:-3] and q.shape[-3] == k.shape[-3] == v.shape[-3]
     strided = all(t.stride(-1) == 1 for t in (q, k, v))
     head_ok = len(dims) == 1 and max(dims) <= MAX_HEAD_DIM
-    if (attn_mask is None and q.dtype in (torch.float16, torch.bfloat16) and head_ok and strided
-            and (same_heads or enable_gqa) and not (is_causal and q.shape[-2] != k.shape[-2])):
+    if (
+        attn_mask is None
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and head_ok
+        and strided
+        and (same_heads or enable_gqa)
+        and not (is_causal and q.shape[-2] != k.shape[-2])
+    ):
         return "flash"
-    if (q.dtype in (torch.float32, torch.float16, torch.bfloat16) and head_ok and max(dims) % 8 == 0
-            and strided and same_heads):
+    if (
+        q.dtype in (torch.float32, torch.float16, torch.bfloat16)
+        and head_ok
+        and max(dims) % 8 == 0
+        and strided
+        and same_heads
+    ):
         return "efficient"
     return "math"
 
@@ -75,7 +92,8 @@ class _Flash(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, dropout, causal, scale):
         out, lse, cq, ck, mq, mk, rng, unused, _debug = aten._scaled_dot_product_flash_attention(
-            q, k, v, dropout, causal, False, scale=scale)
+            q, k, v, dropout, causal, False, scale=scale
+        )
         ctx.save_for_backward(q, k, v, out, lse, cq, ck, rng, unused)
         ctx.args = (mq, mk, dropout, causal, scale)
         return out
@@ -85,7 +103,8 @@ class _Flash(torch.autograd.Function):
         q, k, v, out, lse, cq, ck, rng, unused = ctx.saved_tensors
         mq, mk, dropout, causal, scale = ctx.args
         gq, gk, gv = aten._scaled_dot_product_flash_attention_backward(
-            grad, q, k, v, out, lse, cq, ck, mq, mk, dropout, causal, rng, unused, scale=scale)
+            grad, q, k, v, out, lse, cq, ck, mq, mk, dropout, causal, rng, unused, scale=scale
+        )
         return gq, gk, gv, None, None, None
 
 
@@ -93,7 +112,8 @@ class _Efficient(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, dropout, causal, scale):
         out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(
-            q, k, v, bias, True, dropout, causal, scale=scale)
+            q, k, v, bias, True, dropout, causal, scale=scale
+        )
         ctx.save_for_backward(q, k, v, bias, out, lse, seed, offset)
         ctx.args = (dropout, causal, scale)
         return out
@@ -104,35 +124,66 @@ class _Efficient(torch.autograd.Function):
         dropout, causal, scale = ctx.args
         wanted = [ctx.needs_input_grad[i] for i in range(3)] + [False]
         gq, gk, gv, _gb = aten._scaled_dot_product_efficient_attention_backward(
-            grad.contiguous(), q, k, v, bias, out, lse, seed, offset, dropout, wanted, causal, scale=scale)
+            grad.contiguous(), q, k, v, bias, out, lse, seed, offset, dropout, wanted, causal, scale=scale
+        )
         return gq, gk, gv, None, None, None, None
 
 
-def sdpa_on_meta(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
-                 record: list | None = None) -> torch.Tensor:
+def sdpa_on_meta(
+    q,
+    k,
+    v,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    record: list | None = None,
+) -> torch.Tensor:
     """F.scaled_dot_product_attention as CUDA computes it, on meta tensors."""
     if attn_mask is not None and is_causal:
-        raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when "
-                           "is_causal=True")
+        raise RuntimeError(
+            "_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True"
+        )
     kernel = cuda_kernel(q, k, v, attn_mask, is_causal, enable_gqa)
     if record is not None:
         record.append(kernel)
     if kernel == "flash":
-        if k.shape[-3] != q.shape[-3]:     # flash takes grouped-query heads natively: same shapes as repeated
+        if k.shape[-3] != q.shape[-3]:  # flash takes grouped-query heads natively: same shapes as repeated
             k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
             v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
         return _Flash.apply(q, k, v, dropout_p, is_causal, scale)
     if kernel == "efficient":
         return _Efficient.apply(q, k, v, _bias(attn_mask, q, k), dropout_p, is_causal, scale)
-    return aten._scaled_dot_product_attention_math(q, k, v, attn_mask, dropout_p, is_causal, scale=scale,
-                                                   enable_gqa=enable_gqa)[0]
+    return aten._scaled_dot_product_attention_math(
+        q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+    )[0]
 
 
-LOW_PRECISION = {F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm, torch.Tensor.mm,
-                 torch.bmm, torch.Tensor.bmm, torch.addmm, torch.baddbmm, torch.einsum,
-                 F.scaled_dot_product_attention}          # autocast's bf16 list, as far as a step calls it
-FULL_PRECISION = {F.layer_norm, F.softmax, F.log_softmax, F.cross_entropy, torch.softmax, torch.Tensor.softmax,
-                  torch.log_softmax, torch.Tensor.log_softmax}   # autocast's float32 list, likewise
+LOW_PRECISION = {
+    F.linear,
+    torch.matmul,
+    torch.Tensor.matmul,
+    torch.Tensor.__matmul__,
+    torch.mm,
+    torch.Tensor.mm,
+    torch.bmm,
+    torch.Tensor.bmm,
+    torch.addmm,
+    torch.baddbmm,
+    torch.einsum,
+    F.scaled_dot_product_attention,
+}  # autocast's bf16 list, as far as a step calls it
+FULL_PRECISION = {
+    F.layer_norm,
+    F.softmax,
+    F.log_softmax,
+    F.cross_entropy,
+    torch.softmax,
+    torch.Tensor.softmax,
+    torch.log_softmax,
+    torch.Tensor.log_softmax,
+}  # autocast's float32 list, likewise
 
 
 def _cast(value, dtype: torch.dtype):

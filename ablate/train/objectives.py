@@ -37,9 +37,15 @@ def pattern_of(what: str) -> str:
     return what if what in objectives.PATTERNS else objectives.get(what).pattern
 
 
-def dense_mask(seq_len: int, dtype: torch.dtype, device: torch.device | str = "cpu", causal: bool = True,
-               window: int | None = None, documents: torch.Tensor | None = None,
-               prefix: torch.Tensor | None = None) -> torch.Tensor:
+def dense_mask(
+    seq_len: int,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    causal: bool = True,
+    window: int | None = None,
+    documents: torch.Tensor | None = None,
+    prefix: torch.Tensor | None = None,
+) -> torch.Tensor:
     """(1 or B, 1, L, L) additive mask (dtype-min = blocked; dtype bool: True = attend): k <= q if causal,
     |q - k| <= window if given, and q, k in the same document if doc ids (B, L) are given. prefix (B,), with
     causal: each row's keys k < prefix are seen from every query too (a prefix-LM's bidirectional prefix,
@@ -82,14 +88,21 @@ def _flags(model, family: Family, causal: bool):
 
 
 @contextmanager
-def _registered(model, family: Family, causal: bool, documents: attention.Documents | None,
-                block_mask=None, prefix: attention.Prefix | None = None):
+def _registered(
+    model,
+    family: Family,
+    causal: bool,
+    documents: attention.Documents | None,
+    block_mask=None,
+    prefix: attention.Prefix | None = None,
+):
     """The model under ablate.models.attention's implementation for the duration: its config's
     implementation switched, the attention modules' is_causal set, the documents, the prefix and the block
     masks attached."""
     with _flags(model, family, causal) as modules:
-        configs = {id(c): c for c in (model.config, *(getattr(m, "config", None) for m in modules))
-                   if c is not None}
+        configs = {
+            id(c): c for c in (model.config, *(getattr(m, "config", None) for m in modules)) if c is not None
+        }
         before = {key: c._attn_implementation for key, c in configs.items()}
         try:
             for c in configs.values():
@@ -109,9 +122,18 @@ def _registered(model, family: Family, causal: bool, documents: attention.Docume
 
 
 @contextmanager
-def attention_for(model, family: Family, pattern: str, seq_len: int, dtype: torch.dtype,
-                  device: torch.device | str = "cpu", documents=None, kind: str | None = None,
-                  prefix: torch.Tensor | None = None, use_flex: bool | None = None):
+def attention_for(
+    model,
+    family: Family,
+    pattern: str,
+    seq_len: int,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    documents=None,
+    kind: str | None = None,
+    prefix: torch.Tensor | None = None,
+    use_flex: bool | None = None,
+):
     """Yields the attention_mask to pass to the family's encoder for this attention pattern (bidirectional,
     causal, prefix; or an objective's name, whose entry's pattern it is): bidirectional None (no padding:
     packed sequences), causal what the family's mask kind under the model's attention implementation needs,
@@ -145,8 +167,16 @@ def attention_for(model, family: Family, pattern: str, seq_len: int, dtype: torc
         return
     if kind == "banded" or (kind == "flag" and documents is not None):
         flex_on = use_flex if use_flex is not None else torch.device(device).type == "cuda"
-        with _banded(model, family, seq_len, device, documents, prefix if pattern == objectives.PREFIX else None,
-                     causal, flex_on):
+        with _banded(
+            model,
+            family,
+            seq_len,
+            device,
+            documents,
+            prefix if pattern == objectives.PREFIX else None,
+            causal,
+            flex_on,
+        ):
             yield None
         return
     if documents is not None:
@@ -159,14 +189,18 @@ def attention_for(model, family: Family, pattern: str, seq_len: int, dtype: torc
         with _flags(model, family, True):
             yield None
     elif kind == "pairwise-bool":
-        with _pairwise(model, family, dense_mask(seq_len, torch.bool, device, causal, documents=documents)) as attn:
+        with _pairwise(
+            model, family, dense_mask(seq_len, torch.bool, device, causal, documents=documents)
+        ) as attn:
             yield attn
     elif kind == "per-layer-type":
         # ModernBERT's local window is |q - k| <= config.sliding_window (masking_utils)
         window = model.config.sliding_window
-        yield {"full_attention": dense_mask(seq_len, dtype, device, causal, documents=documents),
-               "sliding_attention": dense_mask(seq_len, dtype, device, causal, window, documents)}
-    else:                        # additive
+        yield {
+            "full_attention": dense_mask(seq_len, dtype, device, causal, documents=documents),
+            "sliding_attention": dense_mask(seq_len, dtype, device, causal, window, documents),
+        }
+    else:  # additive
         yield dense_mask(seq_len, dtype, device, causal, documents=documents)
 
 
@@ -176,12 +210,19 @@ def _banded(model, family: Family, seq_len: int, device, documents, prefix, caus
     there once), and with `flex_on` the global layers' block mask when either makes rows differ."""
     docs = None if documents is None else attention.documents_of(documents, device)
     pre = None if prefix is None else attention.prefix_of(prefix, device)
-    causal = causal or pre is not None          # a prefix pattern: causal, or a key in the row's prefix
+    causal = causal or pre is not None  # a prefix pattern: causal, or a key in the row's prefix
     block_mask = None
     if flex_on and (docs is not None or pre is not None):
         rows = len(pre.host) if pre is not None else len(docs.ids)
-        block_mask = flex.block_mask(rows, seq_len, causal, None, None if docs is None else docs.ids, device,
-                                     prefix=None if pre is None else pre.lengths)
+        block_mask = flex.block_mask(
+            rows,
+            seq_len,
+            causal,
+            None,
+            None if docs is None else docs.ids,
+            device,
+            prefix=None if pre is None else pre.lengths,
+        )
     with _registered(model, family, causal, docs, block_mask, pre):
         yield
 
@@ -191,7 +232,8 @@ def _pairwise(model, family: Family, allowed: torch.Tensor):
     """(1|B, L, L) bool for the encoder; the embeddings would multiply by the mask as if it were a 2D padding
     mask: they get none."""
     hook = family.encoder(model).embeddings.register_forward_pre_hook(
-        lambda _module, args, kwargs: (args, {**kwargs, "mask": None}), with_kwargs=True)
+        lambda _module, args, kwargs: (args, {**kwargs, "mask": None}), with_kwargs=True
+    )
     try:
         yield allowed[:, 0]
     finally:
@@ -199,19 +241,30 @@ def _pairwise(model, family: Family, allowed: torch.Tensor):
 
 
 @contextmanager
-def _prefix_attention(model, family: Family, kind: str, seq_len: int, dtype: torch.dtype, device, documents,
-                      prefix: torch.Tensor | None):
+def _prefix_attention(
+    model,
+    family: Family,
+    kind: str,
+    seq_len: int,
+    dtype: torch.dtype,
+    device,
+    documents,
+    prefix: torch.Tensor | None,
+):
     """Per-row prefix masks (B, 1, L, L) of the dense-mask kinds: transformers passes a prepared 4D mask
     through unchanged, so the flag kind (SDPA) takes the additive one as eager does. (The banded kind carries
     the prefix lengths into ablate.models.attention instead: _banded.)"""
     prefix = torch.as_tensor(prefix, dtype=torch.long, device=device)
     if kind == "pairwise-bool":
-        with _pairwise(model, family, dense_mask(seq_len, torch.bool, device, True, documents=documents,
-                                                 prefix=prefix)) as attn:
+        with _pairwise(
+            model, family, dense_mask(seq_len, torch.bool, device, True, documents=documents, prefix=prefix)
+        ) as attn:
             yield attn
     elif kind == "per-layer-type":
         window = model.config.sliding_window
-        yield {"full_attention": dense_mask(seq_len, dtype, device, True, documents=documents, prefix=prefix),
-               "sliding_attention": dense_mask(seq_len, dtype, device, True, window, documents, prefix)}
-    else:                        # additive, flag
+        yield {
+            "full_attention": dense_mask(seq_len, dtype, device, True, documents=documents, prefix=prefix),
+            "sliding_attention": dense_mask(seq_len, dtype, device, True, window, documents, prefix),
+        }
+    else:  # additive, flag
         yield dense_mask(seq_len, dtype, device, True, documents=documents, prefix=prefix)

@@ -32,13 +32,23 @@ class Optimizer:
         self.decay_names = [n for n in self.named if not _no_decay(n)]
         self.plain_names = [n for n in self.named if _no_decay(n)]
         self.torch = torch.optim.AdamW(
-            [{"params": [self.named[n] for n in self.decay_names], "weight_decay": torch_decay(o)},
-             {"params": [self.named[n] for n in self.plain_names], "weight_decay": 0.0}],
-            lr=o.lr, betas=o.betas, eps=o.eps, **({"fused": True} if fused else {}))
+            [
+                {"params": [self.named[n] for n in self.decay_names], "weight_decay": torch_decay(o)},
+                {"params": [self.named[n] for n in self.plain_names], "weight_decay": 0.0},
+            ],
+            lr=o.lr,
+            betas=o.betas,
+            eps=o.eps,
+            **({"fused": True} if fused else {}),
+        )
 
     def set_trainable(self) -> None:
-        self.torch.param_groups[0]["params"] = [self.named[n] for n in self.decay_names if self.named[n].requires_grad]
-        self.torch.param_groups[1]["params"] = [self.named[n] for n in self.plain_names if self.named[n].requires_grad]
+        self.torch.param_groups[0]["params"] = [
+            self.named[n] for n in self.decay_names if self.named[n].requires_grad
+        ]
+        self.torch.param_groups[1]["params"] = [
+            self.named[n] for n in self.plain_names if self.named[n].requires_grad
+        ]
 
     def trainable(self) -> list[torch.nn.Parameter]:
         return [p for g in self.torch.param_groups for p in g["params"]]

@@ -25,7 +25,7 @@ import torch
 
 from ablate.config.spec import RunSpec
 
-CUBLAS_DETERMINISTIC = ":4096:8"     # torch's reproducibility notes: cuBLAS needs a fixed workspace
+CUBLAS_DETERMINISTIC = ":4096:8"  # torch's reproducibility notes: cuBLAS needs a fixed workspace
 
 
 def uses_autocast(spec: RunSpec, device: torch.device) -> bool:

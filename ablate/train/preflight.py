@@ -34,13 +34,15 @@ from ablate.models.families import Family
 from ablate.models.sources import load_config, load_tokenizer, random_masked_lm
 from ablate.train.objectives import attention_for
 
-PREFLIGHT_TOKENS = 128      # validation length (a run's own check uses its whole first sequence)
-_HEAD_CHUNK = 512           # positions per head call: the logits of a long sequence never exist at once
+PREFLIGHT_TOKENS = 128  # validation length (a run's own check uses its whole first sequence)
+_HEAD_CHUNK = 512  # positions per head call: the logits of a long sequence never exist at once
 # Real text for validation, before any corpus is read: a run's own check uses its corpus.
-PREFLIGHT_TEXT = ("The patient, a 64-year-old woman with a history of type 2 diabetes and hypertension, was admitted "
-                  "with fever, productive cough and shortness of breath. Chest radiography showed a right lower "
-                  "lobe consolidation, and blood cultures grew Streptococcus pneumoniae. She was treated with "
-                  "intravenous ceftriaxone and azithromycin and discharged on day six without complications. ")
+PREFLIGHT_TEXT = (
+    "The patient, a 64-year-old woman with a history of type 2 diabetes and hypertension, was admitted "
+    "with fever, productive cough and shortness of breath. Chest radiography showed a right lower "
+    "lobe consolidation, and blood cultures grew Streptococcus pneumoniae. She was treated with "
+    "intravenous ceftriaxone and azithromycin and discharged on day six without complications. "
+)
 
 
 @dataclass(frozen=True)
@@ -48,13 +50,13 @@ class Preflight:
     family: str
     attn_implementation: str
     length: int
-    position: int           # the changed token
-    leak: float             # largest |change| of a logit before `position` (0.0: causal)
-    reach: float            # largest |change| of a logit at or after `position`
-    error: str = ""         # the causal forward itself failed
+    position: int  # the changed token
+    leak: float  # largest |change| of a logit before `position` (0.0: causal)
+    reach: float  # largest |change| of a logit at or after `position`
+    error: str = ""  # the causal forward itself failed
     pattern: str = objectives.CAUSAL
-    prefix_reach: float | None = None   # prefix: |change| at its document's first position (0) when the
-                                        # prefix's last token changes
+    prefix_reach: float | None = None  # prefix: |change| at its document's first position (0) when the
+    # prefix's last token changes
 
     @property
     def causal(self) -> bool:
@@ -66,28 +68,53 @@ class Preflight:
         head = f"{self.pattern} preflight: {self.family} under {self.attn_implementation}"
         if self.error:
             return f"{head}: the causal forward fails ({self.error})"
-        what = ("causal" if self.causal else
-                "LEAKS the future" if self.leak != 0.0 else "inconclusive (the change did not reach the logits)")
+        what = (
+            "causal"
+            if self.causal
+            else "LEAKS the future"
+            if self.leak != 0.0
+            else "inconclusive (the change did not reach the logits)"
+        )
         if self.prefix_reach is not None and self.causal:
-            what += (", the prefix bidirectional (its last token reaches the start of its document: "
-                     f"{self.prefix_reach:.3g})")
+            what += (
+                ", the prefix bidirectional (its last token reaches the start of its document: "
+                f"{self.prefix_reach:.3g})"
+            )
         elif self.prefix_reach is not None and not self.leak and self.reach > 0.0:
             what = "NOT bidirectional in the prefix (its last token does not reach the start of its document)"
-        return (f"{head}: {what} (token {self.position} of {self.length} changed; earlier logits max |diff| "
-                f"{self.leak:.3g}, later {self.reach:.3g})")
+        return (
+            f"{head}: {what} (token {self.position} of {self.length} changed; earlier logits max |diff| "
+            f"{self.leak:.3g}, later {self.reach:.3g})"
+        )
 
 
-def _hidden(model, family: Family, ids: torch.Tensor, device, autocast: bool, documents=None,
-            pattern: str = objectives.CAUSAL, prefix: torch.Tensor | None = None) -> torch.Tensor:
+def _hidden(
+    model,
+    family: Family,
+    ids: torch.Tensor,
+    device,
+    autocast: bool,
+    documents=None,
+    pattern: str = objectives.CAUSAL,
+    prefix: torch.Tensor | None = None,
+) -> torch.Tensor:
     dtype = torch.bfloat16 if autocast else torch.float32
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast), \
-            attention_for(model, family, pattern, ids.shape[1], dtype, device, documents, prefix=prefix) as attn:
+    with (
+        torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast),
+        attention_for(model, family, pattern, ids.shape[1], dtype, device, documents, prefix=prefix) as attn,
+    ):
         return family.encoder(model)(input_ids=ids.to(device), attention_mask=attn).last_hidden_state[0]
 
 
-def measure(model, family: Family, ids: torch.Tensor, device: torch.device | str = "cpu",
-            autocast: bool = False, documents: torch.Tensor | None = None,
-            pattern: str = objectives.CAUSAL) -> Preflight:
+def measure(
+    model,
+    family: Family,
+    ids: torch.Tensor,
+    device: torch.device | str = "cpu",
+    autocast: bool = False,
+    documents: torch.Tensor | None = None,
+    pattern: str = objectives.CAUSAL,
+) -> Preflight:
     """Run the preflight on `ids` (1, L) with the model as it is (in eval mode for the duration); with doc
     ids (1, L), under document masking (the changed token then lies in the last document). pattern prefix:
     the first half is the prefix; the changed token lies in the suffix, and the prefix's last token is
@@ -105,19 +132,24 @@ def measure(model, family: Family, ids: torch.Tensor, device: torch.device | str
     try:
         with torch.no_grad():
             try:
-                a, b = (_hidden(model, family, x, device, autocast, documents, pattern, prefix) for x in (ids, changed))
-                prefix_reach = None if prefix is None else _prefix_reach(model, family, ids, a, device, autocast,
-                                                                         documents, prefix)
+                a, b = (
+                    _hidden(model, family, x, device, autocast, documents, pattern, prefix) for x in (ids, changed)
+                )
+                prefix_reach = (
+                    None
+                    if prefix is None
+                    else _prefix_reach(model, family, ids, a, device, autocast, documents, prefix)
+                )
             except (RuntimeError, ValueError, TypeError, IndexError) as exc:
                 # e.g. DeBERTa-v2's convolution cannot take a pairwise mask
                 error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
                 return Preflight(family.name, impl, length, position, float("nan"), float("nan"), error, pattern)
             for start in range(0, length, _HEAD_CHUNK):
-                la, lb = (family.head_logits(model, h[start:start + _HEAD_CHUNK]).float() for h in (a, b))
+                la, lb = (family.head_logits(model, h[start : start + _HEAD_CHUNK]).float() for h in (a, b))
                 cut = min(max(position - start, 0), la.shape[0])
                 if cut and not torch.equal(la[:cut].view(torch.int32), lb[:cut].view(torch.int32)):  # bitwise
                     diff = float((la[:cut] - lb[:cut]).abs().max())
-                    leak = max(leak, diff if diff > 0 else float("inf"))     # NaN, or only the sign of a zero
+                    leak = max(leak, diff if diff > 0 else float("inf"))  # NaN, or only the sign of a zero
                 if cut < la.shape[0]:
                     reach = max(reach, float((la[cut:] - lb[cut:]).abs().max()))
     finally:
@@ -125,8 +157,16 @@ def measure(model, family: Family, ids: torch.Tensor, device: torch.device | str
     return Preflight(family.name, impl, length, position, leak, reach, "", pattern, prefix_reach)
 
 
-def _prefix_reach(model, family: Family, ids: torch.Tensor, hidden: torch.Tensor, device, autocast: bool,
-                  documents, prefix: torch.Tensor) -> float:
+def _prefix_reach(
+    model,
+    family: Family,
+    ids: torch.Tensor,
+    hidden: torch.Tensor,
+    device,
+    autocast: bool,
+    documents,
+    prefix: torch.Tensor,
+) -> float:
     """|change| of the logits at the first position of its document (position 0 without documents) when the
     prefix's last token changes (> 0: the prefix is bidirectional)."""
     changed = ids.clone()
@@ -134,21 +174,28 @@ def _prefix_reach(model, family: Family, ids: torch.Tensor, hidden: torch.Tensor
     changed[0, last] = (int(ids[0, last]) + 1) % model.config.vocab_size
     first = 0 if documents is None else int(torch.nonzero(torch.as_tensor(documents)[0] == documents[0][last])[0])
     other = _hidden(model, family, changed, device, autocast, documents, objectives.PREFIX, prefix)
-    la, lb = (family.head_logits(model, h[first:first + 1]).float() for h in (hidden, other))
+    la, lb = (family.head_logits(model, h[first : first + 1]).float() for h in (hidden, other))
     return float((la - lb).abs().max())
 
 
-def _failure(result: Preflight, instead: list[str], file: str | None = None, key: str = "attn_implementation"
-             ) -> SpecError:
+def _failure(
+    result: Preflight, instead: list[str], file: str | None = None, key: str = "attn_implementation"
+) -> SpecError:
     if instead:
         allowed = "attn_implementation: " + ", ".join(instead)
     else:
-        allowed = "none of this family's attention implementations is causal here: MLM-only schedules or another model"
+        allowed = (
+            "none of this family's attention implementations is causal here: MLM-only schedules or another model"
+        )
     what = f"a {result.pattern} phase"
-    why = f"{what} cannot run" if result.error else (f"{what} would train on the future" if result.leak
-                                                      else f"{what} would not train its pattern")
-    return SpecError(f"{result.describe()}: {why}", file=file, key=key,
-                     value=result.attn_implementation, allowed=allowed)
+    why = (
+        f"{what} cannot run"
+        if result.error
+        else (f"{what} would train on the future" if result.leak else f"{what} would not train its pattern")
+    )
+    return SpecError(
+        f"{result.describe()}: {why}", file=file, key=key, value=result.attn_implementation, allowed=allowed
+    )
 
 
 def checked_patterns(phases) -> tuple[str, ...]:
@@ -165,15 +212,17 @@ def _phase_patterns(phase) -> tuple[str, ...]:
     return found + ((objectives.PREFIX,) if mixed_rows and objectives.PREFIX not in found else ())
 
 
-def preflight_run(model, family: Family, plans, sequences: np.ndarray, device: torch.device, autocast: bool,
-                  log=print) -> Preflight | None:
+def preflight_run(
+    model, family: Family, plans, sequences: np.ndarray, device: torch.device, autocast: bool, log=print
+) -> Preflight | None:
     """Before the first step of a run with a causal or prefix pattern: the check of each such pattern on the
     run's first sequence, model, device and precision (None when every phase is bidirectional). A leak or an
     inconclusive check raises SpecError. Returns the last result."""
     result = None
     for pattern in checked_patterns([p.spec for p in plans]):
-        result = measure(model, family, torch.from_numpy(sequences[:1].astype(np.int64)), device, autocast,
-                         pattern=pattern)
+        result = measure(
+            model, family, torch.from_numpy(sequences[:1].astype(np.int64)), device, autocast, pattern=pattern
+        )
         log(result.describe())
         if not result.causal:
             raise _failure(result, [i for i in family.attn_implementations if i != result.attn_implementation])
@@ -181,6 +230,7 @@ def preflight_run(model, family: Family, plans, sequences: np.ndarray, device: t
 
 
 # --------------------------------------------------------------------------- before anything is submitted
+
 
 def preflight_ids(tokenizer, vocab_size: int, length: int, seed: int = 0) -> torch.Tensor:
     """(1, length) token ids: PREFLIGHT_TEXT through the tokenizer, repeated; seeded random ids when there is
@@ -197,20 +247,27 @@ def preflight_documents(length: int) -> torch.Tensor:
     return (torch.arange(length) * 3 // length)[None]
 
 
-def _preflight_source(spec: RunSpec, tokenizer, family: Family, pattern: str = objectives.CAUSAL
-                      ) -> tuple[Preflight, list[str]]:
+def _preflight_source(
+    spec: RunSpec, tokenizer, family: Family, pattern: str = objectives.CAUSAL
+) -> tuple[Preflight, list[str]]:
     """The preflight of `pattern` for the spec's model and implementation; when it fails, the family's other
     implementations are tried too, to say which to use instead."""
     vocab = load_config(spec.model).vocab_size
     ids = preflight_ids(tokenizer, vocab, min(spec.data.seq_len, PREFLIGHT_TOKENS))
     documents = preflight_documents(ids.shape[1]) if spec.document_masking else None
-    result = measure(random_masked_lm(spec.model, spec.attn_implementation), family, ids, documents=documents,
-                     pattern=pattern)
+    result = measure(
+        random_masked_lm(spec.model, spec.attn_implementation), family, ids, documents=documents, pattern=pattern
+    )
     instead = []
     if not result.causal:
-        instead = [impl for impl in family.attn_implementations if impl != spec.attn_implementation
-                   and measure(random_masked_lm(spec.model, impl), family, ids, documents=documents,
-                               pattern=pattern).causal]
+        instead = [
+            impl
+            for impl in family.attn_implementations
+            if impl != spec.attn_implementation
+            and measure(
+                random_masked_lm(spec.model, impl), family, ids, documents=documents, pattern=pattern
+            ).causal
+        ]
     return result, instead
 
 
@@ -226,7 +283,7 @@ def check_models(specs: list[RunSpec], file: str | None = None) -> dict[tuple, P
     from ablate.models.sources import check_attn, model_layout
 
     done: dict[tuple, Preflight | None] = {}
-    proven: set[tuple] = set()        # (key, document_masking, pattern) whose preflight passed
+    proven: set[tuple] = set()  # (key, document_masking, pattern) whose preflight passed
     for spec in specs:
         tok_source = spec.tokenizer or spec.model
         key = (spec.model, tok_source, spec.attn_implementation)
@@ -236,10 +293,11 @@ def check_models(specs: list[RunSpec], file: str | None = None) -> dict[tuple, P
         try:
             family, _ = model_layout(spec.model)
             check_attn(load_config(spec.model), spec.attn_implementation)
-            tokenizer = load_tokenizer(tok_source, local_only=True)   # its size: plan.model_fit, checked first
+            tokenizer = load_tokenizer(tok_source, local_only=True)  # its size: plan.model_fit, checked first
         except SpecError as exc:
-            raise SpecError(exc.message, file=file, key=_grid_key(exc.key, spec), value=exc.value,
-                            allowed=exc.allowed) from None
+            raise SpecError(
+                exc.message, file=file, key=_grid_key(exc.key, spec), value=exc.value, allowed=exc.allowed
+            ) from None
         done.setdefault(key, None)
         for pattern in patterns:
             result, instead = _preflight_source(spec, tokenizer, family, pattern)

@@ -18,11 +18,20 @@ def pretrain_ranks(spec: dict, run_dir: str, stop_after_steps: int | None = None
     """What each task of a multi-task submitit job (or each torchrun process) calls: pretrain as one rank.
     Returns a small summary (same on every rank) so a caller can check the ranks agreed."""
     rank = world_from_env()[0]
-    state = pretrain(parse_run_spec(spec), run_dir, log=(print if rank == 0 else (lambda _m: None)),
-                     stop_after_steps=stop_after_steps)
-    return {"rank": rank, "world_size": int(os.environ.get("WORLD_SIZE", "1")), "done": state.done,
-            "global_step": state.global_step, "token_hash": state.token_hash,
-            "losses": [c["loss"] for c in state.curves]}
+    state = pretrain(
+        parse_run_spec(spec),
+        run_dir,
+        log=(print if rank == 0 else (lambda _m: None)),
+        stop_after_steps=stop_after_steps,
+    )
+    return {
+        "rank": rank,
+        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "done": state.done,
+        "global_step": state.global_step,
+        "token_hash": state.token_hash,
+        "losses": [c["loss"] for c in state.curves],
+    }
 
 
 def _main() -> None:

@@ -29,10 +29,10 @@ class StepValues:
     step: int
     tokens: int
     lr: float
-    loss: torch.Tensor                 # 0-dim
-    layers: tuple[int, ...]            # layers with a gradient norm
-    norms: torch.Tensor                # (len(layers),) float64
-    notes: dict = field(default_factory=dict)   # the curves' extra columns: numbers, or 0-dim device tensors
+    loss: torch.Tensor  # 0-dim
+    layers: tuple[int, ...]  # layers with a gradient norm
+    norms: torch.Tensor  # (len(layers),) float64
+    notes: dict = field(default_factory=dict)  # the curves' extra columns: numbers, or 0-dim device tensors
 
 
 @dataclass
@@ -41,26 +41,43 @@ class Unread:
 
     steps: list[StepValues] = field(default_factory=list)
 
-    def add(self, state: TrainState, phase: str, lr: float, loss: torch.Tensor,
-            norms: tuple[tuple[int, ...], torch.Tensor], notes: dict | None = None) -> None:
+    def add(
+        self,
+        state: TrainState,
+        phase: str,
+        lr: float,
+        loss: torch.Tensor,
+        norms: tuple[tuple[int, ...], torch.Tensor],
+        notes: dict | None = None,
+    ) -> None:
         """Book the step `state` has just advanced to (`notes`: its extra curve columns, ablate.train.batches)."""
-        self.steps.append(StepValues(phase, state.global_step, state.tokens_seen, lr, loss.detach(), *norms,
-                                     dict(notes or {})))
+        self.steps.append(
+            StepValues(phase, state.global_step, state.tokens_seen, lr, loss.detach(), *norms, dict(notes or {}))
+        )
 
     def settle(self, state: TrainState) -> None:
         """Read every booked step back at once and record it in `state` (curves, gradient norms)."""
         if not self.steps:
             return
         tensor_notes = [[k for k, v in s.notes.items() if isinstance(v, torch.Tensor)] for s in self.steps]
-        flat = torch.cat([torch.cat([s.loss.reshape(1).double(), s.norms.to(s.loss.device),
-                                     *(s.notes[k].reshape(1).double().to(s.loss.device) for k in keys)])
-                          for s, keys in zip(self.steps, tensor_notes)])
+        flat = torch.cat(
+            [
+                torch.cat(
+                    [
+                        s.loss.reshape(1).double(),
+                        s.norms.to(s.loss.device),
+                        *(s.notes[k].reshape(1).double().to(s.loss.device) for k in keys),
+                    ]
+                )
+                for s, keys in zip(self.steps, tensor_notes)
+            ]
+        )
         values = flat.cpu().tolist()
         at = 0
         for s, keys in zip(self.steps, tensor_notes):
-            loss, norms = values[at], values[at + 1:at + 1 + len(s.layers)]
+            loss, norms = values[at], values[at + 1 : at + 1 + len(s.layers)]
             at += 1 + len(s.layers)
-            notes = {**s.notes, **dict(zip(keys, values[at:at + len(keys)]))}
+            notes = {**s.notes, **dict(zip(keys, values[at : at + len(keys)]))}
             at += len(keys)
             if not math.isfinite(loss):
                 self.steps.clear()

@@ -35,9 +35,13 @@ def set_rope_thetas(model: torch.nn.Module, family: Family, thetas: dict[str, fl
             continue
         for layer_type in set(types.values()) & set(inits):
             module.config.rope_parameters[layer_type]["rope_theta"] = model.config.rope_parameters[layer_type][
-                "rope_theta"]
-            init = module.compute_default_rope_parameters if inits[layer_type] == "default" \
+                "rope_theta"
+            ]
+            init = (
+                module.compute_default_rope_parameters
+                if inits[layer_type] == "default"
                 else ROPE_INIT_FUNCTIONS[inits[layer_type]]
+            )
             live = getattr(module, f"{layer_type}_inv_freq")
             inv_freq, _ = init(module.config, live.device, layer_type=layer_type)
             live.copy_(inv_freq)

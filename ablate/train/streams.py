@@ -36,9 +36,12 @@ class Streams:
                     view = corpora[reading].packed(plan.seq_len)
                     self._views[m.stream] = view
                     self._orders[m.stream] = SequenceOrder(len(view[0]), spec.data.data_seed)
-        self.corpus_tokens = {plan.members[i].label: corpora[reading_key(plan.members[i].data)].n_tokens
-                              for plan in self.plans for i in range(len(plan.members))}
-        self._counted: tuple[int, int, np.ndarray] | None = None    # (phase, rows, their member counts)
+        self.corpus_tokens = {
+            plan.members[i].label: corpora[reading_key(plan.members[i].data)].n_tokens
+            for plan in self.plans
+            for i in range(len(plan.members))
+        }
+        self._counted: tuple[int, int, np.ndarray] | None = None  # (phase, rows, their member counts)
 
     def check(self) -> None:
         """The run against its corpora's sizes (max_epochs, a batch larger than a stream)."""

@@ -37,22 +37,33 @@ import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100
-CHUNK = 512         # positions per chunk: 62 MB of float32 logits at BERT's 30,522-token vocabulary
+CHUNK = 512  # positions per chunk: 62 MB of float32 logits at BERT's 30,522-token vocabulary
 # On CPU, chunks of this many positions or more are stored vocabulary-major: measured, position-major is the
 # faster at 307 positions and vocabulary-major at 448 and more (bench/vocab_head.py).
 VOCAB_MAJOR_FROM = 400
 
 
-def dense_cross_entropy(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                        labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+def dense_cross_entropy(
+    features: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    ignore_index: int = IGNORE_INDEX,
+) -> torch.Tensor:
     """The reference: all logits at once (F.linear), then cross-entropy in float32 (float64 for float64 inputs)
     summed over labelled rows."""
     logits = F.linear(features, weight, bias)
     return F.cross_entropy(logits.to(_wide(logits.dtype)), labels, reduction="sum", ignore_index=ignore_index)
 
 
-def fused_cross_entropy(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                        labels: torch.Tensor, ignore_index: int = IGNORE_INDEX, chunk: int = CHUNK) -> torch.Tensor:
+def fused_cross_entropy(
+    features: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    ignore_index: int = IGNORE_INDEX,
+    chunk: int = CHUNK,
+) -> torch.Tensor:
     """dense_cross_entropy's value and gradients, a chunk of positions at a time (see the module docstring).
     features (N, H), weight (V, H), bias (V,) or None, labels (N,) int64; returns a float32 scalar
     (float64 for float64 inputs)."""
@@ -89,7 +100,9 @@ class _FusedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         if ctx.grads is None:
-            raise RuntimeError("backward through fused_cross_entropy twice: its gradients were handed over already")
+            raise RuntimeError(
+                "backward through fused_cross_entropy twice: its gradients were handed over already"
+            )
         grads, ctx.grads = ctx.grads, None
         # in place: these tensors are this call's own, and scaling a copy of the (V, H) weight gradient would
         # add one at the moment backward starts, the step's memory peak
@@ -108,7 +121,7 @@ def _logits_view(flat: torch.Tensor, vocab: int, positions: int) -> torch.Tensor
 
 def _chunked(features, weight, bias, labels, dtype, ignore_index, chunk, want_x, want_w, want_b):
     """(loss, grad features, grad weight, grad bias), the gradients None where not wanted."""
-    acc = _wide(dtype)                                   # exponentials, loss and gradient sums
+    acc = _wide(dtype)  # exponentials, loss and gradient sums
     w = weight.to(dtype)
     b = None if bias is None else bias.to(dtype)[:, None]
     x_all = features.to(dtype)
@@ -119,15 +132,15 @@ def _chunked(features, weight, bias, labels, dtype, ignore_index, chunk, want_x,
     grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if want_b else None
     buffer = torch.empty(vocab * min(chunk, n), dtype=dtype, device=features.device)
     for start in range(0, n, chunk):
-        x, y = x_all[start:start + chunk], labels[start:start + chunk]
-        logits = _logits_view(buffer[:vocab * len(x)], vocab, len(x))   # (vocabulary x positions), either layout
+        x, y = x_all[start : start + chunk], labels[start : start + chunk]
+        logits = _logits_view(buffer[: vocab * len(x)], vocab, len(x))  # (vocabulary x positions), either layout
         torch.addmm(b, w, x.t(), out=logits) if b is not None else torch.mm(w, x.t(), out=logits)
-        z = logits.to(acc)                               # the same tensor unless dtype is narrower
+        z = logits.to(acc)  # the same tensor unless dtype is narrower
         valid = y != ignore_index
         target = torch.where(valid, y, torch.zeros_like(y))
         picked = z.gather(0, target[None, :]).squeeze(0)
         top = z.amax(0, keepdim=True)
-        e = z.sub_(top).exp_()                           # exp(logit - position's max), in place
+        e = z.sub_(top).exp_()  # exp(logit - position's max), in place
         total = e.sum(0)
         loss += torch.where(valid, total.log() + top.squeeze(0) - picked, 0.0).sum()
         if not (want_x or want_w or want_b):
@@ -139,7 +152,7 @@ def _chunked(features, weight, bias, labels, dtype, ignore_index, chunk, want_x,
         if want_x:
             gx = (e_low.t() @ w).to(acc).mul_(scale[:, None])
             gx -= w.index_select(0, target).to(acc) * hot[:, None]
-            grad_x[start:start + chunk] = gx.to(grad_x.dtype)
+            grad_x[start : start + chunk] = gx.to(grad_x.dtype)
         if want_w:
             xs = x.to(acc) * scale[:, None]
             if dtype == acc:
@@ -150,5 +163,5 @@ def _chunked(features, weight, bias, labels, dtype, ignore_index, chunk, want_x,
         if want_b:
             grad_b.addmv_(e, scale)
             grad_b.index_add_(0, target, -hot)
-    cast = lambda g, like: None if g is None else g.to(like.dtype)      # noqa: E731
+    cast = lambda g, like: None if g is None else g.to(like.dtype)  # noqa: E731
     return loss, grad_x, cast(grad_w, weight), cast(grad_b, bias)

@@ -12,7 +12,9 @@ from ablate.tune.rdb import shown_url
 from ablate.tune.storage import open_storage
 
 
-def serve_dashboard(url: str, host: str = "127.0.0.1", port: int = 8080, out: Callable[[str], None] = print) -> int:
+def serve_dashboard(
+    url: str, host: str = "127.0.0.1", port: int = 8080, out: Callable[[str], None] = print
+) -> int:
     """Serve until Ctrl-C; prints the address to open (port 0: any free port, the one taken is printed)."""
     from wsgiref.simple_server import WSGIRequestHandler, make_server
 

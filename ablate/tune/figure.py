@@ -24,8 +24,12 @@ def load_study(sweep_dir: Path, study: str = "", storage: str = ""):
     else:
         info_file = Path(sweep_dir) / STUDY_RECORD
         if not info_file.is_file():
-            raise SpecError("this folder holds no Optuna study (no study.json): run `ablate tune` first, or give "
-                            "--set storage=URL", file=str(sweep_dir), key="study.json")
+            raise SpecError(
+                "this folder holds no Optuna study (no study.json): run `ablate tune` first, or give "
+                "--set storage=URL",
+                file=str(sweep_dir),
+                key="study.json",
+            )
         info = rundir.read_json(info_file)
         url, name = info["storage"], study or info["study"]
     names = optuna.get_all_study_names(open_storage(url))
@@ -53,8 +57,17 @@ def tune_figure(sweep, *, study: str = "", storage: str = ""):
             value = t.intermediate_values[max(t.intermediate_values)]
         else:
             value = None
-        rows.append({"part": "history", "trial": t.number, "state": t.state.name.lower(), "value": value,
-                     "best_so_far": best, "param": None, "importance": None})
+        rows.append(
+            {
+                "part": "history",
+                "trial": t.number,
+                "state": t.state.name.lower(),
+                "value": value,
+                "best_so_far": best,
+                "param": None,
+                "importance": None,
+            }
+        )
     complete = [t for t in st.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     importances: dict[str, float] = {}
     note = ""
@@ -68,8 +81,17 @@ def tune_figure(sweep, *, study: str = "", storage: str = ""):
     else:
         note = "needs at least 2 complete trials"
     for param, imp in importances.items():
-        rows.append({"part": "importance", "trial": None, "state": None, "value": None, "best_so_far": None,
-                     "param": param, "importance": imp})
+        rows.append(
+            {
+                "part": "importance",
+                "trial": None,
+                "state": None,
+                "value": None,
+                "best_so_far": None,
+                "param": param,
+                "importance": imp,
+            }
+        )
     data = pd.DataFrame(rows, columns=["part", "trial", "state", "value", "best_so_far", "param", "importance"])
 
     fig = Figure(figsize=(10, 3.8), layout="constrained")
@@ -92,7 +114,9 @@ def tune_figure(sweep, *, study: str = "", storage: str = ""):
         ax2.barh(imp["param"], imp["importance"], color="tab:blue")
         ax2.set_xlabel("importance (fANOVA)")
     else:
-        ax2.text(0.5, 0.5, f"no importances: {note}", ha="center", va="center", transform=ax2.transAxes, fontsize=9)
+        ax2.text(
+            0.5, 0.5, f"no importances: {note}", ha="center", va="center", transform=ax2.transAxes, fontsize=9
+        )
         ax2.set_axis_off()
     ax2.set_title("parameter importances")
     return fig, data

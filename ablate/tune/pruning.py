@@ -35,7 +35,7 @@ def trial_hook(run_dir: Path) -> Callable[[dict], None] | None:
     storage = open_storage(record["storage"])
     study = optuna.load_study(study_name=record["study"], storage=storage, pruner=pruner)
     tid = trial_id(storage, record["study"], int(record["trial"]))
-    reported = set(storage.get_trial(tid).intermediate_values)   # a resumed run's earlier steps
+    reported = set(storage.get_trial(tid).intermediate_values)  # a resumed run's earlier steps
     name = raw_pruner if isinstance(raw_pruner, str) else raw_pruner.get("name")
     live = [True]
 
@@ -46,13 +46,18 @@ def trial_hook(run_dir: Path) -> Callable[[dict], None] | None:
         try:
             storage.set_trial_intermediate_value(tid, step, loss)
         except optuna.exceptions.UpdateFinishedTrialError:
-            live[0] = False      # told already (by hand, or another tune): the run goes on as a plain run
-            print(f"trial {record['trial']} of study {record['study']} is finished; the run no longer reports "
-                  "to it", file=sys.stderr)
+            live[0] = False  # told already (by hand, or another tune): the run goes on as a plain run
+            print(
+                f"trial {record['trial']} of study {record['study']} is finished; the run no longer reports to it",
+                file=sys.stderr,
+            )
             return
         reported.add(step)
         if pruner.prune(study, storage.get_trial(tid)):
-            raise Pruned(step, f"the {name} pruner of study {record['study']} stopped trial {record['trial']} "
-                               f"at step {step} (loss {loss:.6g})")
+            raise Pruned(
+                step,
+                f"the {name} pruner of study {record['study']} stopped trial {record['trial']} "
+                f"at step {step} (loss {loss:.6g})",
+            )
 
     return report

@@ -16,8 +16,10 @@ DRIVER_PACKAGES = {
     "psycopg2": "pip install psycopg2-binary",
     "psycopg": "pip install 'psycopg[binary]'",
 }
-START_SERVER = ("start it (for the local cluster: bash scripts/slurm-local.sh start; "
-                "`scripts/slurm-local.sh optuna-db` prints its URL) or fix the host, port or unix_socket in the URL")
+START_SERVER = (
+    "start it (for the local cluster: bash scripts/slurm-local.sh start; "
+    "`scripts/slurm-local.sh optuna-db` prints its URL) or fix the host, port or unix_socket in the URL"
+)
 # the driver's error codes for "nobody answers there" (MySQL client 2002/2003/2005/2013), else a refusal
 UNREACHABLE_CODES = {2002, 2003, 2005, 2013}
 
@@ -28,7 +30,7 @@ def shown_url(url: str) -> str:
         from sqlalchemy.engine import make_url
 
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:      # not a URL SQLAlchemy parses: there is no password to find in it
+    except Exception:  # not a URL SQLAlchemy parses: there is no password to find in it
         return url
 
 
@@ -40,9 +42,13 @@ def parse_url(url: str):
     try:
         return make_url(url)
     except ArgumentError as exc:
-        raise SpecError(f"not a database URL: {exc}", key="storage", value=shown_url(url),
-                        allowed="dialect+driver://USER:PASS@HOST:PORT/DB, e.g. "
-                                "mysql+pymysql://optuna:PASS@127.0.0.1:3307/optuna") from None
+        raise SpecError(
+            f"not a database URL: {exc}",
+            key="storage",
+            value=shown_url(url),
+            allowed="dialect+driver://USER:PASS@HOST:PORT/DB, e.g. "
+            "mysql+pymysql://optuna:PASS@127.0.0.1:3307/optuna",
+        ) from None
 
 
 def check_driver(url: str) -> None:
@@ -53,15 +59,22 @@ def check_driver(url: str) -> None:
     try:
         dialect = parsed.get_dialect()
     except NoSuchModuleError:
-        raise SpecError(f"no database dialect/driver {parsed.drivername!r}", key="storage", value=shown_url(url),
-                        allowed="mysql+pymysql, postgresql+psycopg2, sqlite (or sqlite / journal for a file)") from None
+        raise SpecError(
+            f"no database dialect/driver {parsed.drivername!r}",
+            key="storage",
+            value=shown_url(url),
+            allowed="mysql+pymysql, postgresql+psycopg2, sqlite (or sqlite / journal for a file)",
+        ) from None
     try:
         dialect.import_dbapi()
     except ImportError as exc:
         module = exc.name or parsed.get_driver_name()
-        raise SpecError(f"the URL's database driver {parsed.get_driver_name()!r} is not installed "
-                        f"(no module {module!r})", key="storage", value=shown_url(url),
-                        allowed=DRIVER_PACKAGES.get(module, f"install the package that provides {module}")) from None
+        raise SpecError(
+            f"the URL's database driver {parsed.get_driver_name()!r} is not installed (no module {module!r})",
+            key="storage",
+            value=shown_url(url),
+            allowed=DRIVER_PACKAGES.get(module, f"install the package that provides {module}"),
+        ) from None
 
 
 def is_rdb_url(storage: str) -> bool:
@@ -99,10 +112,18 @@ def connection_error(url: str, exc: Exception) -> SpecError:
     detail = f"{type(orig).__name__}: {orig}"
     parsed = parse_url(url)
     if code in UNREACHABLE_CODES or "connect" in str(orig).lower():
-        return SpecError(f"the database server at {_server(parsed)} does not answer ({detail})", key="storage",
-                         value=shown_url(url), allowed=START_SERVER)
-    return SpecError(f"the database server at {_server(parsed)} refused the storage ({detail})", key="storage",
-                     value=shown_url(url), allowed="check the user, password and database in the URL")
+        return SpecError(
+            f"the database server at {_server(parsed)} does not answer ({detail})",
+            key="storage",
+            value=shown_url(url),
+            allowed=START_SERVER,
+        )
+    return SpecError(
+        f"the database server at {_server(parsed)} refused the storage ({detail})",
+        key="storage",
+        value=shown_url(url),
+        allowed="check the user, password and database in the URL",
+    )
 
 
 def open_rdb(url: str):
@@ -116,5 +137,6 @@ def open_rdb(url: str):
     except OperationalError as exc:
         raise connection_error(url, exc) from None
     except Exception as exc:  # e.g. a schema Optuna cannot use
-        raise SpecError(f"cannot open storage: {type(exc).__name__}: {exc}", key="storage",
-                        value=shown_url(url)) from None
+        raise SpecError(
+            f"cannot open storage: {type(exc).__name__}: {exc}", key="storage", value=shown_url(url)
+        ) from None

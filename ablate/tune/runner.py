@@ -39,9 +39,11 @@ def _warn(message: str) -> None:
 def dry_run_line(tune: Tune, executor: str, results_root: Path) -> str:
     """What `ablate tune --dry-run` prints for a checked tune file."""
     url = storage_url(tune.spec.storage, study_dir(results_root, tune.study))
-    return (f"study {tune.study}: {len(tune.params)} parameters ({', '.join(tune.params)}); "
-            f"{tune.spec.n_trials} trials, {tune.spec.parallel} in flight; executor {executor}; "
-            f"storage {shown_url(url)}; dry run: nothing submitted")
+    return (
+        f"study {tune.study}: {len(tune.params)} parameters ({', '.join(tune.params)}); "
+        f"{tune.spec.n_trials} trials, {tune.spec.parallel} in flight; executor {executor}; "
+        f"storage {shown_url(url)}; dry run: nothing submitted"
+    )
 
 
 def in_flight_warnings(tune: Tune, kind: str) -> list[str]:
@@ -49,21 +51,37 @@ def in_flight_warnings(tune: Tune, kind: str) -> list[str]:
     that repeat one another (the run is reused, and its value counts twice in the study)."""
     cap, parallel, n_trials = tune.spec.launcher.local.parallel, tune.spec.parallel, tune.spec.n_trials
     enqueue = tune.spec.enqueue
-    out = [f"enqueue[{i}] is the same trial as enqueue[{enqueue.index(fixed)}]: it reuses that run, and the "
-           "study counts its value twice" for i, fixed in enumerate(enqueue) if fixed in enqueue[:i]]
+    out = [
+        f"enqueue[{i}] is the same trial as enqueue[{enqueue.index(fixed)}]: it reuses that run, and the "
+        "study counts its value twice"
+        for i, fixed in enumerate(enqueue)
+        if fixed in enqueue[:i]
+    ]
     if len(enqueue) > n_trials:
-        out.append(f"{len(enqueue)} trials are enqueued but n_trials is {n_trials}: the last {len(enqueue) - n_trials} "
-                   "wait in the study for a later tune with a larger n_trials")
+        out.append(
+            f"{len(enqueue)} trials are enqueued but n_trials is {n_trials}: the last {len(enqueue) - n_trials} "
+            "wait in the study for a later tune with a larger n_trials"
+        )
     if kind == "local" and cap < parallel:
-        out.append(f"parallel: {parallel} trials in flight, but launcher.local.parallel is {cap}: at most {cap} run "
-                   "at once on this machine")
+        out.append(
+            f"parallel: {parallel} trials in flight, but launcher.local.parallel is {cap}: at most {cap} run "
+            "at once on this machine"
+        )
     if parallel > n_trials:
-        out.append(f"parallel: {parallel} trials in flight, but n_trials is {n_trials}: at most {n_trials} run at once")
+        out.append(
+            f"parallel: {parallel} trials in flight, but n_trials is {n_trials}: at most {n_trials} run at once"
+        )
     return out
 
 
-def run_study(tune: Tune, results_root: Path, executor: str | None = None, poll_s: float = 2.0,
-              out: Print = print, warn: Print = _warn) -> dict[str, int]:
+def run_study(
+    tune: Tune,
+    results_root: Path,
+    executor: str | None = None,
+    poll_s: float = 2.0,
+    out: Print = print,
+    warn: Print = _warn,
+) -> dict[str, int]:
     """Ask, run, tell until the study holds n_trials finished trials (resuming trials an earlier process
     left running), then write the trials table and collect the tidy tables; prints a summary line.
     Returns this call's counts of trials by how they ended: complete, pruned, fail."""
@@ -82,10 +100,20 @@ def run_study(tune: Tune, results_root: Path, executor: str | None = None, poll_
         finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)]
         stale = [t for t in trials if t.state == TrialState.RUNNING]
         to_ask = max(0, tune.spec.n_trials - len(finished) - len(stale))
-        out(f"study {tune.study}: {len(finished)} finished trials, {len(stale)} left running by an earlier "
-            f"process (resumed), {to_ask} to ask; storage {shown_url(url)}; executor {kind}")
-        loop = TrialLoop(tune, study, storage, url, folder, Scheduler(kind, tune.spec.launcher, folder.jobs,
-                                                                      tune.study, out), out, warn)
+        out(
+            f"study {tune.study}: {len(finished)} finished trials, {len(stale)} left running by an earlier "
+            f"process (resumed), {to_ask} to ask; storage {shown_url(url)}; executor {kind}"
+        )
+        loop = TrialLoop(
+            tune,
+            study,
+            storage,
+            url,
+            folder,
+            Scheduler(kind, tune.spec.launcher, folder.jobs, tune.study, out),
+            out,
+            warn,
+        )
         try:
             resumed = [optuna.trial.Trial(study, trial_id(storage, tune.study, t.number)) for t in stale]
             loop.run(resumed, to_ask, poll_s)
@@ -95,14 +123,16 @@ def run_study(tune: Tune, results_root: Path, executor: str | None = None, poll_
     for problem in collected.problems:
         warn(problem)
     counts = loop.counts
-    out(f"summary: {counts['complete']} complete, {counts['pruned']} pruned, {counts['fail']} failed this time; "
-        f"tables in {folder.root} (runs, scores, curves, ..., trials)")
+    out(
+        f"summary: {counts['complete']} complete, {counts['pruned']} pruned, {counts['fail']} failed this time; "
+        f"tables in {folder.root} (runs, scores, curves, ..., trials)"
+    )
     return counts
 
 
 @dataclass
 class Active:
-    trial: Any                    # optuna.trial.Trial
+    trial: Any  # optuna.trial.Trial
     run: PlannedRun
     run_dir: Path
 
@@ -110,14 +140,23 @@ class Active:
 class TrialLoop:
     """One pass over a study: at most `parallel` trials in flight, each waiting on its run."""
 
-    def __init__(self, tune: Tune, study, storage, url: str, folder: SweepFolder, scheduler: Scheduler,
-                 out: Print, warn: Print):
+    def __init__(
+        self,
+        tune: Tune,
+        study,
+        storage,
+        url: str,
+        folder: SweepFolder,
+        scheduler: Scheduler,
+        out: Print,
+        warn: Print,
+    ):
         self.tune, self.study, self.storage, self.url = tune, study, storage, url
         self.folder, self.scheduler, self.out, self.warn = folder, scheduler, out, warn
         self.job = RunJob(progress_hook=trial_hook)
         self.distributions = {k: p.distribution() for k, p in tune.params.items()}
-        self.active: dict[str, Active] = {}      # run id -> the trial whose job runs it
-        self.waiting: list[Active] = []           # trials whose run is in flight for another trial or sweep
+        self.active: dict[str, Active] = {}  # run id -> the trial whose job runs it
+        self.waiting: list[Active] = []  # trials whose run is in flight for another trial or sweep
         self.counts = {"complete": 0, "pruned": 0, "fail": 0}
         manifest = folder.manifest
         self.run_ids: list[str] = list(rundir.read_json(manifest).get("run_ids", [])) if manifest.is_file() else []
@@ -132,7 +171,7 @@ class TrialLoop:
                     self.start(self.study.ask(self.distributions))
             for run_dir in self.scheduler.poll():
                 a = self.active.pop(run_dir.name)
-                if not self.settle(a):      # its job found the run running elsewhere: wait for that
+                if not self.settle(a):  # its job found the run running elsewhere: wait for that
                     self.waiting.append(a)
             for a in list(self.waiting):
                 if a.run.run_id not in self.active and classify(a.run_dir, retry_failed=True) != "skip-active":
@@ -148,23 +187,33 @@ class TrialLoop:
         worker.prepare_run_dir(run.spec, run_dir)
         if run.run_id not in self.run_ids:
             self.run_ids.append(run.run_id)
-            atomic.write_json(self.folder.manifest, {"sweep": self.tune.study, "grid_file": self.tune.file,
-                                                     "run_ids": self.run_ids, "updated": time.time(), "tune": True})
+            atomic.write_json(
+                self.folder.manifest,
+                {
+                    "sweep": self.tune.study,
+                    "grid_file": self.tune.file,
+                    "run_ids": self.run_ids,
+                    "updated": time.time(),
+                    "tune": True,
+                },
+            )
         trial.set_user_attr("run_id", run.run_id)
         a = Active(trial, run, run_dir)
-        if run.run_id in self.active:       # the same run is in flight for another trial: wait for it
+        if run.run_id in self.active:  # the same run is in flight for another trial: wait for it
             self.waiting.append(a)
             return
-        if self.settle(a):                  # its run ended before: nothing to run
+        if self.settle(a):  # its run ended before: nothing to run
             return
         if classify(run_dir, retry_failed=True) == "skip-active":
-            self.waiting.append(a)          # running under another sweep or study: wait for its folder
+            self.waiting.append(a)  # running under another sweep or study: wait for its folder
             return
-        self.out(f"trial {trial.number}: run {run.run_id} " + ", ".join(f"{k}={v}" for k, v in trial.params.items()))
+        self.out(
+            f"trial {trial.number}: run {run.run_id} " + ", ".join(f"{k}={v}" for k, v in trial.params.items())
+        )
         self.submit(a)
 
     def submit(self, a: Active) -> None:
-        self.record(a, "running")           # what the run's job reads: which trial to report to
+        self.record(a, "running")  # what the run's job reads: which trial to report to
         self.scheduler.submit([a.run_dir], self.job)
         self.active[a.run.run_id] = a
 
@@ -209,12 +258,23 @@ class TrialLoop:
             self.study.tell(a.trial, state=state)
         self.record(a, name, value=value, note=note)
         self.counts[name] += 1
-        self.out(f"trial {a.trial.number} ({a.run.run_id}): {name}" + (f" value {value:.6g}" if value is not None
-                                                                         else "") + (f" - {note}" if note else ""))
+        self.out(
+            f"trial {a.trial.number} ({a.run.run_id}): {name}"
+            + (f" value {value:.6g}" if value is not None else "")
+            + (f" - {note}" if note else "")
+        )
 
     def record(self, a: Active, state: str, **fields) -> None:
-        problem = write_trial_record(a.run_dir, a.trial.number, state, study=self.tune.study, storage=self.url,
-                                     pruner=self.tune.spec.pruner, params=a.trial.params, **fields)
+        problem = write_trial_record(
+            a.run_dir,
+            a.trial.number,
+            state,
+            study=self.tune.study,
+            storage=self.url,
+            pruner=self.tune.spec.pruner,
+            params=a.trial.params,
+            **fields,
+        )
         if problem:
             self.warn(problem)
 

@@ -23,8 +23,13 @@ def _named(raw: str | dict, what: str, names: tuple[str, ...], file) -> tuple[st
         opts = dict(raw)
         name = opts.pop("name", None)
     if name not in names:
-        raise SpecError(f"unknown {what}", file=file, key=f"{what}.name" if isinstance(raw, dict) else what,
-                        value=name, allowed=", ".join(names))
+        raise SpecError(
+            f"unknown {what}",
+            file=file,
+            key=f"{what}.name" if isinstance(raw, dict) else what,
+            value=name,
+            allowed=", ".join(names),
+        )
     return name, opts
 
 
@@ -33,11 +38,20 @@ def check_sampler(tune: Tune) -> None:
     if name == "grid":
         for p in tune.params.values():
             if p.kind == "float":
-                raise SpecError("the grid sampler needs categorical or int parameters", file=tune.file,
-                                key=f"search_space.{p.key}", allowed="choices: [...] or type: int")
+                raise SpecError(
+                    "the grid sampler needs categorical or int parameters",
+                    file=tune.file,
+                    key=f"search_space.{p.key}",
+                    allowed="choices: [...] or type: int",
+                )
     if name == "cmaes" and importlib.util.find_spec("cmaes") is None:
-        raise SpecError("the cmaes sampler needs the `cmaes` package (pip install cmaes)", file=tune.file,
-                        key="sampler", value=name, allowed="tpe, random, grid")
+        raise SpecError(
+            "the cmaes sampler needs the `cmaes` package (pip install cmaes)",
+            file=tune.file,
+            key="sampler",
+            value=name,
+            allowed="tpe, random, grid",
+        )
     make_sampler(tune)
 
 
@@ -58,7 +72,9 @@ def make_sampler(tune: Tune, n_existing: int = 0):
             return optuna.samplers.CmaEsSampler(**opts)
         space = {}
         for p in tune.params.values():
-            space[p.key] = list(p.choices) if p.kind == "categorical" else list(range(p.low, p.high + 1, p.step or 1))
+            space[p.key] = (
+                list(p.choices) if p.kind == "categorical" else list(range(p.low, p.high + 1, p.step or 1))
+            )
         return optuna.samplers.GridSampler(space, **opts)
     except TypeError as exc:
         raise SpecError(f"bad sampler option: {exc}", file=tune.file, key="sampler") from None
@@ -69,9 +85,12 @@ def make_pruner(raw: str | dict[str, Any], file: str | None = None):
     import optuna
 
     name, opts = _named(raw, "pruner", PRUNERS, file)
-    cls = {"none": optuna.pruners.NopPruner, "median": optuna.pruners.MedianPruner,
-           "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
-           "threshold": optuna.pruners.ThresholdPruner}[name]
+    cls = {
+        "none": optuna.pruners.NopPruner,
+        "median": optuna.pruners.MedianPruner,
+        "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+        "threshold": optuna.pruners.ThresholdPruner,
+    }[name]
     try:
         return cls(**opts)
     except (TypeError, ValueError) as exc:

@@ -39,13 +39,16 @@ from ablate.config.grid import Launcher
 from ablate.config.spec import RunSpec
 
 SPECIAL_PREFIXES = ("phases.", "freeze_layers.", "share.")
-KEY_FORMS = ("a dotted RunSpec key (optim.lr, seed, data.data_seed, ...), schedule, freeze, "
-             "phases.<phase>.<field>, freeze_layers.<phase>, share.<phase>.<phase>")
+KEY_FORMS = (
+    "a dotted RunSpec key (optim.lr, seed, data.data_seed, ...), schedule, freeze, "
+    "phases.<phase>.<field>, freeze_layers.<phase>, share.<phase>.<phase>"
+)
 
 
 class Objective(Strict):
-    metric: Literal["loss", "downstream"] = Field(default="loss", description="what a trial is scored by: its "
-                                                  "final pretraining loss, or a fine-tuning score")
+    metric: Literal["loss", "downstream"] = Field(
+        default="loss", description="what a trial is scored by: its final pretraining loss, or a fine-tuning score"
+    )
     last_n: int = Field(default=10, gt=0, description="loss: mean over the final phase's last N steps")
     tasks: tuple[str, ...] | None = Field(default=None, description="downstream: default the base's eval.tasks")
     split: Literal["test", "dev"] = Field(default="test", description="downstream: the split whose score counts")
@@ -60,8 +63,12 @@ class Objective(Strict):
             other = {"last_n": None if self.last_n == 10 else self.last_n}
         given = next((k for k, v in other.items() if v is not None), None)
         if given is not None:
-            raise Located(f"metric {self.metric} does not read {given}", given, other[given],
-                          "loss: last_n; downstream: tasks, split, name")
+            raise Located(
+                f"metric {self.metric} does not read {given}",
+                given,
+                other[given],
+                "loss: last_n; downstream: tasks, split, name",
+            )
         return self
 
 
@@ -70,23 +77,36 @@ class TuneSpec(Strict):
     base: dict[str, Any] = Field(description="settings every trial's run shares, as a grid's base")
     prelude: tuple[dict[str, Any], ...] = Field(default=(), description="phases every schedule starts with")
     schedules: dict[str, tuple[dict[str, Any], ...]] = Field(description="named lists of phases")
-    freeze_masks: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"none": {}}, description="named "
-                                                    "masks, as in a grid")
-    search_space: dict[str, Any] = Field(default_factory=dict, description=f"parameter -> its range ({{low, high, "
-                                         f"log, step, type}}) or {{choices}}; a parameter is {KEY_FORMS}")
+    freeze_masks: dict[str, dict[str, Any]] = Field(
+        default_factory=lambda: {"none": {}}, description="named masks, as in a grid"
+    )
+    search_space: dict[str, Any] = Field(
+        default_factory=dict,
+        description=f"parameter -> its range ({{low, high, "
+        f"log, step, type}}) or {{choices}}; a parameter is {KEY_FORMS}",
+    )
     objective: Objective = Field(default=Objective(), description="what a trial is scored by")
-    direction: Literal["minimize", "maximize"] | None = Field(default=None, description="null: minimize a loss, "
-                                                              "maximize a downstream score")
+    direction: Literal["minimize", "maximize"] | None = Field(
+        default=None, description="null: minimize a loss, maximize a downstream score"
+    )
     sampler: str | dict[str, Any] = Field(default="tpe", description="tpe, random, grid or cmaes, or {name, seed}")
-    pruner: str | dict[str, Any] = Field(default="none", description="none, median, successive_halving or "
-                                         "threshold, or {name, its options}: stops poor trials inside their run")
-    n_trials: int = Field(default=10, gt=0, description="finished trials the study holds at its end (a re-run "
-                                                        "resumes)")
+    pruner: str | dict[str, Any] = Field(
+        default="none",
+        description="none, median, successive_halving or "
+        "threshold, or {name, its options}: stops poor trials inside their run",
+    )
+    n_trials: int = Field(
+        default=10, gt=0, description="finished trials the study holds at its end (a re-run resumes)"
+    )
     parallel: int = Field(default=1, gt=0, description="trials in flight at once")
-    storage: str = Field(default="sqlite", description="sqlite, journal (a shared file system), an RDB URL, or "
-                         "env:NAME / file:PATH holding a server's URL")
-    enqueue: tuple[dict[str, Any], ...] = Field(default=(), description="trials run first: parameter -> value "
-                                                "(the rest sampled)")
+    storage: str = Field(
+        default="sqlite",
+        description="sqlite, journal (a shared file system), an RDB URL, or "
+        "env:NAME / file:PATH holding a server's URL",
+    )
+    enqueue: tuple[dict[str, Any], ...] = Field(
+        default=(), description="trials run first: parameter -> value (the rest sampled)"
+    )
     launcher: Launcher = Field(default=Launcher(), description="where the trials' runs go, as in a grid")
 
     @property
@@ -97,7 +117,7 @@ class TuneSpec(Strict):
 @dataclass(frozen=True)
 class Param:
     key: str
-    kind: str                     # float | int | categorical
+    kind: str  # float | int | categorical
     low: float | int | None = None
     high: float | int | None = None
     log: bool = False
@@ -147,9 +167,13 @@ def _number(value: Any, file, key) -> float:
             pass
     if isinstance(number, (int, float)) and math.isfinite(number):
         return number
-    raise SpecError("expected a finite number", file=file, key=key,
-                    value=value if isinstance(value, (str, float)) else type(value).__name__,
-                    allowed="a finite number, e.g. 1.0e-4")
+    raise SpecError(
+        "expected a finite number",
+        file=file,
+        key=key,
+        value=value if isinstance(value, (str, float)) else type(value).__name__,
+        allowed="a finite number, e.g. 1.0e-4",
+    )
 
 
 def parse_param(key: str, raw: Any, file: str | None) -> Param:
@@ -157,9 +181,13 @@ def parse_param(key: str, raw: Any, file: str | None) -> Param:
     if isinstance(raw, list):
         raw = {"choices": raw}
     if not isinstance(raw, dict):
-        raise SpecError("a search-space entry must be a mapping (type, low, high, log, step) or a list of choices",
-                        file=file, key=where, value=raw if isinstance(raw, (str, int, float)) else None,
-                        allowed="{low, high} (with type, log, step), or [choices]")
+        raise SpecError(
+            "a search-space entry must be a mapping (type, low, high, log, step) or a list of choices",
+            file=file,
+            key=where,
+            value=raw if isinstance(raw, (str, int, float)) else None,
+            allowed="{low, high} (with type, log, step), or [choices]",
+        )
     allowed = {"type", "low", "high", "log", "step", "choices"}
     for k in raw:
         if k not in allowed:
@@ -169,64 +197,112 @@ def parse_param(key: str, raw: Any, file: str | None) -> Param:
         lo, hi = raw.get("low"), raw.get("high")
         kind = "int" if isinstance(lo, int) and isinstance(hi, int) and not isinstance(lo, bool) else "float"
     if kind not in ("float", "int", "categorical"):
-        raise SpecError("unknown parameter type", file=file, key=f"{where}.type", value=kind,
-                        allowed="float, int, categorical")
+        raise SpecError(
+            "unknown parameter type", file=file, key=f"{where}.type", value=kind, allowed="float, int, categorical"
+        )
     if kind == "categorical":
         choices = raw.get("choices")
         if not isinstance(choices, list) or not choices:
-            raise SpecError("a categorical parameter needs a non-empty list of choices", file=file,
-                            key=f"{where}.choices")
+            raise SpecError(
+                "a categorical parameter needs a non-empty list of choices", file=file, key=f"{where}.choices"
+            )
         for c in choices:
             if c is not None and not isinstance(c, (bool, int, float, str)):
-                raise SpecError("choices must be numbers, strings, booleans or null", file=file,
-                                key=f"{where}.choices", value=str(c))
+                raise SpecError(
+                    "choices must be numbers, strings, booleans or null",
+                    file=file,
+                    key=f"{where}.choices",
+                    value=str(c),
+                )
         extra = set(raw) - {"type", "choices"}
         if extra:
-            raise SpecError("a categorical parameter takes only choices", file=file, key=f"{where}.{sorted(extra)[0]}",
-                            allowed="choices: [...]")
+            raise SpecError(
+                "a categorical parameter takes only choices",
+                file=file,
+                key=f"{where}.{sorted(extra)[0]}",
+                allowed="choices: [...]",
+            )
         return Param(key, "categorical", choices=tuple(choices))
     if "choices" in raw:
-        raise SpecError(f"a {kind} parameter takes low/high, not choices", file=file, key=f"{where}.choices",
-                        allowed="low, high, log, step")
+        raise SpecError(
+            f"a {kind} parameter takes low/high, not choices",
+            file=file,
+            key=f"{where}.choices",
+            allowed="low, high, log, step",
+        )
     for bound in ("low", "high"):
         if bound not in raw:
-            raise SpecError(f"a {kind} parameter needs {bound}", file=file, key=f"{where}.{bound}",
-                            allowed=f"{bound}: a number")
+            raise SpecError(
+                f"a {kind} parameter needs {bound}",
+                file=file,
+                key=f"{where}.{bound}",
+                allowed=f"{bound}: a number",
+            )
     low, high = _number(raw["low"], file, f"{where}.low"), _number(raw["high"], file, f"{where}.high")
     log = raw.get("log", False)
     if not isinstance(log, bool):
-        raise SpecError("log must be true or false", file=file, key=f"{where}.log", value=log, allowed="true, false")
+        raise SpecError(
+            "log must be true or false", file=file, key=f"{where}.log", value=log, allowed="true, false"
+        )
     step = raw.get("step")
     if step is not None:
         step = _number(step, file, f"{where}.step")
         if step <= 0:
-            raise SpecError("step must be positive", file=file, key=f"{where}.step", value=step, allowed="a step > 0")
+            raise SpecError(
+                "step must be positive", file=file, key=f"{where}.step", value=step, allowed="a step > 0"
+            )
         if log:
-            raise SpecError("log scale and step cannot be combined", file=file, key=f"{where}.step", value=step,
-                        allowed="step without log: true")
+            raise SpecError(
+                "log scale and step cannot be combined",
+                file=file,
+                key=f"{where}.step",
+                value=step,
+                allowed="step without log: true",
+            )
     if kind == "int":
         for name, v in (("low", low), ("high", high)):
             if float(v) != int(v):
-                raise SpecError("an int parameter needs whole-number bounds", file=file, key=f"{where}.{name}", value=v,
-                                allowed="a whole number")
+                raise SpecError(
+                    "an int parameter needs whole-number bounds",
+                    file=file,
+                    key=f"{where}.{name}",
+                    value=v,
+                    allowed="a whole number",
+                )
         low, high = int(low), int(high)
         if step is not None and float(step) != int(step):
-            raise SpecError("an int parameter needs a whole-number step", file=file, key=f"{where}.step", value=step,
-                            allowed="a whole number")
+            raise SpecError(
+                "an int parameter needs a whole-number step",
+                file=file,
+                key=f"{where}.step",
+                value=step,
+                allowed="a whole number",
+            )
         step = int(step) if step is not None else None
     else:
         low, high = float(low), float(high)
     if low > high:
-        raise SpecError(f"low > high ({low} > {high})", file=file, key=f"{where}.low", value=low,
-                        allowed=f"a value <= {high}")
+        raise SpecError(
+            f"low > high ({low} > {high})", file=file, key=f"{where}.low", value=low, allowed=f"a value <= {high}"
+        )
     if log and low <= 0:
-        raise SpecError("a log-scale parameter needs positive bounds", file=file, key=f"{where}.low", value=low,
-                        allowed="low > 0 (or log: false)")
+        raise SpecError(
+            "a log-scale parameter needs positive bounds",
+            file=file,
+            key=f"{where}.low",
+            value=low,
+            allowed="low > 0 (or log: false)",
+        )
     if step is not None and not _whole(round((high - low) / step, 9)):
         top = low + math.floor((high - low) / step + 1e-9) * step
-        raise SpecError(f"high - low ({high - low:g}) is not a multiple of step {step:g}: Optuna would lower high to "
-                        f"{top:g} without a word", file=file, key=f"{where}.step", value=step,
-                        allowed=f"a step that divides {high - low:g}, or high: {top:g}")
+        raise SpecError(
+            f"high - low ({high - low:g}) is not a multiple of step {step:g}: Optuna would lower high to "
+            f"{top:g} without a word",
+            file=file,
+            key=f"{where}.step",
+            value=step,
+            allowed=f"a step that divides {high - low:g}, or high: {top:g}",
+        )
     return Param(key, kind, low=low, high=high, log=log, step=step)
 
 
@@ -245,35 +321,59 @@ def check_key(param: Param, spec: TuneSpec, file: str | None) -> None:
     if key in ("schedule", "freeze"):
         table = spec.schedules if key == "schedule" else spec.freeze_masks
         if param.kind != "categorical":
-            raise SpecError(f"{key} picks named entries: give choices", file=file, key=where, allowed=", ".join(table))
+            raise SpecError(
+                f"{key} picks named entries: give choices", file=file, key=where, allowed=", ".join(table)
+            )
         for c in param.choices:
             if not isinstance(c, str) or c not in table:
-                raise SpecError(f"unknown {key} name", file=file, key=f"{where}.choices", value=c,
-                                allowed=", ".join(table))
+                raise SpecError(
+                    f"unknown {key} name", file=file, key=f"{where}.choices", value=c, allowed=", ".join(table)
+                )
         return
     if key.startswith(SPECIAL_PREFIXES):
         parts = key.split(".")
         prefix = parts[0]
         names = parts[1:2] if prefix != "share" else parts[1:3]
-        if (prefix == "phases" and len(parts) < 3) or (prefix == "freeze_layers" and len(parts) != 2) or (
-                prefix == "share" and len(parts) != 3):
+        if (
+            (prefix == "phases" and len(parts) < 3)
+            or (prefix == "freeze_layers" and len(parts) != 2)
+            or (prefix == "share" and len(parts) != 3)
+        ):
             raise SpecError("malformed key", file=file, key=where, value=key, allowed=KEY_FORMS)
         for n in names:
             if n not in phases:
-                raise SpecError("names a phase that no schedule (or the prelude) has", file=file, key=where,
-                                value=n, allowed=", ".join(phases))
+                raise SpecError(
+                    "names a phase that no schedule (or the prelude) has",
+                    file=file,
+                    key=where,
+                    value=n,
+                    allowed=", ".join(phases),
+                )
         if prefix == "phases" and parts[2] == "name":
             raise SpecError("a phase's name cannot be searched", file=file, key=where, allowed="another field")
-        if prefix == "share" and (param.kind == "categorical" and not all(
-                isinstance(c, (int, float)) and 0 < c < 1 for c in param.choices)
-                or param.kind != "categorical" and not (0 < param.low and param.high < 1)):
-            raise SpecError("a share is a fraction strictly between 0 and 1", file=file, key=where,
-                            allowed="0 < low <= high < 1")
+        if prefix == "share" and (
+            param.kind == "categorical"
+            and not all(isinstance(c, (int, float)) and 0 < c < 1 for c in param.choices)
+            or param.kind != "categorical"
+            and not (0 < param.low and param.high < 1)
+        ):
+            raise SpecError(
+                "a share is a fraction strictly between 0 and 1",
+                file=file,
+                key=where,
+                allowed="0 < low <= high < 1",
+            )
         return
     top = key.split(".")[0]
     if top in ("phases", "labels"):
         raise SpecError("this key cannot be searched directly", file=file, key=where, allowed=KEY_FORMS)
     if top not in RunSpec.model_fields:
-        raise SpecError("unknown field", file=file, key=where, value=key,
-                        allowed=KEY_FORMS + "; RunSpec fields: " + ", ".join(
-                            k for k in RunSpec.model_fields if k not in ("phases", "labels")))
+        raise SpecError(
+            "unknown field",
+            file=file,
+            key=where,
+            value=key,
+            allowed=KEY_FORMS
+            + "; RunSpec fields: "
+            + ", ".join(k for k in RunSpec.model_fields if k not in ("phases", "labels")),
+        )

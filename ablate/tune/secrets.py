@@ -21,8 +21,10 @@ from ablate.tune.rdb import is_rdb_url, parse_url
 
 ENV_PREFIX = "env:"
 FILE_PREFIX = "file:"
-WHERE_SECRETS_GO = ("the URL in an environment variable (storage: env:NAME) or in a file readable by you only "
-                    "(storage: file:PATH, chmod 600)")
+WHERE_SECRETS_GO = (
+    "the URL in an environment variable (storage: env:NAME) or in a file readable by you only "
+    "(storage: file:PATH, chmod 600)"
+)
 
 
 def is_reference(storage: str) -> bool:
@@ -39,9 +41,13 @@ def written_reference(storage: str, tune_file: str | None) -> str:
             path = Path(tune_file).resolve().parent / path
         return FILE_PREFIX + str(path)
     if is_rdb_url(storage) and not is_reference(storage) and parse_url(storage).password:
-        raise SpecError("a database password in the storage URL would be written into the study's folder",
-                        file=tune_file, key="storage", value=parse_url(storage).render_as_string(hide_password=True),
-                        allowed=WHERE_SECRETS_GO)
+        raise SpecError(
+            "a database password in the storage URL would be written into the study's folder",
+            file=tune_file,
+            key="storage",
+            value=parse_url(storage).render_as_string(hide_password=True),
+            allowed=WHERE_SECRETS_GO,
+        )
     return storage
 
 
@@ -52,8 +58,12 @@ def resolve(storage: str) -> str:
         name = storage.removeprefix(ENV_PREFIX)
         url = os.environ.get(name, "").strip()
         if not url:
-            raise SpecError(f"the environment variable {name} is not set (or empty) in this process", key="storage",
-                            value=storage, allowed=f"export {name}=URL where `ablate tune` and its jobs run")
+            raise SpecError(
+                f"the environment variable {name} is not set (or empty) in this process",
+                key="storage",
+                value=storage,
+                allowed=f"export {name}=URL where `ablate tune` and its jobs run",
+            )
         return url
     if storage.startswith(FILE_PREFIX):
         return _read_credentials(Path(storage.removeprefix(FILE_PREFIX)).expanduser())
@@ -64,14 +74,26 @@ def _read_credentials(path: Path) -> str:
     try:
         info = path.stat()
     except OSError as exc:
-        raise SpecError(f"cannot read the credentials file ({exc.strerror})", key="storage",
-                        value=FILE_PREFIX + str(path), allowed="a file holding the storage URL, chmod 600") from None
+        raise SpecError(
+            f"cannot read the credentials file ({exc.strerror})",
+            key="storage",
+            value=FILE_PREFIX + str(path),
+            allowed="a file holding the storage URL, chmod 600",
+        ) from None
     if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO) or info.st_uid != os.getuid():
-        raise SpecError(f"the credentials file is readable by others (mode {stat.filemode(info.st_mode)}, owner "
-                        f"uid {info.st_uid})", key="storage", value=FILE_PREFIX + str(path),
-                        allowed=f"a file of your own that only you can read: chmod 600 {path}")
+        raise SpecError(
+            f"the credentials file is readable by others (mode {stat.filemode(info.st_mode)}, owner "
+            f"uid {info.st_uid})",
+            key="storage",
+            value=FILE_PREFIX + str(path),
+            allowed=f"a file of your own that only you can read: chmod 600 {path}",
+        )
     url = path.read_text().strip()
     if not url:
-        raise SpecError("the credentials file is empty", key="storage", value=FILE_PREFIX + str(path),
-                        allowed="the storage URL on one line")
+        raise SpecError(
+            "the credentials file is empty",
+            key="storage",
+            value=FILE_PREFIX + str(path),
+            allowed="the storage URL on one line",
+        )
     return url

@@ -49,9 +49,13 @@ def open_storage(url: str):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(path))
     if "://" not in url:
-        raise SpecError("not a storage URL", key="storage", value=url,
-                        allowed="sqlite, journal, journal:PATH, a .journal path, or an RDB URL (sqlite:///..., "
-                                "mysql+pymysql://USER:PASS@HOST:PORT/DB, postgresql://...)")
+        raise SpecError(
+            "not a storage URL",
+            key="storage",
+            value=url,
+            allowed="sqlite, journal, journal:PATH, a .journal path, or an RDB URL (sqlite:///..., "
+            "mysql+pymysql://USER:PASS@HOST:PORT/DB, postgresql://...)",
+        )
     return open_rdb(url)
 
 
@@ -68,8 +72,9 @@ class StudyLock:
 
     def __enter__(self):
         if not self.lock.acquire(wait_s=0):
-            raise SpecError("another `ablate tune` is running this study", key="study",
-                            value=self.lock.path.parent.name)
+            raise SpecError(
+                "another `ablate tune` is running this study", key="study", value=self.lock.path.parent.name
+            )
         return self
 
     def __exit__(self, *exc):
@@ -93,19 +98,34 @@ def open_study(tune: Tune, sdir: Path):
         n_existing = len(optuna.load_study(study_name=spec.study, storage=storage).trials)
     except KeyError:
         n_existing = 0
-    study = optuna.create_study(study_name=spec.study, storage=storage, load_if_exists=True,
-                                direction=spec.effective_direction, sampler=make_sampler(tune, n_existing))
+    study = optuna.create_study(
+        study_name=spec.study,
+        storage=storage,
+        load_if_exists=True,
+        direction=spec.effective_direction,
+        sampler=make_sampler(tune, n_existing),
+    )
     if study.direction.name.lower() != spec.effective_direction:
-        raise SpecError(f"study {spec.study!r} exists with direction {study.direction.name.lower()}",
-                        file=tune.file, key="direction", value=spec.effective_direction)
+        raise SpecError(
+            f"study {spec.study!r} exists with direction {study.direction.name.lower()}",
+            file=tune.file,
+            key="direction",
+            value=spec.effective_direction,
+        )
     if not n_existing:
         for fixed in spec.enqueue:
             study.enqueue_trial(fixed)
     if tune.file:
         atomic.write_text(sdir / "tune.yaml", Path(tune.file).read_text())
-    atomic.write_json(sdir / STUDY_RECORD, {"study": spec.study, "storage": url, "tune_file":
-                                            str(Path(tune.file).resolve()) if tune.file else None,
-                                            "updated": time.time()})
+    atomic.write_json(
+        sdir / STUDY_RECORD,
+        {
+            "study": spec.study,
+            "storage": url,
+            "tune_file": str(Path(tune.file).resolve()) if tune.file else None,
+            "updated": time.time(),
+        },
+    )
     return study, storage, url
 
 
@@ -122,8 +142,12 @@ def resolve_storage(study: str | None, storage: str | None, results: str | None)
     if study:
         sdir = Path(study) if (Path(study) / "study.json").is_file() else study_dir(root, study)
         if not (sdir / "study.json").is_file():
-            raise SpecError("no such study (no study.json)", key="STUDY", value=study,
-                            allowed=", ".join(sorted(p.parent.name for p in root.glob("*/study.json"))) or "(none yet)")
+            raise SpecError(
+                "no such study (no study.json)",
+                key="STUDY",
+                value=study,
+                allowed=", ".join(sorted(p.parent.name for p in root.glob("*/study.json"))) or "(none yet)",
+            )
         info = rundir.read_json(sdir / "study.json")
         return info["storage"], info["study"]
     found = sorted(root.glob("*/study.json"), key=lambda p: p.stat().st_mtime)

@@ -69,8 +69,12 @@ def trial_run(tune: Tune, params: dict[str, Any], trial: int | None) -> PlannedR
             if a is not None and b is not None:
                 fa, fb = a.get("fraction"), b.get("fraction")
                 if not isinstance(fa, (int, float)) or not isinstance(fb, (int, float)):
-                    raise SpecError("share.A.B needs both phases' lengths given as fraction", file=file,
-                                    key=f"search_space.{key}", value=key)
+                    raise SpecError(
+                        "share.A.B needs both phases' lengths given as fraction",
+                        file=file,
+                        key=f"search_space.{key}",
+                        value=key,
+                    )
                 total = fa + fb
                 a["fraction"] = round(value * total, 12)
                 b["fraction"] = round(total - a["fraction"], 12)
@@ -79,9 +83,15 @@ def trial_run(tune: Tune, params: dict[str, Any], trial: int | None) -> PlannedR
     present = {p.get("name") for p in prelude + phases}
     mask = {k: v for k, v in spec.freeze_masks.get(mask_name, {}).items() if k in present}
     try:
-        grid = GridSpec(sweep=spec.study, base=base, prelude=tuple(prelude), schedules={schedule: tuple(phases)},
-                        freeze_masks={mask_name: mask}, axes={"schedule": (schedule,), "freeze": (mask_name,)},
-                        launcher=spec.launcher)
+        grid = GridSpec(
+            sweep=spec.study,
+            base=base,
+            prelude=tuple(prelude),
+            schedules={schedule: tuple(phases)},
+            freeze_masks={mask_name: mask},
+            axes={"schedule": (schedule,), "freeze": (mask_name,)},
+            launcher=spec.launcher,
+        )
     except ValidationError as exc:
         raise spec_error_from(exc, file) from None
     run = expand(grid, file=file)[0]
@@ -96,6 +106,7 @@ def trial_run(tune: Tune, params: dict[str, Any], trial: int | None) -> PlannedR
 
 # ------------------------------------------------------------------ what the run's records give the study
 
+
 def read_curves(run_dir: Path) -> dict[str, list]:
     """records/curves.json of a finished run: equally long phase, step and loss columns (CorruptRecord
     otherwise: a finished run without readable losses has nothing to give its trial)."""
@@ -105,8 +116,11 @@ def read_curves(run_dir: Path) -> dict[str, list]:
     except (OSError, ValueError) as exc:
         raise CorruptRecord(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
     columns = ("phase", "step", "loss")
-    if not isinstance(curves, dict) or not all(isinstance(curves.get(c), list) for c in columns) \
-            or len({len(curves[c]) for c in columns}) != 1:
+    if (
+        not isinstance(curves, dict)
+        or not all(isinstance(curves.get(c), list) for c in columns)
+        or len({len(curves[c]) for c in columns}) != 1
+    ):
         raise CorruptRecord(f"{path}: not a curves record (equally long phase, step and loss columns)")
     return curves
 
@@ -132,7 +146,7 @@ def objective_value(tune: Tune, spec: RunSpec, run_dir: Path, curves: dict[str, 
         losses = [loss for ph, loss in zip(curves["phase"], curves["loss"]) if ph == final]
         if not losses:
             raise ValueError(f"no training loss logged for the final phase {final!r} in {run_dir}")
-        tail = losses[-obj.last_n:]
+        tail = losses[-obj.last_n :]
         return float(sum(tail) / len(tail))
     from ablate.evaluate.tasks import load_task
 
@@ -141,8 +155,14 @@ def objective_value(tune: Tune, spec: RunSpec, run_dir: Path, curves: dict[str, 
     values = []
     for task in tasks:
         name = obj.name or load_task(task).primary_metric
-        values += [r["value"] for r in rows if r.get("task") == task and r.get("split") == obj.split
-                   and r.get("metric") == name and r.get("value") is not None]
+        values += [
+            r["value"]
+            for r in rows
+            if r.get("task") == task
+            and r.get("split") == obj.split
+            and r.get("metric") == name
+            and r.get("value") is not None
+        ]
     if not values:
         raise ValueError(f"no {obj.split} scores for the objective in {run_dir}")
     return float(sum(values) / len(values))
@@ -158,6 +178,7 @@ def objective_tasks(obj, spec: RunSpec, file: str | None = None) -> list[str]:
 
 
 # ------------------------------------------------------------------ tune.json
+
 
 def read_trial_record(run_dir: Path) -> dict | None:
     """The run folder's tune.json (None when there is none; CorruptRecord when it cannot be read)."""

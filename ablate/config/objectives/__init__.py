@@ -19,9 +19,30 @@ May import: config.
 
 from __future__ import annotations
 
-from ablate.config.objectives.base import (BIDIRECTIONAL, CAUSAL, PATTERNS, PREFIX, Batch, Objective, TokenInfo,
-                                           mask_rate_at)
+from ablate.config.objectives.base import (
+    BIDIRECTIONAL,
+    CAUSAL,
+    PATTERNS,
+    PREFIX,
+    Batch,
+    Objective,
+    TokenInfo,
+    mask_rate_at,
+)
 from ablate.config.objectives.registry import get, leaves, names, needs_preflight, patterns_of
 
-__all__ = ["BIDIRECTIONAL", "CAUSAL", "PATTERNS", "PREFIX", "Batch", "Objective", "TokenInfo", "get", "leaves",
-           "mask_rate_at", "names", "needs_preflight", "patterns_of"]
+__all__ = [
+    "BIDIRECTIONAL",
+    "CAUSAL",
+    "PATTERNS",
+    "PREFIX",
+    "Batch",
+    "Objective",
+    "TokenInfo",
+    "get",
+    "leaves",
+    "mask_rate_at",
+    "names",
+    "needs_preflight",
+    "patterns_of",
+]

@@ -13,7 +13,7 @@ IGNORE = -100
 BIDIRECTIONAL, CAUSAL, PREFIX = "bidirectional", "causal", "prefix"
 PATTERNS = (BIDIRECTIONAL, CAUSAL, PREFIX)
 DEFAULT_MASK_RATE = 0.15
-BERT_SPLIT = (0.8, 0.1, 0.1)        # [MASK], a random token, kept: the corruption of a masked position
+BERT_SPLIT = (0.8, 0.1, 0.1)  # [MASK], a random token, kept: the corruption of a masked position
 # every field an objective may read, on a phase or a mixture member: None is "not written"
 OBJECTIVE_FIELDS = ("mask_rate", "mask_rate_end", "corruption", "span_length", "mixture", "granularity")
 
@@ -22,7 +22,7 @@ OBJECTIVE_FIELDS = ("mask_rate", "mask_rate_end", "corruption", "span_length", "
 class TokenInfo:
     """What a batch needs of the tokenizer and the model."""
 
-    special_ids: torch.Tensor       # never masked
+    special_ids: torch.Tensor  # never masked
     mask_id: int
     vocab_size: int
 
@@ -31,11 +31,11 @@ class TokenInfo:
 class Draws:
     """Where a batch's randomness and position come from: deterministic in (seed, step)."""
 
-    masking: torch.Generator        # masking, spans, prefix splits, in the order the entries draw them
-    choice: torch.Generator         # which mixture member trains which rows
-    step: int                       # within the phase (masking-rate schedules)
-    steps: int                      # the phase's length
-    micro: int                      # sequences per micro-batch (a mixture's micro-batch granularity)
+    masking: torch.Generator  # masking, spans, prefix splits, in the order the entries draw them
+    choice: torch.Generator  # which mixture member trains which rows
+    step: int  # within the phase (masking-rate schedules)
+    steps: int  # the phase's length
+    micro: int  # sequences per micro-batch (a mixture's micro-batch granularity)
 
 
 @dataclass
@@ -72,8 +72,13 @@ def mask_rate_at(params, step: int, steps: int) -> float:
     return start + (end - start) * step / (steps - 1)
 
 
-def corrupt(ids: torch.Tensor, masked: torch.Tensor, split: tuple[float, float, float] | None, tokens: TokenInfo,
-            generator: torch.Generator) -> torch.Tensor:
+def corrupt(
+    ids: torch.Tensor,
+    masked: torch.Tensor,
+    split: tuple[float, float, float] | None,
+    tokens: TokenInfo,
+    generator: torch.Generator,
+) -> torch.Tensor:
     """The inputs with each masked position replaced by [MASK], a random token or kept, by `split`
     (default 80/10/10). The draws are the same whatever the split (a split changes no later draw)."""
     replace_share, _random_share, keep_share = split or BERT_SPLIT
@@ -81,7 +86,7 @@ def corrupt(ids: torch.Tensor, masked: torch.Tensor, split: tuple[float, float, 
     random_tokens = torch.randint(tokens.vocab_size, ids.shape, generator=generator)
     inputs = ids.clone()
     inputs[masked & (how < replace_share)] = tokens.mask_id
-    swap = masked & (how >= replace_share) & (how < 1 - keep_share)     # 1 - 0.1 is 0.9 exactly
+    swap = masked & (how >= replace_share) & (how < 1 - keep_share)  # 1 - 0.1 is 0.9 exactly
     inputs[swap] = random_tokens[swap]
     return inputs
 
@@ -104,9 +109,12 @@ class Objective:
         for name in OBJECTIVE_FIELDS:
             if name not in self.fields and getattr(params, name, None) is not None:
                 readers = ", ".join(_readers_of(name)) or "none"
-                raise Located(f"{name} does not apply to objective {self.name} (it applies to: {readers})", name,
-                              getattr(params, name),
-                              f"the fields of {self.name}: {', '.join(self.fields) or 'none'}")
+                raise Located(
+                    f"{name} does not apply to objective {self.name} (it applies to: {readers})",
+                    name,
+                    getattr(params, name),
+                    f"the fields of {self.name}: {', '.join(self.fields) or 'none'}",
+                )
 
     def identity(self, params) -> dict[str, Any]:
         """What makes this objective what it is on `params`, defaults resolved (0.15 and None are one rate)."""
@@ -127,15 +135,18 @@ class Objective:
         """(entry, its params, weight) of what trains in a phase: itself, or a mixture's members."""
         return [(self, params, 1.0)]
 
-    def make(self, ids: torch.Tensor, docs: torch.Tensor, draws: Draws, tokens: TokenInfo, params
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def make(
+        self, ids: torch.Tensor, docs: torch.Tensor, draws: Draws, tokens: TokenInfo, params
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(inputs, labels, per-row prefix lengths or None for the entry's uniform pattern)."""
         raise NotImplementedError
 
     def batch(self, ids: torch.Tensor, docs: torch.Tensor, draws: Draws, tokens: TokenInfo, params) -> Batch:
         inputs, labels, prefix = self.make(ids, docs, draws, tokens, params)
         if prefix is None:
-            prefix = torch.full((len(ids),), ids.shape[1] if self.pattern == BIDIRECTIONAL else 0, dtype=torch.long)
+            prefix = torch.full(
+                (len(ids),), ids.shape[1] if self.pattern == BIDIRECTIONAL else 0, dtype=torch.long
+            )
         rates = {self.name: mask_rate_at(params, draws.step, draws.steps)} if "mask_rate" in self.fields else {}
         return Batch(inputs, labels, prefix, torch.zeros(len(ids), dtype=torch.long), (self.name,), rates)
 
@@ -150,7 +161,9 @@ class MaskingObjective(Objective):
     def candidates(self, ids: torch.Tensor, docs: torch.Tensor, tokens: TokenInfo) -> torch.Tensor:
         return maskable(ids, tokens)
 
-    def choose(self, ids: torch.Tensor, candidates: torch.Tensor, rate: float, draws: Draws, params) -> torch.Tensor:
+    def choose(
+        self, ids: torch.Tensor, candidates: torch.Tensor, rate: float, draws: Draws, params
+    ) -> torch.Tensor:
         return candidates & (torch.rand(ids.shape, generator=draws.masking) < rate)
 
     def targets(self, ids: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:

@@ -21,8 +21,9 @@ def member_labels(params) -> tuple[str, ...]:
     return tuple(n if names.count(n) == 1 else f"{n}{i}" for i, n in enumerate(names))
 
 
-def choose_members(n_rows: int, weights: list[float], granularity: str, micro: int,
-                   choice: torch.Generator) -> torch.Tensor:
+def choose_members(
+    n_rows: int, weights: list[float], granularity: str, micro: int, choice: torch.Generator
+) -> torch.Tensor:
     """(n_rows,) member index per row: one draw for the step, per micro-batch or per row."""
     w = torch.tensor(weights, dtype=torch.float64)
     draws = {"step": 1, "micro-batch": -(-n_rows // micro), "sequence": n_rows}[granularity]
@@ -36,33 +37,43 @@ def choose_members(n_rows: int, weights: list[float], granularity: str, micro: i
 
 class Mixture(Objective):
     name = "mixture"
-    pattern = "mixed"            # per row: its member's
+    pattern = "mixed"  # per row: its member's
     random_draws = ("mixture member draw",)
     fields = ("mixture", "granularity")
     summary = "weighted members within a phase, by step, micro-batch or sequence"
 
     def check(self, params) -> None:
-        if not hasattr(params, "mixture"):      # a member of a mixture (it has no members of its own)
-            raise Located("a mixture member cannot itself be a mixture", "objective", self.name,
-                          ", ".join(n for n in names() if n != self.name))
+        if not hasattr(params, "mixture"):  # a member of a mixture (it has no members of its own)
+            raise Located(
+                "a mixture member cannot itself be a mixture",
+                "objective",
+                self.name,
+                ", ".join(n for n in names() if n != self.name),
+            )
         super().check(params)
         if not params.mixture:
-            raise ValueError("objective mixture needs `mixture:` members; allowed: [{objective, weight, its fields}, ...]")
+            raise ValueError(
+                "objective mixture needs `mixture:` members; allowed: [{objective, weight, its fields}, ...]"
+            )
         for member in params.mixture:
             if member.objective == self.name:
                 raise ValueError("a mixture member cannot itself be a mixture")
 
     def identity(self, params):
-        return {"objective": self.name, "granularity": params.granularity or "step",
-                "members": [{**get(m.objective).identity(m), "weight": m.weight} for m in params.mixture]}
+        return {
+            "objective": self.name,
+            "granularity": params.granularity or "step",
+            "members": [{**get(m.objective).identity(m), "weight": m.weight} for m in params.mixture],
+        }
 
     def members(self, params):
         return [(get(m.objective), m, m.weight) for m in params.mixture]
 
     def batch(self, ids, docs, draws, tokens, params) -> Batch:
         labels_of = member_labels(params)
-        member = choose_members(len(ids), [m.weight for m in params.mixture], params.granularity or "step",
-                                draws.micro, draws.choice)
+        member = choose_members(
+            len(ids), [m.weight for m in params.mixture], params.granularity or "step", draws.micro, draws.choice
+        )
         inputs, labels = ids.clone(), torch.full_like(ids, -100)
         prefix = torch.zeros(len(ids), dtype=torch.long)
         rates: dict[str, float] = {}

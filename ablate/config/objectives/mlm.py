@@ -10,9 +10,15 @@ import torch
 from ablate.config.objectives.base import Draws, MaskingObjective, TokenInfo
 
 
-def mlm_inputs(input_ids: torch.Tensor, mask_rate: float, special_ids: torch.Tensor, mask_id: int,
-               vocab_size: int, generator: torch.Generator,
-               split: tuple[float, float, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def mlm_inputs(
+    input_ids: torch.Tensor,
+    mask_rate: float,
+    special_ids: torch.Tensor,
+    mask_id: int,
+    vocab_size: int,
+    generator: torch.Generator,
+    split: tuple[float, float, float] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(masked inputs, labels); special tokens are never masked."""
     fixed = SimpleNamespace(mask_rate=mask_rate, mask_rate_end=None, corruption=split)
     draws = Draws(generator, generator, 0, 1, len(input_ids))

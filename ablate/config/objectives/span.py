@@ -14,18 +14,19 @@ from ablate.config.objectives.base import MaskingObjective
 DEFAULT_SPAN_LENGTH = 3.0
 
 
-def span_mask(ids: torch.Tensor, candidates: torch.Tensor, rate: float, mean: float,
-              generator: torch.Generator) -> torch.Tensor:
+def span_mask(
+    ids: torch.Tensor, candidates: torch.Tensor, rate: float, mean: float, generator: torch.Generator
+) -> torch.Tensor:
     """(B, L) bool: the positions covered by spans, among `candidates`."""
     starts = candidates & (torch.rand(ids.shape, generator=generator) < rate / mean)
     u = torch.rand(ids.shape, generator=generator).clamp_min(1e-12)
-    if mean > 1:      # geometric on 1, 2, ... with mean `mean`: P(length > k) = (1 - 1/mean)^k
+    if mean > 1:  # geometric on 1, 2, ... with mean `mean`: P(length > k) = (1 - 1/mean)^k
         lengths = 1 + torch.floor(torch.log(u) / math.log(1 - 1 / mean)).long()
     else:
         lengths = torch.ones_like(ids)
     positions = torch.arange(ids.shape[1]).expand_as(ids)
     ends = torch.where(starts, positions + lengths - 1, torch.full_like(ids, -1))
-    reach = torch.cummax(ends, dim=1).values        # the furthest end of a span started at or before t
+    reach = torch.cummax(ends, dim=1).values  # the furthest end of a span started at or before t
     return candidates & (reach >= positions)
 
 

@@ -36,5 +36,6 @@ def convert_craft(inputs: dict[str, Path], out: Path, ds) -> None:
         for split, part in (("train", pmids[n_valid:]), ("valid", pmids[:n_valid])):
             texts = [" ".join(inputs[f"{p}.txt"].read_text(encoding="utf-8").split()) for p in part]
             (out / f"{split}.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
-            rows.writerows([split, p, *journal_and_notice(inputs[f"{p}.copyright"].read_text(encoding="utf-8"))]
-                           for p in part)
+            rows.writerows(
+                [split, p, *journal_and_notice(inputs[f"{p}.copyright"].read_text(encoding="utf-8"))] for p in part
+            )

@@ -21,7 +21,7 @@ import pandas as pd
 from ablate.config.errors import SpecError
 from ablate.data.converters.common import SPLITS, write_jsonl
 
-CHEMPROT = "ChemProt/{split}.tsv"      # under the archive's top folder (bert_data/)
+CHEMPROT = "ChemProt/{split}.tsv"  # under the archive's top folder (bert_data/)
 COLUMNS = ("index", "sentence", "label")
 
 
@@ -40,13 +40,22 @@ def read_split(archive: zipfile.ZipFile, split: str, where: str) -> pd.DataFrame
     suffix = CHEMPROT.format(split=split)
     members = [n for n in archive.namelist() if n == suffix or n.endswith("/" + suffix)]
     if len(members) != 1:
-        raise SpecError(f"the archive holds {len(members)} files named {suffix}, expected one", file=where,
-                        key=split, value=suffix)
+        raise SpecError(
+            f"the archive holds {len(members)} files named {suffix}, expected one",
+            file=where,
+            key=split,
+            value=suffix,
+        )
     with archive.open(members[0]) as f:
         rows = pd.read_csv(f, sep="\t")
     if missing := [c for c in COLUMNS if c not in rows.columns]:
-        raise SpecError("BLUE's ChemProt TSV lacks a column", file=f"{where}:{members[0]}", key="header",
-                        value=", ".join(missing), allowed=", ".join(COLUMNS))
+        raise SpecError(
+            "BLUE's ChemProt TSV lacks a column",
+            file=f"{where}:{members[0]}",
+            key="header",
+            value=", ".join(missing),
+            allowed=", ".join(COLUMNS),
+        )
     return rows
 
 

@@ -12,10 +12,18 @@ from pathlib import Path
 
 from ablate.data.converters.common import SPLITS, write_jsonl
 
-HALLMARKS = ("activating invasion and metastasis", "avoiding immune destruction", "cellular energetics",
-             "enabling replicative immortality", "evading growth suppressors", "genomic instability and mutation",
-             "inducing angiogenesis", "resisting cell death", "sustaining proliferative signaling",
-             "tumor promoting inflammation")
+HALLMARKS = (
+    "activating invasion and metastasis",
+    "avoiding immune destruction",
+    "cellular energetics",
+    "enabling replicative immortality",
+    "evading growth suppressors",
+    "genomic instability and mutation",
+    "inducing angiogenesis",
+    "resisting cell death",
+    "sustaining proliferative signaling",
+    "tumor promoting inflammation",
+)
 
 
 def tsv_rows(path: Path) -> list[dict[str, str]]:
@@ -43,7 +51,9 @@ def jnlpba_lines(text: str) -> str:
 
 def convert_jnlpba(inputs: dict[str, Path], out: Path, ds) -> None:
     for split in SPLITS:
-        (out / f"{split}.tsv").write_text(jnlpba_lines(inputs[split].read_text(encoding="utf-8")), encoding="utf-8")
+        (out / f"{split}.tsv").write_text(
+            jnlpba_lines(inputs[split].read_text(encoding="utf-8")), encoding="utf-8"
+        )
 
 
 def gad_records(rows: list[dict[str, str]], split: str) -> list[dict]:
@@ -56,8 +66,9 @@ def convert_gad(inputs: dict[str, Path], out: Path, ds) -> None:
 
 
 def biosses_records(rows: list[dict[str, str]]) -> list[dict]:
-    return [{"id": r["pair_id"], "text_a": r["sent1"], "text_b": r["sent2"], "label": float(r["score"])}
-            for r in rows]
+    return [
+        {"id": r["pair_id"], "text_a": r["sent1"], "text_b": r["sent2"], "label": float(r["score"])} for r in rows
+    ]
 
 
 def convert_biosses(inputs: dict[str, Path], out: Path, ds) -> None:
@@ -67,8 +78,15 @@ def convert_biosses(inputs: dict[str, Path], out: Path, ds) -> None:
 
 def hoc_sentences(rows: list[dict[str, str]]) -> list[dict]:
     """BLURB's rows (labels `0_0,1_1,...`, sentence, `<PMID>_s<k>`) as sentence records."""
-    return [{"id": r["index"], "doc_id": r["index"].rsplit("_s", 1)[0], "text": r["sentence"],
-             "labels": [int(pair.split("_")[1]) for pair in r["labels"].split(",")]} for r in rows]
+    return [
+        {
+            "id": r["index"],
+            "doc_id": r["index"].rsplit("_s", 1)[0],
+            "text": r["sentence"],
+            "labels": [int(pair.split("_")[1]) for pair in r["labels"].split(",")],
+        }
+        for r in rows
+    ]
 
 
 def hoc_abstracts(sentences: list[dict]) -> list[dict]:
@@ -78,8 +96,15 @@ def hoc_abstracts(sentences: list[dict]) -> list[dict]:
         doc = docs.setdefault(s["doc_id"], {"id": s["doc_id"], "texts": [], "labels": [0] * len(HALLMARKS)})
         doc["texts"].append(s["text"])
         doc["labels"] = [max(a, b) for a, b in zip(doc["labels"], s["labels"])]
-    return [{"id": d["id"], "text": " ".join(d["texts"]), "labels": d["labels"],
-             "label_names": [HALLMARKS[i] for i, on in enumerate(d["labels"]) if on]} for d in docs.values()]
+    return [
+        {
+            "id": d["id"],
+            "text": " ".join(d["texts"]),
+            "labels": d["labels"],
+            "label_names": [HALLMARKS[i] for i, on in enumerate(d["labels"]) if on],
+        }
+        for d in docs.values()
+    ]
 
 
 def convert_hoc(inputs: dict[str, Path], out: Path, ds) -> None:

@@ -26,9 +26,11 @@ GROUPS = {"ANAT", "CHEM", "DEVI", "DISO", "GEOG", "LIVB", "OBJC", "PHEN", "PHYS"
 QUAERO = "CLEF_2017/dataset/corpus/"
 QUAERO_README = "CLEF_2017/dataset/README.txt"
 MANTRA = "Mantra-GSC/French/"
-MANTRA_FOLDERS = {"mantragsc_fr_emea": "EMEA_ec22-cui-best_man",
-                  "mantragsc_fr_medline": "Medline_EN_FR_ec22-cui-best_man",
-                  "mantragsc_fr_patents": "Patents_ec22-cui-best_man"}
+MANTRA_FOLDERS = {
+    "mantragsc_fr_emea": "EMEA_ec22-cui-best_man",
+    "mantragsc_fr_medline": "Medline_EN_FR_ec22-cui-best_man",
+    "mantragsc_fr_patents": "Patents_ec22-cui-best_man",
+}
 MANTRA_SEED, MANTRA_SHARES = 4, (0.7, 0.1)
 
 
@@ -70,7 +72,7 @@ def emea_sentences(text: str, tokens: list[tuple[str, str, int, int]]) -> list[l
         current.append((word, tag))
         following = tokens[j + 1] if j + 1 < len(tokens) else None
         inside = following is not None and following[1].startswith("I-")
-        newline = following is not None and "\n" in text[end:following[2]]
+        newline = following is not None and "\n" in text[end : following[2]]
         if not inside and (word in ".?!" or newline):
             sentences.append(current)
             current = []
@@ -128,15 +130,22 @@ def mantra_split(ids: list[str]) -> dict[str, list[str]]:
     shuffled = sorted(ids)
     random.Random(MANTRA_SEED).shuffle(shuffled)
     n_train, n_dev = int(len(shuffled) * MANTRA_SHARES[0]), int(len(shuffled) * MANTRA_SHARES[1])
-    parts = {"train": shuffled[:n_train], "dev": shuffled[n_train:n_train + n_dev], "test": shuffled[n_train + n_dev:]}
+    parts = {
+        "train": shuffled[:n_train],
+        "dev": shuffled[n_train : n_train + n_dev],
+        "test": shuffled[n_train + n_dev :],
+    }
     return {split: sorted(ids) for split, ids in parts.items()}
 
 
 def convert_mantra(inputs: dict[str, Path], out: Path, ds) -> None:
     folder = f"{MANTRA}{MANTRA_FOLDERS[ds.name]}/"
     with zipfile.ZipFile(inputs["corpus"]) as archive:
-        units = {n[len(folder):-4]: (archive.read(n).decode("utf-8"), archive.read(n[:-4] + ".ann").decode("utf-8"))
-                 for n in archive.namelist() if n.startswith(folder) and n.endswith(".txt")}
+        units = {
+            n[len(folder) : -4]: (archive.read(n).decode("utf-8"), archive.read(n[:-4] + ".ann").decode("utf-8"))
+            for n in archive.namelist()
+            if n.startswith(folder) and n.endswith(".txt")
+        }
     for split, ids in mantra_split(list(units)).items():
         (out / f"{split}_ids.txt").write_text("".join(i + "\n" for i in ids), encoding="utf-8")
         sentences = [[(w, t) for w, t, _, _ in tagged_tokens(units[i][0], mantra_spans(units[i][1]))] for i in ids]

@@ -66,17 +66,23 @@ def floor_counts(n: int, ratios=RATIOS) -> list[int]:
     return [train, dev, n - train - dev]
 
 
-def coded_splits(texts: dict[str, str], doc_codes: dict[str, set[str]], k: int,
-                 counts: Callable[[int], list[int]]) -> dict[str, list[dict]]:
+def coded_splits(
+    texts: dict[str, str], doc_codes: dict[str, set[str]], k: int, counts: Callable[[int], list[int]]
+) -> dict[str, list[dict]]:
     """train / dev / test records {"id", "text", "labels"} (labels sorted) of the documents with a kept code."""
     valid = sorted(d for d in texts if doc_codes.get(d))
     kept = set(top_codes({d: doc_codes[d] for d in valid}, k))
     names = sorted(d for d in valid if doc_codes[d] & kept)
     random.Random(SPLIT_SEED).shuffle(names)
     n_train, n_dev, _ = counts(len(names))
-    parts = {"train": names[:n_train], "dev": names[n_train:n_train + n_dev], "test": names[n_train + n_dev:]}
-    return {split: [{"id": PurePosixPath(d).stem, "text": texts[d], "labels": sorted(doc_codes[d] & kept)}
-                    for d in parts[split]] for split in SPLITS}
+    parts = {"train": names[:n_train], "dev": names[n_train : n_train + n_dev], "test": names[n_train + n_dev :]}
+    return {
+        split: [
+            {"id": PurePosixPath(d).stem, "text": texts[d], "labels": sorted(doc_codes[d] & kept)}
+            for d in parts[split]
+        ]
+        for split in SPLITS
+    }
 
 
 def write_splits(out: Path, splits: dict[str, list[dict]]) -> None:
@@ -85,6 +91,7 @@ def write_splits(out: Path, splits: dict[str, list[dict]]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ FRACCO
+
 
 def fracco_documents(zip_path: Path) -> tuple[dict[str, str], dict[str, set[str]]]:
     texts, codes = {}, {}
@@ -95,8 +102,12 @@ def fracco_documents(zip_path: Path) -> tuple[dict[str, str], dict[str, set[str]
                 texts[f"{PurePosixPath(name).stem}.ann"] = archive.read(name).decode("utf-8", errors="replace")
         tables = [n for n in names if PurePosixPath(n).name == FRACCO_CSV]
         if len(tables) != 1:
-            raise SpecError(f"FRACCO.zip must hold one {FRACCO_CSV}", key="file", value=zip_path.name,
-                            allowed=f"FRACCO/{FRACCO_CSV}")
+            raise SpecError(
+                f"FRACCO.zip must hold one {FRACCO_CSV}",
+                key="file",
+                value=zip_path.name,
+                allowed=f"FRACCO/{FRACCO_CSV}",
+            )
         with archive.open(tables[0]) as f:
             for row in csv.DictReader(io.TextIOWrapper(f, encoding="utf-8-sig")):
                 code, doc = (row.get("code") or "").strip(), (row.get("doc_name") or "").strip()
@@ -111,6 +122,7 @@ def convert_fracco(inputs: dict[str, Path], out: Path, ds, top_k: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- FRASIMED
+
 
 def entity_codes(ann: str) -> list[dict[str, str]]:
     """Per entity (T line, file order): code type -> code, from the `#` note lines."""
@@ -138,8 +150,10 @@ def frasimed_documents(zip_path: Path, subset: str) -> tuple[dict[str, str], dic
                 continue
             texts[ann.stem] = archive.read(members[txt]).decode("utf-8", errors="replace")
             per_doc[ann.stem] = entity_codes(archive.read(members[ann]).decode("utf-8", errors="replace"))
-    code_type = next((ICD_O if ICD_O in c else SNOMED for doc in per_doc.values() for c in doc
-                      if ICD_O in c or SNOMED in c), ICD_O if "CANTEMIST" in subset else SNOMED)
+    code_type = next(
+        (ICD_O if ICD_O in c else SNOMED for doc in per_doc.values() for c in doc if ICD_O in c or SNOMED in c),
+        ICD_O if "CANTEMIST" in subset else SNOMED,
+    )
     codes = {d: {c[code_type] for c in entities if c.get(code_type)} for d, entities in per_doc.items()}
     return texts, codes
 

@@ -29,9 +29,9 @@ def _extent(offsets: str) -> tuple[int, int]:
 def masked(text: str, first: tuple[int, int], second: tuple[int, int]) -> str:
     (a1, b1), (a2, b2) = sorted([first, second])
     if a2 <= b1:
-        text = text[:a1] + "@DRUG-DRUG$" + text[max(b1, b2) + 1:]
+        text = text[:a1] + "@DRUG-DRUG$" + text[max(b1, b2) + 1 :]
     else:
-        text = text[:a1] + "@DRUG$" + text[b1 + 1:a2] + "@DRUG$" + text[b2 + 1:]
+        text = text[:a1] + "@DRUG$" + text[b1 + 1 : a2] + "@DRUG$" + text[b2 + 1 :]
     return text.replace("\r", " ").replace("\n", " ")
 
 

@@ -38,8 +38,12 @@ RECORD = re.compile(r"START_OF_RECORD=.*?\|\|\|\|END_OF_RECORD", re.DOTALL)
 HEADER = re.compile(r"^\d+\|\|\|\|\d+\|\|\|\|")
 MASK = re.compile(r"(\[\*\*.*?\*\*\])")
 MARKERS = ("START_OF_RECORD=", "||||END_OF_RECORD")
-DATE_FORMS = (re.compile(r"\d+"), re.compile(r"\d{1,2}-\d{1,2}"), re.compile(r"\d{4}"),
-              re.compile(r"\d{4}-\d{2}-\d{2}"))
+DATE_FORMS = (
+    re.compile(r"\d+"),
+    re.compile(r"\d{1,2}-\d{1,2}"),
+    re.compile(r"\d{4}"),
+    re.compile(r"\d{4}-\d{2}-\d{2}"),
+)
 CATEGORIES = ("age", "date", "location", "name", "other", "phone_nb")
 
 
@@ -85,8 +89,13 @@ def record_example(original: str, masked: str, where: str = "") -> Example:
             at += len(segment)
             continue
         if (category := mask_category(segment)) is None:
-            raise SpecError("a PHI mask that maps to none of the categories", file=where, key="mask",
-                            value=segment, allowed=", ".join(CATEGORIES))
+            raise SpecError(
+                "a PHI mask that maps to none of the categories",
+                file=where,
+                key="mask",
+                value=segment,
+                allowed=", ".join(CATEGORIES),
+            )
         following = segments[i + 1] if i + 1 < len(segments) else ""
         end = text.find(following, at) if following else -1
         end = len(text) if end == -1 else end
@@ -98,12 +107,14 @@ def record_example(original: str, masked: str, where: str = "") -> Example:
 
 
 def deid_examples(id_text: str, id_res: str, where: str = "") -> list[Example]:
-    return [record_example(original, masked, f"{where} record {n}")
-            for n, (original, masked) in enumerate(zip(records(id_text), records(id_res)), 1)]
+    return [
+        record_example(original, masked, f"{where} record {n}")
+        for n, (original, masked) in enumerate(zip(records(id_text), records(id_res)), 1)
+    ]
 
 
 def deid_split(n: int) -> dict[str, list[int]]:
-    from sklearn.model_selection import train_test_split     # here: importing sklearn takes a second
+    from sklearn.model_selection import train_test_split  # here: importing sklearn takes a second
 
     train, rest = train_test_split(list(range(n)), test_size=0.30, random_state=SPLIT_SEED)
     dev, test = train_test_split(rest, test_size=0.50, random_state=SPLIT_SEED)
@@ -111,7 +122,7 @@ def deid_split(n: int) -> dict[str, list[int]]:
 
 
 def read_note_file(path: Path) -> str:
-    with open(path, encoding="utf-8") as f:      # text mode, as the harness reads it
+    with open(path, encoding="utf-8") as f:  # text mode, as the harness reads it
         return f.read()
 
 
@@ -119,19 +130,28 @@ def convert_physionet_deid(inputs: dict[str, Path], out: Path, ds) -> None:
     id_text, id_res = read_note_file(inputs["id.text"]), read_note_file(inputs["id.res"])
     count_text, count_res = len(records(id_text)), len(records(id_res))
     if count_text != count_res:
-        raise SpecError(f"id.text holds {count_text} records and id.res {count_res}: they must pair one to one",
-                        file=str(inputs["id.res"]), key="records", value=count_res)
+        raise SpecError(
+            f"id.text holds {count_text} records and id.res {count_res}: they must pair one to one",
+            file=str(inputs["id.res"]),
+            key="records",
+            value=count_res,
+        )
     examples = deid_examples(id_text, id_res, str(inputs["id.res"]))
     write_splits(examples, deid_split(len(examples)), out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ablate.data.converters.deid",
-                                     description="PhysioNet deidentifiedmedicaltext 1.0 -> the deid task's files")
+    parser = argparse.ArgumentParser(
+        prog="python -m ablate.data.converters.deid",
+        description="PhysioNet deidentifiedmedicaltext 1.0 -> the deid task's files",
+    )
     parser.add_argument("id_text", type=Path, help="id.text as downloaded from PhysioNet")
     parser.add_argument("id_res", type=Path, help="id.res as downloaded from PhysioNet")
-    parser.add_argument("out", type=Path, help="the folder to write train/dev/test.tsv into "
-                        "($ABLATE_DATA_ROOT/deid for the task file)")
+    parser.add_argument(
+        "out",
+        type=Path,
+        help="the folder to write train/dev/test.tsv into ($ABLATE_DATA_ROOT/deid for the task file)",
+    )
     args = parser.parse_args(argv)
     try:
         for path in (args.id_text, args.id_res):

@@ -19,7 +19,7 @@ from ablate.config.errors import SpecError
 from ablate.data.converters.common import write_jsonl
 
 SPLIT_FILES = {"train": "train.json", "dev": "validation.json", "test": "test.json"}
-NOT_A_CHAPTER = ("Plusieurs cas cliniques", "Aucune annotation")     # skipped when the label contains one
+NOT_A_CHAPTER = ("Plusieurs cas cliniques", "Aucune annotation")  # skipped when the label contains one
 
 
 def diamed_cases(raw: str) -> list[dict]:
@@ -46,11 +46,16 @@ def diamed_records(cases: list[dict], split: str) -> list[dict]:
 
 def convert_diamed(inputs: dict[str, Path], out: Path, ds) -> None:
     with zipfile.ZipFile(inputs["data.zip"]) as archive:
-        by_name = {PurePosixPath(n).name: n for n in archive.namelist()
-                   if PurePosixPath(n).parent.name == "splits"}
+        by_name = {
+            PurePosixPath(n).name: n for n in archive.namelist() if PurePosixPath(n).parent.name == "splits"
+        }
         for split, file in SPLIT_FILES.items():
             if file not in by_name:
-                raise SpecError(f"dataset {ds.name}: data.zip has no splits/{file}", key="file", value=file,
-                                allowed=", ".join(sorted(by_name)) or "(no splits/ folder)")
+                raise SpecError(
+                    f"dataset {ds.name}: data.zip has no splits/{file}",
+                    key="file",
+                    value=file,
+                    allowed=", ".join(sorted(by_name)) or "(no splits/ folder)",
+                )
             cases = diamed_cases(archive.read(by_name[file]).decode("utf-8"))
             write_jsonl(out / f"{split}.jsonl", diamed_records(cases, split))

@@ -15,7 +15,7 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
-MIN_CHARS, SHUFFLE_SEED, VALID_SHARE = 200, 13, 20      # valid = the first len // 20 documents after shuffling
+MIN_CHARS, SHUFFLE_SEED, VALID_SHARE = 200, 13, 20  # valid = the first len // 20 documents after shuffling
 EN_LICENCES = ("CC BY", "CC BY 4.0", "CC BY-SA")
 FR_LICENCES, LEAFLET_LICENCE, FR_EXTRA_CHARS = ("CC BY 4.0", "CC BY"), "CC-BY-NC", 2_500_000
 
@@ -94,5 +94,6 @@ def french_parts(docs: list[dict]) -> dict[str, list[tuple[dict, str]]]:
 
 
 def convert_corpus_fr_e3c(inputs: dict[str, Path], out: Path, ds) -> None:
-    write_corpus(french_parts(e3c_documents(inputs["archive"], ds.archive)), out,
-                 {"extra": "extra_leaflets_cc-by-nc.txt"})
+    write_corpus(
+        french_parts(e3c_documents(inputs["archive"], ds.archive)), out, {"extra": "extra_leaflets_cc-by-nc.txt"}
+    )

@@ -22,8 +22,14 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from ablate.data.converters.e3c_corpus import (LEAFLET_LICENCE, SHUFFLE_SEED, corpus_lines, e3c_documents,
-                                               french_parts, shuffled_split)
+from ablate.data.converters.e3c_corpus import (
+    LEAFLET_LICENCE,
+    SHUFFLE_SEED,
+    corpus_lines,
+    e3c_documents,
+    french_parts,
+    shuffled_split,
+)
 
 SENTENCE_END = re.compile(r"(?<=[.!?;:]) | · ")
 WORD = re.compile(r"\w+")
@@ -35,8 +41,11 @@ def new_leaflets(docs: list[dict]) -> list[tuple[dict, str]]:
     """Step 1: the leaflets corpus_fr_e3c did not use, in the order the filter reads them."""
     used = french_parts(docs)["extra"]
     used_ids, used_texts = {d["id"] for d, _ in used}, {line for _, line in used}
-    fresh = [(d, line) for d, line in corpus_lines(docs, (LEAFLET_LICENCE,))
-             if d["id"] not in used_ids and line not in used_texts]
+    fresh = [
+        (d, line)
+        for d, line in corpus_lines(docs, (LEAFLET_LICENCE,))
+        if d["id"] not in used_ids and line not in used_texts
+    ]
     random.Random(SHUFFLE_SEED).shuffle(fresh)
     return fresh
 
@@ -56,7 +65,7 @@ def novel_leaflets(leaflets: list[tuple[dict, str]]) -> list[tuple[dict, str, fl
 
 def _grams(text: str) -> set[tuple[str, ...]]:
     words = WORD.findall(text.lower())
-    return {tuple(words[i:i + NGRAM]) for i in range(len(words) - NGRAM + 1)}
+    return {tuple(words[i : i + NGRAM]) for i in range(len(words) - NGRAM + 1)}
 
 
 def sentence_grams_of(conll_files: list[Path]) -> set[tuple[str, ...]]:
@@ -78,10 +87,13 @@ def convert_leaflets(inputs: dict[str, Path], out: Path, ds) -> None:
     kept = novel_leaflets(new_leaflets(e3c_documents(inputs["archive"], ds.archive)))
     removed = overlapping(kept, sentence_grams_of([inputs[name] / "test.tsv" for name in TEST_SETS]))
     share = {doc["id"]: s for doc, _, s in kept}
-    parts = shuffled_split(sorted(((d, line) for d, line, _ in kept), key=lambda p: p[0]["id"]),
-                           random.Random(SHUFFLE_SEED))
-    with open(out / "doc_ids.tsv", "w", encoding="utf-8", newline="") as ids, \
-            open(out / "removed_for_test_overlap.tsv", "w", encoding="utf-8", newline="") as gone:
+    parts = shuffled_split(
+        sorted(((d, line) for d, line, _ in kept), key=lambda p: p[0]["id"]), random.Random(SHUFFLE_SEED)
+    )
+    with (
+        open(out / "doc_ids.tsv", "w", encoding="utf-8", newline="") as ids,
+        open(out / "removed_for_test_overlap.tsv", "w", encoding="utf-8", newline="") as gone,
+    ):
         rows, gone_rows = (csv.writer(f, delimiter="\t", lineterminator="\n") for f in (ids, gone))
         rows.writerow(["split", "id", "url", "licence", "novel_char_fraction"])
         gone_rows.writerow(["id", "url"])

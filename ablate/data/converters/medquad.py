@@ -37,9 +37,15 @@ def medquad_documents(files: dict[str, bytes], sets: tuple[str, ...]) -> list[di
                     seen_answers.add(answer)
                     pairs.append(f"{_collapsed(pair.findtext('Question'))} {answer}")
             collection = folder.rstrip("/")
-            docs.append({"id": root.get("id") or f"{collection}/{PurePosixPath(name).stem}",
-                         "collection": collection, "source": root.get("source"), "url": root.get("url"),
-                         "text": _collapsed(" ".join(pairs))})
+            docs.append(
+                {
+                    "id": root.get("id") or f"{collection}/{PurePosixPath(name).stem}",
+                    "collection": collection,
+                    "source": root.get("source"),
+                    "url": root.get("url"),
+                    "text": _collapsed(" ".join(pairs)),
+                }
+            )
     return docs
 
 

@@ -25,16 +25,25 @@ def needle_settings(name: str) -> Settings:
     """The catalog entry's `generate:` block."""
     block = (yaml.safe_load(CATALOG.read_text(encoding="utf-8")).get(name) or {}).get("generate")
     if not isinstance(block, dict) or set(block) != set(SETTINGS_KEYS):
-        raise SpecError(f"a needle dataset's catalog entry needs generate: {{{', '.join(SETTINGS_KEYS)}}}",
-                        file=str(CATALOG), key=f"{name}.generate", value=block)
-    return Settings(str(block["language"]), int(block["seed"]), int(block["pairs"]),
-                    tuple(int(n) for n in block["lengths"]))
+        raise SpecError(
+            f"a needle dataset's catalog entry needs generate: {{{', '.join(SETTINGS_KEYS)}}}",
+            file=str(CATALOG),
+            key=f"{name}.generate",
+            value=block,
+        )
+    return Settings(
+        str(block["language"]), int(block["seed"]), int(block["pairs"]), tuple(int(n) for n in block["lengths"])
+    )
 
 
 def held_out_documents(folders: list[Path]) -> list[str]:
     """The documents (one a line) of each corpus's valid split, in the order the catalog lists the corpora."""
-    return [line for folder in folders
-            for line in (folder / HELD_OUT).read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [
+        line
+        for folder in folders
+        for line in (folder / HELD_OUT).read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
 
 
 def write_needle(records: dict[str, list[dict]], out: Path) -> None:

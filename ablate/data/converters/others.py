@@ -18,8 +18,10 @@ E3C_NER_DEV_SENTENCES = 50
 
 
 def morfitt_records(rows: list[dict[str, str]]) -> list[dict]:
-    return [{"id": r["identifier"], "text": " ".join(r["abstract"].split()), "labels": r["specialities"].split("|")}
-            for r in rows]
+    return [
+        {"id": r["identifier"], "text": " ".join(r["abstract"].split()), "labels": r["specialities"].split("|")}
+        for r in rows
+    ]
 
 
 def convert_morfitt(inputs: dict[str, Path], out: Path, ds) -> None:
@@ -28,9 +30,16 @@ def convert_morfitt(inputs: dict[str, Path], out: Path, ds) -> None:
 
 
 def pubmedqa_record(pmid: str, item: dict) -> dict:
-    return {"pmid": pmid, "question": item["QUESTION"], "context": " ".join(item["CONTEXTS"]),
-            "context_labels": item["LABELS"], "long_answer": item["LONG_ANSWER"], "year": item["YEAR"],
-            "meshes": item.get("MESHES", []), "label": item["final_decision"]}
+    return {
+        "pmid": pmid,
+        "question": item["QUESTION"],
+        "context": " ".join(item["CONTEXTS"]),
+        "context_labels": item["LABELS"],
+        "long_answer": item["LONG_ANSWER"],
+        "year": item["YEAR"],
+        "meshes": item.get("MESHES", []),
+        "label": item["final_decision"],
+    }
 
 
 def pubmedqa_splits(labelled: dict[str, dict], test_pmids: set[str]) -> dict[str, list[dict]]:
@@ -75,7 +84,10 @@ def conll_sentences(text: str) -> list[str]:
 def convert_e3c_fr_ner(inputs: dict[str, Path], out: Path, ds) -> None:
     train = conll_sentences(inputs["train"].read_text(encoding="utf-8"))
     cut = len(train) - E3C_NER_DEV_SENTENCES
-    parts = {"train": train[:cut], "dev": train[cut:],
-             "test": conll_sentences(inputs["test"].read_text(encoding="utf-8"))}
+    parts = {
+        "train": train[:cut],
+        "dev": train[cut:],
+        "test": conll_sentences(inputs["test"].read_text(encoding="utf-8")),
+    }
     for split, sentences in parts.items():
         (out / f"{split}.txt").write_text("".join(s + "\n" for s in sentences), encoding="utf-8")

@@ -40,10 +40,11 @@ SPLIT_SEED = 42
 COS_TYPES = ("Attr", "Cos", "Loc", "Ref", "Val")
 COS_TOKEN = re.compile(r"\w+|[^\w\s]")
 
-Example = tuple[list[str], list[str]]     # tokens, IOB2 tags
+Example = tuple[list[str], list[str]]  # tokens, IOB2 tags
 
 
 # ------------------------------------------------------------------------------------------------ tagging
+
 
 def bio_tags(spans: Sequence[tuple[int, int]], entities: Iterable[tuple[str, int, int]]) -> list[str]:
     """Tags of tokens at `spans` (start, end): each entity (type, start, end), in order, tags B-/I- the tokens
@@ -58,7 +59,7 @@ def bio_tags(spans: Sequence[tuple[int, int]], entities: Iterable[tuple[str, int
 
 def cos_examples(ann: str, where: str = "") -> list[Example]:
     """One example per Snippet annotation of a COS .ann file."""
-    bound = []      # (type, start, end, the annotation's text field and after), file order
+    bound = []  # (type, start, end, the annotation's text field and after), file order
     for n, line in enumerate(io.StringIO(ann), 1):
         if not line.startswith("T"):
             continue
@@ -69,16 +70,18 @@ def cos_examples(ann: str, where: str = "") -> list[Example]:
         try:
             bound.append((fields[0], int(fields[1]), int(fields[2]), rest))
         except ValueError:
-            raise SpecError("a COS annotation without integer offsets", file=where, key=f"line {n}",
-                            value=line.rstrip("\n")) from None
+            raise SpecError(
+                "a COS annotation without integer offsets", file=where, key=f"line {n}", value=line.rstrip("\n")
+            ) from None
     examples = []
     for kind, s_start, s_end, rest in bound:
         if kind != "Snippet":
             continue
         text = rest.split(None, 3)[-1].strip()
         matches = list(COS_TOKEN.finditer(text))
-        inside = [(k, s - s_start, e - s_start) for k, s, e, _ in bound
-                  if k != "Snippet" and s >= s_start and e <= s_end]
+        inside = [
+            (k, s - s_start, e - s_start) for k, s, e, _ in bound if k != "Snippet" and s >= s_start and e <= s_end
+        ]
         examples.append(([m.group() for m in matches], bio_tags([m.span() for m in matches], inside)))
     return examples
 
@@ -94,7 +97,7 @@ def brat_entities(ann: str) -> list[tuple[str, int, int]]:
             continue
         try:
             entities.append((meta[0], int(meta[1]), int(meta[2])))
-        except ValueError:      # a discontinuous span, "10 15;20 25"
+        except ValueError:  # a discontinuous span, "10 15;20 25"
             continue
     return sorted(entities, key=lambda entity: entity[1])
 
@@ -106,6 +109,7 @@ def social_history_example(text: str, ann: str) -> Example:
 
 # ------------------------------------------------------------------------------------------------ the archive
 
+
 def corpus_files(archive: zipfile.ZipFile, where: str) -> dict[str, str]:
     """File name -> member of every corpus file in the archive (the folder the harness lists, flattened)."""
     files: dict[str, str] = {}
@@ -114,33 +118,45 @@ def corpus_files(archive: zipfile.ZipFile, where: str) -> dict[str, str]:
         if member.endswith("/") or "__MACOSX" in path.parts or path.name.startswith("._"):
             continue
         if path.name in files:
-            raise SpecError("two files of one name in the archive", file=where, key=path.name,
-                            value=f"{files[path.name]}, {member}")
+            raise SpecError(
+                "two files of one name in the archive",
+                file=where,
+                key=path.name,
+                value=f"{files[path.name]}, {member}",
+            )
         files[path.name] = member
     return files
 
 
 def read_text(archive: zipfile.ZipFile, member: str) -> str:
-    with io.TextIOWrapper(archive.open(member), encoding="utf-8") as f:     # universal newlines, as open()
+    with io.TextIOWrapper(archive.open(member), encoding="utf-8") as f:  # universal newlines, as open()
         return f.read()
 
 
 def read_cos(archive: zipfile.ZipFile, where: str) -> list[Example]:
     files = corpus_files(archive, where)
-    return [example for name in sorted(files) if name.endswith(".ann")
-            for example in cos_examples(read_text(archive, files[name]), f"{where}:{files[name]}")]
+    return [
+        example
+        for name in sorted(files)
+        if name.endswith(".ann")
+        for example in cos_examples(read_text(archive, files[name]), f"{where}:{files[name]}")
+    ]
 
 
 def read_social_history(archive: zipfile.ZipFile, where: str) -> list[Example]:
     files = corpus_files(archive, where)
-    return [social_history_example(read_text(archive, files[name]), read_text(archive, files[name[:-4] + ".ann"]))
-            for name in sorted(files) if name.endswith(".txt") and name[:-4] + ".ann" in files]
+    return [
+        social_history_example(read_text(archive, files[name]), read_text(archive, files[name[:-4] + ".ann"]))
+        for name in sorted(files)
+        if name.endswith(".txt") and name[:-4] + ".ann" in files
+    ]
 
 
 READERS = {"cos": read_cos, "social_history": read_social_history}
 
 
 # ------------------------------------------------------------------------------------------------ split, files
+
 
 def train_test_positions(n: int, test_size: float, seed: int = SPLIT_SEED) -> tuple[list[int], list[int]]:
     """What datasets.Dataset.train_test_split(test_size=..., seed=...) keeps of n rows: (train, test) positions,
@@ -150,7 +166,7 @@ def train_test_positions(n: int, test_size: float, seed: int = SPLIT_SEED) -> tu
     if n_train <= 0 or n_test <= 0:
         raise SpecError(f"{n} examples cannot be split {1 - test_size:g}/{test_size:g}", key="split", value=n)
     permutation = np.random.default_rng(seed).permutation(n)
-    return permutation[n_test:n_test + n_train].tolist(), permutation[:n_test].tolist()
+    return permutation[n_test : n_test + n_train].tolist(), permutation[:n_test].tolist()
 
 
 def hf_split(n: int, seed: int = SPLIT_SEED) -> dict[str, list[int]]:
@@ -161,8 +177,11 @@ def hf_split(n: int, seed: int = SPLIT_SEED) -> dict[str, list[int]]:
 
 
 def conll_text(examples: Iterable[Example]) -> str:
-    return "".join("".join(f"{token}\t{tag}\n" for token, tag in zip(tokens, tags)) + "\n"
-                   for tokens, tags in examples if tokens)
+    return "".join(
+        "".join(f"{token}\t{tag}\n" for token, tag in zip(tokens, tags)) + "\n"
+        for tokens, tags in examples
+        if tokens
+    )
 
 
 def write_splits(examples: Sequence[Example], positions: dict[str, list[int]], out: Path) -> None:
@@ -172,8 +191,9 @@ def write_splits(examples: Sequence[Example], positions: dict[str, list[int]], o
 
 def convert_uw_brat(inputs: dict[str, Path], out: Path, ds) -> None:
     if ds.name not in READERS:
-        raise SpecError("no UW BRAT reading for this dataset", key="converter", value=ds.name,
-                        allowed=", ".join(READERS))
+        raise SpecError(
+            "no UW BRAT reading for this dataset", key="converter", value=ds.name, allowed=", ".join(READERS)
+        )
     with zipfile.ZipFile(inputs["corpus"]) as archive:
         examples = READERS[ds.name](archive, str(inputs["corpus"]))
     write_splits(examples, hf_split(len(examples)), out)

@@ -29,7 +29,7 @@ from math import floor
 from ablate.config.errors import SpecError
 from ablate.data.needle.templates import TEMPLATES, Template
 
-TOKENS_PER_WORD = {"fr": 2.20, "en": 1.56}     # corpus_fr_e3c + leaflets valid: 2.199; corpus_en_e3c valid: 1.556
+TOKENS_PER_WORD = {"fr": 2.20, "en": 1.56}  # corpus_fr_e3c + leaflets valid: 2.199; corpus_en_e3c valid: 1.556
 TOLERANCE = 0.05
 POSITIONS = ("start", "middle", "end")
 LABELS = ("present", "absent")
@@ -46,7 +46,7 @@ class Settings:
     lengths: tuple[int, ...]
 
 
-Sentence = tuple[str, int]      # (text, its whitespace words)
+Sentence = tuple[str, int]  # (text, its whitespace words)
 
 
 def word_budget(length: int, language: str) -> int:
@@ -55,22 +55,36 @@ def word_budget(length: int, language: str) -> int:
 
 def document_sentences(documents: list[str]) -> list[list[Sentence]]:
     """Each non-empty document as its sentences with their word counts."""
-    return [[(s, len(s.split())) for s in SENTENCE_END.split(doc.strip()) if s]
-            for doc in documents if doc.strip()]
+    return [
+        [(s, len(s.split())) for s in SENTENCE_END.split(doc.strip()) if s] for doc in documents if doc.strip()
+    ]
 
 
 def check_settings(settings: Settings, where: str) -> None:
     if settings.language not in TEMPLATES:
-        raise SpecError("unknown needle language", file=where, key="generate.language", value=settings.language,
-                        allowed=", ".join(TEMPLATES))
+        raise SpecError(
+            "unknown needle language",
+            file=where,
+            key="generate.language",
+            value=settings.language,
+            allowed=", ".join(TEMPLATES),
+        )
     cells = len(settings.lengths) * len(POSITIONS)
     if not settings.lengths or settings.pairs <= 0 or settings.pairs % (2 * cells):
-        raise SpecError(f"needle pairs must be a positive multiple of 2 x lengths x {len(POSITIONS)} positions "
-                        f"(= {2 * cells}): every cell holds as many of each label", file=where,
-                        key="generate.pairs", value=settings.pairs)
+        raise SpecError(
+            f"needle pairs must be a positive multiple of 2 x lengths x {len(POSITIONS)} positions "
+            f"(= {2 * cells}): every cell holds as many of each label",
+            file=where,
+            key="generate.pairs",
+            value=settings.pairs,
+        )
     if any(word_budget(n, settings.language) < 64 for n in settings.lengths):
-        raise SpecError("needle lengths must be at least 64 words' worth of tokens", file=where,
-                        key="generate.lengths", value=list(settings.lengths))
+        raise SpecError(
+            "needle lengths must be at least 64 words' worth of tokens",
+            file=where,
+            key="generate.lengths",
+            value=list(settings.lengths),
+        )
 
 
 def fill(template: Template, rng: random.Random) -> dict[str, str]:
@@ -93,8 +107,11 @@ def haystack(docs: list[list[Sentence]], budget: int, rng: random.Random) -> lis
                 left -= sentence[1]
             if left <= slack:
                 return chosen
-    raise SpecError(f"the documents do not fill a haystack of {budget} words: too few short sentences",
-                    key="generate.lengths", value=budget)
+    raise SpecError(
+        f"the documents do not fill a haystack of {budget} words: too few short sentences",
+        key="generate.lengths",
+        value=budget,
+    )
 
 
 def insertion_index(sentences: list[Sentence], position: str) -> int:
@@ -109,8 +126,15 @@ def insertion_index(sentences: list[Sentence], position: str) -> int:
     return min(range(len(ends)), key=lambda i: abs(ends[i] - total / 2))
 
 
-def record(docs: list[list[Sentence]], language: str, length: int, position: str, label: str,
-           template: Template, rng: random.Random) -> dict:
+def record(
+    docs: list[list[Sentence]],
+    language: str,
+    length: int,
+    position: str,
+    label: str,
+    template: Template,
+    rng: random.Random,
+) -> dict:
     needle = template.fill(values := fill(template, rng))
     needle_words = len(needle.split())
     sentences = haystack(docs, word_budget(length, language) - needle_words, rng)
@@ -124,9 +148,16 @@ def record(docs: list[list[Sentence]], language: str, length: int, position: str
                 break
         else:
             raise SpecError("every distractor drawn occurs in its haystack", key="generate", value=template.name)
-    return {"text": text, "text_pair": query, "label": label, "length": length, "position": position,
-            "template": template.name, "words": len(text.split()),
-            "needle_word": sum(w for _, w in sentences[:at])}
+    return {
+        "text": text,
+        "text_pair": query,
+        "label": label,
+        "length": length,
+        "position": position,
+        "template": template.name,
+        "words": len(text.split()),
+        "needle_word": sum(w for _, w in sentences[:at]),
+    }
 
 
 def split_counts(n: int, odd: bool) -> tuple[int, int, int]:
@@ -153,12 +184,16 @@ def generate(documents: list[str], settings: Settings, name: str) -> dict[str, l
             group = []
             for template in chosen:
                 n += 1
-                group.append({"id": f"{name}-{n:05d}", **record(docs, settings.language, length, position, label,
-                                                                  template, rng)})
+                group.append(
+                    {
+                        "id": f"{name}-{n:05d}",
+                        **record(docs, settings.language, length, position, label, template, rng),
+                    }
+                )
             train, dev, _ = split_counts(per_group, odd=(cell + k) % 2 == 0)
             splits["train"] += group[:train]
-            splits["dev"] += group[train:train + dev]
-            splits["test"] += group[train + dev:]
+            splits["dev"] += group[train : train + dev]
+            splits["test"] += group[train + dev :]
     for records in splits.values():
         rng.shuffle(records)
     return splits

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ablate.evaluate.task_types import classification, span_ner, token_ner   # noqa: F401  (they register)
+from ablate.evaluate.task_types import classification, span_ner, token_ner  # noqa: F401  (they register)
 from ablate.evaluate.task_types.entry import TYPE_SETTINGS, TaskType, registered
 
 __all__ = ["TASK_TYPES", "TYPE_NAMES", "METRICS", "TYPE_SETTINGS", "TaskType", "task_type", "compute"]
@@ -28,11 +28,15 @@ def task_type(name: str) -> TaskType:
     return TASK_TYPES[name]
 
 
-def compute(type_name: str, names: Sequence[str], gold, pred,
-            negative_label: str | None = None) -> dict[str, float]:
+def compute(
+    type_name: str, names: Sequence[str], gold, pred, negative_label: str | None = None
+) -> dict[str, float]:
     """All the named metrics of one task type, in order; `negative_label` (single-label classification) is
     left out of the F1 averages."""
     entry = TASK_TYPES[type_name]
-    return {name: entry.metrics[name](gold, pred, negative_label=negative_label)
-            if negative_label is not None and name in entry.takes_negative else entry.metrics[name](gold, pred)
-            for name in names}
+    return {
+        name: entry.metrics[name](gold, pred, negative_label=negative_label)
+        if negative_label is not None and name in entry.takes_negative
+        else entry.metrics[name](gold, pred)
+        for name in names
+    }

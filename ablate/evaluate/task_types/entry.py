@@ -48,10 +48,10 @@ class TaskType:
     name: str
     description: str
     protocol_kind: Literal["ner", "classification", "span_ner"]
-    metrics: Mapping[str, Callable]               # name -> fn(gold, pred[, negative_label])
-    selects_by: str                               # the paper's selection metric: a task file's usual first one
-    formats: tuple[str, ...]                      # data formats it reads
-    label_kind: Literal["tags", "one", "set", "number", "spans"]   # how a record's label is read
+    metrics: Mapping[str, Callable]  # name -> fn(gold, pred[, negative_label])
+    selects_by: str  # the paper's selection metric: a task file's usual first one
+    formats: tuple[str, ...]  # data formats it reads
+    label_kind: Literal["tags", "one", "set", "number", "spans"]  # how a record's label is read
     head: Callable[..., Any]
     encode: Callable[..., list]
     collate: Callable[[list], dict]
@@ -60,12 +60,12 @@ class TaskType:
     gold: Callable[[Any], Any] = lambda example: example.label
     label_names: Callable[[Any], tuple[str, ...]] = lambda label: (label,)
     check: Callable[[Any], None] = lambda task: None
-    reads: frozenset[str] = frozenset()           # of TYPE_SETTINGS, the ones it reads
-    lora_task: str | None = None                  # peft's TaskType name; None: fine-tuned in full only
-    loss_terms: Callable[[Any], int] = lambda item: 1   # loss terms of one example (batch pieces' shares)
+    reads: frozenset[str] = frozenset()  # of TYPE_SETTINGS, the ones it reads
+    lora_task: str | None = None  # peft's TaskType name; None: fine-tuned in full only
+    loss_terms: Callable[[Any], int] = lambda item: 1  # loss terms of one example (batch pieces' shares)
     has_label_set: bool = True
-    takes_negative: frozenset[str] = field(default_factory=frozenset)   # metrics that take negative_label
-    targets: tuple[str, ...] = ("labels",)        # the batch's keys that only training reads
+    takes_negative: frozenset[str] = field(default_factory=frozenset)  # metrics that take negative_label
+    targets: tuple[str, ...] = ("labels",)  # the batch's keys that only training reads
 
 
 _REGISTRY: dict[str, TaskType] = {}

@@ -31,8 +31,13 @@ def probe_layers(kind: str, width: int, n_out: int, hidden: int | None, dropout:
         return torch.nn.Sequential(torch.nn.Dropout(dropout), torch.nn.Linear(width, n_out))
     if kind == "mlp":
         inner = hidden or width
-        return torch.nn.Sequential(torch.nn.Dropout(dropout), torch.nn.Linear(width, inner), torch.nn.GELU(),
-                                   torch.nn.Dropout(dropout), torch.nn.Linear(inner, n_out))
+        return torch.nn.Sequential(
+            torch.nn.Dropout(dropout),
+            torch.nn.Linear(width, inner),
+            torch.nn.GELU(),
+            torch.nn.Dropout(dropout),
+            torch.nn.Linear(inner, n_out),
+        )
     raise ValueError(f"no probe head {kind!r}")
 
 
@@ -48,11 +53,11 @@ class ProbedEncoder(torch.nn.Module):
         self.encoder.requires_grad_(False)
         self.encoder.eval()
         self._token_types = "token_type_ids" in inspect.signature(encoder.forward).parameters
-        self._pooled: dict[bool, dict[bytes, torch.Tensor]] = {False: {}, True: {}}   # by inference mode
+        self._pooled: dict[bool, dict[bytes, torch.Tensor]] = {False: {}, True: {}}  # by inference mode
 
     def train(self, mode: bool = True):
         super().train(mode)
-        self.encoder.eval()     # a frozen encoder never drops out
+        self.encoder.eval()  # a frozen encoder never drops out
         return self
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
@@ -60,8 +65,10 @@ class ProbedEncoder(torch.nn.Module):
             attention_mask = torch.ones_like(input_ids)
         extra = {"token_type_ids": token_type_ids} if self._token_types and token_type_ids is not None else {}
         kept = self._pooled[torch.is_inference_mode_enabled()]
-        keys = [_key(input_ids[i], attention_mask[i], token_type_ids[i] if extra else None)
-                for i in range(len(input_ids))]
+        keys = [
+            _key(input_ids[i], attention_mask[i], token_type_ids[i] if extra else None)
+            for i in range(len(input_ids))
+        ]
         missing = [i for i, k in enumerate(keys) if k not in kept]
         if missing:
             rows = torch.tensor(missing, device=input_ids.device)
@@ -98,6 +105,7 @@ def probed_encoder(model_dir: str, n_out: int, problem_type: str, settings) -> P
     from transformers import AutoModel
 
     encoder = AutoModel.from_pretrained(model_dir, dtype=torch.float32)
-    head = probe_layers(settings.probe, encoder.config.hidden_size, n_out, settings.probe_hidden,
-                        settings.probe_dropout)
+    head = probe_layers(
+        settings.probe, encoder.config.hidden_size, n_out, settings.probe_hidden, settings.probe_dropout
+    )
     return ProbedEncoder(encoder, head, problem_type, settings.pooling)

@@ -22,29 +22,47 @@ from ablate.evaluate.span_model import SpanNER
 from ablate.evaluate.task_types.entry import TaskType, register
 from ablate.evaluate.task_types.hf import types_of
 
-SPAN_SETTINGS = frozenset({"max_steps", "eval_every", "head_lr", "head_dropout", "max_span_length",
-                           "lstm_hidden_size", "lstm_layers", "biaffine_hidden_size"})
+SPAN_SETTINGS = frozenset(
+    {
+        "max_steps",
+        "eval_every",
+        "head_lr",
+        "head_dropout",
+        "max_span_length",
+        "lstm_hidden_size",
+        "lstm_layers",
+        "biaffine_hidden_size",
+    }
+)
 
 
 class SpanTargets(NamedTuple):
     n_labels: int
-    spans: tuple[tuple[int, int, int], ...]     # (first sub-token, last sub-token, label id)
+    spans: tuple[tuple[int, int, int], ...]  # (first sub-token, last sub-token, label id)
 
 
 def head(model_dir: str, labels: tuple[str, ...], settings) -> torch.nn.Module:
     from transformers import AutoModel
 
     encoder = AutoModel.from_pretrained(model_dir, dtype=torch.float32)
-    return SpanNER(encoder, len(labels), settings.lstm_hidden_size, settings.lstm_layers,
-                   settings.biaffine_hidden_size, settings.max_span_length, settings.head_dropout)
+    return SpanNER(
+        encoder,
+        len(labels),
+        settings.lstm_hidden_size,
+        settings.lstm_layers,
+        settings.biaffine_hidden_size,
+        settings.max_span_length,
+        settings.head_dropout,
+    )
 
 
 def encode(tokenizer, examples, labels: tuple[str, ...], max_length: int) -> list[Encoded]:
     """Sub-tokens with their character offsets; an entity's target is the sub-tokens covering it (an entity
     cut off by max_length has none, and its gold span still counts when scoring)."""
     label_id = {lab: i for i, lab in enumerate(labels)}
-    enc = tokenizer([ex.text for ex in examples], truncation=True, max_length=max_length,
-                    return_offsets_mapping=True)
+    enc = tokenizer(
+        [ex.text for ex in examples], truncation=True, max_length=max_length, return_offsets_mapping=True
+    )
     out = []
     for i, ex in enumerate(examples):
         offsets = [tuple(o) for o in enc["offset_mapping"][i]]
@@ -53,8 +71,15 @@ def encode(tokenizer, examples, labels: tuple[str, ...], max_length: int) -> lis
             tokens = token_span(offsets, start, end)
             if tokens is not None:
                 spans.add((*tokens, label_id[lab]))
-        out.append(Encoded(enc["input_ids"][i], types_of(enc, i), SpanTargets(len(labels), tuple(sorted(spans))),
-                           None, offsets))
+        out.append(
+            Encoded(
+                enc["input_ids"][i],
+                types_of(enc, i),
+                SpanTargets(len(labels), tuple(sorted(spans))),
+                None,
+                offsets,
+            )
+        )
     return out
 
 
@@ -63,11 +88,15 @@ def collate(items: list[Encoded]) -> dict[str, torch.Tensor]:
     n_labels = items[0].label.n_labels
     token_mask = pad_rows([[b > a for a, b in it.offsets] for it in items], False, n, torch.bool)
     span_labels = [(row, s, e - s, lab) for row, it in enumerate(items) for s, e, lab in it.label.spans]
-    tags = [[bioul_tags([(s, e) for s, e, lab in it.label.spans if lab == k], n) for k in range(n_labels)]
-            for it in items]
-    return {"token_mask": token_mask,
-            "span_labels": torch.tensor(span_labels, dtype=torch.long).reshape(-1, 4),
-            "tag_labels": torch.tensor(tags, dtype=torch.long)}
+    tags = [
+        [bioul_tags([(s, e) for s, e, lab in it.label.spans if lab == k], n) for k in range(n_labels)]
+        for it in items
+    ]
+    return {
+        "token_mask": token_mask,
+        "span_labels": torch.tensor(span_labels, dtype=torch.long).reshape(-1, 4),
+        "tag_labels": torch.tensor(tags, dtype=torch.long),
+    }
 
 
 def decode(outputs, items: list[Encoded], labels: tuple[str, ...], examples) -> list[tuple]:
@@ -86,10 +115,22 @@ def _check(task) -> None:
         raise Located("a span_ner task reads no text_pair", "columns.text_pair", task.columns.text_pair)
 
 
-SPAN_NER = register(TaskType(
-    name="span_ner", description="entities as character spans, nested kept (BiLSTM, BIOUL CRF, biaffine spans)",
-    protocol_kind="span_ner",
-    metrics={"span_f1": m.span_f1, "span_precision": m.span_precision, "span_recall": m.span_recall},
-    selects_by="span_f1", formats=("brat",), label_kind="spans", head=head, encode=encode, collate=collate,
-    decode=decode, label_names=lambda label: tuple(lab for _, _, lab in label), reads=SPAN_SETTINGS,
-    targets=("span_labels", "tag_labels"), check=_check))
+SPAN_NER = register(
+    TaskType(
+        name="span_ner",
+        description="entities as character spans, nested kept (BiLSTM, BIOUL CRF, biaffine spans)",
+        protocol_kind="span_ner",
+        metrics={"span_f1": m.span_f1, "span_precision": m.span_precision, "span_recall": m.span_recall},
+        selects_by="span_f1",
+        formats=("brat",),
+        label_kind="spans",
+        head=head,
+        encode=encode,
+        collate=collate,
+        decode=decode,
+        label_names=lambda label: tuple(lab for _, _, lab in label),
+        reads=SPAN_SETTINGS,
+        targets=("span_labels", "tag_labels"),
+        check=_check,
+    )
+)

@@ -28,13 +28,20 @@ def align_word_labels(word_ids: list[int | None], word_labels: list[int]) -> lis
 
 def encode(tokenizer, examples, labels: tuple[str, ...], max_length: int) -> list[Encoded]:
     label_id = {lab: i for i, lab in enumerate(labels)}
-    enc = tokenizer([list(ex.text) for ex in examples], is_split_into_words=True, truncation=True,
-                    max_length=max_length)
+    enc = tokenizer(
+        [list(ex.text) for ex in examples], is_split_into_words=True, truncation=True, max_length=max_length
+    )
     out = []
     for i, ex in enumerate(examples):
         wids = enc.word_ids(i)
-        out.append(Encoded(enc["input_ids"][i], types_of(enc, i),
-                           align_word_labels(wids, [label_id[t] for t in ex.label]), wids))
+        out.append(
+            Encoded(
+                enc["input_ids"][i],
+                types_of(enc, i),
+                align_word_labels(wids, [label_id[t] for t in ex.label]),
+                wids,
+            )
+        )
     return out
 
 
@@ -56,12 +63,27 @@ def _check(task) -> None:
         raise Located("not an IOB2 tag", "labels.values", bad[0], "O, B-<type>, I-<type>")
 
 
-TOKEN_CLASSIFICATION = register(TaskType(
-    name="token_classification", description="one IOB2 tag per word (a linear head on the sub-tokens)",
-    protocol_kind="ner",
-    metrics={"entity_f1": m.entity_f1, "entity_precision": m.entity_precision, "entity_recall": m.entity_recall},
-    selects_by="entity_f1", formats=("conll", "hf"), label_kind="tags", head=token_head, encode=encode,
-    collate=lambda items: {"labels": pad_rows([it.label for it in items], IGNORE)},
-    decode=per_row(lambda logits, item, labels, ex: decode_tags(logits, item, labels, len(ex.text))),
-    gold=lambda example: list(example.label), label_names=tuple, lora_task="TOKEN_CLS",
-    loss_terms=lambda item: sum(lab != IGNORE for lab in item.label), check=_check))
+TOKEN_CLASSIFICATION = register(
+    TaskType(
+        name="token_classification",
+        description="one IOB2 tag per word (a linear head on the sub-tokens)",
+        protocol_kind="ner",
+        metrics={
+            "entity_f1": m.entity_f1,
+            "entity_precision": m.entity_precision,
+            "entity_recall": m.entity_recall,
+        },
+        selects_by="entity_f1",
+        formats=("conll", "hf"),
+        label_kind="tags",
+        head=token_head,
+        encode=encode,
+        collate=lambda items: {"labels": pad_rows([it.label for it in items], IGNORE)},
+        decode=per_row(lambda logits, item, labels, ex: decode_tags(logits, item, labels, len(ex.text))),
+        gold=lambda example: list(example.label),
+        label_names=tuple,
+        lora_task="TOKEN_CLS",
+        loss_terms=lambda item: sum(lab != IGNORE for lab in item.label),
+        check=_check,
+    )
+)
