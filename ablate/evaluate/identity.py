@@ -19,7 +19,8 @@ import json
 import os
 from typing import Any
 
-from ablate.evaluate.tasks import FinetuneSettings, TaskSpec, data_files
+from ablate.evaluate.task_readers import data_files
+from ablate.evaluate.tasks import FinetuneSettings, TaskSpec
 
 PARTS = {"task": "the task file", "data": "the task's data files", "settings": "the fine-tuning settings"}
 _NOT_COMPUTATION = {"description", "source", "finetune"}
