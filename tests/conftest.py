@@ -33,6 +33,17 @@ def missing_test_data(root: Path) -> list[str]:
     ]
 
 
+# Fixtures that train a sweep (tens of seconds each): every test that reads one is in the slow tier, so the fast
+# tier (`pytest -m "not slow"`, the inner loop) never waits for one.
+TRAINED_SWEEPS = {"decay_sweep", "local_sweep", "finished", "tiny_run", "sqlite_study", "scratch", "family_run"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if TRAINED_SWEEPS.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_configure(config):
     """Without the data the tests read, one line naming the command that fetches it (pytest's usage error, exit
     4), not a failure per test."""

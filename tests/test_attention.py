@@ -264,6 +264,7 @@ def test_document_masking_is_in_the_run_id_only_when_on():
     assert off == default != on
 
 
+@pytest.mark.slow
 def test_a_run_hands_each_micro_batch_its_own_rows_doc_ids(tmp_path, data_root, monkeypatch, minilm_tokenizer):
     """The loop's documents for a micro-batch are the doc ids of exactly the sequences it trains on."""
     seen = []

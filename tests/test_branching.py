@@ -207,6 +207,7 @@ def scratch(tmp_path_factory, data_root):
     return {name: _execute(child, root / name) for name, (_, child, _) in CASES.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_branched_child_ends_bitwise_as_the_same_run_from_scratch(case, scratch, tmp_path):
     parent, child, at = CASES[case]  # decay-length: the child's main phase ends inside the parent's
@@ -250,6 +251,7 @@ def _execute_killed(run_dir: Path, pause_at: int, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow
 def test_kill_9_of_a_parent_mid_run_and_of_a_child_right_after_branching_resume_to_the_same_bits(
     scratch, tmp_path
 ):
@@ -264,6 +266,7 @@ def test_kill_9_of_a_parent_mid_run_and_of_a_child_right_after_branching_resume_
     assert_same_run(folders[child.run_id], scratch["decay-freeze"])
 
 
+@pytest.mark.slow
 def test_a_child_whose_parent_has_no_checkpoint_there_trains_from_step_0(tmp_path, data_root):
     parent, child = spec_of(main=4, decay=3), spec_of(main=4, decay=1)
     folders = _tree_folders(tmp_path, [parent, child])
@@ -320,6 +323,7 @@ def _ids(results: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_the_dry_run_prints_the_tree_and_counts_what_is_trained(tmp_path, data_root):
     done = _cli(["sweep", str(_grid(tmp_path)), "--dry-run", "--tokens-per-s", "1000"], tmp_path)
     assert done.returncode == 0, done.stderr
@@ -335,6 +339,7 @@ def test_the_dry_run_prints_the_tree_and_counts_what_is_trained(tmp_path, data_r
     assert sweep_tree(off, expand(off), {}) is None  # `branching: false`: no tree, every run from 0
 
 
+@pytest.mark.slow
 def test_a_local_sweep_runs_the_tree_end_to_end_and_status_shows_it(tmp_path, data_root):
     grid, results = _grid(tmp_path), tmp_path / "results"
     done = _cli(["sweep", str(grid), "--results", str(results), "--poll", "0.2"], tmp_path)
@@ -368,6 +373,7 @@ def test_a_failed_parent_fails_its_waiting_children_naming_it(tmp_path):
     assert f"its parent run {parent.run_id} is failed before step 4" in error and "--retry-failed" in error
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_a_slurm_child_job_waits_for_its_parents_pretraining_to_its_branch_step_only(
     tmp_path, slurm_env, data_root

@@ -17,6 +17,7 @@ from ablate.train.loop import pretrain
 from test_pretrain import tiny_spec
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_checkpoint_says_where_and_how_much_and_the_run_resumes(
     tmp_path, monkeypatch, data_root
 ):

@@ -130,6 +130,7 @@ def test_ablate_run_refuses_a_plan_that_reads_its_corpus_more_than_max_epochs(tm
     assert not out.exists()  # refused before the run folder is written
 
 
+@pytest.mark.slow
 def test_raising_max_epochs_lets_the_same_run_train(tmp_path, slice_tokens, capsys):
     steps = steps_over_one_epoch(slice_tokens)
     out = tmp_path / "run"

@@ -201,6 +201,7 @@ def calibrated(tmp_path_factory, data_root):
     return grid, results, json.loads((results / "tiny" / "calibration.json").read_text())
 
 
+@pytest.mark.slow
 def test_calibrate_times_each_combination_and_the_dry_run_then_prints_hours(calibrated, capsys):
     grid, results, calibration = calibrated
     assert calibration["sweep"] == "tiny" and calibration["torch"] and calibration["created"][:2] == "20"

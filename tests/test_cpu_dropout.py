@@ -117,6 +117,7 @@ def test_on_a_gpu_device_only_torch_is_seeded():
     assert not isinstance(cpu_dropout(4, "cpu", compiled=True), CpuDropout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_a_cpu_training_step_with_dropout_draws_no_mersenne_twister_and_repeats(attn, tmp_path, data_root):
     spec = parse_run_spec(tiny_spec(attn_implementation=attn, device="cpu"))

@@ -224,6 +224,7 @@ def test_the_smoke_grids_dry_run_on_an_empty_data_root_names_what_to_fetch(tmp_p
     assert f"`ablate data fetch {SMOKE}`" in err
 
 
+@pytest.mark.slow
 def test_the_freeze_grids_dry_run_on_a_root_without_the_french_tasks_names_its_fetch(
     tmp_path, data_root, monkeypatch, capsys
 ):

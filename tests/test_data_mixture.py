@@ -73,6 +73,7 @@ def test_realised_shares_converge_to_the_weights(weights):
     assert not (row_members(tuple(weights), 42, 0, 64) == row_members(tuple(weights), 7, 0, 64)).all()
 
 
+@pytest.mark.slow
 def test_a_run_reads_each_source_by_its_share_and_records_tokens_per_source(tmp_path, data_root):
     spec = parse_run_spec(mixed_spec(weights=(3, 1)))
     state = pretrain(spec, tmp_path / "run", log=_quiet)
@@ -86,6 +87,7 @@ def test_a_run_reads_each_source_by_its_share_and_records_tokens_per_source(tmp_
     assert last[f"tokens/{E3C}"] == planned[E3C] and last[f"tokens/{MEDQUAD}"] == planned[MEDQUAD]
 
 
+@pytest.mark.slow
 def test_twins_read_identical_streams_by_source(tmp_path, data_root):
     """A CLM and an MNTP detour on the same mixture (and the same decay) read the same sequences of each source."""
     a = pretrain(parse_run_spec(mixed_spec(detour="clm")), tmp_path / "a", log=_quiet)
@@ -118,6 +120,7 @@ def _killed_and_resumed(spec_file: Path, out: Path, pause_at: int, tmp_path: Pat
     assert "resumed from step-" in (out / "log.txt").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pause_at", [4, 8])  # checkpoints inside the mixture and the longer decay
 def test_kill_9_resume_is_bitwise_with_a_mixture_and_a_change_of_length(pause_at, tmp_path, data_root):
     raw = mixed_spec()
@@ -153,6 +156,7 @@ def test_branching_shares_nothing_between_two_weights():
     assert shared_prefix(b, same, lr_at)[0] == 3 + 6 + 4  # the same weights: everything
 
 
+@pytest.mark.slow
 def test_a_source_read_past_max_epochs_by_its_share_is_refused_before_submission(tmp_path, data_root):
     spec = parse_run_spec(mixed_spec(weights=(0.2, 0.8)))
     tokens = {E3C: 100_000, MEDQUAD: 400}  # MedQuAD: 12 sequences of 32 for ~19 planned
@@ -204,6 +208,7 @@ def test_bad_data_names_the_key():
         parse_run_spec(mixed_spec(weights=(0, 1)))
 
 
+@pytest.mark.slow
 def test_a_branch_of_a_one_corpus_parent_records_what_it_would_from_scratch(tmp_path, data_root):
     """A shared warm-up on the run's corpus, then a mixture: the branch's per-source tokens and hashes are the
     from-scratch run's (the parent counts its corpus too)."""

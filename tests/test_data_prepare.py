@@ -100,6 +100,7 @@ def test_a_vocabulary_over_65536_is_stored_as_uint32(tmp_path):
     assert prepared.tokens(0, 4).tolist() == [1, 69999, 65536, 7]
 
 
+@pytest.mark.slow
 def test_two_concurrent_preparers_tokenize_once(tmp_path, data_root):
     corpus = _slice(data_root, tmp_path)
     env = {"ABLATE_PREPARED": str(tmp_path / "prepared")}
@@ -135,6 +136,7 @@ def test_two_concurrent_preparers_tokenize_once(tmp_path, data_root):
     assert (folder / "manifest.json").read_bytes() == manifest
 
 
+@pytest.mark.slow
 def test_kill_9_mid_preparation_then_rerun_gives_the_complete_identical_folder(tmp_path, data_root):
     corpus = _slice(data_root, tmp_path)
     args = ["prepare", str(corpus), "--workers", "1", "--shard-tokens", "5000"]
@@ -152,6 +154,7 @@ def test_kill_9_mid_preparation_then_rerun_gives_the_complete_identical_folder(t
     assert _files(folder) == _files(tmp_path / "b" / folder.name)
 
 
+@pytest.mark.slow
 def test_a_changed_corpus_is_refused_with_the_command_to_re_prepare(tmp_path, data_root, minilm_tokenizer):
     corpus = _slice(data_root, tmp_path, 60)
     spec = DataSpec(corpus=str(corpus), seq_len=16)
@@ -180,6 +183,7 @@ def test_a_changed_corpus_is_refused_with_the_command_to_re_prepare(tmp_path, da
     open_prepared(spec, minilm_tokenizer)
 
 
+@pytest.mark.slow
 def test_verify_catches_a_corrupted_shard(tmp_path, data_root):
     corpus = _slice(data_root, tmp_path, 60)
     env = {"ABLATE_PREPARED": str(tmp_path / "p")}
@@ -193,6 +197,7 @@ def test_verify_catches_a_corrupted_shard(tmp_path, data_root):
     assert verified.returncode == 2 and str(shard) in verified.stderr and "checksums" in verified.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, content, expected",
     [
@@ -236,6 +241,7 @@ def _grid(tmp_path: Path, corpus: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_sweep_with_a_corpus_typo_is_exit_2_and_submits_nothing(tmp_path, data_root):
     grid = _grid(tmp_path, "corpus_en_e3c/trian.txt")
     result = _cli(["sweep", str(grid), "--executor", "local", "--results", str(tmp_path / "r")], tmp_path)
@@ -243,6 +249,7 @@ def test_a_sweep_with_a_corpus_typo_is_exit_2_and_submits_nothing(tmp_path, data
     assert "submitted" not in result.stdout and not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_a_local_sweep_prepares_its_corpus_once(tmp_path, data_root, monkeypatch):
     from ablate.config.grid import load_grid
     from ablate.data import prepare as prepare_module
@@ -310,6 +317,7 @@ def _backend(tokenizer):
     return backend
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cache_words", [1 << 21, 50])
 def test_the_word_cache_encodes_every_document_exactly_as_the_tokenizer(
     cache_words, data_root, minilm_tokenizer, monkeypatch

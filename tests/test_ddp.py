@@ -126,6 +126,7 @@ def _quiet(_m: str) -> None:
     pass
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_match_one_process_and_their_checkpoint_resumes_under_either(tmp_path, data_root):
     spec = ddp_spec()
     single = pretrain(parse_run_spec(spec), tmp_path / "single", log=_quiet)  # also fills the token cache
@@ -160,6 +161,7 @@ def test_two_gloo_ranks_match_one_process_and_their_checkpoint_resumes_under_eit
     _assert_same_weights(_weights(tmp_path / "ddp_resumed"), _weights(tmp_path / "single"))
 
 
+@pytest.mark.slow
 def test_with_dropout_ranks_equal_one_process_with_the_same_micro_batch_size(tmp_path, data_root):
     """tiny-bert has dropout 0.1. Each micro-batch draws its dropout by its index in the global batch, so ranks
     compute what one process computes with the same micro_batch_size: bitwise with one micro-batch per rank
@@ -283,6 +285,7 @@ def test_a_task_of_a_multi_task_job_that_cannot_tell_its_rank_is_an_error_not_on
     assert "WORLD_SIZE" not in os.environ
 
 
+@pytest.mark.slow
 def test_a_rank_whose_peer_never_comes_fails_within_the_timeout(monkeypatch):
     _clear_dist_env(monkeypatch)
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
@@ -372,6 +375,7 @@ def test_the_ranks_shares_of_the_fine_tunings_cover_every_unit_once(world):
         units_of(units, (world, world))
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_share_the_fine_tunings_and_give_one_process_scores(tmp_path, data_root):
     from ablate.launch import worker
     from ablate.store import rundir
@@ -411,6 +415,7 @@ def test_the_global_batch_must_split_evenly_over_ranks(data_root):
 # ---------------------------------------------------------------- Slurm: one run, two tasks
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_one_run_with_two_slurm_tasks_matches_one_process(tmp_path, slurm_env, data_root, monkeypatch):
     import submitit

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from ablate.store import rundir
@@ -43,6 +44,7 @@ def _tiny_detours(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_detours_grid_trains_its_prefix_lm_and_mixture_arms_on_tiny_modernbert_under_sdpa(tmp_path, data_root):
     grid, results = _tiny_detours(tmp_path), tmp_path / "results"
     done = subprocess.run(

@@ -47,6 +47,7 @@ def _id(runs: pd.DataFrame, schedule: str, seed: int) -> str:
     return runs.loc[(runs["schedule"] == schedule) & (runs["seed"] == seed), "run_id"].item()
 
 
+@pytest.mark.slow
 def test_pairs_join_twins_and_seeds_of_the_same_decay_share_only(decay_sweep):
     _, sweep = decay_sweep
     runs, pairs = _runs(sweep), pd.read_parquet(sweep / "pairs.parquet")
@@ -72,6 +73,7 @@ def test_pairs_join_twins_and_seeds_of_the_same_decay_share_only(decay_sweep):
     assert ends[(_id(runs, "clm_d40", 17), 1)] == 0 and ends[(_id(runs, "clm_d40", 17), 2)] == 4 * 128
 
 
+@pytest.mark.slow
 def test_persistence_figure_draws_the_whole_model_divergence_over_the_decay_lengths(decay_sweep, tmp_path):
     data = _figure(decay_sweep, tmp_path, "persistence")
     clm = data[data["kind"] == "CLM vs MLM twin"]
@@ -130,6 +132,7 @@ def _figure(decay_sweep, tmp_path, name: str) -> pd.DataFrame:
     return pd.read_csv(tmp_path / f"{name}.csv")
 
 
+@pytest.mark.slow
 def test_divergence_figure_data_is_the_mean_over_seeds_of_one_minus_cka(decay_sweep, tmp_path):
     _, sweep = decay_sweep
     data, runs = _figure(decay_sweep, tmp_path, "divergence"), _runs(sweep)
@@ -154,6 +157,7 @@ def test_divergence_figure_data_is_the_mean_over_seeds_of_one_minus_cka(decay_sw
     assert set(data["position"]) == {1, 2}
 
 
+@pytest.mark.slow
 def test_regions_figure_data_is_the_region_mean_per_phase_end(decay_sweep, tmp_path):
     _, sweep = decay_sweep
     data, runs = _figure(decay_sweep, tmp_path, "regions"), _runs(sweep)
@@ -170,6 +174,7 @@ def test_regions_figure_data_is_the_region_mean_per_phase_end(decay_sweep, tmp_p
             )
 
 
+@pytest.mark.slow
 def test_the_divergence_table_has_region_summaries_with_intervals(decay_sweep, tmp_path):
     results, _ = decay_sweep
     done = cli(
@@ -190,6 +195,7 @@ def test_the_divergence_table_has_region_summaries_with_intervals(decay_sweep, t
     assert (twins["n"] == 2).all() and twins["ci_low"].notna().all()
 
 
+@pytest.mark.slow
 def test_decay_grid_dry_run_states_the_pairing_rule(tmp_path):
     done = cli(["sweep", str(REPO / "grids" / "decay.yaml"), "--dry-run"], tmp_path)
     assert done.returncode == 0, done.stderr
@@ -205,6 +211,7 @@ def test_decay_grid_dry_run_states_the_pairing_rule(tmp_path):
     assert "same model, data, data seed, seed, training settings and phase ends" in done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "drop, message",
     [

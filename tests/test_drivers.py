@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from ablate.cli import main
@@ -52,6 +53,7 @@ def count(text: str, needle: str) -> int:
     return text.count(needle)
 
 
+@pytest.mark.slow
 def test_two_drivers_of_one_sweep_run_each_pretraining_and_fine_tuning_once(tmp_path, data_root):
     grid, results, release = two_run_grid(tmp_path), tmp_path / "results", tmp_path / "release"
     first = subprocess.Popen(
@@ -118,6 +120,7 @@ def prepared_run(tmp_path: Path) -> Path:
     return paths.run(runs[0].run_id)
 
 
+@pytest.mark.slow
 def test_a_run_finished_after_the_driver_decided_to_run_it_is_not_submitted(tmp_path, data_root):
     run_dir = prepared_run(tmp_path)
     assert classify(run_dir, retry_failed=False) == "submit"
@@ -184,6 +187,7 @@ def test_a_driver_whose_runs_another_live_driver_holds_names_it_and_exits_0(tmp_
     assert all(rundir.read_status(d)["driver"] == other for d in run_dirs)  # left as they were
 
 
+@pytest.mark.slow
 def test_wait_watches_the_held_runs_and_runs_what_their_driver_left_unfinished(tmp_path, data_root):
     other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     grid, run_dirs = held_sweep(tmp_path, {"host": drivers.me()["host"], "pid": other.pid})

@@ -42,6 +42,7 @@ def finished(tmp_path_factory, data_root):
     return root, root / "results" / "e2e"
 
 
+@pytest.mark.slow
 def test_every_arm_is_scored_on_the_grid_task(finished):
     _, sweep = finished
     scores = pd.read_parquet(sweep / "scores.parquet")
@@ -66,6 +67,7 @@ def test_the_frozen_table_is_each_runs_phase_plan(finished):
         assert list(frozen.itertuples(index=False, name=None)) == [(low[0], "clm", 0), (low[0], "clm", 1)]
 
 
+@pytest.mark.slow
 def test_evaluate_adds_a_task_without_recomputing_the_others(finished):
     root, sweep = finished
     before = {p: p.stat().st_mtime_ns for p in sweep.glob("runs/*/scores/ncbi_disease/seed-*.json")}
@@ -80,6 +82,7 @@ def test_evaluate_adds_a_task_without_recomputing_the_others(finished):
     assert scores.groupby("task")["run_id"].nunique().to_dict() == {"chemprot": 3, "ncbi_disease": 3}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("figure", ["layers", "deltas", "curves", "freeze"])
 def test_report_draws_each_figure_from_the_real_sweep(finished, figure):
     root, sweep = finished
@@ -96,12 +99,14 @@ def test_report_draws_each_figure_from_the_real_sweep(finished, figure):
         assert "delta_pp" in result.stdout and "clm_detour" in result.stdout
 
 
+@pytest.mark.slow
 def test_report_names_what_is_missing(finished, tmp_path):
     root, sweep = finished
     result = cli(["report", str(sweep), "--figure", "nonsense"], root)
     assert result.returncode == 2 and "layers" in result.stderr and "deltas" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sweep_overview.ipynb", "compare_sweeps.ipynb"])
 def test_notebooks_run_on_the_real_sweep(finished, name, monkeypatch):
     import nbformat
@@ -119,6 +124,7 @@ def test_notebooks_run_on_the_real_sweep(finished, name, monkeypatch):
     assert not [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
 
 
+@pytest.mark.slow
 def test_collect_adds_the_papers_cka_ratio_when_two_mlm_seeds_exist(tmp_path, data_root):
     grid = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())
     grid.update(sweep="ratio", axes={"schedule": ["mlm", "clm_detour"], "seed": [17, 18]}, exclude=[])

@@ -89,6 +89,7 @@ def exported(finished, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_the_folder_loads_with_transformers_as_the_runs_model(finished, exported):
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
@@ -222,6 +223,7 @@ def test_an_arm_with_several_seeds_exports_the_lowest_unless_told():
     assert choose_run(runs, "b17").arm == "mlm"
 
 
+@pytest.mark.slow
 def test_push_without_a_token_is_exit_2_and_the_folder_is_complete(finished, tmp_path):
     results, sweep, _ = finished
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}

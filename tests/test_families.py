@@ -248,6 +248,7 @@ def _rows(path: Path) -> list[dict]:
     return [dict(zip(cols, values)) for values in zip(*cols.values())]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_clm_with_low_layers_frozen_then_mlm_decay_through_ablate_run(name, family_run, data_root):
     run_dir = family_run(name)

@@ -300,6 +300,7 @@ def test_unknown_lora_target_is_a_spec_error(tiny_bert):
     assert e.value.key == "finetune.lora_target_modules"
 
 
+@pytest.mark.slow
 def test_base_minilm_folder_without_mlm_head(minilm_dir):
     task = load_task("pubmedqa_pqal")
     rows = ft.finetune(minilm_dir, task, 0, small(task, max_train_examples=16, max_length=32))

@@ -80,6 +80,7 @@ def test_a_model_through_flex_attention_computes_what_the_sdpa_paths_compute(arc
     assert len(calls) == global_layers
 
 
+@pytest.mark.slow
 def test_a_compiled_encoder_takes_each_micro_batch_s_block_mask_without_recompiling():
     """What CUDA runs under `compile: auto` with documents: the block mask and doc ids change every
     micro-batch, the compiled graph does not (forward: FlexAttention has no backward on the CPU)."""
@@ -106,6 +107,7 @@ def test_a_compiled_encoder_takes_each_micro_batch_s_block_mask_without_recompil
     assert graphs[1] <= 2 and graphs[1:] == [graphs[1]] * 4, graphs
 
 
+@pytest.mark.slow
 def test_the_compiled_mask_builder_cuda_uses_gives_the_eager_masks_in_one_graph():
     from torch._dynamo.utils import counters
 

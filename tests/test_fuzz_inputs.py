@@ -370,6 +370,7 @@ def test_a_missing_mixture_member_is_named_as_written_by_the_dry_run_and_refused
 # ------------------------------------------------------------------------------------------ the fuzzing
 
 
+@pytest.mark.slow
 @settings(FAST, max_examples=300)
 @given(grids())
 @example(MIXTURE_IN_MIXTURE)
@@ -390,6 +391,7 @@ def run_specs(draw):
     return draw(mutated(spec)) if draw(st.booleans()) else spec
 
 
+@pytest.mark.slow
 @settings(FAST, max_examples=400)
 @given(run_specs())
 def test_every_run_spec_is_accepted_or_a_located_spec_error(spec):
@@ -440,6 +442,7 @@ def data_specs(draw):
     return draw(mutated(spec)) if draw(st.booleans()) else spec
 
 
+@pytest.mark.slow
 @settings(FAST, max_examples=300)
 @given(data_specs())
 def test_every_data_block_and_phase_data_is_accepted_or_a_located_spec_error(spec):
@@ -456,6 +459,7 @@ def task_checks(path: str):
     return resolve_settings(load_task(path))
 
 
+@pytest.mark.slow
 @settings(FAST, max_examples=500)
 @given(mutated(TASK))
 def test_every_task_file_is_accepted_or_a_located_spec_error(task):
@@ -472,6 +476,7 @@ def tune_checks(path: str):
     return load_tune(path)
 
 
+@pytest.mark.slow
 @settings(FAST, max_examples=150)
 @given(mutated(TUNE))
 def test_every_tune_file_is_accepted_or_a_located_spec_error(tune):

@@ -62,6 +62,7 @@ def _gib(n: int) -> float:
     return n / 2**30
 
 
+@pytest.mark.slow
 def test_the_peak_is_its_parts_and_grows_with_micro_batch_and_length():
     small, large = (gpu_memory.phase_memory(_spec(batch=4), m)[0] for m in (1, 4))
     longer = gpu_memory.phase_memory(_spec(seq_len=128, batch=4), 1)[0]
@@ -172,6 +173,7 @@ def test_a_run_spec_with_auto_is_exit_2(tmp_path, capsys):
     assert "gpu_memory_gb" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_meta_trace_accounts_what_real_tensors_hold_on_the_cpu():
     """The same step (float32, so the CPU runs what meta traces but its own SDPA kernel) under MemTracker
     with real tensors: every part within 0.1% of the meta trace (BENCHMARKS.md)."""

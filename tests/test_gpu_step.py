@@ -73,6 +73,7 @@ def tiny_run(tmp_path_factory):
     return json.loads(out.read_text()), json.loads(imports.read_text())
 
 
+@pytest.mark.slow
 def test_the_tiny_run_times_every_row_kind(tiny_run):
     result, _ = tiny_run
     rows = result["rows"]
@@ -89,6 +90,7 @@ def test_the_tiny_run_times_every_row_kind(tiny_run):
     assert result["mask_rate"] == 0.3 and all("mfu" in r and "peak_mem_gb" in r for r in rows)
 
 
+@pytest.mark.slow
 def test_a_row_that_fails_is_reported_and_the_json_still_written(tmp_path):
     out = tmp_path / "bench.json"
     # flash_attention_2 needs the flash-attn package (and a GPU): a SpecError or ImportError in every row
@@ -114,6 +116,7 @@ def test_a_row_that_fails_is_reported_and_the_json_still_written(tmp_path):
     assert len(rows) == 3 and all(r["status"].startswith("error: ") for r in rows), rows
 
 
+@pytest.mark.slow
 def test_rows_that_do_not_fit_the_budget_are_skipped_not_started(tmp_path):
     out = tmp_path / "bench.json"
     run = subprocess.run(
@@ -131,6 +134,7 @@ def test_rows_that_do_not_fit_the_budget_are_skipped_not_started(tmp_path):
     assert "not run" in result["headline"] or "skipped" in result["headline"]
 
 
+@pytest.mark.slow
 def test_without_cuda_the_script_refuses_unless_allowed():
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")

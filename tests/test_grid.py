@@ -546,6 +546,7 @@ def dry_run(path: Path, tmp_path: Path, capsys) -> tuple[int, str, str]:
     return rc, out, err
 
 
+@pytest.mark.slow
 def test_dry_run_of_the_paper_freeze_study_on_modernbert_base(tmp_path, capsys):
     path = write(tmp_path, FREEZE_STUDY)
     rc, out, err = dry_run(path, tmp_path, capsys)
@@ -587,6 +588,7 @@ def test_dry_run_of_the_paper_freeze_study_on_modernbert_base(tmp_path, capsys):
     assert "15 runs; executor slurm;" in lines[-1] and "nothing submitted" in lines[-1]
 
 
+@pytest.mark.slow
 def test_dry_run_says_what_a_seed_axis_changes_and_warns_when_it_changes_nothing(tmp_path, capsys):
     rc, out, err = dry_run(write(tmp_path, FREEZE_STUDY), tmp_path, capsys)
     assert rc == 0, err
@@ -616,6 +618,7 @@ def test_a_data_seed_axis_changes_the_data_order_of_every_phase(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_the_shipped_freeze_grid_has_one_pretraining_seed_and_nine_finetuning_seeds(tmp_path, capsys):
     from ablate.evaluate.suites import spec_items
 
@@ -684,6 +687,7 @@ def test_an_unknown_eval_protocol_exits_2_before_anything_runs(tmp_path, capsys)
     assert "base.eval.protocol" in err and "'fast'" in err and "allowed: paper, smoke" in err
 
 
+@pytest.mark.slow
 def test_dry_run_of_the_smoke_grid_through_python_m(tmp_path):
     env = {**os.environ, "ABLATE_RESULTS": str(tmp_path / "results")}
     proc = subprocess.run(
@@ -723,6 +727,7 @@ def test_dry_run_of_the_smoke_grid_through_python_m(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_a_bad_grid_exits_2_with_the_error_on_stderr(tmp_path):
     grid = grid_dict(axes={"schedule": ["mlm", "clm_detur"]})
     path = write(tmp_path, grid)

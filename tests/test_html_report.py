@@ -81,6 +81,7 @@ def page(tmp_path_factory) -> Path:
     return write_html(sweep)
 
 
+@pytest.mark.slow
 def test_the_page_renders_tables_and_every_figure_in_chromium(page):
     probed = page.with_name("probe.html")
     probed.write_text(page.read_text().replace("<head>", "<head>" + PROBE, 1))
@@ -115,6 +116,7 @@ def test_the_page_puts_results_first_and_folds_the_grid(page):
     assert text.index("11 done, 1 failed") < text.index('<h2 id="scores">')  # the run counts on top
 
 
+@pytest.mark.slow
 def test_the_page_needs_no_network_and_screenshots(page):
     text = page.read_text()
     assert not re.search(r'(src|href)="(https?:)?//', text)  # nothing fetched from elsewhere
@@ -124,6 +126,7 @@ def test_the_page_needs_no_network_and_screenshots(page):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_failures_show_their_last_log_lines_and_rerunning_refreshes(page):
     text = page.read_text()
     assert "failed: FloatingPointError: nan" in text and "line 29" in text and "line 5\n" not in text
@@ -133,6 +136,7 @@ def test_failures_show_their_last_log_lines_and_rerunning_refreshes(page):
     assert "retried: out of memory" in page.read_text()
 
 
+@pytest.mark.slow
 def test_cli_writes_the_page(tmp_path):
     sweep = write_sweep(tmp_path / "cli")
     done = subprocess.run(
@@ -147,6 +151,7 @@ def test_cli_writes_the_page(tmp_path):
     assert f"html: {sweep / 'report.html'}" in done.stdout and (sweep / "report.html").is_file()
 
 
+@pytest.mark.slow
 def test_a_bilingual_sweeps_page_leads_with_the_language_averages_in_chromium(tmp_path):
     sweep = write_sweep(
         tmp_path / "bi",
@@ -172,6 +177,7 @@ def test_a_bilingual_sweeps_page_leads_with_the_language_averages_in_chromium(tm
     assert "Uncaught" not in done.stderr
 
 
+@pytest.mark.slow
 def test_the_scores_table_folds_what_most_readers_skip_and_one_task_has_no_average_row(tmp_path):
     from test_report import rewrite
     import pandas as pd

@@ -55,6 +55,7 @@ def local_sweep(tmp_path_factory, data_root):
     return root, path, result
 
 
+@pytest.mark.slow
 def test_local_executor_runs_every_arm_and_collects(local_sweep):
     root, _, result = local_sweep
     assert result.returncode == 0, result.stdout + result.stderr
@@ -80,6 +81,7 @@ def test_local_jobs_running_at_once_each_see_a_gpu_of_their_own(local_sweep):
     assert len(started_together) == 2 and seen[started_together[0]] != seen[started_together[1]], result.stdout
 
 
+@pytest.mark.slow
 def test_running_the_same_sweep_again_submits_nothing(local_sweep):
     root, path, _ = local_sweep
     again = sweep([str(path), "--results", str(root / "results")], root)
@@ -87,6 +89,7 @@ def test_running_the_same_sweep_again_submits_nothing(local_sweep):
     assert "to run 0; already done 3" in again.stdout and "nothing to submit" in again.stdout
 
 
+@pytest.mark.slow
 def test_failed_runs_are_retried_only_when_asked(tmp_path, data_root):
     first = sweep([str(TINY), "--executor", "debug", "--results", str(tmp_path / "r")], tmp_path)
     assert first.returncode == 0, first.stderr
@@ -108,6 +111,7 @@ def test_failed_runs_are_retried_only_when_asked(tmp_path, data_root):
     assert "to run 1;" in retried.stdout and rundir.read_status(run_dir)["state"] == "done"
 
 
+@pytest.mark.slow
 def test_a_corrupt_status_is_reported_set_aside_and_the_run_resumes_from_its_checkpoint(tmp_path, data_root):
     from ablate.config.grid import load_grid
     from ablate.launch import worker
@@ -145,6 +149,7 @@ def test_a_corrupt_status_is_reported_set_aside_and_the_run_resumes_from_its_che
     assert curves["step"] == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.slow
 def test_a_run_locked_by_another_process_is_not_started_again(tmp_path, data_root):
     from ablate.config.grid import load_grid
     from ablate.plan.grid import expand
@@ -178,6 +183,7 @@ def test_a_run_locked_by_another_process_is_not_started_again(tmp_path, data_roo
     assert "2 done" in result.stdout
 
 
+@pytest.mark.slow
 def test_bad_grid_exits_2_and_submits_nothing(tmp_path):
     grid = yaml.safe_load(TINY.read_text())
     grid["axes"]["freeze"] = ["none", "lowest_clm"]
@@ -248,6 +254,7 @@ def test_a_terminal_gets_a_progress_bar_per_stage_and_a_log_file_plain_lines():
     assert "phase mlm: mlm, 4 steps\n" in shown and "\r" in shown  # the bar redraws in place
 
 
+@pytest.mark.slow
 def test_slurm_tests_without_a_cluster_are_skipped_out_loud(tmp_path):
     """The summary names the skipped Slurm tests in a block of its own, not just an 's' among the dots."""
     env = {**os.environ, "SLURM_CONF": str(tmp_path / "no-slurm.conf"), "ABLATE_SLURM_DIR": str(tmp_path)}

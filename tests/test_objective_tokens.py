@@ -75,6 +75,7 @@ def _after(lines: list[str], title: str) -> list[list[str]]:
     return rows
 
 
+@pytest.mark.slow
 def test_the_dry_run_counts_the_detours_mixture_by_member(capsys, data_root, tmp_path):
     assert main(["sweep", str(DETOURS), "--dry-run", "--results", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -140,6 +140,7 @@ def _watch_linear_dtypes(monkeypatch) -> set:
     return dtypes
 
 
+@pytest.mark.slow
 def test_bf16_on_the_cpu_runs_the_encoder_under_autocast_and_trains_close_to_fp32(
     tmp_path, data_root, no_dropout_bert, monkeypatch
 ):
@@ -172,6 +173,7 @@ def _frozen_by_phase(spec, model) -> dict[str, set[str]]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["bert", "modernbert"])
 def test_a_compiled_encoder_trains_exactly_the_layers_each_phase_unfreezes(
     tmp_path, data_root, no_dropout_bert, arch
@@ -230,6 +232,7 @@ def _watch_determinism(monkeypatch) -> list[bool]:
     return flags
 
 
+@pytest.mark.slow
 def test_deterministic_is_on_during_the_run_changes_nothing_on_the_cpu_and_resumes_bit_exactly(
     tmp_path, data_root, monkeypatch
 ):

@@ -208,6 +208,7 @@ def _context(data_root, phase: dict, documents: bool, dtype: torch.dtype):
     return ctx, plans[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("documents", [False, True], ids=["", "docs"])
 @pytest.mark.parametrize("objective", list(PHASES))

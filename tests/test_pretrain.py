@@ -55,6 +55,7 @@ def _quiet(_msg: str) -> None:
     pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["tiny-bert", "tiny-modernbert"])
 def test_frozen_layers_are_bitwise_unchanged_and_left_out_of_the_optimizer(arch, tmp_path, data_root):
     spec = parse_run_spec(
@@ -128,6 +129,7 @@ def test_a_layer_frozen_in_one_phase_keeps_its_adamw_moments_and_trains_on_from_
     assert by[("b", 0)] == by[("a", 0)] and by[("c", 0)] != by[("b", 0)]
 
 
+@pytest.mark.slow
 def test_arms_with_the_same_data_seed_see_the_same_tokens(tmp_path, data_root):
     clm = parse_run_spec(tiny_spec())
     mlm = parse_run_spec(
@@ -185,6 +187,7 @@ MIXED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "arch, extra, phases",
     [
@@ -241,6 +244,7 @@ def test_saved_model_loads_with_auto_model_for_masked_lm(tmp_path, data_root):
     assert model.decoder.weight.data_ptr() == model.model.embeddings.tok_embeddings.weight.data_ptr()
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_matches_the_full_batch(tmp_path, data_root):
     # tiny ModernBERT has no dropout, so the two differ only in how the batch is split
     phases = [{"name": "mlm", "objective": "mlm", "steps": 3}]
@@ -307,6 +311,7 @@ def _cli(args, cwd, env=None):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "change, expected",
     [
@@ -324,6 +329,7 @@ def test_cli_rejects_bad_input_with_exit_code_2(change, expected, tmp_path, data
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_empty_corpus_is_an_error(tmp_path, data_root):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
@@ -333,6 +339,7 @@ def test_empty_corpus_is_an_error(tmp_path, data_root):
     assert result.returncode == 2 and "corpus is empty" in result.stderr
 
 
+@pytest.mark.slow
 def test_yaml_tags_that_build_objects_are_refused(tmp_path):
     spec_file = tmp_path / "evil.yaml"
     spec_file.write_text("model: !!python/object/apply:os.system ['echo pwned']\n")
@@ -340,6 +347,7 @@ def test_yaml_tags_that_build_objects_are_refused(tmp_path):
     assert result.returncode == 2 and "not valid YAML" in result.stderr
 
 
+@pytest.mark.slow
 def test_tokenization_is_prepared_once_per_tokenizer_and_content(
     tmp_path, data_root, minilm_tokenizer, monkeypatch
 ):
@@ -378,6 +386,7 @@ def test_a_mask_that_freezes_everything_is_an_error_before_training(tmp_path, da
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet", "hf"])
 def test_jsonl_parquet_and_datasets_corpora_give_the_same_stream_as_text(
     fmt, tmp_path, data_root, minilm_tokenizer

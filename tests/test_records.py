@@ -223,6 +223,7 @@ def test_a_writer_killed_before_status_done_leaves_the_run_unfinished(tmp_path):
     assert got.tables["curves"].empty and got.tables["runs"]["token_hash"].isna().all()
 
 
+@pytest.mark.slow
 def test_a_writer_killed_at_any_moment_never_leaves_half_a_file(tmp_path):
     """Unpatched: rewrite a big JSON in a loop and kill -9 at an arbitrary moment, several times."""
     target = tmp_path / "big.json"
@@ -568,6 +569,7 @@ while time.time() < end:
 """
 
 
+@pytest.mark.slow
 def test_looking_at_a_run_never_makes_its_worker_give_up(tmp_path):
     """`ablate status` in a loop while workers start: a probe must not make a worker's acquire fail."""
     (tmp_path / ".lock").write_text("")
@@ -634,6 +636,7 @@ def test_classify_skips_done_failed_and_active_runs(tmp_path):
     assert classify(active, retry_failed=False) == "submit"  # nobody runs it any more: resume it
 
 
+@pytest.mark.slow
 def test_a_corrupt_status_is_reported_set_aside_and_the_run_resubmitted_from_its_checkpoint(tmp_path):
     from ablate.launch.scheduler import classify, status_rows
     from ablate.store.sweep import SweepFolder

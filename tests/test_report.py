@@ -535,6 +535,7 @@ def test_a_sweep_without_a_frozen_table_draws_no_strip(sweep_copy):
 # --- notebooks ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sweep_overview.ipynb", "compare_sweeps.ipynb"])
 def test_notebook_runs_without_error(results, name, monkeypatch):
     import nbformat

@@ -76,6 +76,7 @@ def test_a_theta_enters_the_phase_identity_only_when_set():
     assert "rope_theta" not in identity.content(plain.model_dump(mode="json"), identity.RUN)["phases"][1]["data"]
 
 
+@pytest.mark.slow
 def test_a_longer_phase_with_a_larger_theta_trains_resumes_to_the_same_bits_and_saves_the_theta(
     tmp_path, data_root
 ):
@@ -125,6 +126,7 @@ def test_a_family_without_a_theta_is_refused_naming_the_key():
     check_model_fit([parse_run_spec(SPEC)], file="run.yaml")  # ModernBERT declares both
 
 
+@pytest.mark.slow
 def test_the_run_record_says_the_thetas_of_each_phase(tmp_path, data_root, capsys):
     spec_file = tmp_path / "run.yaml"
     spec_file.write_text(yaml.safe_dump(SPEC))
@@ -134,6 +136,7 @@ def test_the_run_record_says_the_thetas_of_each_phase(tmp_path, data_root, capsy
     assert json.loads(record["rope_thetas"]) == {"mlm": {}, "long": both, "after": both}
 
 
+@pytest.mark.slow
 def test_kill_9_at_a_checkpoint_inside_the_theta_phase_resumes_to_the_same_bits(tmp_path, data_root):
     spec_file = tmp_path / "run.yaml"
     spec_file.write_text(yaml.safe_dump(SPEC))

@@ -43,6 +43,7 @@ def _sweep(args: list[str], env: dict, **kw) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_a_sweep_runs_on_slurm_and_collects_tidy_tables(tmp_path, slurm_env, data_root):
     """The runs, and the grid's layer transplant after them, as Slurm jobs."""
@@ -74,6 +75,7 @@ def test_a_sweep_runs_on_slurm_and_collects_tidy_tables(tmp_path, slurm_env, dat
     assert again.returncode == 0 and "nothing to submit" in out2
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_a_requeued_job_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(
     tmp_path, slurm_env, data_root
@@ -140,6 +142,7 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_matches_an_uninterrupted
     assert got_run["token_hash"] == ref_run["token_hash"]
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_a_sweep_run_with_two_slurm_tasks_trains_data_parallel_and_matches_one_process(
     tmp_path, slurm_env, data_root

@@ -129,6 +129,7 @@ def _same(a: float, b: float) -> bool:
 # ------------------------------------------------------------------------------------------- the suite's tasks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SIZES))
 def test_task_reads_its_real_splits_and_scores_as_computed_directly(name, tiny_bert):
     task, data = _real(name)
@@ -289,6 +290,7 @@ def saved(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "base, folder, columns",
     [
@@ -451,6 +453,7 @@ NEW_FILES = {
 }
 
 
+@pytest.mark.slow
 def test_a_task_of_every_type_added_as_a_file_alone_evaluates(tmp_path, tiny_bert, monkeypatch):
     tasks_dir = tmp_path / "tasks"
     tasks_dir.mkdir()

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from ablate.cli import main
 from ablate.data.catalog import catalog, dataset_sets
 from ablate.evaluate.suites import list_suites
@@ -52,6 +53,7 @@ def test_fetching_the_tests_set_into_a_root_that_holds_it_fetches_nothing(data_r
     assert out.count("in place, every file matches the manifest") == n
 
 
+@pytest.mark.slow
 def test_a_run_without_the_data_says_once_which_command_fetches_it(tmp_path):
     env = {**os.environ, "ABLATE_DATA_ROOT": str(tmp_path / "empty")}
     done = subprocess.run(

@@ -67,6 +67,7 @@ def test_tracking_does_not_change_the_run_id(tmp_path):
     assert _spec(tmp_path, {"tensorboard": True, "mlflow": True}).run_id == parse_run_spec(SPEC).run_id
 
 
+@pytest.mark.slow
 def test_a_requeued_run_fills_every_tracker_once(tmp_path, data_root):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spec = _spec(tmp_path, {"tensorboard": True, "mlflow": {"uri": uri}, "wandb": True})
@@ -129,6 +130,7 @@ class Broken:
         pass
 
 
+@pytest.mark.slow
 def test_a_failing_tracker_is_logged_and_the_run_goes_on(tmp_path, data_root, monkeypatch):
     monkeypatch.setitem(trackers_module.TRACKERS, "mlflow", Broken)
     spec = _spec(tmp_path, {"tensorboard": True, "mlflow": True})

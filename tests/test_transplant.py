@@ -56,6 +56,7 @@ def test_the_sweep_builds_the_grids_transplants_per_seed_and_scores_them(decay_s
     assert set(f1["task"]) == {"ncbi_disease"}
 
 
+@pytest.mark.slow
 def test_a_rerun_of_the_sweep_skips_the_transplants_done(decay_sweep, capsys):
     results, sweep = decay_sweep
     derived = _derived(sweep)
@@ -100,6 +101,7 @@ def test_a_transplant_of_everything_equals_its_source_bit_for_bit(decay_sweep, c
         assert all(torch.equal(source[k], hybrid[k]) and source[k].dtype == hybrid[k].dtype for k in source)
 
 
+@pytest.mark.slow
 def test_a_failed_transplant_is_recorded_as_failed_and_shown_in_status(decay_sweep, tmp_path, capsys):
     """A grid entry whose seed-17 source run lost its model: that hybrid's job (a process of the local
     executor) fails, recorded in its folder and shown by `ablate status` (exit 1); the seed-18 one is built

@@ -124,6 +124,7 @@ def sqlite_study(tmp_path_factory, data_root):
     }
 
 
+@pytest.mark.slow
 def test_study_records_trials_and_resumes(sqlite_study):
     trials = trials_of(sqlite_study["storage"])
     assert len(trials) == 4  # 2, then the interrupted one + 1 new
@@ -174,6 +175,7 @@ def test_journal_storage_resumes_and_reuses_done_runs(sqlite_study, tmp_path):
     assert after == before  # every trial reused a done run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", ["local", "debug"])
 def test_pruner_prunes_in_the_run_at_a_known_step(executor, tmp_path, data_root):
     """A median pruner (one startup trial, checks from step 2) stops a trial whose LR barely trains. The run
@@ -226,6 +228,7 @@ def one_trial_tune(folder: Path, study: str, **changes) -> Path:
     return write_tune(folder, **{**settings, **changes})
 
 
+@pytest.mark.slow
 def test_a_corrupt_tune_json_is_reported_and_kept_aside(tmp_path, capsys, data_root):
     f = one_trial_tune(tmp_path, "tiny_corrupt")
     run_dir = (
@@ -270,6 +273,7 @@ def test_tune_figure(sqlite_study):
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths.values())
 
 
+@pytest.mark.slow
 def test_dashboard_serves_the_study(sqlite_study):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(

@@ -115,6 +115,7 @@ def run_dir_of(results: Path, tune_file: Path, study: str, trial) -> Path:
     return results / study / "runs" / trial_run(load_tune(tune_file), trial.params, trial.number).run_id
 
 
+@pytest.mark.slow
 @pytest.mark.slurm  # its server is the one scripts/slurm-local.sh starts: a skip is said out loud
 def test_parallel_local_trials_on_mariadb_prune_and_resume(tmp_path, capsys, mariadb_url, study_name, data_root):
     import optuna
@@ -187,6 +188,7 @@ def test_an_unset_environment_variable_exits_2_naming_it(tmp_path, monkeypatch, 
     assert f"{f}: storage: the environment variable ABLATE_TEST_OPTUNA_URL is not set" in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_parallel_slurm_trials_report_to_mariadb(
     tmp_path, monkeypatch, capsys, slurm_env, mariadb_url, study_name, data_root

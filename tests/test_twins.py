@@ -195,6 +195,7 @@ def test_an_unmarked_table_has_no_dagger(tmp_path):
     assert "†" not in md and "other tokens" not in md
 
 
+@pytest.mark.slow
 def test_the_page_shows_the_twins_token_check(marked_sweep):
     section = tokens_section(report.load_sweep(marked_sweep))
     assert "2 differ" in section and "6 same" in section  # clm/low: seeds 0, 1 (seed 2 failed); 3 + 3 same

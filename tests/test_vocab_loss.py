@@ -260,6 +260,7 @@ def _quiet(_m: str) -> None:
     pass
 
 
+@pytest.mark.slow
 def test_the_spec_switch_runs_the_dense_head_with_the_same_run_id_and_numbers(tmp_path, data_root, monkeypatch):
     spec = ddp_spec(model="config:tiny-bert", micro_batch_size=2)  # dropout, two micro-batches a step
     fused, dense = parse_run_spec(spec), parse_run_spec({**spec, "vocab_loss": "dense"})
@@ -280,6 +281,7 @@ def test_the_spec_switch_runs_the_dense_head_with_the_same_run_id_and_numbers(tm
     _assert_same_weights(_weights(tmp_path / "fused"), _weights(tmp_path / "dense"))
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_with_the_fused_loss_match_one_process_with_the_dense_head(tmp_path, data_root):
     """Two ranks, two accumulated micro-batches each, CLM then MLM, dropout on: the fused default against the
     dense head in one process."""

@@ -138,9 +138,11 @@ def held_out_texts(spec, file: str | None = None, read_task: TaskReader | None =
                 pool += read_documents(spec.data, "valid_corpus")
             else:
                 pool += read_documents(spec.data.model_copy(update={"valid_corpus": source}), "valid_corpus")
-    except SpecError as exc:
+    except SpecError as exc:  # a data file's error is named where the spec reads it, the data file in the message
+        inside = exc.file and file and exc.file != file
+        message = f"{exc.file}: {exc.message}" if inside else exc.message
         raise SpecError(
-            exc.message, file=exc.file or file, key=exc.key, value=exc.value, allowed=exc.allowed
+            message, file=file or exc.file, key=exc.key, value=exc.value, allowed=exc.allowed
         ) from None
     return pool
 

@@ -140,6 +140,8 @@ def _decode(raw: bytes, path: Path, lineno: int, errors: str) -> str:
             f"set data.errors: replace",
             file=str(path),
             key="data.errors",
+            value=errors,
+            allowed="strict (the default), replace",
         ) from None
 
 
@@ -159,6 +161,8 @@ def _read_lines(source: Source, spec: DataSpec) -> Iterator[str]:
                     f"line {lineno} is not a JSON object with field {spec.text_field!r}",
                     file=str(source.path),
                     key="data.text_field",
+                    value=spec.text_field,
+                    allowed="a field of every JSON line, or data.format: text for a file of plain lines",
                 ) from None
 
 

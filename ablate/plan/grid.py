@@ -285,6 +285,9 @@ def expand(grid: GridSpec, file: str | None = None) -> list[PlannedRun]:
                 f"two grid points give the same run: {seen[run.run_id]} and {axes}; an axis that changes nothing?",
                 file=file,
                 key="axes",
+                value=axes,
+                allowed="axis values that change what a run computes (two schedules or masks with the same phases "
+                "are one run)",
             )
         seen[run.run_id] = axes
         runs.append(run)
