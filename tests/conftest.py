@@ -38,10 +38,19 @@ def missing_test_data(root: Path) -> list[str]:
 TRAINED_SWEEPS = {"decay_sweep", "local_sweep", "finished", "tiny_run", "sqlite_study", "scratch", "family_run"}
 
 
+# Under pytest-xdist (`-n 2`, as .ci/run runs the suite) each module's tests stay on one worker, so its module
+# fixtures are computed once; the tests that use the one Slurm cluster and its MariaDB share a group of their own,
+# so two of them never queue behind each other's jobs.
+CLUSTER = {"slurm_env", "mariadb_url"}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if TRAINED_SWEEPS.intersection(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if TRAINED_SWEEPS & fixtures:
             item.add_marker(pytest.mark.slow)
+        on_cluster = CLUSTER & fixtures or item.get_closest_marker("slurm") is not None
+        item.add_marker(pytest.mark.xdist_group("cluster" if on_cluster else item.module.__name__))
 
 
 def pytest_configure(config):

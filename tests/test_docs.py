@@ -21,9 +21,9 @@ FIRST_COMMANDS = [
     # the whole test suite (Slurm, MariaDB and Chromium installed as root), after fetching what the tests read
     "bash scripts/setup.sh --with-slurm && export SLURM_CONF=${ABLATE_SLURM_DIR:-/tmp/ablate-slurm}/etc/slurm.conf \\\n"
     "  && .venv/bin/ablate data fetch tests"
-    " && ABLATE_REQUIRE_SLURM=1 ABLATE_REQUIRE_CHROMIUM=1 .venv/bin/python -m pytest -q",
+    " && ABLATE_REQUIRE_SLURM=1 ABLATE_REQUIRE_CHROMIUM=1 .venv/bin/python -m pytest -q -n 2 --dist loadgroup",
     # the same without root: the Slurm and Chromium tests skip
-    "bash scripts/setup.sh && .venv/bin/ablate data fetch tests && .venv/bin/python -m pytest -q",
+    "bash scripts/setup.sh && .venv/bin/ablate data fetch tests && .venv/bin/python -m pytest -q -n 2 --dist loadgroup",
 ]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 COMMENT = re.compile(r"<!--.*?-->", re.S)

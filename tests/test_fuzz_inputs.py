@@ -367,6 +367,45 @@ def test_a_missing_mixture_member_is_named_as_written_by_the_dry_run_and_refused
     )
 
 
+@pytest.mark.parametrize(
+    "data, probe, key",
+    [
+        ({"format": "parquet"}, None, "data.format"),  # a text corpus read as parquet: pyarrow's ArrowInvalid
+        ({"format": "jsonl"}, None, "data.text_field"),  # a text corpus read as JSON lines
+        ({}, {"texts": [""]}, "probe.texts"),  # an empty probe source
+    ],
+)
+def test_a_corpus_read_in_the_wrong_format_or_an_empty_probe_source_is_located_in_the_spec(
+    tmp_path, data, probe, key
+):
+    spec = {**copy.deepcopy(BASE), "phases": [{"name": "m", "objective": "mlm", "steps": 1}]}
+    spec["data"].update(data)
+    if probe:
+        spec["probe"] = probe
+    path = written(spec, tmp_path, "run.yaml")
+    with pytest.raises(SpecError) as caught:
+        run_spec_checks(path)
+    assert caught.value.key == key and caught.value.file == path
+    assert_located(caught.value, path)
+    if data:  # the data file's own path in the message: the spec names where it is read, the message what
+        assert "corpus_en_e3c/valid.txt" in caught.value.message
+
+
+def test_two_schedules_that_give_the_same_run_are_named_with_the_point(tmp_path):
+    phases = [{"name": "m", "objective": "mlm", "steps": 1}]
+    grid = {
+        "sweep": "fuzz",
+        "base": BASE,
+        "schedules": {"a": phases, "b": phases},
+        "axes": {"schedule": ["a", "b"]},
+    }
+    path = written(grid, tmp_path)
+    with pytest.raises(SpecError, match="two grid points give the same run") as caught:
+        grid_checks(path)
+    assert caught.value.key == "axes" and caught.value.value == {"schedule": "b", "freeze": "none"}
+    assert_located(caught.value, path)
+
+
 # ------------------------------------------------------------------------------------------ the fuzzing
 
 

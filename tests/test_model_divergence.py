@@ -151,7 +151,7 @@ def test_probe_texts_default_to_the_valid_corpus_and_leave_the_run_id_unchanged(
     "texts, message",
     [
         ("task:hoc:validation", "SPLIT one of"),
-        ([], "at least one source"),
+        ([], "no source; allowed: at least one source"),
         (["task:hoc", "task:hoc"], "listed twice"),
     ],
 )

@@ -78,7 +78,9 @@ def test_the_dry_run_prints_the_rounding(tmp_path, capsys, data_root):
 def test_a_seed_listed_twice_is_refused(evaluation):
     with pytest.raises(SpecError) as exc:
         parse_run_spec(tiny_spec(eval=evaluation), file="g.yaml")
-    assert str(exc.value) == "g.yaml: eval.seeds: fine-tuning seed 0 is listed twice"
+    assert str(exc.value) == (
+        "g.yaml: eval.seeds: fine-tuning seed 0 is listed twice; allowed: each fine-tuning seed once"
+    )
 
 
 def test_a_suite_or_the_command_line_listing_a_seed_twice_is_refused(tmp_path, monkeypatch):
@@ -128,7 +130,7 @@ def test_a_label_listed_twice_in_a_task_file_is_refused(tmp_path):
     (path := tmp_path / "chemprot_twice.yaml").write_text(yaml.safe_dump({**spec, "name": "chemprot_twice"}))
     with pytest.raises(SpecError) as exc:
         load_task(str(path))
-    assert str(exc.value) == f"{path}: labels.values: label 'CPR:3' is listed twice"
+    assert str(exc.value) == f"{path}: labels.values: label 'CPR:3' is listed twice; allowed: each label once"
 
 
 def test_max_documents_past_the_corpus_is_said_when_it_is_prepared(tmp_path, capsys, minilm_tokenizer):

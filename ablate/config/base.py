@@ -62,7 +62,7 @@ def unique_items(values, what: str):
     seen = set()
     for value in values:
         if value in seen:
-            raise ValueError(f"{what} {value!r} is listed twice")
+            raise ValueError(f"{what} {value!r} is listed twice; allowed: each {what} once")
         seen.add(value)
     return values
 

@@ -270,18 +270,19 @@ class ProbeSpec(Strict):
         if value is None:
             return value
         if not value:
-            raise ValueError("at least one source (or null: data.valid_corpus)")
+            raise ValueError("no source; allowed: at least one source, or null for data.valid_corpus")
         for source in value:
             if source.startswith(PROBE_TASK):
                 name, _, split = source[len(PROBE_TASK) :].partition(":")
                 if not name or (split and split not in PROBE_SPLITS):
                     raise ValueError(
-                        f"{source!r}: task:NAME or task:NAME:SPLIT, SPLIT one of {', '.join(PROBE_SPLITS)}"
+                        f"{source!r} is no task source; allowed: task:NAME or task:NAME:SPLIT, SPLIT one of "
+                        f"{', '.join(PROBE_SPLITS)}"
                     )
             elif not source.strip():
-                raise ValueError("an empty source")
+                raise ValueError("an empty source; allowed: a corpus path, task:NAME or task:NAME:SPLIT")
         if len(set(value)) != len(value):
-            raise ValueError("a source listed twice")
+            raise ValueError("a source listed twice; allowed: each source once")
         return value
 
 

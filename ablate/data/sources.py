@@ -169,7 +169,18 @@ def _read_lines(source: Source, spec: DataSpec) -> Iterator[str]:
 def _read_parquet(source: Source, spec: DataSpec) -> Iterator[str]:
     import pyarrow.parquet as pq
 
-    f = pq.ParquetFile(source.path)
+    import pyarrow as pa
+
+    try:
+        f = pq.ParquetFile(source.path)
+    except (pa.ArrowException, OSError) as exc:
+        raise SpecError(
+            f"not a parquet file ({exc})",
+            file=str(source.path),
+            key="data.format",
+            value=source.fmt,
+            allowed="the format the file is written in: text, jsonl or parquet (auto: by its suffix)",
+        ) from None
     if spec.text_field not in f.schema_arrow.names:
         raise SpecError(
             "text field not in the parquet file",

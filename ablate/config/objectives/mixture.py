@@ -57,7 +57,10 @@ class Mixture(Objective):
             )
         for member in params.mixture:
             if member.objective == self.name:
-                raise ValueError("a mixture member cannot itself be a mixture")
+                raise ValueError(
+                    "a mixture member cannot itself be a mixture; allowed: "
+                    + ", ".join(n for n in names() if n != self.name)
+                )
 
     def identity(self, params):
         return {
