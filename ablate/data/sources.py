@@ -167,9 +167,8 @@ def _read_lines(source: Source, spec: DataSpec) -> Iterator[str]:
 
 
 def _read_parquet(source: Source, spec: DataSpec) -> Iterator[str]:
-    import pyarrow.parquet as pq
-
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     try:
         f = pq.ParquetFile(source.path)
