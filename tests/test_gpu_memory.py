@@ -13,6 +13,7 @@ from ablate.cli import main
 from ablate.config.spec import parse_run_spec
 from ablate.launch import gpu_memory
 from ablate.launch.checks import checked_grid
+from ablate.launch.oom import oom_reason
 
 MODEL = "config:tiny-modernbert"
 
@@ -149,8 +150,8 @@ def test_an_out_of_memory_at_run_time_is_named_in_the_run_s_status(tmp_path, mon
     assert "out of GPU memory in phase p" in said and "micro-batch 2" in said
     expected = gpu_memory.phase_memory(spec, 2)[0].predicted
     assert f"predicted peak {gpu_memory.gib(expected)} GiB" in said
-    assert gpu_memory.oom_reason(RuntimeError("other"), spec, None) is None
-    named = gpu_memory.oom_reason(
+    assert oom_reason(RuntimeError("other"), spec, None) is None
+    named = oom_reason(
         torch.OutOfMemoryError("x"), spec, {"phase": "p", "step": 7}, device_bytes=80 * 2**30, predict=False
     )
     assert "after step 7" in named and "device memory 80.0 GiB" in named
@@ -184,3 +185,118 @@ def test_the_meta_trace_accounts_what_real_tensors_hold_on_the_cpu():
         for part in gpu_memory.PARTS:
             assert abs(getattr(meta, part) - getattr(real, part)) <= 1e-3 * max(getattr(real, part), 2**20), part
         assert abs(meta.traced - real.traced) <= 1e-3 * real.traced
+
+
+def _finetune_grid(tmp_path, gpu_memory_gb, tasks=("hoc",)):
+    path = _grid(tmp_path, gpu_memory_gb, micro=2)
+    grid = yaml.safe_load(path.read_text())
+    grid["base"]["eval"] = {"tasks": list(tasks)}
+    path.write_text(yaml.safe_dump(grid))
+    return path
+
+
+def _hoc_shape(batch: int):
+    from ablate.launch.finetune_memory import finetune_shapes
+
+    [shape] = finetune_shapes(checked_grid(str(_finetune_grid(tmp_path_free(), None))).runs[0].spec)
+    return shape.__class__(**{**shape.__dict__, "batch": batch})
+
+
+def tmp_path_free():
+    import tempfile
+    from pathlib import Path
+
+    return Path(tempfile.mkdtemp())
+
+
+def test_each_fine_tuning_task_s_peak_is_printed_and_one_that_does_not_fit_is_exit_2(tmp_path, capsys):
+    """HoC's step at its own batch (16) on its longest batch: traced on meta as pretraining's is; a GPU that
+    holds pretraining (micro-batch 2) but not that step is refused before anything runs, with the largest
+    batch that fits."""
+    from ablate.launch.finetune_memory import finetune_step_memory
+
+    hoc = {b: finetune_step_memory(_hoc_shape(b)) for b in (16, 8)}
+    assert hoc[16].batch == 16 and hoc[16].length == 512 and hoc[16].type == "multi_label_classification"
+    full = hoc[16].memory
+    assert full.traced == sum(getattr(full, p) for p in gpu_memory.PARTS)
+    assert full.activations > hoc[8].memory.activations and full.weights == hoc[8].memory.weights
+    assert full.optimizer > full.weights > 0  # AdamW's two moments of every trained parameter
+    assert set(full.kernels) == {"efficient"}  # the padding mask kept: flash takes none
+    pretraining = max(m.predicted for o in ("mlm", "clm") for m in gpu_memory.phase_memory(_spec(objective=o), 2))
+    below = max(pretraining, hoc[8].memory.predicted)
+    assert below < full.predicted
+    limit = _gib((below + full.predicted) / 2)
+    assert main(["sweep", str(_finetune_grid(tmp_path, limit)), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "fine-tuning hoc (batch 16, longest batch 512 tokens)" in err and "largest batch that fits: 8" in err
+    assert "base.eval.finetune.batch_size" in err and "got 16" in err
+
+    assert main(["sweep", str(_finetune_grid(tmp_path, 80)), "--dry-run", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    table = out.split("GPU memory of fine-tuning")[1]
+    assert "hoc" in table and "512" in table and gpu_memory.gib(full.predicted) in table
+
+
+def test_an_out_of_memory_while_fine_tuning_names_the_task_its_batch_and_predicted_peak():
+    from ablate.launch.finetune_memory import finetune_step_memory
+
+    spec = checked_grid(str(_finetune_grid(tmp_path_free(), None))).runs[0].spec
+    progress = {"stage": "finetune", "phase": "fine-tuning hoc", "task": "hoc", "seed": 3, "step": 5}
+    said = oom_reason(torch.OutOfMemoryError("x"), spec, progress, device_bytes=40 * 2**30)
+    expected = finetune_step_memory(_hoc_shape(16)).memory.predicted
+    assert said.startswith("out of GPU memory fine-tuning hoc (seed 3) after step 5, batch 16")
+    assert f"predicted peak {gpu_memory.gib(expected)} GiB (longest batch, 512 tokens)" in said
+    assert "device memory 40.0 GiB" in said
+    before = oom_reason(
+        torch.OutOfMemoryError("x"), spec, {"stage": "finetune", "phase": "fine-tuning hoc", "step": 0}
+    )
+    assert before.startswith("out of GPU memory fine-tuning, before the first task reported")
+
+
+@pytest.mark.slow
+def test_an_out_of_memory_in_a_sweep_is_named_the_sweep_goes_on_and_a_retry_takes_a_smaller_auto_micro_batch(
+    tmp_path, monkeypatch, capsys
+):
+    """Two arms with micro_batch_size auto (4 fits an 80 GiB GPU); the CLM arm runs out of GPU memory at 4
+    (injected). The MLM arm still finishes; `ablate status` names the OOM; --retry-failed moves both arms
+    (compared runs share one micro-batch) to 2 and they finish."""
+    import json
+
+    from ablate.launch import worker
+    from ablate.store import rundir
+
+    path = _grid(tmp_path, None, micro="auto")
+    grid = yaml.safe_load(path.read_text())
+    grid["launcher"] = {"executor": "debug", "local": {"gpu_memory_gb": 80}}
+    grid["base"]["data"]["max_documents"] = 20
+    path.write_text(yaml.safe_dump(grid))
+    results = tmp_path / "r"
+    real = worker._pretrain_then_evaluate
+
+    def oom_for_clm_at_4(spec, *args, **kwargs):
+        if spec.micro_batch_size == 4 and spec.phases[0].objective == "clm":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(worker, "_pretrain_then_evaluate", oom_for_clm_at_4)
+    monkeypatch.setattr("pdb.post_mortem", lambda *_a, **_k: None)  # the debug executor's debugger on a failure
+    assert main(["sweep", str(path), "--results", str(results)]) == 1
+    out = capsys.readouterr().out
+    assert "summary: 1 done, 1 failed" in out
+    runs = results / "mem" / "runs"
+    states = {d.name: rundir.read_status(d) for d in runs.iterdir()}
+    [failed] = [s for s in states.values() if s["state"] == "failed"]
+    assert "out of GPU memory in phase clm" in failed["out_of_gpu_memory"] and "micro-batch 4" in failed["error"]
+    assert main(["status", "mem", "--results", str(results)]) in (0, 1)
+    assert "out of GPU memory in phase clm" in capsys.readouterr().out
+
+    assert main(["sweep", str(path), "--retry-failed", "--results", str(results)]) == 0
+    captured = capsys.readouterr()
+    assert "ran out of GPU memory at 4, now 2" in captured.err
+    ids = json.loads((results / "mem" / "sweep.json").read_text())["run_ids"]
+    specs = [json.loads((runs / i / "spec.json").read_text()) for i in ids]
+    assert [s["micro_batch_size"] for s in specs] == [2, 2]
+    assert all(rundir.read_status(runs / i)["state"] == "done" for i in ids)
+    assert failed["out_of_gpu_memory"] in [
+        s.get("out_of_gpu_memory") for s in (rundir.read_status(d) for d in runs.iterdir())
+    ]  # the record kept

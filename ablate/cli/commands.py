@@ -144,7 +144,9 @@ def cmd_sweep(args) -> int:
             value=args.tokens_per_s,
             allowed="--tokens-per-s with --dry-run",
         )
-    checked = checked_grid(str(args.grid), args.executor)
+    checked = checked_grid(
+        str(args.grid), args.executor, results_root(args.results) if args.retry_failed else None
+    )
     grid, runs, transplants = checked.grid, checked.runs, checked.transplants
     executor = args.executor or grid.launcher.executor
     sweep_dir = results_root(args.results) / grid.sweep
@@ -187,6 +189,9 @@ def cmd_sweep(args) -> int:
         if checked.memory is not None:
             print("\nGPU memory per device (predicted peak of a training step, docs/gpu-memory.md):")
             _print_table(checked.memory)
+        if checked.finetune_memory:
+            print("\nGPU memory of fine-tuning (a step on each task's longest batch, launch.finetune_memory):")
+            _print_table(checked.finetune_memory)
         print("\n".join(checked.parity))
         print(
             f"{len(runs)} runs"

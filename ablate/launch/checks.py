@@ -5,12 +5,13 @@ the fetch command is named), every eval task, every corpus and the probe's held-
 transplants against its runs, and the causal preflight per model. Any problem is a SpecError naming the file.
 
 May import: config, data, plan, analysis, evaluate, train, launch.data_needs, launch.preparation,
-launch.transplants, launch.gpu_memory.
+launch.transplants, launch.gpu_memory, launch.finetune_memory.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ablate.analysis.probe import check_probe_texts
 from ablate.config.grid import GridSpec, load_grid, unused_entries
@@ -40,16 +41,22 @@ class CheckedGrid:
     tree: object = None  # shared prefixes (plan.branching.BranchTree); None: `branching: false`
     notes: tuple = ()  # what the dry run says on stderr, e.g. token lengths rounded to whole steps
     memory: list | None = None  # each run's predicted GPU peak per phase (launch.gpu_memory); None: no limit
+    finetune_memory: list | None = None  # each fine-tuning step's predicted peak (launch.finetune_memory)
 
 
-def checked_grid(path: str, executor: str | None = None) -> CheckedGrid:
-    from ablate.launch.gpu_memory import memory_plan, resolve_auto
+def checked_grid(path: str, executor: str | None = None, retry_in: Path | None = None) -> CheckedGrid:
+    """`retry_in`: the results root of a sweep run with --retry-failed, whose runs that ran out of GPU memory
+    move `micro_batch_size: auto` below their micro-batch (launch.gpu_memory.resolve_auto)."""
+    from ablate.launch.finetune_memory import finetune_memory_plan
+    from ablate.launch.gpu_memory import gpu_limit, memory_plan, resolve_auto
 
     grid = load_grid(path)
     executor = executor or grid.launcher.executor
     runs = expand(grid, file=path)
     models = resolve_models(runs, file=path)
-    runs, auto_notes = resolve_auto(runs, comparison_groups(runs), grid.launcher, executor, path)
+    runs, auto_notes, retried = resolve_auto(
+        runs, comparison_groups(runs), grid.launcher, executor, path, _ran_out(retry_in, grid.sweep)
+    )
     plans = resolve_layers(runs, file=path, models=models)
     specs = [r.spec for r in runs]
     check_model_fit(specs, file=path)
@@ -64,6 +71,8 @@ def checked_grid(path: str, executor: str | None = None) -> CheckedGrid:
     check_probe_texts(specs, file=path, read_task=task_texts, absent=absent_probe_sources(specs))
     notes, rounded = rounding_notes(specs)
     memory = memory_plan(runs, grid.launcher, executor, path)
+    limit, key = gpu_limit(grid.launcher, executor)
+    finetune_memory = None if limit is None else finetune_memory_plan(runs, limit, key, path)
     return CheckedGrid(
         grid,
         runs,
@@ -73,12 +82,33 @@ def checked_grid(path: str, executor: str | None = None) -> CheckedGrid:
         transplants,
         [f"{path}: {w}" for w in unused_entries(grid) + rounded]
         + warnings
-        + [f"{path}: {e.message}" for e in probe_missing],
+        + [f"{path}: {e.message}" for e in probe_missing]
+        + [f"{path}: {line}" for line in retried],
         parity_lines(groups, grid.allow_unequal_compute),
         sweep_tree(grid, runs, plans),
         tuple(notes + auto_notes),
         memory,
+        finetune_memory,
     )
+
+
+def _ran_out(results: Path | None, sweep: str):
+    """Whether the run of an id in `sweep` failed out of GPU memory (None without a results root)."""
+    if results is None:
+        return None
+    from ablate.store import rundir
+    from ablate.store.sweep import SweepFolder
+
+    folder = SweepFolder(Path(results) / sweep)
+
+    def ran_out(run_id: str) -> bool:
+        try:
+            status = rundir.read_status(folder.run(run_id))
+        except rundir.CorruptStatus:
+            return False
+        return status.get("state") == "failed" and bool(status.get("out_of_gpu_memory"))
+
+    return ran_out
 
 
 def sweep_tree(grid: GridSpec, runs: list[PlannedRun], plans: dict[str, list]):

@@ -25,6 +25,7 @@ import contextlib
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Callable
 from unittest import mock
 
 import numpy as np
@@ -50,7 +51,7 @@ ALLOCATOR_OVERHEAD = 0.05  # the caching allocator's rounding (512 B, 2 MiB bloc
 AUTO_MARGIN = 0.10  # `micro_batch_size: auto` keeps this fraction of the device free
 META = torch.device("meta")
 PARTS = ("weights", "gradients", "optimizer", "activations", "temporaries")
-_REFTYPES = {
+REFTYPES = {
     "weights": (_MemRefType.PARAM, _MemRefType.BUFFER),
     "gradients": (_MemRefType.GRAD,),
     "optimizer": (_MemRefType.OPT,),
@@ -217,7 +218,7 @@ def trace_step(shape: StepShape, spec: RunSpec, device: str = "meta") -> StepMem
         model.zero_grad(set_to_none=True)
     peak = tracker.get_tracker_snapshot("peak").get(where, {})
     return StepMemory(
-        **{part: sum(int(peak.get(r, 0)) for r in refs) for part, refs in _REFTYPES.items()},
+        **{part: sum(int(peak.get(r, 0)) for r in refs) for part, refs in REFTYPES.items()},
         kernels=tuple(sorted(set(kernels.kernels))),
     )
 
@@ -295,21 +296,30 @@ def gib(n: int) -> str:
     return f"{n / GiB:.1f}"
 
 
-def _limit(launcher, executor: str) -> tuple[int | None, str]:
+def gpu_limit(launcher, executor: str) -> tuple[int | None, str]:
     where = "slurm" if executor == "slurm" else "local"
     return launcher.gpu_memory_bytes(executor), f"launcher.{where}.gpu_memory_gb"
 
 
-def resolve_auto(runs: list, groups: list, launcher, executor: str, file: str | None) -> tuple[list, list[str]]:
+def resolve_auto(
+    runs: list,
+    groups: list,
+    launcher,
+    executor: str,
+    file: str | None,
+    ran_out: Callable[[str], bool] | None = None,
+) -> tuple[list, list[str], list[str]]:
     """Runs whose micro_batch_size is `auto` get the largest divisor of their per-rank batch at which every
     phase fits the GPU with AUTO_MARGIN to spare, the smallest such value of the runs they are compared with
     (twins train the same micro-batches: plan.parity); the value lands in the spec (spec.json, the run id) and
-    `labels.micro_batch_size: auto` says where it came from. Returns (runs, notes for the dry run)."""
+    `labels.micro_batch_size: auto` says where it came from. `ran_out` (a sweep's --retry-failed: whether the
+    run of that id ran out of GPU memory) steps past every micro-batch whose run did, to the next smaller
+    divisor. Returns (runs, notes for the dry run, what --retry-failed changed: said by every sweep)."""
     from ablate.plan.grid import PlannedRun
 
     if not any(r.spec.micro_batch_size == "auto" for r in runs):
-        return runs, []
-    limit, key = _limit(launcher, executor)
+        return runs, [], []
+    limit, key = gpu_limit(launcher, executor)
     if limit is None:
         raise SpecError(
             f"micro_batch_size: auto needs the GPU's memory ({key})",
@@ -320,10 +330,24 @@ def resolve_auto(runs: list, groups: list, launcher, executor: str, file: str | 
         )
     ranks = launcher.ranks(executor)
     chosen: dict[str, int] = {}
+    stepped: list[str] = []
     for run in runs:
         if run.spec.micro_batch_size != "auto":
             continue
         found = largest_fitting(run.spec.model_copy(update={"micro_batch_size": None}), limit, ranks, AUTO_MARGIN)
+        if found is not None and ran_out is not None:
+            tried, found = found, _below_out_of_memory(run.spec, found, ranks, ran_out)
+            if found != tried:
+                stepped.append(f"{run.run_id} ({run.axes}): ran out of GPU memory at {tried}, now {found}")
+            if found is None:
+                raise SpecError(
+                    f"run {run.run_id} ({run.axes}) ran out of GPU memory at every micro-batch down to 1 "
+                    "(status.json's out_of_gpu_memory)",
+                    file=file,
+                    key=key,
+                    value=launcher_value(launcher, executor),
+                    allowed="a GPU with more memory",
+                )
         if found is None:
             raise SpecError(
                 f"run {run.run_id} ({run.axes}): not even one sequence per micro-batch fits "
@@ -358,7 +382,20 @@ def resolve_auto(runs: list, groups: list, launcher, executor: str, file: str | 
         "changes a run's numbers through its dropout draws (one stream per micro-batch) and the "
         "float rounding of accumulation"
     )
-    return out, notes
+    retried = [
+        "--retry-failed: micro_batch_size auto below what ran out of GPU memory (the runs compared with "
+        "these follow: new run ids, the failed runs' folders kept): " + "; ".join(stepped)
+    ]
+    return out, notes, retried if stepped else []
+
+
+def _below_out_of_memory(spec: RunSpec, micro: int, ranks: int, ran_out: Callable[[str], bool]) -> int | None:
+    """`micro`, or the largest smaller divisor of the per-rank batch, whose run (the spec at that micro-batch)
+    has not run out of GPU memory; None when every one down to 1 has."""
+    for candidate in micro_batches(spec.batch_size // ranks):
+        if candidate <= micro and not ran_out(spec.model_copy(update={"micro_batch_size": candidate}).run_id):
+            return candidate
+    return None
 
 
 def launcher_value(launcher, executor: str):
@@ -369,7 +406,7 @@ def memory_plan(runs: list, launcher, executor: str, file: str | None) -> list[d
     """Each run's predicted peak per phase against the GPU's memory (None when the launcher states none).
     A phase that does not fit is a SpecError naming the run, phase, predicted GiB, the limit and the largest
     micro-batch that fits."""
-    limit, key = _limit(launcher, executor)
+    limit, key = gpu_limit(launcher, executor)
     if limit is None:
         return None
     ranks = launcher.ranks(executor)
@@ -413,38 +450,3 @@ def memory_plan(runs: list, launcher, executor: str, file: str | None) -> list[d
             allowed=fix,
         )
     return rows
-
-
-def oom_reason(
-    exc: BaseException,
-    spec: RunSpec,
-    progress: dict | None,
-    world_size: int = 1,
-    device_bytes: int | None = None,
-    predict: bool = True,
-) -> str | None:
-    """A run's CUDA out-of-memory said as what it is (None for any other failure): the phase and step of the
-    last progress line, the micro-batch, the predicted peak of that phase (traced here, on the CPU) and the
-    device's memory. Nothing here may hide the failure: a trace that fails leaves the prediction out."""
-    if not isinstance(exc, torch.OutOfMemoryError):
-        return None
-    micro = spec.micro_batch_size or spec.batch_size // world_size
-    phase_name = (progress or {}).get("phase") or spec.phases[0].name
-    names = [p.name for p in spec.phases]
-    index = names.index(phase_name) if phase_name in names else 0
-    step = (progress or {}).get("step")
-    parts = [
-        f"out of GPU memory in phase {phase_name}"
-        + (f" after step {step}" if step is not None else " before its first logged step"),
-        f"micro-batch {micro}",
-    ]
-    if predict:
-        try:
-            parts.append(f"predicted peak {gib(phase_memory(spec, micro, world_size)[index].predicted)} GiB")
-        except Exception:  # noqa: BLE001  (the prediction is a courtesy; the OOM is the failure)
-            pass
-    if device_bytes is None and torch.cuda.is_available():
-        device_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    if device_bytes:
-        parts.append(f"device memory {gib(device_bytes)} GiB")
-    return ", ".join(parts) + " (docs/gpu-memory.md: set the launcher's gpu_memory_gb, or micro_batch_size: auto)"

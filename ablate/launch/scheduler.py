@@ -240,10 +240,14 @@ class Scheduler:
         for run_dir, job in list(self.active.items()):
             if self.kind == "debug":
                 try:
-                    job.result()  # runs the job here, now
+                    job.result()  # runs the job here, now, to its end
                 except Exception:  # recorded in the run's status by the worker
                     pass
-            if job.done():
+                # a failed debug job is never done() to submitit: asking would run it again, and raise
+                ended_now = True
+            else:
+                ended_now = job.done()
+            if ended_now:
                 record_job_failure(run_dir, job)
                 del self.active[run_dir]
                 self.gpus.give_back(run_dir)

@@ -298,7 +298,7 @@ def _execute_derived(
 
 def _oom_reason(exc: BaseException, spec: RunSpec, run_dir: Path) -> str | None:
     """A CUDA out-of-memory said with phase, step, micro-batch, predicted peak and device memory (gpu_memory)."""
-    from ablate.launch.gpu_memory import oom_reason
+    from ablate.launch.oom import oom_reason
     from ablate.store.sweep import read_progress
 
     return oom_reason(exc, spec, read_progress(run_dir), int(os.environ.get("WORLD_SIZE", "1")))

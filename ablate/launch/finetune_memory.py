@@ -1,0 +1,230 @@
+"""The GPU memory of a run's fine-tuning steps, known before the run is submitted, on a CPU-only machine.
+
+A run fine-tunes its checkpoint on each eval task on the GPU it pretrained on. For each distinct (model,
+tokenizer, task, fine-tuning settings) of a grid, one training step of ablate's own fine-tuning loop
+(`evaluate.finetune`: the task type's head, LoRA or a probe where the settings say, the task's loss, backward,
+clipping, AdamW with its moments already there) runs on the meta device under torch's MemTracker, as the
+pretraining step does (launch.gpu_memory: SDPA routed to the kernel CUDA would pick, bf16 autocast at the
+functions where the task's precision is auto or bf16). The batch is the task's longest one: its
+`batch_size` longest training examples, encoded by the run's tokenizer and cut at the task's max_length (the
+model's context at most), padded together, with their real labels; the padding mask is kept, as CUDA keeps it
+for a padded batch. Fine-tuning has no gradient accumulation: a task that does not fit is refused with the
+largest batch that would (a smaller batch changes the task's protocol, so nothing picks one by itself).
+
+Not traced: span_ner, whose model reads its batch on the host (the BiLSTM's packing lengths, boolean-mask
+indexing), which meta tensors cannot do; its rows say so.
+
+May import: config, evaluate, launch.gpu_memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+import warnings
+from dataclasses import dataclass
+from unittest import mock
+
+import torch
+
+from ablate.config.errors import SpecError
+from ablate.evaluate import finetune as ft
+from ablate.evaluate.batching import collate
+from ablate.evaluate.suites import spec_items
+from ablate.evaluate.tasks import TaskSpec, load_task, load_task_data, resolve_settings
+from ablate.launch.gpu_memory import REFTYPES, META, StepMemory, gib
+from ablate.train.meta_cuda import CudaKernels
+
+HOST_READ_TYPES = {"span_ner": "its BiLSTM packs by lengths read on the host; its loss indexes by boolean masks"}
+
+
+@dataclass(frozen=True)
+class FinetuneShape:
+    """What a fine-tuning step's memory depends on (the cache key)."""
+
+    model: str
+    tokenizer: str
+    attn_implementation: str
+    task: str
+    settings: str  # the resolved fine-tuning settings, as JSON
+    batch: int
+    data_root: str | None
+
+
+@dataclass(frozen=True)
+class FinetuneMemory:
+    task: str
+    type: str
+    batch: int
+    length: int  # the longest batch's padded length
+    memory: StepMemory | None  # None: not traced (HOST_READ_TYPES)
+
+
+_CACHE: dict[FinetuneShape, FinetuneMemory] = {}
+
+
+def _meta_from_pretrained(cls, _model_dir, *_args, config=None, dtype=None, **kwargs):
+    """PreTrainedModel.from_pretrained as the trace runs it: the architecture on meta, float32, no weights
+    (the Auto classes hand over the config, with the head's labels in it)."""
+    from transformers import AutoConfig
+
+    config = config if config is not None else AutoConfig.from_pretrained(_model_dir, **kwargs)
+    with torch.device(META):
+        return cls._from_config(config, dtype=torch.float32)
+
+
+def _config_folder(source: str, attn_implementation: str) -> str:
+    """A folder holding the model's config.json (what the heads read through from_pretrained)."""
+    from ablate.models.sources import load_config
+
+    folder = tempfile.mkdtemp(prefix="ablate-finetune-memory-")
+    config = load_config(source)
+    config._attn_implementation = attn_implementation
+    config.save_pretrained(folder)
+    return folder
+
+
+def finetune_step_memory(shape: FinetuneShape) -> FinetuneMemory:
+    """One fine-tuning step of `shape` traced on meta (cached per shape in the process)."""
+    if shape not in _CACHE:
+        _CACHE[shape] = _trace(shape)
+    return _CACHE[shape]
+
+
+def _trace(shape: FinetuneShape) -> FinetuneMemory:
+    from ablate.models.sources import load_tokenizer
+
+    task = load_task(shape.task)
+    settings = resolve_settings(task, json.loads(shape.settings)).model_copy(update={"batch_size": shape.batch})
+    data = load_task_data(task, shape.data_root)
+    tokenizer = load_tokenizer(shape.tokenizer)
+    folder = _config_folder(shape.model, shape.attn_implementation)
+    max_length = ft._max_length(folder, tokenizer, task, settings, None)
+    if task.type in HOST_READ_TYPES:
+        return FinetuneMemory(task.name, task.type, shape.batch, max_length, None)
+    train = ft.encode(tokenizer, task, data.splits["train"], data.labels, max_length)
+    longest = sorted(train, key=lambda item: len(item.input_ids))[-shape.batch :]
+    with mock.patch("transformers.PreTrainedModel.from_pretrained", classmethod(_meta_from_pretrained)):
+        model = ft._load_model(folder, task, data.labels, settings)
+    batch = collate(longest, tokenizer.pad_token_id or 0, task.type, ft._takes_token_types(model))
+    memory = _traced_step(model, task, settings, train, len(data.labels), batch)
+    return FinetuneMemory(task.name, task.type, shape.batch, batch["input_ids"].shape[1], memory)
+
+
+def _traced_step(model, task: TaskSpec, settings, train: list, n_labels: int, batch: dict) -> StepMemory:
+    """One step of evaluate.finetune's loop on meta under MemTracker, AdamW's moments there (a step after the
+    first), bf16 autocast at the functions when the settings' precision is auto or bf16."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from transformers import masking_utils
+
+    loss_fn = ft._loss_fn(task, settings, train, n_labels, "meta")
+    opt = ft._optimizer(model, settings, "meta", 2)
+    for p in opt.params:
+        opt.optimizer.state[p] = {
+            "step": torch.tensor(1.0),
+            "exp_avg": torch.zeros_like(p),
+            "exp_avg_sq": torch.zeros_like(p),
+        }
+    kernels = CudaKernels(autocast=settings.precision in ("auto", "bf16"))
+    tracker = MemTracker()
+    tracker.track_external(model, opt.optimizer)
+    on_meta = {k: v.to(META) for k, v in batch.items()}
+    # transformers drops an all-ones padding mask after reading it on the host; the longest batch is padded
+    with (
+        kernels,
+        tracker,
+        mock.patch.object(masking_utils, "_ignore_bidirectional_mask_sdpa", lambda *_a, **_k: False),
+        warnings.catch_warnings(),
+    ):
+        # the head's loss runs outside the model's modules, which ModTracker takes for a misplaced backward
+        warnings.filterwarnings("ignore", "The module hierarchy tracking maybe be messed up")
+        ft._train_epoch(model, [[(on_meta, 1.0)]], opt, loss_fn, settings.grad_clip, "meta", _ignore, None)
+    peak = tracker.get_tracker_snapshot("peak").get(META, {})
+    return StepMemory(
+        **{part: sum(int(peak.get(r, 0)) for r in refs) for part, refs in REFTYPES.items()},
+        kernels=tuple(sorted(set(kernels.kernels))),
+    )
+
+
+def _ignore(_loss) -> None:
+    pass
+
+
+def finetune_shapes(spec, file: str | None = None) -> list[FinetuneShape]:
+    """The distinct fine-tuning steps of a run: one per eval task (its seeds train the same shapes), the
+    suites' and the run's fine-tuning overrides and protocol applied."""
+    out = []
+    for item in spec_items(spec, file=file, present_only=True):
+        task = load_task(item.task)
+        settings = resolve_settings(task, item.finetune, spec.eval.protocol)
+        shape = FinetuneShape(
+            spec.model,
+            spec.tokenizer or spec.model,
+            spec.attn_implementation,
+            item.task,
+            json.dumps({**settings.model_dump(mode="json")}, sort_keys=True),
+            settings.batch_size,
+            spec.data.data_root,
+        )
+        if shape not in out:
+            out.append(shape)
+    return out
+
+
+def largest_fitting_batch(shape: FinetuneShape, limit: int) -> int | None:
+    """The largest batch below the task's whose step fits `limit` (halving; None: not even one example)."""
+    batch = shape.batch // 2
+    while batch >= 1:
+        memory = finetune_step_memory(dataclasses.replace(shape, batch=batch)).memory
+        if memory is not None and memory.predicted <= limit:
+            return batch
+        batch //= 2
+    return None
+
+
+def finetune_memory_plan(runs: list, limit: int, key: str, file: str | None) -> list[dict]:
+    """Each distinct fine-tuning step of the runs, its predicted peak against the GPU's memory. A task that
+    does not fit is a SpecError naming the task, its batch and length, the predicted GiB, the limit and the
+    largest batch that fits."""
+    rows, seen = [], set()
+    for run in runs:
+        for shape in finetune_shapes(run.spec, file):
+            if shape in seen:
+                continue
+            seen.add(shape)
+            found = finetune_step_memory(shape)
+            m = found.memory
+            rows.append(
+                {
+                    "model": shape.model,
+                    "task": found.task,
+                    "batch": found.batch,
+                    "length": found.length,
+                    "weights": gib(m.weights) if m else "-",
+                    "grads": gib(m.gradients) if m else "-",
+                    "adamw": gib(m.optimizer) if m else "-",
+                    "activations": gib(m.activations) if m else "-",
+                    "temp": gib(m.temporaries) if m else "-",
+                    "peak_GiB": gib(m.predicted) if m else "-",
+                    "limit_GiB": gib(limit),
+                    "fits": ("yes" if m.predicted <= limit else "NO") if m else f"not traced ({found.type})",
+                }
+            )
+            if m is not None and m.predicted > limit:
+                best = largest_fitting_batch(shape, limit)
+                raise SpecError(
+                    f"run {run.run_id}: fine-tuning {found.task} (batch {found.batch}, longest batch "
+                    f"{found.length} tokens) has a predicted peak of {gib(m.predicted)} GiB, more than the "
+                    f"{gib(limit)} GiB of {key}; largest batch that fits: {best or 'none'}",
+                    file=file,
+                    key="base.eval.finetune.batch_size",
+                    value=found.batch,
+                    allowed=(
+                        f"a GPU with more memory, or eval.finetune batch_size: {best} (the task's protocol "
+                        "then differs from its file's)"
+                        if best
+                        else "a GPU with more memory, or a shorter finetune max_length"
+                    ),
+                )
+    return rows
