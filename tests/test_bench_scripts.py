@@ -70,6 +70,7 @@ TINY = {
         "--json-out",
         "JSON_OUT",
     ],
+    "finetune_memory.py": ["--tasks", "ncbi_disease", "--batch", "2"],
     "finetune_ncbi.py": ["--max-train", "16", "--max-eval", "16", "--epochs", "1"],
     "grid_scale.py": ["--tiny", "--repeat", "1"],
     "pretrain_step.py": [

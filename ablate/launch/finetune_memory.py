@@ -33,7 +33,7 @@ from ablate.evaluate import finetune as ft
 from ablate.evaluate.batching import collate
 from ablate.evaluate.suites import spec_items
 from ablate.evaluate.tasks import TaskSpec, load_task, load_task_data, resolve_settings
-from ablate.launch.gpu_memory import REFTYPES, META, StepMemory, gib
+from ablate.launch.gpu_memory import REFTYPES, StepMemory, gib
 from ablate.train.meta_cuda import CudaKernels
 
 HOST_READ_TYPES = {"span_ner": "its BiLSTM packs by lengths read on the host; its loss indexes by boolean masks"}
@@ -64,14 +64,18 @@ class FinetuneMemory:
 _CACHE: dict[FinetuneShape, FinetuneMemory] = {}
 
 
-def _meta_from_pretrained(cls, _model_dir, *_args, config=None, dtype=None, **kwargs):
-    """PreTrainedModel.from_pretrained as the trace runs it: the architecture on meta, float32, no weights
-    (the Auto classes hand over the config, with the head's labels in it)."""
-    from transformers import AutoConfig
+def _from_config_on(device: torch.device):
+    """PreTrainedModel.from_pretrained as the trace runs it: the architecture on `device` (meta: no weights;
+    the CPU check: random ones), float32; the Auto classes hand over the config, with the head's labels."""
 
-    config = config if config is not None else AutoConfig.from_pretrained(_model_dir, **kwargs)
-    with torch.device(META):
-        return cls._from_config(config, dtype=torch.float32)
+    def from_pretrained(cls, model_dir, *_args, config=None, dtype=None, **kwargs):
+        from transformers import AutoConfig
+
+        config = config if config is not None else AutoConfig.from_pretrained(model_dir, **kwargs)
+        with torch.device(device):
+            return cls._from_config(config, dtype=torch.float32)
+
+    return classmethod(from_pretrained)
 
 
 def _config_folder(source: str, attn_implementation: str) -> str:
@@ -92,7 +96,9 @@ def finetune_step_memory(shape: FinetuneShape) -> FinetuneMemory:
     return _CACHE[shape]
 
 
-def _trace(shape: FinetuneShape) -> FinetuneMemory:
+def _trace(shape: FinetuneShape, device: str = "meta") -> FinetuneMemory:
+    """The step on meta; on the CPU with real tensors and random weights (`device` cpu, with a float32
+    precision: the check that meta accounts what real tensors hold, tests/test_gpu_memory.py)."""
     from ablate.models.sources import load_tokenizer
 
     task = load_task(shape.task)
@@ -105,21 +111,24 @@ def _trace(shape: FinetuneShape) -> FinetuneMemory:
         return FinetuneMemory(task.name, task.type, shape.batch, max_length, None)
     train = ft.encode(tokenizer, task, data.splits["train"], data.labels, max_length)
     longest = sorted(train, key=lambda item: len(item.input_ids))[-shape.batch :]
-    with mock.patch("transformers.PreTrainedModel.from_pretrained", classmethod(_meta_from_pretrained)):
+    where = torch.device(device)
+    with mock.patch("transformers.PreTrainedModel.from_pretrained", _from_config_on(where)):
         model = ft._load_model(folder, task, data.labels, settings)
     batch = collate(longest, tokenizer.pad_token_id or 0, task.type, ft._takes_token_types(model))
-    memory = _traced_step(model, task, settings, train, len(data.labels), batch)
+    memory = _traced_step(model, task, settings, train, len(data.labels), batch, where)
     return FinetuneMemory(task.name, task.type, shape.batch, batch["input_ids"].shape[1], memory)
 
 
-def _traced_step(model, task: TaskSpec, settings, train: list, n_labels: int, batch: dict) -> StepMemory:
-    """One step of evaluate.finetune's loop on meta under MemTracker, AdamW's moments there (a step after the
-    first), bf16 autocast at the functions when the settings' precision is auto or bf16."""
+def _traced_step(
+    model, task: TaskSpec, settings, train: list, n_labels: int, batch: dict, where: torch.device
+) -> StepMemory:
+    """One step of evaluate.finetune's loop on `where` (meta) under MemTracker, AdamW's moments there (a step
+    after the first), bf16 autocast at the functions when the settings' precision is auto or bf16."""
     from torch.distributed._tools.mem_tracker import MemTracker
     from transformers import masking_utils
 
-    loss_fn = ft._loss_fn(task, settings, train, n_labels, "meta")
-    opt = ft._optimizer(model, settings, "meta", 2)
+    loss_fn = ft._loss_fn(task, settings, train, n_labels, where.type)
+    opt = ft._optimizer(model, settings, "meta", 2)  # not fused: torch's fused AdamW refuses meta
     for p in opt.params:
         opt.optimizer.state[p] = {
             "step": torch.tensor(1.0),
@@ -129,7 +138,7 @@ def _traced_step(model, task: TaskSpec, settings, train: list, n_labels: int, ba
     kernels = CudaKernels(autocast=settings.precision in ("auto", "bf16"))
     tracker = MemTracker()
     tracker.track_external(model, opt.optimizer)
-    on_meta = {k: v.to(META) for k, v in batch.items()}
+    on_device = {k: v.to(where) for k, v in batch.items()}
     # transformers drops an all-ones padding mask after reading it on the host; the longest batch is padded
     with (
         kernels,
@@ -139,8 +148,8 @@ def _traced_step(model, task: TaskSpec, settings, train: list, n_labels: int, ba
     ):
         # the head's loss runs outside the model's modules, which ModTracker takes for a misplaced backward
         warnings.filterwarnings("ignore", "The module hierarchy tracking maybe be messed up")
-        ft._train_epoch(model, [[(on_meta, 1.0)]], opt, loss_fn, settings.grad_clip, "meta", _ignore, None)
-    peak = tracker.get_tracker_snapshot("peak").get(META, {})
+        ft._train_epoch(model, [[(on_device, 1.0)]], opt, loss_fn, settings.grad_clip, where.type, _ignore, None)
+    peak = tracker.get_tracker_snapshot("peak").get(where, {})
     return StepMemory(
         **{part: sum(int(peak.get(r, 0)) for r in refs) for part, refs in REFTYPES.items()},
         kernels=tuple(sorted(set(kernels.kernels))),
