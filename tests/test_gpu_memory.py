@@ -284,6 +284,8 @@ def test_an_out_of_memory_in_a_sweep_is_named_the_sweep_goes_on_and_a_retry_take
     assert "out of GPU memory in phase clm" in failed["out_of_gpu_memory"] and "micro-batch 4" in failed["error"]
     assert main(["status", "mem", "--results", str(results)]) in (0, 1)
     assert "out of GPU memory in phase clm" in capsys.readouterr().out
+    assert main(["report", str(results / "mem"), "--html"]) == 0
+    assert "out of GPU memory in phase clm" in (results / "mem" / "report.html").read_text()
 
     assert main(["sweep", str(path), "--retry-failed", "--results", str(results)]) == 0
     captured = capsys.readouterr()
