@@ -121,7 +121,7 @@ TINY = {
     "tokenize_cost.py": ["--size-mb", "1", "--docs", "200", "--rounds", "1"],
     "vocab_head.py": ["--positions", "64", "--vocab", "1000", "--rounds", "2"],
 }
-FAST = {"attention_flops.py"}  # the fast tier (`-m "not slow"`) runs this one; the others take 4-110 s each
+FAST: set[str] = set()  # scripts the fast tier (`-m "not slow"`) runs: none (each takes 4-60 s)
 # scripts whose tiny run lives elsewhere: gpu_step.py in tests/test_gpu_step.py; gpu_recipes.py is its module
 ELSEWHERE = {"gpu_step.py", "gpu_recipes.py"}
 

@@ -155,6 +155,7 @@ def test_length_grouped_batches_are_a_seeded_shuffle_with_little_padding(tokeniz
     assert longest != sorted(longest) and longest != sorted(longest, reverse=True)  # not a length curriculum
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_name", ["ncbi_disease", "chemprot"])
 def test_a_batch_run_in_length_pieces_takes_the_whole_batchs_step(tiny_bert, tokenizer, task_name):
     """Cutting a batch into length-sorted pieces saves padding and changes nothing else: one step moves the
@@ -210,6 +211,7 @@ def test_a_batch_is_padded_to_its_own_longest_example(tokenizer):
 # ------------------------------------------------------------------------------------------- training
 
 
+@pytest.mark.slow
 def test_ner_learns_and_test_is_scored_at_the_best_dev_epoch(tmp_path, tiny_bert):
     # train = dev = test (32 real NCBI sentences): a working pipeline overfits them, a broken alignment does not
     sents = (DATA / "ncbi_disease/train.tsv").read_text(encoding="utf-8").split("\n\n")[:32]
@@ -532,6 +534,7 @@ def own_task(tmp_path, monkeypatch):
     return tasks / "e3c_fr_ner.yaml", data, tmp_path / "data"
 
 
+@pytest.mark.slow
 def test_editing_a_task_file_or_its_data_recomputes_its_scores(tmp_path, tiny_bert, monkeypatch, own_task):
     task_file, data, root = own_task
     out = tmp_path / "scores"
@@ -579,6 +582,7 @@ def test_editing_a_task_file_or_its_data_recomputes_its_scores(tmp_path, tiny_be
     assert len(list((out / "e3c_fr_ner" / sc.SUPERSEDED).iterdir())) == 4  # nothing lost
 
 
+@pytest.mark.slow
 def test_keep_stale_keeps_and_marks_out_of_date_scores(tmp_path, tiny_bert, monkeypatch, own_task):
     from ablate.launch.scheduler import status_rows
     from ablate.store import tables

@@ -168,6 +168,7 @@ def _param_grads(model, loss_of) -> tuple[torch.Tensor, dict[str, torch.Tensor]]
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["tiny-bert", "tiny-modernbert"])
 def test_model_gradients_equal_the_model_s_own_logits_in_float64_also_accumulated(arch):
     """Every parameter's gradient (head transform, decoder weight tied to the embeddings, decoder bias,
