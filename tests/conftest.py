@@ -44,6 +44,7 @@ TRAINED_SWEEPS = {"decay_sweep", "local_sweep", "finished", "tiny_run", "sqlite_
 CLUSTER = {"slurm_env", "mariadb_url"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the xdist_group marks into work units
 def pytest_collection_modifyitems(config, items):
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -53,9 +54,26 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group("cluster" if on_cluster else item.module.__name__))
 
 
+def _xdist_drops_groups(config) -> bool:
+    """pytest 9.2's structured node ids drop the "@group" ids through which pytest-xdist (3.8 and before) keeps a
+    group on one worker (pytest-xdist issue 1386): each module's fixtures would then be set up on both workers."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    if config.getoption("dist", None) != "loadgroup":
+        return False
+    return Version(pytest.__version__) >= Version("9.2") and Version(version("pytest-xdist")) <= Version("3.8.0")
+
+
 def pytest_configure(config):
     """Without the data the tests read, one line naming the command that fetches it (pytest's usage error, exit
-    4), not a failure per test."""
+    4), not a failure per test; the same for a pytest whose xdist groups are lost."""
+    if _xdist_drops_groups(config):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} with this pytest-xdist ignores --dist loadgroup (pytest-xdist issue "
+            "1386): install the dev extra's pytest (below 9.2), or run without -n"
+        )
     root = Path(os.environ[DATA_ROOT_ENV])
     missing = missing_test_data(root)
     if missing:

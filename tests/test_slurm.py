@@ -80,7 +80,7 @@ def test_a_sweep_runs_on_slurm_and_collects_tidy_tables(tmp_path, slurm_env, dat
 def test_a_requeued_job_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(
     tmp_path, slurm_env, data_root
 ):
-    grid = _grid(tmp_path, steps=150, sweep="requeue")  # long enough to be caught mid-run
+    grid = _grid(tmp_path, steps=20, sweep="requeue")  # held at step 10 (below): caught mid-run
     g = yaml.safe_load(grid.read_text())
     g["base"]["checkpoint_every"] = 5
     g["axes"] = {"schedule": ["clm_detour"], "freeze": ["low_clm"]}
