@@ -393,3 +393,17 @@ def test_cka_ratio_missing_model_folder_is_spec_error():
     )
     with pytest.raises(SpecError, match="model folder"):
         cka_ratio(runs, texts=["a"])
+
+
+def test_hidden_states_are_read_after_a_compiled_forward_left_transformers_capture_switched():
+    """A compiled FlexAttention forward (tests/test_flex.py) leaves transformers' output collector switched to
+    its compile-time global; the probe's next eager forward must still see every layer, not none."""
+    from transformers.utils.output_capturing import _active_collector
+
+    from ablate.models.sources import load_masked_lm
+
+    model = load_masked_lm("config:tiny-bert", seed=0)
+    ids, masks = [torch.randint(1000, 2000, (2, 8))], [torch.ones(2, 8, dtype=torch.long)]
+    _active_collector.global_var, _active_collector.compiling = None, True  # as test_flex.py leaves it
+    reps = layer_representations(model, ids, masks)
+    assert len(reps) == model.config.num_hidden_layers + 1 and not _active_collector.compiling

@@ -179,6 +179,21 @@ def _encoder(model):
     return getattr(model, "base_model", model)
 
 
+def _clear_stale_output_capture() -> None:
+    """transformers collects hidden states through hooks that read a context variable, which it swaps for a
+    global while torch.compile traces a forward and back when that call ends. A compiled FlexAttention forward
+    (ablate.models.flex) leaves it swapped: the next eager forward's hooks then read the global, and
+    `output_hidden_states` returns no hidden state at all. Swapped back here, outside any compiled region."""
+    import torch
+
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # another transformers: nothing of this kind to clear
+        return
+    if getattr(_active_collector, "compiling", False) and not torch.compiler.is_compiling():
+        _active_collector.reset(None)
+
+
 def layer_representations(model, input_ids_batches, attention_masks) -> list[np.ndarray]:
     """Mean-pooled hidden states over non-pad tokens: [embeddings output, block 0, ...], each (n, d) float64.
 
@@ -190,6 +205,7 @@ def layer_representations(model, input_ids_batches, attention_masks) -> list[np.
     import torch
 
     encoder = _encoder(model)
+    _clear_stale_output_capture()
     was_training, tied = encoder.training, getattr(encoder.config, "tie_last_hidden_states", None)
     encoder.eval()
     encoder.config.tie_last_hidden_states = False
