@@ -48,7 +48,7 @@ def checked_grid(path: str, executor: str | None = None, retry_in: Path | None =
     """`retry_in`: the results root of a sweep run with --retry-failed, whose runs that ran out of GPU memory
     move `micro_batch_size: auto` below their micro-batch (launch.gpu_memory.resolve_auto)."""
     from ablate.launch.finetune_memory import finetune_memory_plan
-    from ablate.launch.gpu_memory import gpu_limit, memory_plan, resolve_auto
+    from ablate.launch.gpu_memory import memory_plan, resolve_auto
 
     grid = load_grid(path)
     executor = executor or grid.launcher.executor
@@ -71,8 +71,7 @@ def checked_grid(path: str, executor: str | None = None, retry_in: Path | None =
     check_probe_texts(specs, file=path, read_task=task_texts, absent=absent_probe_sources(specs))
     notes, rounded = rounding_notes(specs)
     memory = memory_plan(runs, grid.launcher, executor, path)
-    limit, key = gpu_limit(grid.launcher, executor)
-    finetune_memory = None if limit is None else finetune_memory_plan(runs, limit, key, path)
+    finetune_memory = finetune_memory_plan(runs, grid.launcher, executor, path)
     return CheckedGrid(
         grid,
         runs,

@@ -19,6 +19,7 @@ May import: config, evaluate, launch.gpu_memory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import tempfile
@@ -33,7 +34,7 @@ from ablate.evaluate import finetune as ft
 from ablate.evaluate.batching import collate
 from ablate.evaluate.suites import spec_items
 from ablate.evaluate.tasks import TaskSpec, load_task, load_task_data, resolve_settings
-from ablate.launch.gpu_memory import REFTYPES, StepMemory, gib
+from ablate.launch.gpu_memory import StepMemory, gib, gpu_limit, with_moments
 from ablate.train.meta_cuda import CudaKernels
 
 HOST_READ_TYPES = {"span_ner": "its BiLSTM packs by lengths read on the host; its loss indexes by boolean masks"}
@@ -78,15 +79,16 @@ def _from_config_on(device: torch.device):
     return classmethod(from_pretrained)
 
 
-def _config_folder(source: str, attn_implementation: str) -> str:
-    """A folder holding the model's config.json (what the heads read through from_pretrained)."""
+@contextlib.contextmanager
+def _config_folder(source: str, attn_implementation: str):
+    """A temporary folder holding the model's config.json (what the heads read through from_pretrained)."""
     from ablate.models.sources import load_config
 
-    folder = tempfile.mkdtemp(prefix="ablate-finetune-memory-")
-    config = load_config(source)
-    config._attn_implementation = attn_implementation
-    config.save_pretrained(folder)
-    return folder
+    with tempfile.TemporaryDirectory(prefix="ablate-finetune-memory-") as folder:
+        config = load_config(source)
+        config._attn_implementation = attn_implementation
+        config.save_pretrained(folder)
+        yield folder
 
 
 def finetune_step_memory(shape: FinetuneShape) -> FinetuneMemory:
@@ -105,15 +107,15 @@ def _trace(shape: FinetuneShape, device: str = "meta") -> FinetuneMemory:
     settings = resolve_settings(task, json.loads(shape.settings)).model_copy(update={"batch_size": shape.batch})
     data = load_task_data(task, shape.data_root)
     tokenizer = load_tokenizer(shape.tokenizer)
-    folder = _config_folder(shape.model, shape.attn_implementation)
-    max_length = ft._max_length(folder, tokenizer, task, settings, None)
-    if task.type in HOST_READ_TYPES:
-        return FinetuneMemory(task.name, task.type, shape.batch, max_length, None)
+    where = torch.device(device)
+    with _config_folder(shape.model, shape.attn_implementation) as folder:
+        max_length = ft._max_length(folder, tokenizer, task, settings, None)
+        if task.type in HOST_READ_TYPES:
+            return FinetuneMemory(task.name, task.type, shape.batch, max_length, None)
+        with mock.patch("transformers.PreTrainedModel.from_pretrained", _from_config_on(where)):
+            model = ft._load_model(folder, task, data.labels, settings)
     train = ft.encode(tokenizer, task, data.splits["train"], data.labels, max_length)
     longest = sorted(train, key=lambda item: len(item.input_ids))[-shape.batch :]
-    where = torch.device(device)
-    with mock.patch("transformers.PreTrainedModel.from_pretrained", _from_config_on(where)):
-        model = ft._load_model(folder, task, data.labels, settings)
     batch = collate(longest, tokenizer.pad_token_id or 0, task.type, ft._takes_token_types(model))
     memory = _traced_step(model, task, settings, train, len(data.labels), batch, where)
     return FinetuneMemory(task.name, task.type, shape.batch, batch["input_ids"].shape[1], memory)
@@ -129,12 +131,7 @@ def _traced_step(
 
     loss_fn = ft._loss_fn(task, settings, train, n_labels, where.type)
     opt = ft._optimizer(model, settings, "meta", 2)  # not fused: torch's fused AdamW refuses meta
-    for p in opt.params:
-        opt.optimizer.state[p] = {
-            "step": torch.tensor(1.0),
-            "exp_avg": torch.zeros_like(p),
-            "exp_avg_sq": torch.zeros_like(p),
-        }
+    with_moments(opt.optimizer, opt.params)
     kernels = CudaKernels(autocast=settings.precision in ("auto", "bf16"))
     tracker = MemTracker()
     tracker.track_external(model, opt.optimizer)
@@ -149,11 +146,7 @@ def _traced_step(
         # the head's loss runs outside the model's modules, which ModTracker takes for a misplaced backward
         warnings.filterwarnings("ignore", "The module hierarchy tracking maybe be messed up")
         ft._train_epoch(model, [[(on_device, 1.0)]], opt, loss_fn, settings.grad_clip, where.type, _ignore, None)
-    peak = tracker.get_tracker_snapshot("peak").get(where, {})
-    return StepMemory(
-        **{part: sum(int(peak.get(r, 0)) for r in refs) for part, refs in REFTYPES.items()},
-        kernels=tuple(sorted(set(kernels.kernels))),
-    )
+    return StepMemory.from_tracker(tracker, where, kernels)
 
 
 def _ignore(_loss) -> None:
@@ -172,7 +165,7 @@ def finetune_shapes(spec, file: str | None = None) -> list[FinetuneShape]:
             spec.tokenizer or spec.model,
             spec.attn_implementation,
             item.task,
-            json.dumps({**settings.model_dump(mode="json")}, sort_keys=True),
+            json.dumps(settings.model_dump(mode="json"), sort_keys=True),
             settings.batch_size,
             spec.data.data_root,
         )
@@ -192,10 +185,13 @@ def largest_fitting_batch(shape: FinetuneShape, limit: int) -> int | None:
     return None
 
 
-def finetune_memory_plan(runs: list, limit: int, key: str, file: str | None) -> list[dict]:
-    """Each distinct fine-tuning step of the runs, its predicted peak against the GPU's memory. A task that
-    does not fit is a SpecError naming the task, its batch and length, the predicted GiB, the limit and the
-    largest batch that fits."""
+def finetune_memory_plan(runs: list, launcher, executor: str, file: str | None) -> list[dict] | None:
+    """Each distinct fine-tuning step of the runs, its predicted peak against the GPU's memory (None when the
+    launcher states none). A task that does not fit is a SpecError naming the task, its batch and length, the
+    predicted GiB, the limit and the largest batch that fits."""
+    limit, key = gpu_limit(launcher, executor)
+    if limit is None:
+        return None
     rows, seen = [], set()
     for run in runs:
         for shape in finetune_shapes(run.spec, file):

@@ -71,6 +71,15 @@ class StepMemory:
     temporaries: int
     kernels: tuple[str, ...] = ()  # the attention kernels the step ran (flash, efficient, math)
 
+    @classmethod
+    def from_tracker(cls, tracker: MemTracker, where: torch.device, kernels: CudaKernels) -> StepMemory:
+        """The tracker's peak on `where`, split into PARTS, with the attention kernels the step ran."""
+        peak = tracker.get_tracker_snapshot("peak").get(where, {})
+        return cls(
+            **{part: sum(int(peak.get(r, 0)) for r in refs) for part, refs in REFTYPES.items()},
+            kernels=tuple(sorted(set(kernels.kernels))),
+        )
+
     @property
     def traced(self) -> int:
         return sum(getattr(self, p) for p in PARTS)
@@ -197,13 +206,7 @@ def trace_step(shape: StepShape, spec: RunSpec, device: str = "meta") -> StepMem
         if not is_frozen(n, family, p.frozen)
     }
     named = dict(model.named_parameters())
-    for name in trained:  # the moments of every parameter trained so far: a step after the first
-        p = named[name]
-        opt.torch.state[p] = {
-            "step": torch.tensor(1.0),
-            "exp_avg": torch.zeros_like(p),
-            "exp_avg_sq": torch.zeros_like(p),
-        }
+    with_moments(opt.torch, [named[name] for name in trained])  # of every parameter trained so far
     tracker = _StepTracker()
     for p in model.parameters():  # MemTracker hooks every parameter, which a frozen one refuses
         if not p.requires_grad:
@@ -216,11 +219,17 @@ def trace_step(shape: StepShape, spec: RunSpec, device: str = "meta") -> StepMem
     finally:
         opt.torch.state.clear()
         model.zero_grad(set_to_none=True)
-    peak = tracker.get_tracker_snapshot("peak").get(where, {})
-    return StepMemory(
-        **{part: sum(int(peak.get(r, 0)) for r in refs) for part, refs in REFTYPES.items()},
-        kernels=tuple(sorted(set(kernels.kernels))),
-    )
+    return StepMemory.from_tracker(tracker, where, kernels)
+
+
+def with_moments(optimizer: torch.optim.Optimizer, params) -> None:
+    """AdamW's state for `params` as it stands from a run's second step on (what a traced step holds)."""
+    for p in params:
+        optimizer.state[p] = {
+            "step": torch.tensor(1.0),
+            "exp_avg": torch.zeros_like(p),
+            "exp_avg_sq": torch.zeros_like(p),
+        }
 
 
 @contextlib.contextmanager
@@ -334,29 +343,23 @@ def resolve_auto(
     for run in runs:
         if run.spec.micro_batch_size != "auto":
             continue
-        found = largest_fitting(run.spec.model_copy(update={"micro_batch_size": None}), limit, ranks, AUTO_MARGIN)
-        if found is not None and ran_out is not None:
-            tried, found = found, _below_out_of_memory(run.spec, found, ranks, ran_out)
-            if found != tried:
-                stepped.append(f"{run.run_id} ({run.axes}): ran out of GPU memory at {tried}, now {found}")
-            if found is None:
-                raise SpecError(
-                    f"run {run.run_id} ({run.axes}) ran out of GPU memory at every micro-batch down to 1 "
-                    "(status.json's out_of_gpu_memory)",
-                    file=file,
-                    key=key,
-                    value=launcher_value(launcher, executor),
-                    allowed="a GPU with more memory",
-                )
+        fits = largest_fitting(run.spec.model_copy(update={"micro_batch_size": None}), limit, ranks, AUTO_MARGIN)
+        found = fits if fits is None or ran_out is None else _below_out_of_memory(run.spec, fits, ranks, ran_out)
         if found is None:
+            why = (
+                "ran out of GPU memory at every micro-batch down to 1 (status.json's out_of_gpu_memory)"
+                if fits
+                else f"not even one sequence per micro-batch fits {gib(limit)} GiB with {AUTO_MARGIN:.0%} kept free"
+            )
             raise SpecError(
-                f"run {run.run_id} ({run.axes}): not even one sequence per micro-batch fits "
-                f"{gib(limit)} GiB with {AUTO_MARGIN:.0%} kept free",
+                f"run {run.run_id} ({run.axes}): {why}",
                 file=file,
                 key=key,
                 value=launcher_value(launcher, executor),
                 allowed="a GPU with more memory",
             )
+        if found != fits:
+            stepped.append(f"{run.run_id} ({run.axes}): ran out of GPU memory at {fits}, now {found}")
         chosen[run.run_id] = found
     for group in groups:
         ids = [i for arm in group.runs.values() for i in arm if i in chosen]
