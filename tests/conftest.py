@@ -131,7 +131,8 @@ def _cluster_env() -> dict | None:
     env = dict(os.environ)
     if "SLURM_CONF" not in env and DEFAULT_CONF.is_file():
         env["SLURM_CONF"] = str(DEFAULT_CONF)
-    if shutil.which("sinfo") is None or "SLURM_CONF" not in env:
+    # sinfo retries a missing slurm.conf for a minute before it fails: no file, no cluster
+    if shutil.which("sinfo") is None or not Path(env.get("SLURM_CONF", "")).is_file():
         return None
     try:
         out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True, timeout=20)
@@ -175,9 +176,9 @@ def decay_sweep(tmp_path_factory, data_root):
     the debug executor and collected with --pairs. Returns (results root, sweep folder); the grid is
     <results root>/../decay.yaml."""
     import copy
-    import sys
 
     import yaml
+    from in_process import ablate
 
     root = tmp_path_factory.mktemp("decay")
     grid = yaml.safe_load((REPO / "grids" / "decay.yaml").read_text())
@@ -205,14 +206,7 @@ def decay_sweep(tmp_path_factory, data_root):
         ["sweep", str(path), "--results", str(results), "--poll", "0.1"],
         ["collect", "decay", "--results", str(results), "--pairs"],
     ):
-        done = subprocess.run(
-            [sys.executable, "-m", "ablate.cli", *args],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=900,
-            env=dict(os.environ),
-        )
+        done = ablate(args, root)  # in this process: the debug executor runs every job here
         assert done.returncode == 0, done.stdout + done.stderr
     return results, results / "decay"
 

@@ -21,6 +21,7 @@ from ablate.plan.branching import RunPlan, branch_step, plan_tree
 from ablate.plan.phases import plan_phases
 from ablate.store import rundir
 from ablate.train.schedule import lr_at
+from in_process import ablate
 
 REPO = Path(__file__).resolve().parents[1]
 DECAY = {"decay": "1-sqrt", "final_fraction": 0.1}
@@ -325,7 +326,7 @@ def _ids(results: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_the_dry_run_prints_the_tree_and_counts_what_is_trained(tmp_path, data_root):
-    done = _cli(["sweep", str(_grid(tmp_path)), "--dry-run", "--tokens-per-s", "1000"], tmp_path)
+    done = ablate(["sweep", _grid(tmp_path), "--dry-run", "--tokens-per-s", "1000"], tmp_path)
     assert done.returncode == 0, done.stderr
     assert ": branch of " in done.stdout and "@ step 4 (trains 1 of 5 steps)" in done.stdout
     assert "trained 1,024 of 1,536 tokens (0.67x), 512 saved" in done.stdout and "GPU-hours saved" in done.stdout
@@ -342,16 +343,16 @@ def test_the_dry_run_prints_the_tree_and_counts_what_is_trained(tmp_path, data_r
 @pytest.mark.slow
 def test_a_local_sweep_runs_the_tree_end_to_end_and_status_shows_it(tmp_path, data_root):
     grid, results = _grid(tmp_path), tmp_path / "results"
-    done = _cli(["sweep", str(grid), "--results", str(results), "--poll", "0.2"], tmp_path)
+    done = ablate(["sweep", grid, "--results", results, "--poll", "0.2"], tmp_path, {"OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "branching: 1 runs start from another run's checkpoint (1 of those to run wait" in done.stdout
     ids = _ids(results)
     child = results / "branch" / "runs" / ids["d1"]
     assert rundir.read_branch(child) == {"parent": ids["d3"], "step": 4}
     assert rundir.branched(child)["from"] == "parent"
-    status = _cli(["status", "branch", "--results", str(results)], tmp_path)
+    status = ablate(["status", "branch", "--results", results], tmp_path)
     assert f"branch of {ids['d3']} @ step 4 (started)" in status.stdout, status.stdout
-    again = _cli(["sweep", str(grid), "--results", str(results), "--poll", "0.2"], tmp_path)
+    again = ablate(["sweep", grid, "--results", results, "--poll", "0.2"], tmp_path)
     assert again.returncode == 0 and "nothing to submit" in again.stdout
 
 

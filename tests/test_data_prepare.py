@@ -18,10 +18,12 @@ import yaml
 
 from ablate.config.errors import SpecError
 from ablate.config.spec import DataSpec
+from ablate.data import prepare as prepare_module
 from ablate.data.corpus import open_prepared, read_documents, tokenize_documents
 from ablate.data.prepare import prepare
 from ablate.data.prepared import PreparedCorpus
 from ablate.store.lock import FileLock
+from in_process import ablate
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "grids" / "tiny.yaml"
@@ -50,7 +52,10 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
-def test_memmapped_sequences_equal_the_in_memory_stream_and_workers_agree(tmp_path, data_root, minilm_tokenizer):
+def test_memmapped_sequences_equal_the_in_memory_stream_and_workers_agree(
+    tmp_path, data_root, minilm_tokenizer, monkeypatch
+):
+    monkeypatch.setattr(prepare_module, "CHUNK_DOCS", 100)  # 4 chunks: 2 workers share them
     spec = DataSpec(corpus="corpus_en_e3c/train.txt", max_documents=400, seq_len=32)
     ref = tokenize_documents(read_documents(spec), minilm_tokenizer)
     folders = [
@@ -105,7 +110,7 @@ def test_two_concurrent_preparers_tokenize_once(tmp_path, data_root):
     corpus = _slice(data_root, tmp_path)
     env = {"ABLATE_PREPARED": str(tmp_path / "prepared")}
     procs = []
-    first = _cli(["prepare", str(corpus), "--workers", "1"], tmp_path, env)
+    first = ablate(["prepare", corpus, "--workers", "1"], tmp_path, env)
     assert first.returncode == 0, first.stderr
     folder = next(p for p in (tmp_path / "prepared").iterdir() if p.is_dir())
     manifest = (folder / "manifest.json").read_bytes()
@@ -146,8 +151,8 @@ def test_kill_9_mid_preparation_then_rerun_gives_the_complete_identical_folder(t
     names = sorted(p.name for p in partial.iterdir())
     assert names[-1] == "tokens-00001.bin" and "manifest.json" not in names  # killed after 2 shards
     assert not partial.with_suffix("").exists()  # nothing published
-    again = _cli(args, tmp_path, {"ABLATE_PREPARED": str(tmp_path / "a")})
-    clean = _cli(args, tmp_path, {"ABLATE_PREPARED": str(tmp_path / "b")})
+    again = ablate(args, tmp_path, {"ABLATE_PREPARED": tmp_path / "a"})
+    clean = ablate(args, tmp_path, {"ABLATE_PREPARED": tmp_path / "b"})
     assert again.returncode == 0 and clean.returncode == 0, again.stderr + clean.stderr
     folder = partial.with_suffix("")
     assert not partial.exists() and len(_files(folder)) > 4
@@ -177,9 +182,9 @@ def test_a_changed_corpus_is_refused_with_the_command_to_re_prepare(tmp_path, da
             }
         )
     )
-    refused = _cli(["run", str(run_spec), "--out", str(tmp_path / "run")], tmp_path)
+    refused = ablate(["run", run_spec, "--out", tmp_path / "run"], tmp_path)
     assert refused.returncode == 2 and "changed since it was prepared" in refused.stderr, refused.stderr
-    assert _cli(["prepare", str(run_spec)], tmp_path).returncode == 0  # the re-prepare command
+    assert ablate(["prepare", run_spec], tmp_path).returncode == 0  # the re-prepare command
     open_prepared(spec, minilm_tokenizer)
 
 
@@ -187,13 +192,13 @@ def test_a_changed_corpus_is_refused_with_the_command_to_re_prepare(tmp_path, da
 def test_verify_catches_a_corrupted_shard(tmp_path, data_root):
     corpus = _slice(data_root, tmp_path, 60)
     env = {"ABLATE_PREPARED": str(tmp_path / "p")}
-    assert _cli(["prepare", str(corpus)], tmp_path, env).returncode == 0
+    assert ablate(["prepare", corpus], tmp_path, env).returncode == 0
     shard = next((tmp_path / "p").glob("*/tokens-00000.bin"))
     data = bytearray(shard.read_bytes())
     data[10] ^= 0xFF
     shard.write_bytes(bytes(data))
-    assert _cli(["prepare", str(corpus)], tmp_path, env).returncode == 0  # sizes match: not re-read
-    verified = _cli(["prepare", str(corpus), "--verify"], tmp_path, env)
+    assert ablate(["prepare", corpus], tmp_path, env).returncode == 0  # sizes match: not re-read
+    verified = ablate(["prepare", corpus, "--verify"], tmp_path, env)
     assert verified.returncode == 2 and str(shard) in verified.stderr and "checksums" in verified.stderr
 
 
@@ -212,7 +217,7 @@ def test_bad_corpora_are_exit_2_naming_file_and_line(name, content, expected, tm
     path = tmp_path / name
     if content is not None:
         path.write_bytes(content)
-    result = _cli(["prepare", str(path)], tmp_path, {"ABLATE_PREPARED": str(tmp_path / "p")})
+    result = ablate(["prepare", path], tmp_path, {"ABLATE_PREPARED": tmp_path / "p"})
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr and name in result.stderr
 
@@ -244,7 +249,7 @@ def _grid(tmp_path: Path, corpus: str) -> Path:
 @pytest.mark.slow
 def test_a_sweep_with_a_corpus_typo_is_exit_2_and_submits_nothing(tmp_path, data_root):
     grid = _grid(tmp_path, "corpus_en_e3c/trian.txt")
-    result = _cli(["sweep", str(grid), "--executor", "local", "--results", str(tmp_path / "r")], tmp_path)
+    result = ablate(["sweep", grid, "--executor", "local", "--results", tmp_path / "r"], tmp_path)
     assert result.returncode == 2 and "trian.txt" in result.stderr and "corpus not found" in result.stderr
     assert "submitted" not in result.stdout and not (tmp_path / "r").exists()
 
@@ -252,7 +257,6 @@ def test_a_sweep_with_a_corpus_typo_is_exit_2_and_submits_nothing(tmp_path, data
 @pytest.mark.slow
 def test_a_local_sweep_prepares_its_corpus_once(tmp_path, data_root, monkeypatch):
     from ablate.config.grid import load_grid
-    from ablate.data import prepare as prepare_module
     from ablate.launch.scheduler import run_sweep
     from ablate.plan.grid import expand
 

@@ -4,10 +4,7 @@ dry run, and pairs that cannot be formed."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,19 +15,14 @@ from ablate.analysis.pairs import TWIN, pair_rows, run_info
 from ablate.analysis.probe import linear_cka, load_representations
 from ablate.config.spec import RunSpec
 from ablate.store.rundir import read_json
+from in_process import ablate
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ablate.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=dict(os.environ),
-    )
+def cli(args: list[str], cwd: Path):
+    """`ablate ARGS` run in this process (tests/in_process.py): the process boundary is not what these test."""
+    return ablate(args, cwd)
 
 
 def _runs(sweep: Path) -> pd.DataFrame:

@@ -18,6 +18,7 @@ from ablate.launch import drivers, worker
 from ablate.launch.scheduler import Scheduler, classify
 from ablate.config.grid import Launcher
 from ablate.store import rundir
+from in_process import ablate
 
 REPO = Path(__file__).resolve().parents[1]
 FINETUNE = {"epochs": 1, "max_train_examples": 8, "max_eval_examples": 8, "max_length": 32}
@@ -70,7 +71,7 @@ def test_two_drivers_of_one_sweep_run_each_pretraining_and_fine_tuning_once(tmp_
             break
     assert "holding after" in seen[-1], "".join(seen)
 
-    second = subprocess.run(sweep_cmd(grid, results), capture_output=True, text=True, timeout=600)
+    second = ablate(sweep_cmd(grid, results)[3:], tmp_path)  # a second driver: this test's own process
     assert f"another driver (pid {first.pid} on " in second.stdout, second.stdout + second.stderr
     assert (
         "to run 0; already done 0; failed (not retried; --retry-failed) 0; queued or running elsewhere 2"

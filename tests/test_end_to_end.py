@@ -3,28 +3,20 @@ a real NER task, add a task afterwards without re-training, draw every figure, r
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from in_process import ablate
 
 REPO = Path(__file__).resolve().parents[1]
 FINETUNE = {"epochs": 1, "max_train_examples": 48, "max_eval_examples": 32, "max_length": 64, "batch_size": 8}
 
 
-def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ablate.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=dict(os.environ),
-    )
+def cli(args: list[str], cwd: Path):
+    """`ablate ARGS` run in this process (tests/in_process.py): the process boundary is not what these test."""
+    return ablate(args, cwd)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from ablate.cli import main
 from ablate.config.errors import SpecError
 from ablate.report.export import choose_run
+from in_process import ablate
 
 REPO = Path(__file__).resolve().parents[1]
 FINETUNE = {"epochs": 1, "max_train_examples": 16, "max_eval_examples": 16, "max_length": 32, "batch_size": 8}
@@ -36,26 +37,7 @@ def finished(tmp_path_factory, data_root):
     grid["exclude"] = [{"schedule": "mlm", "freeze": "low_clm"}, {"schedule": "clm_detour", "freeze": "none"}]
     path = root / "rel.yaml"
     path.write_text(yaml.safe_dump(grid))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ablate.cli",
-            "sweep",
-            str(path),
-            "--executor",
-            "debug",
-            "--results",
-            str(root / "results"),
-            "--poll",
-            "0.1",
-        ],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ),
-    )
+    done = ablate(["sweep", path, "--executor", "debug", "--results", root / "results", "--poll", "0.1"], root)
     assert done.returncode == 0, done.stdout + done.stderr
     runs = pd.read_parquet(root / "results" / "rel" / "runs.parquet")
     return root / "results", root / "results" / "rel", runs

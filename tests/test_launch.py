@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from ablate.store import rundir
+from in_process import ablate
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "grids" / "tiny.yaml"
@@ -30,15 +31,9 @@ def sweep(args: list[str], cwd: Path, timeout: int = 600, env: dict | None = Non
     )
 
 
-def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ablate.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ),
-    )
+def sweep_here(args: list, cwd: Path):
+    """`ablate sweep` in this process: for the debug executor, and sweeps that submit nothing."""
+    return ablate(["sweep", *args, "--poll", "0.2"], cwd)
 
 
 @pytest.fixture(scope="module")
@@ -84,28 +79,28 @@ def test_local_jobs_running_at_once_each_see_a_gpu_of_their_own(local_sweep):
 @pytest.mark.slow
 def test_running_the_same_sweep_again_submits_nothing(local_sweep):
     root, path, _ = local_sweep
-    again = sweep([str(path), "--results", str(root / "results")], root)
+    again = sweep_here([path, "--results", root / "results"], root)
     assert again.returncode == 0
     assert "to run 0; already done 3" in again.stdout and "nothing to submit" in again.stdout
 
 
 @pytest.mark.slow
 def test_failed_runs_are_retried_only_when_asked(tmp_path, data_root):
-    first = sweep([str(TINY), "--executor", "debug", "--results", str(tmp_path / "r")], tmp_path)
+    first = sweep_here([TINY, "--executor", "debug", "--results", str(tmp_path / "r")], tmp_path)
     assert first.returncode == 0, first.stderr
     run_dir = sorted((tmp_path / "r" / "tiny" / "runs").iterdir())[0]
     rundir.write_status(run_dir, "failed", error="Traceback...\nRuntimeError: out of memory on node 7")
 
-    status = cli(["status", "tiny", "--results", str(tmp_path / "r")], tmp_path)
+    status = ablate(["status", "tiny", "--results", str(tmp_path / "r")], tmp_path)
     assert "failed" in status.stdout and "out of memory on node 7" in status.stdout
 
-    skipped = sweep([str(TINY), "--executor", "debug", "--results", str(tmp_path / "r")], tmp_path)
+    skipped = sweep_here([TINY, "--executor", "debug", "--results", str(tmp_path / "r")], tmp_path)
     assert skipped.returncode == 1
     assert "failed (not retried; --retry-failed) 1" in skipped.stdout
     assert f"failed {run_dir.name}: log" in skipped.stdout
 
-    retried = sweep(
-        [str(TINY), "--executor", "debug", "--retry-failed", "--results", str(tmp_path / "r")], tmp_path
+    retried = sweep_here(
+        [TINY, "--executor", "debug", "--retry-failed", "--results", str(tmp_path / "r")], tmp_path
     )
     assert retried.returncode == 0, retried.stdout
     assert "to run 1;" in retried.stdout and rundir.read_status(run_dir)["state"] == "done"
@@ -135,7 +130,7 @@ def test_a_corrupt_status_is_reported_set_aside_and_the_run_resumes_from_its_che
     [row] = status_rows(folder)
     assert row["state"] == "corrupt" and "checkpoints/step-000000003-p1 (step 3)" in row["detail"]
 
-    result = sweep([str(path), "--executor", "debug", "--results", str(tmp_path / "r")], tmp_path)
+    result = sweep_here([path, "--executor", "debug", "--results", str(tmp_path / "r")], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"warning: run {run_dir.name}: {run_dir / 'status.json'} is corrupt: not JSON" in result.stdout
     assert f"moved to {run_dir / 'status.json.corrupt-1'} (kept)" in result.stdout
@@ -171,7 +166,7 @@ def test_a_run_locked_by_another_process_is_not_started_again(tmp_path, data_roo
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        result = sweep([str(TINY), "--executor", "debug", "--results", str(tmp_path / "r")], tmp_path)
+        result = sweep_here([TINY, "--executor", "debug", "--results", str(tmp_path / "r")], tmp_path)
     finally:
         holder.kill()
     assert "queued or running elsewhere 1" in result.stdout
@@ -189,7 +184,7 @@ def test_bad_grid_exits_2_and_submits_nothing(tmp_path):
     grid["axes"]["freeze"] = ["none", "lowest_clm"]
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(grid))
-    result = sweep([str(path), "--results", str(tmp_path / "r")], tmp_path)
+    result = sweep_here([path, "--results", tmp_path / "r"], tmp_path)
     assert result.returncode == 2
     assert "axes.freeze" in result.stderr and "lowest_clm" in result.stderr and "allowed" in result.stderr
     assert not (tmp_path / "r").exists()

@@ -25,6 +25,7 @@ from ablate.plan.freezing import apply_freeze
 from ablate.train.loop import Optimizer, pretrain, setup
 from ablate.train.schedule import lr_at
 from ablate.config.spec import LRSchedule, parse_run_spec
+from in_process import ablate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -300,18 +301,6 @@ def test_freeze_range_past_the_depth_is_an_error_before_training():
     assert err.value.key == "phases[0].freeze"
 
 
-def _cli(args, cwd, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "ablate.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=120,
-    )
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "change, expected",
     [
@@ -323,27 +312,25 @@ def _cli(args, cwd, env=None):
 def test_cli_rejects_bad_input_with_exit_code_2(change, expected, tmp_path, data_root):
     spec_file = tmp_path / "bad.yaml"
     spec_file.write_text(yaml.safe_dump({**tiny_spec(), **change}))
-    result = _cli(["run", str(spec_file), "--out", str(tmp_path / "out")], tmp_path)
+    result = ablate(["run", spec_file, "--out", tmp_path / "out"], tmp_path)
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr and "error:" in result.stderr
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
-@pytest.mark.slow
 def test_empty_corpus_is_an_error(tmp_path, data_root):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
     spec_file = tmp_path / "bad.yaml"
     spec_file.write_text(yaml.safe_dump({**tiny_spec(), "data": {"corpus": str(empty)}}))
-    result = _cli(["run", str(spec_file), "--out", str(tmp_path / "out")], tmp_path)
+    result = ablate(["run", spec_file, "--out", tmp_path / "out"], tmp_path)
     assert result.returncode == 2 and "corpus is empty" in result.stderr
 
 
-@pytest.mark.slow
 def test_yaml_tags_that_build_objects_are_refused(tmp_path):
     spec_file = tmp_path / "evil.yaml"
     spec_file.write_text("model: !!python/object/apply:os.system ['echo pwned']\n")
-    result = _cli(["run", str(spec_file)], tmp_path)
+    result = ablate(["run", spec_file], tmp_path)
     assert result.returncode == 2 and "not valid YAML" in result.stderr
 
 

@@ -239,6 +239,12 @@ def _tokenize_into(
 ) -> dict:
     dtype = np.dtype(np.uint16) if len(tokenizer) <= 1 << 16 else np.dtype(np.uint32)
     writer = ShardWriter(tmp, dtype, shard_tokens)
+    bar = _progress_bar(sources, show)
+    chunks = _chunks(iter_documents(sources, spec), CHUNK_DOCS)
+    first = list(itertools.islice(chunks, 2))
+    chunks = itertools.chain(first, chunks)
+    if len(first) < 2:
+        workers = 1  # one chunk of documents: starting a pool would cost more than tokenizing it
     backend = getattr(tokenizer, "backend_tokenizer", None)
     initargs = (
         backend.to_str() if backend is not None else None,
@@ -246,8 +252,6 @@ def _tokenize_into(
         workers > 1,
         dtype.name,
     )
-    bar = _progress_bar(sources, show)
-    chunks = _chunks(iter_documents(sources, spec), CHUNK_DOCS)
 
     def consume(results) -> None:
         for tokens, lengths, chars in results:
