@@ -10,25 +10,25 @@ import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from scipy import stats
-from seqeval.metrics import f1_score as _seq_f1
-from seqeval.metrics import precision_score as _seq_precision
-from seqeval.metrics import recall_score as _seq_recall
-from seqeval.scheme import IOB2
-from sklearn.metrics import accuracy_score, f1_score
-from sklearn.preprocessing import MultiLabelBinarizer
+
+# seqeval, scikit-learn and scipy are imported where they are used: together with the pandas and pyarrow they
+# pull in they take about a second to import, which every process that never scores (a sweep's driver, a job
+# that only pretrains, `ablate prepare`) would pay.
 
 Tags = Sequence[Sequence[str]]
 
 
-def _seqeval(fn, gold: Tags, pred: Tags) -> float:
+def _seqeval(name: str, gold: Tags, pred: Tags) -> float:
+    from seqeval import metrics
+    from seqeval.scheme import IOB2
+
     _check_lengths(gold, pred)
     for i, (g, p) in enumerate(zip(gold, pred)):
         if len(g) != len(p):
             raise ValueError(f"sentence {i}: {len(g)} gold tags but {len(p)} predicted")
     # strict mode: an entity counts only if its exact span and type match under IOB2 (no IOB1 repair).
     return float(
-        fn(
+        getattr(metrics, name)(
             [list(s) for s in gold],
             [list(s) for s in pred],
             mode="strict",
@@ -41,18 +41,20 @@ def _seqeval(fn, gold: Tags, pred: Tags) -> float:
 
 def entity_f1(gold: Tags, pred: Tags) -> float:
     """Entity-level micro F1 (seqeval, strict IOB2)."""
-    return _seqeval(_seq_f1, gold, pred)
+    return _seqeval("f1_score", gold, pred)
 
 
 def entity_precision(gold: Tags, pred: Tags) -> float:
-    return _seqeval(_seq_precision, gold, pred)
+    return _seqeval("precision_score", gold, pred)
 
 
 def entity_recall(gold: Tags, pred: Tags) -> float:
-    return _seqeval(_seq_recall, gold, pred)
+    return _seqeval("recall_score", gold, pred)
 
 
 def accuracy(gold: Sequence[str], pred: Sequence[str]) -> float:
+    from sklearn.metrics import accuracy_score
+
     _check_lengths(gold, pred)
     return float(accuracy_score(list(gold), list(pred)))
 
@@ -77,6 +79,8 @@ def weighted_f1(gold: Sequence[str], pred: Sequence[str], negative_label: str | 
 
 
 def _f1(gold, pred, average: str, negative_label: str | None) -> float:
+    from sklearn.metrics import f1_score
+
     _check_lengths(gold, pred)
     gold, pred = list(gold), list(pred)
     if negative_label is None:
@@ -103,6 +107,9 @@ def multilabel_weighted_f1(gold: Sequence[Sequence[str]], pred: Sequence[Sequenc
 
 
 def _multilabel_f1(gold, pred, average: str) -> float:
+    from sklearn.metrics import f1_score
+    from sklearn.preprocessing import MultiLabelBinarizer
+
     _check_lengths(gold, pred)
     if not gold:
         raise ValueError("no examples")
@@ -125,6 +132,8 @@ def pearson(gold: Sequence[float], pred: Sequence[float]) -> float:
     g, p = _floats(gold, pred)
     if np.ptp(g) == 0 or np.ptp(p) == 0:
         return math.nan
+    from scipy import stats
+
     return float(stats.pearsonr(g, p).statistic)
 
 
@@ -132,6 +141,8 @@ def spearman(gold: Sequence[float], pred: Sequence[float]) -> float:
     g, p = _floats(gold, pred)
     if np.ptp(g) == 0 or np.ptp(p) == 0:
         return math.nan
+    from scipy import stats
+
     return float(stats.spearmanr(g, p).statistic)
 
 
