@@ -2,7 +2,7 @@
 branching and with `branching: false`, wall times and their ratio, and a check that both give the same bits.
 
     python bench/branching.py                  # 12 runs x 2, minutes
-    python bench/branching.py --main-steps 10 --seeds 17 --objectives mlm  # a check
+    python bench/branching.py --main-steps 10 --seeds 17 --objectives mlm --shares 0.1 0.4  # a check
 
 The grid is grids/decay.yaml's recipe at CPU size: tiny BERT (config:tiny-bert, 4 layers) on the English
 corpus slice, a main phase of --main-steps steps (MLM 30 % and the CLM detour, constant LR after one warmup
@@ -33,7 +33,12 @@ SHARES = (0.1, 0.2, 0.4)
 
 
 def grid(
-    main_steps: int, seeds: list[int], branching: bool, parallel: int, objectives: tuple[str, ...] = ("mlm", "clm")
+    main_steps: int,
+    seeds: list[int],
+    branching: bool,
+    parallel: int,
+    objectives: tuple[str, ...] = ("mlm", "clm"),
+    shares: tuple[float, ...] = SHARES,
 ) -> dict:
     base = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())["base"]
     base.update(checkpoint_every=10, log_every=10, probe={"n_texts": 8, "max_length": 32})
@@ -47,7 +52,7 @@ def grid(
             "lr": {"warmup_steps": 1},
             **({"mask_rate": 0.3} if objective == "mlm" else {}),
         }
-        for share in SHARES:
+        for share in shares:
             decay = {
                 "name": "mlm_decay",
                 "objective": "mlm",
@@ -117,9 +122,13 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[17, 18])
     ap.add_argument("--parallel", type=int, default=2, help="runs at once (launcher.local.parallel)")
     ap.add_argument("--objectives", nargs="+", default=["mlm", "clm"], choices=["mlm", "clm"])
+    ap.add_argument(
+        "--shares", type=float, nargs="+", default=list(SHARES), help="decay lengths, fractions of the main phase"
+    )
     args = ap.parse_args()
-    if len({max(1, round(share * args.main_steps)) for share in SHARES}) < len(SHARES):
-        ap.error(f"--main-steps {args.main_steps}: the decay lengths {SHARES} of it must differ (10 or more)")
+    shares = tuple(sorted(args.shares))
+    if len({max(1, round(share * args.main_steps)) for share in shares}) < len(shares):
+        ap.error(f"--main-steps {args.main_steps}: the decay lengths {shares} of it must differ (10 or more)")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     with tempfile.TemporaryDirectory(prefix="bench-branching-") as tmp:
         env.setdefault("ABLATE_CACHE", str(Path(tmp) / "cache"))
@@ -138,7 +147,9 @@ def main() -> None:
             folder = Path(tmp) / ("branched" if branching else "unbranched")
             folder.mkdir()
             wall = sweep(
-                folder, grid(args.main_steps, args.seeds, branching, args.parallel, tuple(args.objectives)), env
+                folder,
+                grid(args.main_steps, args.seeds, branching, args.parallel, tuple(args.objectives), shares),
+                env,
             )
             facts[branching] = run_facts(folder / "results")
             rows.append(

@@ -17,9 +17,32 @@ BENCH = ROOT / "bench"
 
 # script -> its smallest run (JSON_OUT: a file the test reads back); slow: more than about a minute on 2 cores
 TINY = {
-    "attention_8192.py": ["--seq-len", "256", "--steps", "1", "--threads", "1", "--objectives", "clm"],
+    "attention_8192.py": [
+        "--seq-len",
+        "256",
+        "--steps",
+        "1",
+        "--threads",
+        "1",
+        "--objectives",
+        "clm",
+        "--variants",
+        "banded",
+    ],
     "attention_flops.py": ["--rows", "1"],
-    "branching.py": ["--main-steps", "10", "--seeds", "17", "--objectives", "mlm", "--parallel", "1"],
+    "branching.py": [
+        "--main-steps",
+        "10",
+        "--seeds",
+        "17",
+        "--objectives",
+        "mlm",
+        "--parallel",
+        "1",
+        "--shares",
+        "0.1",
+        "0.4",
+    ],
     "compare_recipes.py": [
         "--objectives",
         "mlm",
