@@ -41,7 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("sweep", nargs="?", metavar="SWEEP", help="sweep name or folder (default: the most recent)")
     submit = argparse.ArgumentParser(add_help=False, parents=[results])
     submit.add_argument("--executor", choices=_executors(), help="overrides the file's launcher.executor")
-    submit.add_argument("--poll", type=float, default=POLL_S, help=f"seconds between progress checks ({POLL_S:g})")
+    submit.add_argument(
+        "--poll",
+        type=float,
+        default=POLL_S,
+        help=f"most seconds between progress checks ({POLL_S:g}; a sweep looks sooner after a run starts or ends)",
+    )
     submit.add_argument("--dry-run", action="store_true", help="check and print the plan, submit nothing")
 
     p = argparse.ArgumentParser(

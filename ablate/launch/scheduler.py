@@ -401,19 +401,23 @@ def _wait(
     watch: drivers.Watch,
 ) -> None:
     """Poll until every job has ended, submitting each transplant once its runs are done and each child once
-    its parent can start it, and printing the sweep's progress line when it changes (or each minute)."""
-    last_line, last_print = "", 0.0
+    its parent can start it, and printing the sweep's progress line when it changes (or each minute). The checks
+    are half a second apart after a run starts or ends, then twice as far apart each time up to poll_s."""
+    last_line, last_print, last_counts, pause = "", 0.0, {}, min(poll_s, 0.5)
     while scheduler.busy:
         scheduler.poll()
         watch.poll()
         scheduler.submit(children.ready())
         scheduler.submit(waiting.ready())
-        line, _ = _progress_line(paths, all_ids)
+        line, counts = _progress_line(paths, all_ids)
+        if counts != last_counts:  # a run started or ended: the next may be close (short runs), so look sooner
+            last_counts, pause = counts, min(poll_s, 0.5)
         if line != last_line or time.time() - last_print > 60:
             out(f"[{time.strftime('%H:%M:%S')}] {line}")
             last_line, last_print = line, time.time()
         if scheduler.busy and scheduler.kind != "debug":
-            time.sleep(poll_s)
+            time.sleep(pause)
+            pause = min(poll_s, 2 * pause)
 
 
 def status_rows(paths: SweepFolder, run_ids: list[str] | None = None) -> list[dict]:
