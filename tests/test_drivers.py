@@ -134,6 +134,34 @@ def test_a_run_finished_after_the_driver_decided_to_run_it_is_not_submitted(tmp_
     assert scheduler.poll() == [run_dir] and scheduler.poll() == []  # ended here: a tune settles its trial
 
 
+def test_a_slurm_job_whose_run_says_it_ended_is_asked_about_at_once(tmp_path):
+    """submitit asks Slurm about a job at most every half of its age, up to 10 minutes apart: a run whose own
+    status is final is asked about now, so what waits on it (transplants, children, the sweep's end) follows
+    within a poll; a run still running is left to submitit's pace."""
+
+    class Job:  # what Scheduler.poll asks of a submitit job
+        job_id = "7"
+
+        def __init__(self):
+            self.asked = []
+
+        def done(self, force_check: bool = False) -> bool:
+            self.asked.append(force_check)
+            return force_check
+
+    scheduler = Scheduler("debug", Launcher(), tmp_path / "jobs", "tiny")
+    scheduler.kind = "slurm"
+    running, finished = tmp_path / "running", tmp_path / "finished"
+    for run_dir, state in ((running, "running"), (finished, "done")):
+        run_dir.mkdir()
+        rundir.write_status(run_dir, state)
+    jobs = {running: Job(), finished: Job()}
+    scheduler.active = dict(jobs)
+    assert scheduler.poll() == [finished]
+    assert jobs[running].asked == [False] and jobs[finished].asked == [True]
+    assert list(scheduler.active) == [running]
+
+
 def test_a_run_another_live_driver_has_queued_is_left_to_it(tmp_path, data_root):
     run_dir = prepared_run(tmp_path)
     other = {"host": drivers.me()["host"], "pid": os.getppid()}  # a live process that is not this one

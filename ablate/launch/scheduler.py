@@ -173,6 +173,14 @@ def _progress_line(paths: SweepFolder, run_ids: list[str]) -> tuple[str, dict[st
     return line, counts
 
 
+def _says_ended(run_dir: Path) -> bool:
+    """The run's own status is final (its job is ending, or has ended)."""
+    try:
+        return rundir.read_status(run_dir).get("state") in ("done", "failed", "pruned")
+    except (OSError, ValueError):  # a corrupt status (CorruptStatus is a ValueError): submitit's pace
+        return False
+
+
 def record_job_failure(run_dir: Path, job) -> None:
     """A job that ended without its run saying done, failed or pruned (killed, out of memory, node lost):
     the run is failed, with the job's exception and the tail of its stderr. A run whose folder another
@@ -246,7 +254,9 @@ class Scheduler:
                 # a failed debug job is never done() to submitit: asking would run it again, and raise
                 ended_now = True
             else:
-                ended_now = job.done()
+                # submitit asks Slurm at most every max(2 s, half the job's age), up to 10 minutes apart; a run
+                # whose folder says it ended is asked about now, so what waits on it follows within a poll
+                ended_now = job.done(force_check=self.kind == "slurm" and _says_ended(run_dir))
             if ended_now:
                 record_job_failure(run_dir, job)
                 del self.active[run_dir]
