@@ -190,6 +190,24 @@ def test_bad_grid_exits_2_and_submits_nothing(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_a_run_starting_its_fine_tunings_names_them_in_the_progress_line(tmp_path):
+    """Between its pretraining and the first task's first report, a run's progress names its tasks."""
+    from ablate.launch.scheduler import _progress_line
+    from ablate.store.sweep import SweepFolder, write_progress
+
+    paths = SweepFolder(tmp_path / "s")
+    paths.run("a").mkdir(parents=True)
+    lock = rundir.RunLock(paths.run("a"))  # held, as its worker holds it: the run is running, not interrupted
+    assert lock.acquire()
+    try:
+        rundir.write_status(paths.run("a"), "running")
+        start = {"stage": "finetune", "phase": "fine-tuning ncbi_disease,chemprot", "step": 0, "total_steps": 0}
+        write_progress(paths.run("a"), start)  # what the worker writes as its fine-tunings begin
+        assert "[a fine-tuning ncbi_disease,chemprot]" in _progress_line(paths, ["a"])[0]
+    finally:
+        lock.release()
+
+
 def test_the_sweep_progress_line_counts_runs_and_estimates_from_measured_run_times(tmp_path):
     from ablate.launch.scheduler import _progress_line
     from ablate.store import rundir

@@ -407,3 +407,9 @@ def test_hidden_states_are_read_after_a_compiled_forward_left_transformers_captu
     _active_collector.global_var, _active_collector.compiling = None, True  # as test_flex.py leaves it
     reps = layer_representations(model, ids, masks)
     assert len(reps) == model.config.num_hidden_layers + 1 and not _active_collector.compiling
+
+
+def test_two_models_with_different_numbers_of_layers_are_not_compared_layer_by_layer():
+    reps = [np.eye(4)] * 3
+    with pytest.raises(ValueError, match="different numbers of layers: 3 vs 2"):
+        cka_vs_reference(reps, reps[:2])
