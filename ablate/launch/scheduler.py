@@ -176,7 +176,7 @@ def _progress_line(paths: SweepFolder, run_ids: list[str]) -> tuple[str, dict[st
 def _says_ended(run_dir: Path) -> bool:
     """The run's own status is final (its job is ending, or has ended)."""
     try:
-        return rundir.read_status(run_dir).get("state") in ("done", "failed", "pruned")
+        return rundir.read_status(run_dir).get("state") in rundir.FINAL_STATES
     except (OSError, ValueError):  # a corrupt status (CorruptStatus is a ValueError): submitit's pace
         return False
 
@@ -186,7 +186,7 @@ def record_job_failure(run_dir: Path, job) -> None:
     the run is failed, with the job's exception and the tail of its stderr. A run whose folder another
     process holds (this job found it running elsewhere) is left alone."""
     status = rundir.read_status(run_dir)
-    if rundir.effective_state(run_dir, status) in ("done", "failed", "pruned", "running"):
+    if rundir.effective_state(run_dir, status) in (*rundir.FINAL_STATES, "running"):
         return
     lost = branches.parent_lost(SweepFolder(Path(run_dir).parent.parent), Path(run_dir).name)
     if lost:  # Slurm cancelled it: afterok on a parent that failed

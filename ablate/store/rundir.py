@@ -45,6 +45,7 @@ from ablate.store import atomic
 from ablate.store.lock import FileLock
 
 STATES = ("pending", "submitted", "running", "interrupted", "done", "failed", "pruned")
+FINAL_STATES = ("done", "failed", "pruned")  # a run in one of these has ended: its job has nothing left to do
 TABLES = ("runs", "scores", "layers", "curves", "grads", "frozen")
 
 TABLE_COLUMNS = {
