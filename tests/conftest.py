@@ -17,7 +17,12 @@ from ablate.config.paths import DATA_ROOT_ENV, absolute_env_paths
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault(DATA_ROOT_ENV, str(REPO / "data"))  # the default data root, seen from the checkout
 absolute_env_paths()  # subprocesses of the tests start in their own tmp folders
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Threads per test process, and per process a test starts (OMP_NUM_THREADS, inherited): the cores shared among the
+# xdist workers, at most 2. Two workers of two threads each on two cores spent a quarter more CPU time in
+# OpenMP threads waiting on each other than one thread each (README, "Contributing").
+TEST_THREADS = max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+os.environ["OMP_NUM_THREADS"] = str(TEST_THREADS)
+torch.set_num_threads(TEST_THREADS)
 TESTS_SET = "tests"  # the datasets the tests read (ablate/data/sets.yaml)
 
 
@@ -40,18 +45,25 @@ TRAINED_SWEEPS = {"decay_sweep", "local_sweep", "finished", "tiny_run", "sqlite_
 
 # Under pytest-xdist (`-n 2`, as .ci/run runs the suite) each module's tests stay on one worker, so its module
 # fixtures are computed once; the tests that use the one Slurm cluster and its MariaDB share a group of their own,
-# so two of them never queue behind each other's jobs.
+# so two of them never queue behind each other's jobs; and the modules that read a trained session fixture share
+# one, so that sweep is trained once, not once per worker.
 CLUSTER = {"slurm_env", "mariadb_url"}
+SHARED_SWEEPS = {"decay_sweep"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the xdist_group marks into work units
 def pytest_collection_modifyitems(config, items):
+    module_group = {}  # a module that reads a shared sweep -> that sweep's group
+    for item in items:
+        for name in SHARED_SWEEPS & set(getattr(item, "fixturenames", ())):
+            module_group[item.module.__name__] = name
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if TRAINED_SWEEPS & fixtures:
             item.add_marker(pytest.mark.slow)
         on_cluster = CLUSTER & fixtures or item.get_closest_marker("slurm") is not None
-        item.add_marker(pytest.mark.xdist_group("cluster" if on_cluster else item.module.__name__))
+        module = item.module.__name__
+        item.add_marker(pytest.mark.xdist_group("cluster" if on_cluster else module_group.get(module, module)))
 
 
 def _xdist_drops_groups(config) -> bool:
