@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+import in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
@@ -164,19 +164,12 @@ def _last_json(stdout: str) -> dict:
 def test_a_bench_script_runs_at_its_smallest_size(script, tmp_path, data_root):
     out = tmp_path / "result.json"
     args = [str(out) if a == "JSON_OUT" else a for a in TINY[script]]
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-        TMPDIR=str(tmp_path),
-    )
-    done = subprocess.run(
-        [sys.executable, str(BENCH / script), *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    # in this process (its imports paid once); the subprocesses a script starts itself see ROOT on PYTHONPATH
+    env = {
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        "TMPDIR": tmp_path,
+    }
+    done = in_process.script(BENCH / script, args, cwd=tmp_path, env=env)
     assert done.returncode == 0, (
         f"{script} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     )

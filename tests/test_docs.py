@@ -186,25 +186,34 @@ def _guide_inputs(folder: Path, data_root: Path, tokenizer) -> None:
 
 
 @pytest.mark.slow
-def test_the_guide_runs_from_a_grid_to_the_tables(tmp_path, data_root, minilm_tokenizer):
-    import os
+def test_the_guide_runs_from_a_grid_to_the_tables(tmp_path, data_root, minilm_tokenizer, monkeypatch):
+    """Line by line, as a reader types it: `ablate ...` in this process (tests/in_process.py), anything else in
+    bash; the reader has set neither variable below."""
+    import shlex
     import subprocess
-    import sys
+
+    from in_process import ablate
 
     _guide_inputs(tmp_path, data_root, minilm_tokenizer)
     (tmp_path / "grids").symlink_to(ROOT / "grids")
-    env = {k: v for k, v in os.environ.items() if k not in ("ABLATE_DATA_ROOT", "ABLATE_RESULTS")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    prologue = f'set -euo pipefail\nablate() {{ "{sys.executable}" -m ablate.cli "$@"; }}\n'
+    monkeypatch.delenv("ABLATE_DATA_ROOT", raising=False)
+    monkeypatch.delenv("ABLATE_RESULTS", raising=False)
     for kind, target, body in _guide_steps():
         if kind == "file":
             (tmp_path / target).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / target).write_text(body)
         elif kind == "run":
-            done = subprocess.run(
-                ["bash", "-c", prologue + body], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
-            )
-            assert done.returncode == 0, f"{body}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            for line in (
+                ln for ln in body.replace("\\\n", " ").splitlines() if ln.strip() and not ln.startswith("#")
+            ):
+                words = shlex.split(line)
+                if words[0] == "ablate":
+                    done = ablate(words[1:], cwd=tmp_path)
+                else:
+                    done = subprocess.run(
+                        ["bash", "-c", "set -euo pipefail\n" + line], cwd=tmp_path, capture_output=True, text=True
+                    )
+                assert done.returncode == 0, f"{line}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     sweep = tmp_path / "results" / "my_study"
     assert len(list((sweep / "runs").iterdir())) == 3
     assert (sweep / "tables" / "scores.md").is_file() and (sweep / "figures" / "layers.png").is_file()
