@@ -8,7 +8,8 @@ The grid is grids/decay.yaml's recipe at CPU size: tiny BERT (config:tiny-bert, 
 corpus slice, a main phase of --main-steps steps (MLM 30 % and the CLM detour, constant LR after one warmup
 step), then an MLM decay of 10, 20 and 40 % of the main phase's steps (1-sqrt to 10 % of peak), --seeds, the
 layer probe on, no fine-tuning; `ablate sweep` with the local executor (--parallel runs at once). Each variant
-runs in a fresh results folder (the prepared corpus cache is shared and warmed first, so neither pays for it).
+runs in a fresh results folder (the corpus cache is shared and prepared first, `ablate prepare`, so neither pays
+for it).
 
 Prints a Markdown table (variant, runs, steps trained, wall seconds) and the ratio branched / unbranched; then
 compares every run's final weights and token hash across the two variants (they must be equal: exit 1
@@ -132,16 +133,13 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     with tempfile.TemporaryDirectory(prefix="bench-branching-") as tmp:
         env.setdefault("ABLATE_CACHE", str(Path(tmp) / "cache"))
-        warm = Path(tmp) / "warm"
-        warm.mkdir()
-        sweep(
-            warm,
-            {
-                **grid(2, args.seeds[:1], True, 1, ("mlm",)),
-                "axes": {"schedule": ["mlm_d10"], "seed": args.seeds[:1]},
-            },
-            env,
-        )  # prepares the corpus once for both variants
+        warm = Path(tmp) / "warm.yaml"
+        warm.write_text(yaml.safe_dump(grid(args.main_steps, args.seeds, True, 1, tuple(args.objectives), shares)))
+        prepared = subprocess.run(
+            [sys.executable, "-m", "ablate.cli", "prepare", str(warm)], env=env, capture_output=True, text=True
+        )  # the corpus, tokenized once for both variants
+        if prepared.returncode != 0:
+            sys.exit(f"ablate prepare failed:\n{prepared.stdout[-3000:]}\n{prepared.stderr[-3000:]}")
         rows, facts = [], {}
         for branching in (True, False):
             folder = Path(tmp) / ("branched" if branching else "unbranched")
