@@ -7,8 +7,8 @@ scheduler stubbed to record: the dry run refuses what the submission refuses (wh
 corpus or a corpus read past data.max_epochs, is what the submission refuses beyond it).
 
 How many: 2,362 examples in the fast tier (grids 400, run specs 800, data blocks 500, task files 500, tune files
-150, dry run against submission 12), 6,700 more in the slow tier (grids 2,000, run specs 2,500, data blocks
-2,000, dry run against submission 200).
+150, dry run against submission 12), 3,300 more in the slow tier (grids 1,000, run specs 1,200, data blocks
+1,000, dry run against submission 100).
 
 Deterministic: derandomize=True, so every run draws the same examples. The causal preflight (a forward pass of
 a random model per attention pattern) is stubbed to pass: it is tests/test_preflight.py's; every other check runs.
@@ -572,7 +572,7 @@ def test_the_dry_run_refuses_what_the_submission_refuses(grid):
 
 
 @pytest.mark.slow
-@settings(FAST, max_examples=2000)
+@settings(FAST, max_examples=1000)
 @given(grids())
 def test_many_grids_are_accepted_or_a_located_spec_error(grid):
     with tempfile.TemporaryDirectory() as folder:
@@ -580,7 +580,7 @@ def test_many_grids_are_accepted_or_a_located_spec_error(grid):
 
 
 @pytest.mark.slow
-@settings(FAST, max_examples=2500)
+@settings(FAST, max_examples=1200)
 @given(run_specs())
 def test_many_run_specs_are_accepted_or_a_located_spec_error(spec):
     with tempfile.TemporaryDirectory() as folder:
@@ -588,7 +588,7 @@ def test_many_run_specs_are_accepted_or_a_located_spec_error(spec):
 
 
 @pytest.mark.slow
-@settings(FAST, max_examples=200)
+@settings(FAST, max_examples=100)
 @given(grids())
 def test_many_dry_runs_refuse_what_their_submissions_refuse(grid):
     with tempfile.TemporaryDirectory() as folder:
@@ -596,7 +596,7 @@ def test_many_dry_runs_refuse_what_their_submissions_refuse(grid):
 
 
 @pytest.mark.slow
-@settings(FAST, max_examples=2000)
+@settings(FAST, max_examples=1000)
 @given(data_specs())
 def test_many_data_blocks_are_accepted_or_a_located_spec_error(spec):
     with tempfile.TemporaryDirectory() as folder:
