@@ -272,7 +272,19 @@ def _looks_like_source(value: str) -> bool:
 
 
 def check_references(grid: GridSpec, file: str) -> None:
-    """Everything about the grid that one key alone cannot say: names that must exist, axes that must agree."""
+    """Everything about the grid that one key alone cannot say: names that must exist, axes that must agree.
+    The checks run in this order, so the first error a grid has is the one named."""
+    _check_schedules(grid, file)
+    axis_names = _check_axes(grid, file)
+    _check_axis_values(grid, file)
+    _check_excludes(grid, file, axis_names)
+    _check_freeze_masks(grid, file)
+    check_transplants(grid, file)
+
+
+def _check_schedules(grid: GridSpec, file: str) -> None:
+    """At least one schedule, each with a phase (or the prelude's); a baseline naming schedules; no key of the
+    grid's own blocks under base."""
     if not grid.schedules:
         raise SpecError(
             "at least one schedule is needed", file=file, key="schedules", allowed="schedules: {NAME: [phases]}"
@@ -312,6 +324,11 @@ def check_references(grid: GridSpec, file: str) -> None:
                 value=phases,
                 allowed="a list of one phase or more",
             )
+
+
+def _check_axes(grid: GridSpec, file: str) -> list[str]:
+    """Each axis once (axes and zip), none a key of the grid's own blocks, each with values, zipped ones of one
+    length; returns the axes' names."""
     axis_names = list(grid.axes) + [k for group in grid.zip for k in group]
     dupes = {k for k in axis_names if axis_names.count(k) > 1}
     if dupes:
@@ -373,6 +390,11 @@ def check_references(grid: GridSpec, file: str) -> None:
                 value=[],
                 allowed="a list of one value or more",
             )
+    return axis_names
+
+
+def _check_axis_values(grid: GridSpec, file: str) -> None:
+    """Every schedule, freeze mask, data choice and model an axis takes exists."""
     named = {"schedule": grid.schedules, "freeze": grid.freeze_masks, "data": grid.data_choices}
     for axis, table in named.items():
         for where, values in axis_values(grid, axis):
@@ -395,6 +417,10 @@ def check_references(grid: GridSpec, file: str) -> None:
                     value=v,
                     allowed=", ".join([*grid.models, MODEL_SOURCE_FORMS]),
                 )
+
+
+def _check_excludes(grid: GridSpec, file: str, axis_names: list[str]) -> None:
+    """Each exclude rule names axes the grid varies, and values they take."""
     for i, rule in enumerate(grid.exclude):
         if not rule:
             raise SpecError("an empty exclude rule would exclude every run", file=file, key=f"exclude[{i}]")
@@ -418,6 +444,10 @@ def check_references(grid: GridSpec, file: str) -> None:
                             value=w,
                             allowed=", ".join(map(repr, values)),
                         )
+
+
+def _check_freeze_masks(grid: GridSpec, file: str) -> None:
+    """Each freeze mask names phases some schedule (or the prelude) has, and groups the models have."""
     known_phases = phase_names(grid)
     for mask_name, mask in grid.freeze_masks.items():
         for phase_name, groups in mask.items():
@@ -438,7 +468,6 @@ def check_references(grid: GridSpec, file: str) -> None:
                 ):
                     raise SpecError("unknown freeze group", file=file, key=key, value=g, allowed=FREEZE_ALLOWED)
             check_mask_groups(grid, phase_name, [str(g) for g in as_list(groups)], file, key)
-    check_transplants(grid, file)
 
 
 def check_data_choices(grid: GridSpec, file: str) -> None:
