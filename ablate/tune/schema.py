@@ -201,28 +201,38 @@ def parse_param(key: str, raw: Any, file: str | None) -> Param:
             "unknown parameter type", file=file, key=f"{where}.type", value=kind, allowed="float, int, categorical"
         )
     if kind == "categorical":
-        choices = raw.get("choices")
-        if not isinstance(choices, list) or not choices:
+        return _categorical(key, raw, where, file)
+    return _numeric_range(key, kind, raw, where, file)
+
+
+def _categorical(key: str, raw: dict, where: str, file: str | None) -> Param:
+    """A list of choices (numbers, strings, booleans, null), and nothing else."""
+    choices = raw.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise SpecError(
+            "a categorical parameter needs a non-empty list of choices", file=file, key=f"{where}.choices"
+        )
+    for c in choices:
+        if c is not None and not isinstance(c, (bool, int, float, str)):
             raise SpecError(
-                "a categorical parameter needs a non-empty list of choices", file=file, key=f"{where}.choices"
-            )
-        for c in choices:
-            if c is not None and not isinstance(c, (bool, int, float, str)):
-                raise SpecError(
-                    "choices must be numbers, strings, booleans or null",
-                    file=file,
-                    key=f"{where}.choices",
-                    value=str(c),
-                )
-        extra = set(raw) - {"type", "choices"}
-        if extra:
-            raise SpecError(
-                "a categorical parameter takes only choices",
+                "choices must be numbers, strings, booleans or null",
                 file=file,
-                key=f"{where}.{sorted(extra)[0]}",
-                allowed="choices: [...]",
+                key=f"{where}.choices",
+                value=str(c),
             )
-        return Param(key, "categorical", choices=tuple(choices))
+    extra = set(raw) - {"type", "choices"}
+    if extra:
+        raise SpecError(
+            "a categorical parameter takes only choices",
+            file=file,
+            key=f"{where}.{sorted(extra)[0]}",
+            allowed="choices: [...]",
+        )
+    return Param(key, "categorical", choices=tuple(choices))
+
+
+def _numeric_range(key: str, kind: str, raw: dict, where: str, file: str | None) -> Param:
+    """low <= high (whole numbers for an int), log (positive bounds) or a step that divides high - low."""
     if "choices" in raw:
         raise SpecError(
             f"a {kind} parameter takes low/high, not choices",
