@@ -133,9 +133,7 @@ def cmd_sweep(args) -> int:
     from ablate.config.paths import results_root
     from ablate.launch.checks import checked_grid
     from ablate.plan.cost import check_tokens_per_s
-    from ablate.plan.grid import plan_table
     from ablate.plan.replicates import seed_notes
-    from ablate.plan.transplants import transplant_table
 
     if check_tokens_per_s(args.tokens_per_s) is not None and not args.dry_run:
         raise SpecError(
@@ -155,51 +153,7 @@ def cmd_sweep(args) -> int:
         print(f"note: {note}", file=sys.stderr)
     _warn(warnings + checked.warnings)
     if args.dry_run:
-        from ablate.analysis.pairs import describe_pairs
-        from ablate.launch.estimates import dry_run_cost, objective_breakdown
-
-        header, costs = dry_run_cost(
-            grid,
-            str(args.grid),
-            runs,
-            executor,
-            results_root(args.results),
-            args.tokens_per_s,
-            checked.tree,
-            transplants,
-        )
-        _print_table(
-            plan_table(
-                runs, checked.plans, checked.models, {k: "ok" if r else "-" for k, r in checked.causal.items()}
-            )
-        )
-        print()
-        if transplants:
-            print("transplants (derived runs: built and fine-tuned once the runs they need are done):")
-            _print_table(transplant_table(transplants))
-            print()
-        _print_tree(checked.tree, runs)
-        _print_finetuning(grid, runs, results_root(args.results), transplants)
-        lines, by_objective = objective_breakdown(runs, checked.tree)
-        print("\n".join(lines))
-        _print_table(by_objective)
-        print()
-        print("\n".join(header))
-        _print_table(costs)
-        if checked.memory is not None:
-            print("\nGPU memory per device (predicted peak of a training step, docs/gpu-memory.md):")
-            _print_table(checked.memory)
-        if checked.finetune_memory:
-            print("\nGPU memory of fine-tuning (a step on each task's longest batch, launch.finetune_memory):")
-            _print_table(checked.finetune_memory)
-        print("\n".join(checked.parity))
-        print(
-            f"{len(runs)} runs"
-            + (f", {len(transplants)} transplants" if transplants else "")
-            + f"; executor {executor}; results in {sweep_dir}; dry run: nothing submitted; "
-            + "".join(f"model {m} ({fam.name}, {depth} layers); " for m, (fam, depth) in checked.models.items())
-            + describe_pairs([(r.run_id, r.spec) for r in runs])
-        )
+        _print_dry_run(args, checked, executor, sweep_dir)
         return EXIT_OK
     from ablate.launch import scheduler
     from ablate.launch.drivers import HELD
@@ -237,6 +191,59 @@ def cmd_sweep(args) -> int:
         )
     unfinished = [state for state in others if state != HELD]  # held elsewhere: not this driver's to finish
     return EXIT_OK if not failed and not unfinished and not collected.problems else EXIT_FAILED
+
+
+def _print_dry_run(args, checked, executor: str, sweep_dir: Path) -> None:
+    """What `ablate sweep --dry-run` prints: the plan table, transplants, the branching tree, fine-tunings,
+    tokens by objective, the cost plan, GPU memory, parity, and a one-line summary."""
+    from ablate.analysis.pairs import describe_pairs
+    from ablate.config.paths import results_root
+    from ablate.launch.estimates import dry_run_cost, objective_breakdown
+    from ablate.plan.grid import plan_table
+    from ablate.plan.transplants import transplant_table
+
+    grid, runs, transplants = checked.grid, checked.runs, checked.transplants
+
+    header, costs = dry_run_cost(
+        grid,
+        str(args.grid),
+        runs,
+        executor,
+        results_root(args.results),
+        args.tokens_per_s,
+        checked.tree,
+        transplants,
+    )
+    _print_table(
+        plan_table(runs, checked.plans, checked.models, {k: "ok" if r else "-" for k, r in checked.causal.items()})
+    )
+    print()
+    if transplants:
+        print("transplants (derived runs: built and fine-tuned once the runs they need are done):")
+        _print_table(transplant_table(transplants))
+        print()
+    _print_tree(checked.tree, runs)
+    _print_finetuning(grid, runs, results_root(args.results), transplants)
+    lines, by_objective = objective_breakdown(runs, checked.tree)
+    print("\n".join(lines))
+    _print_table(by_objective)
+    print()
+    print("\n".join(header))
+    _print_table(costs)
+    if checked.memory is not None:
+        print("\nGPU memory per device (predicted peak of a training step, docs/gpu-memory.md):")
+        _print_table(checked.memory)
+    if checked.finetune_memory:
+        print("\nGPU memory of fine-tuning (a step on each task's longest batch, launch.finetune_memory):")
+        _print_table(checked.finetune_memory)
+    print("\n".join(checked.parity))
+    print(
+        f"{len(runs)} runs"
+        + (f", {len(transplants)} transplants" if transplants else "")
+        + f"; executor {executor}; results in {sweep_dir}; dry run: nothing submitted; "
+        + "".join(f"model {m} ({fam.name}, {depth} layers); " for m, (fam, depth) in checked.models.items())
+        + describe_pairs([(r.run_id, r.spec) for r in runs])
+    )
 
 
 def cmd_calibrate(args) -> int:
