@@ -767,3 +767,11 @@ def test_data_parallel_ranks_must_divide_the_batch(tmp_path):
     err = error_of(tmp_path, grid_dict(base={**BASE, "batch_size": 6}, launcher=slurm))
     assert err.key == "base.batch_size" and "4 x" in err.message
     assert len(runs_of(tmp_path, grid_dict(base={**BASE, "batch_size": 8}, launcher=slurm))) == 1
+
+
+def test_a_phase_name_that_is_not_a_string_is_located(tmp_path):
+    schedules = copy.deepcopy(SCHEDULES)
+    schedules["clm_detour"][0]["name"] = 7  # YAML `name: 7`; freeze masks and data choices look phases up by name
+    err = error_of(tmp_path, grid_dict(schedules=schedules, axes={"schedule": ["mlm", "clm_detour"]}))
+    assert err.key == "schedules.clm_detour[0].name" and err.value == "int"
+    assert "a phase's name is a string" in str(err)
