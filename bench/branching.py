@@ -133,10 +133,15 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     with tempfile.TemporaryDirectory(prefix="bench-branching-") as tmp:
         env.setdefault("ABLATE_CACHE", str(Path(tmp) / "cache"))
-        warm = Path(tmp) / "warm.yaml"
-        warm.write_text(yaml.safe_dump(grid(args.main_steps, args.seeds, True, 1, tuple(args.objectives), shares)))
+        to_prepare = Path(tmp) / "prepare.yaml"  # the variants' grid: its corpus is theirs
+        to_prepare.write_text(
+            yaml.safe_dump(grid(args.main_steps, args.seeds, True, 1, tuple(args.objectives), shares))
+        )
         prepared = subprocess.run(
-            [sys.executable, "-m", "ablate.cli", "prepare", str(warm)], env=env, capture_output=True, text=True
+            [sys.executable, "-m", "ablate.cli", "prepare", str(to_prepare)],
+            env=env,
+            capture_output=True,
+            text=True,
         )  # the corpus, tokenized once for both variants
         if prepared.returncode != 0:
             sys.exit(f"ablate prepare failed:\n{prepared.stdout[-3000:]}\n{prepared.stderr[-3000:]}")

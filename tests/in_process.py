@@ -38,9 +38,9 @@ def ablate(args: list, cwd: Path | None = None, env: dict | None = None) -> Done
 
 def script(path: Path, args: list, cwd: Path | None = None, env: dict | None = None) -> Done:
     """Run `python path *args` as __main__, its folder first on sys.path as Python puts it; what a script may set
-    for its own process (sys.argv and sys.path, the environment, the temporary folder, the working folder, torch's thread count and
-    random state) is restored after. `sys.exit(msg)` is exit code 1 with msg on stderr, as in a subprocess; any
-    other exception propagates, with its traceback, to the test."""
+    for its own process (sys.argv and sys.path, the environment, the temporary folder, the working folder,
+    torch's thread count and random state) is restored after. `sys.exit(msg)` is exit code 1 with msg on stderr,
+    as in a subprocess; any other exception propagates, with its traceback, to the test."""
     import torch
 
     argv, path_entries, temp = list(sys.argv), list(sys.path), tempfile.tempdir
