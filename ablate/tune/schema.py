@@ -270,25 +270,7 @@ def _numeric_range(key: str, kind: str, raw: dict, where: str, file: str | None)
                 allowed="step without log: true",
             )
     if kind == "int":
-        for name, v in (("low", low), ("high", high)):
-            if float(v) != int(v):
-                raise SpecError(
-                    "an int parameter needs whole-number bounds",
-                    file=file,
-                    key=f"{where}.{name}",
-                    value=v,
-                    allowed="a whole number",
-                )
-        low, high = int(low), int(high)
-        if step is not None and float(step) != int(step):
-            raise SpecError(
-                "an int parameter needs a whole-number step",
-                file=file,
-                key=f"{where}.step",
-                value=step,
-                allowed="a whole number",
-            )
-        step = int(step) if step is not None else None
+        low, high, step = _whole_numbers(low, high, step, where, file)
     else:
         low, high = float(low), float(high)
     if low > high:
@@ -314,6 +296,28 @@ def _numeric_range(key: str, kind: str, raw: dict, where: str, file: str | None)
             allowed=f"a step that divides {high - low:g}, or high: {top:g}",
         )
     return Param(key, kind, low=low, high=high, log=log, step=step)
+
+
+def _whole_numbers(low, high, step, where: str, file: str | None) -> tuple[int, int, int | None]:
+    """An int parameter's bounds and step, each a whole number (1.0 is 1)."""
+    for name, v in (("low", low), ("high", high)):
+        if float(v) != int(v):
+            raise SpecError(
+                "an int parameter needs whole-number bounds",
+                file=file,
+                key=f"{where}.{name}",
+                value=v,
+                allowed="a whole number",
+            )
+    if step is not None and float(step) != int(step):
+        raise SpecError(
+            "an int parameter needs a whole-number step",
+            file=file,
+            key=f"{where}.step",
+            value=step,
+            allowed="a whole number",
+        )
+    return int(low), int(high), (int(step) if step is not None else None)
 
 
 def _whole(x: float) -> bool:
