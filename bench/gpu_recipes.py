@@ -1,66 +1,52 @@
-"""The two recipes bench/gpu_step.py times, one row each: ablate's training step and the transformers
-Trainer's, on the same model config, batch and random tokens; the model FLOPs per token behind its MFU.
-See bench/gpu_step.py for what each recipe does and how a row is measured.
+"""What bench/gpu_check.py times: ablate's training step (as a run takes it, or as it ran before flash varlen
+and the per-block compile: `todays_step`) and the transformers Trainer recipe, on one model config, batch and
+random tokens; each returns its raw measurements, which gpu_check.py turns into rows.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import gc
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-
-@dataclass(frozen=True)
-class Row:
-    recipe: str
-    objective: str
-    seq_len: int
-    documents: bool | None  # document masking (ablate rows); None: the Trainer recipe has none
-
-    def fields(self) -> dict:
-        return {
-            "recipe": self.recipe,
-            "objective": self.objective,
-            "seq_len": self.seq_len,
-            "documents": self.documents,
-        }
+DOC_TOKENS = 512  # the random batches' documents: 512 tokens each (a quarter of a row in tiny rows)
 
 
-# ---------------------------------------------------------------- FLOPs
+@dataclass
+class Measured:
+    """One recipe's timed steps."""
+
+    step_s: list[float] = field(default_factory=list)  # the timed steps' wall seconds (CUDA-synchronised)
+    first_loss: float = float("nan")  # the first step's loss (seed 0)
+    peak_bytes: int | None = None  # torch.cuda.max_memory_allocated over the steps
+    labelled: int = 0  # positions with a loss in one step (the executed FLOPs of the head)
+    compile_log: list[str] = field(default_factory=list)  # what the compiled encoder logged
 
 
-def model_flops_per_token(model, seq_len: int) -> float:
-    config = model.config
-    embedding = model.get_input_embeddings().weight
-    n = sum(p.numel() for p in model.parameters()) - embedding.numel()
-    out = model.get_output_embeddings()
-    if out is not None and out.weight is embedding:  # tied: the decoder matmul still happens
-        n += embedding.numel()
-    window = int(getattr(config, "local_attention", seq_len))
-    types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
-    context = sum(seq_len if t == "full_attention" else min(seq_len, window + 1) for t in types)
-    return 6.0 * n + 12.0 * context * config.hidden_size
-
-
-# ---------------------------------------------------------------- data
+def doc_tokens(seq_len: int) -> int:
+    return min(DOC_TOKENS, max(seq_len // 4, 1))
 
 
 def random_tokens(n_seq: int, seq_len: int, vocab: int, special: set[int], seed: int):
-    """Token ids drawn away from special ids, and document ids (documents of 512 tokens) per position."""
+    """Token ids drawn away from special ids, and document ids (documents of doc_tokens) per position."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    high = vocab
-    ids = rng.integers(1000, high, size=(n_seq, seq_len), dtype=np.int64)
+    ids = rng.integers(1000, vocab, size=(n_seq, seq_len), dtype=np.int64)
     for s in special:
         ids[ids == s] = 1000
-    docs = np.broadcast_to(np.arange(seq_len) // 512, (n_seq, seq_len)).copy()
+    docs = np.broadcast_to(np.arange(seq_len) // doc_tokens(seq_len), (n_seq, seq_len)).copy()
     return ids, docs
 
 
-# ---------------------------------------------------------------- the two recipes
+def document_lengths(seq_len: int) -> list[int]:
+    """A row's document lengths under random_tokens."""
+    size = doc_tokens(seq_len)
+    return [min(size, seq_len - start) for start in range(0, seq_len, size)]
 
 
 def sync(device) -> None:
@@ -79,211 +65,182 @@ def reset_memory(device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def peak_gb(device) -> float | None:
+def peak_bytes(device) -> int | None:
     import torch
 
-    return round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None
+    return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
 
 
-def _spec_attn(args) -> str:
-    """The RunSpec's attn_implementation: ablate_sdpa and flash_attention_2 are not spec values (the model is
-    loaded with flash_attention_2 directly; ablate_sdpa is what the family runs under sdpa)."""
-    return args.attn if args.attn in ("sdpa", "eager") else "sdpa"
+@contextlib.contextmanager
+def todays_step():
+    """The step as it ran before flash varlen (ablate at 5d638d2): eager, the CPU's attention paths on CUDA
+    (local layers blocked SDPA, global layers SDPA in torch's own order, FlexAttention with documents), the
+    vocabulary head in chunks of 512 positions through the CPU's loop, each parameter's gradient norm then
+    clip_grad_norm_'s second pass."""
+    from unittest import mock
 
-
-def _model_attn(args) -> str:
-    return "sdpa" if args.attn == "ablate_sdpa" else args.attn
-
-
-def _over_budget(row_started: float, args, step: int) -> bool:
-    """Stop timing steps: the row has spent its budget (after at least one timed step)."""
-    return step >= args.warmup and time.monotonic() - row_started > args.row_budget_s
-
-
-def run_ablate(args, row: Row, batch: int, tokenizer, device) -> dict:
     import torch
 
-    from ablate.plan.freezing import resolve_freeze
-    from ablate.models.families import family_of, n_layers
-    from ablate.models.sources import load_masked_lm
-    from ablate.plan.phases import PhasePlan
-    from ablate.train.loop import Context, Optimizer, train_step
-    from ablate.train.optimizer import fused_adamw
-    from ablate.train.precision import compiled_encoder, uses_autocast
-    from ablate.analysis.probe import layer_params
+    from ablate.analysis.probe import grad_norm_values
+    from ablate.train import loop, objectives, vocab_loss
+
+    def norms_then_clip(named, groups, trainable, max_norm):
+        norms = grad_norm_values(named, groups)
+        if max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(trainable, max_norm)
+        return norms
+
+    with (
+        mock.patch.object(loop, "attention_for", functools.partial(objectives.attention_for, kernels="cpu")),
+        mock.patch.object(loop, "kernel_priority", lambda *_a, **_k: contextlib.nullcontext()),
+        mock.patch.object(loop, "step_norms", norms_then_clip),
+        mock.patch.dict(
+            vocab_loss.LOSSES,
+            {"fused": functools.partial(vocab_loss.fused_cross_entropy, chunk=vocab_loss.CHUNK, gpu=False)},
+        ),
+    ):
+        yield
+
+
+def ablate_spec(model: str, tokenizer: str, objective: str, seq_len: int, batch: int, steps: int, **more):
+    """The RunSpec of a timed row: one phase of `steps`, bf16, MLM at the grids' 30%."""
     from ablate.config.spec import parse_run_spec
 
-    row_started = time.monotonic()
-    objective, seq_len = row.objective, row.seq_len
-    phase = {"name": objective, "objective": objective, "steps": args.warmup + args.steps}
+    phase = {"name": objective, "objective": objective, "steps": steps}
     if objective == "mlm":
-        phase["mask_rate"] = args.mask_rate
-    spec = parse_run_spec(
+        phase["mask_rate"] = 0.3
+    return parse_run_spec(
         {
-            "model": args.model,
-            "tokenizer": args.tokenizer,
-            "attn_implementation": _spec_attn(args),
+            "model": model,
+            "tokenizer": tokenizer,
             "data": {"corpus": "random", "seq_len": seq_len},
             "batch_size": batch,
-            "device": device.type,
-            "precision": args.precision,
-            "compile": args.compile,
-            "deterministic": args.deterministic,
-            "document_masking": row.documents,
-            "optim": {"lr": args.lr, "grad_clip": 1.0},
+            "optim": {"lr": 2e-4, "grad_clip": 1.0},
             "phases": [phase],
+            **more,
         }
     )
-    model = load_masked_lm(args.model, _model_attn(args), seed=0).to(device)
+
+
+def run_ablate(
+    spec, tokenizer, device, warmup: int, steps: int, budget_s: float, today: bool = False, profiler=None
+) -> Measured:
+    """ablate.train.loop.train_step over random tokens: `warmup` untimed steps then at most `steps` timed
+    ones (fewer past `budget_s`); the compiled encoder when the spec compiles (never for `today`). A
+    `profiler` (torch.profiler.profile, not started) records the timed steps."""
+    import torch
+
+    from ablate.analysis.probe import layer_params
+    from ablate.models.families import family_of, n_layers
+    from ablate.models.sources import load_masked_lm
+    from ablate.plan.freezing import resolve_freeze
+    from ablate.plan.phases import PhasePlan
+    from ablate.train import compiled, loop
+    from ablate.train.optimizer import Optimizer, fused_adamw
+    from ablate.train.precision import uses_autocast, uses_compile
+
+    started = time.monotonic()
+    model = load_masked_lm(spec.model, spec.attn_implementation, seed=0).to(device)
     model.train()
-    flops = model_flops_per_token(model, seq_len)
     family = family_of(model.config)
-    mask = family.mask_kind(model.config._attn_implementation)
-    if args.attn == "ablate_sdpa" and mask != "banded":
-        return status_row(
-            row,
-            batch,
-            f"skipped: {family.name} does not run ablate.models.attention under sdpa (mask kind {mask})",
-        )
-    plan = PhasePlan(
-        0, spec.phases[0], args.warmup + args.steps, resolve_freeze(("none",), n_layers(model.config))
-    )
+    plan = PhasePlan(0, spec.phases[0], warmup + steps, resolve_freeze(("none",), n_layers(model.config)))
     special = sorted(set(tokenizer.all_special_ids))
-    n_seq = batch * (args.warmup + args.steps)
-    seqs, docs = random_tokens(n_seq, seq_len, min(model.config.vocab_size, len(tokenizer)), set(special), seed=1)
-    cuda = device.type == "cuda"
-    ctx = Context(
-        spec,
-        model,
-        family,
-        device,
-        seqs,
-        docs,
-        None,
-        torch.tensor(special),
-        tokenizer.mask_token_id,
-        model.config.vocab_size,
-        layer_params(model),
-        autocast=uses_autocast(spec, device),
-        pin_memory=cuda,
-    )
-    if args.compile:
-        ctx.encoder = compiled_encoder(family.encoder(model))
+    batch, seq_len = spec.batch_size, spec.data.seq_len
+    vocab = min(model.config.vocab_size, len(tokenizer))
+    seqs, docs = random_tokens(batch * (warmup + steps), seq_len, vocab, set(special), seed=1)
+    ctx = loop.Context(
+        spec, model, family, device, seqs, docs, None, torch.tensor(special), tokenizer.mask_token_id,
+        model.config.vocab_size, layer_params(model), autocast=uses_autocast(spec, device),
+        pin_memory=device.type == "cuda",
+    )  # fmt: skip
+    out = Measured()
+    if uses_compile(spec, device) and not today:
+        limit = compiled.recompile_limit(family.encoder(model), family, {spec.phases[0].objective})
+        ctx.encoder = compiled.CompiledEncoder(family.encoder(model), family, out.compile_log.append, limit)
     opt = Optimizer(model, spec, fused=fused_adamw(device))
     opt.set_trainable()
+    out.labelled = int((loop.objective_batch(ctx, plan, seqs[:batch], docs[:batch], 0).labels != -100).sum())
     reset_memory(device)
-    times = []
-    for step in range(args.warmup + args.steps):
-        rows = slice(step * batch, (step + 1) * batch)
-        sync(device)
-        t0 = time.perf_counter()
-        loss, _ = train_step(ctx, plan, seqs[rows], docs[rows], step, opt, args.lr)
-        sync(device)
-        times.append(time.perf_counter() - t0)
-        if _over_budget(row_started, args, step):
-            break
-    peak = peak_gb(device)
-    del ctx, opt, model
-    out = {**_row(row, batch, times[args.warmup :], flops, peak, args, loss), "mask": mask}
-    if getattr(args, "predict_memory", False):  # the dry run's prediction beside max_memory_allocated
-        out["predicted_mem_gb"] = predicted_gb(spec, batch)
+    with todays_step() if today else contextlib.nullcontext(), contextlib.ExitStack() as recording:
+        for step in range(warmup + steps):
+            if step == warmup and profiler is not None:
+                recording.enter_context(profiler)
+            rows = slice(step * batch, (step + 1) * batch)
+            sync(device)
+            t0 = time.perf_counter()
+            loss, _ = loop.train_step(ctx, plan, seqs[rows], docs[rows], step, opt, 2e-4)
+            sync(device)
+            if step == 0:
+                out.first_loss = float(loss)
+            if step == warmup - 1 and device.type == "cuda":  # the peak of the timed steps, not of compiling
+                torch.cuda.reset_peak_memory_stats(device)
+            if step >= warmup:
+                out.step_s.append(time.perf_counter() - t0)
+                if time.monotonic() - started > budget_s:
+                    break
+    out.peak_bytes = peak_bytes(device)
     return out
 
 
-def predicted_gb(spec, batch: int) -> float:
-    """What ablate.launch.gpu_memory traces on the meta device for this step (allocated bytes, as
-    torch.cuda.max_memory_allocated counts them: no context, no cuBLAS workspace, no allocator slack)."""
-    from ablate.launch import gpu_memory
+def profile_ablate(spec, tokenizer, device, steps: int = 2, today: bool = False):
+    """torch.profiler over `steps` steps after one untimed: the CPU ops with the device time their kernels
+    took, for bench/gpu_check.py's kernel classes."""
+    from torch.profiler import ProfilerActivity, profile
 
-    return round(gpu_memory.phase_memory(spec, batch)[0].traced / 2**30, 2)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    prof = profile(activities=activities)
+    measured = run_ablate(spec, tokenizer, device, 1, steps, float("inf"), today=today, profiler=prof)
+    return prof, measured
 
 
-def run_trainer(args, row: Row, batch: int, tokenizer, device) -> dict:
+def run_trainer(model_source: str, tokenizer, objective: str, seq_len: int, batch: int, device, warmup: int,
+                steps: int, budget_s: float) -> Measured:  # fmt: skip
+    """transformers' Trainer + DataCollatorForLanguageModeling (MLM 30%; CLM: the collator's mlm=False, a
+    loss at every position of the MaskedLM head with bidirectional attention), bf16, AdamW as ablate's,
+    clip 1.0, eager."""
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback
 
     from ablate.models.sources import load_masked_lm
 
-    row_started = time.monotonic()
-    objective, seq_len = row.objective, row.seq_len
-    model = load_masked_lm(args.model, _model_attn(args), seed=0)
-    if args.attn == "ablate_sdpa":
-        from ablate.models import attention
-
-        model.set_attn_implementation(attention.IMPLEMENTATION)
-    flops = model_flops_per_token(model, seq_len)
+    started = time.monotonic()
+    model = load_masked_lm(model_source, "sdpa", seed=0)
     special = set(tokenizer.all_special_ids)
-    n_seq = batch * (args.warmup + args.steps)
-    seqs, _ = random_tokens(n_seq, seq_len, min(model.config.vocab_size, len(tokenizer)), special, seed=1)
+    seqs, _ = random_tokens(
+        batch * (warmup + steps), seq_len, min(model.config.vocab_size, len(tokenizer)), special, 1
+    )
     dataset = [{"input_ids": row.tolist()} for row in seqs]
-    collator = DataCollatorForLanguageModeling(tokenizer, mlm=objective == "mlm", mlm_probability=args.mask_rate)
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm=objective == "mlm", mlm_probability=0.3)
     cuda = device.type == "cuda"
-    times: list[float] = []
-    losses: list[float] = []
+    out = Measured(labelled=int(0.3 * batch * seq_len) if objective == "mlm" else batch * seq_len)
 
     class Timer(TrainerCallback):
-        def on_step_begin(self, *a, **k):
+        def on_step_begin(self, *_a, **_k):
             sync(device)
             self.t0 = time.perf_counter()
 
-        def on_step_end(self, _args, state, control, **k):
+        def on_step_end(self, _args, state, control, **_k):
             sync(device)
-            times.append(time.perf_counter() - self.t0)
-            if _over_budget(row_started, args, state.global_step - 1):
-                control.should_training_stop = True
+            if state.global_step > warmup:
+                out.step_s.append(time.perf_counter() - self.t0)
+                if time.monotonic() - started > budget_s:
+                    control.should_training_stop = True
 
-        def on_log(self, _args, _state, _control, logs=None, **k):
-            if logs and "loss" in logs:
-                losses.append(float(logs["loss"]))
+        def on_log(self, _args, _state, _control, logs=None, **_k):
+            if logs and "loss" in logs and out.first_loss != out.first_loss:  # nan: the first logged loss
+                out.first_loss = float(logs["loss"])
 
     targs = TrainingArguments(
-        output_dir=str(Path(os.environ.get("TMPDIR", "/tmp")) / "ablate-gpu-step-trainer"),
-        per_device_train_batch_size=batch,
-        max_steps=args.warmup + args.steps,
-        learning_rate=args.lr,
-        weight_decay=1e-5,
-        adam_beta1=0.9,
-        adam_beta2=0.98,
-        adam_epsilon=1e-6,
-        max_grad_norm=1.0,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        bf16=args.precision == "bf16",
-        use_cpu=not cuda,
-        torch_compile=args.compile,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        dataloader_pin_memory=cuda,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        seed=0,
+        output_dir=str(Path(os.environ.get("TMPDIR", "/tmp")) / "ablate-gpu-check-trainer"),
+        per_device_train_batch_size=batch, max_steps=warmup + steps, learning_rate=2e-4, weight_decay=1e-5,
+        adam_beta1=0.9, adam_beta2=0.98, adam_epsilon=1e-6, max_grad_norm=1.0, lr_scheduler_type="constant",
+        warmup_steps=0, bf16=True, use_cpu=not cuda, logging_steps=1, save_strategy="no", report_to=[],
+        dataloader_pin_memory=cuda, dataloader_num_workers=0, disable_tqdm=True, seed=0,
         remove_unused_columns=False,
-    )
+    )  # fmt: skip
     reset_memory(device)
     trainer = Trainer(model=model, args=targs, train_dataset=dataset, data_collator=collator, callbacks=[Timer()])
+    trainer.remove_callback(PrinterCallback)  # its log lines would interleave with the check's JSON lines
     trainer.train()
-    peak = peak_gb(device)
-    del trainer, model
-    return _row(row, batch, times[args.warmup :], flops, peak, args, losses[-1] if losses else float("nan"))
-
-
-def _row(row: Row, batch, times, flops_per_token, peak_gb, args, loss) -> dict:
-    tokens = batch * row.seq_len * len(times)
-    seconds = sum(times)
-    tps = tokens / seconds if seconds else 0.0
-    return {
-        **row.fields(),
-        "batch": batch,
-        "timed_steps": len(times),
-        "tokens_per_s": round(tps, 1),
-        "vs_reference": round(tps / args.reference_tokens_per_s, 3),
-        "step_s": round(seconds / max(len(times), 1), 4),
-        "mfu": round(tps * flops_per_token / (args.peak_tflops * 1e12), 4),
-        "peak_mem_gb": peak_gb,
-        "last_loss": round(float(loss), 4),
-        "status": "ok",
-    }
-
-
-def status_row(row: Row, batch, status: str, **more) -> dict:
-    return {**row.fields(), "batch": batch, "status": status, **more}
+    out.peak_bytes = peak_bytes(device)
+    return out

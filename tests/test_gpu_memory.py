@@ -71,7 +71,7 @@ def test_the_peak_is_its_parts_and_grows_with_micro_batch_and_length():
         assert m.traced == m.weights + m.gradients + m.optimizer + m.activations + m.temporaries
         assert m.weights > 0 and m.activations > 0 and m.optimizer > 0
         assert m.predicted > m.traced + gpu_memory.CUDA_CONTEXT_BYTES
-        assert set(m.kernels) <= {"flash", "efficient"} and m.kernels  # the fused kernels, as on CUDA
+        assert m.kernels and set(m.kernels) <= {"cudnn", "flash", "efficient", "varlen"}  # fused, as on CUDA
     n_params = sum(p.numel() for p in gpu_memory._meta_model(MODEL, "sdpa").parameters())
     assert 4 * n_params <= small.weights < 4 * n_params + 2**20  # float32 master weights (+ small buffers)
     assert small.optimizer == 2 * 4 * n_params  # AdamW's two float32 moments (the step scalars: CPU)
@@ -83,7 +83,8 @@ def test_bf16_autocast_keeps_float32_master_weights_and_takes_flash_attention():
     bf16 = gpu_memory.phase_memory(_spec(precision="bf16"), 2)[0]
     fp32 = gpu_memory.phase_memory(_spec(precision="fp32"), 2)[0]
     assert bf16.weights == fp32.weights and bf16.optimizer == fp32.optimizer
-    assert "flash" in bf16.kernels and "flash" not in fp32.kernels  # flash needs bf16 q, k, v, as on CUDA
+    assert {"cudnn", "varlen"} <= set(bf16.kernels)  # cuDNN (global layers) and flash varlen need bf16, as on CUDA
+    assert not {"cudnn", "flash", "varlen"} & set(fp32.kernels)
     assert bf16.activations != fp32.activations
 
 

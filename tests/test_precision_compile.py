@@ -113,7 +113,7 @@ def test_auto_compile_is_on_for_cuda_and_off_on_the_cpu(monkeypatch):
     for compile_, on_cpu, on_cuda in (("auto", False, True), (True, True, True), (False, False, False)):
         spec = parse_run_spec(_spec("config:tiny-bert", compile=compile_))
         assert (uses_compile(spec, cpu), uses_compile(spec, cuda)) == (on_cpu, on_cuda)
-    monkeypatch.setenv("ABLATE_COMPILE", "1")  # every run of the process (bench/gpu_step.py --compile)
+    monkeypatch.setenv("ABLATE_COMPILE", "1")  # every run of the process
     assert uses_compile(parse_run_spec(_spec("config:tiny-bert", compile=False)), cpu)
     with pytest.raises(SpecError) as err:
         parse_run_spec(_spec("config:tiny-bert", compile="always"))
@@ -130,8 +130,8 @@ def _watch_linear_dtypes(monkeypatch) -> set:
     dtypes: set[torch.dtype] = set()
     original = loop.setup
 
-    def watched(spec, dist=None):
-        ctx, tokenizer, plans = original(spec, dist)
+    def watched(spec, dist=None, log=print):
+        ctx, tokenizer, plans = original(spec, dist, log)
         first = next(m for m in ctx.family.encoder(ctx.model).modules() if isinstance(m, torch.nn.Linear))
         first.register_forward_hook(lambda _m, _args, out: dtypes.add(out.dtype))
         return ctx, tokenizer, plans
@@ -194,8 +194,23 @@ def test_a_compiled_encoder_trains_exactly_the_layers_each_phase_unfreezes(
 
     counters.clear()
     seen, hook = _snapshots()
-    compiled = pretrain(compiled_spec, tmp_path / "compiled", log=_quiet, phase_end_hooks=(hook,))
-    assert counters["stats"]["unique_graphs"] >= 2, "the encoder was not compiled once per freeze mask"
+    lines: list[str] = []
+    compiled = pretrain(compiled_spec, tmp_path / "compiled", log=lines.append, phase_end_hooks=(hook,))
+    # one graph per block kind, frozen or not, input needing gradients or not (the first trained block after
+    # frozen ones takes an input without) in each phase: the blocks share their graphs; each named in the
+    # log; no eager fallback; the compiled code saved for the next process
+    kinds = ["first", "local", "local", "global"] if arch == "modernbert" else ["block"] * 4
+    expected = 0
+    for phase, names in frozen.items():
+        states, grad_in = set(), not any(n.startswith(_embeddings(arch)) for n in names)
+        for block, kind in enumerate(kinds):
+            trained = not any(n.startswith(_block_prefix(arch, block)) for n in names)
+            states.add((kind, trained, grad_in))
+            grad_in = grad_in or trained
+        expected += len(states)
+    assert sum("torch.compile: encoder block graph" in line for line in lines) == expected, lines
+    assert not any("fell back to eager" in line for line in lines)
+    assert list((tmp_path / "compiled" / "compile-cache").glob("*.torchcache"))
 
     before = {n: p.detach() for n, p in start.items()}
     for phase in ("clm", "mlm"):
@@ -212,6 +227,36 @@ def test_a_compiled_encoder_trains_exactly_the_layers_each_phase_unfreezes(
     assert _losses(compiled) == pytest.approx(_losses(eager), rel=1e-4)
     for name, weight in eager_seen["mlm"].items():
         torch.testing.assert_close(seen["mlm"][name], weight, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def _block_prefix(arch: str, block: int) -> str:
+    return f"model.layers.{block}." if arch == "modernbert" else f"bert.encoder.layer.{block}."
+
+
+def _embeddings(arch: str) -> str:
+    return "model.embeddings." if arch == "modernbert" else "bert.embeddings."
+
+
+def test_a_compiled_encoder_names_its_eager_fallback_in_the_log(monkeypatch):
+    """Past dynamo's recompile limit a block runs eager: the run's log says so (here with a limit of one
+    graph, and four block kinds x bidirectional and causal)."""
+    from ablate.models.families import family_of
+    from ablate.models.sources import load_masked_lm
+    from ablate.train.compiled import CompiledEncoder
+    from ablate.train.objectives import attention_for
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    torch._dynamo.reset()
+    model = load_masked_lm("config:tiny-modernbert", seed=0)
+    family = family_of(model.config)
+    lines: list[str] = []
+    encoder = CompiledEncoder(family.encoder(model), family, lines.append)
+    ids = torch.randint(1000, 2000, (1, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), attention_for(model, family, "mlm", 32, torch.float32, "cpu") as attn:
+        encoder(input_ids=ids, attention_mask=attn)
+    assert encoder.graphs == 1 and encoder.fallbacks
+    assert any(line.startswith("torch.compile fell back to eager: torch._dynamo hit") for line in lines), lines
+    torch._dynamo.reset()
 
 
 # ---------------------------------------------------------------- deterministic: true

@@ -10,54 +10,115 @@ training: packed sequences) and reads from the attention module
 - `sliding_window` (ModernBERT's local layers: config.sliding_window + 1, flash attention's inclusive bound;
   a query sees keys with |q - k| <= config.sliding_window, causal: 0 <= q - k <= config.sliding_window,
   exactly transformers' masks);
-- DOCUMENTS_ATTR: the batch's `Documents` when attention stays inside each packed document
-  (`document_masking`), set by attention_for too, once per micro-batch: the doc ids (B, L) on the model's
-  device (local layers' masks) and each row's document spans, found on the host before the ids went to the
-  device (global layers). No layer reads anything back to the host: on CUDA that would wait for the GPU in
-  every layer. Documents are contiguous runs of one id, as packing makes them;
-- PREFIX_ATTR: the batch's `Prefix` under a prefix pattern (prefix-LM rows, or a mixture's causal rows
-  (prefix 0) and bidirectional rows (prefix L) in one micro-batch): a query sees every key k < prefix of
-  its row besides the causal ones, within the window on local layers and within its document. Set by
-  attention_for as the documents are: lengths on the device (local layers) and as host ints (global layers).
+- INPUTS_ATTR: the micro-batch's `LayerInputs`, set by attention_for once per micro-batch, found on the host
+  before the ids went to the device (no layer reads anything back: on CUDA that would wait for the GPU in
+  every layer): which device's kernels run; the `Documents` when attention stays inside each packed
+  document (`document_masking`: doc ids on the device, each row's spans on the host; documents are
+  contiguous runs of one id, as packing makes them), and on CUDA the same documents as flash varlen
+  `Segments`; the `Prefix` under a prefix pattern (prefix-LM rows, or a mixture's causal rows (prefix 0) and
+  bidirectional rows (prefix L) in one micro-batch: a query sees every key k < prefix of its row besides
+  the causal ones, within the window on local layers and within its document); and, on CUDA with a prefix,
+  the global layers' FlexAttention block mask (ablate.models.flex).
 
-With documents on CUDA, attention_for also attaches FLEX_ATTR: the micro-batch's FlexAttention block mask
-for global layers (ablate.models.flex), built once; a global layer runs FlexAttention under it, compiled,
-scoring only the tiles inside documents (without attention dropout; with it, the SDPA path below). Otherwise
-each layer is computed through torch's scaled_dot_product_attention (on CUDA its fused kernels):
+Each layer takes one of the computations `route` names, by the device's kernels and the inputs:
 
-- global layers: SDPA with is_causal for CLM and no mask for MLM (the fused kernels); with documents, one
-  SDPA call per document (what unpadded varlen training computes: sum of len^2, not L^2); with a prefix,
-  per row (or document) the fused causal call, its first `prefix` queries replaced by one fused call over
-  the prefix alone (bidirectional): no mask, L^2 / 2 + prefix^2 scored;
-- local layers: queries in blocks of `block` positions, each block against the keys of its own block and
-  `window` positions either side (causal: before only), with a (block, block + 2 window) boolean mask;
-  documents, padding and a prefix (the MLM layout, causal or k < prefix) add to that small mask.
+- CUDA, bf16/fp16: local layers and documents through FlashAttention's variable-length kernel
+  (ablate.models.varlen: windows (w, w) or causal (w, 0), one segment per row or per document, no mask, no
+  padding, no copy of the keys); global layers without documents through SDPA, cuDNN first (sdpa_priority);
+  a prefix pattern through FlexAttention (global) and the blocked path (local);
+- the CPU (and CUDA in float32, or under attention dropout, which flash varlen lacks): global layers SDPA
+  with is_causal for CLM and no mask for MLM (the fused kernels); with documents, one SDPA call per document
+  (sum of len^2, not L^2); with a prefix, per row (or document) the fused causal call, its first `prefix`
+  queries replaced by one fused call over the prefix alone (bidirectional); local layers in query blocks of
+  `block` positions, each against its own block and `window` positions either side (causal: before only),
+  with a (block, block + 2 window) boolean mask that documents, padding and a prefix add to.
 
-Why (measured on this project's 2-core CPU, torch 2.13, 12 heads x 64, fp32, forward + backward of one
-layer at 8192 tokens; bench/attention_8192.py measures the whole step): a dense additive CLM mask 9.6 s,
-the causal flag 2.7 s; a local layer under today's dense masks 9.6 s (CLM) / 10.6 s (MLM bool), banded
-0.3-0.7 s. FlexAttention has no backward on CPU in torch 2.13 ("FlexAttention does not support backward on
-CPU"), and FlashAttention is not installed (nor built for CPU): blocked SDPA is what runs on both devices.
+Why the CPU keeps the blocked path (measured on this project's 2-core CPU, torch 2.13, 12 heads x 64, fp32,
+forward + backward of one layer at 8192 tokens; bench/attention_8192.py measures the whole step): a dense
+additive CLM mask 9.6 s, the causal flag 2.7 s; a local layer under dense masks 9.6 s (CLM) / 10.6 s (MLM
+bool), blocked 0.3-0.7 s. FlashAttention has no CPU kernel, and FlexAttention no backward on the CPU.
+The meta device takes CUDA's choices (kernels_for): the memory plan and the CUDA-path tests trace them.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-from ablate.models import flex
+from ablate.models import flex, varlen
 
 IMPLEMENTATION = "ablate_sdpa"
-DOCUMENTS_ATTR = "ablate_documents"  # attention-module attribute: Documents, or absent
-FLEX_ATTR = "ablate_block_mask"  # attention-module attribute: global layers' BlockMask (CUDA), or absent
-PREFIX_ATTR = "ablate_prefix"  # attention-module attribute: Prefix, or absent
-MIN_BLOCK = 16  # query block of a local layer: its window, at least this
+INPUTS_ATTR = "ablate_inputs"  # attention-module attribute: the micro-batch's LayerInputs, or absent
+MIN_BLOCK = 16  # query block of a local layer (CPU): its window, at least this
+FLASH_DTYPES = (torch.float16, torch.bfloat16)  # what FlashAttention computes in
+GPU_KERNELS = "cuda"  # LayerInputs.kernels: the CUDA kernels (on CUDA, and on meta, which stands for it)
+CPU_KERNELS = "cpu"
+
+
+@dataclass(frozen=True)
+class LayerInputs:
+    """What every attention layer of one micro-batch reads besides q, k and v (set by
+    ablate.train.objectives.attention_for, found on the host once per micro-batch)."""
+
+    kernels: str = CPU_KERNELS  # GPU_KERNELS or CPU_KERNELS: which device's paths (kernels_for)
+    documents: Documents | None = None  # attention stays inside each packed document
+    prefix: Prefix | None = None  # per-row prefix lengths (a prefix pattern)
+    block_mask: object | None = None  # global layers' FlexAttention BlockMask (CUDA, with a prefix)
+    segments: varlen.Segments | None = None  # the documents as flash varlen segments (CUDA kernels)
+
+
+def kernels_for(device: torch.device | str) -> str:
+    """The kernels a device runs: CUDA's on CUDA and on meta (the memory plan and the CUDA-path tests trace
+    what CUDA runs there), the CPU's elsewhere."""
+    return GPU_KERNELS if torch.device(device).type in ("cuda", "meta") else CPU_KERNELS
+
+
+def route(
+    kernels: str,
+    device_type: str,
+    dtype: torch.dtype,
+    local: bool,
+    documents: bool,
+    prefix: bool,
+    padding: bool,
+    dropout: bool,
+    block_mask: bool,
+) -> str:
+    """Which computation a layer runs (pure: tests/test_attention_kernels.py tabulates it):
+
+    varlen        CUDA kernels, FlashAttention's dtypes, a local layer or documents, no prefix, padding or
+                  dropout: flash variable length (ablate.models.varlen), windowed on local layers (the CPU
+                  runs CUDA's kernels only where a test asks: through the reference kernel, which takes
+                  float32 too)
+    flex          a global layer under a FlexAttention block mask (CUDA, a prefix pattern)
+    banded        a local layer otherwise: blocked SDPA over each query block's window
+    prefixed      a global layer under a prefix pattern: fused calls per row (and document)
+    per_document  a global layer with documents: one fused call per document
+    full          a global layer otherwise: SDPA (on CUDA in the order sdpa_priority sets)"""
+    flash_dtype = dtype in FLASH_DTYPES or device_type == "cpu"
+    if (
+        varlen.AVAILABLE
+        and kernels == GPU_KERNELS
+        and flash_dtype
+        and (local or documents)
+        and not (prefix or padding or dropout)
+    ):
+        return "varlen"
+    if block_mask and not (local or padding or dropout):
+        return "flex"
+    if local:
+        return "banded"
+    if prefix and not padding:
+        return "prefixed"
+    return "per_document" if documents else "full"
 
 
 def attention(
@@ -81,25 +142,57 @@ def attention(
     groups = getattr(module, "num_key_value_groups", 1)
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     causal = bool(getattr(module, "is_causal", False) if is_causal is None else is_causal)
-    documents = getattr(module, DOCUMENTS_ATTR, None)
-    prefix = getattr(module, PREFIX_ATTR, None) if causal else None
+    inputs = getattr(module, INPUTS_ATTR, None) or LayerInputs(kernels_for(query.device))
+    documents = inputs.documents
+    prefix = inputs.prefix if causal else None
     keep = None if attention_mask is None else attention_mask.to(torch.bool)  # (B, L): False = padding
     if documents is not None and keep is not None:
         raise ValueError("document masking takes packed sequences without padding; got a padding mask too")
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     local = sliding_window is not None and sliding_window - 1 < query.shape[2] - 1
-    block_mask = None if local or keep is not None or dropout else getattr(module, FLEX_ATTR, None)
-    if block_mask is not None:
-        out = flex.attend(query, key, value, block_mask, scale)
-    elif local:
-        out = banded(query, key, value, sliding_window - 1, causal, keep, documents, dropout, scale, prefix)
-    elif prefix is not None and keep is None:
+    window = sliding_window - 1 if local else None
+    how = route(
+        inputs.kernels,
+        query.device.type,
+        query.dtype,
+        local,
+        documents is not None,
+        prefix is not None,
+        keep is not None,
+        bool(dropout),
+        inputs.block_mask is not None,
+    )
+    if how == "varlen":
+        rows, length = query.shape[0], query.shape[2]
+        parts = inputs.segments if documents is not None else varlen.row_segments(rows, length, query.device)
+        return varlen.attend(query, key, value, parts, window, causal, scale), None
+    if how == "flex":
+        out = flex.attend(query, key, value, inputs.block_mask, scale)
+    elif how == "banded":
+        out = banded(query, key, value, window, causal, keep, documents, dropout, scale, prefix)
+    elif how == "prefixed":
         out = prefixed(query, key, value, prefix, documents, dropout, scale)
-    elif documents is not None:
+    elif how == "per_document":
         out = per_document(query, key, value, causal, documents, dropout, scale)
     else:
         out = full(query, key, value, causal, keep, dropout, scale, prefix)
     return out.transpose(1, 2).contiguous(), None
+
+
+def sdpa_priority(deterministic: bool = False):
+    """A context in which SDPA on CUDA tries cuDNN's kernel first, then flash, memory-efficient and math:
+    cuDNN is the fastest of them on Hopper at these shapes (bench/gpu_check.py row 0 says which ran).
+    deterministic: flash first, cuDNN last (its backward does not promise repeatable sums). Enter it
+    around a step on CUDA: a compiled layer picks its kernel when it is traced."""
+    order = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    order = [*order, SDPBackend.CUDNN_ATTENTION] if deterministic else [SDPBackend.CUDNN_ATTENTION, *order]
+    return sdpa_kernel(order, set_priority=True)
+
+
+def kernel_priority(device: torch.device | str, deterministic: bool = False):
+    """sdpa_priority on the CUDA kernels (CUDA, and meta, where the memory plan's router reads it), nothing
+    on the CPU."""
+    return sdpa_priority(deterministic) if kernels_for(device) == GPU_KERNELS else contextlib.nullcontext()
 
 
 def full(

@@ -51,12 +51,15 @@ from ablate.train.rope import start_phase
 from ablate.plan.phases import PhasePlan, frozen_rows, plan_phases
 from ablate.models.families import Family, family_of, n_layers
 from ablate.models.sources import load_masked_lm, load_tokenizer
-from ablate.analysis.probe import grad_norm_values, layer_params, weight_rel_change
+from ablate.analysis.probe import layer_params, weight_rel_change
+from ablate.train.grad_norms import step_norms
 from ablate.train.optimizer import Optimizer, fused_adamw
 from ablate.train.batches import batch_loss, objective_batch, seed_for, step_notes
 from ablate.train.objectives import attention_for
 from ablate.train.dropout import cpu_dropout
-from ablate.train.precision import autocast, compiled_encoder, set_determinism, uses_autocast, uses_compile
+from ablate.train.precision import autocast, set_determinism, uses_autocast, uses_compile
+from ablate.train import compiled
+from ablate.models.attention import kernel_priority
 from ablate.train.readback import Unread
 from ablate.train.preflight import preflight_run
 from ablate.train.schedule import lr_at
@@ -96,7 +99,8 @@ class Context:
     layer_params: dict[int, list[str]]  # layer (-1 = embeddings) -> parameter names
     autocast: bool
     dist: Dist = field(default_factory=Dist)
-    encoder: torch.nn.Module | None = None  # the encoder to call (compiled when asked); None = family's
+    encoder: compiled.CompiledEncoder | None = None  # the encoder to call, its blocks compiled (when asked);
+    # None = the family's, eager
     pin_memory: bool = False
     streams: Streams | None = None  # every phase's corpora (train.streams)
 
@@ -172,6 +176,7 @@ def train_step(
         )
         with (
             autocast(ctx.device, ctx.autocast),
+            kernel_priority(ctx.device, spec.deterministic),
             cpu_dropout(_dropout_seed(spec.seed, global_step, index), ctx.device, ctx.encoder is not None),
             attention_for(
                 model,
@@ -197,9 +202,7 @@ def train_step(
     if notes is not None:
         notes.update(step_notes(made, member_sums, mixed))
 
-    norms = grad_norm_values(opt.named, ctx.layer_params)
-    if spec.optim.grad_clip is not None:
-        torch.nn.utils.clip_grad_norm_(opt.trainable(), spec.optim.grad_clip)
+    norms = step_norms(opt.named, ctx.layer_params, opt.trainable(), spec.optim.grad_clip)
     for group in opt.torch.param_groups:
         group["lr"] = lr
     opt.torch.step()
@@ -216,7 +219,7 @@ def _fmt_time(seconds: float) -> str:
     )
 
 
-def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, list[PhasePlan]]:
+def setup(spec: RunSpec, dist: Dist | None = None, log: Log = print) -> tuple[Context, object, list[PhasePlan]]:
     """Model, tokenizer, packed data and phase plans: everything a run needs before its first step."""
     dist = dist or Dist()
     check_data_parallel(spec, dist.world_size)
@@ -256,7 +259,10 @@ def setup(spec: RunSpec, dist: Dist | None = None) -> tuple[Context, object, lis
         streams=streams,
     )
     if uses_compile(spec, device):
-        ctx.encoder = compiled_encoder(family.encoder(model))
+        encoder = family.encoder(model)
+        phases = {(p.spec.objective, str(p.frozen.describe())) for p in plans}
+        limit = compiled.recompile_limit(encoder, family, phases)
+        ctx.encoder = compiled.CompiledEncoder(encoder, family, log, limit)
     return ctx, tokenizer, plans
 
 
@@ -303,7 +309,8 @@ def _pretrain(
     if not main:
         log, progress, phase_end_hooks, on_log = _silent, None, (), None
     ckpt_root = run_dir / "checkpoints"
-    ctx, tokenizer, plans = setup(spec, dist)
+    ctx, tokenizer, plans = setup(spec, dist, log)
+    compile_cache = _CompileCache(ctx.encoder, compiled.cache_dir(run_dir) if main else None, log)
     preflight_run(ctx.model, ctx.family, plans, ctx.sequences, ctx.device, ctx.autocast, log)
     _log_plan(log, spec, dist, plans)
     model, family, groups = ctx.model, ctx.family, ctx.layer_params
@@ -343,6 +350,7 @@ def _pretrain(
             batch, docs, members = ctx.streams.read(state.phase_index, state.step_in_phase)
             notes: dict = {}
             loss, norms = train_step(ctx, plan, batch, docs, state.global_step, opt, lr, notes)
+            compile_cache.save_if_compiled()
             state.advance(plan.name, batch)
             read = state.advance_sources(ctx.streams.labels(plan.index), members, batch)  # a parent's count too
             notes.update(read if ctx.streams.by_members else {})
@@ -403,6 +411,31 @@ def _finish_run(
         checkpoint()
     elif main and not (run_dir / "model" / "config.json").is_file():
         save_final_model(model, tokenizer, run_dir / "model")
+
+
+@dataclass
+class _CompileCache:
+    """The compiled encoder's cache across processes: loaded before the first step, saved after a step that
+    compiled (ablate.train.compiled)."""
+
+    encoder: compiled.CompiledEncoder | None
+    folder: Path | None
+    log: Log
+    saved_at: int = 0  # graphs compiled when last saved
+    last: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.encoder is None or self.folder is None:
+            return
+        loaded = compiled.load_cache(self.folder, self.log)
+        if loaded:
+            self.log(f"torch.compile cache: {loaded} file(s) loaded from {self.folder}")
+
+    def save_if_compiled(self) -> None:
+        if self.encoder is None or self.folder is None or self.encoder.graphs == self.saved_at:
+            return
+        self.saved_at = self.encoder.graphs
+        self.last = compiled.save_cache(self.folder, self.last)
 
 
 def _silent(_message: str) -> None:

@@ -12,18 +12,25 @@ implementations, and a meta tensor behaves as a CUDA one would where it matters 
 What meta does not do by itself is pick CUDA's attention kernel: F.scaled_dot_product_attention on meta
 decomposes into the math path, whose output is contiguous. `CudaKernels` (a TorchFunctionMode) routes every
 SDPA call on meta tensors to the kernel torch's CUDA dispatcher would select for those inputs
-(aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, default priority flash > memory-efficient > math):
+(aten/src/ATen/native/transformers/cuda/sdp_utils.cpp), trying the enabled backends in torch's priority
+order (a training step sets cuDNN first: ablate.models.attention.sdpa_priority):
 
+- cuDNN: float16/bfloat16, one head dim <= 128 and a multiple of 8, last dim contiguous, no grouped-query
+  heads, not is_causal with a query length different from the key length, and not under deterministic
+  algorithms (torch does not select it there: its backward is not repeatable);
 - flash: no attn_mask, float16/bfloat16, q/k/v of one head dim <= 256, last dim contiguous, and not
   is_causal with a query length different from the key length;
 - memory-efficient: float32/16/bf16, head dim a multiple of 8 and <= 256, masks allowed (a bool mask goes in
   as an additive float bias in the query's dtype, as sdpa's preprocess_mask hands it), no grouped-query heads;
 - math otherwise (aten._scaled_dot_product_attention_math: contiguous output, as on CUDA).
 
-The fused kernels run through `torch.ops.aten._scaled_dot_product_{flash,efficient}_attention` and their
-`_backward` ops (wrapped in an autograd.Function as torch's derivatives.yaml wires them), so outputs and
+The fused kernels run through `torch.ops.aten._scaled_dot_product_{cudnn,flash,efficient}_attention` and
+their `_backward` ops (wrapped in an autograd.Function as torch's derivatives.yaml wires them), so outputs and
 gradients take the CUDA kernels' layouts: the efficient kernel returns a transposed view ((B, H, L, D) over
-(B, L, H, D) memory), on which `.view` merging L with another dim fails as it does on CUDA.
+(B, L, H, D) memory), on which `.view` merging L with another dim fails as it does on CUDA. The other CUDA
+kernels a step runs are ops with fake implementations of their own, which meta runs as they are: flash
+variable length (torch_attn::_varlen_attn, ablate.models.varlen; recorded as "varlen") and the vocabulary
+loss's compiled softmax (ablate::softmax_tail, ablate.train.vocab_loss).
 
 Meta has no autocast dispatch key. The tests stand bf16 autocast in by bf16 weights; `CudaKernels(autocast=
 True)` does what CUDA's autocast does at the functions a step calls instead, on float32 weights (the master
@@ -39,11 +46,20 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.attention.varlen  # noqa: F401  (registers torch_attn::_varlen_attn)
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 
 aten = torch.ops.aten
+VARLEN_OP = torch.ops.torch_attn._varlen_attn  # registered by importing torch.nn.attention.varlen
 MAX_HEAD_DIM = 256
+CUDNN_MAX_HEAD_DIM = 128  # cuDNN's attention backward (sm90)
+BACKENDS = {
+    int(SDPBackend.CUDNN_ATTENTION): "cudnn",
+    int(SDPBackend.FLASH_ATTENTION): "flash",
+    int(SDPBackend.EFFICIENT_ATTENTION): "efficient",
+}  # torch's SDP priority entries -> the router's names (math is what is left)
 
 
 def cuda_kernel(
@@ -54,28 +70,43 @@ def cuda_kernel(
     is_causal: bool,
     enable_gqa: bool = False,
 ) -> str:
-    """'flash', 'efficient' or 'math': what SDPA on CUDA (sm80+) runs for these inputs."""
+    """'cudnn', 'flash', 'efficient' or 'math': what SDPA on CUDA (sm90) runs for these inputs, trying the
+    enabled backends in torch's priority order (ablate.models.attention.sdpa_priority sets it for a step)."""
     dims = {q.shape[-1], k.shape[-1], v.shape[-1]}
     same_heads = q.shape[:-3] == k.shape[:-3] and q.shape[-3] == k.shape[-3] == v.shape[-3]
     strided = all(t.stride(-1) == 1 for t in (q, k, v))
     head_ok = len(dims) == 1 and max(dims) <= MAX_HEAD_DIM
-    if (
-        attn_mask is None
-        and q.dtype in (torch.float16, torch.bfloat16)
-        and head_ok
-        and strided
-        and (same_heads or enable_gqa)
-        and not (is_causal and q.shape[-2] != k.shape[-2])
-    ):
-        return "flash"
-    if (
-        q.dtype in (torch.float32, torch.float16, torch.bfloat16)
-        and head_ok
+    low = q.dtype in (torch.float16, torch.bfloat16)
+    fits = {
+        "cudnn": low
+        and len(dims) == 1
+        and max(dims) <= CUDNN_MAX_HEAD_DIM
         and max(dims) % 8 == 0
         and strided
         and same_heads
-    ):
-        return "efficient"
+        and not (is_causal and q.shape[-2] != k.shape[-2])
+        and not torch.are_deterministic_algorithms_enabled(),  # torch skips cuDNN's backward: not repeatable
+        "flash": attn_mask is None
+        and low
+        and head_ok
+        and strided
+        and (same_heads or enable_gqa)
+        and not (is_causal and q.shape[-2] != k.shape[-2]),
+        "efficient": q.dtype in (torch.float32, torch.float16, torch.bfloat16)
+        and head_ok
+        and max(dims) % 8 == 0
+        and strided
+        and same_heads,
+    }
+    enabled = {
+        "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
+        "flash": torch.backends.cuda.flash_sdp_enabled(),
+        "efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+    }
+    for backend in torch._C._get_sdp_priority_order():
+        name = BACKENDS.get(int(backend))
+        if name is not None and enabled[name] and fits[name]:
+            return name
     return "math"
 
 
@@ -106,6 +137,28 @@ class _Flash(torch.autograd.Function):
             grad, q, k, v, out, lse, cq, ck, mq, mk, dropout, causal, rng, unused, scale=scale
         )
         return gq, gk, gv, None, None, None
+
+
+class _Cudnn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, bias, dropout, causal, scale):
+        out, lse, cq, ck, mq, mk, seed, offset, _debug = aten._scaled_dot_product_cudnn_attention(
+            q, k, v, bias, True, dropout, causal, False, scale=scale
+        )
+        ctx.save_for_backward(q, k, v, bias, out, lse, seed, offset)
+        ctx.args = (mq, mk, dropout, causal, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, bias, out, lse, seed, offset = ctx.saved_tensors
+        mq, mk, dropout, causal, scale = ctx.args
+        empty = q.new_empty(0)
+        gq, gk, gv = aten._scaled_dot_product_cudnn_attention_backward(
+            grad, q, k, v, out, lse, seed, offset, bias if bias is not None else empty, empty, empty, mq, mk,
+            dropout, causal, scale=scale,
+        )  # fmt: skip
+        return gq, gk, gv, None, None, None, None
 
 
 class _Efficient(torch.autograd.Function):
@@ -148,6 +201,8 @@ def sdpa_on_meta(
     kernel = cuda_kernel(q, k, v, attn_mask, is_causal, enable_gqa)
     if record is not None:
         record.append(kernel)
+    if kernel == "cudnn":
+        return _Cudnn.apply(q, k, v, _bias(attn_mask, q, k), dropout_p, is_causal, scale)
     if kernel == "flash":
         if k.shape[-3] != q.shape[-3]:  # flash takes grouped-query heads natively: same shapes as repeated
             k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
@@ -214,4 +269,6 @@ class CudaKernels(TorchFunctionMode):
                 args, kwargs = _cast(args, torch.float32), {k: _cast(v, torch.float32) for k, v in kwargs.items()}
         if func is F.scaled_dot_product_attention and args[0].device.type == "meta":
             return sdpa_on_meta(*args, **kwargs, record=self.kernels)
+        if func is VARLEN_OP:  # flash variable length (ablate.models.varlen): its own fake gives its layouts
+            self.kernels.append("varlen")
         return func(*args, **kwargs)

@@ -26,7 +26,7 @@ import torch
 from ablate.config import objectives
 from ablate.config.objectives.clm import clm_labels  # noqa: F401  (re-exported: the batches live in the entries)
 from ablate.config.objectives.mlm import mlm_inputs  # noqa: F401
-from ablate.models import attention, flex
+from ablate.models import attention, flex, varlen
 from ablate.models.families import MASK_KINDS, Family
 
 IGNORE = -100
@@ -88,17 +88,9 @@ def _flags(model, family: Family, causal: bool):
 
 
 @contextmanager
-def _registered(
-    model,
-    family: Family,
-    causal: bool,
-    documents: attention.Documents | None,
-    block_mask=None,
-    prefix: attention.Prefix | None = None,
-):
+def _registered(model, family: Family, causal: bool, inputs: attention.LayerInputs):
     """The model under ablate.models.attention's implementation for the duration: its config's
-    implementation switched, the attention modules' is_causal set, the documents, the prefix and the block
-    masks attached."""
+    implementation switched, the attention modules' is_causal set, the micro-batch's LayerInputs attached."""
     with _flags(model, family, causal) as modules:
         configs = {
             id(c): c for c in (model.config, *(getattr(m, "config", None) for m in modules)) if c is not None
@@ -108,17 +100,14 @@ def _registered(
             for c in configs.values():
                 c._attn_implementation = attention.IMPLEMENTATION
             for m in modules:
-                setattr(m, attention.DOCUMENTS_ATTR, documents)
-                setattr(m, attention.FLEX_ATTR, block_mask)
-                setattr(m, attention.PREFIX_ATTR, prefix)
+                setattr(m, attention.INPUTS_ATTR, inputs)
             yield
         finally:
             for key, c in configs.items():
                 c._attn_implementation = before[key]
             for m in modules:
-                for attr in (attention.DOCUMENTS_ATTR, attention.FLEX_ATTR, attention.PREFIX_ATTR):
-                    if hasattr(m, attr):
-                        delattr(m, attr)
+                if hasattr(m, attention.INPUTS_ATTR):
+                    delattr(m, attention.INPUTS_ATTR)
 
 
 @contextmanager
@@ -133,6 +122,7 @@ def attention_for(
     kind: str | None = None,
     prefix: torch.Tensor | None = None,
     use_flex: bool | None = None,
+    kernels: str | None = None,
 ):
     """Yields the attention_mask to pass to the family's encoder for this attention pattern (bidirectional,
     causal, prefix; or an objective's name, whose entry's pattern it is): bidirectional None (no padding:
@@ -151,8 +141,10 @@ def attention_for(
     call per document. banded: ablate.models.attention (no L x L mask; local layers score their window
     only). The other kinds build dense masks, documents included.
 
-    use_flex (None: on CUDA): with documents or a prefix, under ablate.models.attention, the global layers'
-    FlexAttention block mask, built here once for the micro-batch (ablate.models.flex)."""
+    use_flex (None: on CUDA): with a prefix (or documents in float32), under ablate.models.attention, the
+    global layers' FlexAttention block mask, built here once for the micro-batch (ablate.models.flex).
+    kernels (None: the device's, attention.kernels_for): under ablate.models.attention, which device's paths
+    the layers take; "cuda" on the CPU runs CUDA's choices through the kernels' CPU references (tests)."""
     kind = kind or family.mask_kind(model.config._attn_implementation)
     if kind not in MASK_KINDS:
         raise ValueError(f"family {family.name}: unknown mask kind {kind!r}; one of {MASK_KINDS}")
@@ -172,10 +164,12 @@ def attention_for(
             family,
             seq_len,
             device,
+            dtype,
             documents,
             prefix if pattern == objectives.PREFIX else None,
             causal,
             flex_on,
+            kernels,
         ):
             yield None
         return
@@ -205,14 +199,22 @@ def attention_for(
 
 
 @contextmanager
-def _banded(model, family: Family, seq_len: int, device, documents, prefix, causal: bool, flex_on: bool):
+def _banded(
+    model, family: Family, seq_len: int, device, dtype, documents, prefix, causal: bool, flex_on: bool, kernels
+):
     """Under ablate.models.attention: the documents and the per-row prefix lengths (both from the host, read
-    there once), and with `flex_on` the global layers' block mask when either makes rows differ."""
+    there once); on the CUDA kernels the documents as flash segments, and with `flex_on` the global layers'
+    block mask where flash cannot serve them (a prefix; documents in float32)."""
+    kernels = kernels or attention.kernels_for(device)
     docs = None if documents is None else attention.documents_of(documents, device)
     pre = None if prefix is None else attention.prefix_of(prefix, device)
     causal = causal or pre is not None  # a prefix pattern: causal, or a key in the row's prefix
+    parts = None
+    if docs is not None and kernels == attention.GPU_KERNELS and varlen.AVAILABLE:
+        parts = varlen.segments(varlen.offsets(docs.spans, seq_len), seq_len, device)
     block_mask = None
-    if flex_on and (docs is not None or pre is not None):
+    flash_docs = parts is not None and (dtype in attention.FLASH_DTYPES or torch.device(device).type == "cpu")
+    if flex_on and (pre is not None or (docs is not None and not flash_docs)):
         rows = len(pre.host) if pre is not None else len(docs.ids)
         block_mask = flex.block_mask(
             rows,
@@ -223,7 +225,7 @@ def _banded(model, family: Family, seq_len: int, device, documents, prefix, caus
             device,
             prefix=None if pre is None else pre.lengths,
         )
-    with _registered(model, family, causal, docs, block_mask, pre):
+    with _registered(model, family, causal, attention.LayerInputs(kernels, docs, pre, block_mask, parts)):
         yield
 
 

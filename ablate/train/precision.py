@@ -4,11 +4,13 @@ algorithms. Each is a RunSpec field and each path runs on the CPU too, so the te
 - `precision`: auto is bf16 autocast on CUDA and float32 on the CPU (what runs always did); bf16 and fp32 say
   it whatever the device. Master weights, AdamW moments and the saved model stay float32 either way.
 - `compile`: auto (the default) compiles on CUDA and not on the CPU; true and false say it whatever the device.
-  The encoder goes through torch.compile (inductor; on the CPU it needs a C++ compiler). The head
-  and the fused vocabulary loss stay eager. The compiled encoder is the model's own module, so it reads the
-  live parameters; Dynamo guards on each parameter's requires_grad (and on the is_causal flags a CLM phase
-  sets), so a phase that freezes other layers recompiles instead of reusing a graph traced for another
-  trainable set (tests/test_precision_compile.py checks the weights).
+  Each encoder block goes through torch.compile (inductor; on the CPU it needs a C++ compiler), one graph
+  per block kind shared by the blocks, recompiles named in the run's log, the compiled code cached across
+  processes (ablate.train.compiled). The compiled blocks are the model's own modules, so they read the live
+  parameters; Dynamo guards on each parameter's requires_grad (and on the is_causal flags a CLM phase sets),
+  so a phase that freezes other layers recompiles instead of reusing a graph traced for another trainable
+  set (tests/test_precision_compile.py checks the weights). On CUDA the vocabulary loss's softmax is
+  compiled whatever this says (ablate.train.vocab_loss).
 - `deterministic`: torch.use_deterministic_algorithms, cuDNN's deterministic kernels and a fixed cuBLAS
   workspace. On CUDA this is what makes the fused loss's index_add_ and SDPA's backward repeatable; on the CPU
   our kernels are already deterministic for a given thread count and the switch changes no number.
@@ -41,7 +43,7 @@ def autocast_on(precision: str, device: torch.device | str) -> bool:
 
 def uses_compile(spec: RunSpec, device: torch.device) -> bool:
     """Whether the run's encoder goes through torch.compile on `device` (auto: on CUDA only), or every run of
-    this process with ABLATE_COMPILE=1 (bench/gpu_step.py --compile sets it)."""
+    this process with ABLATE_COMPILE=1."""
     if os.environ.get("ABLATE_COMPILE", "0") not in ("", "0", "false", "no"):
         return True
     return spec.compile is True or (spec.compile == "auto" and device.type == "cuda")
@@ -62,9 +64,3 @@ def set_determinism(on: bool) -> None:
         torch.backends.cudnn.benchmark = False
     torch.use_deterministic_algorithms(on)
     torch.backends.cudnn.deterministic = on
-
-
-def compiled_encoder(encoder: torch.nn.Module) -> torch.nn.Module:
-    """The encoder under torch.compile (the same module and parameters: checkpoints and the saved model see
-    no wrapper). dynamic=False: a run's micro-batches all have one shape."""
-    return torch.compile(encoder, dynamic=False)

@@ -37,7 +37,12 @@ import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100
-CHUNK = 512  # positions per chunk: 62 MB of float32 logits at BERT's 30,522-token vocabulary
+CHUNK = 512  # positions per chunk on the CPU: 62 MB of float32 logits at BERT's 30,522-token vocabulary
+# On CUDA a chunk's logits take at most this many bytes (ModernBERT's 50,368-token vocabulary in bf16: 2,664
+# positions), and their gradient as many beside them: the head runs when the forward's activations are all
+# held, so the chunk adds to the step's peak. The memory plan's trace of ModernBERT-base at 8192 x 4 (MLM):
+# 21.3 GiB with 512-position chunks, 21.6 at 2,048, 22.5 at 8,192; the matmuls stay large at these sizes.
+GPU_CHUNK_BYTES = 2**28
 # On CPU, chunks of this many positions or more are stored vocabulary-major: measured, position-major is the
 # faster at 307 positions and vocabulary-major at 448 and more (bench/vocab_head.py).
 VOCAB_MAJOR_FROM = 400
@@ -62,20 +67,30 @@ def fused_cross_entropy(
     bias: torch.Tensor | None,
     labels: torch.Tensor,
     ignore_index: int = IGNORE_INDEX,
-    chunk: int = CHUNK,
+    chunk: int | None = None,
+    gpu: bool | None = None,
 ) -> torch.Tensor:
     """dense_cross_entropy's value and gradients, a chunk of positions at a time (see the module docstring).
     features (N, H), weight (V, H), bias (V,) or None, labels (N,) int64; returns a float32 scalar
-    (float64 for float64 inputs)."""
+    (float64 for float64 inputs). gpu (None: on CUDA, and on meta, which stands for it): CUDA's path,
+    _chunked_gpu. chunk: positions per chunk (default: gpu_chunk on CUDA's path, else CHUNK)."""
+    device = features.device.type
+    gpu = device in ("cuda", "meta") if gpu is None else gpu
+    dtype = torch.get_autocast_dtype(device) if _autocast_on(device) else features.dtype
+    chunk = chunk if chunk is not None else gpu_chunk(weight.shape[0], dtype) if gpu else CHUNK
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    device = features.device.type
-    dtype = torch.get_autocast_dtype(device) if _autocast_on(device) else features.dtype
     grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (features, weight, bias))
-    return _FusedCrossEntropy.apply(features, weight, bias, labels, dtype, ignore_index, chunk, grads)
+    compute = _chunked_gpu if gpu else _chunked
+    return _FusedCrossEntropy.apply(features, weight, bias, labels, dtype, ignore_index, chunk, grads, compute)
 
 
 LOSSES = {"fused": fused_cross_entropy, "dense": dense_cross_entropy}
+
+
+def gpu_chunk(vocab: int, dtype: torch.dtype) -> int:
+    """Positions per chunk on CUDA: as many as GPU_CHUNK_BYTES of logits hold."""
+    return max(1, GPU_CHUNK_BYTES // (vocab * dtype.itemsize))
 
 
 def _autocast_on(device_type: str) -> bool:
@@ -90,11 +105,11 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
 
 class _FusedCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, features, weight, bias, labels, dtype, ignore_index, chunk, grads):
+    def forward(ctx, features, weight, bias, labels, dtype, ignore_index, chunk, grads, compute):
         want = [grads and ctx.needs_input_grad[i] for i in range(3)]
         device = features.device.type
         with torch.autocast(device, enabled=False) if _autocast_on(device) else contextlib.nullcontext():
-            loss, *ctx.grads = _chunked(features, weight, bias, labels, dtype, ignore_index, chunk, *want)
+            loss, *ctx.grads = compute(features, weight, bias, labels, dtype, ignore_index, chunk, *want)
         return loss
 
     @staticmethod
@@ -107,7 +122,7 @@ class _FusedCrossEntropy(torch.autograd.Function):
         # in place: these tensors are this call's own, and scaling a copy of the (V, H) weight gradient would
         # add one at the moment backward starts, the step's memory peak
         scaled = [None if g is None else g.mul_(grad_loss.to(g.dtype)) for g in grads]
-        return (*scaled, None, None, None, None, None)
+        return (*scaled, None, None, None, None, None, None)
 
 
 def _logits_view(flat: torch.Tensor, vocab: int, positions: int) -> torch.Tensor:
@@ -165,3 +180,84 @@ def _chunked(features, weight, bias, labels, dtype, ignore_index, chunk, want_x,
             grad_b.index_add_(0, target, -hot)
     cast = lambda g, like: None if g is None else g.to(like.dtype)  # noqa: E731
     return loss, grad_x, cast(grad_w, weight), cast(grad_b, bias)
+
+
+def _chunked_gpu(features, weight, bias, labels, dtype, ignore_index, chunk, want_x, want_w, want_b):
+    """_chunked on CUDA: chunks of gpu_chunk positions, (positions x vocabulary), each chunk's softmax and
+    its gradient in one compiled kernel (softmax_tail: float32 inside, never a float32 copy of the logits);
+    the gradient w.r.t. the logits (softmax - one-hot) goes into the three matmuls as autocast's backward
+    would hand it to them: in `dtype`."""
+    acc = _wide(dtype)
+    w = weight.to(dtype)
+    b = None if bias is None else bias.to(dtype)
+    x_all = features.to(dtype)
+    loss = torch.zeros((), dtype=acc, device=features.device)
+    grad_x = torch.empty_like(features) if want_x else None
+    grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if want_w else None
+    grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if want_b else None
+    for start in range(0, features.shape[0], chunk):
+        x, y = x_all[start : start + chunk], labels[start : start + chunk]
+        part, grad_logits = softmax_tail(F.linear(x, w, b), y, ignore_index)
+        loss += part
+        if want_x:
+            grad_x[start : start + chunk] = (grad_logits @ w).to(grad_x.dtype)
+        if want_w:
+            grad_w += (grad_logits.t() @ x).to(acc)
+        if want_b:
+            grad_b += grad_logits.sum(0, dtype=acc)
+    cast = lambda g, like: None if g is None else g.to(like.dtype)  # noqa: E731
+    return loss, grad_x, cast(grad_w, weight), cast(grad_b, bias)
+
+
+def _softmax_tail(
+    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed cross-entropy over labelled rows (float32, float64 for float64 logits), d loss / d logits =
+    softmax - one-hot, zero on ignored rows, in the logits' dtype) of (N, V) logits: what CUDA compiles."""
+    z = logits.to(_wide(logits.dtype))
+    valid = labels != ignore_index
+    target = torch.where(valid, labels, 0)
+    lse = torch.logsumexp(z, dim=1)
+    picked = z.gather(1, target[:, None]).squeeze(1)
+    loss = torch.where(valid, lse - picked, 0.0).sum()
+    hot = torch.arange(z.shape[1], device=z.device)[None, :] == target[:, None]
+    grad = (torch.exp(z - lse[:, None]) - hot.to(z.dtype)) * valid[:, None]
+    return loss, grad.to(logits.dtype)
+
+
+def _softmax_tail_in_place(logits, labels, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """_softmax_tail's values computed in its output, with no other (N, V) tensor: the eager form (the CPU,
+    and the GPU memory plan's check against real tensors), exact in float32 and float64."""
+    wide = _wide(logits.dtype)
+    valid = labels != ignore_index
+    target = torch.where(valid, labels, 0)[:, None]
+    picked = logits.gather(1, target).squeeze(1).to(wide)
+    top = logits.amax(1, keepdim=True)
+    grad = torch.sub(logits, top)  # the output
+    total = grad.exp_().sum(1, dtype=wide)
+    loss = torch.where(valid, total.log() + top.squeeze(1).to(wide) - picked, 0.0).sum()
+    grad.mul_(total.reciprocal().to(grad.dtype)[:, None])
+    grad.scatter_add_(1, target, torch.full_like(target, -1, dtype=grad.dtype))
+    return loss, grad.mul_(valid[:, None])
+
+
+_COMPILED_TAIL: list = []  # torch.compile(_softmax_tail), made on first use on CUDA
+
+
+@torch.library.custom_op("ablate::softmax_tail", mutates_args=())
+def softmax_tail(
+    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """_softmax_tail as one op: compiled on CUDA (fused kernels that read the logits once, in their dtype,
+    float32 in registers, and write the gradient), computed in place in its output elsewhere. Its fake
+    gives the meta device (the memory plan) the outputs alone, as the compiled kernels allocate them."""
+    if not logits.is_cuda:
+        return _softmax_tail_in_place(logits, labels, ignore_index)
+    if not _COMPILED_TAIL:
+        _COMPILED_TAIL.append(torch.compile(_softmax_tail))  # shapes: dynamic after the first chunk size
+    return _COMPILED_TAIL[0](logits, labels, ignore_index)
+
+
+@softmax_tail.register_fake
+def _(logits, labels, ignore_index):
+    return logits.new_empty((), dtype=_wide(logits.dtype)), torch.empty_like(logits)
