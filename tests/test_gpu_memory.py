@@ -215,9 +215,10 @@ def test_each_fine_tuning_task_s_peak_is_printed_and_one_that_does_not_fit_is_ex
     assert hoc[16].batch == 16 and hoc[16].length == 512 and hoc[16].type == "multi_label_classification"
     full = hoc[16].memory
     assert full.traced == sum(getattr(full, p) for p in gpu_memory.PARTS)
-    assert full.activations > hoc[8].memory.activations and full.weights == hoc[8].memory.weights
+    assert full.activations > hoc[8].memory.activations
+    assert abs(full.weights - hoc[8].memory.weights) < 2**10  # (the peaks fall at other moments of the step)
     assert full.optimizer > full.weights > 0  # AdamW's two moments of every trained parameter
-    assert set(full.kernels) == {"efficient"}  # the padding mask kept: flash takes none
+    assert set(full.kernels) == {"varlen"}  # each row's tokens, unpadded (evaluate.finetune._unpadded)
     pretraining = max(m.predicted for o in ("mlm", "clm") for m in gpu_memory.phase_memory(_spec(objective=o), 2))
     below = max(pretraining, hoc[8].memory.predicted)
     assert below < full.predicted

@@ -13,7 +13,8 @@ The task type's entry (ablate.evaluate.task_types) builds the model, encodes, co
 loss and decodes; with max_steps (span_ner) training runs that many steps and evaluates dev every eval_every,
 an "epoch" of the score rows then being one such evaluation.
 
-May import: config, store, models, train (precision), evaluate (tasks, task_types, batching, finetune_progress).
+May import: config, store, models, train (precision, objectives), evaluate (tasks, task_types, batching,
+finetune_progress).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from ablate.evaluate.task_types.classification import pos_weight
 from ablate.evaluate.task_types.token_ner import align_word_labels
 from ablate.evaluate.tasks import Example, FinetuneSettings, TaskSpec, capped, load_task_data
 from ablate.models.families import FAMILIES, family_of
+from ablate.train.objectives import padded_attention
 from ablate.train.precision import autocast_on
 
 __all__ = [
@@ -147,9 +149,10 @@ def _predict(
     to_batch: Callable[[list[Encoded]], dict],
     device: str,
     autocast=None,
+    bf16: bool = False,
 ) -> list:
     """Predictions in the form metrics take (the task type's decode). autocast: a context each forward runs
-    in (None: none)."""
+    in (None: none); bf16: the forward computes in bf16 (padding then left out of attention on CUDA)."""
     model.eval()
     order = sorted(range(len(data)), key=lambda i: len(data[i].input_ids))  # less padding
     preds: list[Any] = [None] * len(data)
@@ -159,7 +162,8 @@ def _predict(
             batch = to_batch([data[i] for i in idx])
             for key in task.entry.targets:
                 batch.pop(key)
-            outputs = model(**{k: v.to(device) for k, v in batch.items()})
+            with _unpadded(model, batch, device, bf16):
+                outputs = model(**{k: v.to(device) for k, v in batch.items()})
             decoded = task.entry.decode(outputs, [data[i] for i in idx], labels, [examples[i] for i in idx])
             for i, p in zip(idx, decoded):
                 preds[i] = p
@@ -266,6 +270,14 @@ def _pieces(
     return [(to_batch([items[i] for i in idx]), share) for idx, share in shares if share]
 
 
+def _unpadded(model, batch: dict, device: str, bf16: bool):
+    """On the CUDA kernels in bf16, the encoder's attention over each row's tokens alone (flash variable
+    length, the rows' lengths read from the host batch; ablate.train.objectives.padded_attention); elsewhere
+    nothing."""
+    mask = batch["attention_mask"]
+    return padded_attention(model, mask.sum(1).tolist(), mask.shape[1], device, flash_dtype=bf16)
+
+
 def _train_epoch(
     model,
     steps: Iterable[list[tuple[dict, float]]],
@@ -275,15 +287,17 @@ def _train_epoch(
     device: str,
     on_step: Callable[[torch.Tensor], None],
     autocast=None,
+    bf16: bool = False,
 ) -> torch.Tensor:
     """An optimizer step for each element of `steps`, the pieces of one batch (_pieces); the last step's loss.
-    autocast: a context each forward runs in (None: none; the backward runs outside it, as torch advises)."""
+    autocast: a context each forward runs in (None: none; the backward runs outside it, as torch advises);
+    bf16: the forward computes in bf16 (padding then left out of attention on CUDA: _unpadded)."""
     model.train()
     for pieces in steps:
         parts = []
         for inputs, share in pieces:
             batch = {k: v.to(device) for k, v in inputs.items()}
-            with autocast or contextlib.nullcontext():
+            with autocast or contextlib.nullcontext(), _unpadded(model, inputs, device, bf16):
                 if loss_fn is None:
                     loss = model(**batch).loss.float()
                 else:
@@ -355,6 +369,7 @@ def finetune(
             to_batch,
             device,
             _autocast(settings, device),
+            autocast_on(settings.precision, device),
         )
         gold = _gold(task, examples[split])
         return (compute(task.type, task.metrics, gold, preds, task.metric_options.negative_label), gold, preds)
@@ -365,7 +380,15 @@ def finetune(
         batches = batches_of(epoch)
         steps = (_pieces([train[i] for i in b], task.type, to_batch, overhead) for b in batches)
         loss = _train_epoch(
-            model, steps, opt, loss_fn, settings.grad_clip, device, reporter.step_done, _autocast(settings, device)
+            model,
+            steps,
+            opt,
+            loss_fn,
+            settings.grad_clip,
+            device,
+            reporter.step_done,
+            _autocast(settings, device),
+            autocast_on(settings.precision, device),
         )
         dev, *dev_out = evaluate("dev")
         if _better(dev[task.primary_metric], reporter.best):

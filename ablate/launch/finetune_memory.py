@@ -132,10 +132,10 @@ def _traced_step(
     loss_fn = ft._loss_fn(task, settings, train, n_labels, where.type)
     opt = ft._optimizer(model, settings, "meta", 2)  # not fused: torch's fused AdamW refuses meta
     with_moments(opt.optimizer, opt.params)
-    kernels = CudaKernels(autocast=settings.precision in ("auto", "bf16"))
+    bf16 = settings.precision in ("auto", "bf16")
+    kernels = CudaKernels(autocast=bf16)
     tracker = MemTracker()
     tracker.track_external(model, opt.optimizer)
-    on_device = {k: v.to(where) for k, v in batch.items()}
     # transformers drops an all-ones padding mask after reading it on the host; the longest batch is padded
     with (
         kernels,
@@ -145,12 +145,21 @@ def _traced_step(
     ):
         # the head's loss runs outside the model's modules, which ModTracker takes for a misplaced backward
         warnings.filterwarnings("ignore", "The module hierarchy tracking maybe be messed up")
-        ft._train_epoch(model, [[(on_device, 1.0)]], opt, loss_fn, settings.grad_clip, where.type, _ignore, None)
+        # the host batch, as the loop has it: it reads the rows' lengths, then copies the tensors to the device
+        # (the CPU check's copies are clones, made where the step makes them, so both devices count them)
+        steps = ([(_on_host(batch, where), 1.0)] for _ in range(1))
+        ft._train_epoch(model, steps, opt, loss_fn, settings.grad_clip, where.type, _ignore, None, bf16)
     return StepMemory.from_tracker(tracker, where, kernels)
 
 
 def _ignore(_loss) -> None:
     pass
+
+
+def _on_host(batch: dict, where: torch.device) -> dict:
+    """The batch the loop gets: on the host (cloned when the step runs on the CPU, where copying it to the
+    device would be no copy at all)."""
+    return {k: v.clone() for k, v in batch.items()} if where.type == "cpu" else batch
 
 
 def finetune_shapes(spec, file: str | None = None) -> list[FinetuneShape]:

@@ -72,7 +72,9 @@ class LayerInputs:
     documents: Documents | None = None  # attention stays inside each packed document
     prefix: Prefix | None = None  # per-row prefix lengths (a prefix pattern)
     block_mask: object | None = None  # global layers' FlexAttention BlockMask (CUDA, with a prefix)
-    segments: varlen.Segments | None = None  # the documents as flash varlen segments (CUDA kernels)
+    segments: varlen.Segments | None = None  # the documents, or padded rows' tokens and padding, as flash
+    # varlen segments (CUDA kernels)
+    padded: bool = False  # `segments` are padded rows' (fine-tuning): each row's tokens, then its padding
 
 
 def kernels_for(device: torch.device | str) -> str:
@@ -91,26 +93,22 @@ def route(
     padding: bool,
     dropout: bool,
     block_mask: bool,
+    padded_segments: bool = False,
 ) -> str:
     """Which computation a layer runs (pure: tests/test_attention_kernels.py tabulates it):
 
-    varlen        CUDA kernels, FlashAttention's dtypes, a local layer or documents, no prefix, padding or
-                  dropout: flash variable length (ablate.models.varlen), windowed on local layers (the CPU
-                  runs CUDA's kernels only where a test asks: through the reference kernel, which takes
-                  float32 too)
+    varlen        CUDA kernels, FlashAttention's dtypes, a local layer, documents or padding whose rows'
+                  lengths came from the host (`padded_segments`: fine-tuning), no prefix or dropout: flash
+                  variable length (ablate.models.varlen), windowed on local layers (the CPU runs CUDA's
+                  kernels only where a test asks: through the reference kernel, which takes float32 too)
     flex          a global layer under a FlexAttention block mask (CUDA, a prefix pattern)
     banded        a local layer otherwise: blocked SDPA over each query block's window
     prefixed      a global layer under a prefix pattern: fused calls per row (and document)
     per_document  a global layer with documents: one fused call per document
     full          a global layer otherwise: SDPA (on CUDA in the order sdpa_priority sets)"""
     flash_dtype = dtype in FLASH_DTYPES or device_type == "cpu"
-    if (
-        varlen.AVAILABLE
-        and kernels == GPU_KERNELS
-        and flash_dtype
-        and (local or documents)
-        and not (prefix or padding or dropout)
-    ):
+    flash = varlen.AVAILABLE and kernels == GPU_KERNELS and flash_dtype and not (prefix or dropout)
+    if flash and (padded_segments or (local or documents) and not padding):
         return "varlen"
     if block_mask and not (local or padding or dropout):
         return "flex"
@@ -161,10 +159,12 @@ def attention(
         keep is not None,
         bool(dropout),
         inputs.block_mask is not None,
+        inputs.padded and keep is not None,
     )
     if how == "varlen":
         rows, length = query.shape[0], query.shape[2]
-        parts = inputs.segments if documents is not None else varlen.row_segments(rows, length, query.device)
+        given = documents is not None or (inputs.padded and keep is not None)
+        parts = inputs.segments if given else varlen.row_segments(rows, length, query.device)
         return varlen.attend(query, key, value, parts, window, causal, scale), None
     if how == "flex":
         out = flex.attend(query, key, value, inputs.block_mask, scale)
@@ -391,9 +391,10 @@ def banded(
 
 
 def padding_only(attention_mask: torch.Tensor | None = None, **_kwargs) -> torch.Tensor | None:
-    """transformers' mask-function interface: the 2D padding mask as it came (bool; None without padding),
-    no 4D mask. Without a mask function of its own, an implementation gets no mask at all: padding lost."""
-    if attention_mask is None or bool(attention_mask.all()):
+    """transformers' mask-function interface: the 2D padding mask as it came (bool; None without padding on
+    the CPU: on CUDA, where looking would wait for the GPU, the mask as it came), no 4D mask. Without a mask
+    function of its own, an implementation gets no mask at all: padding lost."""
+    if attention_mask is None or (attention_mask.device.type == "cpu" and bool(attention_mask.all())):
         return None
     return attention_mask
 

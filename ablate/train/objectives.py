@@ -27,7 +27,8 @@ from ablate.config import objectives
 from ablate.config.objectives.clm import clm_labels  # noqa: F401  (re-exported: the batches live in the entries)
 from ablate.config.objectives.mlm import mlm_inputs  # noqa: F401
 from ablate.models import attention, flex, varlen
-from ablate.models.families import MASK_KINDS, Family
+from ablate.config.errors import SpecError
+from ablate.models.families import MASK_KINDS, Family, family_of
 
 IGNORE = -100
 
@@ -91,23 +92,28 @@ def _flags(model, family: Family, causal: bool):
 def _registered(model, family: Family, causal: bool, inputs: attention.LayerInputs):
     """The model under ablate.models.attention's implementation for the duration: its config's
     implementation switched, the attention modules' is_causal set, the micro-batch's LayerInputs attached."""
-    with _flags(model, family, causal) as modules:
-        configs = {
-            id(c): c for c in (model.config, *(getattr(m, "config", None) for m in modules)) if c is not None
-        }
-        before = {key: c._attn_implementation for key, c in configs.items()}
-        try:
-            for c in configs.values():
-                c._attn_implementation = attention.IMPLEMENTATION
-            for m in modules:
-                setattr(m, attention.INPUTS_ATTR, inputs)
-            yield
-        finally:
-            for key, c in configs.items():
-                c._attn_implementation = before[key]
-            for m in modules:
-                if hasattr(m, attention.INPUTS_ATTR):
-                    delattr(m, attention.INPUTS_ATTR)
+    with _flags(model, family, causal) as modules, _switched(model.config, modules, inputs):
+        yield
+
+
+@contextmanager
+def _switched(config, modules: list, inputs: attention.LayerInputs):
+    """`config` and the attention modules' configs switched to ablate.models.attention's implementation, and
+    `inputs` attached to the modules, for the duration; everything restored on exit."""
+    configs = {id(c): c for c in (config, *(getattr(m, "config", None) for m in modules)) if c is not None}
+    before = {key: c._attn_implementation for key, c in configs.items()}
+    try:
+        for c in configs.values():
+            c._attn_implementation = attention.IMPLEMENTATION
+        for m in modules:
+            setattr(m, attention.INPUTS_ATTR, inputs)
+        yield
+    finally:
+        for key, c in configs.items():
+            c._attn_implementation = before[key]
+        for m in modules:
+            if hasattr(m, attention.INPUTS_ATTR):
+                delattr(m, attention.INPUTS_ATTR)
 
 
 @contextmanager
@@ -270,3 +276,34 @@ def _prefix_attention(
         }
     else:  # additive, flag
         yield dense_mask(seq_len, dtype, device, True, documents=documents, prefix=prefix)
+
+
+@contextmanager
+def padded_attention(model, lengths, seq_len: int, device, kernels: str | None = None, flash_dtype: bool = True):
+    """A fine-tuning batch of right-padded rows (`lengths`: each row's tokens, host ints) on the CUDA kernels:
+    the model's attention modules under ablate.models.attention with each row's tokens as one flash varlen
+    segment and its padding as another (what ModernBERT's unpadded training does to a row's tail), so no layer
+    scores a padded L x L square or reads the mask back; local layers keep their window. For a family whose
+    sdpa path goes through transformers' attention interface (mask kinds "banded" and "flag"; a layer under
+    attention dropout keeps SDPA with the mask) on the CUDA kernels (`kernels`: the device's unless given; the
+    tests ask for CUDA's on the CPU) when the forward computes in flash's dtypes (`flash_dtype`: bf16
+    autocast); otherwise nothing changes (transformers' own attention with the mask)."""
+    modules = _causal_flags(model)
+    configs = [c for c in {id(c): c for c in (getattr(m, "config", None) for m in modules)}.values() if c]
+    ours = bool(configs) and all(_kind_of(c) in ("banded", "flag") for c in configs)
+    gpu = (kernels or attention.kernels_for(device)) == attention.GPU_KERNELS
+    if not (ours and flash_dtype and varlen.AVAILABLE and gpu):
+        yield
+        return
+    spans = [((0, n), (n, seq_len)) if n < seq_len else ((0, n),) for n in (int(n) for n in lengths)]
+    parts = varlen.segments(varlen.offsets(spans, seq_len), seq_len, device)
+    with _switched(None, modules, attention.LayerInputs(attention.GPU_KERNELS, segments=parts, padded=True)):
+        yield
+
+
+def _kind_of(config) -> str | None:
+    """The mask kind a config's family gives its sdpa implementation (None: a config of no family)."""
+    try:
+        return family_of(config).causal.get("sdpa")
+    except SpecError:
+        return None
