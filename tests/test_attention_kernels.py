@@ -155,3 +155,27 @@ def test_a_torch_without_varlen_windows_takes_aten_s_flash_ops_with_the_same_lay
         out.sum().backward()
         results.append((out.shape, out.stride(), out.dtype, q.grad.shape, q.grad.stride()))
     assert results[0] == results[1] and results[0][0] == (2, LENGTH, 4, 64)
+
+
+@pytest.mark.parametrize("kernels,objective", [("cpu", "clm"), ("cuda", "mlm"), ("cuda", "clm")])
+def test_every_block_compiles_into_one_graph_without_a_break(kernels, objective):
+    """dynamo's explain over each block kind of tiny ModernBERT (the first, a local, a global) as a step calls
+    it, documents on: one graph, no break, on the CPU's paths and on CUDA's (flash varlen, here through the
+    reference kernel)."""
+    from ablate.train.compiled import blocks
+
+    model = load_masked_lm("config:tiny-modernbert", "sdpa", seed=0).train()
+    family = family_of(model.config)
+    encoder = family.encoder(model)
+    seen = {}
+    for name, block in blocks(encoder, family):
+        block.register_forward_pre_hook(
+            lambda m, args, kwargs, name=name: seen.setdefault(name, (args, kwargs)), with_kwargs=True
+        )
+    ids = torch.randint(1000, 2000, (2, LENGTH), generator=torch.Generator().manual_seed(0))
+    with attention_for(model, family, objective, LENGTH, torch.float32, "cpu", DOCS, kernels=kernels) as attn:
+        encoder(input_ids=ids, attention_mask=attn)
+        for name in ("layers.0", "layers.1", "layers.3"):
+            args, kwargs = seen[name]
+            explained = torch._dynamo.explain(encoder.get_submodule(name))(*args, **kwargs)
+            assert explained.graph_count == 1 and explained.graph_break_count == 0, (name, explained.break_reasons)
