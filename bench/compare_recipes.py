@@ -8,7 +8,7 @@ maximum) belongs to one recipe alone:
 
   ablate    bench/pretrain_step.py: the engine's own setup + train_step (MLM head at labelled positions only,
             the vocabulary projection + cross-entropy fused and chunked; CLM causal with next-token labels;
-            dropout masks from the SFC64 stream of ablate.train.dropout, attention with dropout through
+            dropout masks from the SFC64 stream of ablate.train.cpu, attention with dropout through
             torch's math path written out).
   standard  what transformers' examples run_mlm.py / run_clm.py do: datasets "text" loader, tokenize, group_texts
             (concatenate, cut into blocks of --seq-len), Trainer + DataCollatorForLanguageModeling

@@ -82,7 +82,7 @@ def todays_step():
     import torch
 
     from ablate.analysis.probe import grad_norm_values
-    from ablate.train import loop, objectives, vocab_loss
+    from ablate.train import cpu, loop, objectives, vocab_loss
 
     def norms_then_clip(named, groups, trainable, max_norm):
         norms = grad_norm_values(named, groups)
@@ -96,7 +96,7 @@ def todays_step():
         mock.patch.object(loop, "step_norms", norms_then_clip),
         mock.patch.dict(
             vocab_loss.LOSSES,
-            {"fused": functools.partial(vocab_loss.fused_cross_entropy, chunk=vocab_loss.CHUNK, gpu=False)},
+            {"fused": functools.partial(vocab_loss.fused_cross_entropy, chunk=cpu.CHUNK, gpu=False)},
         ),
     ):
         yield

@@ -1,4 +1,4 @@
-"""CPU dropout from the SFC64 stream (ablate.train.dropout): the Bernoulli(1 - p) masks scaled by 1 / (1 - p) that
+"""CPU dropout from the SFC64 stream (ablate.train.cpu): the Bernoulli(1 - p) masks scaled by 1 / (1 - p) that
 torch applies, the same masks for the same seed, attention with dropout equal to torch's math path under the
 same mask (values and gradients), and a training step on the CPU that draws no Mersenne-Twister dropout."""
 
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ablate.config.spec import parse_run_spec
-from ablate.train.dropout import CpuDropout, cpu_dropout
+from ablate.train.cpu import CpuDropout, cpu_dropout
 from ablate.train.loop import Optimizer, setup, train_step
 
 from test_pretrain import tiny_spec

@@ -21,7 +21,7 @@ from ablate.config.spec import parse_run_spec
 from ablate.models.families import FAMILIES
 from ablate.models.sources import load_config, load_masked_lm
 from ablate.train.loop import pretrain
-from ablate.train import vocab_loss
+from ablate.train import cpu, vocab_loss
 from ablate.train.vocab_loss import IGNORE_INDEX, dense_cross_entropy, fused_cross_entropy
 from tests.test_ddp import _assert_same_weights, _ranks, _weights, ddp_spec
 
@@ -41,7 +41,7 @@ def _problem(n=50, width=12, vocab=97, dtype=torch.float64, ignored=0.3, seed=0,
 @pytest.fixture(params=["position-major", "vocabulary-major"])
 def layout(request, monkeypatch):
     """Every chunk's logits stored one way or the other (the engine picks by chunk size on CPU)."""
-    monkeypatch.setattr(vocab_loss, "VOCAB_MAJOR_FROM", 10**9 if request.param == "position-major" else 1)
+    monkeypatch.setattr(cpu, "VOCAB_MAJOR_FROM", 10**9 if request.param == "position-major" else 1)
     return request.param
 
 

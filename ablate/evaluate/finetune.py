@@ -13,7 +13,7 @@ The task type's entry (ablate.evaluate.task_types) builds the model, encodes, co
 loss and decodes; with max_steps (span_ner) training runs that many steps and evaluates dev every eval_every,
 an "epoch" of the score rows then being one such evaluation.
 
-May import: config, store, models, train (precision, objectives), evaluate (tasks, task_types, batching,
+May import: config, store, models, train (precision, objectives, cpu), evaluate (tasks, task_types, batching,
 finetune_progress).
 """
 
@@ -40,6 +40,7 @@ from ablate.evaluate.task_types.classification import pos_weight
 from ablate.evaluate.task_types.token_ner import align_word_labels
 from ablate.evaluate.tasks import Example, FinetuneSettings, TaskSpec, capped, load_task_data
 from ablate.models.families import FAMILIES, family_of
+from ablate.train import cpu
 from ablate.train.objectives import padded_attention
 from ablate.train.precision import autocast_on
 
@@ -58,13 +59,6 @@ __all__ = [
 # (BERT's pooler is absent from *ForMaskedLM checkpoints; ModernBERT's head is absent from a bare
 # ModernBertModel). A model of no family needs finetune.lora_target_modules, and gets _LORA_FULL.
 _LORA_FULL = ("pooler", "head")
-
-# With finetune.length_pieces, on CPU a batch is run in length-sorted pieces (batching.length_pieces) wherever
-# that saves more padding than the fixed cost of one more forward and backward pass, which is about this many
-# tokens' worth (MiniLM-L6 on the 2-core dev machine: about 30 ms a pass, about 1 ms a token on one thread;
-# the cut-off is flat between 32 and 64). On accelerators padding is almost free at fine-tuning sizes: a batch
-# is one piece there.
-PIECE_OVERHEAD_TOKENS = 48
 
 
 def encode(
@@ -355,7 +349,7 @@ def finetune(
     order_gen = torch.Generator().manual_seed(seed)
     rounds, round_steps, batches_of = _rounds(settings, lengths, order_gen)
     opt = _optimizer(model, settings, device, settings.max_steps or round_steps * rounds)
-    overhead = PIECE_OVERHEAD_TOKENS if settings.length_pieces and torch.device(device).type == "cpu" else None
+    overhead = cpu.piece_overhead(device, settings.length_pieces)
     reporter = FinetuneProgress(progress, task, seed, rounds, round_steps)
 
     def evaluate(split: str) -> tuple[dict[str, float], list, list]:

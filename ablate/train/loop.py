@@ -56,7 +56,7 @@ from ablate.train.grad_norms import step_norms
 from ablate.train.optimizer import Optimizer, fused_adamw
 from ablate.train.batches import batch_loss, objective_batch, seed_for, step_notes
 from ablate.train.objectives import attention_for
-from ablate.train.dropout import cpu_dropout
+from ablate.train.cpu import cpu_dropout
 from ablate.train.precision import autocast, set_determinism, uses_autocast, uses_compile
 from ablate.train import compiled
 from ablate.models.attention import kernel_priority

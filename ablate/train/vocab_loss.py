@@ -4,29 +4,27 @@
         = sum over positions with a label (not ignore_index) of cross_entropy(features @ weight.T + bias, label)
 
 is what dense_cross_entropy computes, without ever holding the (positions x vocabulary) logits, forward or
-backward. Each chunk of `chunk` positions is projected, its log-sum-exp and target logit are read, and its
-logits are turned in place into exp(logit - position's max); the gradients w.r.t. the features, the weight
-and the bias are accumulated from them right there, in the forward pass (the softmax's 1/sum and the one-hot
-are applied to the small matmul results, not to the chunk), and backward only scales them by the incoming
-gradient. So one chunk's logits exist (512 x 30,522 float32: 62 MB, one buffer that every chunk reuses),
-nothing vocabulary-sized per position is kept for backward, and the matmuls are the dense path's three.
+backward. Each chunk of positions is projected, and the gradients w.r.t. the features, the weight and the
+bias are computed from its softmax right there, in the forward pass; backward only scales them by the
+incoming gradient. So one chunk's logits exist at a time, nothing vocabulary-sized per position is kept for
+backward, and the matmuls are the dense path's three.
 
-Layout: the loop indexes a chunk as (vocabulary x positions), weight @ features.T. On CPU a chunk of at least
-VOCAB_MAJOR_FROM positions is stored that way (vocabulary-major), where MKL runs the three matmuls faster than
-in (positions x vocabulary) (bench/vocab_head.py at a CLM batch's 2,017 positions; BENCHMARKS.md). Smaller
-chunks (MLM's 307 masked positions of a 16 x 128 batch), where position-major storage is the faster, and
-CUDA, where the layouts were not compared, stay position-major, as the head was before (the same numbers,
-bit for bit, on CPU). The layout changes float rounding only.
+- CUDA (and meta, which stands for it), `_chunked_gpu`: chunks of gpu_chunk positions (GPU_CHUNK_BYTES of
+  logits), each chunk's loss and d loss / d logits (softmax - one-hot) in one compiled op (softmax_tail:
+  float32 in registers, no float32 copy of the logits), then the three matmuls in the compute dtype.
+- The CPU, ablate.train.cpu.chunked: chunks of 512 positions, the softmax's 1/sum and the one-hot applied to
+  the small matmul results, each chunk's logits in the layout MKL runs fastest in.
 
 Precision: the matmuls run in the features' dtype, or under autocast in autocast's dtype (bf16), as F.linear
 would; the exponentials, the loss and the sums over chunks are float32 (float64 for float64 inputs); each
-gradient comes back in its input's dtype. A weight tied to the input embeddings gets this gradient added to the embedding's by autograd,
-as with the dense head. With grad disabled (or nothing that needs it) only the loss is computed. On CPU the
-result is deterministic for a given thread count (fixed chunk order; index_add_ is sequential there).
+gradient comes back in its input's dtype. A weight tied to the input embeddings gets this gradient added to
+the embedding's by autograd, as with the dense head. With grad disabled (or nothing that needs it) only the
+loss is computed. Deterministic: the CUDA path has no atomic adds; on the CPU the result is deterministic for
+a given thread count (fixed chunk order; index_add_ is sequential there).
 
 `LOSSES` maps the RunSpec's `vocab_loss` to the function the training loop calls.
 
-May import: nothing from ablate (torch only).
+May import: train (cpu).
 """
 
 from __future__ import annotations
@@ -36,16 +34,14 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from ablate.train import cpu
+
 IGNORE_INDEX = -100
-CHUNK = 512  # positions per chunk on the CPU: 62 MB of float32 logits at BERT's 30,522-token vocabulary
 # On CUDA a chunk's logits take at most this many bytes (ModernBERT's 50,368-token vocabulary in bf16: 2,664
 # positions), and their gradient as many beside them: the head runs when the forward's activations are all
 # held, so the chunk adds to the step's peak. The memory plan's trace of ModernBERT-base at 8192 x 4 (MLM):
 # 21.3 GiB with 512-position chunks, 21.6 at 2,048, 22.5 at 8,192; the matmuls stay large at these sizes.
 GPU_CHUNK_BYTES = 2**28
-# On CPU, chunks of this many positions or more are stored vocabulary-major: measured, position-major is the
-# faster at 307 positions and vocabulary-major at 448 and more (bench/vocab_head.py).
-VOCAB_MAJOR_FROM = 400
 
 
 def dense_cross_entropy(
@@ -73,15 +69,16 @@ def fused_cross_entropy(
     """dense_cross_entropy's value and gradients, a chunk of positions at a time (see the module docstring).
     features (N, H), weight (V, H), bias (V,) or None, labels (N,) int64; returns a float32 scalar
     (float64 for float64 inputs). gpu (None: on CUDA, and on meta, which stands for it): CUDA's path,
-    _chunked_gpu. chunk: positions per chunk (default: gpu_chunk on CUDA's path, else CHUNK)."""
+    _chunked_gpu; else the CPU's loop, ablate.train.cpu.chunked. chunk: positions per chunk (default: gpu_chunk
+    on CUDA's path, else cpu.CHUNK)."""
     device = features.device.type
     gpu = device in ("cuda", "meta") if gpu is None else gpu
     dtype = torch.get_autocast_dtype(device) if _autocast_on(device) else features.dtype
-    chunk = chunk if chunk is not None else gpu_chunk(weight.shape[0], dtype) if gpu else CHUNK
+    chunk = chunk if chunk is not None else gpu_chunk(weight.shape[0], dtype) if gpu else cpu.CHUNK
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (features, weight, bias))
-    compute = _chunked_gpu if gpu else _chunked
+    compute = _chunked_gpu if gpu else cpu.chunked
     return _FusedCrossEntropy.apply(features, weight, bias, labels, dtype, ignore_index, chunk, grads, compute)
 
 
@@ -123,63 +120,6 @@ class _FusedCrossEntropy(torch.autograd.Function):
         # add one at the moment backward starts, the step's memory peak
         scaled = [None if g is None else g.mul_(grad_loss.to(g.dtype)) for g in grads]
         return (*scaled, None, None, None, None, None, None)
-
-
-def _logits_view(flat: torch.Tensor, vocab: int, positions: int) -> torch.Tensor:
-    """A (vocabulary x positions) view of `flat` for one chunk's logits, in the memory layout its matmuls run
-    fastest in: vocabulary-major (contiguous) for big CPU chunks, position-major (the transpose of a contiguous
-    (positions x vocabulary)) otherwise. Every op of the loop reads either layout through the same view."""
-    if flat.device.type == "cpu" and positions >= VOCAB_MAJOR_FROM:
-        return flat.view(vocab, positions)
-    return flat.view(positions, vocab).t()
-
-
-def _chunked(features, weight, bias, labels, dtype, ignore_index, chunk, want_x, want_w, want_b):
-    """(loss, grad features, grad weight, grad bias), the gradients None where not wanted."""
-    acc = _wide(dtype)  # exponentials, loss and gradient sums
-    w = weight.to(dtype)
-    b = None if bias is None else bias.to(dtype)[:, None]
-    x_all = features.to(dtype)
-    n, vocab = features.shape[0], weight.shape[0]
-    loss = torch.zeros((), dtype=acc, device=features.device)
-    grad_x = torch.empty_like(features) if want_x else None
-    grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if want_w else None
-    grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if want_b else None
-    buffer = torch.empty(vocab * min(chunk, n), dtype=dtype, device=features.device)
-    for start in range(0, n, chunk):
-        x, y = x_all[start : start + chunk], labels[start : start + chunk]
-        logits = _logits_view(buffer[: vocab * len(x)], vocab, len(x))  # (vocabulary x positions), either layout
-        torch.addmm(b, w, x.t(), out=logits) if b is not None else torch.mm(w, x.t(), out=logits)
-        z = logits.to(acc)  # the same tensor unless dtype is narrower
-        valid = y != ignore_index
-        target = torch.where(valid, y, torch.zeros_like(y))
-        picked = z.gather(0, target[None, :]).squeeze(0)
-        top = z.amax(0, keepdim=True)
-        e = z.sub_(top).exp_()  # exp(logit - position's max), in place
-        total = e.sum(0)
-        loss += torch.where(valid, total.log() + top.squeeze(0) - picked, 0.0).sum()
-        if not (want_x or want_w or want_b):
-            continue
-        # d loss / d logit = softmax - one-hot = e * scale - one-hot on labelled positions, 0 on ignored ones
-        scale = torch.where(valid, total.reciprocal(), 0.0)
-        hot = valid.to(acc)
-        e_low = e.to(dtype)
-        if want_x:
-            gx = (e_low.t() @ w).to(acc).mul_(scale[:, None])
-            gx -= w.index_select(0, target).to(acc) * hot[:, None]
-            grad_x[start : start + chunk] = gx.to(grad_x.dtype)
-        if want_w:
-            xs = x.to(acc) * scale[:, None]
-            if dtype == acc:
-                grad_w.addmm_(e, xs)
-            else:
-                grad_w += (e_low @ xs.to(dtype)).to(acc)
-            grad_w.index_add_(0, target, x.to(acc) * -hot[:, None])
-        if want_b:
-            grad_b.addmv_(e, scale)
-            grad_b.index_add_(0, target, -hot)
-    cast = lambda g, like: None if g is None else g.to(like.dtype)  # noqa: E731
-    return loss, grad_x, cast(grad_w, weight), cast(grad_b, bias)
 
 
 def _chunked_gpu(features, weight, bias, labels, dtype, ignore_index, chunk, want_x, want_w, want_b):

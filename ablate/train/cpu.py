@@ -1,6 +1,15 @@
-"""Dropout masks on the CPU, drawn from numpy's SFC64 instead of torch's Mersenne Twister.
+"""What only the CPU runs: the speed paths measured on this project's 2-core CPU (BENCHMARKS.md). On CUDA
+none of this runs, so a reader of the GPU path can skip this module; each path is chosen by device where it
+is used (ablate.train.loop, ablate.train.vocab_loss, ablate.evaluate.finetune).
 
-torch's CPU `bernoulli_` draws two 32-bit Mersenne-Twister numbers per element, one element after another in one
+- Dropout masks from numpy's SFC64 stream (`cpu_dropout`, `CpuDropout`).
+- The vocabulary head's chunked loop (`chunked`): chunks of CHUNK positions, each chunk's logits in the layout
+  MKL runs the three matmuls fastest in (`logits_view`, VOCAB_MAJOR_FROM); CUDA's loop is
+  ablate.train.vocab_loss._chunked_gpu.
+- A fine-tuning batch run in length-sorted pieces (`piece_overhead`, PIECE_OVERHEAD_TOKENS;
+  ablate.evaluate.batching.length_pieces cuts them).
+
+Dropout: torch's CPU `bernoulli_` draws two 32-bit Mersenne-Twister numbers per element, one element after another in one
 thread: in a BERT CLM step on 2 cores the attention-probability masks (B x H x L x L) and the hidden-state
 masks took 15% of the step while the other core waited. Here each element's keep/drop is one 32-bit word of
 SFC64 (numpy's fastest bit generator, 64 bits per draw), compared with a threshold as a signed integer in
@@ -116,3 +125,85 @@ def cpu_dropout(seed: int, device: torch.device | str, compiled: bool = False):
     if torch.device(device).type != "cpu" or compiled:
         return contextlib.nullcontext()
     return CpuDropout(seed)
+
+
+# ---------------------------------------------------------------- the vocabulary head's loop
+
+CHUNK = 512  # positions per chunk: 62 MB of float32 logits at BERT's 30,522-token vocabulary
+# Chunks of this many positions or more are stored vocabulary-major: measured, position-major is the faster at
+# 307 positions and vocabulary-major at 448 and more (bench/vocab_head.py).
+VOCAB_MAJOR_FROM = 400
+
+
+def logits_view(flat: torch.Tensor, vocab: int, positions: int) -> torch.Tensor:
+    """A (vocabulary x positions) view of `flat` for one chunk's logits, in the memory layout its matmuls run
+    fastest in: vocabulary-major (contiguous) for big CPU chunks, position-major (the transpose of a contiguous
+    (positions x vocabulary)) otherwise. Every op of the loop reads either layout through the same view."""
+    if flat.device.type == "cpu" and positions >= VOCAB_MAJOR_FROM:
+        return flat.view(vocab, positions)
+    return flat.view(positions, vocab).t()
+
+
+def chunked(features, weight, bias, labels, dtype, ignore_index, chunk, want_x, want_w, want_b):
+    """ablate.train.vocab_loss's fused loss on the CPU: (loss, grad features, grad weight, grad bias), the
+    gradients None where not wanted (its module docstring says what is computed)."""
+    acc = torch.promote_types(dtype, torch.float32)  # exponentials, loss and gradient sums
+    w = weight.to(dtype)
+    b = None if bias is None else bias.to(dtype)[:, None]
+    x_all = features.to(dtype)
+    n, vocab = features.shape[0], weight.shape[0]
+    loss = torch.zeros((), dtype=acc, device=features.device)
+    grad_x = torch.empty_like(features) if want_x else None
+    grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if want_w else None
+    grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if want_b else None
+    buffer = torch.empty(vocab * min(chunk, n), dtype=dtype, device=features.device)
+    for start in range(0, n, chunk):
+        x, y = x_all[start : start + chunk], labels[start : start + chunk]
+        logits = logits_view(buffer[: vocab * len(x)], vocab, len(x))  # (vocabulary x positions), either layout
+        torch.addmm(b, w, x.t(), out=logits) if b is not None else torch.mm(w, x.t(), out=logits)
+        z = logits.to(acc)  # the same tensor unless dtype is narrower
+        valid = y != ignore_index
+        target = torch.where(valid, y, torch.zeros_like(y))
+        picked = z.gather(0, target[None, :]).squeeze(0)
+        top = z.amax(0, keepdim=True)
+        e = z.sub_(top).exp_()  # exp(logit - position's max), in place
+        total = e.sum(0)
+        loss += torch.where(valid, total.log() + top.squeeze(0) - picked, 0.0).sum()
+        if not (want_x or want_w or want_b):
+            continue
+        # d loss / d logit = softmax - one-hot = e * scale - one-hot on labelled positions, 0 on ignored ones
+        scale = torch.where(valid, total.reciprocal(), 0.0)
+        hot = valid.to(acc)
+        e_low = e.to(dtype)
+        if want_x:
+            gx = (e_low.t() @ w).to(acc).mul_(scale[:, None])
+            gx -= w.index_select(0, target).to(acc) * hot[:, None]
+            grad_x[start : start + chunk] = gx.to(grad_x.dtype)
+        if want_w:
+            xs = x.to(acc) * scale[:, None]
+            if dtype == acc:
+                grad_w.addmm_(e, xs)
+            else:
+                grad_w += (e_low @ xs.to(dtype)).to(acc)
+            grad_w.index_add_(0, target, x.to(acc) * -hot[:, None])
+        if want_b:
+            grad_b.addmv_(e, scale)
+            grad_b.index_add_(0, target, -hot)
+    cast = lambda g, like: None if g is None else g.to(like.dtype)  # noqa: E731
+    return loss, grad_x, cast(grad_w, weight), cast(grad_b, bias)
+
+
+# ---------------------------------------------------------------- fine-tuning: length pieces
+
+# With finetune.length_pieces, on CPU a batch is run in length-sorted pieces (batching.length_pieces) wherever
+# that saves more padding than the fixed cost of one more forward and backward pass, which is about this many
+# tokens' worth (MiniLM-L6 on the 2-core dev machine: about 30 ms a pass, about 1 ms a token on one thread;
+# the cut-off is flat between 32 and 64). On accelerators padding is almost free at fine-tuning sizes (and on
+# CUDA each row's padding is left out of attention): a batch is one piece there.
+PIECE_OVERHEAD_TOKENS = 48
+
+
+def piece_overhead(device: torch.device | str, length_pieces: bool) -> int | None:
+    """The overhead batching.length_pieces cuts a fine-tuning batch by: PIECE_OVERHEAD_TOKENS on the CPU when
+    the settings ask for pieces, else None (one piece)."""
+    return PIECE_OVERHEAD_TOKENS if length_pieces and torch.device(device).type == "cpu" else None
