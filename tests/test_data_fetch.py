@@ -14,12 +14,13 @@ import shutil
 import socket
 import threading
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from ablate.cli import main
-from ablate.data.catalog import dataset, with_requirements
+from ablate.data.catalog import FETCHED, catalog, dataset, with_requirements
 from ablate.data.converters.blurb import (
     biosses_records,
     gad_records,
@@ -178,6 +179,48 @@ def test_an_archive_source_is_downloaded_and_converted_and_a_sample_is_refused(t
     assert out.splitlines()[1].startswith("corpus_en_e3c: NON-COMMERCIAL licence")  # said before the fetch
     assert "do not match the manifest (doc_ids.tsv: size" in err and "train.txt: size" in err
     assert not (tmp_path / "root" / "corpus_en_e3c").exists() and leftovers(tmp_path / "root") == []
+
+
+def _cut_short(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+def _bad_gzip_crc(data: bytes) -> bytes:
+    """The gzip trailer's CRC-32 (its last 8 bytes: CRC-32, length) changed; every deflate block intact."""
+    return data[:-8] + bytes([data[-8] ^ 0xFF]) + data[-7:]
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (_cut_short, "EOFError: Compressed file ended before the end-of-stream marker was reached"),  # tar.gz
+        (_bad_gzip_crc, "BadGzipFile: CRC check failed"),  # gzip: tarfile alone never reads the trailer
+    ],
+)
+def test_an_unreadable_archive_is_exit_2_leaves_no_cached_copy_and_a_good_one_fetches(
+    tmp_path, monkeypatch, capsys, damage, reason
+):
+    """A repository's tar.gz, served whole (its length as announced) but unreadable: exit 2 naming the dataset,
+    the download and its URL; the cached file gone, nothing placed; the next fetch downloads it again. (The
+    dataset: E3C's converter on its sample archive, checked as derived, so that the good archive is a success.)"""
+    ds = replace(dataset("corpus_en_e3c"), name="e3c_sample", files=(), derived=True)
+    monkeypatch.setitem(catalog(), ds.name, ds)
+    good = (SAMPLES / "corpus_en_e3c" / "archive.tar.gz").read_bytes()
+    served = tmp_path / "mirror" / ds.repo / "tar.gz" / ds.commit
+    served.parent.mkdir(parents=True)
+    served.write_bytes(damage(good))
+    root, cached = tmp_path / "root", tmp_path / "root" / ".fetch-cache" / ds.repo / "tar.gz" / ds.commit
+    with serving(tmp_path / "mirror") as url:
+        assert fetch(root, url, ds.name) == 2
+        err = capsys.readouterr().err
+        assert (
+            f"dataset e3c_sample: cannot read the download archive from {url}/{ds.repo}/tar.gz/{ds.commit}" in err
+        )
+        assert reason in err and "the next fetch downloads it again" in err and "nothing was placed" in err
+        assert not cached.exists() and not (root / ds.name).exists() and leftovers(root) == []
+        served.write_bytes(good)
+        assert fetch(root, url, ds.name) == 0, capsys.readouterr().err
+    assert len(_lines(root / ds.name / "train.txt")) == 3 and (root / ds.name / FETCHED).is_file()  # EN112374, ..
 
 
 def test_targets_name_datasets_tasks_suites_and_grids():

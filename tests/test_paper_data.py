@@ -1,9 +1,10 @@
 """The paper's French task data fetched from sources that are not a GitHub commit, offline: a loopback HTTP
 server (127.0.0.1) answers as Zenodo's records API and as a Hugging Face hub endpoint, with small fixtures
 written here in each upstream's format (DiaMED's data.zip, FRACCO.zip, a FRASIMED BRAT zip). Checked: the
-derivation rules of the paper's harness (labels, skipped DiaMED labels, the top-k cut and its tie rule, both
-split roundings), the download checksums (a mismatch places nothing), FETCHED.tsv and `ablate data verify`,
-and that the task files read what the fetch wrote."""
+derivation rules of the paper's harness (labels, skipped DiaMED labels, the top-k cut and its tie rule against
+what tabib's own code gives, both split roundings), the download checksums (a mismatch places nothing), an
+unreadable zip listed with its own md5 (exit 2, downloaded again), FETCHED.tsv and `ablate data verify`, and that
+the task files read what the fetch wrote."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import io
 import json
 import threading
 import zipfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,13 @@ import pytest
 from ablate.cli import main
 from ablate.config.errors import SpecError
 from ablate.data.catalog import FETCHED, Dataset, Download, _download, dataset
-from ablate.data.converters.coded_documents import entity_codes, floor_counts, largest_remainder_counts, top_codes
+from ablate.data.converters.coded_documents import (
+    entity_codes,
+    floor_counts,
+    frasimed_documents,
+    largest_remainder_counts,
+    top_codes,
+)
 from ablate.data.remote import ChecksumMismatch, download_inputs
 from ablate.evaluate.tasks import load_task, load_task_data
 
@@ -201,37 +209,145 @@ def frasimed_zip() -> bytes:
     return _zip(members)
 
 
+# Ties at the cut of a top 3: after C50.9 8500/3 (6 documents) and C61.9 8140/3 (4), C71.6 8000/1 (first carried
+# by d02) and 8170/3 (first carried by d04) have 3 documents each. tabib keeps C71.6 8000/1, seen first;
+# "frequency, then code" would keep 8170/3, and with it d04 and d06 instead of d08. d12 carries a code of its
+# own, d13 none.
+TIED_CUT = {
+    "d00": ["C50.9 8500/3", "C61.9 8140/3"],
+    "d01": ["C50.9 8500/3"],
+    "d02": ["C71.6 8000/1", "C50.9 8500/3"],
+    "d03": ["C61.9 8140/3"],
+    "d04": ["8170/3"],
+    "d05": ["C50.9 8500/3", "C71.6 8000/1"],
+    "d06": ["8170/3"],
+    "d07": ["C61.9 8140/3", "8170/3"],
+    "d08": ["C71.6 8000/1"],
+    "d09": ["C50.9 8500/3"],
+    "d10": ["C50.9 8500/3"],
+    "d11": ["C61.9 8140/3"],
+    "d12": ["C34.9 8046/3"],
+    "d13": [],
+}
+
+
+def fracco_zip_of(doc_codes: dict[str, list[str]]) -> bytes:
+    """FRACCO.zip's layout: one text per document, its codes as expression_CIM rows of DetectOnco_Final.csv."""
+    members = {f"FRACCO/ann_txt_files/{d}.txt": f"Compte rendu {d}.\r\n" for d in doc_codes}
+    table = io.StringIO()
+    out = csv.writer(table)
+    out.writerow(["doc_name", "label", "code", "expression"])
+    out.writerows((f"{d}.ann", "expression_CIM", code, "e") for d, codes in doc_codes.items() for code in codes)
+    members["FRACCO/DetectOnco_Final.csv"] = "\ufeff" + table.getvalue()
+    return _zip(members)
+
+
+def frasimed_zip_of(doc_codes: dict[str, list[str]], subset: str = "CANTEMIST-FRASIMED") -> bytes:
+    """FRASIMED's BRAT layout: each document's codes as ICD-O-3.1 notes on entities of its own."""
+    members = {}
+    for d, codes in doc_codes.items():
+        members[f"FRASIMED/{subset}/{d}.txt"] = f"Tumeur {d}.\r\nFin."
+        members[f"FRASIMED/{subset}/{d}.ann"] = "".join(
+            f"T{i}\tmorphology-onco 0 6\tTumeur\n#{i}\tICD-O-3.1 T{i}\t{code}\n" for i, code in enumerate(codes, 1)
+        )
+    return _zip(members)
+
+
 # ------------------------------------------------------------------------------------------ the rules
 
 
-def test_top_codes_break_ties_at_the_cut_by_code():
-    docs = {"a": {"A", "C"}, "b": {"A", "B"}, "c": {"A", "C", "B", "D"}, "d": {"E"}}
-    assert top_codes(docs, 2) == ["A", "B"]  # B and C both in 2 documents: B first
-    assert top_codes(docs, 3) == ["A", "B", "C"]
+def test_top_codes_rank_by_frequency_then_first_document_then_code():
+    docs = {"b": {"C", "A"}, "a": {"E", "D"}, "c": {"A", "C", "B", "D"}, "d": {"B"}}
+    # A, B, C, D in 2 documents each: D first seen in a, then A and C in b (a tie: by code), B in c
+    assert top_codes(docs, 1) == ["D"] and top_codes(docs, 2) == ["A", "D"]
+    assert top_codes(docs, 3) == ["A", "C", "D"] and top_codes(docs, 4) == ["A", "B", "C", "D"]
+
+
+@pytest.mark.parametrize("kind", ["fracco", "cantemist"])
+def test_a_tied_cut_gives_tabibs_label_set_and_split(tmp_path, kind):
+    """What tabib @ 16649393 (FRACCODocumentICDAdapter / FRASIMEDDocumentMultilabelAdapter, top_k=3, unchanged)
+    gives on these files, under any hash seed: its label set, and each split's documents in order."""
+    from ablate.data.converters.coded_documents import convert_fracco, convert_frasimed
+
+    frequency = Counter(code for codes in TIED_CUT.values() for code in codes)
+    by_code = sorted(frequency, key=lambda c: (-frequency[c], c))[:3]
+    assert "8170/3" in by_code and "C71.6 8000/1" not in by_code  # the rule tabib does not follow
+    archive = tmp_path / "archive.zip"
+    if kind == "fracco":
+        archive.write_bytes(fracco_zip_of(TIED_CUT))
+        convert_fracco({"FRACCO.zip": archive}, tmp_path, dataset("fracco_30"), top_k=3)
+    else:
+        archive.write_bytes(frasimed_zip_of(TIED_CUT))
+        convert_frasimed({"FRASIMED.zip": archive}, tmp_path, dataset("cantemist"), subset="cantemist", top_k=3)
+    records = {s: _records(tmp_path / f"{s}.jsonl") for s in ("train", "dev", "test")}
+    assert {s: [r["id"] for r in records[s]] for s in records} == {
+        "train": ["d09", "d03", "d02", "d10", "d07", "d08", "d11", "d05"],
+        "dev": ["d00"],
+        "test": ["d01"],
+    }
+    assert sorted({code for split in records.values() for r in split for code in r["labels"]}) == [
+        "C50.9 8500/3",
+        "C61.9 8140/3",
+        "C71.6 8000/1",
+    ]
+    labels = {r["id"]: r["labels"] for split in records.values() for r in split}
+    assert labels["d07"] == ["C61.9 8140/3"] and labels["d02"] == ["C50.9 8500/3", "C71.6 8000/1"]
+    # tabib reads FRACCO's zip members as bytes, FRASIMED's files with Path.read_text (universal newlines)
+    text = "Compte rendu d00.\r\n" if kind == "fracco" else "Tumeur d00.\nFin."
+    assert records["dev"][0]["text"] == text
 
 
 @pytest.mark.parametrize(
     "n, largest_remainder, floors",
-    [(7, [5, 1, 1], [5, 0, 2]), (15, [12, 2, 1], [12, 1, 2]), (10, [8, 1, 1], [8, 1, 1])],
+    [
+        (7, [5, 1, 1], [5, 0, 2]),
+        (15, [12, 2, 1], [12, 1, 2]),
+        (10, [8, 1, 1], [8, 1, 1]),
+        (1295, [1036, 130, 129], [1036, 129, 130]),  # FRACCO-100 as tabib derives it
+        (1290, [1032, 129, 129], [1032, 129, 129]),  # tabib's test ratio 1 - 0.8 - 0.1: 128.99.. floors to 128
+    ],
 )
 def test_the_two_split_roundings(n, largest_remainder, floors):
-    """FRACCO: floors, then the rest to the largest fractional parts (equal ones: dev before test); FRASIMED:
-    int(0.8 n), int(0.1 n), the rest."""
+    """FRACCO: floors of (0.8, 0.1, 1 - 0.8 - 0.1) n, then the rest to the largest fractional parts (equal ones:
+    dev before test); FRASIMED: int(0.8 n), int(0.1 n), the rest."""
     assert largest_remainder_counts(n) == largest_remainder and floor_counts(n) == floors
 
 
 def test_note_lines_attach_codes_to_their_entity():
     ann = "T1\tx 0 3\tabc\n#1\tICD-O-3.1 T1\t8500/3  \n#2\tSNOMED T1\t123\nT2\tx 4 5\td\n#9\tSNOMED T7\t999\n"
     assert entity_codes(ann) == [{"ICD-O-3.1": "8500/3", "SNOMED": "123"}, {}]
+    # tabib drops an entity without a span (no fragment of two fields), and its codes with it
+    assert entity_codes("T1\tx\tabc\n#1\tSNOMED T1\t1\nT2\tx 0\td\n#2\tSNOMED T2\t2\n") == []
+    assert entity_codes("T1\tx 0 3;5 9\tab\n#1\tSNOMED T1\t1\n#2\tSNOMED T1\t2\n") == [{"SNOMED": "2"}]
+
+
+def test_frasimed_reads_only_the_files_directly_in_the_subset_folder(tmp_path):
+    """As tabib globs `<subset>/*.ann`: a subfolder's documents are not the subset's."""
+    archive = tmp_path / "FRASIMED.zip"
+    archive.write_bytes(
+        _zip(
+            {
+                "FRASIMED/CANTEMIST-FRASIMED/a.txt": "A",
+                "FRASIMED/CANTEMIST-FRASIMED/a.ann": "T1\tm 0 1\tA\n#1\tICD-O-3.1 T1\t8000/3\n",
+                "FRASIMED/CANTEMIST-FRASIMED/old/b.txt": "B",
+                "FRASIMED/CANTEMIST-FRASIMED/old/b.ann": "T1\tm 0 1\tB\n#1\tICD-O-3.1 T1\t8000/3\n",
+            }
+        )
+    )
+    assert frasimed_documents(archive, "CANTEMIST-FRASIMED") == ({"a": "A"}, {"a": {"8000/3"}})
 
 
 def test_a_download_block_names_what_each_kind_needs():
     with pytest.raises(SpecError, match="kind hf needs `revision`"):
-        _download("x", {"download": {"kind": "hf", "repo": "a/b", "files": ["data.zip"]}})
+        _download("x", {"download": {"kind": "hf", "repo": "a/b", "files": ["data.zip"]}}, "catalog.yaml")
     with pytest.raises(SpecError, match="unknown download kind"):
-        _download("x", {"download": {"kind": "ftp", "files": ["f"]}})
+        _download("x", {"download": {"kind": "ftp", "files": ["f"]}}, "catalog.yaml")
     with pytest.raises(SpecError, match="sha256 for a file the block does not download"):
-        _download("x", {"download": {"kind": "url", "files": {"a": "https://h/a"}, "sha256": {"b": "00"}}})
+        _download(
+            "x",
+            {"download": {"kind": "url", "files": {"a": "https://h/a"}, "sha256": {"b": "00"}}},
+            "catalog.yaml",
+        )
     assert dataset("diamed").download.revision and dataset("fracco_30").derived and not dataset("fracco_30").files
 
 
@@ -354,6 +470,37 @@ def test_a_checksum_mismatch_places_nothing_and_names_the_file(tmp_path, endpoin
     assert "FRACCO.zip is not the published file (md5" in err and "nothing was placed" in err
     assert not (root / "fracco_30").exists() and leftovers(root) == []
     assert not list((root / ".fetch-cache").rglob("FRACCO.zip"))  # the bad download is not kept
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda data: data[: len(data) // 2], "BadZipFile: File is not a zip file"),  # truncated
+        (  # a stored member's bytes changed: its CRC-32 no longer holds
+            lambda data: data.replace(b"Texte 3.", b"Texte 8.", 1),
+            "BadZipFile: Bad CRC-32 for file 'FRACCO/ann_txt_files/d03.txt'",
+        ),
+    ],
+)
+def test_an_unreadable_zip_listed_with_its_own_md5_is_exit_2_and_downloaded_again(
+    tmp_path, endpoints, capsys, damage, reason
+):
+    url, routes = endpoints
+    good = fracco_zip()
+    routes |= zenodo_routes(lambda p: url + p, "17284817", {"FRACCO.zip": damage(good)})  # its md5 listed
+    root = tmp_path / "root"
+    assert fetch(root, "fracco_30") == 2
+    err = capsys.readouterr().err
+    assert (
+        f"dataset fracco_30: cannot read the download FRACCO.zip from Zenodo record 17284817, {url}/records/17284817 ("
+        in err
+    )
+    assert reason in err and "the next fetch downloads it again" in err and "nothing was placed" in err
+    assert not list((root / ".fetch-cache").rglob("FRACCO.zip")) and not (root / "fracco_30").exists()
+    assert leftovers(root) == []
+    routes |= zenodo_routes(lambda p: url + p, "17284817", {"FRACCO.zip": good})
+    assert fetch(root, "fracco_30") == 0, capsys.readouterr().err
+    assert len(_records(root / "fracco_30" / "train.jsonl")) == 11
 
 
 def test_a_file_the_record_does_not_list_is_named_with_those_it_lists(tmp_path, endpoints, capsys):

@@ -8,7 +8,10 @@ then are the files renamed into <root>/<dataset>/. A failure at any point leaves
 A dataset with a `download:` block (a URL, a Zenodo record, a Hugging Face dataset: ablate.data.remote) has
 its downloads checked (sha256, the record's md5) before the converter reads them; a `checked: derived` one,
 whose files no manifest can know, gets a FETCHED.tsv (each file's size and sha256) placed last, which `ablate
-data verify` checks from then on.
+data verify` checks from then on. A download the converter cannot read (a zip, tar or gzip stream truncated or
+corrupted, even one listed with its own md5: ablate.data.archives) is exit 2 naming the dataset, the download
+and where it came from; it is removed from the cache, so that the next fetch downloads it again, and nothing is
+placed.
 
 May import: config, data.
 """
@@ -21,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ablate.config.errors import SpecError
+from ablate.data.archives import UNREADABLE, archive_problem, describe
 from ablate.data.catalog import (
     FETCHED,
     Dataset,
@@ -33,10 +37,14 @@ from ablate.data.catalog import (
 )
 from ablate.data.converters import CONVERTERS
 from ablate.data.download import DownloadError, archive_url, download, file_url, remove_quietly
-from ablate.data.remote import ChecksumMismatch, download_inputs
+from ablate.data.remote import ChecksumMismatch, download_inputs, zenodo_base
 
 CACHE = ".fetch-cache"
 DOCS = "docs/data.md"
+
+
+class UnreadableDownload(ChecksumMismatch):
+    """A download that cannot be read whole: removed from the fetch cache, nothing placed."""
 
 
 def by_hand(ds: Dataset, root: Path) -> str:
@@ -95,13 +103,16 @@ def _fetch_one(ds: Dataset, root: Path, mirror: str | None, say: Callable[[str],
     inputs = downloads | {name: root / name for name in ds.requires}
     with tempfile.TemporaryDirectory(dir=root, prefix=f".fetch-{ds.name}-") as tmp:
         out = Path(tmp)
-        CONVERTERS[ds.converter](inputs, out, ds)
+        try:
+            CONVERTERS[ds.converter](inputs, out, ds)
+        except UNREADABLE as e:
+            raise _unreadable(ds, inputs, e, root, mirror) from None
         if ds.derived:
             write_fetched(out, [p for p in out.iterdir() if p.is_file()])
         problems = dataset_problems(out, ds)
         if problems:
-            for path in _downloaded(inputs, ds):  # a corrupt download must not be reused
-                remove_quietly(path)
+            for path in _downloaded(inputs, ds).values():  # a corrupt download must not be reused
+                _discard(ds, path, root / CACHE)
             raise ChecksumMismatch(
                 f"dataset {ds.name}: the derived files do not match the manifest ("
                 f"{'; '.join(problems)}); nothing was placed in {root / ds.name}",
@@ -111,8 +122,45 @@ def _fetch_one(ds: Dataset, root: Path, mirror: str | None, say: Callable[[str],
         _place(out, root / ds.name, ds)
 
 
-def _downloaded(inputs: dict[str, Path], ds: Dataset) -> list[Path]:
-    return [path for name, path in inputs.items() if name not in ds.requires]
+def _downloaded(inputs: dict[str, Path], ds: Dataset) -> dict[str, Path]:
+    return {name: path for name, path in inputs.items() if name not in ds.requires}
+
+
+def _unreadable(
+    ds: Dataset, inputs: dict[str, Path], error: Exception, root: Path, mirror: str | None
+) -> UnreadableDownload:
+    """The downloads that cannot be read whole (when none is found so, every download, with the converter's
+    error), each removed from the cache so that the next fetch downloads it again."""
+    downloads = _downloaded(inputs, ds)
+    problems = {name: why for name, path in downloads.items() if (why := archive_problem(path))}
+    problems = problems or dict.fromkeys(downloads, describe(error))
+    for name in problems:
+        _discard(ds, downloads[name], root / CACHE)
+    named = "; ".join(f"{name} from {_source(ds, name, mirror)} ({why})" for name, why in problems.items())
+    return UnreadableDownload(
+        f"dataset {ds.name}: cannot read the download {named}; it was removed from the fetch cache "
+        f"({root / CACHE}), so that the next fetch downloads it again; nothing was placed in {root / ds.name}",
+        key="file",
+        value=", ".join(problems),
+    )
+
+
+def _source(ds: Dataset, name: str, mirror: str | None) -> str:
+    """Where a download comes from: its URL, or the record it is a file of."""
+    d = ds.download
+    if d is None:
+        return archive_url(ds, mirror) if name == "archive" else file_url(ds, dict(ds.sources)[name], mirror)
+    if d.kind == "zenodo":
+        return f"Zenodo record {d.record}, {zenodo_base()}/records/{d.record}"
+    if d.kind == "hf":
+        return f"the Hugging Face dataset {d.repo} at revision {d.revision}"
+    return dict(d.files)[name]
+
+
+def _discard(ds: Dataset, path: Path, cache: Path) -> None:
+    """A bad download removed from the cache; a Hugging Face one with the whole hub cache, whose blob the next
+    fetch would otherwise link again without downloading it."""
+    remove_quietly(cache / "hf" if ds.download is not None and ds.download.kind == "hf" else path)
 
 
 def _remote_sources(ds: Dataset, cache: Path, root: Path, say: Callable[[str], None]) -> dict[str, Path]:

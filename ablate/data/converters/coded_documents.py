@@ -1,22 +1,28 @@
 """Document-level multi-label tasks from coded BRAT corpora, as the paper's harness derives them
-(Rian-T/tabib @ 16649393):
+(Rian-T/tabib @ 16649393, src/tabib/data/fracco.py and frasimed.py):
 
-- FRACCO (Zenodo 17284817, FRACCO.zip; src/tabib/data/fracco.py, FRACCODocumentICDAdapter._load_from_zip and
-  load_splits): a document is each `ann_txt_files/*.txt` (its whole text), named `<stem>.ann`; its labels the set
-  of raw `code` strings of its `expression_CIM` rows in `FRACCO/DetectOnco_Final.csv` (keyed by `doc_name`).
-  Split: `_compute_doc_splits` / `_split_counts`: 80/10/10 floors, the documents left over one each to the
-  splits with the largest fractional parts (ties: train, dev, test order).
-- FRASIMED (Zenodo 8355629; src/tabib/data/frasimed.py, FRASIMEDDocumentMultilabelAdapter._load_all_documents,
-  _load_from_brat, _parse_ann_with_codes): each `<subset>/<stem>.ann` with its `.txt`; `#` lines
-  `#n<TAB><code type> T<id><TAB><code>` attach codes to entities (the last code of a type per entity wins);
-  the code type is ICD-O-3.1 when the first entity with a code (documents in name order) has one, else SNOMED;
-  a document's labels the codes of that type over its entities (`_split_documents`: int(0.8 n) train,
-  int(0.1 n) dev, the rest test).
+- FRACCO (Zenodo 17284817, FRACCO.zip; FRACCODocumentICDAdapter._load_from_zip and load_splits): a document
+  is each `ann_txt_files/*.txt` (its whole text, decoded as tabib decodes a zip member: no newline
+  translation), named `<stem>.ann`; its labels the set of raw `code` strings (stripped) of its
+  `expression_CIM` rows in `FRACCO/DetectOnco_Final.csv` (keyed by `doc_name`). Split:
+  `_compute_doc_splits` / `_split_counts` with `SplitRatios.resolve()`'s ratios (0.8, 0.1, 1 - 0.8 - 0.1):
+  floors, the documents left over one each to the splits with the largest fractional parts (ties: train,
+  dev, test order).
+- FRASIMED (Zenodo 8355629; FRASIMEDDocumentMultilabelAdapter._load_all_documents, _load_from_brat,
+  _parse_ann_with_codes): each `<subset>/<stem>.ann` directly in the subset's folder, with its `.txt` beside
+  it, both read as Path.read_text reads them (UTF-8, errors replaced, universal newlines); an entity is a `T`
+  line with a span (a fragment of two fields); `#` lines `#n<TAB><code type> T<id><TAB><code>` attach codes
+  to entities (the last code of a type per entity wins); the code type is ICD-O-3.1 when the first entity
+  with a code (documents in name order) has one, else SNOMED; a document's labels the codes of that type
+  over its entities (`_split_documents`: int(0.8 n) train, int(0.1 n) dev, the rest test).
 
 Both: documents with text and at least one code, sorted by name; a code's frequency is the number of documents
 carrying it; the top k codes are kept and documents left with none dropped; then the sorted names shuffled with
-random.Random(42). Where tabib sorts codes by frequency alone (ties at the cut in Python's set order, which
-changes between runs), ablate orders them by frequency descending, then code ascending.
+random.Random(42). The top k are tabib's: it counts codes into an insertion-ordered dict while walking the
+name-sorted documents and sorts that dict stably by frequency, so codes of equal frequency keep the order of
+the first document carrying each. ablate ranks by frequency (descending), then that first document, then the
+code (ascending): only codes first seen in the same document can still tie there, and for those tabib's order
+is the iteration order of a Python set of strings, which changes with the interpreter's hash seed.
 
 May import: config, data.
 """
@@ -37,6 +43,7 @@ from ablate.data.converters.common import SPLITS, write_jsonl
 
 SPLIT_SEED = 42
 RATIOS = (0.8, 0.1, 0.1)
+FRACCO_RATIOS = (0.8, 0.1, 1.0 - 0.8 - 0.1)  # tabib's SplitRatios.resolve(): test = 1 - train - val
 FRACCO_CSV = "DetectOnco_Final.csv"
 FRACCO_TEXTS = "ann_txt_files/"
 FRACCO_LABEL = "expression_CIM"
@@ -45,12 +52,20 @@ ICD_O, SNOMED = "ICD-O-3.1", "SNOMED"
 
 
 def top_codes(doc_codes: dict[str, set[str]], k: int) -> list[str]:
-    """The k codes carried by the most documents; ties by code, ascending (a stable rule, unlike tabib's)."""
-    frequency = Counter(code for codes in doc_codes.values() for code in codes)
-    return sorted(sorted(frequency, key=lambda c: (-frequency[c], c))[:k])
+    """The k codes carried by the most documents (sorted), ranked as tabib ranks them: by frequency, then by the
+    first name-sorted document carrying the code, then by code (ties only among codes first seen in one
+    document, where tabib's order is a set's, not reproducible)."""
+    frequency: Counter[str] = Counter()
+    first_document: dict[str, int] = {}
+    for index, doc in enumerate(sorted(doc_codes)):
+        for code in doc_codes[doc]:
+            frequency[code] += 1
+            first_document.setdefault(code, index)
+    ranked = sorted(frequency, key=lambda c: (-frequency[c], first_document[c], c))
+    return sorted(ranked[:k])
 
 
-def largest_remainder_counts(n: int, ratios=RATIOS) -> list[int]:
+def largest_remainder_counts(n: int, ratios=FRACCO_RATIOS) -> list[int]:
     """tabib's fracco._split_counts: floors, then one each to the largest fractional parts (stable order)."""
     exact = [n * r for r in ratios]
     counts = [int(x) for x in exact]
@@ -125,21 +140,36 @@ def convert_fracco(inputs: dict[str, Path], out: Path, ds, top_k: int) -> None:
 
 
 def entity_codes(ann: str) -> list[dict[str, str]]:
-    """Per entity (T line, file order): code type -> code, from the `#` note lines."""
+    """Per entity (T line with a span, file order): code type -> code, from the `#` note lines."""
     entities, codes = [], {}
     for line in ann.splitlines():
         line = line.strip()
         parts = line.split("\t")
         if line.startswith("T") and len(parts) >= 3:
-            entities.append(parts[0])
+            if _has_span(parts[1]):
+                entities.append(parts[0])
         elif line.startswith("#") and len(parts) >= 3 and len(info := parts[1].split()) >= 2:
             codes.setdefault(info[1], {})[info[0]] = parts[2]
     return [codes.get(t, {}) for t in dict.fromkeys(entities)]
 
 
+def _has_span(type_and_span: str) -> bool:
+    """tabib keeps an entity whose `TYPE START END[;START END]` field has a fragment of two fields or more."""
+    span = " ".join(type_and_span.split()[1:])
+    return any(len(fragment.split()) >= 2 for fragment in span.split(";"))
+
+
+def read_text(archive: zipfile.ZipFile, member: str) -> str:
+    """A member's text as Path.read_text gives a file's (UTF-8, errors replaced, universal newlines)."""
+    with archive.open(member) as f:
+        return io.TextIOWrapper(f, encoding="utf-8", errors="replace").read()
+
+
 def frasimed_documents(zip_path: Path, subset: str) -> tuple[dict[str, str], dict[str, set[str]]]:
+    """Texts and code sets of the documents directly in the archive's `subset` folder, as tabib globs
+    `<subset>/*.ann` (an `.ann` without its `.txt` skipped)."""
     with zipfile.ZipFile(zip_path) as archive:
-        members = {PurePosixPath(n): n for n in archive.namelist() if subset in PurePosixPath(n).parent.parts}
+        members = {PurePosixPath(n): n for n in archive.namelist() if PurePosixPath(n).parent.name == subset}
         anns = sorted((p for p in members if p.suffix == ".ann"), key=lambda p: p.name)
         if not anns:
             raise SpecError(f"the FRASIMED archive has no {subset}/*.ann", key="file", value=zip_path.name)
@@ -148,8 +178,8 @@ def frasimed_documents(zip_path: Path, subset: str) -> tuple[dict[str, str], dic
             txt = ann.with_suffix(".txt")
             if txt not in members:
                 continue
-            texts[ann.stem] = archive.read(members[txt]).decode("utf-8", errors="replace")
-            per_doc[ann.stem] = entity_codes(archive.read(members[ann]).decode("utf-8", errors="replace"))
+            texts[ann.stem] = read_text(archive, members[txt])
+            per_doc[ann.stem] = entity_codes(read_text(archive, members[ann]))
     code_type = next(
         (ICD_O if ICD_O in c else SNOMED for doc in per_doc.values() for c in doc if ICD_O in c or SNOMED in c),
         ICD_O if "CANTEMIST" in subset else SNOMED,

@@ -11,9 +11,10 @@ from __future__ import annotations
 import csv
 import json
 import random
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from ablate.data.archives import gzip_tar
 
 MIN_CHARS, SHUFFLE_SEED, VALID_SHARE = 200, 13, 20  # valid = the first len // 20 documents after shuffling
 EN_LICENCES = ("CC BY", "CC BY 4.0", "CC BY-SA")
@@ -23,7 +24,7 @@ FR_LICENCES, LEAFLET_LICENCE, FR_EXTRA_CHARS = ("CC BY 4.0", "CC BY"), "CC-BY-NC
 def archive_members(archive: Path, folders: tuple[str, ...]) -> Iterator[tuple[str, bytes]]:
     """(path in the repository, bytes) of the regular files under `folders` of a GitHub archive (whose
     top folder, <repo>-<commit>/, is dropped), streamed in archive order."""
-    with tarfile.open(archive, "r|gz") as tar:
+    with gzip_tar(archive) as tar:  # a truncated or corrupted archive raises (ablate.data.archives)
         for member in tar:
             path = member.name.split("/", 1)[-1]
             if member.isfile() and path.startswith(folders):
