@@ -108,7 +108,7 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_matches_an_uninterrupted
     )
     assert reference.returncode == 0, reference.stdout + reference.stderr
 
-    # the job holds after its checkpoint at step 10 (ablate.train.loop.PAUSE_ENV) until it is requeued: the
+    # the job holds after its checkpoint at step 10 (ablate.launch.pause) until it is requeued: the
     # requeue lands mid-run however fast this machine trains
     held = {**slurm_env, "ABLATE_PAUSE_AT": f"10:{tmp_path / 'never'}"}
     proc = _sweep([str(grid), "--results", str(tmp_path / "results")], held)

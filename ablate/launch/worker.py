@@ -40,7 +40,8 @@ from ablate.train.checkpoint import (
     latest_checkpoint,
 )
 from ablate.data.mixture import uses_own_data
-from ablate.train.loop import TrainState, _hold_if_asked, pretrain
+from ablate.launch.pause import hold_if_asked
+from ablate.train.loop import TrainState, pretrain
 from ablate.config.spec import RunSpec, dump_run_spec
 
 
@@ -146,7 +147,13 @@ def _execute_follower(run_dir: Path, stop_after_steps: int | None) -> str:
     if rundir.read_status(run_dir).get("state") == "done" or spec.labels.get("derived"):
         return "done"
     with shares.team_for(spec) as team:
-        state = pretrain(spec, run_dir, log=lambda _m: None, stop_after_steps=stop_after_steps)
+        state = pretrain(
+            spec,
+            run_dir,
+            log=lambda _m: None,
+            stop_after_steps=stop_after_steps,
+            after_checkpoint=lambda step: hold_if_asked(step, lambda _m: None),
+        )
         if not state.done:
             return "interrupted"
         if spec.eval.tasks:
@@ -200,7 +207,7 @@ def start_from_parent(run_dir: Path, log) -> None:
     if all(rundir.branched(run_dir.parent / c) is not None for c in siblings):
         shutil.rmtree(kept_path(parent_dir / "checkpoints", step), ignore_errors=True)
     if source == "parent":
-        _hold_if_asked(step, log)  # ABLATE_PAUSE_AT: how the tests kill a child right after it branched
+        hold_if_asked(step, log)  # ABLATE_PAUSE_AT: how the tests kill a child right after it branched
 
 
 def _child_release(run_dir: Path, log) -> Callable[[], None]:
@@ -243,6 +250,7 @@ def _pretrain_then_evaluate(
             progress=report_and_release,
             stop_after_steps=stop_after_steps,
             on_log=trackers.feed if trackers else None,
+            after_checkpoint=lambda step: hold_if_asked(step, log),
         )
         release()
         if trackers:

@@ -26,7 +26,6 @@ host memory with non-blocking copies on CUDA.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -274,6 +273,7 @@ def pretrain(
     progress: Callable[[dict], None] | None = None,
     stop_after_steps: int | None = None,
     on_log: Callable[[TrainState], None] | None = None,
+    after_checkpoint: Callable[[int], None] | None = None,
 ) -> TrainState:
     """Run (or resume) the phases of `spec` in `run_dir`; the final model lands in run_dir/model.
 
@@ -286,11 +286,16 @@ def pretrain(
     layer_rows from hooks, which only rank 0 holds.
 
     on_log(state) is called on rank 0 at each log step, after the phase-end measures when the step ends a
-    phase: what feeds the trackers (state.curves, grad_norms, layer_rows so far)."""
+    phase: what feeds the trackers (state.curves, grad_norms, layer_rows so far).
+
+    after_checkpoint(global step) is called after each checkpoint written during the steps (the launcher's
+    test hook, ablate.launch.pause, holds a run there)."""
     run_dir = Path(run_dir)
     dist = init_distributed(pick_device(spec.device).type)
     try:
-        return _pretrain(spec, run_dir, dist, log, phase_end_hooks, progress, stop_after_steps, on_log)
+        return _pretrain(
+            spec, run_dir, dist, log, phase_end_hooks, progress, stop_after_steps, on_log, after_checkpoint
+        )
     finally:
         dist.close()
 
@@ -304,6 +309,7 @@ def _pretrain(
     progress: Callable[[dict], None] | None,
     stop_after_steps: int | None,
     on_log: Callable[[TrainState], None] | None = None,
+    after_checkpoint: Callable[[int], None] | None = None,
 ) -> TrainState:
     main = dist.is_main
     if not main:
@@ -387,7 +393,8 @@ def _pretrain(
                 or state.global_step in keep
             ):
                 checkpoint()
-                _hold_if_asked(state.global_step, log)
+                if after_checkpoint:
+                    after_checkpoint(state.global_step)
             if stopping:
                 log(f"stopping after {steps_this_call} steps (checkpoint at step {state.global_step})")
                 return state
@@ -440,23 +447,6 @@ class _CompileCache:
 
 def _silent(_message: str) -> None:
     pass
-
-
-PAUSE_ENV = "ABLATE_PAUSE_AT"  # STEP:FILE
-PAUSE_LIMIT_S = 300.0
-
-
-def _hold_if_asked(global_step: int, log: Log) -> None:
-    """ABLATE_PAUSE_AT=STEP:FILE holds a run right after its checkpoint at global step STEP until FILE exists
-    (at most PAUSE_LIMIT_S): a preemption, requeue or kill sent meanwhile lands mid-run for certain (how the
-    tests requeue a Slurm job; a resumed run does not stop there again, its first step is past STEP)."""
-    step, _, path = os.environ.get(PAUSE_ENV, "").partition(":")
-    if not step.isdigit() or int(step) != global_step:
-        return
-    log(f"holding after the checkpoint at step {global_step} until {path} exists ({PAUSE_ENV})")
-    deadline = time.monotonic() + PAUSE_LIMIT_S
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.2)
 
 
 def _log_plan(log: Log, spec: RunSpec, dist: Dist, plans: list[PhasePlan]) -> None:
