@@ -19,9 +19,10 @@ single-process gradient of the same micro_batch_size. Only rank 0 writes checkpo
 a checkpoint is the same whatever the world size, so a run resumes under any number of ranks.
 
 How it computes (ablate.train.precision; each path runs on the CPU too, so the tests run what a GPU runs):
-bf16 autocast by `precision` (auto: on CUDA only), torch.compile of the encoder by `compile` (auto: on CUDA
-only; or ABLATE_COMPILE=1), deterministic algorithms with `deterministic: true`; fused AdamW on both devices; pinned
-host memory with non-blocking copies on CUDA.
+bf16 autocast by `precision` (auto: on CUDA only), each encoder block under torch.compile by `compile` (auto: on
+CUDA only; or ABLATE_COMPILE=1; ablate.train.compiled), deterministic algorithms with `deterministic: true`;
+on CUDA the attention's flash kernels (ablate.models.attention), SDPA's cuDNN first; fused AdamW on both
+devices; pinned host memory with non-blocking copies on CUDA. What only the CPU runs is ablate.train.cpu.
 """
 
 from __future__ import annotations
