@@ -1,13 +1,13 @@
-"""Every input a user writes, fuzzed (Hypothesis): grids, run specs, phase data (data blocks, mixtures), task files
-and tune files, generated from the config models' fields and types and then mutated (wrong types, unknown keys,
+"""Every input a user writes, fuzzed (Hypothesis): grids, run specs, phase data (data blocks, mixtures), task files,
+tune files and a needle dataset's `generate:` block in the data catalogue, generated from the config models' fields and types and then mutated (wrong types, unknown keys,
 values out of range, nested or empty structures, names of things that do not exist). Each goes through the checks
 that run before anything is submitted, in-process: it is accepted, or a SpecError naming the file, the key, the
 value and what is allowed, never a traceback of another type. A sample of grids is also submitted, with the
 scheduler stubbed to record: the dry run refuses what the submission refuses (what it only warns of, a missing
 corpus or a corpus read past data.max_epochs, is what the submission refuses beyond it).
 
-How many: 2,362 examples in the fast tier (grids 400, run specs 800, data blocks 500, task files 500, tune files
-150, dry run against submission 12), 3,300 more in the slow tier (grids 1,000, run specs 1,200, data blocks
+How many: 2,562 examples in the fast tier (grids 400, run specs 800, data blocks 500, task files 500, tune files
+150, needle generate blocks 200, dry run against submission 12), 3,300 more in the slow tier (grids 1,000, run specs 1,200, data blocks
 1,000, dry run against submission 100).
 
 Deterministic: derandomize=True, so every run draws the same examples. The causal preflight (a forward pass of
@@ -520,6 +520,47 @@ def tune_checks(path: str):
 def test_every_tune_file_is_accepted_or_a_located_spec_error(tune):
     with tempfile.TemporaryDirectory() as folder:
         accepted_or_located(tune_checks, written(tune, Path(folder), "tune.yaml"))
+
+
+NEEDLE = yaml.safe_load((REPO / "ablate" / "data" / "catalog.yaml").read_text(encoding="utf-8"))["needle_fr_cpu"]
+
+
+def catalog_checks(path: str):
+    from ablate.data.catalog import read_catalog
+
+    return read_catalog(Path(path))
+
+
+@st.composite
+def needle_entries(draw):
+    """needle_fr_cpu's catalogue entry with its `generate:` block drawn from the settings model, or the shipped
+    block, mutated or replaced by junk."""
+    from ablate.data.needle.generate import Settings
+
+    block = (
+        draw(
+            from_model(
+                Settings,
+                language=st.sampled_from(["fr", "en", "de", ""]),
+                pairs=st.sampled_from([6, 12, 600, 0, -12, 7, "six hundred"]),
+                lengths=st.one_of(st.lists(st.sampled_from([512, 1024, 100, 0, -1]), max_size=3), JUNK),
+            )
+        )
+        if draw(st.booleans())
+        else copy.deepcopy(NEEDLE["generate"])
+    )
+    if isinstance(block, dict) and len(block) >= 2 and draw(st.booleans()):  # mutated keeps a key to break
+        block = draw(mutated(block))
+    elif draw(st.integers(0, 9)) == 0:
+        block = draw(JUNK)  # the whole block: a number, a list, null, ...
+    return {"needle_fr_cpu": {**NEEDLE, "generate": block}}
+
+
+@settings(FAST, max_examples=200)
+@given(needle_entries())
+def test_every_needle_generate_block_is_accepted_or_a_located_spec_error(entries):
+    with tempfile.TemporaryDirectory() as folder:
+        accepted_or_located(catalog_checks, written(entries, Path(folder), "catalog.yaml"))
 
 
 # ------------------------------------------------------------------------ the dry run against a submission

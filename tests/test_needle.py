@@ -13,12 +13,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ablate.cli import main
 from ablate.config.errors import SpecError
 from ablate.data.catalog import dataset, dataset_problems, sha256_of, with_requirements
 from ablate.data.converters.needle import convert_needle, held_out_documents, needle_settings
-from ablate.data.needle.generate import POSITIONS, TOKENS_PER_WORD, TOLERANCE, Settings, generate, word_budget
+from ablate.data.needle.generate import POSITIONS, TOKENS_PER_WORD, TOLERANCE, generate, read_settings, word_budget
 from ablate.data.needle.templates import TEMPLATES, Template
 from ablate.evaluate.tasks import load_task, load_task_data
 
@@ -72,9 +73,7 @@ def test_the_same_seed_gives_the_manifests_bytes_and_another_seed_other_records(
     assert dataset_problems(cpu_set, dataset(CPU)) == []  # size and sha256 as manifest.tsv has them
     settings = needle_settings(CPU)
     documents = held_out_documents([data_root / req for req in dataset(CPU).requires])
-    other = generate(
-        documents, Settings(settings.language, settings.seed + 1, settings.pairs, settings.lengths), CPU
-    )
+    other = generate(documents, settings.model_copy(update={"seed": settings.seed + 1}), CPU)
     shipped = _records(cpu_set)
     assert [r["text"] for r in other["test"]] != [r["text"] for r in shipped["test"]]
     assert {len(v) for v in other.values()} == {len(v) for v in shipped.values()}
@@ -175,10 +174,46 @@ def test_fetch_generates_needle_fr_from_the_data_roots_corpora_and_checks_it(tmp
     assert main(["data", "verify", "needle_fr", "--data-root", str(root)]) == 0
 
 
-def test_pairs_that_do_not_fill_every_cell_equally_are_bad_input(data_root):
+GOOD = {"language": "fr", "seed": 1, "pairs": 12, "lengths": [512, 1024]}
+
+
+@pytest.mark.parametrize(
+    "change, key, value, allowed",
+    [
+        ({"pairs": 1000}, "pairs", 1000, "a multiple of 12"),
+        ({"pairs": "six hundred"}, "pairs", "six hundred", "a valid integer"),
+        ({"pairs": 0}, "pairs", 0, "greater than 0"),
+        ({"lengths": 512}, "lengths", 512, "a valid tuple"),
+        ({"lengths": []}, "lengths", None, "at least 1 item"),
+        ({"lengths": [512, 100]}, "lengths", 100, "at least 141 tokens"),
+        ({"language": "de"}, "language", "de", "fr, en"),
+        ({"seed": True}, "seed", True, None),
+        ({"pair": 12}, "pair", 12, "language, seed, pairs, lengths"),
+    ],
+)
+def test_a_bad_generate_block_names_its_key_value_and_what_is_allowed(change, key, value, allowed):
+    block = {**GOOD, **change}
     with pytest.raises(SpecError) as e:
-        generate(["Une phrase."], Settings("fr", 1, 1000, (512, 1024)), "needle_x")
-    assert e.value.key == "generate.pairs" and "multiple of 2 x lengths x 3 positions (= 12)" in e.value.message
-    with pytest.raises(SpecError) as e:
-        generate(["One sentence."], Settings("de", 1, 12, (512, 1024)), "needle_x")
-    assert e.value.key == "generate.language" and e.value.allowed == "fr, en"
+        read_settings(block, "catalog.yaml", "needle_x.generate")
+    assert (e.value.file, e.value.key, e.value.value) == ("catalog.yaml", f"needle_x.generate.{key}", value)
+    assert allowed is None or allowed in e.value.allowed, e.value
+    assert read_settings(GOOD, "catalog.yaml", "needle_x.generate").pairs == 12
+
+
+def test_a_bad_generate_block_in_the_catalogue_exits_2_before_anything_is_fetched(tmp_path, monkeypatch, capsys):
+    from ablate.data import catalog as catalogue
+
+    entries = yaml.safe_load(catalogue.CATALOG.read_text(encoding="utf-8"))
+    entries[CPU]["generate"]["pairs"] = "six hundred"
+    bad = tmp_path / "catalog.yaml"
+    bad.write_text(yaml.safe_dump(entries, sort_keys=False), encoding="utf-8")
+    monkeypatch.setattr(catalogue, "CATALOG", bad)
+    catalogue.catalog.cache_clear()
+    try:
+        rc = main(["data", "fetch", CPU, "--data-root", str(tmp_path / "root")])
+    finally:
+        catalogue.catalog.cache_clear()
+    err = capsys.readouterr().err
+    assert rc == 2 and not (tmp_path / "root").exists()
+    assert err.startswith(f"error: {bad}: {CPU}.generate.pairs: ") and "six hundred" in err, err
+    assert "allowed: a valid integer" in err, err

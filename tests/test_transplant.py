@@ -33,21 +33,20 @@ def test_the_sweep_builds_the_grids_transplants_per_seed_and_scores_them(decay_s
     _, sweep = decay_sweep
     runs = pd.read_parquet(sweep / "runs.parquet").set_index("run_id")
     hybrids = _derived(sweep)
-    grid_made = hybrids[hybrids["schedule"].isin(["mlm_d10_clm_d10[emb,0-1]", "clm_d10_mlm_d10[emb,0-1]"])]
+    grid_made = hybrids[hybrids["schedule"].isin(["mlm_d10_clm_d10[0-1]", "clm_d10_mlm_d10[0-1]"])]
     assert len(grid_made) == 4 and (grid_made["status"] == "done").all()
     assert set(zip(grid_made["schedule"], grid_made["seed"])) == {
-        (s, seed) for s in ("mlm_d10_clm_d10[emb,0-1]", "clm_d10_mlm_d10[emb,0-1]") for seed in (17, 18)
+        (s, seed) for s in ("mlm_d10_clm_d10[0-1]", "clm_d10_mlm_d10[0-1]") for seed in (17, 18)
     }
     for row in grid_made.itertuples(index=False):
         source, target = runs.loc[row.derived_from], runs.loc[row.derived_into]
         assert source["seed"] == target["seed"] == row.seed
-        assert f"{target['schedule']}_{source['schedule']}[emb,0-1]" == row.schedule
+        assert f"{target['schedule']}_{source['schedule']}[0-1]" == row.schedule
         a, b, h = _weights(sweep, row.derived_from), _weights(sweep, row.derived_into), _weights(sweep, row.run_id)
-        low = [
-            k for k in h if k.startswith(("bert.embeddings.", "bert.encoder.layer.0.", "bert.encoder.layer.1."))
-        ]
+        low = [k for k in h if k.startswith(("bert.encoder.layer.0.", "bert.encoder.layer.1."))]
         rest = [k for k in h if k not in low]
         assert low and any(k.startswith("bert.encoder.layer.3.") for k in rest) and any("cls." in k for k in rest)
+        assert any(k.startswith("bert.embeddings.") for k in rest)  # the paper's transplants leave the embeddings
         assert all(torch.equal(h[k], a[k]) for k in low) and all(torch.equal(h[k], b[k]) for k in rest)
         assert not all(torch.equal(a[k], b[k]) for k in low)  # the arms differ, so the test can fail
     scores = pd.read_parquet(sweep / "scores.parquet")
@@ -60,7 +59,7 @@ def test_the_sweep_builds_the_grids_transplants_per_seed_and_scores_them(decay_s
 def test_a_rerun_of_the_sweep_skips_the_transplants_done(decay_sweep, capsys):
     results, sweep = decay_sweep
     derived = _derived(sweep)
-    ids = derived.loc[derived["schedule"].isin(["mlm_d10_clm_d10[emb,0-1]", "clm_d10_mlm_d10[emb,0-1]"]), "run_id"]
+    ids = derived.loc[derived["schedule"].isin(["mlm_d10_clm_d10[0-1]", "clm_d10_mlm_d10[0-1]"]), "run_id"]
     assert len(ids) == 4
     files = [p for rid in ids for p in (sweep / "runs" / rid).rglob("*") if p.is_file()]
     before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in files}
@@ -129,7 +128,7 @@ def test_a_failed_transplant_is_recorded_as_failed_and_shown_in_status(decay_swe
     assert rc == 1, out
     assert "transplants: 6 derived runs, built once the runs each needs are done; to run 2; already done 4" in out
     assert main(["status", "decay", "--results", str(tmp_path / "r")]) == 1
-    status = [line for line in capsys.readouterr().out.splitlines() if "mlm_d40_clm_d40[emb,3]" in line]
+    status = [line for line in capsys.readouterr().out.splitlines() if "mlm_d40_clm_d40[3]" in line]
     assert len(status) == 2 and sum(" failed " in line for line in status) == 1
     assert sum(" done " in line for line in status) == 1
     failed = next(line.split()[0] for line in status if " failed " in line)
@@ -174,7 +173,7 @@ ARMS = "allowed: mlm, clm_detour, clm_detour/low_clm"
         (
             {"from": "clm_detour", "into": "mlm", "layers": "low", "seeds": [1]},
             "transplants[0].seeds",
-            "unknown key; allowed: from, into, layers, components, tasks, eval",
+            "unknown key; allowed: from, into, layers, components, embeddings, tasks, eval",
         ),
         ({"from": "clm_detour", "into": "mlm"}, "transplants[0].layers", "missing required key"),
         ({"from": "mlm", "into": "mlm", "layers": "low"}, "transplants[0].into", "the same arm"),
@@ -210,8 +209,8 @@ def test_the_dry_run_plans_a_hybrid_per_shared_seed_and_warns_about_the_others(t
     assert rc == 0, err
     rows = [line.split() for line in out.splitlines() if line.startswith("tx-") and " transplants[" in line]
     assert [(r[1], r[2], r[3]) for r in rows] == [
-        ("transplants[0]", "mlm_clm_detour[emb,0-1]", "17"),
-        ("transplants[1]", "clm_detour/low_clm_mlm[emb,2-3]", "17"),
+        ("transplants[0]", "mlm_clm_detour[0-1]", "17"),
+        ("transplants[1]", "clm_detour/low_clm_mlm[2-3]", "17"),
     ]
     assert out.splitlines()[-1].startswith("4 runs, 2 transplants; executor debug;")
     warned = [line for line in err.splitlines() if line.startswith("warning: transplants[")]

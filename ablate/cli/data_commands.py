@@ -51,10 +51,10 @@ def cmd_data_fetch(args) -> int:
 def cmd_data_verify(args) -> int:
     """Named datasets: every file checked. None named: each catalogued dataset with a folder in the data root
     (the others are listed as not fetched)."""
-    from ablate.data.catalog import dataset_problems
+    from ablate.data.catalog import dataset_problems, unverified_reason
 
     root = _root(args)
-    bad = 0
+    bad, unverified = 0, []
     for ds in _datasets(args.targets):
         folder = root / ds.name
         if not args.targets and not folder.is_dir():
@@ -62,7 +62,18 @@ def cmd_data_verify(args) -> int:
             continue
         problems = dataset_problems(folder, ds)
         bad += bool(problems)
-        print(f"{ds.name}: " + ("ok" if not problems else "MISMATCH: " + "; ".join(problems)))
+        reason = unverified_reason(ds)
+        if reason and not problems:  # the files are the ones its fetch wrote; nothing says they are the paper's
+            unverified.append(ds.name)
+            print(f"{ds.name}: ok, UNVERIFIED source: {reason}")
+        else:
+            print(f"{ds.name}: " + ("ok" if not problems else "MISMATCH: " + "; ".join(problems)))
+    if unverified:
+        print(
+            f"{len(unverified)} datasets come from unverified downloads ({', '.join(unverified)}): their files "
+            "are those their fetch wrote, but no pinned checksum says they are the files the paper used; "
+            "`ablate report --html` marks the scores computed on them"
+        )
     if bad:
         print(
             f"error: {bad} datasets in {root} differ from the manifest (`ablate data fetch NAME` replaces them)",

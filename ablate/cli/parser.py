@@ -231,16 +231,19 @@ def _add_analysis_commands(sub, results, sweep, submit) -> None:
         dest="source",
         required=True,
         metavar="ARM",
-        help="SCHEDULE or SCHEDULE/FREEZE: gives the embeddings and the chosen layers",
+        help="SCHEDULE or SCHEDULE/FREEZE: gives the chosen layers",
     )
     tx.add_argument("--into", dest="target", required=True, metavar="ARM", help="gives everything else")
     tx.add_argument(
         "--layers",
-        help="as a freeze mask: low, mid, high, 0-7, encoder, head, comma-separated (the "
-        "embeddings always come along); with --components: the blocks they come from (default all)",
+        help="as a freeze mask: low, mid, high, 0-7, encoder, head, comma-separated; with --components: the "
+        "blocks they come from (default all)",
     )
+    tx.add_argument("--components", help="attention, mlp (comma-separated): only these parts of each block")
     tx.add_argument(
-        "--components", help="attention, mlp (comma-separated): only these parts of each block, no embeddings"
+        "--embeddings",
+        action="store_true",
+        help="copy the --from run's embeddings too (the paper's transplants copy the layers alone)",
     )
     tx.add_argument("--task", action="append", help="fine-tuning task (default: the runs' eval tasks)")
     tx.add_argument("--seeds", type=int, nargs="+", help="fine-tuning seeds (default: the runs' eval seeds)")

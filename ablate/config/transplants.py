@@ -4,14 +4,20 @@ the arm, layer-split and component parsers, and the derived run's id.
 
     transplants:
       - {from: clm_detour, into: mlm, layers: low}             # ARM: SCHEDULE or SCHEDULE/FREEZE
+      - {from: clm_detour, into: mlm, layers: low, embeddings: true}   # and the from run's embeddings
       - {from: mlm, into: clm_detour/low_clm, layers: [0-3, head], tasks: [ncbi_disease]}
       - {from: clm_detour, into: mlm, components: [mlp]}       # every block's MLP, nothing else
       - {from: clm_detour, into: mlm, layers: mid, components: [attention],
          eval: {tasks: [diamed], seeds: [0, 1, 2], finetune: {epochs: 5}}}
 
-A layer split copies the embeddings with the chosen layers (everything in them); components copy only
-those parts of each chosen block (every block when `layers` is absent), no embeddings. Which parameters a
-component is, per architecture: ablate.models.families (Family.components). COMPONENTS is the vocabulary.
+A layer split copies the chosen blocks (everything in them); components copy only those parts of each chosen
+block (every block when `layers` is absent). The embeddings stay the into run's unless the entry asks for
+them (`embeddings: true`, `--embeddings`) or its layers name them (`embeddings`, `encoder`): the paper's
+transplants copy layer groups ("copying full parameter blocks", Low 0-7, Mid 8-14, Late 15-21; the first
+author's thesis, chapter 5: github Rian-T/thesis at 0c3a71a, sources/part_2/chapter5/article.tex). Before
+the option existed a layer split also copied the embeddings; those hybrids keep their ids (derived_id). Which
+parameters a component is, per architecture: ablate.models.families (Family.components). COMPONENTS is the
+vocabulary.
 
 May import: config.
 """
@@ -29,6 +35,7 @@ from ablate.config.spec import FREEZE_ALLOWED, FREEZE_WORDS, parse_layer_range
 
 ARM_FORMS = "SCHEDULE or SCHEDULE/FREEZE (a schedule name, and a freeze mask name when it is not none)"
 COMPONENTS = ("attention", "mlp")  # a block's parts a transplant can copy alone (each family names its own)
+WITH_EMBEDDINGS = ("embeddings", "encoder")  # layer words that name the embeddings themselves
 
 
 class TransplantEval(Strict):
@@ -49,9 +56,7 @@ class TransplantEval(Strict):
 class TransplantSpec(Strict):
     """One entry of a grid's `transplants:` block: per pretraining seed, a hybrid of two arms' runs."""
 
-    source: str = Field(
-        alias="from", description=f"the arm that gives the embeddings and the chosen layers: {ARM_FORMS}"
-    )
+    source: str = Field(alias="from", description=f"the arm that gives the chosen layers: {ARM_FORMS}")
     target: str = Field(alias="into", description="the arm that gives everything else")
     layers: str | int | tuple[str | int, ...] | None = Field(
         default=None,
@@ -59,7 +64,12 @@ class TransplantSpec(Strict):
         "comma-separated (with components: the blocks they are taken from; default every block)",
     )
     components: tuple[str, ...] | None = Field(
-        default=None, description=f"copy only these parts of each block: {', '.join(COMPONENTS)} (no embeddings)"
+        default=None, description=f"copy only these parts of each block: {', '.join(COMPONENTS)}"
+    )
+    embeddings: bool = Field(
+        default=False,
+        description="also copy the from run's embeddings; false (the paper's transplants): they stay the into "
+        "run's, unless layers name them (embeddings, encoder)",
     )
     tasks: tuple[str, ...] | None = Field(
         default=None, description="fine-tuning tasks (default: the runs' eval.tasks; [] builds only)"
@@ -103,7 +113,22 @@ def entry_split(entry: TransplantSpec, key: str) -> tuple[tuple[str, ...], tuple
         if not components:
             raise SpecError("missing required key (layers, or components for every block)", key=f"{key}.layers")
         return ("encoder",), components
-    return parse_layers(entry.layers, f"{key}.layers"), components
+    words = parse_layers(entry.layers, f"{key}.layers")
+    named = [w for w in words if w in WITH_EMBEDDINGS]
+    if "embeddings" in entry.model_fields_set and not entry.embeddings and named and not components:
+        raise SpecError(
+            f"embeddings: false, but layers name them ({named[0]})",
+            key=f"{key}.embeddings",
+            value=False,
+            allowed="true, or layers without embeddings / encoder (low, mid, high, 0-7, head)",
+        )
+    return words, components
+
+
+def copies_embeddings(words: tuple[str, ...], components: tuple[str, ...], asked: bool) -> bool:
+    """Whether a transplant copies the from run's embeddings: asked for, or named by a whole-layer split's
+    words (a component transplant takes them only when asked)."""
+    return asked or (not components and any(w in WITH_EMBEDDINGS for w in words))
 
 
 def parse_arm(text: str, key: str) -> tuple[str, str]:
@@ -119,8 +144,15 @@ def arm_name(arm: tuple[str, str]) -> str:
     return arm[0] if arm[1] == "none" else "/".join(arm)
 
 
-def derived_id(from_id: str, into_id: str, words: tuple[str, ...], components: tuple[str, ...] = ()) -> str:
-    """The derived run's folder name: the same two runs, layer words and components always give the same
-    one (a whole-layer transplant's id is the one it had before components existed)."""
+def derived_id(
+    from_id: str, into_id: str, words: tuple[str, ...], components: tuple[str, ...], embeddings: bool
+) -> str:
+    """The derived run's folder name: the same two runs, layer words, components and embeddings choice
+    (copies_embeddings) always give the same one. A hybrid built as ablate built it before the choice
+    existed (a whole-layer split with the embeddings, components without) keeps the id it had then (and a
+    whole-layer one the id it had before components existed); the other choice adds a mark, so two different
+    hybrids never share an id."""
     text = f"{from_id}|{into_id}|{','.join(words)}" + (f"|{'+'.join(components)}" if components else "")
+    if embeddings != (not components):  # not what a transplant of these words and components copied before
+        text += "|embeddings" if embeddings else "|no-embeddings"
     return "tx-" + hashlib.sha256(text.encode()).hexdigest()[:10]

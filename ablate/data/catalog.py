@@ -3,9 +3,11 @@ read there, or a `download:` block for a plain URL, a Zenodo record or a Hugging
 licence, converter), what each of its files must be (manifest.tsv: size and sha256 of the files the tables
 were computed on; for a `checked: derived` dataset, whose files ablate cannot know without the data, the
 FETCHED.tsv the fetch wrote in its folder) and named sets of them (sets.yaml). Checking a data root against
-them is `ablate data verify`.
+them is `ablate data verify`. Every block of an entry is checked when the catalogue is read (a SpecError naming
+catalog.yaml, the key, the value and what is allowed); a generated dataset's `generate:` block is the needle's
+settings model (ablate.data.needle.generate.Settings).
 
-May import: config.
+May import: config, data.needle (a generated dataset's settings).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path, PurePosixPath
 import yaml
 
 from ablate.config.errors import SpecError
+from ablate.data.needle.generate import Settings as NeedleSettings
+from ablate.data.needle.generate import read_settings
 
 HERE = Path(__file__).resolve().parent
 CATALOG = HERE / "catalog.yaml"
@@ -71,12 +75,19 @@ class Dataset:
     files: tuple[Expected, ...] = ()  # what the data root must hold (the manifest)
     download: Download | None = None  # instead of repo / commit / sources
     derived: bool = False  # checked: derived (FETCHED.tsv, not the manifest)
+    generate: NeedleSettings | None = None  # a generated dataset's `generate:` block (converter needle)
 
 
 @cache
 def catalog() -> dict[str, Dataset]:
-    entries = yaml.safe_load(CATALOG.read_text(encoding="utf-8"))
+    return read_catalog(CATALOG)
+
+
+def read_catalog(path: Path) -> dict[str, Dataset]:
+    """A catalogue file's datasets, every block checked (SpecError naming `path` and the key)."""
+    entries = yaml.safe_load(path.read_text(encoding="utf-8"))
     manifest = read_manifest(MANIFEST)
+    file = str(path)
     return {
         name: Dataset(
             name,
@@ -89,19 +100,20 @@ def catalog() -> dict[str, Dataset]:
             tuple(e.get("archive") or ()),
             tuple(e.get("requires") or ()),
             tuple(manifest.get(name, ())),
-            _download(name, e),
-            _derived(name, e, manifest),
+            _download(name, e, file),
+            _derived(name, e, manifest, file),
+            _generate(name, e, file),
         )
         for name, e in entries.items()
     }
 
 
-def _derived(name: str, entry: dict, manifest: dict) -> bool:
+def _derived(name: str, entry: dict, manifest: dict, file: str) -> bool:
     checked = entry.get("checked")
     if checked not in (None, "derived"):
         raise SpecError(
             "unknown `checked`",
-            file=str(CATALOG),
+            file=file,
             key=f"{name}.checked",
             value=checked,
             allowed="derived (or no key: the manifest)",
@@ -111,7 +123,14 @@ def _derived(name: str, entry: dict, manifest: dict) -> bool:
     return checked == "derived"
 
 
-def _download(name: str, entry: dict) -> Download | None:
+def _generate(name: str, entry: dict, file: str) -> NeedleSettings | None:
+    """The `generate:` block, validated as every file a user writes is (a SpecError naming the key)."""
+    if "generate" not in entry:
+        return None
+    return read_settings(entry["generate"], file, f"{name}.generate")
+
+
+def _download(name: str, entry: dict, file: str) -> Download | None:
     """The `download:` block, checked: each kind names what it needs (a missing pin is bad input)."""
     block = entry.get("download")
     if block is None:
@@ -121,7 +140,7 @@ def _download(name: str, entry: dict) -> Download | None:
     if kind not in DOWNLOAD_KINDS:
         raise SpecError(
             "unknown download kind",
-            file=str(CATALOG),
+            file=file,
             key=f"{key}.kind",
             value=kind,
             allowed=", ".join(DOWNLOAD_KINDS),
@@ -133,26 +152,24 @@ def _download(name: str, entry: dict) -> Download | None:
         if not pairs or bad:
             raise SpecError(
                 "kind url takes `files: {INPUT_NAME: URL}`",
-                file=str(CATALOG),
+                file=file,
                 key=f"{key}.files",
                 value=bad[0] if bad else files,
             )
     else:
         if not isinstance(files, list) or not files:
-            raise SpecError(
-                f"kind {kind} takes `files: [FILE, ...]`", file=str(CATALOG), key=f"{key}.files", value=files
-            )
+            raise SpecError(f"kind {kind} takes `files: [FILE, ...]`", file=file, key=f"{key}.files", value=files)
         pairs = tuple((str(f), str(f)) for f in files)
     needs = {"zenodo": ("record",), "hf": ("repo", "revision")}.get(kind, ())
     for field in needs:
         if not block.get(field):
-            raise SpecError(f"kind {kind} needs `{field}`", file=str(CATALOG), key=f"{key}.{field}")
+            raise SpecError(f"kind {kind} needs `{field}`", file=file, key=f"{key}.{field}")
     sha256 = block.get("sha256") or {}
     unknown = sorted(set(sha256) - {n for n, _ in pairs})
     if unknown:
         raise SpecError(
             "sha256 for a file the block does not download",
-            file=str(CATALOG),
+            file=file,
             key=f"{key}.sha256",
             value=unknown[0],
             allowed=", ".join(n for n, _ in pairs),
@@ -165,6 +182,40 @@ def _download(name: str, entry: dict) -> Download | None:
         block.get("repo"),
         str(block["revision"]) if kind == "hf" else None,
     )
+
+
+PINNINGS = ("commit", "record md5", "sha256", "unverified")
+COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
+def pinning(ds: Dataset) -> str:
+    """How a dataset's source is pinned (PINNINGS): "commit", a repository (or a Hugging Face dataset) at a
+    commit, its files checked against the manifest (a generated dataset: from such corpora); "record md5",
+    a Zenodo record's files, each checked against the md5 the record lists; "sha256", downloads each
+    checked against a sha256 the catalogue pins; "unverified", downloads nothing pins (a Hugging Face
+    revision that is a branch, a URL without a sha256): the files may differ from the paper's."""
+    d = ds.download
+    if d is None:
+        return "commit"
+    if d.kind == "zenodo":
+        return "record md5"
+    if all(d.pinned_sha256(name) for name, _ in d.files):
+        return "sha256"
+    if d.kind == "hf" and COMMIT_SHA.match(d.revision or ""):
+        return "commit"
+    return "unverified"
+
+
+def unverified_reason(ds: Dataset) -> str | None:
+    """Why a dataset's download is unverified, in words (None when it is pinned: pinning)."""
+    if pinning(ds) != "unverified":
+        return None
+    d = ds.download
+    unpinned = [url if d.kind == "url" else name for name, url in d.files if not d.pinned_sha256(name)]
+    where = (
+        f"Hugging Face dataset {d.repo} at revision {d.revision} (not a commit sha), " if d.kind == "hf" else ""
+    )
+    return f"{where}no pinned sha256 for {', '.join(unpinned)}"
 
 
 def origin(ds: Dataset) -> str:

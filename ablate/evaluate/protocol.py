@@ -1,14 +1,21 @@
-"""Fine-tuning protocols: named profiles of fine-tuning settings, the one place their numbers are written.
+"""Fine-tuning protocols: named profiles of fine-tuning settings, the one place their numbers are written, each
+rule with where its numbers come from (SOURCES: the protocol tables of docs/differences.md and
+grids/tasks/README.md are generated from them, `python -m ablate.cli.protocol_table`).
 
-`paper` is the paper's recipe (Touchent & de la Clergerie 2026, arXiv:2605.12438, appendix: fine-tuning):
-English tasks lr 5e-5, weight decay 0.01, batch 16, 10 epochs (20 for NER), 512 tokens; French
-classification lr 2e-5, batch 4, 15 epochs at long lengths (here: the model's whole context), multi-label
-with a BCE weighted by label frequencies; the model kept is the one of the best dev epoch (no early stop).
-French NER (QUAERO) is the span model's recipe (span_ner: 4000 steps, a dev evaluation every 500, batch
-16, encoder lr 5e-5, head lr 1e-3, warmup 10%, gradient clip 10, weight decay 0.01, 1024 tokens); a
-token_classification task gets the NER rule in any language. A language the paper does not
-cover gets the English rules. `smoke` is a fast CPU profile (the smoke grid's budget): 2 epochs on the
-first 1000 training examples, 300 dev/test examples, 128 tokens.
+`paper` is the paper's recipe (Touchent & de la Clergerie 2026, arXiv:2605.12438, appendix: fine-tuning; its
+text and task table are public in the first author's thesis, chapter 5, "Fine-tuning Protocol" and Table
+"Evaluation tasks": github Rian-T/thesis at 0c3a71a, sources/part_2/chapter5/article.tex): English tasks lr
+5e-5, weight decay 0.01, batch 16, 10 epochs (20 for NER), 512 tokens (8192 for Phenotyping and
+De-identification); French classification lr 2e-5, batch 4, 15 epochs, 2048 tokens single-label (DiaMED) and
+4096 multi-label (MedDialog-FR, FRACCO, CANTEMIST, DisTEMIST), multi-label with a BCE weighted by label
+frequencies; the model kept is the one of the best dev epoch (no early stop). French NER (QUAERO) is the span
+model's recipe (span_ner: 4000 steps, a dev evaluation every 500, batch 16, encoder lr 5e-5, head lr 1e-3,
+warmup 10%, gradient clip 10, weight decay 0.01, 1024 tokens; the paper's harness's config, github
+Rian-T/tabib configs/base/ner_span_bert.yaml). Not the paper's: a French classification task it does not run
+(MORFITT, FrenchMedMCQA) at the model's whole context; a token_classification task gets the NER rule in any
+language (the paper scores French NER with the span model only); a language the paper does not cover gets
+the English rules. `smoke` is a fast CPU profile (the smoke grid's budget): 2 epochs on the first 1000
+training examples, 300 dev/test examples, 128 tokens.
 
 Settings resolve in this order, each layer overriding the one before:
     FinetuneSettings defaults < the task file (`max_length`, `finetune:`) < the chosen profile
@@ -92,6 +99,36 @@ _PAPER_TASKS: dict[str, dict[str, Any]] = {
 }
 
 PROFILES = ("paper", "smoke")
+PAPER_LANGUAGES = ("en", "fr")
+
+# Where each rule's numbers come from: the paper's text and task table, or its harness's configs (tabib),
+# or ablate's own choice where the paper says nothing. `(language or "*", protocol kind)` as _PAPER_RULES;
+# ("fr", "ner") is the English rule applied where the paper uses another model.
+_RULE_SOURCES: dict[tuple[str, str], str] = {
+    ("*", "classification"): "the paper's English recipe (BioClinical-ModernBERT's protocol); the length: its "
+    "task table",
+    ("*", "ner"): "the paper's English recipe (more epochs for NER); the length: its task table",
+    ("fr", "classification"): "the paper's French recipe (tabib configs/base/cls_bert.yaml); the length is not "
+    "the paper's: its task table gives lengths for its own tasks only, these take the model's whole context",
+    ("fr", "ner"): "not the paper's: it scores French NER (QUAERO) with the span model only (the span_ner "
+    "row); a token_classification task takes the English NER rule",
+    ("*", "span_ner"): "the paper's QUAERO recipe (steps, learning rates, batch, length); warmup, clip, "
+    "dropout, dev evaluations and the head's sizes: tabib configs/base/ner_span_bert.yaml",
+}
+_FR_LENGTH = "the paper's French recipe; the length: its task table ({what}; tabib configs/base/{config})"
+_TASK_SOURCES: dict[str, str] = {
+    **{
+        t: "the paper's needle probe (the encoder frozen, an MLP on the [CLS] state); the length: its longest "
+        "haystack"
+        for t in ("needle_fr", "needle_fr_cpu", "needle_en")
+    },
+    "diamed": _FR_LENGTH.format(what="single-label", config="cls_bert.yaml"),
+    **{
+        t: _FR_LENGTH.format(what="multi-label", config="multilabel_bert_4096.yaml")
+        for t in ("meddialog_fr", "fracco_30", "fracco_100", "cantemist", "distemist")
+    },
+    **{t: "the paper's English recipe; the length: its task table" for t in ("phenotyping", "deid")},
+}
 
 
 def task_kind(type_name: str) -> str:
@@ -105,6 +142,23 @@ def paper_settings(language: str, task_type: str, task: str | None = None) -> di
     kind = task_kind(task_type)
     rule = _PAPER_RULES.get((language, kind), _PAPER_RULES[("*", kind)])
     return {**_PAPER_COMMON, **rule, **_PAPER_TASKS.get(task or "", {})}
+
+
+def paper_source(language: str, task_type: str, task: str | None = None) -> str:
+    """Where paper_settings' numbers for this task come from, in words (the paper, its harness's configs, or
+    ablate's choice: "not the paper's")."""
+    if task in _TASK_SOURCES:
+        return _TASK_SOURCES[task]
+    kind = task_kind(task_type)
+    source = _RULE_SOURCES.get((language, kind), _RULE_SOURCES[("*", kind)])
+    if language not in PAPER_LANGUAGES:
+        return f"a language the paper does not cover, the English rule: {source}"
+    return source
+
+
+def smoke_settings() -> dict[str, Any]:
+    """What the `smoke` profile sets, whatever the task."""
+    return dict(_SMOKE)
 
 
 def check_protocol(name: str | None, key: str = "--protocol", file: str | None = None) -> str | None:
@@ -124,4 +178,4 @@ def profile_settings(name: str | None, language: str, task_type: str, task: str 
     """What profile `name` sets for a task of this language and type ({} for no profile)."""
     if check_protocol(name) is None:
         return {}
-    return paper_settings(language, task_type, task) if name == "paper" else dict(_SMOKE)
+    return paper_settings(language, task_type, task) if name == "paper" else smoke_settings()

@@ -1,12 +1,15 @@
-"""Layer and component transplants: hybrid models built from two finished runs of a sweep (the embeddings
-and chosen layers from one, or only some components of its blocks, everything else from the other),
+"""Layer and component transplants: hybrid models built from two finished runs of a sweep (the chosen layers
+from one, or only some components of its blocks, everything else from the other),
 recorded as derived runs and fine-tuned on the sweep's tasks (or the transplant's own evaluation), so that
 they appear in the runs and scores tables (`--table scores`, `--table transplant`) like any arm.
 
 The layer split resolves like a freeze mask (ablate.plan.freezing.resolve_freeze): low / mid / high thirds,
-ranges such as 0-7, `encoder` (embeddings, every block, the final norm) and `head` (the MLM head); the
-embeddings always come with the chosen layers. Components (attention, mlp: the parameters the model's family
-entry names, ablate.models.families) are copied alone from each chosen block. Runs are matched per seed
+ranges such as 0-7, `encoder` (embeddings, every block, the final norm) and `head` (the MLM head). The
+embeddings stay the into run's, as in the paper's transplants of layer groups, unless asked for
+(`embeddings: true`, `--embeddings`) or named by the layers (`embeddings`, `encoder`); a derived run made
+before the choice existed (its spec without labels.derived.embeddings) is built as it was then, the
+embeddings with a layer split. Components (attention, mlp: the parameters the model's family entry names,
+ablate.models.families) are copied alone from each chosen block. Runs are matched per seed
 (ablate.plan.transplants).
 
 A derived run is a folder runs/tx-<digest> with spec.json (ablate.plan.transplants.derived_spec: the `into`
@@ -30,7 +33,14 @@ import torch
 
 from ablate.config.errors import SpecError
 from ablate.config.spec import RunSpec
-from ablate.config.transplants import arm_name, derived_id, parse_arm, parse_components, parse_layers
+from ablate.config.transplants import (
+    arm_name,
+    copies_embeddings,
+    derived_id,
+    parse_arm,
+    parse_components,
+    parse_layers,
+)
 from ablate.models.families import family_of, layer_of, n_layers
 from ablate.models.sources import load_config
 from ablate.plan.freezing import FrozenSet, is_frozen
@@ -39,12 +49,18 @@ from ablate.store import rundir
 
 
 def hybrid_state(
-    source, target, words: tuple[str, ...], key: str = "--layers", components: tuple[str, ...] = ()
+    source,
+    target,
+    words: tuple[str, ...],
+    key: str = "--layers",
+    components: tuple[str, ...] = (),
+    embeddings: bool = False,
 ) -> FrozenSet:
-    """Copy the embeddings and the layers `words` name from `source` into `target` (two *ForMaskedLM of the
-    same architecture and depth), in place, or with `components` only those parts of the blocks `words`
-    name; returns what was copied (with components: the blocks). SpecError for different architectures or
-    depths, layers out of range, a component the family does not declare."""
+    """Copy the layers `words` name from `source` into `target` (two *ForMaskedLM of the same architecture
+    and depth), in place, or with `components` only those parts of the blocks `words` name; with
+    `embeddings` the embeddings too. Returns what was copied (with components: the blocks, and the
+    embeddings). SpecError for different architectures or depths, layers out of range, a component the
+    family does not declare."""
     cs, ct = source.config, target.config
     shapes = {n: p.shape for n, p in source.named_parameters()}
     if (cs.model_type, n_layers(cs)) != (ct.model_type, n_layers(ct)) or shapes != {
@@ -58,7 +74,7 @@ def hybrid_state(
         )
     family = family_of(ct)
     family.check_components(components, "--components")
-    chosen, _ = resolve_split(words, components, n_layers(ct), key)
+    chosen, _ = resolve_split(words, components, n_layers(ct), key, embeddings)
     params = dict(source.named_parameters())
     with torch.no_grad():
         for name, p in target.named_parameters():
@@ -71,6 +87,8 @@ def _copied(name: str, family, chosen: FrozenSet, components: tuple[str, ...]) -
     if not components:
         return is_frozen(name, family, chosen)
     where = layer_of(name, family)
+    if where == "emb":
+        return chosen.embeddings
     return where.isdigit() and int(where) in chosen.layers and family.component_of(name) in components
 
 
@@ -103,14 +121,17 @@ def plan_transplant(
     tasks: tuple[str, ...] | None = None,
     seeds: tuple[int, ...] | None = None,
     components: str | list | None = None,
+    embeddings: bool = False,
 ) -> list[PlannedTransplant]:
-    """`ablate transplant`: the hybrids of arm `source`'s layers (or components) in arm `target`, one per
-    seed, from the sweep's finished runs (`runs`: its collected runs table). SpecError for an unknown arm, a
-    seed one arm lacks, layers that do not parse or lie past the depth, an unknown component."""
+    """`ablate transplant`: the hybrids of arm `source`'s layers (or components; `embeddings`: and its
+    embeddings) in arm `target`, one per seed, from the sweep's finished runs (`runs`: its collected runs
+    table). SpecError for an unknown arm, a seed one arm lacks, layers that do not parse or lie past the
+    depth, an unknown component."""
     parts = parse_components(components)
     if layers is None and not parts:
         raise SpecError("a transplant needs --layers, or --components (then from every block)", key="--layers")
     words = parse_layers(layers) if layers is not None else ("encoder",)
+    embeddings = copies_embeddings(words, parts, embeddings)
     arms = (parse_arm(source, "--from"), parse_arm(target, "--into"))
     names = (arm_name(arms[0]), arm_name(arms[1]))
     if arms[0] == arms[1]:
@@ -134,11 +155,21 @@ def plan_transplant(
         config = load_config(str(root / into_id / "model"))
         family_of(config).check_components(parts, "--components")
         spec = derived_spec(
-            found[1][into_id], from_id, into_id, words, names, n_layers(config), "--layers", tasks, seeds, parts
+            found[1][into_id],
+            from_id,
+            into_id,
+            words,
+            names,
+            n_layers(config),
+            "--layers",
+            tasks,
+            seeds,
+            parts,
+            embeddings=embeddings,
         )
         planned.append(
             PlannedTransplant(
-                derived_id(from_id, into_id, words, parts),
+                derived_id(from_id, into_id, words, parts, embeddings),
                 "--from/--into",
                 from_id,
                 into_id,
@@ -174,7 +205,9 @@ def build_hybrid(run_dir: Path, spec: RunSpec, log: Callable[[str], None] = prin
     src = AutoModelForMaskedLM.from_pretrained(sources["from"] / "model", dtype=torch.float32)
     model = AutoModelForMaskedLM.from_pretrained(sources["into"] / "model", dtype=torch.float32)
     components = tuple(derived.get("components") or ())
-    chosen = hybrid_state(src, model, tuple(derived["words"]), components=components)
+    # a spec written before the embeddings choice: a layer split copied them, components did not
+    embeddings = bool(derived.get("embeddings", not components))
+    chosen = hybrid_state(src, model, tuple(derived["words"]), components=components, embeddings=embeddings)
     save_final_model(model, AutoTokenizer.from_pretrained(sources["into"] / "model"), run_dir / "model")
     rundir.write_records(
         run_dir,

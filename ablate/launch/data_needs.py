@@ -47,11 +47,29 @@ def probe_tasks(spec) -> list[str]:
     return [s[len(PROBE_TASK) :].partition(":")[0] for s in spec.probe.texts if s.startswith(PROBE_TASK)]
 
 
+def probe_task_paths(spec, lenient: bool = False, file: str | None = None) -> list[str]:
+    """The split files of the tasks the run's layer probe reads; an unknown task is a SpecError at
+    `probe.texts` of `file` (the grid or run spec), listing the tasks."""
+    try:
+        return task_paths(probe_tasks(spec), lenient)
+    except SpecError as exc:
+        if exc.file is not None:  # an error inside a task file names that file
+            raise
+        raise SpecError(
+            exc.message,
+            file=file,
+            key="probe.texts",
+            value=f"{PROBE_TASK}{exc.value}",
+            allowed=exc.allowed,
+        ) from None
+
+
 def missing_probe_data(specs, file: str | None = None) -> list[SpecError]:
     """Per probe task whose split files the data root lacks, the SpecError a submission raises (it names
     `ablate data fetch NAME`); a dry run warns of them. An unknown task is a SpecError here."""
     missing: dict[str, SpecError] = {}
     for spec in specs:
+        probe_task_paths(spec, file=file)  # every name a task
         for name in probe_tasks(spec):
             if name in missing:
                 continue
@@ -86,9 +104,12 @@ def absent_probe_sources(specs) -> set[str]:
     }
 
 
-def spec_reads(specs, lenient: bool = False, tasks: bool = True) -> list[tuple[str, str | None]]:
+def spec_reads(
+    specs, lenient: bool = False, tasks: bool = True, file: str | None = None
+) -> list[tuple[str, str | None]]:
     """(path, the spec's data_root) of every corpus, held-out corpus and (`tasks`) task split file the runs
-    read; `lenient`: an eval block or task that does not load is left out (check_eval reports it)."""
+    read; `lenient`: an eval block or task that does not load is left out (check_eval reports it); `file`:
+    the grid or run spec they come from."""
     reads, task_files = [], {}
     for spec in specs:
         read = [m.data.corpus for p in phase_data(spec) for m in p.members]  # every phase's corpora
@@ -97,7 +118,7 @@ def spec_reads(specs, lenient: bool = False, tasks: bool = True) -> list[tuple[s
             task_files[tuple(spec.eval.tasks)] = []
         elif tuple(spec.eval.tasks) not in task_files:  # a grid's runs mostly share their eval block
             task_files[tuple(spec.eval.tasks)] = task_paths(_eval_tasks(spec, lenient), lenient)
-        probed = task_paths(probe_tasks(spec), lenient) if tasks else []  # fetched with the eval tasks
+        probed = probe_task_paths(spec, lenient, file) if tasks else []  # fetched with the eval tasks
         reads += [(path, spec.data.data_root) for path in corpora + task_files[tuple(spec.eval.tasks)] + probed]
     return list(dict.fromkeys(reads))
 
@@ -125,7 +146,7 @@ def target_datasets(target: str) -> list[Dataset]:
     if target.endswith((".yaml", ".yml")):
         if not Path(target).is_file():
             raise SpecError("file not found", file=target)
-        return datasets_of(path for path, _ in spec_reads(specs_for_target(target, None)))
+        return datasets_of(path for path, _ in spec_reads(specs_for_target(target, None), file=target))
     if target in catalog():
         return [dataset(target)]
     if target in dataset_sets():

@@ -2,11 +2,11 @@
 
 Layer groups are thirds of the depth, with the boundaries rounded up:
   low  = [0, ceil(n/3)),  mid = [ceil(n/3), ceil(2n/3)),  high = [ceil(2n/3), n)
-For the paper's 22-layer ModernBERT-base this gives 0-7 / 8-14 / 15-21, its own split; for MiniLM-L6
-0-1 / 2-3 / 4-5. `embeddings` is the embedding block (and with it any output projection tied to it),
-`encoder` is the embeddings, every block and the family's shared encoder parameters (final norm, DeBERTa's
-relative position embeddings): everything but the MLM head; `head` is the
-MLM head (its output projection is tied to the word embeddings and so follows `embeddings`).
+For the 22 layers of ModernCamemBERT base, the paper's freezing study's model (ModernBERT's architecture), this
+gives 0-7 / 8-14 / 15-21, its own split; for MiniLM-L6 0-1 / 2-3 / 4-5. `embeddings` is the embedding block
+(and with it any output projection tied to it), `encoder` is the embeddings, every block and the family's
+shared encoder parameters (final norm, DeBERTa's relative position embeddings): everything but the MLM head;
+`head` is the MLM head (its output projection is tied to the word embeddings and so follows `embeddings`).
 """
 
 from __future__ import annotations

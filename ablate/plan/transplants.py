@@ -7,9 +7,10 @@ Matching: the runs of the two arms with the same training identity (model, data,
 settings: RunSpec.training_identity) and the same seed. A derived run's spec is its `into` run's, with
 labels.axes {schedule: "<into>_<from>[<split>]", freeze: "none"}, labels.derived (the provenance) and the
 entry's evaluation over the run's: its tasks and seeds replace the run's, its finetune settings are set
-over the run's eval.finetune, its protocol replaces the run's. The split is "emb,0-7" for layers (the
-embeddings come with them), "attention" / "mlp" for a component of every block, "8-14:attention" for one
-within some blocks.
+over the run's eval.finetune, its protocol replaces the run's. The split is "0-7" for layers, "emb,0-7" when
+the embeddings come with them (`embeddings: true`, or layers naming them: ablate.config.transplants), "attention"
+/ "mlp" for a component of every block, "8-14:attention" for one within some blocks ("emb,..." again with the
+embeddings).
 
 May import: config, models, plan.
 """
@@ -23,7 +24,14 @@ from typing import Any
 from ablate.config.errors import SpecError
 from ablate.config.grid import GridSpec
 from ablate.config.spec import RunSpec, dump_run_spec
-from ablate.config.transplants import TransplantEval, arm_name, derived_id, entry_split, parse_arm
+from ablate.config.transplants import (
+    TransplantEval,
+    arm_name,
+    copies_embeddings,
+    derived_id,
+    entry_split,
+    parse_arm,
+)
 from ablate.plan.freezing import FrozenSet, resolve_freeze
 from ablate.plan.grid import PlannedRun
 
@@ -61,14 +69,16 @@ def match_arms(
 
 
 def resolve_split(
-    words: tuple[str, ...], components: tuple[str, ...], depth: int, key: str
+    words: tuple[str, ...], components: tuple[str, ...], depth: int, key: str, embeddings: bool = False
 ) -> tuple[FrozenSet, str]:
-    """(what is copied, the split's name). Layers alone: the embeddings and those layers. Components: the
-    blocks the words name (embeddings, final norm and head are not blocks), SpecError when they name none."""
+    """(what is copied, the split's name). Layers alone: those layers (and what else the words name), with
+    the embeddings when `embeddings`. Components: the blocks the words name (embeddings, final norm and head
+    are not blocks), SpecError when they name none; the embeddings besides when `embeddings`."""
     if not components:
-        chosen = resolve_freeze(("embeddings", *words), depth, key)
+        chosen = resolve_freeze((*(("embeddings",) if embeddings else ()), *words), depth, key)
         return chosen, chosen.describe()
-    chosen = FrozenSet(resolve_freeze(words, depth, key).layers, embeddings=False, encoder_tail=False)
+    blocks = resolve_freeze(words, depth, key).layers
+    chosen = FrozenSet(blocks, embeddings=embeddings, encoder_tail=False)
     if not chosen.layers:
         raise SpecError(
             "components are parts of blocks: the layers name no block",
@@ -77,7 +87,10 @@ def resolve_split(
             allowed="low, mid, high, a range such as 0-7, encoder (every block)",
         )
     parts = "+".join(components)
-    return chosen, parts if len(chosen.layers) == depth else f"{chosen.describe()}:{parts}"
+    where = "emb," if embeddings else ""
+    if len(blocks) == depth:
+        return chosen, where + parts
+    return chosen, f"{where}{FrozenSet(blocks, False, False).describe()}:{parts}"
 
 
 def derived_spec(
@@ -92,10 +105,12 @@ def derived_spec(
     seeds: tuple[int, ...] | None = None,
     components: tuple[str, ...] = (),
     evaluation: TransplantEval | None = None,
+    embeddings: bool = False,
 ) -> RunSpec:
     """The derived run's spec; SpecError (at `key`) for layers past the model's depth. `tasks` / `seeds`
-    (an entry's tasks, the command line's) win over `evaluation`'s."""
-    chosen, split = resolve_split(words, components, depth, key)
+    (an entry's tasks, the command line's) win over `evaluation`'s; `embeddings`: the from run's embeddings
+    are copied too (asked for, or named by the layers: copies_embeddings)."""
+    chosen, split = resolve_split(words, components, depth, key, embeddings)
     data = dump_run_spec(into)
     labels = data.get("labels") or {}
     axes = {**(labels.get("axes") or {}), "schedule": f"{names[1]}_{names[0]}[{split}]", "freeze": "none"}
@@ -109,6 +124,7 @@ def derived_spec(
             "layers": chosen.describe(),
             "words": list(words),
             "components": list(components),
+            "embeddings": chosen.embeddings,
             "split": split,
             "from_arm": names[0],
             "into_arm": names[1],
@@ -169,6 +185,7 @@ def plan_transplants(
                     value=entry.target,
                 )
             words, components = entry_split(entry, key)
+            embeddings = copies_embeddings(words, components, entry.embeddings)
             matched, alone = match_arms(arms[pair[0]], arms[pair[1]], names)
             if not matched:
                 raise SpecError(
@@ -196,8 +213,9 @@ def plan_transplants(
                     entry.tasks,
                     components=components,
                     evaluation=entry.eval,
+                    embeddings=embeddings,
                 )
-                rid = derived_id(from_id, into_id, words, components)
+                rid = derived_id(from_id, into_id, words, components, embeddings)
                 if rid in seen:
                     raise SpecError(
                         f"the same transplant as {seen[rid]}",
@@ -223,7 +241,7 @@ def _arm(text: str, key: str, arms: Mapping[tuple[str, str], Any]) -> tuple[str,
 
 
 def transplant_table(planned: list[PlannedTransplant]) -> list[dict[str, Any]]:
-    """One row per derived run for --dry-run."""
+    """One row per derived run for --dry-run (embeddings_of: the arm whose embeddings the hybrid has)."""
     return [
         {
             "run_id": t.run_id,
@@ -232,6 +250,7 @@ def transplant_table(planned: list[PlannedTransplant]) -> list[dict[str, Any]]:
             "seed": t.spec.seed,
             "from_run": t.from_id,
             "into_run": t.into_id,
+            "embeddings_of": t.derived["from_arm" if t.derived["embeddings"] else "into_arm"],
             "tasks": ",".join(t.spec.eval.tasks) or "-",
         }
         for t in planned

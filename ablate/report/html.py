@@ -8,7 +8,9 @@ any other PNG already there); then a sortable runs table (state, tokens, wall ti
 log) and the failed runs with their last log lines; last the grid: its axes, and its YAML folded.
 Re-running it redraws the figures and rewrites the page. Asked with a reference (`--html --reference paper`),
 the scores section also sets the paper's numbers beside the measured ones: the scores table's paper columns
-and the blocks `--table scores|freeze --reference` print (ablate.report.beside).
+and the blocks `--table scores|freeze --reference` print (ablate.report.beside). Scores computed on data whose
+download nothing pins are marked: a `data` column ("unverified") and a note naming each such dataset and why
+(ablate.report.scores.unverified_data).
 
 May import: config, store, plan, tune, report.
 """
@@ -27,7 +29,7 @@ from ablate.report.registry import FIGURES
 from ablate.report.style import save_figure
 from ablate.report.sweep import Sweep, load_sweep
 from ablate.report.tables import small_tests
-from ablate.report.scores import average_names, is_average
+from ablate.report.scores import average_names, data_marks, is_average, task_languages, unverified_data
 from ablate.report.tables import freeze_table, reference_blocks, score_table
 from ablate.store import atomic
 from ablate.store.rundir import read_status
@@ -36,7 +38,7 @@ LOG_LINES = 20
 RUN_COLUMNS = ("run_id", "model", "schedule", "freeze", "seed", "status", "tokens_seen", "wall_time_s")
 TWIN_COLUMNS = ("run_id", "model", "schedule", "freeze", "seed", "twin", "twin_tokens")
 # the scores table as most readers read it; the rest (interval bounds, pairs, test, units, ...) folded below it
-SCORE_COLUMNS = ("arm", "task", "language", "test_examples", "mean", "std", "n", "delta", "p_value")
+SCORE_COLUMNS = ("arm", "task", "language", "data", "test_examples", "mean", "std", "n", "delta", "p_value")
 PAPER_COLUMNS = ("paper_row", "paper", "measured", "paper_delta", "paper_tasks")  # with a reference
 
 STYLE = """
@@ -49,6 +51,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}tr.failed td{backgroun
 figure img{width:100%;border:1px solid #eee}
 figcaption{color:#555}pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:12px}.muted{color:#777}
 .wide{overflow-x:auto}.wide td{white-space:nowrap}summary{cursor:pointer;color:#555}nav a{margin-right:.8em}
+.unverified{background:#fff4d6;padding:.4em .6em;border-left:3px solid #d9a400}
 """
 
 # Click a header to sort by that column (numbers as numbers), again to reverse.
@@ -168,6 +171,11 @@ def scores_section(sweep: Sweep, reference: str | None = None) -> str:
         table = score_table(sweep, reference=reference)
     except Exception as exc:  # noqa: BLE001  (the page still shows everything else)
         return f'<p class="muted">scores table not made: {html.escape(str(exc))}</p>'
+    table.insert(
+        int(table.columns.get_loc("task")) + 1,
+        "data",
+        table["task"].map(data_marks(table["task"], task_languages(sweep.scores))),
+    )
     tasks = table[~table["task"].map(is_average)]
     shown = [
         c
@@ -178,11 +186,25 @@ def scores_section(sweep: Sweep, reference: str | None = None) -> str:
     ]  # one language: said by no column
     folded = [c for c in table.columns if c not in shown]
     return (
-        averages_block(table)
+        unverified_note(table)
+        + averages_block(table)
         + (reference_section(sweep, table, reference) if reference else "")
         + f'<div class="wide">{html_table(_text_frame(table[shown]))}</div>'
         f"<details><summary>all columns (with {html.escape(', '.join(folded))})</summary>"
         f'<div class="wide">{html_table(_text_frame(table))}</div></details>'
+    )
+
+
+def unverified_note(table: pd.DataFrame) -> str:
+    """A warning naming the tasks scored on unverified data and why (empty when there are none)."""
+    reasons = unverified_data(table["task"])
+    if not reasons:
+        return ""
+    items = "".join(f"<li><b>{html.escape(t)}</b>: {html.escape(r)}</li>" for t, r in reasons.items())
+    return (
+        '<p class="unverified">Scores marked <b>unverified</b> (column data) were computed on data whose '
+        "download nothing pins: its files are those its fetch wrote, but no checksum says they are the files "
+        f"the paper used (`ablate data verify` says the same):</p><ul>{items}</ul>"
     )
 
 

@@ -2,9 +2,11 @@
 (mean score per freeze mask x schedule), and the score summary `ablate report` prints.
 
 A score is the primary metric of a task in points (x100); replicates are (pretraining seed, fine-tuning
-seed) units.
+seed) units. A task whose data comes from a download nothing pins (ablate.data.catalog.unverified_reason) has
+its scores marked unverified (`unverified_data`: the summary's and the report page's `data` column).
 
-May import: config, store, plan, report.
+May import: config, store, plan, data (the catalogue), evaluate (task files, pairing units, the bootstrap),
+report.
 """
 
 from __future__ import annotations
@@ -237,7 +239,8 @@ def delta_data(
 
 def score_summary(sweep: Sweep, *, baseline: str | None = None, split: str | None = None) -> pd.DataFrame:
     """Per arm and task: mean and standard deviation of the primary metric (points) over all
-    (pretraining seed, fine-tuning seed) units, their count, and the difference from the MLM baseline."""
+    (pretraining seed, fine-tuning seed) units, their count, the difference from the MLM baseline, and `data`:
+    "unverified" for a task (or an average over tasks) whose data is (data_marks)."""
     baseline = baseline or sweep.baseline
     u = unit_scores(sweep, split, None, "summary")
     out = (
@@ -247,7 +250,50 @@ def score_summary(sweep: Sweep, *, baseline: str | None = None, split: str | Non
     )
     base = out[(out["schedule"] == baseline) & (out["freeze"] == "none")].set_index("task")["mean"]
     out["delta_pp"] = out["mean"] - out["task"].map(base)
+    out["data"] = out["task"].map(data_marks(out["task"], task_languages(sweep.scores)))
     return out.round(2)
+
+
+UNVERIFIED = "unverified"
+
+
+def unverified_data(tasks) -> dict[str, str]:
+    """task -> why its data is unverified (the datasets its split files come from whose download nothing
+    pins: ablate.data.catalog.unverified_reason), for the tasks whose data is; averages, tasks not in the
+    registry, `datasets` tasks and data outside the catalogue (brought) are left out."""
+    from ablate.data.catalog import dataset, dataset_of_path, unverified_reason
+    from ablate.evaluate.tasks import load_task
+
+    out = {}
+    for task in dict.fromkeys(str(t) for t in tasks if not is_average(t)):
+        try:
+            spec = load_task(task)
+        except SpecError:
+            continue
+        if spec.data.format == "hf":
+            continue
+        splits = spec.data.splits
+        names = sorted({n for p in (splits.train, splits.dev, splits.test) if (n := dataset_of_path(p))})
+        reasons = [f"{n}: {reason}" for n in names if (reason := unverified_reason(dataset(n)))]
+        if reasons:
+            out[task] = "; ".join(reasons)
+    return out
+
+
+def data_marks(tasks, languages: dict[str, str] | None = None) -> dict[str, str]:
+    """task -> "unverified" for each task whose data is (unverified_data), and for each average row over
+    such a task ("unverified: includes T, ..."; a language's average over that language's tasks only);
+    "" for the others."""
+    tasks = list(dict.fromkeys(str(t) for t in tasks))
+    plain = [t for t in tasks if not is_average(t)]
+    marked = unverified_data(plain)
+    languages = languages or {}
+    out = {t: UNVERIFIED if t in marked else "" for t in plain}
+    for average in (t for t in tasks if is_average(t)):
+        language = average[len(AVERAGE) + 2 : -1] if average != AVERAGE else None
+        inside = [t for t in plain if t in marked and (language is None or languages.get(t) == language)]
+        out[average] = f"{UNVERIFIED}: includes {', '.join(inside)}" if inside else ""
+    return out
 
 
 def plot_deltas(

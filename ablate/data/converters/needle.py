@@ -10,30 +10,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from ablate.config.errors import SpecError
-from ablate.data.catalog import CATALOG
+from ablate.data.catalog import CATALOG, Dataset, dataset
 from ablate.data.converters.common import SPLITS, write_jsonl
 from ablate.data.needle.generate import Settings, generate
 
 HELD_OUT = "valid.txt"
-SETTINGS_KEYS = ("language", "seed", "pairs", "lengths")
 
 
 def needle_settings(name: str) -> Settings:
-    """The catalog entry's `generate:` block."""
-    block = (yaml.safe_load(CATALOG.read_text(encoding="utf-8")).get(name) or {}).get("generate")
-    if not isinstance(block, dict) or set(block) != set(SETTINGS_KEYS):
+    """The catalog entry's `generate:` block (checked when the catalogue is read)."""
+    return settings_of(dataset(name))
+
+
+def settings_of(ds: Dataset) -> Settings:
+    if ds.generate is None:
         raise SpecError(
-            f"a needle dataset's catalog entry needs generate: {{{', '.join(SETTINGS_KEYS)}}}",
+            "a needle dataset's catalog entry needs a generate: block",
             file=str(CATALOG),
-            key=f"{name}.generate",
-            value=block,
+            key=f"{ds.name}.generate",
+            allowed="generate: {language, seed, pairs, lengths}",
         )
-    return Settings(
-        str(block["language"]), int(block["seed"]), int(block["pairs"]), tuple(int(n) for n in block["lengths"])
-    )
+    return ds.generate
 
 
 def held_out_documents(folders: list[Path]) -> list[str]:
@@ -53,4 +51,4 @@ def write_needle(records: dict[str, list[dict]], out: Path) -> None:
 
 def convert_needle(inputs: dict[str, Path], out: Path, ds) -> None:
     documents = held_out_documents([inputs[name] for name in ds.requires])
-    write_needle(generate(documents, needle_settings(ds.name), ds.name), out)
+    write_needle(generate(documents, settings_of(ds), ds.name), out)

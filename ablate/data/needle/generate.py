@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
-from math import floor
+from math import ceil, floor
+from typing import Any
 
+from pydantic import Field, PositiveInt, field_validator, model_validator
+
+from ablate.config.base import Located, Strict, validate
 from ablate.config.errors import SpecError
 from ablate.data.needle.templates import TEMPLATES, Template
 
@@ -36,14 +39,56 @@ LABELS = ("present", "absent")
 SPLIT_SHARES = (0.70, 0.15, 0.15)
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 MAX_DRAWS = 1000
+MIN_WORDS = 64  # the shortest haystack a length may ask for, in words
 
 
-@dataclass(frozen=True)
-class Settings:
-    language: str
-    seed: int
-    pairs: int
-    lengths: tuple[int, ...]
+class Settings(Strict):
+    """A needle dataset's `generate:` block (its entry in ablate/data/catalog.yaml)."""
+
+    language: str = Field(description=f"the templates' language: {', '.join(TEMPLATES)}")
+    seed: int = Field(description="the random.Random seed every draw comes from")
+    pairs: PositiveInt = Field(
+        description=f"records in all: a multiple of 2 x lengths x {len(POSITIONS)} positions (every cell holds "
+        "as many of each label)"
+    )
+    lengths: tuple[PositiveInt, ...] = Field(
+        min_length=1, description=f"target lengths in tokens, each at least {MIN_WORDS} words' worth"
+    )
+
+    @field_validator("language")
+    @classmethod
+    def _known_language(cls, value: str) -> str:
+        if value not in TEMPLATES:
+            raise ValueError(f"unknown needle language; allowed: {', '.join(TEMPLATES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _fills_every_cell(self) -> Settings:
+        cells = 2 * len(self.lengths) * len(POSITIONS)
+        if self.pairs % cells:
+            raise Located(
+                f"needle pairs must be a positive multiple of 2 x lengths x {len(POSITIONS)} positions "
+                f"(= {cells}): every cell holds as many of each label",
+                key="pairs",
+                value=self.pairs,
+                allowed=f"a multiple of {cells}",
+            )
+        short = [n for n in self.lengths if word_budget(n, self.language) < MIN_WORDS]
+        if short:
+            least = ceil(MIN_WORDS * TOKENS_PER_WORD[self.language])
+            raise Located(
+                f"needle lengths must be at least {MIN_WORDS} words' worth of tokens",
+                key="lengths",
+                value=short[0],
+                allowed=f"lengths of at least {least} tokens ({self.language})",
+            )
+        return self
+
+
+def read_settings(block: Any, file: str, key: str) -> Settings:
+    """A `generate:` block as written (`key`: where it sits, e.g. needle_fr.generate), or a SpecError naming
+    the file, the key, the value and what is allowed."""
+    return validate(Settings, block, file, what="generate block", prefix=key)
 
 
 Sentence = tuple[str, int]  # (text, its whitespace words)
@@ -58,33 +103,6 @@ def document_sentences(documents: list[str]) -> list[list[Sentence]]:
     return [
         [(s, len(s.split())) for s in SENTENCE_END.split(doc.strip()) if s] for doc in documents if doc.strip()
     ]
-
-
-def check_settings(settings: Settings, where: str) -> None:
-    if settings.language not in TEMPLATES:
-        raise SpecError(
-            "unknown needle language",
-            file=where,
-            key="generate.language",
-            value=settings.language,
-            allowed=", ".join(TEMPLATES),
-        )
-    cells = len(settings.lengths) * len(POSITIONS)
-    if not settings.lengths or settings.pairs <= 0 or settings.pairs % (2 * cells):
-        raise SpecError(
-            f"needle pairs must be a positive multiple of 2 x lengths x {len(POSITIONS)} positions "
-            f"(= {2 * cells}): every cell holds as many of each label",
-            file=where,
-            key="generate.pairs",
-            value=settings.pairs,
-        )
-    if any(word_budget(n, settings.language) < 64 for n in settings.lengths):
-        raise SpecError(
-            "needle lengths must be at least 64 words' worth of tokens",
-            file=where,
-            key="generate.lengths",
-            value=list(settings.lengths),
-        )
 
 
 def fill(template: Template, rng: random.Random) -> dict[str, str]:
@@ -170,7 +188,6 @@ def split_counts(n: int, odd: bool) -> tuple[int, int, int]:
 
 def generate(documents: list[str], settings: Settings, name: str) -> dict[str, list[dict]]:
     """train / dev / test records (ids `<name>-<n>`, n in generation order)."""
-    check_settings(settings, name)
     docs = document_sentences(documents)
     templates = TEMPLATES[settings.language]
     rng = random.Random(settings.seed)
