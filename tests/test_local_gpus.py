@@ -1,5 +1,5 @@
-"""Local runs on a machine with several GPUs: each job run at once gets GPUs of its own (launch.gpus), the
-device list faked at the seam (CUDA_VISIBLE_DEVICES, the device count); the sweep's jobs themselves are
+"""Local runs on a machine with several GPUs: each job run at once gets GPUs of its own, every GPU going to
+one of them (launch.gpus), the device list faked at the seam (CUDA_VISIBLE_DEVICES, the device count); the sweep's jobs themselves are
 checked in tests/test_launch.py (local_sweep)."""
 
 from __future__ import annotations
@@ -18,13 +18,21 @@ def test_visible_gpus_come_from_cuda_visible_devices_else_the_device_count():
 
 
 def test_each_run_at_once_gets_a_disjoint_set_and_too_many_is_an_error():
-    assert gpu_sets(("0", "1", "2", "3"), parallel=2) == [("0",), ("1",)]
     assert gpu_sets(("3", "5"), parallel=2) == [("3",), ("5",)]
     assert gpu_sets(("0", "1", "2", "3"), parallel=2, per_run=2) == [("0", "1"), ("2", "3")]
     assert gpu_sets((), parallel=8) == []  # a CPU machine: nothing to share out
     with pytest.raises(SpecError, match="3 local runs at once need 3 GPUs") as err:
         gpu_sets(("0", "1"), parallel=3)
     assert err.value.key == "launcher.local.parallel" and "1..2" in err.value.allowed
+
+
+def test_every_gpu_goes_to_a_run_its_fine_tunings_spread_over():
+    # a run pretrains on the first GPU of its set; its fine-tunings use all of it (launch.shares)
+    assert gpu_sets(("0", "1", "2", "3"), parallel=2) == [("0", "1"), ("2", "3")]
+    assert gpu_sets(("0", "1", "2", "3", "4"), parallel=2) == [("0", "1", "2"), ("3", "4")]
+    assert gpu_sets(("0", "1", "2", "3"), parallel=1) == [("0", "1", "2", "3")]
+    assert gpu_sets(("GPU-aa", "GPU-bb", "GPU-cc"), parallel=3) == [("GPU-aa",), ("GPU-bb",), ("GPU-cc",)]
+    assert job_parameters(("2", "3")) == {"visible_gpus": (2, 3), "gpus_per_node": 2, "setup": []}
 
 
 def test_the_pool_hands_each_running_job_its_own_set_and_takes_it_back():

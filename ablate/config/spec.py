@@ -301,11 +301,27 @@ class EvalSpec(Strict):
         description="a fine-tuning profile of ablate.evaluate.protocol "
         "(paper, smoke) over the task files; null: the files'",
     )
+    units_per_gpu: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
+        default="auto",
+        description="fine-tunings (one task, one seed each) run at once on each GPU, each a process of its "
+        "own: auto, as many as each task's predicted peak fits (1 without GPU); a number (the CPU too); 1: "
+        "one after another in the run's process; the same scores either way (docs/cluster.md)",
+    )
 
     @field_validator("seeds")
     @classmethod
     def _each_seed_once(cls, seeds):
         return unique_items(seeds, "fine-tuning seed")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units_per_gpu(cls, data):
+        value = data.get("units_per_gpu", "auto") if isinstance(data, dict) else "auto"
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise Located(
+                "not a number of fine-tunings at once", "units_per_gpu", value, "auto, or a whole number >= 1"
+            )
+        return data
 
 
 class TensorBoardSpec(Strict):

@@ -18,6 +18,7 @@ from typing import Callable
 from ablate.store import rundir
 from ablate.evaluate.scores import evaluate_items, record_skipped
 from ablate.evaluate.suites import EvalItem, eval_items, present_items, skipped_lines, spec_items
+from ablate.evaluate.unit_processes import Placement
 from ablate.train.loop import pick_device
 from ablate.config.spec import RunSpec
 
@@ -34,11 +35,13 @@ def evaluate_run(
     progress: Callable[[dict], None] | None = None,
     share: tuple[int, int] = (0, 1),
     device: str | None = None,
+    place: Callable[[list[str]], Placement] | None = None,
 ) -> list[dict]:
     """Fine-tune a run folder's model on `tasks` (task names and `suite:NAME`s; default the spec's
     eval.tasks) with `seeds` (default each task's: eval.seeds, or its suite's). `share`: this process's
     share of the (task, seed) units (evaluate.scores.evaluate_items; the rows returned are its share's);
-    `device`: default the spec's."""
+    `device`: default the spec's; `place`: where the units left to compute run and how many at once
+    (launch.shares; default one after another here)."""
     key = "--task" if tasks else "eval.tasks"
     items, skipped = present_items(
         spec_items(spec, tasks=tasks, seeds=seeds, overrides=overrides, key=key), spec.data.data_root, key=key
@@ -63,6 +66,7 @@ def evaluate_run(
         log=log,
         progress=progress,
         share=share,
+        place=place,
     )
     for row in rows:
         if row["split"] == "test":

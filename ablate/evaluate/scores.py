@@ -14,14 +14,21 @@ over that suite partial.
 A task with `group_by` also gets its metrics per group (ablate.evaluate.groups) of dev and test, at the best
 dev epoch: the score file's `groups` rows, which `ablate collect` gathers into the score_groups table.
 
-May import: config, store, evaluate (tasks, task_readers, protocol, identity, finetune, suites, groups).
+The units left to compute run one after another in this process, or several at once, each in a process of
+its own, where the caller's placement says so (ablate.evaluate.unit_processes); each unit's score file is
+written by the process that computed it, and the rows come back in task-then-seed order either way.
+
+May import: config, store, evaluate (tasks, task_readers, protocol, identity, finetune, suites, groups,
+unit_processes).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -31,7 +38,8 @@ from ablate.evaluate.groups import group_rows
 from ablate.evaluate.identity import changed, score_identity
 from ablate.evaluate.suites import EvalItem
 from ablate.evaluate.task_readers import read_groups
-from ablate.evaluate.tasks import capped, load_task, load_task_data, resolve_settings
+from ablate.evaluate.tasks import FinetuneSettings, TaskSpec, capped, load_task, load_task_data, resolve_settings
+from ablate.evaluate.unit_processes import Placement, run_units
 from ablate.store import atomic
 
 SUPERSEDED = "superseded"
@@ -82,6 +90,7 @@ def evaluate_items(
     log: Callable[[str], None] = _quiet,
     progress: Callable[[dict], None] | None = None,
     share: tuple[int, int] = (0, 1),
+    place: Callable[[list[str]], Placement] | None = None,
 ) -> list[dict]:
     """evaluate_scores with seeds and overrides per task (ablate.evaluate.suites.EvalItem). Every task file,
     setting, data file and existing score file is checked before any training starts. Each row carries
@@ -89,7 +98,11 @@ def evaluate_items(
 
     share (index, count): this process takes only its share of the (task, seed) units, every count-th from
     its index in task-then-seed order, and returns their rows: how the ranks of a data-parallel run split
-    its fine-tunings (each unit's score file is the same whichever process computes it)."""
+    its fine-tunings (each unit's score file is the same whichever process computes it).
+
+    place (optional): given the tasks of the units left to compute, where they run and how many at once
+    (evaluate.unit_processes.Placement); without it, or when it allows one at a time on one device, they run
+    one after another in this process on `device`, as they always did."""
     out_dir = Path(out_dir)
     plan = []
     for item in items:
@@ -101,55 +114,96 @@ def evaluate_items(
         groups = read_groups(task, data_root) if task.group_by else {}  # a missing field: before any training
         for seed in item.seeds:
             path = out_dir / task.name / f"seed-{seed}.json"
-            plan.append(
-                (task, settings, seed, path, wanted, sizes, groups, read_record(path) if path.exists() else None)
-            )
-    rows: list[dict] = []
-    for task, settings, seed, path, wanted, sizes, groups, record in units_of(plan, share):
+            unit = Unit(task, settings, seed, path, wanted, sizes, groups)
+            plan.append((unit, read_record(path) if path.exists() else None))
+    mine = units_of(plan, share)
+    rows_of: dict[Path, list[dict]] = {}
+    pending: list[Unit] = []
+    for unit, record in mine:
         if record is not None:
-            reasons = changed(record.get("identity"), wanted)
+            reasons = changed(record.get("identity"), unit.wanted)
             if not reasons or keep_stale:
-                _mark(path, record, reasons)
+                _mark(unit.path, record, reasons)
                 if reasons:
-                    log(f"{task.name} seed {seed}: kept stale scores ({'; '.join(reasons)})")
-                rows += [{**row, "stale": bool(reasons)} for row in record["rows"]]
+                    log(f"{unit.name}: kept stale scores ({'; '.join(reasons)})")
+                rows_of[unit.path] = [{**row, "stale": bool(reasons)} for row in record["rows"]]
                 continue
-            aside = _set_aside(path)
-            log(f"{task.name} seed {seed}: recomputing ({'; '.join(reasons)}); old scores kept in {aside}")
-        predictions: dict[str, tuple[list, list]] = {}
+            aside = _set_aside(unit.path)
+            log(f"{unit.name}: recomputing ({'; '.join(reasons)}); old scores kept in {aside}")
+        pending.append(unit)
+    compute = functools.partial(compute_unit, model_dir=model_dir, data_root=data_root)
+    placement = place(list(dict.fromkeys(u.task.name for u in pending))) if place and len(pending) > 1 else None
+    if placement is None or placement.one_at_a_time(len(pending)):
+        computed = [compute(unit, device=device, log=log, progress=progress) for unit in pending]
+    else:
+        computed = run_units(pending, compute, placement, log, progress)
+    for unit, done in zip(pending, computed):
+        rows_of[unit.path] = [{**row, "stale": False} for row in done]
+    return [row for unit, _ in mine for row in rows_of[unit.path]]
 
-        def keep(split: str, gold: list, preds: list) -> None:
-            predictions[split] = (gold, preds)
 
-        done = [
-            {**row, "n_examples": sizes.get(row["split"])}
-            for row in ft.finetune(
-                model_dir,
-                task,
-                seed,
-                settings,
-                data_root=data_root,
-                device=device,
-                log=log,
-                progress=progress,
-                on_predictions=keep if task.group_by else None,
-            )
-        ]
-        by_group = _group_rows(task, settings, seed, groups, predictions)
-        atomic.write_json(
-            path,
-            {
-                "task": task.name,
-                "seed": seed,
-                "model_dir": str(model_dir),
-                "settings": settings.model_dump(mode="json"),
-                "identity": wanted,
-                "rows": done,
-                **({"groups": by_group} if task.group_by else {}),
-            },
+@dataclass(frozen=True)
+class Unit:
+    """One (task, fine-tuning seed) to compute: its resolved settings, its score file and what the file must
+    say it was computed from (`wanted`), the examples of dev and test, the groups of a task with group_by."""
+
+    task: TaskSpec
+    settings: FinetuneSettings
+    seed: int
+    path: Path
+    wanted: dict
+    sizes: dict
+    groups: dict
+
+    @property
+    def name(self) -> str:
+        return f"{self.task.name} seed {self.seed}"
+
+
+def compute_unit(
+    unit: Unit,
+    model_dir,
+    data_root=None,
+    device: str = "cpu",
+    log: Callable[[str], None] = _quiet,
+    progress: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """Fine-tune one unit and write its score file (atomically); its rows. The same in this process or in
+    one of its own (evaluate.unit_processes)."""
+    task, settings, seed = unit.task, unit.settings, unit.seed
+    predictions: dict[str, tuple[list, list]] = {}
+
+    def keep(split: str, gold: list, preds: list) -> None:
+        predictions[split] = (gold, preds)
+
+    done = [
+        {**row, "n_examples": unit.sizes.get(row["split"])}
+        for row in ft.finetune(
+            model_dir,
+            task,
+            seed,
+            settings,
+            data_root=data_root,
+            device=device,
+            log=log,
+            progress=progress,
+            on_predictions=keep if task.group_by else None,
         )
-        rows += [{**row, "stale": False} for row in done]
-    return rows
+    ]
+    by_group = _group_rows(task, settings, seed, unit.groups, predictions)
+    atomic.write_json(
+        unit.path,
+        {
+            "task": task.name,
+            "seed": seed,
+            "model_dir": str(model_dir),
+            "settings": settings.model_dump(mode="json"),
+            "identity": unit.wanted,
+            "rows": done,
+            **({"groups": by_group} if task.group_by else {}),
+        },
+    )
+    return done
 
 
 def _group_rows(

@@ -9,7 +9,9 @@ functions where the task's precision is auto or bf16). The batch is the task's l
 `batch_size` longest training examples, encoded by the run's tokenizer and cut at the task's max_length (the
 model's context at most), padded together, with their real labels; the padding mask is kept, as CUDA keeps it
 for a padded batch. Fine-tuning has no gradient accumulation: a task that does not fit is refused with the
-largest batch that would (a smaller batch changes the task's protocol, so nothing picks one by itself).
+largest batch that would (a smaller batch changes the task's protocol, so nothing picks one by itself). How
+many units of a task share a GPU follows from the same peak (`units_at_once`: the dry run's `at_once`, and
+launch.shares in the job).
 
 Not traced: span_ner, whose model reads its batch on the host (the BiLSTM's packing lengths, boolean-mask
 indexing), which meta tensors cannot do; its rows say so.
@@ -34,7 +36,7 @@ from ablate.evaluate import finetune as ft
 from ablate.evaluate.batching import collate
 from ablate.evaluate.suites import spec_items
 from ablate.evaluate.tasks import TaskSpec, load_task, load_task_data, resolve_settings
-from ablate.launch.gpu_memory import StepMemory, gib, gpu_limit, with_moments
+from ablate.launch.gpu_memory import AUTO_MARGIN, StepMemory, gib, gpu_limit, with_moments
 from ablate.train.meta_cuda import CudaKernels
 
 HOST_READ_TYPES = {"span_ner": "its BiLSTM packs by lengths read on the host; its loss indexes by boolean masks"}
@@ -223,6 +225,7 @@ def finetune_memory_plan(runs: list, launcher, executor: str, file: str | None) 
                     "peak_GiB": gib(m.predicted) if m else "-",
                     "limit_GiB": gib(limit),
                     "fits": ("yes" if m.predicted <= limit else "NO") if m else f"not traced ({found.type})",
+                    "at_once": _at_once(run.spec.eval.units_per_gpu, limit, m),
                 }
             )
             if m is not None and m.predicted > limit:
@@ -242,3 +245,20 @@ def finetune_memory_plan(runs: list, launcher, executor: str, file: str | None) 
                     ),
                 )
     return rows
+
+
+def units_at_once(
+    device_bytes: int, unit_bytes: int, units: int | None = None, margin: float = AUTO_MARGIN, in_use: int = 0
+) -> int:
+    """How many fine-tunings of a predicted peak of `unit_bytes` each (a process each: its CUDA context is in
+    the prediction) fit one device of `device_bytes` together, `margin` of it kept free and `in_use` already
+    taken (the parent's context, another job): at least 1 (alone, as a unit always could), at most `units`."""
+    fit = max(1, int((device_bytes * (1 - margin) - in_use) // unit_bytes))
+    return fit if units is None else max(1, min(fit, units))
+
+
+def _at_once(units_per_gpu: int | str, limit: int, memory: StepMemory | None) -> int:
+    """The dry run's units of a task at once on one GPU: eval.units_per_gpu, or what auto makes of it."""
+    if units_per_gpu != "auto":
+        return units_per_gpu
+    return 1 if memory is None else units_at_once(limit, memory.predicted)

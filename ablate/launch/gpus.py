@@ -1,11 +1,14 @@
 """Which GPUs each local job sees: on a machine with several GPUs, every run the local executor runs at once
-gets GPUs of its own (its CUDA_VISIBLE_DEVICES), instead of all of them sharing one.
+gets GPUs of its own (its CUDA_VISIBLE_DEVICES), instead of all of them sharing one; and which GPUs a job's
+fine-tunings spread over.
 
 The GPUs to share out are the ones this process sees: CUDA_VISIBLE_DEVICES when it is set (indices, UUIDs or
-MIG ids are passed on as written; set but empty: none), else torch's device count. A local run is one
-process on one GPU, so `parallel` runs at once need `parallel` GPUs; asking for more than there are is an
-error before anything is submitted (not a silent queue: the user wrote `parallel`). A machine without GPUs
-shares nothing out, and jobs see no GPU, as before.
+MIG ids are passed on as written; set but empty: none), else torch's device count. A local run pretrains as
+one process on one GPU, so `parallel` runs at once need `parallel` GPUs; asking for more than there are is an
+error before anything is submitted (not a silent queue: the user wrote `parallel`). GPUs beyond one per run
+are spread over the runs' sets (4 GPUs, 2 at once: two each): a run pretrains on the first of its set and its
+fine-tunings spread over all of it (launch.shares), so no GPU of the machine sits idle through them. A machine
+without GPUs shares nothing out, and jobs see no GPU, as before.
 
 May import: config.
 """
@@ -33,8 +36,9 @@ def visible_gpus(environ: dict | None = None, device_count: int | None = None) -
 
 
 def gpu_sets(visible: tuple[str, ...], parallel: int, per_run: int = GPUS_PER_LOCAL_RUN) -> list[tuple[str, ...]]:
-    """`parallel` disjoint sets of `per_run` GPUs out of `visible`, in order; [] without GPUs. SpecError when
-    the runs at once need more GPUs than there are."""
+    """`parallel` disjoint sets of at least `per_run` GPUs covering `visible`, in order (the first sets one
+    more where they do not divide evenly); [] without GPUs. SpecError when the runs at once need more GPUs
+    than there are."""
     if not visible:
         return []
     if parallel * per_run > len(visible):
@@ -45,7 +49,22 @@ def gpu_sets(visible: tuple[str, ...], parallel: int, per_run: int = GPUS_PER_LO
             value=parallel,
             allowed=f"1..{len(visible) // per_run}, or CUDA_VISIBLE_DEVICES= (empty) to run on the CPU",
         )
-    return [visible[i * per_run : (i + 1) * per_run] for i in range(parallel)]
+    each, extra = divmod(len(visible), parallel)
+    starts = [i * each + min(i, extra) for i in range(parallel + 1)]
+    return [visible[starts[i] : starts[i + 1]] for i in range(parallel)]
+
+
+def process_devices(device: str, ranks: int = 1, device_count: int | None = None) -> tuple[str, ...]:
+    """The devices this process's fine-tunings may spread over: every GPU it sees when it is a run's only
+    process on CUDA (a local job's set, a Slurm job's GPUs), its own GPU when it is one rank of several
+    (the others fine-tune their shares on theirs), else `device` (the CPU)."""
+    if not device.startswith("cuda") or ranks > 1:
+        return (device,)
+    if device_count is None:
+        import torch
+
+        device_count = torch.cuda.device_count()
+    return tuple(f"cuda:{i}" for i in range(device_count)) or (device,)
 
 
 def local_pool(parallel: int) -> "GpuPool":

@@ -27,6 +27,9 @@ def oom_reason(
     device's memory. Nothing here may hide the failure: a trace that fails leaves the prediction out."""
     if not isinstance(exc, torch.OutOfMemoryError):
         return None
+    unit = getattr(exc, "finetune_unit", None)  # evaluate.unit_processes: a unit out of memory in its process
+    if unit and ((progress or {}).get("task"), (progress or {}).get("seed")) != (unit["task"], unit["seed"]):
+        progress = {"stage": "finetune", **unit}  # the last progress line was another unit's
     if (progress or {}).get("stage") == "finetune":
         parts = _finetune_oom(spec, progress, predict)
     else:
