@@ -36,10 +36,12 @@ from ablate.evaluate import finetune as ft
 from ablate.evaluate.batching import collate
 from ablate.evaluate.suites import spec_items
 from ablate.evaluate.tasks import TaskSpec, load_task, load_task_data, resolve_settings
-from ablate.launch.gpu_memory import AUTO_MARGIN, StepMemory, gib, gpu_limit, with_moments
+from ablate.launch.gpu_memory import AUTO_MARGIN, PeakTracker, StepMemory, gib, gpu_limit, with_moments
 from ablate.train.meta_cuda import CudaKernels
 
-HOST_READ_TYPES = {"span_ner": "its BiLSTM packs by lengths read on the host; its loss indexes by boolean masks"}
+HOST_READ_TYPES = {
+    "span_ner": "its BiLSTM packs by lengths read on the host; its loss draws each example's training spans on the host"
+}
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,6 @@ def _traced_step(
 ) -> StepMemory:
     """One step of evaluate.finetune's loop on `where` (meta) under MemTracker, AdamW's moments there (a step
     after the first), bf16 autocast at the functions when the settings' precision is auto or bf16."""
-    from torch.distributed._tools.mem_tracker import MemTracker
     from transformers import masking_utils
 
     loss_fn = ft._loss_fn(task, settings, train, n_labels, where.type)
@@ -136,7 +137,7 @@ def _traced_step(
     with_moments(opt.optimizer, opt.params)
     bf16 = settings.precision in ("auto", "bf16")
     kernels = CudaKernels(autocast=bf16)
-    tracker = MemTracker()
+    tracker = PeakTracker()  # the global peak only: what the plan reads
     tracker.track_external(model, opt.optimizer)
     # transformers drops an all-ones padding mask after reading it on the host; the longest batch is padded
     with (

@@ -14,14 +14,17 @@ What meta cannot see is added as stated constants (docs/gpu-memory.md): the CUDA
 and the caching allocator's rounding and fragmentation. FlexAttention (CUDA with documents or a prefix on
 global layers) refuses meta: those steps are traced through the per-document SDPA path.
 
-Results are cached per shape key in the process: a dry run over a grid traces each shape once.
+Results are cached per shape key in the process, and on disk across processes (ablate.launch.trace_cache):
+a dry run over a grid traces each shape once, a second dry run, a requeued job and --retry-failed none.
 
-May import: config, data, models, plan, analysis, train.
+May import: config, data, models, plan, analysis, train, launch.trace_cache.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -34,8 +37,9 @@ from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRef
 
 from ablate.analysis.probe import layer_params
 from ablate.config.errors import SpecError
-from ablate.config.spec import RunSpec
+from ablate.config.spec import ObjectiveFields, RunSpec
 from ablate.data.corpus import SequenceOrder
+from ablate.launch import trace_cache
 from ablate.models.families import family_of, n_layers
 from ablate.plan.freezing import is_frozen
 from ablate.plan.phases import plan_phases
@@ -106,6 +110,8 @@ class StepShape:
     document_masking: bool
     phase: int  # the phase's index in `phases`
     phases: tuple  # the run's phases up to this one as (objective, freeze): moments and freezing
+    deterministic: bool = False  # SDPA's priority order: cuDNN last (ablate.models.attention.sdpa_priority)
+    settings: str = "{}"  # JSON: the phase's other objective fields (mixtures, spans), whether grads are clipped
 
 
 def bf16_on_gpu(spec: RunSpec) -> bool:
@@ -132,22 +138,52 @@ def step_shapes(spec: RunSpec, micro: int, ranks: int = 1) -> list[StepShape]:
                 spec.document_masking,
                 i,
                 tuple((p.objective, tuple(p.freeze)) for p in spec.phases[: i + 1]),
+                spec.deterministic,
+                _step_settings(spec, phase),
             )
         )
     return out
 
 
+def _step_settings(spec: RunSpec, phase) -> str:
+    fields = set(ObjectiveFields.model_fields) - {"objective", "mask_rate"} | {"mixture", "granularity"}
+    settings = phase.model_dump(mode="json", include=fields) | {"clipped": spec.optim.grad_clip is not None}
+    return json.dumps(settings, sort_keys=True)
+
+
 def phase_memory(spec: RunSpec, micro: int, ranks: int = 1) -> list[StepMemory]:
-    """Each phase's step memory at micro-batch `micro` (traced once per distinct shape in this process)."""
-    out = []
-    for shape in step_shapes(spec, micro, ranks):
-        if shape not in _CACHE:
-            _CACHE[shape] = trace_step(shape, spec)
-        out.append(_CACHE[shape])
-    return out
+    """Each phase's step memory at micro-batch `micro`."""
+    return [shape_memory(shape, spec) for shape in step_shapes(spec, micro, ranks)]
+
+
+def shape_memory(shape: StepShape, spec: RunSpec) -> StepMemory:
+    """The step memory of `shape`: traced once per process, and read from the trace cache where an earlier
+    process traced it (ablate.launch.trace_cache)."""
+    if shape not in _CACHE:
+        _CACHE[shape] = trace_cache.read_or_trace(
+            _cache_inputs(shape), lambda: trace_step(shape, spec), dataclasses.asdict, _stored_memory
+        )
+    return _CACHE[shape]
 
 
 _CACHE: dict[StepShape, StepMemory] = {}
+
+
+def _cache_inputs(shape: StepShape) -> dict:
+    """The shape and the model's config as the trace builds it (a config edited in place traces anew)."""
+    return {"shape": dataclasses.asdict(shape), "config": json.loads(_config_json(shape.model))}
+
+
+@lru_cache(maxsize=8)
+def _config_json(source: str) -> str:
+    from ablate.models.sources import load_config
+
+    return load_config(source).to_json_string(use_diff=False)
+
+
+def _stored_memory(stored: dict) -> StepMemory:
+    parts = {part: int(stored[part]) for part in PARTS}
+    return StepMemory(**parts, kernels=tuple(str(k) for k in stored["kernels"]))
 
 
 @lru_cache(maxsize=8)
@@ -272,17 +308,20 @@ class _NoHook:
         pass
 
 
-class _StepTracker(MemTracker):
-    """MemTracker across a step's micro-batches: the encoder is called once per micro-batch, which MemTracker
-    takes for a second iteration; its per-module statistics (unused here) are reset instead. Only the global
-    peak is kept after each op: MemTracker's per-module peaks walk every module at every op (most of a trace's
-    time on a 22-layer model) for statistics the plan does not read."""
+class PeakTracker(MemTracker):
+    """MemTracker keeping, after each op, only the global peak (what StepMemory reads): its per-module peaks
+    walk every module at every op, most of a trace's time on a 22-layer model."""
 
     def _update_peak_stats(self, peak_state) -> None:
         for dev, snap in self._curr_mem_snap.items():
             if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
                 self._peak_mem[dev] = snap[_TOTAL_KEY]
                 self._peak_mem_snap[dev] = dict(snap)  # {reftype: bytes}: a flat copy is a deep one
+
+
+class _StepTracker(PeakTracker):
+    """MemTracker across a step's micro-batches: the encoder is called once per micro-batch, which MemTracker
+    takes for a second iteration; its per-module statistics (unused here) are reset instead."""
 
     def _pre_fw_hook(self, module, inputs):
         name = self._mod_tracker.get_known_fqn(module)
@@ -300,14 +339,36 @@ def micro_batches(per_rank: int) -> list[int]:
     return [d for d in range(per_rank, 0, -1) if per_rank % d == 0]
 
 
-def largest_fitting(spec: RunSpec, limit_bytes: int, ranks: int = 1, margin: float = 0.0) -> int | None:
+def largest_fitting(
+    spec: RunSpec, limit_bytes: int, ranks: int = 1, margin: float = 0.0, below: int | None = None
+) -> int | None:
     """The largest divisor of the per-rank batch whose every phase fits `limit_bytes` less `margin` of it
-    (None: not even one sequence fits). Peaks grow with the micro-batch: the search stops at the first fit."""
+    (None: not even one sequence fits), those from `below` up left out (a micro-batch known not to fit).
+    The whole per-rank batch is one micro-batch, with no gradients beside its forward: on a small model its
+    peak can be below two half-size micro-batches', so it is tried first. Every smaller divisor traces two
+    micro-batches, whose peak grows with the micro-batch: those are bisected (a handful of traces, not one
+    per divisor)."""
     usable = limit_bytes * (1 - margin)
-    for micro in micro_batches(spec.batch_size // ranks):
-        if all(m.predicted <= usable for m in phase_memory(spec, micro, ranks)):
-            return micro
-    return None
+    per_rank = spec.batch_size // ranks
+    candidates = [m for m in micro_batches(per_rank) if below is None or m < below]
+    if candidates and candidates[0] == per_rank:
+        if _fits(spec, per_rank, ranks, usable):
+            return per_rank
+        candidates = candidates[1:]
+    low, high = 0, len(candidates)  # candidates[:low] do not fit, candidates[high:] do
+    while low < high:
+        middle = (low + high) // 2
+        if _fits(spec, candidates[middle], ranks, usable):
+            high = middle
+        else:
+            low = middle + 1
+    return candidates[low] if low < len(candidates) else None
+
+
+def _fits(spec: RunSpec, micro: int, ranks: int, usable: float) -> bool:
+    """Whether every phase at `micro` fits `usable` bytes (the phases after the first that does not are not
+    traced)."""
+    return all(shape_memory(shape, spec).predicted <= usable for shape in step_shapes(spec, micro, ranks))
 
 
 def gib(n: int) -> str:
@@ -444,9 +505,11 @@ def memory_plan(runs: list, launcher, executor: str, file: str | None) -> list[d
             )
             if m.predicted > limit and misfit is None:
                 misfit = (run, phase.name, micro, m)
+        if misfit is not None:  # the error names the first; the other runs' rows are not printed
+            break
     if misfit is not None:
         run, phase, micro, m = misfit
-        best = largest_fitting(run.spec.model_copy(update={"micro_batch_size": None}), limit, ranks)
+        best = largest_fitting(run.spec.model_copy(update={"micro_batch_size": None}), limit, ranks, below=micro)
         fix = (
             f"micro_batch_size: {best} (the largest divisor of the per-rank batch that fits)"
             if best

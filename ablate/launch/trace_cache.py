@@ -1,0 +1,153 @@
+"""Traced step memories kept on disk, so that a second dry run, a requeued job and `--retry-failed` read what
+an earlier process traced (ablate.launch.gpu_memory; docs/gpu-memory.md, "The trace cache").
+
+An entry is one JSON file named by the sha256 of everything its trace depends on: the caller's inputs (the
+step's shape, the model's config, the spec's settings the trace reads) and this machine's side of it, which
+`environment` states: the torch, transformers and kernels versions, the SDPA backends torch may pick and its
+deterministic-algorithms switch (the kernel CUDA would run: ablate.train.meta_cuda), and a digest of ablate's
+own source the trace runs through (TRACED_SOURCES): a change to the attention, the loss or the loop names new
+entries and the old ones are never read again. The inputs are stored beside the result and compared on
+reading, so an entry is used only for exactly the inputs it was traced for.
+
+The folder is `$ABLATE_CACHE/gpu-memory` (default ~/.cache/ablate/gpu-memory): entries are keyed by content,
+not by sweep, so every grid, results root and Slurm job that reaches that folder shares them. Writes are atomic
+(ablate.store.atomic: a reader sees a whole file or none), so processes may read and write it at once; an
+entry that cannot be read or parsed, or that holds other inputs, is ignored and the step traced again, and a
+folder that cannot be written only costs the next process that trace.
+
+May import: config, store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ablate.config.paths import cache_dir
+from ablate.store.atomic import write_text
+
+FORMAT = 1  # an entry's layout; a new one names new files
+FOLDER = "gpu-memory"
+PACKAGE = Path(__file__).resolve().parents[1]  # ablate/
+# ablate's code a traced step runs (relative to the package): the loop, the objectives' batches and attention
+# patterns, the models' attention kernels, the meta CUDA router, the phase plans and freezing, the tracer
+TRACED_SOURCES = (
+    "train",
+    "models",
+    "config/objectives",
+    "config/spec.py",
+    "plan/phases.py",
+    "plan/freezing.py",
+    "analysis/probe.py",
+    "data/corpus.py",
+    "launch/gpu_memory.py",
+    "launch/trace_cache.py",
+)
+VERSIONED = ("torch", "transformers", "kernels")  # the distributions whose code the trace runs
+
+counts = {"traced": 0, "read": 0}  # this process's step shapes: traced, or read from the folder
+
+
+def folder() -> Path:
+    return cache_dir() / FOLDER
+
+
+@lru_cache(maxsize=1)
+def source_digest() -> str:
+    """sha256 over the path and bytes of every .py file under TRACED_SOURCES (a missing one counts as such)."""
+    digest = hashlib.sha256()
+    for source in TRACED_SOURCES:
+        path = PACKAGE / source
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        for file in files:
+            digest.update(str(file.relative_to(PACKAGE)).encode())
+            digest.update(file.read_bytes() if file.is_file() else b"<missing>")
+    return digest.hexdigest()
+
+
+@lru_cache(maxsize=None)
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """This process's side of a trace: versions, the kernel choice's switches, ablate's traced source."""
+    return {
+        "versions": {name: _version(name) for name in VERSIONED},
+        "sdpa_enabled": {
+            "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
+            "flash": torch.backends.cuda.flash_sdp_enabled(),
+            "efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+            "math": torch.backends.cuda.math_sdp_enabled(),
+        },
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "source": source_digest(),
+    }
+
+
+def entry_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """What an entry is keyed by and stores: the caller's inputs and the environment, as JSON reads them back
+    (tuples as lists), so a stored entry compares equal to the inputs it was written for."""
+    return json.loads(json.dumps({"format": FORMAT, "inputs": inputs, "environment": environment()}))
+
+
+def path_of(keyed: dict[str, Any]) -> Path:
+    text = json.dumps(keyed, sort_keys=True, separators=(",", ":"))
+    return folder() / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
+
+
+def read(keyed: dict[str, Any]) -> dict[str, Any] | None:
+    """The stored result for `keyed` (entry_inputs), or None: absent, unreadable, not JSON, or other inputs."""
+    try:
+        entry = json.loads(path_of(keyed).read_text())
+    except (OSError, ValueError):  # absent, a folder that cannot be read, a file cut short or overwritten
+        return None
+    if not isinstance(entry, dict) or entry.get("keyed") != keyed or not isinstance(entry.get("result"), dict):
+        return None
+    return entry["result"]
+
+
+def write(keyed: dict[str, Any], result: dict[str, Any]) -> None:
+    """Store `result` for `keyed`, atomically; a folder that cannot be written is left as it is."""
+    try:
+        write_text(path_of(keyed), json.dumps({"keyed": keyed, "result": result}, indent=1, sort_keys=True) + "\n")
+    except OSError:  # read-only or full: the next process traces again
+        pass
+
+
+def read_or_trace(
+    inputs: dict[str, Any], trace: Callable[[], Any], encode: Callable[[Any], dict], decode: Callable[[dict], Any]
+):
+    """The result for `inputs`: read from the folder, else `trace()`d and stored. `decode` failing on a
+    stored result (an entry of another layout) counts as a miss."""
+    keyed = entry_inputs(inputs)
+    stored = read(keyed)
+    if stored is not None:
+        try:
+            result = decode(stored)
+        except (KeyError, TypeError, ValueError):
+            result = None
+        if result is not None:
+            counts["read"] += 1
+            return result
+    result = trace()
+    counts["traced"] += 1
+    write(keyed, encode(result))
+    return result
+
+
+def summary() -> str:
+    """What this process did, for the dry run: how many step shapes were traced and how many were read."""
+    return (
+        f"step shapes: {counts['traced']} traced, {counts['read']} read from the trace cache ({folder()}; "
+        "docs/gpu-memory.md)"
+    )
