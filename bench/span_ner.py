@@ -33,10 +33,17 @@ def _words(text: str) -> list[tuple[int, int]]:
     return spans
 
 
-def _tags(text: str, entities) -> tuple[list[str], list[str]]:
-    from ablate.evaluate.spans import bioul_spans, non_overlapping
+def _outermost(spans) -> list[tuple[int, int]]:
+    """The spans one tag sequence can hold: longest first (then leftmost), each kept if it overlaps none kept
+    before; in order."""
+    kept: list[tuple[int, int]] = []
+    for s, e in sorted(set(spans), key=lambda se: (se[0] - se[1], se[0])):
+        if all(e < ks or s > ke for ks, ke in kept):
+            kept.append((s, e))
+    return sorted(kept)
 
-    del bioul_spans
+
+def _tags(text: str, entities) -> tuple[list[str], list[str]]:
     words = _words(text)
     covered = {}
     for s, e, lab in entities:
@@ -45,7 +52,7 @@ def _tags(text: str, entities) -> tuple[list[str], list[str]]:
         if first is not None and last is not None and first <= last:
             covered.setdefault((first, last), lab)
     tags = ["O"] * len(words)
-    for first, last in non_overlapping(covered):
+    for first, last in _outermost(covered):
         tags[first] = f"B-{covered[(first, last)]}"
         tags[first + 1 : last + 1] = [f"I-{covered[(first, last)]}"] * (last - first)
     return [text[a:b] for a, b in words], tags
@@ -72,6 +79,12 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=5e-5, help="the encoder's (and the token head's) learning rate")
     ap.add_argument("--head-lr", type=float, default=1e-3, help="the span model's BiLSTM and heads")
+    ap.add_argument(
+        "--span-selection",
+        choices=("sampled", "decoded"),
+        default="sampled",
+        help="the span model's checkpoint rule: tabib's sampled-span dev score, or the decoded dev span F1",
+    )
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
@@ -102,11 +115,19 @@ def main() -> None:
         "threads": args.threads,
         **common,
         "steps": args.steps,
+        "span_selection": args.span_selection,
     }
 
     spans_task = load_task("quaero_emea_spans")
     settings = resolve_settings(
-        spans_task, {**common, "max_steps": args.steps, "eval_every": args.eval_every, "head_lr": args.head_lr}
+        spans_task,
+        {
+            **common,
+            "max_steps": args.steps,
+            "eval_every": args.eval_every,
+            "head_lr": args.head_lr,
+            "span_selection": args.span_selection,
+        },
     )
     got = {}
     t0 = time.perf_counter()

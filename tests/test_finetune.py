@@ -687,6 +687,7 @@ def test_settings_added_later_keep_older_score_files_matching_at_their_neutral_v
             "lstm_hidden_size",
             "lstm_layers",
             "biaffine_hidden_size",
+            "span_selection",  # issue 56, at tabib's default
             "probe",
             "probe_hidden",
             "probe_dropout",

@@ -38,6 +38,7 @@ def test_batches_are_grouped_by_length_by_default_and_scores_of_the_old_default_
             "lstm_hidden_size",
             "lstm_layers",
             "biaffine_hidden_size",
+            "span_selection",  # issue 56, at tabib's default
             "probe",
             "probe_hidden",
             "probe_dropout",

@@ -1,8 +1,11 @@
-"""BRAT stand-off files (a folder of <doc>.txt with <doc>.ann) -> span examples: one example per non-empty line
-of each document, its entities as (start, end, type) character offsets within the line, nested and
-overlapping ones all kept. A discontinuous entity (fragments `a b;c d`) is the span from its first fragment's
-start to its last fragment's end (tabib's rule); an entity that crosses a line break belongs to no line and is
-left out (BratCounts says how many). Lines and documents are in file-name order.
+"""BRAT stand-off files (a folder of <doc>.txt with <doc>.ann) -> span examples, as tabib's BRAT adapter reads
+them (github Rian-T/tabib, src/tabib/data/brat.py at 16649393): `lines`, one example per non-empty line of each
+document (its EMEA reading), or `documents`, one per document, the whole file (its MEDLINE reading). An
+example's entities are (start, end, type) character offsets within it, nested, overlapping and repeated ones
+all kept. A discontinuous entity (fragments `a b;c d`) is the span from its first fragment's start to its last
+fragment's end (tabib's rule); read by lines, an entity that crosses a line break belongs to no line and is left
+out (BratCounts says how many). Documents are in file-name order; a whitespace-only line or document is no
+example.
 
 May import: config.
 """
@@ -10,9 +13,11 @@ May import: config.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from ablate.config.errors import SpecError
+
+Units = Literal["lines", "documents"]
 
 
 class BratCounts(NamedTuple):
@@ -22,8 +27,8 @@ class BratCounts(NamedTuple):
     across_lines: int  # left out: crossing a line break
 
 
-def read_ann(path: Path) -> list[tuple[int, int, str]]:
-    """The text-bound entities (T lines) of one .ann file as (start, end, type), fragments joined."""
+def read_ann(path: Path) -> list[tuple[int, int, str, int]]:
+    """The text-bound entities (T lines) of one .ann file as (start, end, type, fragments), fragments joined."""
     out = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.startswith("T"):
@@ -39,8 +44,21 @@ def read_ann(path: Path) -> list[tuple[int, int, str]]:
     return out
 
 
-def read_folder(folder: Path) -> tuple[list[tuple[str, tuple[tuple[int, int, str], ...]]], BratCounts]:
-    """Every document's lines as (text, spans), and the counts of what was kept."""
+def _pieces(text: str, units: Units) -> list[tuple[int, str]]:
+    """(offset, text) of the document's examples before the whitespace-only ones are dropped."""
+    if units == "documents":
+        return [(0, text)]
+    pieces, at = [], 0
+    for line in text.split("\n"):
+        pieces.append((at, line))
+        at += len(line) + 1
+    return pieces
+
+
+def read_folder(
+    folder: Path, units: Units = "lines"
+) -> tuple[list[tuple[str, tuple[tuple[int, int, str], ...]]], BratCounts]:
+    """Every document's examples as (text, spans), and the counts of what was kept."""
     examples, total, disc, kept = [], 0, 0, 0
     for txt in sorted(folder.glob("*.txt")):
         ann = txt.with_suffix(".ann")
@@ -50,12 +68,10 @@ def read_folder(folder: Path) -> tuple[list[tuple[str, tuple[tuple[int, int, str
         entities = read_ann(ann)
         total += len(entities)
         disc += sum(1 for *_, n in entities if n > 1)
-        at = 0
-        for line in text.split("\n"):
-            end = at + len(line)
-            spans = tuple(sorted({(s - at, e - at, k) for s, e, k, _ in entities if s >= at and e <= end}))
-            if line.strip():
-                examples.append((line, spans))
+        for at, piece in _pieces(text, units):
+            end = at + len(piece)
+            spans = tuple(sorted((s - at, e - at, k) for s, e, k, _ in entities if s >= at and e <= end))
+            if piece.strip():
+                examples.append((piece, spans))
                 kept += len(spans)
-            at = end + 1
     return examples, BratCounts(total, disc, kept, total - kept)

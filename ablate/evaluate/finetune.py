@@ -11,7 +11,8 @@ The resumable task x seed loop over score files is ablate.evaluate.scores.
 
 The task type's entry (ablate.evaluate.task_types) builds the model, encodes, collates the labels, gives the
 loss and decodes; with max_steps (span_ner) training runs that many steps and evaluates dev every eval_every,
-an "epoch" of the score rows then being one such evaluation.
+an "epoch" of the score rows then being one such evaluation. The best dev epoch is the task's first metric's,
+unless the entry's `selection` names another (span_ner's sampled_span_f1, tabib's checkpoint score).
 
 May import: config, store, models, train (precision, objectives, cpu), evaluate (tasks, task_types, batching,
 finetune_progress).
@@ -352,7 +353,11 @@ def finetune(
     overhead = cpu.piece_overhead(device, settings.length_pieces)
     reporter = FinetuneProgress(progress, task, seed, rounds, round_steps)
 
-    def evaluate(split: str) -> tuple[dict[str, float], list, list]:
+    # the dev metric that keeps a checkpoint (the task's first unless its type says otherwise); scored, not reported
+    selection = task.entry.selection(settings) or task.primary_metric
+    dev_metrics = [*task.metrics, *([selection] if selection not in task.metrics else [])]
+
+    def evaluate(split: str, names: list[str] = task.metrics) -> tuple[dict[str, float], list, list]:
         preds = _predict(
             model,
             task,
@@ -366,9 +371,9 @@ def finetune(
             autocast_on(settings.precision, device),
         )
         gold = _gold(task, examples[split])
-        return (compute(task.type, task.metrics, gold, preds, task.metric_options.negative_label), gold, preds)
+        return (compute(task.type, names, gold, preds, task.metric_options.negative_label), gold, preds)
 
-    best_epoch, best_dev, best_state, stale, best_dev_out = 0, {}, None, 0, ([], [])
+    best_epoch, best_dev, best_state, stale, best_dev_out, best_score = 0, {}, None, 0, ([], []), None
     for epoch in range(1, rounds + 1):
         reporter.epoch = epoch
         batches = batches_of(epoch)
@@ -384,9 +389,10 @@ def finetune(
             _autocast(settings, device),
             autocast_on(settings.precision, device),
         )
-        dev, *dev_out = evaluate("dev")
-        if _better(dev[task.primary_metric], reporter.best):
-            reporter.best, best_epoch, best_dev, stale = dev[task.primary_metric], epoch, dev, 0
+        dev, *dev_out = evaluate("dev", dev_metrics)
+        if _better(dev[selection], best_score):
+            best_score, reporter.best, best_epoch, stale = dev[selection], dev[task.primary_metric], epoch, 0
+            best_dev = {m: dev[m] for m in task.metrics}
             best_dev_out = dev_out
             # the last epoch's weights are tested as they are, so they need no copy
             best_state = _snapshot(opt.params) if epoch < rounds else None

@@ -48,9 +48,17 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def task_hash(task: TaskSpec) -> str:
-    # group_by (issue 46) adds per-group scores; unset it computes what every older score computed
-    unset = {"group_by"} if task.group_by is None else set()
-    return _digest(task.model_dump(mode="json", exclude=_NOT_COMPUTATION | unset))
+    # group_by (issue 46) adds per-group scores, data.units (issue 56) cuts BRAT documents otherwise; unset,
+    # each computes what every older score computed
+    exclude: dict[str, Any] = {
+        k: True for k in _NOT_COMPUTATION | ({"group_by"} if task.group_by is None else set())
+    }
+    if task.data.units is None:
+        exclude["data"] = {"units"}
+    dump = task.model_dump(mode="json", exclude=exclude)
+    if task.entry.revision:  # the type computes otherwise than when older scores were stored
+        dump["type_revision"] = task.entry.revision
+    return _digest(dump)
 
 
 def data_hash(task: TaskSpec, data_root: str | os.PathLike | None = None) -> str:
@@ -76,6 +84,7 @@ NEUTRAL_SETTINGS = {
     "lstm_hidden_size": 400,
     "lstm_layers": 3,
     "biaffine_hidden_size": 64,
+    "span_selection": "sampled",  # issue 56: with the span model's revision (task_hash), tabib's default
     # the probes (issue 46): none is full fine-tuning, what every older score computed
     "probe": "none",
     "probe_hidden": None,

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ablate.config import extras
 from ablate.config.errors import SpecError
 from ablate.config.paths import resolve_data_path
 from ablate.evaluate.brat import read_folder
@@ -96,13 +97,19 @@ def _split_path(task: TaskSpec, split: str, data_root) -> Path:
     return path
 
 
+_BRAT_FILES = "a folder of BRAT <doc>.txt files, each with its <doc>.ann beside it"
+
+
 def _nonempty(task: TaskSpec, split: str, examples: list[Example], source) -> list[Example]:
     if not examples:
+        brat = task.data.format == "brat"
+        bare = brat and not any(Path(source).glob("*.txt"))
         raise SpecError(
-            f"split has no examples: {source}",
+            f"no BRAT .txt/.ann pairs in the folder {source}" if bare else f"split has no examples: {source}",
             file=task.file,
             key=f"data.splits.{split}",
             value=getattr(task.data.splits, split),
+            allowed=_BRAT_FILES if brat else None,
         )
     return examples
 
@@ -164,7 +171,7 @@ def keep_entity_types(task: TaskSpec, tags: Iterable[str]) -> tuple[str, ...]:
 
 
 def _read_brat(task: TaskSpec, folder: Path) -> list[Example]:
-    return [Example(text, spans) for text, spans in read_folder(folder)[0]]
+    return [Example(text, spans) for text, spans in read_folder(folder, task.data.units or "lines")[0]]
 
 
 # ---------------------------------------------------------------------------------------------------- records
@@ -311,15 +318,7 @@ def load_hf(task: TaskSpec, data_root=None):
 
 @functools.lru_cache(maxsize=8)
 def _load_hf(file: str | None, ref: str, config: str | None, folder: str | None, _stamp):
-    try:
-        import datasets
-    except ImportError:
-        raise SpecError(
-            "format hf needs the `datasets` package (pip install datasets)",
-            file=file,
-            key="data.format",
-            value="hf",
-        ) from None
+    datasets = extras.load("datasets", "format hf", file=file, key="data.format", value="hf")
     if ref.startswith(HUB_PREFIX):
         name = ref[len(HUB_PREFIX) :]
         try:

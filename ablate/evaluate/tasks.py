@@ -88,12 +88,22 @@ class FinetuneSettings(Strict):
         None, description="span_ner: the learning rate of everything but the encoder; null: lr"
     )
     head_dropout: float = Field(
-        0.4, ge=0, lt=1, description="span_ner: dropout on the encoder's and the BiLSTM's outputs"
+        0.4,
+        ge=0,
+        lt=1,
+        description="span_ner: dropout after each BiLSTM and on the tagger's and biaffine's inputs",
     )
     max_span_length: PositiveInt = Field(40, description="span_ner: the longest span scored, in sub-tokens")
-    lstm_hidden_size: int = Field(400, ge=2, description="span_ner: the BiLSTM's size (both directions)")
-    lstm_layers: PositiveInt = Field(3, description="span_ner: the BiLSTM's layers")
+    lstm_hidden_size: int = Field(
+        400, ge=2, multiple_of=2, description="span_ner: the BiLSTM block's size (both directions: even)"
+    )
+    lstm_layers: PositiveInt = Field(3, description="span_ner: the BiLSTM block's layers")
     biaffine_hidden_size: PositiveInt = Field(64, description="span_ner: the biaffine scorer's size per label")
+    span_selection: Literal["sampled", "decoded"] = Field(
+        "sampled",
+        description="span_ner: the dev score that keeps a checkpoint: sampled, tabib's (F1 of the argmax "
+        "over the dev examples' training spans, no decoding: sampled_span_f1); decoded, the task's first metric",
+    )
     probe: Literal["none", "linear", "mlp"] = Field(
         "none",
         description="sequence tasks: none, fine-tune the whole model; linear / mlp: the encoder frozen, "
@@ -164,6 +174,9 @@ class DataSpec(Strict):
         None, description="hf: hf:ORG/NAME on the hub, or a save_to_disk folder (relative: to the data root)"
     )
     config: str | None = Field(None, description="hf hub datasets: the configuration (load_dataset's name)")
+    units: Literal["lines", "documents"] | None = Field(
+        None, description="brat: one example per non-empty line (lines; null: lines) or per document (documents)"
+    )
     splits: Splits = Field(description="the three splits")
 
 
@@ -322,6 +335,8 @@ def _check_data(t: TaskSpec) -> None:
             None,
             f"{HUB_PREFIX}ORG/NAME, or a folder saved with save_to_disk",
         )
+    if fmt != "brat" and d.units is not None:
+        raise Located("units cut BRAT documents into examples", "data.units", d.units, "with data.format brat")
     if fmt != "hf" and (d.dataset is not None or d.config is not None):
         key = "data.dataset" if d.dataset is not None else "data.config"
         raise Located("dataset and config are for format hf", key, d.dataset or d.config)

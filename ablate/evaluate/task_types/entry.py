@@ -27,6 +27,7 @@ TYPE_SETTINGS: dict[str, str] = {
     "lstm_hidden_size": "has a BiLSTM",
     "lstm_layers": "has a BiLSTM",
     "biaffine_hidden_size": "has a biaffine span scorer",
+    "span_selection": "keeps a checkpoint by a span score",
     "probe": "is probed (a frozen encoder under a head on the pooled sequence)",
     "probe_hidden": "is probed with an MLP",
     "probe_dropout": "is probed",
@@ -43,7 +44,8 @@ class TaskType:
     loss(settings, train_items, n_labels, device) -> None (the model's own loss) or fn(logits, labels);
     decode(outputs, rows, items, labels, examples) -> one prediction per row, in the form `metrics` take;
     gold(example) -> the example's label in that form; label_names(label) -> the label strings it holds;
-    check(task) -> raises ablate.config.base.Located for data:/columns:/labels: this type cannot use."""
+    check(task) -> raises ablate.config.base.Located for data:/columns:/labels: this type cannot use;
+    selection(settings) -> the metric of `metrics` that keeps a checkpoint on dev, or None: the task's first."""
 
     name: str
     description: str
@@ -66,6 +68,8 @@ class TaskType:
     has_label_set: bool = True
     takes_negative: frozenset[str] = field(default_factory=frozenset)  # metrics that take negative_label
     targets: tuple[str, ...] = ("labels",)  # the batch's keys that only training reads
+    selection: Callable[[Any], str | None] = lambda settings: None
+    revision: str = ""  # changed when the type computes otherwise: a score of another revision is recomputed
 
 
 _REGISTRY: dict[str, TaskType] = {}
