@@ -124,10 +124,10 @@ def test_the_dry_run_of_the_freeze_grid_prints_its_cost_plan(tmp_path, capsys, m
     derived = [c for c in costs if c["run_id"].startswith("tx-")]  # the 7 transplants: fine-tuning only
     assert [c["run_id"] for c in costs] == [r.run_id for r in runs] + [c["run_id"] for c in derived] + ["total"]
     assert len(derived) == 7 and all(
-        (c["steps"], c["tokens"], c["hours"], c["epochs"], c["fine-tuning h"])
-        == ("0", "0", "0", "-", "not estimated")
-        for c in derived
+        (c["steps"], c["tokens"], c["hours"], c["epochs"]) == ("0", "0", "0", "-") for c in derived
     )
+    # their DiaMED probing: estimated, or nothing where the data root lacks DiaMED (the tests' data has none)
+    assert all(c["fine-tuning h"] == "0" or c["fine-tuning h"].endswith(" (estimated)") for c in derived)
     decay = -(-1_000_000_000 // (384 * 8192))  # low_decay branches from the unfrozen detour: trains its decay
     for run, cost in zip(runs, costs[: len(runs)]):
         assert [cost["schedule"], cost["freeze"]] == [run.axes["schedule"], run.axes["freeze"]]
@@ -135,11 +135,14 @@ def test_the_dry_run_of_the_freeze_grid_prints_its_cost_plan(tmp_path, capsys, m
         h = n * 384 * 8192 / 50_000 / 3600
         assert cost["steps"] == str(n) and cost["tokens"] == f"{n * 384 * 8192:,}"
         assert cost["hours"] == (f"{h:,.1f}" if h >= 10 else f"{h:.3g}")
-        assert cost["GPUs"] == "1" and cost["GPU-hours"] == cost["hours"]
-        assert cost["fine-tuning h"] == "not estimated"  # no fine-tuning throughput
+        # no fine-tuning throughput was measured: estimated from its FLOPs at the rate 50k tokens/s gives
+        ft, label = cost["fine-tuning h"].split(" ", 1)
+        assert label == "(estimated)" and float(ft) > 0
+        assert cost["GPUs"] == "1" and float(cost["GPU-hours"]) == pytest.approx(h + float(ft), rel=1e-2)
         assert cost["epochs"] == "missing"  # the corpus the user supplies is not here
     total_h = (4 * steps + decay) * 384 * 8192 / 50_000 / 3600
-    assert costs[-1] == {
+    ft_total = sum(float(c["fine-tuning h"].split()[0]) for c in costs[:-1])
+    assert {k: v for k, v in costs[-1].items() if k not in ("fine-tuning h", "GPU-hours")} == {
         "run_id": "total",
         "schedule": "",
         "freeze": "",
@@ -147,13 +150,15 @@ def test_the_dry_run_of_the_freeze_grid_prints_its_cost_plan(tmp_path, capsys, m
         "tokens": f"{(4 * steps + decay) * 384 * 8192:,}",
         "epochs": "",
         "hours": f"{total_h:,.1f}",
-        "fine-tuning h": "not estimated",
         "GPUs": "",
-        "GPU-hours": f"{total_h:,.1f}",
     }
+    ft, label = costs[-1]["fine-tuning h"].split(" ", 1)
+    assert label == "(estimated)" and float(ft) == pytest.approx(ft_total, rel=1e-2)
+    assert float(costs[-1]["GPU-hours"]) == pytest.approx(total_h + ft_total, rel=1e-2)
     assert "(0.82x)" in out and "GPU-hours saved" in out  # against branching: false
     assert "cost plan: throughput --tokens-per-s 50,000 for every phase" in out
-    assert "slurm: 1 GPU per run" in out and "fine-tuning: not estimated" in out
+    assert "slurm: 1 GPU per run" in out and "fine-tuning h (estimated): no fine-tuning throughput" in out
+    assert "hub:almanach/moderncamembert-base" in out.split("FLOP rate per process:")[1].splitlines()[0]
     assert lines[-1].startswith("5 runs, 7 transplants; executor slurm;")
 
 
@@ -281,6 +286,11 @@ def test_the_dry_runs_one_table_adds_the_transplants_fine_tuning_from_the_calibr
     )
     per_task = next(line for line in lines if line.split()[:1] == ["ncbi_disease"])
     assert per_task.split()[2:5] == ["4", "2", "8"]  # runs (3 + the transplant), seeds, fine-tunings
+    # measured hours, said so above both tables, and nothing marked estimated
+    assert any(line.startswith("  hours measured: the examples/s of `ablate calibrate`") for line in lines)
+    assert (
+        "  fine-tuning h: measured, at the examples/s above" in "\n".join(lines) and "(estimated)" not in per_task
+    )
 
 
 def test_a_calibration_of_another_grid_exits_2(calibrated, tmp_path, capsys):

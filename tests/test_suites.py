@@ -160,7 +160,7 @@ def test_the_dry_run_lists_the_suite_and_its_fine_tuning_per_task(suites_dir, tm
     assert main(["sweep", str(grid), "--dry-run", "--results", str(tmp_path / "r")]) == 0
     assert reads == [str(suites_dir / "mini.yaml")]  # read and checked once, however many consumers
     lines = capsys.readouterr().out.splitlines()
-    at = lines.index("evaluation (fine-tuning per task; hours from `ablate calibrate`):")
+    at = lines.index("evaluation (fine-tuning per task; hours measured by `ablate calibrate`, else estimated):")
     assert lines[at + 1].startswith("  suite:mini: 2 tasks (ncbi_disease, chemprot), fine-tuning seeds 0,1; 3")
     rows = {line.split()[0]: line.split() for line in lines[at + 3 : at + 7]}
     pubmedqa_train = sum(1 for _ in (DATA / "pubmedqa_pqal" / "train.jsonl").open())

@@ -224,7 +224,7 @@ def test_the_dry_run_counts_a_transplants_fine_tuning_in_the_per_task_rows(tmp_p
     out, err = capsys.readouterr()
     assert rc == 0, err
     lines = out.splitlines()
-    at = lines.index("evaluation (fine-tuning per task; hours from `ablate calibrate`):")
+    at = lines.index("evaluation (fine-tuning per task; hours measured by `ablate calibrate`, else estimated):")
     row = next(line.split() for line in lines[at:] if line.startswith("ncbi_disease"))
     assert row[1:5] == ["-", "1", "1", "1"], lines[at : at + 5]  # the derived run alone fine-tunes: seed 0, once
 

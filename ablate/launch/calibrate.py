@@ -4,8 +4,9 @@ For each distinct (model, objective, sequence length, batch) of the grid: the en
 step (ablate.train.loop.setup / train_step, as bench/pretrain_step.py runs them), `warmup` untimed steps
 then `steps` timed ones, nothing frozen (a frozen phase only goes faster), on the device the spec picks.
 With fine-tuning: for each distinct (model, task, fine-tuning settings) the engine's own fine-tuning
-(ablate.evaluate.finetune) on the task's first batches, timed between its per-step progress reports (train
-examples/s) and across its dev evaluation (eval examples/s).
+(ablate.evaluate.finetune) on the task's first batches, one pass (a max_steps task too: the cost plan counts
+its steps), timed between its per-step progress reports (train examples/s) and across its dev evaluation (eval
+examples/s).
 
 The result goes to <sweep>/calibration.json (atomically) with the hardware, the torch version and the
 date; `ablate sweep --dry-run` and `ablate status` read it (ablate.launch.estimates).
@@ -124,6 +125,21 @@ def _rates_from_reports(
     return examples / (t1 - t0), n_dev / (after_eval - t1), s1 - s0
 
 
+def timed_settings(settings, n_train: int, n_dev: int):
+    """The fine-tuning settings the calibration runs: one pass over `n_train` examples then one dev evaluation of
+    `n_dev` (a max_steps task's steps and evaluation interval dropped, so that it stops there too)."""
+    return settings.model_copy(
+        update={
+            "epochs": 1,
+            "patience": None,
+            "max_train_examples": n_train,
+            "max_eval_examples": n_dev,
+            "max_steps": None,
+            "eval_every": None,
+        }
+    )
+
+
 def time_finetuning(
     spec: RunSpec, task_name: str, settings, key_settings: str, model_dir: Path, steps: int, warmup: int
 ) -> FinetuneRate:
@@ -137,9 +153,7 @@ def time_finetuning(
     splits = load_task_data(task, spec.data.data_root).splits
     n_train = min(len(splits["train"]), settings.batch_size * (warmup + steps))
     n_dev = min(len(splits["dev"]), 2 * settings.eval_batch_size)
-    short = settings.model_copy(
-        update={"epochs": 1, "patience": None, "max_train_examples": n_train, "max_eval_examples": n_dev}
-    )
+    short = timed_settings(settings, n_train, n_dev)
     device = str(pick_device(spec.device))
     reports: list[tuple[float, int]] = []
     finetune(

@@ -1,11 +1,12 @@
 """What the cost plan (ablate.plan.cost) needs, gathered from files: the throughput (--tokens-per-s, or the
 sweep's calibration.json, read here and written by ablate.launch.calibrate), the fine-tuning work of each
-run (the tasks' train / dev / test sizes and epochs under the run's fine-tuning settings), what is known of
+run (the tasks' train / dev / test sizes and epochs, or steps, under the run's fine-tuning settings, and where
+no fine-tuning throughput was measured, its FLOPs for an estimate: launch.finetune_estimate), what is known of
 each corpus's tokens (launch.preparation.corpus_sizes: prepared, estimated from its bytes, unknown or
 missing) for the epochs each run reads it, and for `ablate status` what finished runs took (records/run.json,
 score files).
 
-May import: config, store, plan, evaluate, launch.preparation.
+May import: config, store, plan, evaluate, launch.preparation, launch.finetune_estimate.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from ablate.config.base import validate
 from ablate.config.errors import SpecError
 from ablate.config.grid import GridSpec, Launcher, load_grid
 from ablate.config.spec import RunSpec
 from ablate.data.mixture import uses_own_data
+from ablate.launch.finetune_estimate import TokenCounter, with_estimates
 from ablate.launch.preparation import corpus_key, corpus_sizes, source_specs
 from ablate.plan.data_plan import plan_lines, source_epochs_cell
 from ablate.plan.cost import (
@@ -91,10 +94,20 @@ def cap_notes(task: str, caps: dict[str, int | None], sizes: dict[str, int]) -> 
     ]
 
 
-def _task_work(item, spec: RunSpec) -> tuple[str, str, object, tuple[int, int, int], list[str]]:
-    """(task name, its speed settings as JSON, the resolved settings, examples fine-tuned on in train, dev,
-    test, the caps past its data) of one task (an ablate.evaluate.suites.EvalItem) under its settings."""
-    from ablate.evaluate.tasks import load_task, load_task_data, resolve_settings
+class TaskWork(NamedTuple):
+    """One task under one run's fine-tuning settings."""
+
+    name: str
+    speed: str  # the settings that set its speed, as JSON
+    settings: object  # the resolved ablate.evaluate.tasks.FinetuneSettings
+    examples: dict[str, list]  # train, dev, test: what it fine-tunes and evaluates on (the caps applied)
+    max_length: int  # the settings' max_length, else the task's (the model's context may cut it further)
+    notes: list[str]  # the caps past its data
+
+
+def _task_work(item, spec: RunSpec) -> TaskWork:
+    """One task (an ablate.evaluate.suites.EvalItem) under its settings."""
+    from ablate.evaluate.tasks import capped, load_task, load_task_data, resolve_settings
 
     task = load_task(item.task)
     settings = resolve_settings(task, item.finetune, spec.eval.protocol)
@@ -108,18 +121,21 @@ def _task_work(item, spec: RunSpec) -> tuple[str, str, object, tuple[int, int, i
         "dev": settings.max_eval_examples,
         "test": settings.max_eval_examples,
     }
-    sizes = tuple(min(len(splits[s]), cap[s] or len(splits[s])) for s in ("train", "dev", "test"))
+    examples = {s: capped(splits[s], cap[s], settings.subset) for s in ("train", "dev", "test")}
     notes = cap_notes(task.name, cap, {s: len(splits[s]) for s in splits})
-    return task.name, json.dumps(speed, sort_keys=True), settings, sizes, notes
+    return TaskWork(task.name, json.dumps(speed, sort_keys=True), settings, examples, speed["max_length"], notes)
 
 
-def finetune_plan(specs: list[RunSpec], ids: list[str] | None = None) -> FinetunePlan:
+def finetune_plan(
+    specs: list[RunSpec], ids: list[str] | None = None, counter: TokenCounter | None = None
+) -> FinetunePlan:
     """Each spec's fine-tuning work (under its run id, or `ids`: a derived run's spec has its into run's id),
     and each distinct (model, task, speed settings) once with a spec and the resolved settings that have it
-    (what `ablate calibrate` times)."""
+    (what `ablate calibrate` times). With `counter`, each work's FLOPs per example too (for an estimate where
+    no fine-tuning throughput is measured: ablate.launch.finetune_estimate)."""
     from ablate.evaluate.suites import spec_items
 
-    plan, seen = FinetunePlan(), {}
+    plan, seen, flops = FinetunePlan(), {}, {}
     for spec, rid in zip(specs, ids or [s.run_id for s in specs]):
         work = []
         for item in spec_items(spec, present_only=True):  # a suite task without data is skipped
@@ -131,10 +147,28 @@ def finetune_plan(specs: list[RunSpec], ids: list[str] | None = None) -> Finetun
             )
             if where not in seen:
                 seen[where] = _task_work(item, spec)
-            task, speed, settings, (n_train, n_dev, n_test), notes = seen[where]
-            plan.notes.update(dict.fromkeys(notes))
-            key = FinetuneKey(spec.model, task, speed)
-            work.append(FinetuneWork(key, len(item.seeds), settings.epochs, n_train, n_dev, n_test))
+            task = seen[where]
+            settings, sizes = task.settings, [len(task.examples[s]) for s in ("train", "dev", "test")]
+            plan.notes.update(dict.fromkeys(task.notes))
+            per_example = None
+            if counter is not None:
+                tokens = (*where, spec.model, spec.tokenizer or spec.model)
+                if tokens not in flops:
+                    flops[tokens] = counter.example_flops(spec, settings, task.examples, task.max_length)
+                per_example = flops[tokens]
+            key = FinetuneKey(spec.model, task.name, task.speed)
+            work.append(
+                FinetuneWork(
+                    key,
+                    len(item.seeds),
+                    settings.epochs,
+                    *sizes,
+                    max_steps=settings.max_steps,
+                    batch=settings.batch_size,
+                    eval_every=settings.eval_every,
+                    flops=per_example,
+                )
+            )
             plan.jobs.setdefault(key, (spec, settings))
         plan.work[rid] = work
     return plan
@@ -177,6 +211,10 @@ def dry_run_cost(
     grid), else none (steps and tokens). With `tree` (ablate.plan.branching) a branched run counts only its
     steps after its branch step."""
     specs = [r.spec for r in runs]
+    tuned, tuned_ids = (
+        specs + [t.spec for t in transplants],
+        [r.run_id for r in runs] + [t.run_id for t in transplants],
+    )
     calibration, throughput, finetune = None, None, None
     if tokens_per_s is not None:
         throughput = given_throughput(tokens_per_s)
@@ -184,17 +222,12 @@ def dry_run_cost(
         path = SweepFolder(Path(results_root) / grid.sweep).calibration
         calibration = read_calibration(path)
         if calibration is not None:
-            finetune = (
-                finetune_plan(
-                    specs + [t.spec for t in transplants],
-                    [r.run_id for r in runs] + [t.run_id for t in transplants],
-                )
-                if calibration.finetuning
-                else None
-            )
+            finetune = finetune_plan(tuned, tuned_ids) if calibration.finetuning else None
             throughput = matching_throughput(
                 calibration, str(path), grid.sweep, specs, list(finetune.jobs) if finetune else [], grid_file
             )
+    if throughput is not None and finetune is None and any(s.eval.tasks for s in tuned):
+        throughput, finetune = estimated(throughput, specs, tuned, tuned_ids)  # no fine-tuning was measured
     costs = _costs(
         [(r.run_id, r.axes, r.spec) for r in runs],
         throughput,
@@ -272,11 +305,12 @@ def _branched(
 
 
 def finetune_breakdown(
-    grid: GridSpec, runs: list[PlannedRun], results_root: Path, transplants=()
+    grid: GridSpec, runs: list[PlannedRun], results_root: Path, transplants=(), tokens_per_s: float | None = None
 ) -> tuple[list[str], list[dict]]:
     """The dry run's fine-tuning per task, the runs' and the transplants' (ablate.plan.transplants): a line per
     suite the grid names (its tasks and seeds), and a row per task (ablate.plan.cost.finetune_task_rows),
-    timed from the sweep's calibration when it timed fine-tuning."""
+    timed from the sweep's calibration when it timed fine-tuning, else estimated from the fine-tuning's FLOPs
+    at the pretraining throughput (--tokens-per-s, else the calibration's), as the cost plan is."""
     from ablate.evaluate.suites import PREFIX, present_items, skipped_lines, spec_items, suite_lines
 
     pairs = [(r.spec, r.run_id) for r in runs] + [(t.spec, t.run_id) for t in transplants]
@@ -284,16 +318,45 @@ def finetune_breakdown(
     specs = [s for s, _ in pairs]
     if not specs:
         return [], []
-    path = SweepFolder(Path(results_root) / grid.sweep).calibration
-    calibration = read_calibration(path)
-    throughput = calibrated_throughput(calibration, str(path)) if calibration and calibration.finetuning else None
     groups = {i.task: PREFIX + i.suite for s in specs for i in spec_items(s) if i.suite}
     lines = [line for tasks in dict.fromkeys(s.eval.tasks for s in specs) for line in suite_lines(tasks)]
     blocks = {(s.eval.tasks, s.data.data_root): s for s in specs}  # a grid's runs mostly share one
     for spec in blocks.values():
         lines += skipped_lines(present_items(spec_items(spec), spec.data.data_root)[1])
-    plan = finetune_plan(specs, [rid for _, rid in pairs])
-    return lines + [f"warning: {note}" for note in plan.notes], finetune_task_rows(plan.work, throughput, groups)
+    throughput, plan, said = _per_task_throughput(grid, runs, pairs, results_root, tokens_per_s)
+    lines += said + [f"warning: {note}" for note in plan.notes]
+    return lines, finetune_task_rows(plan.work, throughput, groups)
+
+
+def _per_task_throughput(
+    grid: GridSpec, runs: list[PlannedRun], pairs: list, results_root: Path, tokens_per_s: float | None
+) -> tuple[Throughput | None, FinetunePlan, list[str]]:
+    """The per-task table's throughput as the cost plan's (--tokens-per-s, else the sweep's calibration), the
+    fine-tuning work of `pairs` (spec, run id), and a line on where its hours come from."""
+    specs, ids = [s for s, _ in pairs], [rid for _, rid in pairs]
+    path = SweepFolder(Path(results_root) / grid.sweep).calibration
+    calibration = None if tokens_per_s is not None else read_calibration(path)
+    if calibration is not None and calibration.finetuning:
+        said = [f"hours measured: the examples/s of `ablate calibrate` ({path})"]
+        return calibrated_throughput(calibration, str(path)), finetune_plan(specs, ids), said
+    if tokens_per_s is None and calibration is None:
+        return None, finetune_plan(specs, ids), []
+    pretraining = (
+        given_throughput(tokens_per_s) if calibration is None else calibrated_throughput(calibration, str(path))
+    )
+    throughput, plan = estimated(pretraining, [r.spec for r in runs], specs, ids)
+    said = ["hours marked (estimated): from the fine-tuning's FLOPs, as the cost plan below says"]
+    return throughput, plan, said if throughput.estimate_basis else []
+
+
+def estimated(
+    throughput: Throughput, pretraining: list[RunSpec], specs: list[RunSpec], ids: list[str]
+) -> tuple[Throughput, FinetunePlan]:
+    """Where no fine-tuning throughput was measured: the specs' fine-tuning work with its FLOPs, and the
+    throughput with the FLOP rate of each model's `pretraining` at it (ablate.launch.finetune_estimate)."""
+    counter = TokenCounter()
+    plan = finetune_plan(specs, ids, counter)
+    return with_estimates(throughput, pretraining, counter), plan
 
 
 def corpus_epochs(specs: list[RunSpec], grid_file: str) -> tuple[list[str], dict[str, str]]:

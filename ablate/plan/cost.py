@@ -1,7 +1,8 @@
 """The cost of a sweep before it runs: per arm and in total, the optimizer steps, the tokens and, given a
-throughput, the hours of pretraining, the hours of fine-tuning (where a fine-tuning throughput is known) and
-the GPU-hours; and, once runs have finished, the estimate against what they took. Pure arithmetic over
-RunSpecs and numbers, plus the calibration file's schema and whether a calibration fits a grid.
+throughput, the hours of pretraining, the hours of fine-tuning (from the examples/s `ablate calibrate` measured,
+else estimated from its FLOPs at the pretraining's FLOP rate: ablate.plan.finetune_flops; marked so) and the
+GPU-hours; and, once runs have finished, the estimate against what they took. Pure arithmetic over RunSpecs and
+numbers, plus the calibration file's schema and whether a calibration fits a grid.
 
 Timing steps and reading or writing the calibration file is ablate.launch.calibrate; gathering what the
 estimate needs from a grid, a sweep folder and the task files is ablate.launch.estimates.
@@ -73,8 +74,12 @@ class FinetuneKey(NamedTuple):
 
 @dataclass(frozen=True)
 class FinetuneWork:
-    """The fine-tuning of one run on one task: `seeds` times `epochs` passes over `train` examples with a dev
-    evaluation after each, then one test evaluation."""
+    """The fine-tuning of one run on one task, `seeds` times: `epochs` passes over `train` examples with a dev
+    evaluation after each, or with `max_steps` (the span model) that many steps of `batch` examples with a dev
+    evaluation every `eval_every` steps (null: every pass over train), as ablate.evaluate.finetune runs them;
+    then one test evaluation. Early stopping can only make it shorter. `flops`: the executed FLOPs of one
+    example (a training step on train, a forward on dev, on test: ablate.plan.finetune_flops), for an
+    estimate where no throughput was measured; None when not counted."""
 
     key: FinetuneKey
     seeds: int
@@ -82,6 +87,42 @@ class FinetuneWork:
     train: int
     dev: int
     test: int
+    max_steps: int | None = None
+    batch: int = 1
+    eval_every: int | None = None
+    flops: tuple[float, float, float] | None = None
+
+    @property
+    def trained(self) -> int:
+        """Training examples of one fine-tuning: epochs x train, or steps x the batch (a pass's last batch may
+        be short: an upper bound)."""
+        if self.max_steps is None:
+            return self.epochs * self.train
+        return self.max_steps * min(self.batch, self.train)
+
+    @property
+    def evaluations(self) -> int:
+        """Dev evaluations of one fine-tuning: one per epoch, or ceil(max_steps / eval_every) (finetune._rounds)."""
+        if self.max_steps is None:
+            return self.epochs
+        every = min(self.eval_every or math.ceil(self.train / self.batch), self.max_steps)
+        return math.ceil(self.max_steps / every)
+
+    def describe_training(self) -> str:
+        if self.max_steps is None:
+            return f"{self.train:,} x {self.epochs}"
+        return f"{self.max_steps:,} steps x {min(self.batch, self.train)}"
+
+    def seconds_at(self, train_rate: float, eval_rate: float) -> float:
+        """Seconds of one fine-tuning at measured examples/s (train, eval)."""
+        return self.trained / train_rate + (self.evaluations * self.dev + self.test) / eval_rate
+
+    def executed_flops(self) -> float | None:
+        """Executed FLOPs of one fine-tuning; None when its examples' FLOPs were not counted."""
+        if self.flops is None:
+            return None
+        train, dev, test = self.flops
+        return self.trained * train + self.evaluations * self.dev * dev + self.test * test
 
 
 # ---------------------------------------------------------------- the calibration file (<sweep>/calibration.json)
@@ -133,12 +174,16 @@ class Calibration(Strict):
 @dataclass(frozen=True)
 class Throughput:
     """What the estimate divides by: tokens/s per process for each combo (or `default` for every combo),
-    and (train, eval) examples/s for each fine-tuning key; `source` says where they come from."""
+    (train, eval) examples/s measured for each fine-tuning key, and for fine-tuning not measured, the executed
+    FLOP/s of one process per model (ablate.plan.finetune_flops; `estimate_basis` says how it is made);
+    `source` says where they come from."""
 
     source: str
     per_combo: dict[Combo, float] = field(default_factory=dict)
     default: float | None = None
     finetune: dict[FinetuneKey, tuple[float, float]] = field(default_factory=dict)
+    flop_rates: dict[str, float] = field(default_factory=dict)
+    estimate_basis: tuple[str, ...] = ()
 
     def tokens_per_s(self, combo: Combo) -> float | None:
         return self.per_combo.get(combo, self.default)
@@ -225,6 +270,7 @@ class ArmCost:
     gpus: int
     finetune_hours: float | None  # None: not estimated (or no task: see has_finetuning)
     has_finetuning: bool = False
+    finetune_estimated: float = 0.0  # the hours of finetune_hours estimated from FLOPs, not measured
 
     @property
     def gpu_hours(self) -> float | None:
@@ -251,17 +297,32 @@ def pretraining_seconds(
     return seconds
 
 
-def finetune_seconds(work: list[FinetuneWork], throughput: Throughput | None) -> float | None:
-    """Seconds of fine-tuning: per task and seed, epochs x (train / train rate + dev / eval rate) + test / eval
-    rate (early stopping can only make it shorter); None when a key has no measured throughput."""
-    seconds = 0.0
+class FinetuneTime(NamedTuple):
+    seconds: float
+    estimated: float  # the seconds of it estimated from FLOPs (0: all measured)
+
+
+def finetune_time(work: list[FinetuneWork], throughput: Throughput | None) -> FinetuneTime | None:
+    """Seconds of fine-tuning, per task and seed: its training examples / the train rate + (its dev evaluations
+    x dev + test) / the eval rate, at the examples/s measured for its key; else its executed FLOPs / the FLOP
+    rate of its model (estimated). None when a task has neither."""
+    measured = estimated = 0.0
     for w in work:
         rates = throughput.finetune.get(w.key) if throughput is not None else None
-        if rates is None:
+        if rates is not None:
+            measured += w.seeds * w.seconds_at(*rates)
+            continue
+        rate = throughput.flop_rates.get(w.key.model) if throughput is not None else None
+        flops = w.executed_flops()
+        if rate is None or flops is None:
             return None
-        train_rate, eval_rate = rates
-        seconds += w.seeds * (w.epochs * (w.train / train_rate + w.dev / eval_rate) + w.test / eval_rate)
-    return seconds
+        estimated += w.seeds * flops / rate
+    return FinetuneTime(measured + estimated, estimated)
+
+
+def finetune_seconds(work: list[FinetuneWork], throughput: Throughput | None) -> float | None:
+    time = finetune_time(work, throughput)
+    return None if time is None else time.seconds
 
 
 def arm_cost(
@@ -276,7 +337,7 @@ def arm_cost(
     """The cost of one run; `finetune` is its fine-tuning work (None: not estimated)."""
     steps = sum(spec.phase_steps())
     pre = pretraining_seconds(spec, throughput, ranks)
-    ft = finetune_seconds(finetune, throughput) if finetune is not None else None
+    ft = finetune_time(finetune, throughput) if finetune is not None else None
     return ArmCost(
         run_id,
         dict(axes),
@@ -284,8 +345,9 @@ def arm_cost(
         spec.planned_tokens(),
         None if pre is None else pre / 3600,
         gpus,
-        None if ft is None else ft / 3600,
+        None if ft is None else ft.seconds / 3600,
         bool(spec.eval.tasks),
+        0.0 if ft is None else ft.estimated / 3600,
     )
 
 
@@ -341,10 +403,22 @@ def _hours(h: float | None) -> str:
     return f"{h:.3g}" if h < 10 else f"{h:,.1f}"
 
 
+def finetune_hours_cell(hours: float | None, estimated: float = 0.0) -> str:
+    """Fine-tuning hours as the tables print them: measured as they are, "(estimated)" after hours estimated
+    from FLOPs, "(N estimated)" after hours of which N are; "not estimated" for None."""
+    if hours is None:
+        return "not estimated"
+    if not estimated:
+        return _hours(hours)
+    if estimated >= hours:
+        return f"{_hours(hours)} (estimated)"
+    return f"{_hours(hours)} ({_hours(estimated)} estimated)"
+
+
 def _finetune_cell(cost: ArmCost) -> str:
     if not cost.has_finetuning:
         return "-"
-    return "not estimated" if cost.finetune_hours is None else _hours(cost.finetune_hours)
+    return finetune_hours_cell(cost.finetune_hours, cost.finetune_estimated)
 
 
 def cost_rows(costs: list[ArmCost], epochs: dict[str, str] | None = None) -> list[dict[str, Any]]:
@@ -376,10 +450,11 @@ def cost_rows(costs: list[ArmCost], epochs: dict[str, str] | None = None) -> lis
     if timed:
         with_ft = [c for c in costs if c.has_finetuning]
         ft = _total([c.finetune_hours for c in with_ft])
+        estimated = sum(c.finetune_estimated for c in with_ft)
         total.update(
             {
                 "hours": _hours(_total([c.hours for c in costs])),
-                "fine-tuning h": "-" if not with_ft else "not estimated" if ft is None else _hours(ft),
+                "fine-tuning h": "-" if not with_ft else finetune_hours_cell(ft, estimated),
                 "GPUs": "",
                 "GPU-hours": _hours(_total([c.gpu_hours for c in costs])),
             }
@@ -422,7 +497,14 @@ def describe_plan(
         f"  hours: training steps only (not loading, checkpoints or probes); {where}; "
         "GPU-hours = (hours + fine-tuning h) x GPUs"
     )
-    if finetuning and not throughput.finetune:
+    if finetuning and throughput.finetune:
+        lines.append(
+            "  fine-tuning h: measured, at the examples/s above; '(estimated)' marks hours estimated from FLOPs"
+        )
+    if finetuning and not throughput.finetune and throughput.estimate_basis:
+        lines += [f"  {line}" for line in throughput.estimate_basis]
+        lines.append(f"  (`ablate calibrate {grid_file}` measures it on the target hardware)")
+    elif finetuning and not throughput.finetune:
         lines.append(
             f"  fine-tuning: not estimated (no fine-tuning throughput: `ablate calibrate {grid_file}` "
             "times it); GPU-hours count pretraining only"

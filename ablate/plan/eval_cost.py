@@ -9,25 +9,30 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ablate.plan.cost import FinetuneWork, Throughput, _hours, _total, finetune_seconds  # one hours format
+from ablate.plan.cost import FinetuneWork, Throughput, _total, finetune_hours_cell, finetune_time  # one format
 
 
 def finetune_task_rows(
     work: dict[str, list[FinetuneWork]], throughput: Throughput | None, groups: dict[str, str] | None = None
 ) -> list[dict[str, Any]]:
     """One row per (task, fine-tuning settings) over a grid's runs (`work`: run id -> its fine-tuning) and a
-    total: how many runs fine-tune it, seeds per run, fine-tunings in all, training examples x epochs and
-    dev / test examples of one fine-tuning, and when a fine-tuning throughput was measured, the hours of one
-    fine-tuning and of all. `groups` (task -> e.g. "suite:fr_paper") fills the column `from`."""
+    total: how many runs fine-tune it, seeds per run, fine-tunings in all, training examples x epochs (a
+    max_steps task: steps x batch) and dev / test examples of one fine-tuning, and when a throughput is known,
+    the hours of one fine-tuning and of all, marked where estimated (ablate.plan.cost.finetune_hours_cell).
+    `groups` (task -> e.g. "suite:fr_paper") fills the column `from`."""
     runs: dict[FinetuneWork, int] = {}  # the same work (frozen, hashable) -> how many runs do it
     for items in work.values():
         for w in items:
             runs[w] = runs.get(w, 0) + 1
-    rows, hours = [], []
+    rows, hours, estimated = [], [], 0.0
     for w, n in runs.items():
-        one = finetune_seconds([replace(w, seeds=1)], throughput)
-        total = None if one is None else one * w.seeds * n / 3600
+        one = finetune_time([replace(w, seeds=1)], throughput)
+        each = None if one is None else one.seconds / 3600
+        each_estimated = 0.0 if one is None else one.estimated / 3600
+        total = None if each is None else each * w.seeds * n
+        total_estimated = each_estimated * w.seeds * n
         hours.append(total)
+        estimated += total_estimated
         rows.append(
             {
                 "task": w.key.task,
@@ -35,14 +40,13 @@ def finetune_task_rows(
                 "runs": n,
                 "seeds": w.seeds,
                 "fine-tunings": w.seeds * n,
-                "train x epochs": f"{w.train:,} x {w.epochs}",
+                "train x epochs": w.describe_training(),
                 "dev / test": f"{w.dev:,} / {w.test:,}",
-                "h each": "not estimated" if one is None else _hours(one / 3600),
-                "h total": "not estimated" if total is None else _hours(total),
+                "h each": finetune_hours_cell(each, each_estimated),
+                "h total": finetune_hours_cell(total, total_estimated),
             }
         )
     if rows:
-        total = _total(hours)
         rows.append(
             {
                 "task": "total",
@@ -53,7 +57,7 @@ def finetune_task_rows(
                 "train x epochs": "",
                 "dev / test": "",
                 "h each": "",
-                "h total": "not estimated" if total is None else _hours(total),
+                "h total": finetune_hours_cell(_total(hours), estimated),
             }
         )
     return rows
