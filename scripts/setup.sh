@@ -22,7 +22,8 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check "${ABLATE_TORCH:-torch==2.13.0}"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,mysql]"
+# dev: the test tools and every extra (hf, trackers, tune: pyproject.toml); a user's install may take fewer
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
 if [ "${1:-}" = "--with-slurm" ]; then
   bash scripts/install-system-deps.sh
   bash scripts/slurm-local.sh start >/dev/null

@@ -1,6 +1,7 @@
-"""Trackers: what a run sends to TensorBoard, MLflow and W&B (offline), read back with each tool's own reader,
-equals the run's own curves; a requeued run resumes into the same tracker run and appends, never duplicates;
-a tracker that fails is written to the run log and the run goes on."""
+"""Trackers: what a run sends to TensorBoard and MLflow, read back with each tool's own reader, and what W&B
+(offline: no public reader of its files) accepts through its public API, equals the run's own curves; a
+requeued run resumes into the same tracker run and appends, never duplicates; a tracker that fails is written
+to the run log and the run goes on."""
 
 from __future__ import annotations
 
@@ -41,26 +42,33 @@ def _curves(run_dir: Path) -> dict[int, float]:
     return dict(zip(columns["step"], columns["loss"]))
 
 
-def _wandb_history(run_dir: Path) -> list[dict]:
-    """Every history row of every offline attempt, read with wandb's own reader of its .wandb files."""
-    from wandb.proto import wandb_internal_pb2
-    from wandb.sdk.internal.datastore import DataStore
+class RecordedRun:
+    """A wandb Run as wandb.init returns it, recording what it accepts through its public methods."""
 
-    rows = []
-    for file in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
-        store = DataStore()
-        store.open_for_scan(str(file))
-        while (data := store.scan_data()) is not None:
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(data)
-            if record.WhichOneof("record_type") == "history":
-                rows.append(
-                    {
-                        item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                        for item in record.history.item
-                    }
-                )
-    return rows
+    def __init__(self, run, rows: list[dict]):
+        self._run, self.rows = run, rows
+
+    def log(self, data, step=None, **more):
+        self._run.log(data, step=step, **more)
+        self.rows.append({**data, "_step": step})  # after W&B took it
+
+    def __getattr__(self, name):
+        return getattr(self._run, name)
+
+
+@pytest.fixture
+def wandb_attempts(monkeypatch) -> list[dict]:
+    """Each wandb.init (the run id asked for, then the rows logged): the real W&B, offline, behind its public API."""
+    import wandb
+
+    attempts, real_init = [], wandb.init
+
+    def init(**kwargs):
+        attempts.append({"id": kwargs["id"], "rows": []})
+        return RecordedRun(real_init(**kwargs), attempts[-1]["rows"])
+
+    monkeypatch.setattr(wandb, "init", init)
+    return attempts
 
 
 def test_tracking_does_not_change_the_run_id(tmp_path):
@@ -68,7 +76,7 @@ def test_tracking_does_not_change_the_run_id(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_requeued_run_fills_every_tracker_once(tmp_path, data_root):
+def test_a_requeued_run_fills_every_tracker_once(tmp_path, data_root, wandb_attempts):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spec = _spec(tmp_path, {"tensorboard": True, "mlflow": {"uri": uri}, "wandb": True})
     run_dir = _run_dir(tmp_path, spec)
@@ -106,8 +114,11 @@ def test_a_requeued_run_fills_every_tracker_once(tmp_path, data_root):
     )
     assert len(client.search_runs([run.info.experiment_id])) == 1
 
-    rows = [r for r in _wandb_history(run_dir) if "train/loss" in r]
-    assert [r["_step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert "tracker wandb" not in (run_dir / "log.txt").read_text()  # W&B took every call
+    assert [a["id"] for a in wandb_attempts] == [first["ids"]["wandb"]] * 2  # the second attempt resumes it
+    steps = [[r["_step"] for r in a["rows"] if "train/loss" in r] for a in wandb_attempts]
+    assert steps == [[1, 2, 3], [4, 5]]  # the second attempt sends only the steps after the first's last
+    rows = [r for a in wandb_attempts for r in a["rows"] if "train/loss" in r]
     assert [r["train/loss"] for r in rows] == pytest.approx([curves[s] for s in range(1, 6)])
     assert len(list(run_dir.glob("wandb/offline-run-*"))) == 2  # two attempts, one W&B run id
     # one W&B run id in both (W&B adds "-1" to the second folder's name when both attempts start in one second)

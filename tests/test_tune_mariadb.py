@@ -232,13 +232,13 @@ def test_a_driver_that_is_not_installed_exits_2_naming_the_storage(tmp_path, mon
     assert main(["tune", str(f), "--results", str(tmp_path / "results")]) == 2
     err = capsys.readouterr().err
     assert f"{f}: storage: the URL's database driver 'pymysql' is not installed" in err, err
-    assert "pip install 'ablate[mysql]'" in err and "secret" not in err, err
+    assert "pip install 'ablate[tune]'" in err and "secret" not in err, err
     assert not (tmp_path / "results").exists()
 
 
 def test_a_server_that_does_not_answer_exits_2_saying_what_to_do(tmp_path, capsys, data_root):
     if os.environ.get("ABLATE_REQUIRE_SLURM") != "1":
-        pytest.importorskip("pymysql", reason="PyMySQL is not installed (pip install 'ablate[mysql]')")
+        pytest.importorskip("pymysql", reason="PyMySQL is not installed (pip install 'ablate[tune]')")
     port = refused_port()
     path = credentials_file(tmp_path, f"mysql+pymysql://optuna:secret@127.0.0.1:{port}/optuna")
     f = mariadb_tune(tmp_path, "tune.yaml", "tiny_noserver", f"file:{path}", 2, {"executor": "debug"})

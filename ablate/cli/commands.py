@@ -5,7 +5,10 @@ May import: every stage; holds no logic of its own beyond turning arguments into
 
 from __future__ import annotations
 
+import itertools
+import re
 import sys
+import textwrap
 from pathlib import Path
 
 from ablate.config.base import parse_assignments
@@ -46,15 +49,15 @@ def _check_tasks(names) -> None:
         load_task(item.task, key="--task")
 
 
-def _print_finetuning(grid, runs, root, transplants) -> None:
+def _print_finetuning(grid, runs, root, transplants, tokens_per_s) -> None:
     """The dry run's evaluation cost: the suites the grid names, then a row per task, the transplants'
     fine-tuning included (ablate.launch.estimates)."""
     from ablate.launch.estimates import finetune_breakdown
 
-    lines, rows = finetune_breakdown(grid, runs, root, transplants)
+    lines, rows = finetune_breakdown(grid, runs, root, transplants, tokens_per_s)
     if rows or lines:
         print(
-            "evaluation (fine-tuning per task; hours from `ablate calibrate`):"
+            "evaluation (fine-tuning per task; hours measured by `ablate calibrate`, else estimated):"
             + "".join(f"\n  {line}" for line in lines)
         )
         if rows:
@@ -87,6 +90,7 @@ def cmd_run(args) -> int:
     from ablate.evaluate.runs import check_eval
     from ablate.launch import worker
     from ablate.launch.preparation import check_budgets, prepare_corpora, require_corpora, unprepared
+    from ablate.launch.trackers import check_installed as check_trackers
     from ablate.plan.model_fit import check_model_fit
     from ablate.plan.phases import check_plan
     from ablate.store import rundir
@@ -103,6 +107,7 @@ def cmd_run(args) -> int:
         )
     check_plan(spec, file=str(args.spec))
     check_model_fit([spec], file=str(args.spec))
+    check_trackers([spec], file=str(args.spec))
     check_eval([spec], file=str(args.spec))
     require_corpora([spec], file=str(args.spec))
     require_probe_data([spec], file=str(args.spec))
@@ -223,7 +228,7 @@ def _print_dry_run(args, checked, executor: str, sweep_dir: Path) -> None:
         _print_table(transplant_table(transplants))
         print()
     _print_tree(checked.tree, runs)
-    _print_finetuning(grid, runs, results_root(args.results), transplants)
+    _print_finetuning(grid, runs, results_root(args.results), transplants, args.tokens_per_s)
     lines, by_objective = objective_breakdown(runs, checked.tree)
     print("\n".join(lines))
     _print_table(by_objective)
@@ -231,8 +236,11 @@ def _print_dry_run(args, checked, executor: str, sweep_dir: Path) -> None:
     print("\n".join(header))
     _print_table(costs)
     if checked.memory is not None:
+        from ablate.launch import trace_cache
+
         print("\nGPU memory per device (predicted peak of a training step, docs/gpu-memory.md):")
         _print_table(checked.memory)
+        print(trace_cache.summary())
     if checked.finetune_memory:
         print("\nGPU memory of fine-tuning (a step on each task's longest batch, launch.finetune_memory):")
         _print_table(checked.finetune_memory)
@@ -445,7 +453,7 @@ def cmd_transplant(args) -> int:
     runs = tables.collect(sweep.root, write=False).tables["runs"]
     tasks, seeds = tuple(args.task) if args.task else None, tuple(args.seeds) if args.seeds else None
     planned = plan_transplant(
-        sweep.root, runs, args.source, args.target, args.layers, tasks, seeds, args.components
+        sweep.root, runs, args.source, args.target, args.layers, tasks, seeds, args.components, args.embeddings
     )
     failed = run_here(sweep.root, planned, tasks, seeds)
     print(
@@ -479,6 +487,32 @@ def cmd_dashboard(args) -> int:
 
     url, _ = resolve_storage(args.study, args.storage, args.results)
     return serve_dashboard(url, args.host, args.port)
+
+
+def _header_sentence(path: Path, width: int = 100) -> str:
+    """The first sentence of a file's opening comment, shortened to `width` characters."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    header = " ".join(line.lstrip("# ") for line in itertools.takewhile(lambda s: s.startswith("#"), lines))
+    sentence = re.split(r"(?<=\.)\s", header, maxsplit=1)[0]
+    return textwrap.shorten(sentence, width, placeholder=" ...")
+
+
+def cmd_grids(args) -> int:
+    """The grids shipped with ablate (each with its first comment line), and the task and suite registries."""
+    from ablate.config.paths import shipped_grids
+    from ablate.evaluate.suites import list_suites, suites_dir
+    from ablate.evaluate.tasks import list_tasks, tasks_dir
+
+    folder = shipped_grids()
+    print(
+        f"grids shipped with ablate, in {folder}: `ablate sweep grids/NAME.yaml` reads one from any folder "
+        "that has no grids/NAME.yaml of its own; copy one to edit it"
+    )
+    for path in sorted(folder.glob("*.yaml")):
+        print(f"  grids/{path.name:20} {_header_sentence(path)}")
+    print(f"tasks in {tasks_dir()}: {', '.join(list_tasks())}")
+    print(f"suites in {suites_dir()}: {', '.join(list_suites())}")
+    return EXIT_OK
 
 
 def cmd_export(args) -> int:

@@ -99,6 +99,8 @@ def cmd_data_list(args) -> int:
 
 
 def add_data_commands(sub) -> None:
+    from ablate.config.paths import given_or_shipped
+
     d = sub.add_parser("data", help="the data root: fetch datasets from their public sources, verify them")
     where = d.add_subparsers(dest="data_command", required=True)
     root = _data_root_option()
@@ -106,6 +108,7 @@ def add_data_commands(sub) -> None:
     f.add_argument(
         "targets",
         nargs="*",
+        type=given_or_shipped,
         metavar="TARGET",
         help="a dataset, a set of datasets (tests: what the "
         "test suite reads), a task, suite:NAME, or a grid / run spec file: the datasets it reads",
@@ -122,7 +125,13 @@ def add_data_commands(sub) -> None:
         parents=[root],
         help="check the data root against the manifest (exit 2 on a missing file or a size / sha256 mismatch)",
     )
-    v.add_argument("targets", nargs="*", metavar="TARGET", help="as fetch (default: every dataset present)")
+    v.add_argument(
+        "targets",
+        nargs="*",
+        type=given_or_shipped,
+        metavar="TARGET",
+        help="as fetch (default: every dataset present)",
+    )
     v.set_defaults(func=cmd_data_verify)
     ls = where.add_parser("list", parents=[root], help="the catalogued datasets: size, licence, source")
     ls.set_defaults(func=cmd_data_list)

@@ -15,6 +15,7 @@ from ablate.cli.commands import (
     cmd_dashboard,
     cmd_evaluate,
     cmd_export,
+    cmd_grids,
     cmd_prepare,
     cmd_report,
     cmd_run,
@@ -24,6 +25,7 @@ from ablate.cli.commands import (
     cmd_tune,
 )
 from ablate.cli.data_commands import add_data_commands
+from ablate.config.paths import given_or_shipped
 
 DESCRIPTION = "ablate: layer-freezing ablations of encoder continued pretraining."
 
@@ -64,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_run_commands(sub, results, sweep, submit) -> None:
     r = sub.add_parser("run", parents=[results], help="run one RunSpec in this process (resumes if interrupted)")
-    r.add_argument("spec", help="run spec (YAML)")
+    r.add_argument("spec", type=given_or_shipped, help="run spec (YAML)")
     r.add_argument("--out", help="run folder (default: <results>/<spec name>/runs/<run id>)")
     r.add_argument(
         "--stop-after-steps",
@@ -75,7 +77,7 @@ def _add_run_commands(sub, results, sweep, submit) -> None:
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("sweep", parents=[submit], help="expand a grid and run it (local, slurm or debug executor)")
-    s.add_argument("grid", help="grid file (YAML)")
+    s.add_argument("grid", type=given_or_shipped, help="grid file (YAML; grids/NAME.yaml: `ablate grids`)")
     s.add_argument("--retry-failed", action="store_true", help="re-submit runs that failed before")
     s.add_argument(
         "--wait",
@@ -92,20 +94,29 @@ def _add_run_commands(sub, results, sweep, submit) -> None:
     )
     s.set_defaults(func=cmd_sweep)
 
+    g = sub.add_parser(
+        "grids",
+        help="the grids, tasks and suites shipped with ablate, and where they are (grids/NAME.yaml names one "
+        "from any folder)",
+    )
+    g.set_defaults(func=cmd_grids)
+
     cb = sub.add_parser(
         "calibrate",
         parents=[results],
         help="time a few steps of each distinct model / objective "
         "/ length / batch of a grid here and store the throughput with the sweep (the cost plan)",
     )
-    cb.add_argument("grid", help="grid file (YAML)")
+    cb.add_argument("grid", type=given_or_shipped, help="grid file (YAML)")
     cb.add_argument("--steps", type=int, default=3, help="timed steps of each combination (default 3)")
     cb.add_argument("--warmup", type=int, default=2, help="untimed steps before them (default 2)")
     cb.add_argument("--no-finetune", action="store_true", help="do not time the grid's fine-tuning")
     cb.set_defaults(func=cmd_calibrate)
 
     pr = sub.add_parser("prepare", help="tokenize corpora once into memory-mapped shards (where runs read them)")
-    pr.add_argument("target", help="a grid, a run spec, or a corpus path (file, glob or folder)")
+    pr.add_argument(
+        "target", type=given_or_shipped, help="a grid, a run spec, or a corpus path (file, glob or folder)"
+    )
     pr.add_argument("--workers", type=int, help="tokenizer processes (default: the cores this process may use)")
     pr.add_argument("--tokenizer", help="tokenizer (same forms as a run spec's model); default: the spec's")
     pr.add_argument(
@@ -252,7 +263,7 @@ def _add_analysis_commands(sub, results, sweep, submit) -> None:
     t = sub.add_parser(
         "tune", parents=[submit], help="run an Optuna study whose trials are runs (re-run to resume)"
     )
-    t.add_argument("tune", help="tune file (YAML)")
+    t.add_argument("tune", type=given_or_shipped, help="tune file (YAML)")
     t.add_argument("--storage", help="sqlite (default), journal, or an RDB URL; overrides the file's storage")
     t.set_defaults(func=cmd_tune)
 

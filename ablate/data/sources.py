@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from ablate.config import extras
 from ablate.config.errors import SpecError
 from ablate.config.paths import resolve_data_path
 from ablate.config.spec import DataSpec
@@ -88,6 +89,7 @@ def resolve_sources(spec: DataSpec, which: str = "corpus") -> list[Source]:
     """The corpus's source files in reading order; SpecError when missing, empty or unreadable."""
     ref, key = getattr(spec, which), f"data.{which}"
     if ref.startswith("hf:"):
+        extras.require("datasets", "a hub corpus", key=key, value=ref)
         return [Source(Path(ref), "hub")]
     path = resolve_data_path(ref, spec.data_root)
     if any(c in ref for c in "*?["):
@@ -108,6 +110,8 @@ def resolve_sources(spec: DataSpec, which: str = "corpus") -> list[Source]:
             value=str(path),
         )
     sources = [Source(p.resolve(), _fmt_of(p, spec.format)) for p in paths]
+    if any(s.fmt == "hf" for s in sources):
+        extras.require("datasets", "a saved datasets folder", key=key, value=ref)
     for s in sources:
         if not os.access(s.path, os.R_OK):
             raise SpecError("corpus file is not readable", file=str(s.path), key=key)
@@ -193,8 +197,7 @@ def _read_parquet(source: Source, spec: DataSpec) -> Iterator[str]:
 
 
 def load_dataset_source(source: Source, spec: DataSpec):
-    import datasets
-
+    datasets = extras.load("datasets", "a hub corpus or saved datasets folder", key="data.corpus")
     name = str(source.path).removeprefix("hf:") if source.fmt == "hub" else str(source.path)
     try:
         ds = datasets.load_from_disk(name) if source.fmt != "hub" else datasets.load_dataset(name, split="train")

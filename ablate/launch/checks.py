@@ -5,7 +5,7 @@ the fetch command is named), every eval task, every corpus and the probe's held-
 transplants against its runs, and the causal preflight per model. Any problem is a SpecError naming the file.
 
 May import: config, data, plan, analysis, evaluate, train, launch.data_needs, launch.preparation,
-launch.transplants, launch.gpu_memory, launch.finetune_memory.
+launch.transplants, launch.trackers, launch.gpu_memory, launch.finetune_memory.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ablate.evaluate.runs import check_eval
 from ablate.evaluate.tasks import task_texts
 from ablate.launch.data_needs import absent_probe_sources, check_data_root, missing_probe_data
 from ablate.launch.preparation import check_corpora
+from ablate.launch.trackers import check_installed as check_trackers
 from ablate.launch.transplants import check_tasks
 from ablate.plan.grid import PlannedRun, expand, resolve_layers, resolve_models
 from ablate.plan.model_fit import check_model_fit
@@ -64,6 +65,7 @@ def checked_grid(path: str, executor: str | None = None, retry_in: Path | None =
     check_parity(groups, grid.allow_unequal_compute, file=path)
     transplants, warnings = plan_transplants(grid, runs, models, file=path)
     check_data_root(specs, path)
+    check_trackers(specs, file=path)
     check_eval(specs, file=path)
     check_tasks(transplants, file=path)
     check_corpora(specs, file=path)

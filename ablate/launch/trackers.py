@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
+from ablate.config import extras
 from ablate.config.spec import RunSpec, dump_run_spec
 from ablate.store import atomic
 from ablate.store.lock import FileLock
@@ -60,6 +61,7 @@ class TensorBoardTracker:
     name = "tensorboard"
 
     def __init__(self, spec: RunSpec, run_dir: Path, resume_id: str | None, last_step: int):
+        extras.load("tensorboard", "the tensorboard tracker")  # torch.utils.tensorboard writes with it
         from torch.utils.tensorboard import SummaryWriter
 
         cfg = spec.tracking.tensorboard
@@ -103,7 +105,7 @@ class MlflowTracker:
     name = "mlflow"
 
     def __init__(self, spec: RunSpec, run_dir: Path, resume_id: str | None, last_step: int):
-        from mlflow.tracking import MlflowClient
+        MlflowClient = extras.load("mlflow", "the mlflow tracker").MlflowClient
 
         cfg = spec.tracking.mlflow
         self.uri = mlflow_uri(spec, run_dir)
@@ -169,7 +171,7 @@ class WandbTracker:
     name = "wandb"
 
     def __init__(self, spec: RunSpec, run_dir: Path, resume_id: str | None, last_step: int):
-        import wandb
+        wandb = extras.load("wandb", "the wandb tracker")
 
         cfg = spec.tracking.wandb
         self.id = resume_id or f"{run_dir.name}-{os.urandom(3).hex()}"
@@ -201,6 +203,13 @@ class WandbTracker:
 
 
 TRACKERS = {"tensorboard": TensorBoardTracker, "mlflow": MlflowTracker, "wandb": WandbTracker}
+
+
+def check_installed(specs: list[RunSpec], file: str | None = None) -> None:
+    """Every tracker the runs ask for is installed (each is named after its library): a SpecError naming
+    `pip install 'ablate[trackers]'` before anything is submitted, rather than a run that tracks nothing."""
+    for name in dict.fromkeys(n for spec in specs for n in spec.tracking.enabled):
+        extras.require(name, f"the {name} tracker", file=file, key=f"tracking.{name}")
 
 
 class RunTrackers:

@@ -1,6 +1,6 @@
 """optuna-dashboard served on a study's storage (ablate.tune.storage.resolve_storage says which).
 
-May import: tune.storage, tune.rdb.
+May import: config, tune.storage, tune.rdb.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
+from ablate.config import extras
 from ablate.tune.rdb import shown_url
 from ablate.tune.storage import open_storage
 
@@ -18,7 +19,7 @@ def serve_dashboard(
     """Serve until Ctrl-C; prints the address to open (port 0: any free port, the one taken is printed)."""
     from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-    import optuna_dashboard
+    optuna_dashboard = extras.load("optuna_dashboard", "ablate dashboard")
 
     class Quiet(WSGIRequestHandler):
         def log_message(self, *args):

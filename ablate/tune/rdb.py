@@ -8,11 +8,12 @@ May import: config.
 from __future__ import annotations
 
 from ablate.config.errors import SpecError
+from ablate.config.extras import install_command
 
 # what to install for the drivers people name; any other is "the package that provides <module>"
 DRIVER_PACKAGES = {
-    "pymysql": "pip install 'ablate[mysql]' (PyMySQL)",
-    "MySQLdb": "pip install 'ablate[mysql]' and name PyMySQL in the URL: mysql+pymysql://USER:PASS@HOST:PORT/DB",
+    "pymysql": f"{install_command('pymysql')} (PyMySQL)",
+    "MySQLdb": f"{install_command('pymysql')} and name PyMySQL in the URL: mysql+pymysql://USER:PASS@HOST:PORT/DB",
     "psycopg2": "pip install psycopg2-binary",
     "psycopg": "pip install 'psycopg[binary]'",
 }

@@ -2,7 +2,8 @@
 trials could give built at each parameter's bounds (and each choice), so that a file whose trials would
 give an invalid run is refused before anything runs. Nothing is run or submitted.
 
-May import: config, plan, evaluate, tune.schema, tune.sampling, tune.trials, tune.rdb, tune.secrets.
+May import: config, plan, evaluate, launch.trackers, tune.schema, tune.sampling, tune.trials, tune.rdb,
+tune.secrets.
 """
 
 from __future__ import annotations
@@ -138,9 +139,11 @@ def _check_runs(tune: Tune) -> None:
     _check_objective(tune, planned[0].spec)
     _check_last_n(tune, [run.spec for run in planned])
     from ablate.evaluate.runs import check_eval
+    from ablate.launch.trackers import check_installed as check_trackers
     from ablate.plan.model_fit import check_model_fit
 
     check_model_fit([run.spec for run in planned], file=tune.file)  # lengths, attention, vocabulary
+    check_trackers([run.spec for run in planned], file=tune.file)
     from ablate.train.preflight import check_models
 
     check_eval([planned[0].spec], file=tune.file)
