@@ -193,12 +193,12 @@ def test_decay_grid_dry_run_states_the_pairing_rule(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "10 runs, 2 transplants;" in done.stdout  # one pretraining seed, as the paper
     assert "the seed-noise pairs (and the ratio) need two MLM seeds" in done.stdout
-    # the transplants' listing (the cost table has a row per transplant too): ModernBERT: low = 0-7
+    # the transplants' listing (the cost table has a row per transplant too): ModernBERT: low = blocks 0-7 alone
     hybrids = [
         line.split() for line in done.stdout.splitlines() if line.startswith("tx-") and " transplants[" in line
     ]
     assert sorted((h[2], h[3]) for h in hybrids) == sorted(
-        (arm, "17") for arm in ("mlm_d10_clm_d10[emb,0-7]", "clm_d10_mlm_d10[emb,0-7]")
+        (arm, "17") for arm in ("mlm_d10_clm_d10[0-7]", "clm_d10_mlm_d10[0-7]")
     )
     assert "same model, data, data seed, seed, training settings and phase ends" in done.stdout
 
