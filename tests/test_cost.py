@@ -16,11 +16,11 @@ from ablate.config.errors import SpecError
 from ablate.config.grid import load_grid
 from ablate.plan.cost import Combo, FinetuneKey, FinetuneWork, Throughput, arm_cost, cost_rows, finetune_seconds
 from ablate.plan.grid import expand
+from builders import tiny_grid, write_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "grids" / "smoke.yaml"
 FREEZE = REPO / "grids" / "freeze.yaml"
-TINY = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())
 
 
 def _table(lines: list[str], columns: list[str]) -> list[dict]:
@@ -173,28 +173,21 @@ def test_a_throughput_that_is_not_positive_exits_2(tmp_path, capsys, value):
 
 
 def _tiny_grid(tmp_path: Path, **data) -> Path:
-    grid = {
-        **TINY,
-        "base": {
-            **TINY["base"],
-            "data": {**TINY["base"]["data"], **data},
-            "eval": {
-                "tasks": ["ncbi_disease"],
-                "seeds": [0, 1],
-                "finetune": {
-                    "epochs": 2,
-                    "max_train_examples": 40,
-                    "max_eval_examples": 20,
-                    "max_length": 48,
-                    "batch_size": 8,
-                    "eval_batch_size": 8,
-                },
-            },
+    grid = tiny_grid()
+    grid["base"]["data"].update(data)
+    grid["base"]["eval"] = {
+        "tasks": ["ncbi_disease"],
+        "seeds": [0, 1],
+        "finetune": {
+            "epochs": 2,
+            "max_train_examples": 40,
+            "max_eval_examples": 20,
+            "max_length": 48,
+            "batch_size": 8,
+            "eval_batch_size": 8,
         },
     }
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(grid))
-    return path
+    return write_yaml(tmp_path / "tiny.yaml", grid)
 
 
 @pytest.fixture(scope="module")
@@ -264,8 +257,7 @@ def test_the_dry_runs_one_table_adds_the_transplants_fine_tuning_from_the_calibr
     grid_file, results, calibration = calibrated
     grid = yaml.safe_load(grid_file.read_text())
     grid["transplants"] = [{"from": "clm_detour", "into": "mlm", "layers": "low"}]
-    with_transplant = tmp_path / "tiny.yaml"
-    with_transplant.write_text(yaml.safe_dump(grid))
+    with_transplant = write_yaml(tmp_path / "tiny.yaml", grid)
     assert main(["sweep", str(with_transplant), "--dry-run", "--results", str(results)]) == 0
     lines = capsys.readouterr().out.splitlines()
     costs = {c["run_id"]: c for c in _table(lines[lines.index("") :], COSTS)}

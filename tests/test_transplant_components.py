@@ -5,13 +5,11 @@ tiny random models, bad input exiting 2 on the tiny grid, the arithmetic on a ha
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-import yaml
 
 from ablate.cli import main
 from ablate.config.errors import SpecError
@@ -20,8 +18,7 @@ from ablate.evaluate.transplant import hybrid_state
 from ablate.models.families import FAMILIES, layer_of
 from ablate.models.sources import load_masked_lm
 from ablate.report.recovery import recovery_table
-
-TINY = yaml.safe_load((Path(__file__).parent / "grids" / "tiny.yaml").read_text())
+from builders import write_transplant_grid
 
 
 def _pair(source: str):
@@ -99,16 +96,6 @@ def test_a_family_without_the_declaration_names_itself():
         bare.check_components(("mlp",), "transplants[0].components")
 
 
-def _grid(tmp_path: Path, transplants: list) -> Path:
-    path = tmp_path / "grid.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {**TINY, "sweep": "t", "transplants": transplants, "launcher": {"executor": "debug"}}, sort_keys=False
-        )
-    )
-    return path
-
-
 @pytest.mark.parametrize(
     "entry, key, message",
     [
@@ -137,14 +124,14 @@ def _grid(tmp_path: Path, transplants: list) -> Path:
 def test_a_bad_component_or_eval_exits_2_before_anything_is_submitted(tmp_path, capsys, entry, key, message):
     results = tmp_path / "results"
     entry.setdefault("eval", {}).setdefault("tasks", ["ncbi_disease"])
-    rc = main(["sweep", str(_grid(tmp_path, [entry])), "--dry-run", "--results", str(results)])
+    rc = main(["sweep", str(write_transplant_grid(tmp_path, [entry])), "--dry-run", "--results", str(results)])
     out, err = capsys.readouterr()
     assert rc == 2 and not results.exists(), (out, err)
     assert f": {key}" in err and message in err, err
 
 
 def test_a_component_transplant_and_its_eval_overrides_reach_the_derived_spec(tmp_path, capsys):
-    path = _grid(
+    path = write_transplant_grid(
         tmp_path,
         [
             {

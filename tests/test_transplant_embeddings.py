@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from ablate.cli import main
 from ablate.config.transplants import copies_embeddings, derived_id
@@ -22,8 +21,7 @@ from ablate.plan.transplants import derived_spec
 from ablate.config.spec import RunSpec
 from ablate.config.base import validate
 from ablate.store import rundir
-
-TINY = yaml.safe_load((Path(__file__).parent / "grids" / "tiny.yaml").read_text())
+from builders import tiny_grid_spec, write_transplant_grid
 
 
 def _pair(family: str):
@@ -97,15 +95,8 @@ def test_hybrids_built_before_the_choice_keep_their_ids_and_the_other_choice_get
     assert not copies_embeddings(("encoder",), ("mlp",), False) and not copies_embeddings(("low",), (), False)
 
 
-def _grid(tmp_path: Path, transplants: list) -> Path:
-    grid = {**TINY, "sweep": "t", "transplants": transplants, "launcher": {"executor": "debug"}}
-    path = tmp_path / "grid.yaml"
-    path.write_text(yaml.safe_dump(grid, sort_keys=False))
-    return path
-
-
 def test_the_dry_run_names_whose_embeddings_each_hybrid_has(tmp_path, capsys):
-    path = _grid(
+    path = write_transplant_grid(
         tmp_path,
         [
             {"from": "clm_detour", "into": "mlm", "layers": "low"},
@@ -132,7 +123,7 @@ def test_the_dry_run_names_whose_embeddings_each_hybrid_has(tmp_path, capsys):
 def test_embeddings_false_with_layers_that_name_them_exits_2(tmp_path, capsys):
     entry = {"from": "clm_detour", "into": "mlm", "layers": ["encoder", "head"], "embeddings": False}
     results = tmp_path / "results"
-    rc = main(["sweep", str(_grid(tmp_path, [entry])), "--results", str(results)])
+    rc = main(["sweep", str(write_transplant_grid(tmp_path, [entry])), "--results", str(results)])
     out, err = capsys.readouterr()
     assert rc == 2 and out == "" and not results.exists()
     assert err.startswith(f"error: {tmp_path / 'grid.yaml'}: transplants[0].embeddings: "), err
@@ -153,11 +144,7 @@ def test_a_derived_run_written_before_the_choice_is_built_with_the_embeddings_as
     runs = tmp_path / "runs"
     for name, seed in (("from", 1), ("into", 2)):
         _finished(runs / name, seed, tokenizer)
-    into = validate(
-        RunSpec,
-        {**TINY["base"], "phases": TINY["schedules"]["mlm"]},
-        "run.yaml",
-    )
+    into = validate(RunSpec, tiny_grid_spec(), "run.yaml")
     spec = derived_spec(into, "from", "into", ("low",), ("clm", "mlm"), 4, "layers")
     assert spec.labels["derived"]["embeddings"] is False
     old = spec.model_dump(mode="json")
