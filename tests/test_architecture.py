@@ -4,6 +4,7 @@ it, so the import graph has no circles and a newcomer can read the stages bottom
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ablate"
@@ -91,3 +92,83 @@ def test_every_stage_says_what_it_owns_and_may_import():
     for stage in FLOORS[:-1]:
         doc = ast.get_docstring(ast.parse((PACKAGE / stage / "__init__.py").read_text())) or ""
         assert "May import" in doc, f"ablate/{stage}/__init__.py needs a docstring saying what it may import"
+
+
+# ---------------------------------------------------------------- each module's "May import:" line
+
+
+def _declared(doc: str) -> str | None:
+    """The text of a docstring's "May import:" paragraph, whitespace folded; None without one."""
+    found = re.search(r"^May import:(.*?)(?:\n\s*\n|\Z)", doc, re.S | re.M)
+    return " ".join(found.group(1).split()).rstrip(".") if found else None
+
+
+def _allowed(declared: str) -> set[str] | None:
+    """The ablate modules and stages a "May import:" line names (None: every stage). `stage`, `stage.module`
+    and `stage (module, module)` name what may be imported; "nothing ..." names nothing; parentheses that are
+    prose (not module names) leave their stage whole."""
+    if declared.lower().startswith("every stage"):
+        return None
+    if declared.lower().startswith("nothing"):
+        return set()
+    items, depth, current = [], 0, ""
+    for ch in declared:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            items.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    items.append(current.strip())
+    allowed = set()
+    for item in items:
+        named = re.match(r"^([a-z_]+(?:\.[a-z_]+)*)\s*(?:\((.*)\))?", item)
+        if not named:
+            continue
+        name, inside = named.group(1), named.group(2)
+        if inside and re.fullmatch(r"[a-z_.*, ]+", inside.strip()):
+            allowed |= {f"{name}.{sub.strip().removesuffix('.*')}" for sub in inside.split(",")}
+        else:
+            allowed.add(name)
+    return allowed
+
+
+def _module_files() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        out[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = path
+    return out
+
+
+def test_every_module_imports_only_what_its_may_import_line_names():
+    """A module's docstring says which stages (or which of their modules) it may import: its "May import:"
+    paragraph, or its package's when it has none. Its own stage is always allowed ("nothing" means nothing of
+    the other stages); "every stage" allows all."""
+    files, graph = _module_files(), _imports()
+    declared = {m: _declared(ast.get_docstring(ast.parse(p.read_text())) or "") for m, p in files.items()}
+    missing, wrong = [], []
+    for module, path in sorted(files.items()):
+        line = declared[module]
+        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        while line is None and package.count("."):
+            line = declared.get(package)
+            package = package.rsplit(".", 1)[0]
+        if line is None:
+            missing.append(module)
+            continue
+        allowed = _allowed(line)
+        if allowed is None:
+            continue
+        own = _stage(module)
+        for target in sorted(graph[module]):
+            name = target.removeprefix("ablate.")
+            if target not in files:  # a name imported from a module, not a module
+                continue
+            if any(target != m and m.startswith(target + ".") for m in graph[module]):
+                continue  # `from ablate.stage import module`: the module is what is imported
+            if (own and name.split(".")[0] == own) or any(name == a or name.startswith(a + ".") for a in allowed):
+                continue
+            wrong.append(f"{module} imports {name}; its line says: May import: {line}")
+    assert not missing, f"modules without a 'May import:' line (nor their package): {missing}"
+    assert not wrong, "\n".join(wrong)
