@@ -1,5 +1,5 @@
 """What a reader looks up matches the code: docs/config.md is what the config models give (every key of every
-file format, described in the models themselves), and the README's command table lists every subcommand, flag,
+file format, described in the models themselves), and the command table (docs/commands.md) lists every subcommand, flag,
 choice, figure, table and exit code of the command line."""
 
 from __future__ import annotations
@@ -59,12 +59,12 @@ def _flags(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 
 def _commands_section() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "commands.md").read_text()
     return text.split("\n## Commands\n", 1)[1].split("\n## ", 1)[0]
 
 
 def _rows(command: str) -> str:
-    """The README table's rows whose first cell shows `ablate COMMAND`."""
+    """The command table's rows whose first cell shows `ablate COMMAND`."""
     rows = [line for line in _commands_section().splitlines() if line.startswith("| `ablate")]
     pattern = re.compile(rf"`ablate {re.escape(command)}(?=[ `])")
     return "\n".join(r for r in rows if pattern.search(r.split(" | ")[0]))
@@ -76,7 +76,7 @@ COMMANDS = _subcommands(build_parser())
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_the_command_table_lists_every_subcommand_with_its_flags(command):
     rows = _rows(command)
-    assert rows, f"the README's command table has no row for `ablate {command}`"
+    assert rows, f"the command table (docs/commands.md) has no row for `ablate {command}`"
     counts: dict[str, int] = {}
     for sub in COMMANDS.values():
         for action in _flags(sub):
@@ -90,7 +90,7 @@ def test_the_command_table_lists_every_subcommand_with_its_flags(command):
         missing += [
             f"{flag} {c}" for c in action.choices or () if not re.search(rf"\b{re.escape(str(c))}\b", where)
         ]
-    assert missing == [], f"`ablate {command}`: the README's command table lacks {missing}"
+    assert missing == [], f"`ablate {command}`: the command table (docs/commands.md) lacks {missing}"
 
 
 @pytest.mark.parametrize("flag, names", [("--figure", FIGURES), ("--table", TABLES)])

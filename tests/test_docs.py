@@ -103,7 +103,7 @@ EXAMPLES = _grid_examples()
 
 
 def test_the_concepts_take_their_examples_from_the_grids():
-    assert len([e for e in EXAMPLES if e[0] == "README.md"]) == 6  # run, phase, objective, ...
+    assert len([e for e in EXAMPLES if e[0] == "concepts.md"]) == 6  # run, phase, objective, ...
 
 
 @pytest.mark.parametrize(
