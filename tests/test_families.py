@@ -28,7 +28,6 @@ from ablate.cli import main
 from ablate.config.errors import SpecError
 from ablate.config.spec import parse_run_spec
 from ablate.evaluate.tasks import load_task, load_task_data, resolve_settings
-from ablate.models import families
 from ablate.models.families import FAMILIES, family_of, layer_of
 from ablate.models.sources import SHIPPED_CONFIGS, load_config, load_masked_lm
 from ablate.plan.freezing import apply_freeze, layer_groups, resolve_freeze
@@ -376,6 +375,6 @@ def test_a_family_whose_layers_cannot_be_found(tmp_path, capsys, monkeypatch):
     import re
 
     broken = dataclasses.replace(FAMILIES["roberta"], layers=re.compile(r"^encoder\.layers\.(\d+)\."))
-    monkeypatch.setitem(families._BY_MODEL_TYPE, "roberta", broken)
+    monkeypatch.setitem(FAMILIES, "roberta", broken)
     err = _bad_model(tmp_path, capsys, source("roberta"))
     assert "family roberta: the model's layers cannot be found" in err

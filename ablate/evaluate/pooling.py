@@ -1,13 +1,13 @@
 """The pooling of a sequence-classification model, set from the task's settings (`pooling: cls | mean`),
 never inherited from whatever the checkpoint's config says.
 
-Hugging Face heads pool in one of two ways. Some read a `classifier_pooling` config value (ModernBERT,
-EuroBERT): it is set here. The others read the first token's state ([CLS] / <s>) in one known module (BERT's
-pooler, RoBERTa's classification head, ...): `cls` is what they do, and `mean` puts the mean of the last
-hidden states over the attention mask where that module reads the first token. A model type in neither
-table is refused rather than pooled in an unknown way.
+Hugging Face heads pool in one of two ways, which each family entry declares (ablate.models.families). Some
+read a `classifier_pooling` config value (ModernBERT, EuroBERT): it is set here. The others read the first
+token's state ([CLS] / <s>) in one known module (BERT's pooler, RoBERTa's classification head, ...): `cls` is
+what they do, and `mean` puts the mean of the last hidden states over the attention mask where that module
+reads the first token. A family whose entry declares neither is refused rather than pooled in an unknown way.
 
-May import: config.
+May import: config, models.
 """
 
 from __future__ import annotations
@@ -15,24 +15,7 @@ from __future__ import annotations
 import torch
 
 from ablate.config.errors import SpecError
-
-# model type -> our pooling name -> the value of its config's classifier_pooling
-CONFIG_POOLING = {
-    "modernbert": {"cls": "cls", "mean": "mean"},
-    "eurobert": {"cls": "bos", "mean": "mean"},
-}
-# model type -> the module (dotted, from the *ForSequenceClassification root) whose first input is the last
-# hidden states and which reads position 0 of it
-FIRST_TOKEN_READER = {
-    "bert": "bert.pooler",
-    "roberta": "classifier",
-    "xlm-roberta": "classifier",
-    "camembert": "classifier",
-    "electra": "classifier",
-    "deberta-v2": "pooler",
-}
-# model types whose head reads position 0 of the base model's output inside its own forward (no module to hook)
-FIRST_TOKEN_OF_OUTPUT = {"distilbert"}
+from ablate.models.families import FAMILIES, family_of
 
 
 def masked_mean(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -42,34 +25,42 @@ def masked_mean(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Ten
 
 
 def set_pooling(model: torch.nn.Module, pooling: str) -> torch.nn.Module:
-    """Make `model` (a *ForSequenceClassification) pool as `pooling` says; returns it."""
+    """Make `model` (a *ForSequenceClassification) pool as `pooling` says, the way its family entry declares
+    (ablate.models.families.Family: classifier_pooling, first_token_reader, first_token_of_output); returns it."""
     model_type = model.config.model_type
-    if model_type in CONFIG_POOLING:
-        model.config.classifier_pooling = CONFIG_POOLING[model_type][pooling]
+    try:
+        family = family_of(model.config)
+    except SpecError:  # an architecture without a family entry: refused below, as one that declares no pooling
+        family = None
+    if family is not None and family.classifier_pooling is not None:
+        model.config.classifier_pooling = family.classifier_pooling[pooling]
         return model
-    if model_type in FIRST_TOKEN_OF_OUTPUT:
+    if family is not None and family.first_token_of_output:
         if pooling == "mean":
             _mean_in_base_output(model)
         return model
-    reader = FIRST_TOKEN_READER.get(model_type)
-    if reader is None:
+    if family is None or family.first_token_reader is None:
         raise SpecError(
             f"no known pooling for sequence classification with model type {model_type!r}",
             key="finetune.pooling",
             value=pooling,
-            allowed="model types "
-            + ", ".join(sorted({*CONFIG_POOLING, *FIRST_TOKEN_READER, *FIRST_TOKEN_OF_OUTPUT}))
-            + " (add the new type to ablate/evaluate/pooling.py)",
+            allowed="model types of families whose entry declares how their classification head pools: "
+            + ", ".join(t for f in FAMILIES.values() if _pools(f) for t in f.model_types)
+            + " (ablate/models/families.py, docs/models.md)",
         )
     if pooling == "mean":
-        _mean_at_first_position(model, model.get_submodule(reader))
+        _mean_at_first_position(model, model.get_submodule(family.first_token_reader))
     return model
+
+
+def _pools(family) -> bool:
+    return family.classifier_pooling is not None or family.first_token_of_output or bool(family.first_token_reader)
 
 
 def _mean_at_first_position(model: torch.nn.Module, reader: torch.nn.Module) -> None:
     """Hooks: the encoder's call leaves its attention mask here; the reader then gets the masked mean in
     position 0 of its input. (The encoder is called with attention_mask as a keyword by every family in
-    FIRST_TOKEN_READER; LoRA wrappers call the encoder the same way.)"""
+    with a first_token_reader; LoRA wrappers call the encoder the same way.)"""
     seen: dict[str, torch.Tensor | None] = {}
 
     def keep_mask(_module, args, kwargs):

@@ -39,10 +39,6 @@ from ablate.evaluate.tasks import TaskSpec, load_task, load_task_data, resolve_s
 from ablate.launch.gpu_memory import AUTO_MARGIN, PeakTracker, StepMemory, gib, gpu_limit, with_moments
 from ablate.train.meta_cuda import CudaKernels
 
-HOST_READ_TYPES = {
-    "span_ner": "its BiLSTM packs by lengths read on the host; its loss draws each example's training spans on the host"
-}
-
 
 @dataclass(frozen=True)
 class FinetuneShape:
@@ -63,7 +59,7 @@ class FinetuneMemory:
     type: str
     batch: int
     length: int  # the longest batch's padded length
-    memory: StepMemory | None  # None: not traced (HOST_READ_TYPES)
+    memory: StepMemory | None  # None: not traced (the task type's host_reads)
 
 
 _CACHE: dict[FinetuneShape, FinetuneMemory] = {}
@@ -114,7 +110,7 @@ def _trace(shape: FinetuneShape, device: str = "meta") -> FinetuneMemory:
     where = torch.device(device)
     with _config_folder(shape.model, shape.attn_implementation) as folder:
         max_length = ft._max_length(folder, tokenizer, task, settings, None)
-        if task.type in HOST_READ_TYPES:
+        if task.entry.host_reads:
             return FinetuneMemory(task.name, task.type, shape.batch, max_length, None)
         with mock.patch("transformers.PreTrainedModel.from_pretrained", _from_config_on(where)):
             model = ft._load_model(folder, task, data.labels, settings)

@@ -104,6 +104,15 @@ class Family:
     components: tuple[tuple[str, tuple[str, ...]], ...] = ()  # a block's parts a transplant copies alone
     # (ablate.config.transplants.COMPONENTS) -> parameter-name prefixes
     # inside the block: its attention module, its MLP
+    # How its *ForSequenceClassification pools (ablate.evaluate.pooling), one of: a config value per pooling
+    # (`classifier_pooling`: our name -> config.classifier_pooling), the module reading position 0 of the last
+    # hidden states (`first_token_reader`, dotted from the classification model's root), or the head reading
+    # position 0 of the base model's output in its own forward (`first_token_of_output`)
+    classifier_pooling: Mapping[str, str] | None = None
+    first_token_reader: str | None = None
+    first_token_of_output: bool = False
+    position_offset: bool = False  # position ids start after pad_token_id (RoBERTa): pad_token_id + 1 fewer
+    mlp_matrices: int = 2  # a block's MLP matmuls of hidden x intermediate (a GLU's gate makes 3): its FLOPs
 
     @property
     def attn_implementations(self) -> tuple[str, ...]:
@@ -189,6 +198,7 @@ FAMILIES: dict[str, Family] = {
             "tiny-bert",
             lora_full=("pooler",),
             components=_BERT_PARTS,
+            first_token_reader="bert.pooler",
         ),
         # also CamemBERT (CamemBERT-bio, DrBERT), XLM-R, BioMed-RoBERTa
         Family(
@@ -203,6 +213,8 @@ FAMILIES: dict[str, Family] = {
             _QKV,
             "tiny-roberta",
             components=_BERT_PARTS,
+            first_token_reader="classifier",
+            position_offset=True,
         ),
         Family(
             "distilbert",
@@ -217,6 +229,7 @@ FAMILIES: dict[str, Family] = {
             "tiny-distilbert",
             lora_full=("pre_classifier",),
             components=(("attention", ("attention.",)), ("mlp", ("ffn.",))),
+            first_token_of_output=True,
         ),
         # ElectraForMaskedLM is the generator; embeddings_project exists when embedding_size != hidden_size
         Family(
@@ -231,6 +244,7 @@ FAMILIES: dict[str, Family] = {
             _QKV,
             "tiny-electra",
             components=_BERT_PARTS,
+            first_token_reader="classifier",
         ),
         # DeBERTa-v3 checkpoints. Disentangled attention has no SDPA path in transformers. The optional convolution
         # (conv_kernel_size > 0: v2-xlarge/xxlarge) mixes neighbouring tokens, the future included, and cannot
@@ -249,6 +263,7 @@ FAMILIES: dict[str, Family] = {
             shared=("encoder.rel_embeddings.", "encoder.LayerNorm.", "encoder.conv."),
             lora_full=("pooler",),
             components=_BERT_PARTS,
+            first_token_reader="pooler",
         ),
         # sdpa: banded (ablate.models.attention, no L x L mask); eager: today's dense masks per layer type;
         # components are the `attn` and `mlp` modules (the pre-norms attn_norm / mlp_norm are neither)
@@ -267,6 +282,8 @@ FAMILIES: dict[str, Family] = {
             lora_full=("head",),
             rope_thetas=(("rope_theta", "full_attention"), ("local_rope_theta", "sliding_attention")),
             components=(("attention", ("attn.",)), ("mlp", ("mlp.",))),
+            classifier_pooling={"cls": "cls", "mean": "mean"},
+            mlp_matrices=3,  # GeGLU: Wi holds the input and the gate
         ),
         Family(
             "eurobert",
@@ -282,18 +299,18 @@ FAMILIES: dict[str, Family] = {
             shared=("norm.",),
             lora_full=("dense",),
             components=(("attention", ("self_attn.",)), ("mlp", ("mlp.",))),
+            classifier_pooling={"cls": "bos", "mean": "mean"},
         ),
     )
 }
 
-_BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
 HOW_TO_ADD = "add an entry to FAMILIES in ablate/models/families.py (docs/models.md: Adding a family)"
 
 
 def family_of(config: PretrainedConfig) -> Family:
     try:
-        return _BY_MODEL_TYPE[config.model_type]
-    except KeyError:
+        return next(f for f in FAMILIES.values() if config.model_type in f.model_types)
+    except StopIteration:
         raise SpecError(
             f"no family entry for architecture {config.model_type!r}; to add one, {HOW_TO_ADD}",
             key="model",

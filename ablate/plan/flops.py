@@ -18,13 +18,16 @@ prediction: MLM's masked fraction, CLM's every position but a document's last).
 tests/test_flops.py checks the matmuls and the head against FlopCounterMode on the meta device, and the pair
 counts against dense masks; bench/gpu_check.py prints both figures per row.
 
-May import: nothing from ablate (pure arithmetic over a model config).
+May import: config, models (pure arithmetic over a model config and its family entry).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from ablate.config.errors import SpecError
+from ablate.models.families import family_of
 
 FORWARD_AND_BACKWARD = 3  # a linear layer's backward is twice its forward's matmuls
 ATTENTION_PASSES = 3.5  # flash attention's backward recomputes the scores: 5 matmuls to the forward's 2
@@ -77,11 +80,14 @@ def allowed_pairs(lengths: Sequence[int], causal: bool, window: int | None) -> i
 
 def matmul_parameters(config) -> tuple[int, int]:
     """(the blocks' matmul weights, the head's: transform (hidden^2) + vocabulary projection) of a
-    ModernBERT- or BERT-like config: attention's q, k, v and output (4 hidden^2), the MLP (GLU: 3 x hidden x
-    intermediate; otherwise 2 x), per layer."""
+    ModernBERT- or BERT-like config: attention's q, k, v and output (4 hidden^2), the MLP (the family entry's
+    mlp_matrices x hidden x intermediate: 3 for a GLU, else 2), per layer."""
     hidden, inter = config.hidden_size, config.intermediate_size
-    glu = config.model_type == "modernbert"
-    per_layer = 4 * hidden * hidden + (3 if glu else 2) * hidden * inter
+    try:
+        matrices = family_of(config).mlp_matrices
+    except SpecError:  # no family entry: a plain MLP
+        matrices = 2
+    per_layer = 4 * hidden * hidden + matrices * hidden * inter
     return per_layer * config.num_hidden_layers, hidden * hidden + config.vocab_size * hidden
 
 

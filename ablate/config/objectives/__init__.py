@@ -1,6 +1,6 @@
 """Objectives as entries: every consumer asks the entry, none compares an objective's name.
 
-An entry (a subclass of Objective, one module of this package, found by ablate.config.objectives.registry)
+An entry (a subclass of Objective, one module of this package, listed in ablate.config.objectives.registry)
 says
 - `batch(...)`: what it does to a batch of packed sequences (inputs, labels, the attention pattern per row);
 - `pattern`: what the attention must allow: bidirectional, causal, or prefix (a bidirectional prefix and a
@@ -29,7 +29,7 @@ from ablate.config.objectives.base import (
     TokenInfo,
     mask_rate_at,
 )
-from ablate.config.objectives.registry import get, leaves, names, needs_preflight, patterns_of
+from ablate.config.objectives.registry import get, leaves, names, needs_preflight, patterns_of, register
 
 __all__ = [
     "BIDIRECTIONAL",
@@ -45,4 +45,5 @@ __all__ = [
     "names",
     "needs_preflight",
     "patterns_of",
+    "register",
 ]

@@ -1,25 +1,39 @@
-"""The registered objectives: every module of this package that defines ENTRY (an Objective) is one, so a new
-objective is one new module."""
+"""The registered objectives: ENTRY_MODULES lists the modules of this package that each define one entry
+(`ENTRY`, an Objective), so a new objective is a new module and one line here; `register` adds an entry
+defined elsewhere (a user's own, or a test's). The registries of ablate all take this shape: the entries
+listed in one place, looked up by name (families: ablate.models.families.FAMILIES; task types:
+ablate.evaluate.task_types; converters: ablate.data.converters.CONVERTERS; figures:
+ablate.report.registry.FIGURES).
+
+May import: config.
+"""
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
 
 from ablate.config.objectives.base import _ENTRIES, BIDIRECTIONAL, Objective
 
-_NOT_ENTRIES = {"base", "registry"}
+# imported when an objective is first asked for: mixture.py asks this registry for its members
+ENTRY_MODULES = ("clm", "mixture", "mlm", "mntp", "prefix_lm", "span")
+_LOADED: list[bool] = []
+
+
+def register(entry: Objective) -> Objective:
+    """Add an objective entry (its name once)."""
+    if not isinstance(entry, Objective):
+        raise TypeError(f"an objective entry is an Objective, not {type(entry).__name__}")
+    if entry.name in _ENTRIES and _ENTRIES[entry.name] is not entry:
+        raise ValueError(f"objective {entry.name!r} registered twice")
+    _ENTRIES[entry.name] = entry
+    return entry
 
 
 def _load() -> dict[str, Objective]:
-    if not _ENTRIES:
-        package = importlib.import_module("ablate.config.objectives")
-        for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
-            if info.name in _NOT_ENTRIES:
-                continue
-            entry = getattr(importlib.import_module(f"{package.__name__}.{info.name}"), "ENTRY", None)
-            if isinstance(entry, Objective):
-                _ENTRIES[entry.name] = entry
+    if not _LOADED:
+        _LOADED.append(True)
+        for module in ENTRY_MODULES:
+            register(importlib.import_module(f"ablate.config.objectives.{module}").ENTRY)
     return _ENTRIES
 
 

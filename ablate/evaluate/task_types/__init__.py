@@ -13,14 +13,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ablate.evaluate.task_types import classification, span_ner, token_ner  # noqa: F401  (they register)
-from ablate.evaluate.task_types.entry import TYPE_SETTINGS, TaskType, registered
+from ablate.evaluate.task_types import classification, span_ner, token_ner
+from ablate.evaluate.task_types.entry import TYPE_SETTINGS, TaskType, check_entry
 
-__all__ = ["TASK_TYPES", "TYPE_NAMES", "METRICS", "TYPE_SETTINGS", "TaskType", "task_type", "compute"]
+__all__ = ["TASK_TYPES", "TYPE_NAMES", "METRICS", "TYPE_SETTINGS", "TaskType", "task_type", "compute", "register"]
 
-TASK_TYPES: dict[str, TaskType] = registered()
-TYPE_NAMES: tuple[str, ...] = tuple(TASK_TYPES)
-METRICS = {name: dict(entry.metrics) for name, entry in TASK_TYPES.items()}
+# the registered entries, listed here (each module's ENTRIES); `register` adds one defined elsewhere
+TASK_TYPES: dict[str, TaskType] = {}
+METRICS: dict[str, dict] = {}  # type -> metric name -> function: what a task file's `metrics:` is checked against
+TYPE_NAMES: tuple[str, ...] = ()
+
+
+def register(entry: TaskType) -> TaskType:
+    """Add a task type entry (checked: its name once, its selection metric computed, its settings known).
+    Register before ablate.evaluate.tasks is imported: a task file's `type:` is checked against the names."""
+    global TYPE_NAMES
+    TASK_TYPES[entry.name] = check_entry(entry, TASK_TYPES)
+    METRICS[entry.name] = dict(entry.metrics)
+    TYPE_NAMES = tuple(TASK_TYPES)
+    return entry
+
+
+for _entry in (*classification.ENTRIES, *span_ner.ENTRIES, *token_ner.ENTRIES):
+    register(_entry)
 
 
 def task_type(name: str) -> TaskType:

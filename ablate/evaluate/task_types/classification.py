@@ -12,7 +12,7 @@ import torch
 
 from ablate.config.base import Located
 from ablate.evaluate import metrics as m
-from ablate.evaluate.task_types.entry import TaskType, register
+from ablate.evaluate.task_types.entry import TaskType
 from ablate.evaluate.task_types.hf import dense_labels, per_row, sequence_head, text_encoder
 
 RECORD_FORMATS = ("jsonl", "csv", "json", "hf")
@@ -66,68 +66,69 @@ _SEQUENCE = dict(
     collate=dense_labels(torch.long),
     reads=frozenset({"pooling"}) | PROBE_SETTINGS,
     lora_task="SEQ_CLS",
+    hub_pipeline="text-classification",
 )
-for _name, _pair in (("sequence_classification", False), ("sequence_pair_classification", True)):
-    register(
-        TaskType(
-            name=_name,
-            description="one label per " + ("pair of texts" if _pair else "text"),
-            protocol_kind="classification",
-            metrics=SINGLE_LABEL_METRICS,
-            selects_by="micro_f1",
-            label_kind="one",
-            head=sequence_head("single_label_classification"),
-            encode=text_encoder(lambda label, labels, label_id: label_id[label]),
-            decode=per_row(lambda logits, item, labels, ex: labels[int(logits.argmax())]),
-            check=_single(_pair),
-            takes_negative=TAKES_NEGATIVE,
-            **_SEQUENCE,
-        )
-    )
-
-register(
+SEQUENCE_CLASSIFICATION, SEQUENCE_PAIR_CLASSIFICATION = (
     TaskType(
-        name="multi_label_classification",
-        description="a set of labels per text",
+        name=_name,
+        description="one label per " + ("pair of texts" if _pair else "text"),
         protocol_kind="classification",
-        metrics={
-            "micro_f1": m.multilabel_micro_f1,
-            "macro_f1": m.multilabel_macro_f1,
-            "weighted_f1": m.multilabel_weighted_f1,
-        },
+        metrics=SINGLE_LABEL_METRICS,
         selects_by="micro_f1",
-        formats=RECORD_FORMATS,
-        label_kind="set",
-        head=sequence_head("multi_label_classification"),
-        encode=text_encoder(lambda label, labels, label_id: [1.0 if lab in label else 0.0 for lab in labels]),
-        collate=dense_labels(torch.float),
-        loss=_weighted_bce,
-        decode=per_row(
-            lambda logits, item, labels, ex: tuple(lab for lab, on in zip(labels, (logits > 0).tolist()) if on)
-        ),  # sigmoid > 0.5
-        label_names=tuple,
-        reads=frozenset({"pooling", "multi_label_pos_weight"}) | PROBE_SETTINGS,
-        lora_task="SEQ_CLS",
+        label_kind="one",
+        head=sequence_head("single_label_classification"),
+        encode=text_encoder(lambda label, labels, label_id: label_id[label]),
+        decode=per_row(lambda logits, item, labels, ex: labels[int(logits.argmax())]),
+        check=_single(_pair),
+        takes_negative=TAKES_NEGATIVE,
+        **_SEQUENCE,
     )
+    for _name, _pair in (("sequence_classification", False), ("sequence_pair_classification", True))
 )
 
-register(
-    TaskType(
-        name="regression",
-        description="a number per text (or pair)",
-        protocol_kind="classification",
-        metrics={"pearson": m.pearson, "spearman": m.spearman},
-        selects_by="pearson",
-        formats=RECORD_FORMATS,
-        label_kind="number",
-        head=sequence_head("regression", one_output=True),
-        encode=text_encoder(lambda label, labels, label_id: float(label)),
-        collate=dense_labels(torch.float),
-        decode=per_row(lambda logits, item, labels, ex: float(logits[0])),
-        label_names=lambda label: (),
-        reads=frozenset({"pooling"}) | PROBE_SETTINGS,
-        lora_task="SEQ_CLS",
-        has_label_set=False,
-        check=_no_label_set,
-    )
+MULTI_LABEL_CLASSIFICATION = TaskType(
+    name="multi_label_classification",
+    description="a set of labels per text",
+    protocol_kind="classification",
+    metrics={
+        "micro_f1": m.multilabel_micro_f1,
+        "macro_f1": m.multilabel_macro_f1,
+        "weighted_f1": m.multilabel_weighted_f1,
+    },
+    selects_by="micro_f1",
+    formats=RECORD_FORMATS,
+    label_kind="set",
+    head=sequence_head("multi_label_classification"),
+    encode=text_encoder(lambda label, labels, label_id: [1.0 if lab in label else 0.0 for lab in labels]),
+    collate=dense_labels(torch.float),
+    loss=_weighted_bce,
+    decode=per_row(
+        lambda logits, item, labels, ex: tuple(lab for lab, on in zip(labels, (logits > 0).tolist()) if on)
+    ),  # sigmoid > 0.5
+    label_names=tuple,
+    reads=frozenset({"pooling", "multi_label_pos_weight"}) | PROBE_SETTINGS,
+    lora_task="SEQ_CLS",
+    hub_pipeline="text-classification",
 )
+
+REGRESSION = TaskType(
+    name="regression",
+    description="a number per text (or pair)",
+    protocol_kind="classification",
+    metrics={"pearson": m.pearson, "spearman": m.spearman},
+    selects_by="pearson",
+    formats=RECORD_FORMATS,
+    label_kind="number",
+    head=sequence_head("regression", one_output=True),
+    encode=text_encoder(lambda label, labels, label_id: float(label)),
+    collate=dense_labels(torch.float),
+    decode=per_row(lambda logits, item, labels, ex: float(logits[0])),
+    label_names=lambda label: (),
+    reads=frozenset({"pooling"}) | PROBE_SETTINGS,
+    lora_task="SEQ_CLS",
+    hub_pipeline="text-classification",
+    has_label_set=False,
+    check=_no_label_set,
+)
+
+ENTRIES = (SEQUENCE_CLASSIFICATION, SEQUENCE_PAIR_CLASSIFICATION, MULTI_LABEL_CLASSIFICATION, REGRESSION)

@@ -1,4 +1,5 @@
-"""What a task type declares (TaskType), and the registry its entries join by kind (register, entry).
+"""What a task type declares (TaskType), and the check an entry passes to join the registry
+(ablate.evaluate.task_types).
 
 A task type is one entry: how its model is built, its loss, how outputs become predictions, its metrics and
 the one the paper selects by, how a record's label is read and batched, which type-specific fine-tuning
@@ -68,24 +69,20 @@ class TaskType:
     has_label_set: bool = True
     takes_negative: frozenset[str] = field(default_factory=frozenset)  # metrics that take negative_label
     targets: tuple[str, ...] = ("labels",)  # the batch's keys that only training reads
+    hub_pipeline: str = "other"  # the Hugging Face pipeline tag an exported model's card gives it
+    host_reads: str | None = None  # why the GPU memory plan cannot trace its step on the meta device (a
+    # forward that reads values back to the host); None: traced
     selection: Callable[[Any], str | None] = lambda settings: None
     revision: str = ""  # changed when the type computes otherwise: a score of another revision is recomputed
 
 
-_REGISTRY: dict[str, TaskType] = {}
-
-
-def register(entry: TaskType) -> TaskType:
-    if entry.name in _REGISTRY:
+def check_entry(entry: TaskType, taken) -> TaskType:
+    """A complete entry whose name is not among `taken`, else a ValueError saying what is wrong."""
+    if entry.name in taken:
         raise ValueError(f"task type {entry.name!r} registered twice")
     if entry.selects_by not in entry.metrics:
         raise ValueError(f"task type {entry.name!r} selects by {entry.selects_by!r}, which it does not compute")
     unknown = entry.reads - set(TYPE_SETTINGS)
     if unknown:
         raise ValueError(f"task type {entry.name!r} reads settings TYPE_SETTINGS lacks: {sorted(unknown)}")
-    _REGISTRY[entry.name] = entry
     return entry
-
-
-def registered() -> dict[str, TaskType]:
-    return dict(_REGISTRY)

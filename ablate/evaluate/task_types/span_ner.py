@@ -29,7 +29,7 @@ from ablate.evaluate.encoded import Encoded
 from ablate.evaluate.spans import MAX_SPANS, NEGATIVES, drop_same_label_overlaps, entity_tokens, real_tokens
 from ablate.evaluate.spans import stripped
 from ablate.evaluate.span_model import PAD_LABEL, SpanNER
-from ablate.evaluate.task_types.entry import TaskType, register
+from ablate.evaluate.task_types.entry import TaskType
 from ablate.evaluate.task_types.hf import types_of
 
 SPAN_SETTINGS = frozenset(
@@ -182,30 +182,32 @@ def _check(task) -> None:
         raise Located("a span_ner task reads no text_pair", "columns.text_pair", task.columns.text_pair)
 
 
-SPAN_NER = register(
-    TaskType(
-        name="span_ner",
-        description="entities as character spans, nested kept (tabib's span model: BiLSTM, BIOUL CRF, biaffine)",
-        protocol_kind="span_ner",
-        metrics={
-            "span_f1": m.span_f1,
-            "span_precision": m.span_precision,
-            "span_recall": m.span_recall,
-            "sampled_span_f1": sampled_span_f1,
-        },
-        selects_by="span_f1",
-        formats=("brat",),
-        label_kind="spans",
-        head=head,
-        encode=encode,
-        collate=collate,
-        decode=decode,
-        label_names=lambda label: tuple(lab for _, _, lab in label),
-        reads=SPAN_SETTINGS,
-        targets=(),  # the dev examples' training spans are scored too (sampled_span_f1)
-        check=_check,
-        loss_terms=training_span_count,
-        selection=lambda settings: "sampled_span_f1" if settings.span_selection == "sampled" else None,
-        revision="tabib 16649393",  # the span model was ablate's own before: its older scores recompute
-    )
+SPAN_NER = TaskType(
+    name="span_ner",
+    description="entities as character spans, nested kept (tabib's span model: BiLSTM, BIOUL CRF, biaffine)",
+    protocol_kind="span_ner",
+    metrics={
+        "span_f1": m.span_f1,
+        "span_precision": m.span_precision,
+        "span_recall": m.span_recall,
+        "sampled_span_f1": sampled_span_f1,
+    },
+    selects_by="span_f1",
+    formats=("brat",),
+    label_kind="spans",
+    head=head,
+    encode=encode,
+    collate=collate,
+    decode=decode,
+    label_names=lambda label: tuple(lab for _, _, lab in label),
+    reads=SPAN_SETTINGS,
+    targets=(),  # the dev examples' training spans are scored too (sampled_span_f1)
+    check=_check,
+    loss_terms=training_span_count,
+    selection=lambda settings: "sampled_span_f1" if settings.span_selection == "sampled" else None,
+    revision="tabib 16649393",  # the span model was ablate's own before: its older scores recompute
+    host_reads="its BiLSTM packs by lengths read on the host; its loss draws each example's training spans "
+    "on the host",
 )
+
+ENTRIES = (SPAN_NER,)

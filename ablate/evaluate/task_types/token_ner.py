@@ -13,7 +13,7 @@ from ablate.config.base import Located
 from ablate.evaluate import metrics as m
 from ablate.evaluate.encoded import IGNORE, Encoded, pad_rows
 from ablate.evaluate.task_readers import IOB2_TAG
-from ablate.evaluate.task_types.entry import TaskType, register
+from ablate.evaluate.task_types.entry import TaskType
 from ablate.evaluate.task_types.hf import per_row, token_head, types_of
 
 
@@ -63,27 +63,28 @@ def _check(task) -> None:
         raise Located("not an IOB2 tag", "labels.values", bad[0], "O, B-<type>, I-<type>")
 
 
-TOKEN_CLASSIFICATION = register(
-    TaskType(
-        name="token_classification",
-        description="one IOB2 tag per word (a linear head on the sub-tokens)",
-        protocol_kind="ner",
-        metrics={
-            "entity_f1": m.entity_f1,
-            "entity_precision": m.entity_precision,
-            "entity_recall": m.entity_recall,
-        },
-        selects_by="entity_f1",
-        formats=("conll", "hf"),
-        label_kind="tags",
-        head=token_head,
-        encode=encode,
-        collate=lambda items: {"labels": pad_rows([it.label for it in items], IGNORE)},
-        decode=per_row(lambda logits, item, labels, ex: decode_tags(logits, item, labels, len(ex.text))),
-        gold=lambda example: list(example.label),
-        label_names=tuple,
-        lora_task="TOKEN_CLS",
-        loss_terms=lambda item: sum(lab != IGNORE for lab in item.label),
-        check=_check,
-    )
+TOKEN_CLASSIFICATION = TaskType(
+    name="token_classification",
+    description="one IOB2 tag per word (a linear head on the sub-tokens)",
+    protocol_kind="ner",
+    metrics={
+        "entity_f1": m.entity_f1,
+        "entity_precision": m.entity_precision,
+        "entity_recall": m.entity_recall,
+    },
+    selects_by="entity_f1",
+    formats=("conll", "hf"),
+    label_kind="tags",
+    head=token_head,
+    encode=encode,
+    collate=lambda items: {"labels": pad_rows([it.label for it in items], IGNORE)},
+    decode=per_row(lambda logits, item, labels, ex: decode_tags(logits, item, labels, len(ex.text))),
+    gold=lambda example: list(example.label),
+    label_names=tuple,
+    lora_task="TOKEN_CLS",
+    hub_pipeline="token-classification",
+    loss_terms=lambda item: sum(lab != IGNORE for lab in item.label),
+    check=_check,
 )
+
+ENTRIES = (TOKEN_CLASSIFICATION,)
