@@ -1,4 +1,4 @@
-"""Fine-tuning steps' GPU memory as ablate.launch.finetune_memory predicts it, checked on the CPU.
+"""Fine-tuning steps' GPU memory as ablate.predict.finetune_memory predicts it, checked on the CPU.
 
     python bench/finetune_memory.py                                   # tiny ModernBERT: meta against real tensors
     python bench/finetune_memory.py --model config:modernbert-base --predict-only --batch 16
@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ablate.evaluate.tasks import load_task, resolve_settings  # noqa: E402
-from ablate.launch import finetune_memory  # noqa: E402
-from ablate.launch.gpu_memory import PARTS  # noqa: E402
+from ablate.predict import finetune_memory  # noqa: E402
+from ablate.predict.gpu_memory import PARTS  # noqa: E402
 
 
 def main(argv=None) -> int:

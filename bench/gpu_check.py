@@ -27,7 +27,7 @@ documents of 512. Rows, in order of value; a row starts only if its --row-budget
 Each step row: tokens/s (median, min and max over the timed steps, at least --steps unless its budget ran
 out), executed and nominal TFLOP/s (ablate.plan.flops: executed counts what the step computes, nominal the
 convention MFU figures quote), MFU against --peak-tflops (the datasheet's dense bf16) and against row 0's
-measured rate, peak memory (max_memory_allocated) beside the memory plan's prediction (ablate.launch.gpu_memory,
+measured rate, peak memory (max_memory_allocated) beside the memory plan's prediction (ablate.predict.gpu_memory,
 traced on the meta device in worker processes while the GPU runs), and the first step's loss (seed 0).
 At the end, `goals` compares the rows with the issue's goals (>= 360k tokens/s with documents, >= 1.2x the
 ModernBERT recipe's executed TFLOP/s without, CLM >= MLM, memory within 2% of the prediction).
@@ -135,7 +135,7 @@ def spec_of(args, row: dict, device):
 
 def predicted_bytes(spec) -> int:
     """The memory plan's traced peak of the step (allocated bytes, as max_memory_allocated counts them)."""
-    from ablate.launch import gpu_memory
+    from ablate.predict import gpu_memory
 
     return gpu_memory.phase_memory(spec, spec.batch_size)[0].traced
 

@@ -6,7 +6,7 @@ several fine-tunings sharing the GPU, in one prepared process.
 
 ModernBERT-base sized (ablate/models/configs/modernbert-base.json, random init; --tiny: tiny-modernbert at
 small lengths), each task model built by its task type's entry (ablate.evaluate.task_types: `head`, under a
-from_pretrained that builds the config's architecture, as ablate.launch.finetune_memory traces it), with the
+from_pretrained that builds the config's architecture, as ablate.predict.finetune_memory traces it), with the
 task file's own fine-tuning settings, stepped by ablate.evaluate.finetune's loop (`_train_epoch`, bf16
 autocast on CUDA, AdamW, the task's loss and clipping). Rows, in order of value; a row starts only if its
 --row-budget-s fits in what is left of --budget-s (else it is reported skipped), and the JSON is rewritten
@@ -281,7 +281,7 @@ def build_unit(model_source: str, tokenizer, kind: TypeRow, device, tiny: bool, 
     from ablate.evaluate import finetune as ft
     from ablate.evaluate.batching import collate
     from ablate.evaluate.tasks import load_task, resolve_settings
-    from ablate.launch.finetune_memory import _config_folder, _from_config_on
+    from ablate.predict.finetune_memory import _config_folder, _from_config_on
     from ablate.train.precision import autocast_on
 
     task = load_task(kind.task)

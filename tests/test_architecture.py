@@ -17,9 +17,11 @@ FLOORS = [
     "analysis",
     "train",
     "evaluate",
+    "predict",
     "launch",
     "tune",
     "report",
+    "release",
     "cli",
 ]
 

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from ablate.cli import main
 from ablate.config.errors import SpecError
-from ablate.report.export import choose_run
+from ablate.release.export import choose_run
 from in_process import ablate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,7 +172,7 @@ def test_a_non_empty_out_needs_force(finished, tmp_path, capsys):
 
 
 def test_an_error_midway_leaves_nothing(finished, tmp_path, monkeypatch):
-    from ablate.report import export as export_module
+    from ablate.release import export as export_module
 
     def broken(card):
         raise RuntimeError("disk full")

@@ -143,8 +143,8 @@ NEW_TYPE = textwrap.dedent(
                                             hub_pipeline="zero-shot-classification"))
     from ablate.evaluate import finetune as ft
     from ablate.evaluate.tasks import load_task, resolve_settings
-    from ablate.launch import finetune_memory
-    from ablate.report import card
+    from ablate.predict import finetune_memory
+    from ablate.release import card
     task = load_task(sys.argv[1])
     settings = resolve_settings(task, json.loads(sys.argv[2]))
     rows = ft.finetune(sys.argv[3], task, 0, settings)

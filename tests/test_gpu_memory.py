@@ -1,4 +1,4 @@
-"""The GPU memory plan (ablate.launch.gpu_memory): a tiny ModernBERT's real training step traced on the meta
+"""The GPU memory plan (ablate.predict.gpu_memory): a tiny ModernBERT's real training step traced on the meta
 device, its peak split into weights, gradients, AdamW state, activations and temporaries; a grid whose
 launcher states a GPU too small is exit 2 naming the largest micro-batch that fits; `micro_batch_size: auto`
 resolves to one value for the runs compared and is recorded; bad GPU memory values are exit 2."""
@@ -11,7 +11,7 @@ import yaml
 
 from ablate.cli import main
 from ablate.config.spec import parse_run_spec
-from ablate.launch import gpu_memory
+from ablate.predict import gpu_memory
 from ablate.launch.checks import checked_grid
 from ablate.launch.oom import oom_reason
 from builders import TOKENIZER, VALID_CORPUS, corpus_slice, run_spec, write_yaml
@@ -193,7 +193,7 @@ def _finetune_grid(tmp_path, gpu_memory_gb, tasks=("hoc",)):
 def _hoc_shape(tmp_path, batch: int):
     import dataclasses
 
-    from ablate.launch.finetune_memory import finetune_shapes
+    from ablate.predict.finetune_memory import finetune_shapes
 
     [shape] = finetune_shapes(checked_grid(str(_finetune_grid(tmp_path, None))).runs[0].spec)
     return dataclasses.replace(shape, batch=batch)
@@ -203,7 +203,7 @@ def test_each_fine_tuning_task_s_peak_is_printed_and_one_that_does_not_fit_is_ex
     """HoC's step at its own batch (16) on its longest batch: traced on meta as pretraining's is; a GPU that
     holds pretraining (micro-batch 2) but not that step is refused before anything runs, with the largest
     batch that fits."""
-    from ablate.launch.finetune_memory import finetune_step_memory
+    from ablate.predict.finetune_memory import finetune_step_memory
 
     hoc = {b: finetune_step_memory(_hoc_shape(tmp_path, b)) for b in (16, 8)}
     assert hoc[16].batch == 16 and hoc[16].length == 512 and hoc[16].type == "multi_label_classification"
@@ -229,7 +229,7 @@ def test_each_fine_tuning_task_s_peak_is_printed_and_one_that_does_not_fit_is_ex
 
 
 def test_an_out_of_memory_while_fine_tuning_names_the_task_its_batch_and_predicted_peak(tmp_path):
-    from ablate.launch.finetune_memory import finetune_step_memory
+    from ablate.predict.finetune_memory import finetune_step_memory
 
     spec = checked_grid(str(_finetune_grid(tmp_path, None))).runs[0].spec
     progress = {"stage": "finetune", "phase": "fine-tuning hoc", "task": "hoc", "seed": 3, "step": 5}
@@ -302,7 +302,7 @@ def test_the_fine_tuning_trace_accounts_what_real_tensors_hold_on_the_cpu(tmp_pa
     import dataclasses
     import json
 
-    from ablate.launch import finetune_memory
+    from ablate.predict import finetune_memory
 
     for task in ("hoc", "ncbi_disease"):
         shape = finetune_memory.finetune_shapes(

@@ -305,7 +305,7 @@ def test_every_shipped_suite_reads_and_names_shipped_tasks():
 
 def test_the_model_card_gives_each_tasks_own_fine_tuning_seeds(suites_dir):
     from ablate.config.spec import parse_run_spec
-    from ablate.report.card import _finetune_seeds
+    from ablate.release.card import _finetune_seeds
     from tests.test_pretrain import tiny_spec
 
     spec = parse_run_spec(tiny_spec(eval={"tasks": ["suite:mini", "pubmedqa_pqal"], "seeds": [7]}))

@@ -1,4 +1,4 @@
-"""The GPU memory plan's trace cache (ablate.launch.trace_cache): a second plan of the same grid, in a new
+"""The GPU memory plan's trace cache (ablate.predict.trace_cache): a second plan of the same grid, in a new
 process, reads every step shape from disk and gives the same numbers; a changed key field (the shape, the
 model's config, ablate's traced source, a library version) traces again; an entry cut short, overwritten or
 unreadable, and a folder that cannot be written, cost a trace and nothing else. And the plan's speed-ups
@@ -14,7 +14,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from ablate.cli import main
 from ablate.config.grid import load_grid
-from ablate.launch import gpu_memory, trace_cache
+from ablate.predict import gpu_memory, trace_cache
 from ablate.plan.grid import expand
 
 

@@ -21,7 +21,7 @@ from ablate.config.errors import SpecError
 from ablate.config.spec import parse_run_spec
 from ablate.evaluate.unit_processes import OOM_ENV, Placement, fitting_device, run_units
 from ablate.launch import shares
-from ablate.launch.finetune_memory import units_at_once
+from ablate.predict.finetune_memory import units_at_once
 from ablate.launch.gpus import process_devices
 
 GiB = 2**30
@@ -66,7 +66,7 @@ def test_auto_sizes_each_task_by_its_own_peak_capped_by_the_cores_and_alone_with
 @pytest.mark.slow  # a meta trace
 def test_the_worker_predicts_each_task_as_the_dry_run_does_and_sizes_its_units_by_it(data_root):
     from ablate.config.grid import Launcher
-    from ablate.launch.finetune_memory import finetune_memory_plan
+    from ablate.predict.finetune_memory import finetune_memory_plan
 
     spec = parse_run_spec(run_spec([0, 1], "auto"))
     peaks = shares._predicted_peaks(spec, [TASK], log=print)

@@ -236,13 +236,13 @@ def _print_dry_run(args, checked, executor: str, sweep_dir: Path) -> None:
     print("\n".join(header))
     _print_table(costs)
     if checked.memory is not None:
-        from ablate.launch import trace_cache
+        from ablate.predict import trace_cache
 
         print("\nGPU memory per device (predicted peak of a training step, docs/gpu-memory.md):")
         _print_table(checked.memory)
         print(trace_cache.summary())
     if checked.finetune_memory:
-        print("\nGPU memory of fine-tuning (a step on each task's longest batch, launch.finetune_memory):")
+        print("\nGPU memory of fine-tuning (a step on each task's longest batch, predict.finetune_memory):")
         _print_table(checked.finetune_memory)
     print("\n".join(checked.parity))
     print(
@@ -516,8 +516,8 @@ def cmd_grids(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from ablate.report.export import export_run
-    from ablate.report.hub import PushFailed, check_repo_id, hub_token, push_folder
+    from ablate.release.export import export_run
+    from ablate.release.hub import PushFailed, check_repo_id, hub_token, push_folder
 
     repo = check_repo_id(args.push_to_hub) if args.push_to_hub else None  # before anything is written
     sweep = _sweep(args, collected=True)

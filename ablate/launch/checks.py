@@ -5,7 +5,7 @@ the fetch command is named), every eval task, every corpus and the probe's held-
 transplants against its runs, and the causal preflight per model. Any problem is a SpecError naming the file.
 
 May import: config, store, data, plan, analysis, evaluate, train, launch.data_needs, launch.preparation,
-launch.transplants, launch.trackers, launch.gpu_memory, launch.finetune_memory.
+launch.transplants, launch.trackers, predict.gpu_memory, predict.finetune_memory.
 """
 
 from __future__ import annotations
@@ -41,15 +41,15 @@ class CheckedGrid:
     parity: list[str]  # the compute parity check, a line per comparison group
     tree: object = None  # shared prefixes (plan.branching.BranchTree); None: `branching: false`
     notes: tuple = ()  # what the dry run says on stderr, e.g. token lengths rounded to whole steps
-    memory: list | None = None  # each run's predicted GPU peak per phase (launch.gpu_memory); None: no limit
-    finetune_memory: list | None = None  # each fine-tuning step's predicted peak (launch.finetune_memory)
+    memory: list | None = None  # each run's predicted GPU peak per phase (predict.gpu_memory); None: no limit
+    finetune_memory: list | None = None  # each fine-tuning step's predicted peak (predict.finetune_memory)
 
 
 def checked_grid(path: str, executor: str | None = None, retry_in: Path | None = None) -> CheckedGrid:
     """`retry_in`: the results root of a sweep run with --retry-failed, whose runs that ran out of GPU memory
-    move `micro_batch_size: auto` below their micro-batch (launch.gpu_memory.resolve_auto)."""
-    from ablate.launch.finetune_memory import finetune_memory_plan
-    from ablate.launch.gpu_memory import memory_plan, resolve_auto
+    move `micro_batch_size: auto` below their micro-batch (predict.gpu_memory.resolve_auto)."""
+    from ablate.predict.finetune_memory import finetune_memory_plan
+    from ablate.predict.gpu_memory import memory_plan, resolve_auto
 
     grid = load_grid(path)
     executor = executor or grid.launcher.executor

@@ -1,12 +1,12 @@
 """What the cost plan (ablate.plan.cost) needs, gathered from files: the throughput (--tokens-per-s, or the
 sweep's calibration.json, read here and written by ablate.launch.calibrate), the fine-tuning work of each
 run (the tasks' train / dev / test sizes and epochs, or steps, under the run's fine-tuning settings, and where
-no fine-tuning throughput was measured, its FLOPs for an estimate: launch.finetune_estimate), what is known of
+no fine-tuning throughput was measured, its FLOPs for an estimate: predict.finetune_estimate), what is known of
 each corpus's tokens (launch.preparation.corpus_sizes: prepared, estimated from its bytes, unknown or
 missing) for the epochs each run reads it, and for `ablate status` what finished runs took (records/run.json,
 score files).
 
-May import: config, store, plan, evaluate, launch.preparation, launch.finetune_estimate.
+May import: config, store, plan, evaluate, launch.preparation, predict.finetune_estimate.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ablate.config.errors import SpecError
 from ablate.config.grid import GridSpec, Launcher, load_grid
 from ablate.config.spec import RunSpec
 from ablate.data.mixture import uses_own_data
-from ablate.launch.finetune_estimate import TokenCounter, with_estimates
+from ablate.predict.finetune_estimate import TokenCounter, with_estimates
 from ablate.launch.preparation import corpus_key, corpus_sizes, source_specs
 from ablate.plan.data_plan import plan_lines, source_epochs_cell
 from ablate.plan.cost import (
@@ -132,7 +132,7 @@ def finetune_plan(
     """Each spec's fine-tuning work (under its run id, or `ids`: a derived run's spec has its into run's id),
     and each distinct (model, task, speed settings) once with a spec and the resolved settings that have it
     (what `ablate calibrate` times). With `counter`, each work's FLOPs per example too (for an estimate where
-    no fine-tuning throughput is measured: ablate.launch.finetune_estimate)."""
+    no fine-tuning throughput is measured: ablate.predict.finetune_estimate)."""
     from ablate.evaluate.suites import spec_items
 
     plan, seen, flops = FinetunePlan(), {}, {}
@@ -353,7 +353,7 @@ def estimated(
     throughput: Throughput, pretraining: list[RunSpec], specs: list[RunSpec], ids: list[str]
 ) -> tuple[Throughput, FinetunePlan]:
     """Where no fine-tuning throughput was measured: the specs' fine-tuning work with its FLOPs, and the
-    throughput with the FLOP rate of each model's `pretraining` at it (ablate.launch.finetune_estimate)."""
+    throughput with the FLOP rate of each model's `pretraining` at it (ablate.predict.finetune_estimate)."""
     counter = TokenCounter()
     plan = finetune_plan(specs, ids, counter)
     return with_estimates(throughput, pretraining, counter), plan

@@ -1,8 +1,8 @@
 """A run's CUDA out-of-memory said as what it is: where it happened (a pretraining phase and step, or a
-fine-tuning task and seed), the micro-batch or batch, the predicted peak of that step (launch.gpu_memory,
-launch.finetune_memory) and the device's memory. What the worker writes into the run's status.
+fine-tuning task and seed), the micro-batch or batch, the predicted peak of that step (predict.gpu_memory,
+predict.finetune_memory) and the device's memory. What the worker writes into the run's status.
 
-May import: config, launch.gpu_memory, launch.finetune_memory.
+May import: config, predict.gpu_memory, predict.finetune_memory.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from ablate.config.spec import RunSpec
-from ablate.launch.finetune_memory import finetune_shapes, finetune_step_memory
-from ablate.launch.gpu_memory import gib, phase_memory
+from ablate.predict.finetune_memory import finetune_shapes, finetune_step_memory
+from ablate.predict.gpu_memory import gib, phase_memory
 
 
 def oom_reason(
@@ -62,7 +62,7 @@ def _pretrain_oom(spec: RunSpec, progress: dict | None, world_size: int, predict
 
 def _finetune_oom(spec: RunSpec, progress: dict, predict: bool) -> list[str]:
     """A fine-tuning step's OOM: the task and seed of the last progress line, the task's batch and the
-    predicted peak of its longest batch (launch.finetune_memory)."""
+    predicted peak of its longest batch (predict.finetune_memory)."""
     task, step = progress.get("task"), progress.get("step")
     if task is None:
         return ["out of GPU memory fine-tuning, before the first task reported"]

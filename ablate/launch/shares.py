@@ -7,7 +7,7 @@ scores equal one process's.
 
 Each process's units share its GPUs (evaluate.unit_processes): `eval.units_per_gpu` of them at once on each
 GPU, each a process of its own, over every GPU the process sees (a rank: its own; launch.gpus.process_devices).
-`auto` (the default) fits each task's units by its predicted peak (launch.finetune_memory, the longest batch)
+`auto` (the default) fits each task's units by its predicted peak (predict.finetune_memory, the longest batch)
 into the memory the device has free, AUTO_MARGIN of it kept, and at most as many processes per GPU as the
 job has CPU cores per GPU (each process feeds its GPU from a core); a task the trace cannot size runs alone.
 On a machine without GPU auto is 1: one unit after another in this process, as before; a number there runs
@@ -27,8 +27,8 @@ from typing import Callable, Iterator
 from ablate.config.spec import RunSpec
 from ablate.evaluate.runs import evaluate_run
 from ablate.evaluate.unit_processes import Placement
-from ablate.launch.finetune_memory import finetune_shapes, finetune_step_memory, units_at_once
-from ablate.launch.gpu_memory import AUTO_MARGIN, gib
+from ablate.predict.finetune_memory import finetune_shapes, finetune_step_memory, units_at_once
+from ablate.predict.gpu_memory import AUTO_MARGIN, gib
 from ablate.launch.gpus import process_devices
 from ablate.train.distributed import finishing_group, init as init_distributed, wait_for_ranks, world_from_env
 from ablate.train.loop import pick_device
@@ -131,7 +131,7 @@ def auto_at_once(peaks: dict[str, int | None], free: int, total: int, cores: int
 
 
 def _predicted_peaks(spec: RunSpec, tasks: list[str], log) -> dict[str, int | None]:
-    """Each task's predicted fine-tuning peak (launch.finetune_memory; None: not traced, or the trace failed,
+    """Each task's predicted fine-tuning peak (predict.finetune_memory; None: not traced, or the trace failed,
     said in the log: the task's units then run alone)."""
     peaks: dict[str, int | None] = dict.fromkeys(tasks)
     for shape in finetune_shapes(spec):

@@ -15,8 +15,8 @@ Conventions shared by every figure:
 
 Modules: sweep (loading), stats (intervals), arms (grouping), style (look and files), layers, scores, curves,
 divergence (the figures), registry (FIGURES, make_figure), tables, html (the page), references (the published
-numbers shipped in reference/*.yaml) and beside (them set beside the measured ones: `--reference paper`),
-export / card / provenance / hub (`ablate export`: a run as a Hugging Face folder with its model card).
+numbers shipped in reference/*.yaml) and beside (them set beside the measured ones: `--reference paper`).
+Releasing a run as a Hugging Face folder with its model card is ablate.release's.
 
 May import: every stage below it (config ... tune); only the CLI is above it.
 """

@@ -1,5 +1,5 @@
 """A training step's CUDA paths on the meta device of a CPU-only machine: what the GPU memory plan traces
-(ablate.launch.gpu_memory) and what the CUDA-path tests run (tests/cuda_paths.py re-exports it).
+(ablate.predict.gpu_memory) and what the CUDA-path tests run (tests/cuda_paths.py re-exports it).
 
 On the meta device every op computes shapes, strides and dtypes only, through torch's own meta
 implementations, and a meta tensor behaves as a CUDA one would where it matters here:

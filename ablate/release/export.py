@@ -3,7 +3,7 @@ arm.
 
     DIR/config.json, model.safetensors (or its shards + index), tokenizer files   the run's model/ (*ForMaskedLM),
                                                                                   with --bf16 cast to bfloat16
-    DIR/README.md                  the model card (ablate.report.card), hub metadata in its front matter
+    DIR/README.md                  the model card (ablate.release.card), hub metadata in its front matter
     DIR/figures/layers.{png,svg,csv}   the layers figure of the run (and its MLM twin)
     DIR/ablate/spec.json, run.json, frozen.json, scores.csv   the records the card was written from; scores.csv:
                                    the arm's rows of `ablate report --table scores`, unrounded
@@ -30,8 +30,8 @@ import pandas as pd
 from ablate.config.errors import SpecError
 from ablate.config.transplants import arm_name
 from ablate.report.arms import arm_label, done_runs
-from ablate.report.card import Card, CardScores, render_card
-from ablate.report.provenance import RunFacts, read_run_facts
+from ablate.release.card import Card, CardScores, render_card
+from ablate.release.provenance import RunFacts, read_run_facts
 from ablate.report.sweep import Sweep, load_sweep
 
 WEIGHTS = ".safetensors"

@@ -1,5 +1,5 @@
 """Traced step memories kept on disk, so that a second dry run, a requeued job and `--retry-failed` read what
-an earlier process traced (ablate.launch.gpu_memory; docs/gpu-memory.md, "The trace cache").
+an earlier process traced (ablate.predict.gpu_memory; docs/gpu-memory.md, "The trace cache").
 
 An entry is one JSON file named by the sha256 of everything its trace depends on: the caller's inputs (the
 step's shape, the model's config, the spec's settings the trace reads) and this machine's side of it, which
@@ -46,8 +46,8 @@ TRACED_SOURCES = (
     "plan/freezing.py",
     "analysis/probe.py",
     "data/corpus.py",
-    "launch/gpu_memory.py",
-    "launch/trace_cache.py",
+    "predict/gpu_memory.py",
+    "predict/trace_cache.py",
 )
 VERSIONED = ("torch", "transformers", "kernels")  # the distributions whose code the trace runs
 

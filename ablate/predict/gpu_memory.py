@@ -14,10 +14,10 @@ What meta cannot see is added as stated constants (docs/gpu-memory.md): the CUDA
 and the caching allocator's rounding and fragmentation. FlexAttention (CUDA with documents or a prefix on
 global layers) refuses meta: those steps are traced through the per-document SDPA path.
 
-Results are cached per shape key in the process, and on disk across processes (ablate.launch.trace_cache):
+Results are cached per shape key in the process, and on disk across processes (ablate.predict.trace_cache):
 a dry run over a grid traces each shape once, a second dry run, a requeued job and --retry-failed none.
 
-May import: config, data, models, plan, analysis, train, launch.trace_cache.
+May import: config, data, models, plan, analysis, train, predict.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from ablate.analysis.probe import layer_params
 from ablate.config.errors import SpecError
 from ablate.config.spec import ObjectiveFields, RunSpec
 from ablate.data.corpus import SequenceOrder
-from ablate.launch import trace_cache
+from ablate.predict import trace_cache
 from ablate.models.families import family_of, n_layers
 from ablate.plan.freezing import is_frozen
 from ablate.plan.phases import plan_phases
@@ -158,7 +158,7 @@ def phase_memory(spec: RunSpec, micro: int, ranks: int = 1) -> list[StepMemory]:
 
 def shape_memory(shape: StepShape, spec: RunSpec) -> StepMemory:
     """The step memory of `shape`: traced once per process, and read from the trace cache where an earlier
-    process traced it (ablate.launch.trace_cache)."""
+    process traced it (ablate.predict.trace_cache)."""
     if shape not in _CACHE:
         _CACHE[shape] = trace_cache.read_or_trace(
             _cache_inputs(shape), lambda: trace_step(shape, spec), dataclasses.asdict, _stored_memory
