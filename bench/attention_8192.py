@@ -9,7 +9,7 @@ The model: hidden 768, 12 heads, intermediate 1152, global_attn_every_n_layers 3
 vocabulary 50,368 (ModernBERT-base), random weights, float32, micro-batch 1. A step is what the training loop
 does (ablate.train.loop.train_step): the objective's inputs and labels (CLM: next token; MLM: 30% masked;
 `--objectives prefix-lm`: a bidirectional prefix of half the sequence, the suffix's next tokens),
-the encoder under ablate.train.objectives.attention_for, the head transform at labelled positions, the fused
+the encoder under ablate.train.attention_masks.attention_for, the head transform at labelled positions, the fused
 vocabulary loss (ablate.train.vocab_loss), backward, AdamW.
 
 Variants (mask kinds of attention_for on the same model):
@@ -89,7 +89,7 @@ def batch(seq_len: int, doc_len: int, vocab: int):
 def step(model, family, objective: str, ids, docs, kind: str, documents: bool, opt) -> float:
     import torch
 
-    from ablate.train.objectives import attention_for, clm_labels, mlm_inputs
+    from ablate.train.attention_masks import attention_for, clm_labels, mlm_inputs
     from ablate.train.vocab_loss import LOSSES
 
     prefix = None
@@ -163,7 +163,7 @@ def square_tensors(model, family, objective: str, ids, length: int) -> int:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from ablate.train.objectives import attention_for
+    from ablate.train.attention_masks import attention_for
 
     class Shapes(TorchDispatchMode):
         count = 0
@@ -185,7 +185,7 @@ def output_check(args) -> dict:
     import torch
 
     from ablate.models.families import family_of
-    from ablate.train.objectives import attention_for
+    from ablate.train.attention_masks import attention_for
 
     torch.set_num_threads(args.threads)
     out = {}

@@ -163,7 +163,7 @@ def objective_counts(
 def packed_rows(corpus: str, rows: int) -> np.ndarray:
     from ablate.config.spec import parse_run_spec
     from ablate.data.corpus import SequenceOrder, open_prepared
-    from ablate.models.sources import DEFAULT_MODEL, load_tokenizer
+    from ablate.models.loading import DEFAULT_MODEL, load_tokenizer
 
     spec = parse_run_spec(
         {

@@ -84,7 +84,7 @@ def run_standard(args) -> dict:
         TrainingArguments,
     )
 
-    from ablate.models.sources import resolve_source
+    from ablate.models.loading import resolve_source
     from ablate.config.paths import resolve_data_path
 
     kind, model_path = resolve_source(args.model)

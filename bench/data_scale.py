@@ -63,7 +63,7 @@ def _peak_mb() -> tuple[float, float]:
 
 def measure(config: str, corpus: Path, workers: int) -> dict:
     from ablate.config.spec import DataSpec
-    from ablate.models.sources import DEFAULT_MODEL, load_tokenizer
+    from ablate.models.loading import DEFAULT_MODEL, load_tokenizer
 
     tokenizer = load_tokenizer(DEFAULT_MODEL)
     spec = DataSpec(corpus=str(corpus), prepared_root=str(TMP / "prepared"), seq_len=128)

@@ -352,7 +352,7 @@ def timed_row(args, row: dict, tokenizer, device, budget_s: float) -> dict:
         measured = gpu_recipes.run_ablate(
             spec, tokenizer, device, args.warmup, args.steps, budget_s, today=row["recipe"] == "today"
         )
-    from ablate.models.sources import load_config
+    from ablate.models.loading import load_config
 
     config = load_config(args.model)
     docs = [gpu_recipes.document_lengths(row["seq_len"])] * row["micro_batch"] if row["documents"] else None
@@ -434,7 +434,7 @@ def main(argv=None) -> int:
         print("bench/gpu_check.py needs a CUDA GPU; for a CPU smoke check: --allow-cpu --tiny", file=sys.stderr)
         return 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    from ablate.models.sources import load_tokenizer
+    from ablate.models.loading import load_tokenizer
     from ablate.train.precision import set_determinism
 
     set_determinism(args.deterministic)

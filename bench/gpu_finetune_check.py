@@ -16,7 +16,7 @@ after each row:
  1-4 types      one task type each at the paper's length and batch, two rows each: `today` (the loop with
                 bf16 False: transformers' SDPA with the padding mask, autocast still on) and `new` (the loop
                 as it runs: bf16 on CUDA, each row's tokens one flash varlen segment, local layers windowed:
-                ablate.train.objectives.padded_attention)
+                ablate.train.attention_masks.padded_attention)
                 1 sequence_classification  2048, batch 4   (diamed's settings; 22 labels)
                 2 multi_label_classification 4096, batch 4 (cantemist's; 100 labels, BCE with pos_weight)
                 3 span_ner                 1024, batch 16  (quaero_emea_spans': the BiLSTM, CRF and biaffine
@@ -418,7 +418,7 @@ def unit_worker(conn, spec: dict) -> None:
     try:
         import torch
 
-        from ablate.models.sources import load_tokenizer
+        from ablate.models.loading import load_tokenizer
 
         device = torch.device(spec["device"])
         torch.set_num_threads(spec["threads"])  # the node's cores shared among the units
@@ -653,7 +653,7 @@ def main(argv=None) -> int:
         )
         return 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    from ablate.models.sources import load_tokenizer
+    from ablate.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"

@@ -82,7 +82,7 @@ def todays_step():
     import torch
 
     from ablate.analysis.probe import grad_norm_values
-    from ablate.train import cpu, loop, objectives, vocab_loss
+    from ablate.train import attention_masks, cpu, loop, vocab_loss
 
     def norms_then_clip(named, groups, trainable, max_norm):
         norms = grad_norm_values(named, groups)
@@ -91,7 +91,7 @@ def todays_step():
         return norms
 
     with (
-        mock.patch.object(loop, "attention_for", functools.partial(objectives.attention_for, kernels="cpu")),
+        mock.patch.object(loop, "attention_for", functools.partial(attention_masks.attention_for, kernels="cpu")),
         mock.patch.object(loop, "kernel_priority", lambda *_a, **_k: contextlib.nullcontext()),
         mock.patch.object(loop, "step_norms", norms_then_clip),
         mock.patch.dict(
@@ -132,7 +132,7 @@ def run_ablate(
 
     from ablate.analysis.probe import layer_params
     from ablate.models.families import family_of, n_layers
-    from ablate.models.sources import load_masked_lm
+    from ablate.models.loading import load_masked_lm
     from ablate.plan.freezing import resolve_freeze
     from ablate.plan.phases import PhasePlan
     from ablate.train import compiled, loop
@@ -201,7 +201,7 @@ def run_trainer(model_source: str, tokenizer, objective: str, seq_len: int, batc
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
 
-    from ablate.models.sources import load_masked_lm
+    from ablate.models.loading import load_masked_lm
 
     started = time.monotonic()
     model = load_masked_lm(model_source, "sdpa", seed=0)

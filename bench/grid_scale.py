@@ -7,10 +7,10 @@ Three timings, each the median wall time of --repeat runs (default 3), goals in 
   expand   load + validate a grid file of 4 schedules x 5 freeze masks x 25 seeds x 20 lrs = 10,000 runs
            into RunSpecs with their run ids (ablate.plan.grid.load_grid + expand)               [< 2 s]
   status   ablate.launch.scheduler.status_rows over the sweep's 10,000 run ids                        [< 2 s]
-  collect  ablate.store.tables.collect over 10,000 run folders, writing the six tidy tables as parquet and
+  collect  ablate.store.collect.collect over 10,000 run folders, writing the six tidy tables as parquet and
            csv, as `ablate collect` does                                                    [< 10 s]
 Also reported, without a goal: `resolve` (ablate.plan.grid.resolve_layers: every run's freeze masks against its
-model's depth, which `sweep --dry-run` adds to expand), and collect without writing the tables.
+model's depth, which `sweep --dry-run` adds to expand), and collect without writing the collect.
 
 The folders hold what a finished run writes, through the real writers (rundir.write_status,
 rundir.write_records, atomic.write_json): spec.json of the expanded run, status.json, run.json, 100 curve
@@ -45,7 +45,7 @@ from ablate.launch import scheduler as launch
 
 from ablate.store import rundir
 
-from ablate.store import tables
+from ablate.store import collect
 from ablate.store.sweep import SweepFolder
 from ablate.config.grid import load_grid
 from ablate.plan.grid import expand, resolve_layers
@@ -257,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         states = {}
         for r in rows:
             states[r["state"]] = states.get(r["state"], 0) + 1
-        t_collect_read, _ = timed(lambda: tables.collect(sweep_dir, write=False), args.repeat, "collect_no_write")
-        t_collect, collected = timed(lambda: tables.collect(sweep_dir), args.repeat, "collect")
+        t_collect_read, _ = timed(lambda: collect.collect(sweep_dir, write=False), args.repeat, "collect_no_write")
+        t_collect, collected = timed(lambda: collect.collect(sweep_dir), args.repeat, "collect")
         assert not collected.problems, collected.problems[:3]
 
         result = {

@@ -6,7 +6,7 @@
     .venv/bin/python bench/suite_eval.py --model MODEL_DIR --max-train 1000 \
         --tasks ncbi_disease chemprot biosses --seeds 0 1 2 3 4
 
-  in-process  what `ablate evaluate` and a run's worker do (ablate.evaluate.scores.evaluate_items): one
+  in-process  what `ablate evaluate` and a run's worker do (ablate.evaluate.score_files.evaluate_items): one
               process fine-tunes every (task, seed) in turn; torch and transformers are imported once, the
               task file and data read once per task, but each fine-tuning re-tokenizes its splits and reloads
               the model from disk (ablate.evaluate.finetune.finetune).
@@ -79,7 +79,7 @@ def test_scores(rows: list[dict]) -> dict[str, float]:
 def one(args) -> None:
     """--one TASK SEED: a single fine-tuning in this process, the way a per-(task, seed) job would run it."""
     t0 = time.perf_counter()
-    from ablate.evaluate.scores import evaluate_items
+    from ablate.evaluate.score_files import evaluate_items
     from ablate.evaluate.suites import EvalItem
 
     task, seed = args.one[0], int(args.one[1])
@@ -112,7 +112,7 @@ def prepare_seconds(args) -> dict[str, float]:
 
 
 def in_process(args, out: Path) -> tuple[float, list[dict]]:
-    from ablate.evaluate.scores import evaluate_items
+    from ablate.evaluate.score_files import evaluate_items
     from ablate.evaluate.suites import EvalItem
 
     t0 = time.perf_counter()

@@ -32,7 +32,7 @@ def main() -> None:
 
     from ablate.data.encode import make_encoder
     from ablate.data.prepare import CHUNK_DOCS
-    from ablate.models.sources import DEFAULT_MODEL, load_tokenizer
+    from ablate.models.loading import DEFAULT_MODEL, load_tokenizer
     from data_scale import build_corpus
 
     tokenizer = load_tokenizer(DEFAULT_MODEL)

@@ -108,7 +108,7 @@ def _isolated_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def minilm_tokenizer():
-    from ablate.models.sources import DEFAULT_MODEL, load_tokenizer
+    from ablate.models.loading import DEFAULT_MODEL, load_tokenizer
 
     return load_tokenizer(DEFAULT_MODEL)
 

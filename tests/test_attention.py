@@ -16,12 +16,12 @@ from ablate.config.errors import SpecError
 from ablate.config.spec import parse_run_spec
 from ablate.models import attention
 from ablate.models.families import FAMILIES, family_of
-from ablate.models.sources import SHIPPED_CONFIGS, load_masked_lm
+from ablate.models.loading import SHIPPED_CONFIGS, load_masked_lm
 from ablate.plan.model_fit import EAGER_MAX_TOKENS, check_model_fit
 from ablate.data.corpus import load_packed
 from ablate.train import loop
 from ablate.train.loop import pretrain
-from ablate.train.objectives import attention_for
+from ablate.train.attention_masks import attention_for
 from ablate.train import preflight
 from ablate.train.preflight import check_models, measure, preflight_documents
 from builders import corpus_slice, run_spec
@@ -39,7 +39,7 @@ def _ids(batch: int = 2, length: int = LENGTH, seed: int = 0) -> torch.Tensor:
 
 
 def _dense_reference(model, causal: bool, documents: torch.Tensor | None, length: int = LENGTH):
-    """The dense masks written out here, independently of ablate.train.objectives: additive float64,
+    """The dense masks written out here, independently of ablate.train.attention_masks: additive float64,
     (B, 1, L, L); ModernBERT gets one per layer type."""
     q, k = torch.arange(length)[:, None], torch.arange(length)[None]
     allowed = (k <= q) if causal else torch.ones(length, length, dtype=torch.bool)

@@ -12,8 +12,8 @@ import torch
 import varlen_reference
 from ablate.models import attention, varlen
 from ablate.models.families import family_of
-from ablate.models.sources import load_masked_lm
-from ablate.train.objectives import attention_for
+from ablate.models.loading import load_masked_lm
+from ablate.train.attention_masks import attention_for
 from cuda_paths import CudaKernels
 
 LENGTH = 72  # tiny ModernBERT's local window is |q - k| <= 8

@@ -14,7 +14,7 @@ from ablate.cli import reference
 from ablate.cli.commands import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from ablate.cli.parser import build_parser
 from ablate.report.registry import FIGURES
-from ablate.report.tables import TABLES
+from ablate.report.paper_tables import TABLES
 
 ROOT = Path(__file__).resolve().parents[1]
 # a flag several subcommands share (through a parent parser) may be named once for all of them

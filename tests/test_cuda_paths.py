@@ -11,10 +11,10 @@ import torch
 
 from ablate.config.spec import parse_run_spec
 from ablate.models.families import FAMILIES, family_of
-from ablate.models.sources import load_masked_lm
+from ablate.models.loading import load_masked_lm
 from ablate.plan.freezing import apply_freeze
 from ablate.train import loop
-from ablate.train.objectives import attention_for, clm_labels
+from ablate.train.attention_masks import attention_for, clm_labels
 from ablate.train.optimizer import Optimizer
 from ablate.train.vocab_loss import fused_cross_entropy
 from cuda_paths import CudaKernels, cuda_kernel

@@ -365,7 +365,7 @@ def _scores(run_dir: Path) -> dict[str, list]:
 
 @pytest.mark.parametrize("world", [1, 2, 3, 7])
 def test_the_ranks_shares_of_the_fine_tunings_cover_every_unit_once(world):
-    from ablate.evaluate.scores import units_of
+    from ablate.evaluate.score_files import units_of
 
     units = [(task, seed) for task in ("a", "b", "c") for seed in range(5)]
     shares = [units_of(units, (rank, world)) for rank in range(world)]

@@ -17,8 +17,8 @@ from ablate.cli import main
 from ablate.config.errors import SpecError
 from ablate.config.grid import load_grid
 from ablate.config.spec import parse_run_spec
-from ablate.models import sources
-from ablate.models.sources import load_masked_lm, load_tokenizer
+from ablate.models import loading
+from ablate.models.loading import load_masked_lm, load_tokenizer
 from ablate.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from ablate.train.distributed import local_device_index
 from ablate.train.loop import pick_device
@@ -205,13 +205,13 @@ def test_one_task_per_gpu_or_cpu_ranks_are_accepted(tmp_path, gpus, tasks):
 @pytest.fixture
 def model_loads(monkeypatch):
     """The sources of every load_masked_lm call from now on."""
-    loads, load = [], sources.load_masked_lm
+    loads, load = [], loading.load_masked_lm
 
     def recording(source, *args, **kwargs):
         loads.append(source)
         return load(source, *args, **kwargs)
 
-    monkeypatch.setattr(sources, "load_masked_lm", recording)
+    monkeypatch.setattr(loading, "load_masked_lm", recording)
     return loads
 
 

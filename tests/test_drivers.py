@@ -16,7 +16,7 @@ import yaml
 from ablate.cli import main
 from ablate.launch import drivers, worker
 from ablate.launch.scheduler import Scheduler, classify
-from ablate.config.grid import Launcher
+from ablate.config.launcher import Launcher
 from ablate.store import rundir
 from in_process import ablate
 

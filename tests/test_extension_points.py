@@ -21,7 +21,7 @@ from ablate.evaluate.tasks import load_task, load_task_data, resolve_settings
 from ablate.evaluate.task_types import TASK_TYPES
 from ablate.models import families
 from ablate.models.families import FAMILIES, Family, _linear, _roberta_transform, check_layout, family_of
-from ablate.models.sources import load_masked_lm
+from ablate.models.loading import load_masked_lm
 from ablate.plan.model_fit import usable_positions
 from ablate.train.loop import pretrain
 from builders import corpus_slice, run_spec

@@ -85,7 +85,7 @@ def test_a_grid_with_a_hub_corpus_and_no_datasets_is_refused_at_its_dry_run(tmp_
 
 def test_a_saved_datasets_folder_without_datasets_names_the_extra(tmp_path, monkeypatch):
     from ablate.config.spec import DataSpec
-    from ablate.data.sources import resolve_sources
+    from ablate.data.readers import resolve_sources
 
     folder = tmp_path / "saved"
     folder.mkdir()

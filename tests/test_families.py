@@ -29,10 +29,10 @@ from ablate.config.errors import SpecError
 from ablate.config.spec import parse_run_spec
 from ablate.evaluate.tasks import load_task, load_task_data, resolve_settings
 from ablate.models.families import FAMILIES, family_of, layer_of
-from ablate.models.sources import SHIPPED_CONFIGS, load_config, load_masked_lm
+from ablate.models.loading import SHIPPED_CONFIGS, load_config, load_masked_lm
 from ablate.plan.freezing import apply_freeze, layer_groups, resolve_freeze
-from ablate.train import objectives
-from ablate.train.objectives import attention_for
+from ablate.train import attention_masks
+from ablate.train.attention_masks import attention_for
 from ablate.train.preflight import check_models, measure, preflight_ids
 
 REPO = Path(__file__).resolve().parents[1]
@@ -177,7 +177,7 @@ def test_an_implementation_a_family_does_not_run_is_an_error_naming_the_one_to_u
 def test_a_bidirectional_mask_is_caught_and_the_working_implementation_named(monkeypatch, tmp_path, data_root):
     # every additive mask lets everything through: eager attention is bidirectional, SDPA's causal flag is not
     monkeypatch.setattr(
-        objectives,
+        attention_masks,
         "dense_mask",
         lambda seq_len, dtype, device="cpu", causal=True, window=None, documents=None: torch.zeros(
             1, 1, seq_len, seq_len, dtype=dtype, device=device
@@ -298,7 +298,7 @@ def test_lora_sequence_classification_on_the_family_targets(name, family_run):
 
 def test_the_layer_figure_has_a_panel_per_family(family_run):
     from ablate.report import layers_figure, load_sweep
-    from ablate.store.tables import collect
+    from ablate.store.collect import collect
 
     for name in NAMES:
         family_run(name)

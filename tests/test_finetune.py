@@ -8,7 +8,7 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, ModernBertConfig, ModernBertForMaskedLM
 
 import ablate.evaluate.finetune as ft
-import ablate.evaluate.scores as sc
+import ablate.evaluate.score_files as sc
 from ablate.config.errors import SpecError
 from ablate.evaluate.batching import collate, epoch_batches
 from ablate.evaluate.tasks import TaskSpec, load_task, load_task_data, resolve_settings
@@ -585,7 +585,7 @@ def test_editing_a_task_file_or_its_data_recomputes_its_scores(tmp_path, tiny_be
 @pytest.mark.slow
 def test_keep_stale_keeps_and_marks_out_of_date_scores(tmp_path, tiny_bert, monkeypatch, own_task):
     from ablate.launch.scheduler import status_rows
-    from ablate.store import tables
+    from ablate.store import collect
     from ablate.store.rundir import read_scores
     from ablate.store.sweep import SweepFolder
 
@@ -604,7 +604,7 @@ def test_keep_stale_keeps_and_marks_out_of_date_scores(tmp_path, tiny_bert, monk
     record = json.loads((out / "e3c_fr_ner/seed-0.json").read_text())
     assert record["stale"] == ["the task's data files changed"]
     assert all(r["stale"] for r in read_scores(run, "r1"))
-    scores = tables.collect(run.parent.parent, write=False).tables["scores"]
+    scores = collect.collect(run.parent.parent, write=False).tables["scores"]
     assert scores.columns[-1] == "stale" and scores["stale"].all()
     assert status_rows(SweepFolder(run.parent.parent))[0]["stale_scores"] == "e3c_fr_ner: seeds 0,1"
 

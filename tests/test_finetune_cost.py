@@ -19,7 +19,7 @@ from ablate.evaluate.finetune import _rounds
 from ablate.evaluate.tasks import FinetuneSettings, load_task, load_task_data
 from ablate.launch.calibrate import timed_settings
 from ablate.launch.estimates import finetune_plan
-from ablate.models.sources import load_config, load_tokenizer
+from ablate.models.loading import load_config, load_tokenizer
 from ablate.plan.cost import (
     ArmCost,
     Calibration,

@@ -1,4 +1,4 @@
-"""Fine-tuning without padding waste (ablate.train.objectives.padded_attention): on CUDA's kernels a padded
+"""Fine-tuning without padding waste (ablate.train.attention_masks.padded_attention): on CUDA's kernels a padded
 batch's attention runs over each row's tokens alone (flash variable length, the padding a segment of its own),
 with the logits at the rows' tokens and every gradient what the padded path (transformers' SDPA with the
 padding mask) gives, float64, on the CPU through the kernel's reference (tests/varlen_reference.py); on the
@@ -12,8 +12,8 @@ from transformers import AutoModelForSequenceClassification, AutoModelForTokenCl
 
 import varlen_reference
 from ablate.models import attention
-from ablate.models.sources import load_config
-from ablate.train.objectives import padded_attention
+from ablate.models.loading import load_config
+from ablate.train.attention_masks import padded_attention
 
 LENGTHS = [40, 17, 33]  # tiny ModernBERT's window is |q - k| <= 8: local layers matter at these lengths
 

@@ -13,8 +13,8 @@ from torch.nn.attention.flex_attention import create_mask, flex_attention
 
 from ablate.models import flex
 from ablate.models.families import family_of
-from ablate.models.sources import load_masked_lm
-from ablate.train.objectives import attention_for, dense_mask
+from ablate.models.loading import load_masked_lm
+from ablate.train.attention_masks import attention_for, dense_mask
 
 LENGTH = 300  # three 128-tiles, the last one partial
 

@@ -9,7 +9,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ablate.config.spec import parse_run_spec
-from ablate.models.sources import load_config
+from ablate.models.loading import load_config
 from ablate.plan import flops
 from ablate.plan.freezing import apply_freeze
 from ablate.train import loop

@@ -68,13 +68,13 @@ BASE = {
 @pytest.fixture(scope="module", autouse=True)
 def _fast_checks():
     """The causal preflight passes without its forward pass; tokenizers and model layouts load once."""
-    from ablate.models import sources
+    from ablate.models import loading
     from ablate.train import preflight
 
     patch = pytest.MonkeyPatch()
     passed = SimpleNamespace(causal=True, describe=lambda: "preflight stubbed")
     patch.setattr(preflight, "_preflight_source", lambda spec, tokenizer, family, pattern: (passed, None))
-    for module, name in ((sources, "load_tokenizer"), (sources, "model_layout"), (preflight, "load_tokenizer")):
+    for module, name in ((loading, "load_tokenizer"), (loading, "model_layout"), (preflight, "load_tokenizer")):
         patch.setattr(module, name, functools.cache(getattr(module, name)))
     yield
     patch.undo()

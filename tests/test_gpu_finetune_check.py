@@ -156,7 +156,7 @@ def test_on_cuda_s_kernels_the_new_rows_run_flash_varlen_from_today_s_first_loss
     (tests/varlen_reference.py), the loop's bf16 switch on (the CPU still computes in float32)."""
     import varlen_reference
     from ablate.models import attention
-    from ablate.models.sources import load_tokenizer
+    from ablate.models.loading import load_tokenizer
 
     check = _script(monkeypatch)
     varlen_reference.register()
@@ -176,7 +176,7 @@ def test_on_cuda_s_kernels_the_new_rows_run_flash_varlen_from_today_s_first_loss
 
 def test_the_sentence_lengths_it_draws_are_the_data_deciles(data_root, monkeypatch):
     check = _script(monkeypatch)
-    from ablate.models.sources import load_tokenizer
+    from ablate.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(check.DEFAULT_TOKENIZER)
     assert check.length_deciles("quaero_emea_spans", data_root, tokenizer) == check.QUAERO_SPANS_DECILES

@@ -15,7 +15,7 @@ from ablate.config.objectives.base import Draws, TokenInfo, mask_rate_at
 from ablate.config.objectives.mixture import choose_members
 from ablate.config.spec import RunSpec, parse_run_spec
 from ablate.models.families import FAMILIES
-from ablate.models.sources import load_masked_lm
+from ablate.models.loading import load_masked_lm
 from ablate.plan.branching import RunPlan, branch_step, computation_key
 from ablate.plan.phases import plan_phases
 from ablate.train.preflight import checked_patterns, measure, preflight_documents, preflight_ids
@@ -190,7 +190,7 @@ def test_a_mixture_by_sequence_of_two_patterns_is_proven_as_a_prefix_pattern():
 
 
 def test_a_prefix_that_is_not_bidirectional_is_caught(minilm_tokenizer, monkeypatch):
-    from ablate.train import objectives as masks
+    from ablate.train import attention_masks as masks
 
     plain = masks.dense_mask
     monkeypatch.setattr(masks, "dense_mask", lambda *a, prefix=None, **k: plain(*a, **k))  # the prefix dropped

@@ -8,8 +8,8 @@ import torch
 
 from ablate.models.families import family_of
 
-from ablate.models.sources import load_masked_lm
-from ablate.train.objectives import IGNORE, attention_for, clm_labels, mlm_inputs
+from ablate.models.loading import load_masked_lm
+from ablate.train.attention_masks import IGNORE, attention_for, clm_labels, mlm_inputs
 
 
 def _logits(model, ids, objective):

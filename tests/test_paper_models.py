@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-import ablate.models.sources as sources
+import ablate.models.loading as sources
 from ablate.cli import main
-from ablate.models.sources import load_config, model_layout
+from ablate.models.loading import load_config, model_layout
 
 REPO = Path(__file__).resolve().parents[1]
 MODERNCAMEMBERT = "hub:almanach/moderncamembert-base"

@@ -21,7 +21,7 @@ from ablate.config.errors import SpecError
 from ablate.data.catalog import catalog
 from ablate.evaluate import suites
 from ablate.evaluate.access import Access, how_to_get, missing_paths
-from ablate.evaluate.scores import read_skipped, record_skipped
+from ablate.evaluate.score_files import read_skipped, record_skipped
 from ablate.evaluate.tasks import list_tasks, load_task
 from ablate.plan.grid import expand
 from ablate.config.grid import load_grid
@@ -365,7 +365,7 @@ def test_the_decay_dry_run_lists_the_papers_ratios_and_its_three_tasks(registry,
 
 
 def test_moderncamembert_large_ships_its_config():
-    from ablate.models.sources import load_config
+    from ablate.models.loading import load_config
 
     config = load_config("config:moderncamembert-large")
     assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (28, 1024, 16)

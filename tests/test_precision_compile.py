@@ -11,7 +11,7 @@ import torch
 
 from ablate.config.errors import SpecError
 from ablate.config.spec import parse_run_spec
-from ablate.models.sources import load_config
+from ablate.models.loading import load_config
 from ablate.train.loop import pretrain
 from ablate.train.precision import uses_autocast, uses_compile
 from builders import corpus_slice, run_spec
@@ -180,7 +180,7 @@ def test_a_compiled_encoder_trains_exactly_the_layers_each_phase_unfreezes(
     tiny config) at 32 tokens runs its local layers (window 8) through the banded path, compiled."""
     from torch._dynamo.utils import counters
 
-    from ablate.models.sources import load_masked_lm
+    from ablate.models.loading import load_masked_lm
 
     model = no_dropout_bert if arch == "bert" else "config:tiny-modernbert"
     compiled_spec = parse_run_spec(_spec(model, compile=True))
@@ -237,9 +237,9 @@ def test_a_compiled_encoder_names_its_eager_fallback_in_the_log(monkeypatch):
     """Past dynamo's recompile limit a block runs eager: the run's log says so (here with a limit of one
     graph, and four block kinds x bidirectional and causal)."""
     from ablate.models.families import family_of
-    from ablate.models.sources import load_masked_lm
+    from ablate.models.loading import load_masked_lm
     from ablate.train.compiled import CompiledEncoder
-    from ablate.train.objectives import attention_for
+    from ablate.train.attention_masks import attention_for
 
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     torch._dynamo.reset()

@@ -15,10 +15,10 @@ from torch.nn.attention.flex_attention import create_mask, flex_attention
 from ablate.config.spec import parse_run_spec
 from ablate.models import attention, flex
 from ablate.models.families import family_of
-from ablate.models.sources import load_masked_lm
+from ablate.models.loading import load_masked_lm
 from ablate.plan.freezing import apply_freeze
 from ablate.train import loop
-from ablate.train.objectives import attention_for, dense_mask
+from ablate.train.attention_masks import attention_for, dense_mask
 from ablate.train.optimizer import Optimizer
 from cuda_paths import CudaKernels
 from test_attention import _Shapes, _assert_same, _forward_backward, _ids, _model

@@ -400,7 +400,7 @@ def test_hidden_states_are_read_after_a_compiled_forward_left_transformers_captu
     its compile-time global; the probe's next eager forward must still see every layer, not none."""
     from transformers.utils.output_capturing import _active_collector
 
-    from ablate.models.sources import load_masked_lm
+    from ablate.models.loading import load_masked_lm
 
     model = load_masked_lm("config:tiny-bert", seed=0)
     ids, masks = [torch.randint(1000, 2000, (2, 8))], [torch.ones(2, 8, dtype=torch.long)]

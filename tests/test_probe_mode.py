@@ -17,12 +17,12 @@ from ablate.config.errors import SpecError
 from ablate.evaluate import finetune as ft
 from ablate.evaluate.groups import group_rows
 from ablate.evaluate.identity import settings_hash, task_hash
-from ablate.evaluate.scores import evaluate_scores
+from ablate.evaluate.score_files import evaluate_scores
 from ablate.evaluate.task_types.probe import ProbedEncoder, probe_layers
 from ablate.evaluate.tasks import FinetuneSettings, TaskSpec, load_task, load_task_data, resolve_settings
 from ablate.report.needle import needle_figure
 from ablate.report.sweep import Sweep
-from ablate.store.tables import collect
+from ablate.store.collect import collect
 
 NEEDLE = "needle_fr_cpu"
 TINY = {

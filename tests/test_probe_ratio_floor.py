@@ -128,13 +128,13 @@ def _specs(grid: str, **probe) -> list:
 @pytest.fixture
 def no_models(monkeypatch):
     """Any model or tokenizer load fails the test: the check reads corpora only."""
-    from ablate.models import sources
+    from ablate.models import loading
 
     def refuse(*_a, **_k):
         raise AssertionError("check_probe_texts loaded a model")
 
-    monkeypatch.setattr(sources, "load_masked_lm", refuse)
-    monkeypatch.setattr(sources, "load_tokenizer", refuse)
+    monkeypatch.setattr(loading, "load_masked_lm", refuse)
+    monkeypatch.setattr(loading, "load_tokenizer", refuse)
 
 
 def test_check_probe_texts_passes_the_smoke_grid_and_refuses_more_texts_than_the_corpus_has(data_root, no_models):

@@ -21,11 +21,11 @@ from ablate.store import atomic
 
 from ablate.store import rundir
 
-from ablate.store import tables
+from ablate.store import collect as tidy_tables
 from ablate.config.grid import load_grid
 from ablate.plan.grid import expand
 from ablate.store.rundir import RunLock, effective_state, read_status, write_records, write_status
-from ablate.store.tables import collect
+from ablate.store.collect import collect
 from ablate.config.spec import dump_run_spec
 
 PHASES = ("mlm", "mlm_decay")
@@ -151,7 +151,7 @@ CHILD = """
 import json, os, sys, time
 from pathlib import Path
 from ablate.store import rundir
-from ablate.store import tables
+from ablate.store import collect as tidy_tables
 run_dir = Path(sys.argv[1])
 lock = rundir.RunLock(run_dir)
 assert lock.acquire()
@@ -358,7 +358,7 @@ def test_collect_reports_and_skips_partial_and_corrupt_folders(tmp_path):
     for table in ("scores", "layers", "curves", "grads", "frozen"):
         assert set(got.tables[table]["run_id"]) == {"a_done"}, table
     assert len(got.tables["curves"]) == 6 and len(got.tables["scores"]) == 4
-    for name in tables.TABLES:
+    for name in tidy_tables.TABLES:
         assert pd.read_parquet(sweep / f"{name}.parquet").shape == got.tables[name].shape
         assert pd.read_csv(sweep / f"{name}.csv").shape == got.tables[name].shape
 
@@ -370,7 +370,7 @@ def test_collect_of_an_empty_or_missing_sweep_gives_empty_tables_with_their_colu
         got = collect(sweep, write=sweep.exists())
         assert got.problems == []
         assert list(got.tables["runs"].columns) == RUNS_COLUMNS
-        assert list(got.tables["curves"].columns) == list(tables.TABLE_COLUMNS["curves"])
+        assert list(got.tables["curves"].columns) == list(tidy_tables.TABLE_COLUMNS["curves"])
         assert all(frame.empty for frame in got.tables.values())
     assert pd.read_parquet(tmp_path / "empty" / "runs.parquet").columns.tolist() == RUNS_COLUMNS
 
@@ -420,7 +420,7 @@ def test_tidy_tables_have_the_design_columns_and_every_grid_axis(tmp_path):
             run.spec.data.data_seed,
         )
         assert row["model"] == "config:tiny-bert" and row["sweep"] == "g"
-    assert got.tables["scores"].columns.tolist() == list(tables.TABLE_COLUMNS["scores"])
+    assert got.tables["scores"].columns.tolist() == list(tidy_tables.TABLE_COLUMNS["scores"])
     assert got.tables["layers"].columns.tolist() == ["run_id", "phase", "layer", "measure", "value"]
     assert got.tables["curves"].columns.tolist() == ["run_id", "phase", "step", "tokens", "loss", "lr"]
     assert got.tables["grads"].columns.tolist() == ["run_id", "phase", "step", "layer", "grad_norm"]
@@ -434,7 +434,7 @@ def test_tidy_tables_have_the_design_columns_and_every_grid_axis(tmp_path):
     assert len(joined) == len(got.tables["layers"])
     assert got.tables["layers"]["layer"].tolist()[:3] == [-1, -1, 0]
     # parquet and csv hold the same tables
-    for name in tables.TABLES:
+    for name in tidy_tables.TABLES:
         from_parquet = pd.read_parquet(sweep / f"{name}.parquet")
         from_csv = pd.read_csv(sweep / f"{name}.csv")
         assert from_parquet.columns.tolist() == got.tables[name].columns.tolist() == from_csv.columns.tolist()

@@ -13,7 +13,7 @@ import pytest
 from ablate.config.errors import SpecError
 from ablate.config.spec import RunSpec
 from ablate.evaluate.units import pairing_units, require_task_scores
-from ablate.models.sources import load_config, resolve_source
+from ablate.models.loading import load_config, resolve_source
 from ablate.plan.replicates import dropouts, is_seed_independent, seed_effects, seed_record
 
 MLM = [{"name": "mlm", "objective": "mlm", "steps": 3}, {"name": "mlm_decay", "objective": "mlm", "steps": 2}]

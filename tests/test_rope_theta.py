@@ -103,7 +103,7 @@ def test_a_longer_phase_with_a_larger_theta_trains_resumes_to_the_same_bits_and_
 def test_the_rotary_frequencies_follow_the_theta_as_transformers_computes_them():
     from transformers import AutoModelForMaskedLM
 
-    from ablate.models.sources import load_config
+    from ablate.models.loading import load_config
     from ablate.train.rope import set_rope_thetas
 
     config = load_config("config:tiny-modernbert")

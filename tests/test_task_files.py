@@ -21,7 +21,7 @@ from sklearn.metrics import accuracy_score, f1_score
 from sklearn.preprocessing import MultiLabelBinarizer
 
 import ablate.evaluate.finetune as ft
-import ablate.evaluate.scores as sc
+import ablate.evaluate.score_files as sc
 from ablate.evaluate import task_types
 from ablate.config.errors import SpecError
 from ablate.evaluate.identity import data_hash

@@ -92,7 +92,7 @@ def test_a_changed_key_field_traces_again(tmp_path, fresh, monkeypatch):
 
 
 def test_a_model_config_edited_in_place_traces_again(tmp_path, fresh):
-    from ablate.models.sources import load_config
+    from ablate.models.loading import load_config
 
     path = tmp_path / "config.json"
     path.write_text(load_config(MODEL).to_json_string())

@@ -243,7 +243,7 @@ def test_bad_transplants_exit_2(decay_sweep, capsys, args, message):
 
 def test_transplant_between_different_architectures_is_refused():
     from ablate.evaluate.transplant import hybrid_state
-    from ablate.models.sources import load_masked_lm
+    from ablate.models.loading import load_masked_lm
 
     with pytest.raises(SpecError, match="different architectures or depths"):
         hybrid_state(load_masked_lm("config:tiny-modernbert"), load_masked_lm("config:tiny-bert"), ("low",))

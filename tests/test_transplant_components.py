@@ -16,7 +16,7 @@ from ablate.config.errors import SpecError
 from ablate.config.transplants import COMPONENTS, TransplantEval
 from ablate.evaluate.transplant import hybrid_state
 from ablate.models.families import FAMILIES, layer_of
-from ablate.models.sources import load_masked_lm
+from ablate.models.loading import load_masked_lm
 from ablate.report.recovery import recovery_table
 from builders import write_transplant_grid
 

@@ -16,7 +16,7 @@ from ablate.cli import main
 from ablate.config.transplants import copies_embeddings, derived_id
 from ablate.evaluate.transplant import build_hybrid, hybrid_state
 from ablate.models.families import FAMILIES, layer_of
-from ablate.models.sources import load_masked_lm, load_tokenizer
+from ablate.models.loading import load_masked_lm, load_tokenizer
 from ablate.plan.transplants import derived_spec
 from ablate.config.spec import RunSpec
 from ablate.config.base import validate

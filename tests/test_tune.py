@@ -19,7 +19,7 @@ import yaml
 
 from ablate.store import rundir
 
-from ablate.store import tables
+from ablate.store import collect
 from ablate.cli import main
 from ablate.launch.scheduler import status_rows
 from ablate.store.sweep import SweepFolder
@@ -141,7 +141,7 @@ def test_study_records_trials_and_resumes(sqlite_study):
         assert t.number in rec["trials"]
         assert rundir.read_status(sdir / "runs" / run.run_id)["state"] == "done"
     # the tidy tables, as for a sweep: one row per run, every param a column, plus the trials table
-    collected = tables.collect(sdir)
+    collected = collect.collect(sdir)
     runs = collected.tables["runs"]
     assert set(runs["status"]) == {"done"} and {"optim.lr", "freeze_layers.clm", "trial"} <= set(runs.columns)
     assert not collected.tables["curves"].empty
@@ -200,7 +200,7 @@ def test_pruner_prunes_in_the_run_at_a_known_step(executor, tmp_path, data_root)
     pruned = trials[1]
     assert sorted(pruned.intermediate_values) == [1, 2]  # pruned at the first step the pruner checks
     sdir = results / "tiny_prune"
-    collected = tables.collect(sdir)
+    collected = collect.collect(sdir)
     runs = collected.tables["runs"].set_index("trial")
     assert runs.loc[0, "status"] == "done"
     assert runs.loc[1, "status"] == "pruned" and runs.loc[1, "error"] == ""  # a state, not an error
@@ -265,7 +265,7 @@ def test_tune_figure(sqlite_study):
     from ablate.tune.figure import tune_figure
 
     sdir = sqlite_study["results"] / "tiny_tune"
-    tables.collect(sdir)
+    collect.collect(sdir)
     fig, data = tune_figure(report.load_sweep(sdir))
     assert set(data["part"]) == {"history", "importance"}
     assert len(data[data["part"] == "history"]) == 4

@@ -20,7 +20,7 @@ from ablate.plan.grid import expand
 from ablate.report.html import tokens_section, write_html
 from ablate.store import atomic
 from ablate.store.rundir import TOKEN_HASH_FORMAT, write_records, write_status
-from ablate.store.tables import collect
+from ablate.store.collect import collect
 from ablate.train.checkpoint import PHASE_START, TrainState, chain_hash
 from tests.test_report import rewrite, write_sweep
 

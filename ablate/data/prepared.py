@@ -5,7 +5,7 @@ pages of its sequences. Sequence i is tokens [i*seq_len, (i+1)*seq_len) of the s
 dropped), returned as int32 like the in-memory stream was; its document ids come from the document ends by
 binary search, for the batch only.
 
-May import: config, store, data.sources, data.prepare.
+May import: config, store, data.readers, data.prepare.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from ablate.config.errors import SpecError
 from ablate.data.prepare import FORMAT_VERSION, MANIFEST, read_manifest
-from ablate.data.sources import HASH_BLOCK
+from ablate.data.readers import HASH_BLOCK
 
 
 class PreparedCorpus:

@@ -7,7 +7,7 @@ autocast on CUDA by `precision`, as pretraining's: ablate.train.precision) and r
 test, test taken at the best dev epoch. Sequence tasks pool as the settings say (ablate.evaluate.pooling);
 multi-label tasks weigh each label's positives by its negatives / positives in train; max_length is capped at
 the model's context.
-The resumable task x seed loop over score files is ablate.evaluate.scores.
+The resumable task x seed loop over score files is ablate.evaluate.score_files.
 
 The task type's entry (ablate.evaluate.task_types) builds the model, encodes, collates the labels, gives the
 loss and decodes; with max_steps (span_ner) training runs that many steps and evaluates dev every eval_every,
@@ -42,7 +42,7 @@ from ablate.evaluate.task_types.token_ner import align_word_labels
 from ablate.evaluate.tasks import Example, FinetuneSettings, TaskSpec, capped, load_task_data
 from ablate.models.families import FAMILIES, family_of
 from ablate.train import cpu
-from ablate.train.objectives import padded_attention
+from ablate.train.attention_masks import padded_attention
 from ablate.train.precision import autocast_on
 
 __all__ = [
@@ -267,7 +267,7 @@ def _pieces(
 
 def _unpadded(model, batch: dict, device: str, bf16: bool):
     """On the CUDA kernels in bf16, the encoder's attention over each row's tokens alone (flash variable
-    length, the rows' lengths read from the host batch; ablate.train.objectives.padded_attention); elsewhere
+    length, the rows' lengths read from the host batch; ablate.train.attention_masks.padded_attention); elsewhere
     nothing."""
     mask = batch["attention_mask"]
     return padded_attention(model, mask.sum(1).tolist(), mask.shape[1], device, flash_dtype=bf16)

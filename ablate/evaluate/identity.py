@@ -1,6 +1,6 @@
 """What a stored score was computed from: a hash of the task definition, of its data files' bytes and of
 the fine-tuning settings. A score file records the three; a score is read back only when all three still
-match, so that editing a task file, its data or a setting recomputes it (ablate.evaluate.scores).
+match, so that editing a task file, its data or a setting recomputes it (ablate.evaluate.score_files).
 
 The task hash is over the resolved task file (the validated TaskSpec, defaults filled in) less what does
 not change the computation: `description`, `source` (provenance text; the data are hashed themselves) and

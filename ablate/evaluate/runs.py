@@ -3,7 +3,7 @@
 
 Scores live in <run folder>/scores/<task>/seed-<n>.json; a (run, task, seed) already there is read back
 while its task file, data and fine-tuning settings are unchanged, and recomputed (or kept and marked stale)
-when they changed (ablate.evaluate.scores). A suite's task whose data the data root lacks is skipped, said
+when they changed (ablate.evaluate.score_files). A suite's task whose data the data root lacks is skipped, said
 and recorded in <scores>/skipped.json; a task named directly without its data is exit 2 (a grid insists).
 The fine-tuning protocol is the caller's, else the run's `eval.protocol`, else the task files' own settings
 (ablate.evaluate.protocol).
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from ablate.store import rundir
-from ablate.evaluate.scores import evaluate_items, record_skipped
+from ablate.evaluate.score_files import evaluate_items, record_skipped
 from ablate.evaluate.suites import EvalItem, eval_items, present_items, skipped_lines, spec_items
 from ablate.evaluate.unit_processes import Placement
 from ablate.train.loop import pick_device
@@ -39,7 +39,7 @@ def evaluate_run(
 ) -> list[dict]:
     """Fine-tune a run folder's model on `tasks` (task names and `suite:NAME`s; default the spec's
     eval.tasks) with `seeds` (default each task's: eval.seeds, or its suite's). `share`: this process's
-    share of the (task, seed) units (evaluate.scores.evaluate_items; the rows returned are its share's);
+    share of the (task, seed) units (evaluate.score_files.evaluate_items; the rows returned are its share's);
     `device`: default the spec's; `place`: where the units left to compute run and how many at once
     (launch.shares; default one after another here)."""
     key = "--task" if tasks else "eval.tasks"
@@ -136,7 +136,7 @@ def evaluate_base(
 ) -> Path:
     """The base model itself, as the reference: results/<sweep>/base/<name>/scores/... (seeds None: each
     task's suite seeds, else seed 0)."""
-    from ablate.models.sources import resolve_source
+    from ablate.models.loading import resolve_source
 
     kind, location = resolve_source(model_source)
     if kind == "config":

@@ -1,6 +1,6 @@
 """How many test examples a score needs to be read at face value, per metric: the one place the threshold is
-written. The scores table flags a task below it (`small_test`, ablate.report.tables), from the `n_examples`
-each score row records (ablate.evaluate.scores).
+written. The scores table flags a task below it (`small_test`, ablate.report.paper_tables), from the `n_examples`
+each score row records (ablate.evaluate.score_files).
 
 May import: nothing (pure data).
 """

@@ -42,7 +42,7 @@ from ablate.config.transplants import (
     parse_layers,
 )
 from ablate.models.families import family_of, layer_of, n_layers
-from ablate.models.sources import load_config
+from ablate.models.loading import load_config
 from ablate.plan.freezing import FrozenSet, is_frozen
 from ablate.plan.transplants import PlannedTransplant, derived_spec, match_arms, resolve_split
 from ablate.store import rundir

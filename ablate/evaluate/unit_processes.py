@@ -3,7 +3,7 @@ device k at a time when the caller's placement says k fit (launch.shares reads k
 and each task's predicted memory), units of several tasks share it by the same account (a unit of a task
 whose k is 4 takes a quarter of the device), and on a process with several GPUs the units spread over them.
 
-Each unit is a spawned process (CUDA cannot be forked) that runs the caller's `compute` (evaluate.scores.
+Each unit is a spawned process (CUDA cannot be forked) that runs the caller's `compute` (evaluate.score_files.
 compute_unit), which writes the unit's score file itself, atomically, as one process does; so a resumed run
 reads back what is done, whichever process did it. A unit's scores do not depend on what runs beside it: on
 the CPU bit for bit, the child computing with this process's torch threads, deterministic-algorithms switch

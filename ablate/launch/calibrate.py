@@ -180,7 +180,7 @@ def time_finetuning(
 
 def _model_folder(spec: RunSpec, root: Path) -> Path:
     """The spec's model saved as a run saves its final model: what fine-tuning starts from."""
-    from ablate.models.sources import load_masked_lm, load_tokenizer
+    from ablate.models.loading import load_masked_lm, load_tokenizer
     from ablate.train.checkpoint import save_final_model
 
     out = root / "model"

@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 from ablate.config.base import validate
 from ablate.config.errors import SpecError
-from ablate.config.grid import GridSpec, Launcher, load_grid
+from ablate.config.grid import GridSpec, load_grid
+from ablate.config.launcher import Launcher
 from ablate.config.spec import RunSpec
 from ablate.data.mixture import uses_own_data
 from ablate.predict.finetune_estimate import TokenCounter, with_estimates

@@ -14,7 +14,7 @@ from typing import Callable
 import submitit
 
 from ablate.config.errors import SpecError
-from ablate.config.grid import Launcher
+from ablate.config.launcher import Launcher
 from ablate.launch import worker
 
 EXECUTORS = ("local", "slurm", "debug")

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Callable
 
 from ablate.config.errors import SpecError
-from ablate.config.grid import Launcher
+from ablate.config.launcher import Launcher
 from ablate.config.spec import DataSpec, RunSpec
 from ablate.data.corpus import BYTES_PER_TOKEN, estimated_tokens, find_prepared, open_prepared, prepared_tokens
-from ablate.data.sources import CorpusNotFound, resolve_sources
+from ablate.data.readers import CorpusNotFound, resolve_sources
 from ablate.launch.executors import make_executor
 from ablate.data.mixture import READING_FIELDS, phase_data, uses_own_data
 from ablate.plan.data_plan import check_source_epochs
@@ -125,7 +125,7 @@ def check_budgets(specs: list[RunSpec], file: str | None = None) -> list[RunSpec
     """Refuse (SpecError) a run that would read its prepared corpus (each source, by its share) more than
     data.max_epochs times or whose global batch holds more sequences than a corpus has. Returns the runs whose
     corpora are not all prepared yet: those are checked at their own start."""
-    from ablate.models.sources import load_tokenizer
+    from ablate.models.loading import load_tokenizer
 
     tokens: dict[str, int | None] = {}
     for data, tok, _, ones in _by_corpus(specs):
@@ -217,7 +217,7 @@ def prepare_corpora(
     file and source and raise a SpecError on a mismatch."""
     from ablate.data.prepare import prepare
     from ablate.data.prepared import PreparedCorpus
-    from ablate.models.sources import load_tokenizer
+    from ablate.models.loading import load_tokenizer
 
     folders = []
     for data, tok in distinct_corpora(specs):
@@ -253,7 +253,7 @@ def _changed_content(manifest: dict, data: DataSpec) -> list[str]:
 
 def unprepared(specs: list[RunSpec]) -> list[RunSpec]:
     """Runs whose corpus has no complete prepared folder yet (a changed corpus is a SpecError here)."""
-    from ablate.models.sources import load_tokenizer
+    from ablate.models.loading import load_tokenizer
 
     missing = []
     for data, tok, group, _ in _by_corpus(specs):
@@ -332,7 +332,7 @@ def specs_for_target(target: str, tokenizer: str | None) -> list:
 
             return [r.spec for r in expand(load_grid(path), file=str(path))]
         return [parse_run_spec(data, file=str(path))]
-    from ablate.models.sources import DEFAULT_MODEL
+    from ablate.models.loading import DEFAULT_MODEL
 
     return [
         parse_run_spec(

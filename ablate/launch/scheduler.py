@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ablate.config.grid import GridSpec, Launcher
+from ablate.config.grid import GridSpec
+from ablate.config.launcher import Launcher
 from ablate.launch import branches, data_needs, drivers, gpus, preparation, worker
 from ablate.launch.executors import RunJob, have_slurm, make_executor
 from ablate.evaluate.transplant import prepare_derived

@@ -1,5 +1,5 @@
 """The ranks of a data-parallel run share its fine-tunings: after pretraining, each rank fine-tunes its share
-of the (task, seed) units (evaluate.scores.units_of: every world-th unit from its rank), each unit's score
+of the (task, seed) units (evaluate.score_files.units_of: every world-th unit from its rank), each unit's score
 file written by the rank that computed it. The ranks then wait for each other in a gloo group of their own
 (train.distributed.finishing_group); rank 0 reads every unit back, fine-tunes any a rank left missing (one
 that died), and only then may the run be marked done. A score is the same whichever rank computes it, so the

@@ -102,7 +102,7 @@ def _run_record(spec: RunSpec, state: TrainState, run_dir: Path, wall_time: floa
     seed_independent / seed_changes: whether its pretraining seed is an independent replicate, and what the
     seed changes per phase (ablate.plan.replicates), for the statistics' pairing units."""
     from ablate.models.families import family_of, n_layers
-    from ablate.models.sources import load_config
+    from ablate.models.loading import load_config
     from ablate.plan.replicates import seed_record
     from ablate.config.sources import phase_rope_thetas
 

@@ -1,7 +1,7 @@
 """Attention that scores only the keys a layer may see: no L x L mask, for training at long sequences.
 
 Registered with transformers as the attention implementation IMPLEMENTATION ("ablate_sdpa"); the training
-loop switches a model to it for the duration of a step (ablate.train.objectives.attention_for, mask kind
+loop switches a model to it for the duration of a step (ablate.train.attention_masks.attention_for, mask kind
 "banded"), so a saved model's config and fine-tuning keep transformers' own "sdpa". Its mask function
 (padding_only) builds no 4D mask: the attention function gets the model's 2D padding mask (None in
 training: packed sequences) and reads from the attention module
@@ -66,7 +66,7 @@ CPU_KERNELS = "cpu"
 @dataclass(frozen=True)
 class LayerInputs:
     """What every attention layer of one micro-batch reads besides q, k and v (set by
-    ablate.train.objectives.attention_for, found on the host once per micro-batch)."""
+    ablate.train.attention_masks.attention_for, found on the host once per micro-batch)."""
 
     kernels: str = CPU_KERNELS  # GPU_KERNELS or CPU_KERNELS: which device's paths (kernels_for)
     documents: Documents | None = None  # attention stays inside each packed document

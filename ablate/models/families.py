@@ -3,7 +3,7 @@
 An entry says where a *ForMaskedLM keeps its embeddings, its ordered blocks and its MLM head (split into the
 transform before the vocabulary projection and that projection's weight and bias, so that the training loop
 can fuse the projection with the loss: ablate.train.vocab_loss), which attention implementations it runs
-under and how each one receives a causal mask (the kinds are implemented in ablate.train.objectives and
+under and how each one receives a causal mask (the kinds are implemented in ablate.train.attention_masks and
 proven by ablate.train.preflight), and where LoRA adapters go when it is fine-tuned. Every per-layer feature
 (freezing, gradient norms, weight change, CKA) goes through the parameter-name -> layer map built from these
 entries.
@@ -26,7 +26,7 @@ from transformers import PretrainedConfig
 
 from ablate.config.errors import SpecError
 
-# How an attention implementation receives a causal mask (ablate.train.objectives.attention_for):
+# How an attention implementation receives a causal mask (ablate.train.attention_masks.attention_for):
 #   flag            the attention modules' is_causal is set and no mask is passed: SDPA's fused causal kernel
 #   additive        a (1, 1, L, L) float mask, 0 / dtype-min, passed through as is and added by eager attention
 #   per-layer-type  {layer type: additive mask}, local layers causal AND within their sliding window

@@ -12,12 +12,12 @@ path of ablate.models.attention: it scores (block + 2 window) keys per query (ML
 the same as FlexAttention with 64-wide tiles and less than with its default 128-wide ones (a 64-token window
 touches three 128-tiles per query tile).
 
-The block mask is built in ablate.train.objectives.attention_for once per micro-batch (its doc ids differ
+The block mask is built in ablate.train.attention_masks.attention_for once per micro-batch (its doc ids differ
 from the next micro-batch's; the layers of one micro-batch share it) and read by ablate.models.attention in
 every global layer. CUDA only: torch 2.13's FlexAttention runs forward on the CPU but has no backward there,
 and refuses the meta device; on the CPU the SDPA paths stay what they were, measured the faster there
 (bench/attention_8192.py). tests/test_flex.py checks the block masks against the dense masks of
-ablate.train.objectives.dense_mask, FlexAttention's forward against SDPA under those, and a model run through
+ablate.train.attention_masks.dense_mask, FlexAttention's forward against SDPA under those, and a model run through
 this path against the SDPA paths, on the CPU.
 
 May import: nothing from ablate (torch only).

@@ -299,7 +299,7 @@ def expand(grid: GridSpec, file: str | None = None) -> list[PlannedRun]:
 def resolve_models(runs: list[PlannedRun], file: str | None = None) -> dict[str, tuple]:
     """{model source: (family, depth)} from the configs (no weights); a source that is not a model, has no
     family entry, or whose layers the entry cannot find is an error here, before anything is submitted."""
-    from ablate.models.sources import model_layout
+    from ablate.models.loading import model_layout
 
     models: dict[str, tuple] = {}
     for run in runs:

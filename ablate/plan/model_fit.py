@@ -149,7 +149,7 @@ def check_eager_length(spec: RunSpec, config: Any, family: Any, file: str | None
 def local_tokenizer(source: str):
     """The tokenizer when it is on this machine (a package, a folder, the HF cache), else None. A source
     that is no tokenizer at all is train.preflight.check_models' error to report."""
-    from ablate.models.sources import load_tokenizer
+    from ablate.models.loading import load_tokenizer
 
     try:
         return load_tokenizer(source, local_only=True)
@@ -172,7 +172,7 @@ def check_vocabulary(spec: RunSpec, config: Any, file: str | None) -> None:
 
 
 def _config(source: str, file: str | None) -> Any:
-    from ablate.models.sources import load_config
+    from ablate.models.loading import load_config
 
     try:
         return load_config(source)

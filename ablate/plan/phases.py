@@ -53,7 +53,7 @@ def frozen_rows(plans: list[PhasePlan]) -> list[dict]:
 def plan_for(spec: RunSpec) -> list[PhasePlan]:
     """The plan against the depth in the model's config (no weights loaded)."""
     from ablate.models.families import n_layers
-    from ablate.models.sources import load_config
+    from ablate.models.loading import load_config
 
     return plan_phases(spec, n_layers(load_config(spec.model)))
 

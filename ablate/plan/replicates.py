@@ -1,7 +1,7 @@
 """What a run's pretraining seed changes, phase by phase, and whether runs that differ only in it are
 independent replicates. Read from the spec and the model's config (no weights).
 
-The seed (RunSpec.seed) reaches a run in three places (ablate.train.loop, ablate.models.sources):
+The seed (RunSpec.seed) reaches a run in three places (ablate.train.loop, ablate.models.loading):
     its objective   what the phase's objective entry declares as random_draws (MLM masking, span masking,
                     a prefix split, a mixture's member draw): each step draws them from (seed, step)
     dropout         each step draws its dropout from (seed, step): only if the config has non-zero dropout
@@ -70,7 +70,7 @@ def seeded_init(config, source_kind: str) -> str | None:
 
 def seed_effects(spec: RunSpec, config, source_kind: str) -> list[PhaseSeedEffect]:
     """Per phase of `spec`: what the pretraining seed changes in it (config: the model's, without weights;
-    source_kind: ablate.models.sources.resolve_source's kind)."""
+    source_kind: ablate.models.loading.resolve_source's kind)."""
     has_dropout = bool(dropouts(config))
     upstream = seeded_init(config, source_kind)
     upstream = f"initialisation of {upstream}" if upstream else None
@@ -108,7 +108,7 @@ def seed_record(spec: RunSpec) -> dict[str, Any]:
 
 
 def _effects_of(spec: RunSpec) -> list[PhaseSeedEffect]:
-    from ablate.models.sources import load_config, resolve_source
+    from ablate.models.loading import load_config, resolve_source
 
     return seed_effects(spec, load_config(spec.model), resolve_source(spec.model)[0])
 
@@ -127,7 +127,7 @@ def seed_notes(runs: list) -> tuple[list[str], list[str]]:
     """(notes, warnings) for a dry run: per seed axis of the grid (an axis `seed` or `data.data_seed`), what
     a seed changes in each phase, per model and schedule; a warning for each phase that a `seed` axis
     repeats without any change. `runs`: ablate.plan.grid.PlannedRun."""
-    from ablate.models.sources import load_config, resolve_source
+    from ablate.models.loading import load_config, resolve_source
 
     notes: list[str] = []
     warnings: list[str] = []

@@ -55,7 +55,7 @@ class TokenCounter:
 
     def config(self, model: str):
         if model not in self._configs:
-            from ablate.models.sources import load_config
+            from ablate.models.loading import load_config
 
             try:
                 self._configs[model] = load_config(model)
@@ -65,7 +65,7 @@ class TokenCounter:
 
     def tokenizer(self, source: str):
         if source not in self._tokenizers:
-            from ablate.models.sources import load_tokenizer
+            from ablate.models.loading import load_tokenizer
 
             try:
                 self._tokenizers[source] = load_tokenizer(source, local_only=True)

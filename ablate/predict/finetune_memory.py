@@ -82,7 +82,7 @@ def _from_config_on(device: torch.device):
 @contextlib.contextmanager
 def _config_folder(source: str, attn_implementation: str):
     """A temporary folder holding the model's config.json (what the heads read through from_pretrained)."""
-    from ablate.models.sources import load_config
+    from ablate.models.loading import load_config
 
     with tempfile.TemporaryDirectory(prefix="ablate-finetune-memory-") as folder:
         config = load_config(source)
@@ -101,7 +101,7 @@ def finetune_step_memory(shape: FinetuneShape) -> FinetuneMemory:
 def _trace(shape: FinetuneShape, device: str = "meta") -> FinetuneMemory:
     """The step on meta; on the CPU with real tensors and random weights (`device` cpu, with a float32
     precision: the check that meta accounts what real tensors hold, tests/test_gpu_memory.py)."""
-    from ablate.models.sources import load_tokenizer
+    from ablate.models.loading import load_tokenizer
 
     task = load_task(shape.task)
     settings = resolve_settings(task, json.loads(shape.settings)).model_copy(update={"batch_size": shape.batch})

@@ -176,7 +176,7 @@ def _cache_inputs(shape: StepShape) -> dict:
 
 @lru_cache(maxsize=8)
 def _config_json(source: str) -> str:
-    from ablate.models.sources import load_config
+    from ablate.models.loading import load_config
 
     return load_config(source).to_json_string(use_diff=False)
 
@@ -192,7 +192,7 @@ def _meta_model(source: str, attn_implementation: str, device: str = "meta"):
     another device (the CPU check of the accounting, tests/test_gpu_memory.py) with real, random weights."""
     from transformers import AutoModelForMaskedLM
 
-    from ablate.models.sources import check_attn, load_config
+    from ablate.models.loading import check_attn, load_config
 
     config = load_config(source)
     check_attn(config, attn_implementation)

@@ -30,7 +30,7 @@ TAGS = ["ablate", "continued-pretraining", "masked-lm", "layer-freezing"]
 
 @dataclass(frozen=True)
 class CardScores:
-    table: pd.DataFrame  # the arm's rows of the scores table (report.tables.score_table), tasks + "average"
+    table: pd.DataFrame  # the arm's rows of the scores table (report.paper_tables.score_table), tasks + "average"
     run: pd.DataFrame  # this run: task, metric, score (points, mean over its fine-tuning seeds), n
     baseline: str  # the arm the table compares with
     note: str | None = None  # why there is no comparison, when there is none

@@ -146,7 +146,7 @@ def arm_scores(sweep: Sweep, chosen: Chosen, baseline: str | None) -> CardScores
     defaults) and this run's own scores; None when the arm has none. Without a `baseline`, a sweep lacking
     the default one shows the arm alone rather than failing the export."""
     from ablate.report.scores import primary_scores
-    from ablate.report.tables import score_table
+    from ablate.report.paper_tables import score_table
 
     if sweep.scores is None or sweep.scores.empty:
         return None
@@ -247,7 +247,7 @@ def ensure_tokenizer(facts: RunFacts, folder: Path) -> None:
     """A model folder saved without its tokenizer gets the run's (the spec's tokenizer or model source)."""
     if any((folder / name).is_file() for name in TOKENIZER_FILES):
         return
-    from ablate.models.sources import load_tokenizer
+    from ablate.models.loading import load_tokenizer
 
     load_tokenizer(facts.spec.tokenizer or facts.spec.model).save_pretrained(folder)
 

@@ -144,7 +144,7 @@ def _prepared_manifest(spec: RunSpec) -> tuple[Path, dict] | None:
     """(folder, manifest) of the run's prepared corpus; None when it cannot be found here (the tokenizer does
     not load offline, the sources moved, or the prepared folder was removed)."""
     from ablate.data.corpus import find_prepared
-    from ablate.models.sources import load_tokenizer
+    from ablate.models.loading import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(spec.tokenizer or spec.model, local_only=True)

@@ -55,7 +55,7 @@ from ablate.report.scores import (
 from ablate.report.stats import mean_ci, welch_ci
 from ablate.report.style import save_figure, style_context
 from ablate.report.sweep import TABLES, Sweep, list_sweeps, load_sweep, resolve_sweep
-from ablate.report.tables import freeze_table, make_table, score_table
+from ablate.report.paper_tables import freeze_table, make_table, score_table
 
 __all__ = [
     "FIGURES",

@@ -33,7 +33,7 @@ from ablate.report.arms import done_runs
 from ablate.report.references import MainRow, MainTable, Reference
 from ablate.report.scores import AVERAGE, is_average, language_average
 
-BASE_MODEL = "base"  # the schedule of `ablate evaluate --base` rows (ablate.store.tables)
+BASE_MODEL = "base"  # the schedule of `ablate evaluate --base` rows (ablate.store.collect)
 HUB_PREFIX = "hub:"
 FAR_BUDGET = 2.0  # an arm whose tokens differ from its row's by more than this factor gets a note
 COLUMNS = ("paper_row", "paper", "measured", "paper_delta", "paper_tasks", "paper_note", "paper_source")

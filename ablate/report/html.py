@@ -28,9 +28,9 @@ from ablate.report.arms import done_runs
 from ablate.report.registry import FIGURES
 from ablate.report.style import save_figure
 from ablate.report.sweep import Sweep, load_sweep
-from ablate.report.tables import small_tests
+from ablate.report.paper_tables import small_tests
 from ablate.report.scores import average_names, data_marks, is_average, task_languages, unverified_data
-from ablate.report.tables import freeze_table, reference_blocks, score_table
+from ablate.report.paper_tables import freeze_table, reference_blocks, score_table
 from ablate.store import atomic
 from ablate.store.rundir import read_status
 

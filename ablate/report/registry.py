@@ -22,7 +22,7 @@ from ablate.report.needle import needle_figure
 from ablate.report.scores import deltas_figure, freeze_figure
 from ablate.report.style import save_figure
 from ablate.report.sweep import load_sweep
-from ablate.report.tables import TABLES, check_reference_table
+from ablate.report.paper_tables import TABLES, check_reference_table
 from ablate.tune.figure import tune_figure
 
 FIGURES: dict[str, Callable] = {

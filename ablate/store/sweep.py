@@ -6,7 +6,7 @@ what its running runs report.
         calibration.json             measured throughput of the grid's steps (`ablate calibrate`; the cost plan)
         runs/<run_id>/               one folder per run (ablate.store.rundir)
         jobs/                        submitit's job files and logs
-        <table>.parquet / .csv       the tidy tables (ablate.store.tables)
+        <table>.parquet / .csv       the tidy tables (ablate.store.collect)
 
 May import: config, store.rundir.
 """

@@ -50,12 +50,12 @@ from ablate.plan.freezing import is_frozen
 from ablate.train.rope import start_phase
 from ablate.plan.phases import PhasePlan, frozen_rows, plan_phases
 from ablate.models.families import Family, family_of, n_layers
-from ablate.models.sources import load_masked_lm, load_tokenizer
+from ablate.models.loading import load_masked_lm, load_tokenizer
 from ablate.analysis.probe import layer_params, weight_rel_change
 from ablate.train.grad_norms import step_norms
 from ablate.train.optimizer import Optimizer, fused_adamw
 from ablate.train.batches import batch_loss, objective_batch, seed_for, step_notes
-from ablate.train.objectives import attention_for
+from ablate.train.attention_masks import attention_for
 from ablate.train.cpu import cpu_dropout
 from ablate.train.precision import autocast, set_determinism, uses_autocast, uses_compile
 from ablate.train import compiled

@@ -12,7 +12,7 @@ position's must differ (else the check proves nothing). It runs
   runs under the implementation, the tokenizer loads; a spec with `document_masking` is checked on three
   packed documents as well (preflight_documents).
 
-Every path a mask kind takes is the one training takes (ablate.train.objectives.attention_for), the banded
+Every path a mask kind takes is the one training takes (ablate.train.attention_masks.attention_for), the banded
 one (ablate.models.attention: no L x L mask; a prefix pattern as per-row prefix lengths) included.
 
 A leak is a SpecError naming the family, the implementation and what to use instead: exit 2.
@@ -31,8 +31,8 @@ from ablate.config import objectives
 from ablate.config.errors import SpecError
 from ablate.config.spec import RunSpec
 from ablate.models.families import Family
-from ablate.models.sources import load_config, load_tokenizer, random_masked_lm
-from ablate.train.objectives import attention_for
+from ablate.models.loading import load_config, load_tokenizer, random_masked_lm
+from ablate.train.attention_masks import attention_for
 
 PREFLIGHT_TOKENS = 128  # validation length (a run's own check uses its whole first sequence)
 _HEAD_CHUNK = 512  # positions per head call: the logits of a long sequence never exist at once
@@ -280,7 +280,7 @@ def check_models(specs: list[RunSpec], file: str | None = None) -> dict[tuple, P
     family entry and layers, implementation, tokenizer, and the causal preflight when some spec with that
     model has a CLM phase (under document masking too where a spec asks for it). Returns {(model, tokenizer,
     attn_implementation): Preflight, or None without CLM}."""
-    from ablate.models.sources import check_attn, model_layout
+    from ablate.models.loading import check_attn, model_layout
 
     done: dict[tuple, Preflight | None] = {}
     proven: set[tuple] = set()  # (key, document_masking, pattern) whose preflight passed

@@ -21,7 +21,7 @@ from ablate.launch import worker
 from ablate.launch.executors import RunJob
 from ablate.launch.scheduler import Scheduler, classify
 from ablate.plan.grid import PlannedRun
-from ablate.store import atomic, rundir, tables
+from ablate.store import atomic, collect, rundir
 from ablate.store.sweep import SweepFolder
 from ablate.tune.pruning import trial_hook
 from ablate.tune.rdb import shown_url
@@ -119,7 +119,7 @@ def run_study(
             loop.run(resumed, to_ask, poll_s)
         finally:
             write_trials_table(study, folder.root)
-    collected = tables.collect(folder.root)
+    collected = collect.collect(folder.root)
     for problem in collected.problems:
         warn(problem)
     counts = loop.counts
@@ -287,4 +287,4 @@ def write_trials_table(study, sdir: Path) -> None:
     run_ids = frame.pop("user_attrs_run_id") if "user_attrs_run_id" in frame else None
     frame.insert(0, "study", study.study_name)
     frame.insert(1, "run_id", run_ids)
-    tables.write_tables(sdir, {"trials": frame})
+    collect.write_tables(sdir, {"trials": frame})

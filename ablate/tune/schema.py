@@ -35,7 +35,7 @@ from pydantic import Field, model_validator
 
 from ablate.config.base import Located, Strict
 from ablate.config.errors import SpecError
-from ablate.config.grid import Launcher
+from ablate.config.launcher import Launcher
 from ablate.config.spec import RunSpec
 
 SPECIAL_PREFIXES = ("phases.", "freeze_layers.", "share.")
