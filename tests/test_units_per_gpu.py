@@ -120,6 +120,31 @@ def test_a_process_spreads_over_every_gpu_it_sees_unless_it_is_one_rank_of_sever
     assert process_devices("cpu", ranks=1, device_count=4) == ("cpu",)
 
 
+def test_ablate_evaluate_places_each_finished_runs_units_by_its_own_units_per_gpu(tmp_path, monkeypatch):
+    """`ablate evaluate` on a sweep hands each finished run's fine-tuning the placement its job's worker would
+    (the run's eval.units_per_gpu), not one unit after another regardless."""
+    from ablate.cli import main
+    from ablate.cli import commands
+    from ablate.evaluate import runs
+    from ablate.store import atomic
+
+    sweep = tmp_path / "results" / "tiny"
+    for name, units in (("a", 2), ("b", 1), ("c", 3)):
+        run_dir = sweep / "runs" / name
+        atomic.write_json(run_dir / "spec.json", parse_run_spec(run_spec([0], units)).model_dump(mode="json"))
+        atomic.write_json(run_dir / "status.json", {"state": "done" if name != "c" else "failed"})
+    placed = {}
+
+    def evaluate_run(run_dir, spec, place=None, **_):
+        placed[Path(run_dir).name] = place([TASK])
+        return []
+
+    monkeypatch.setattr(runs, "evaluate_run", evaluate_run)
+    monkeypatch.setattr(commands, "cmd_collect", lambda args: 0)
+    assert main(["evaluate", str(sweep), "--task", TASK]) == 0
+    assert placed == {"a": Placement(("cpu",), {TASK: 2}), "b": Placement(("cpu",), {TASK: 1})}
+
+
 # ------------------------------------------------------------------------------ units in processes, CPU
 
 

@@ -362,7 +362,9 @@ def cmd_evaluate(args) -> int:
         folder = evaluate.evaluate_base(sweep.root, args.base, tasks, seeds, overrides, **how)
         print(f"base model scores in {folder / 'scores'}")
     if not args.base_only:
-        counts = evaluate.evaluate_sweep(sweep.root, tasks, seeds, overrides, **how)
+        from ablate.launch.shares import run_placer
+
+        counts = evaluate.evaluate_sweep(sweep.root, tasks, seeds, overrides, **how, place_for=run_placer(print))
         print(f"evaluated {counts['evaluated']} finished runs; {counts['not done']} not finished (skipped)")
     if not (sweep.root / "runs").is_dir():
         return EXIT_OK  # a base model alone, outside any sweep: nothing to collect

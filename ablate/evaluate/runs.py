@@ -95,8 +95,11 @@ def evaluate_sweep(
     log: Callable[[str], None] = print,
     protocol: str | None = None,
     keep_stale: bool = False,
+    place_for: Callable[[RunSpec], Callable[[list[str]], Placement]] | None = None,
 ) -> dict[str, int]:
-    """Add tasks/seeds to every finished run of a sweep; returns counts of runs evaluated and skipped."""
+    """Add tasks/seeds to every finished run of a sweep; returns counts of runs evaluated and skipped.
+    `place_for(spec)`: where a run's units run and how many at once (launch.shares.run_placer; default one
+    after another here)."""
     counts = {"evaluated": 0, "not done": 0}
     for run_dir in sorted(rundir.runs_dir(sweep_dir).iterdir()):
         if not (run_dir / "spec.json").is_file():
@@ -114,6 +117,7 @@ def evaluate_sweep(
             overrides=overrides,
             protocol=protocol,
             keep_stale=keep_stale,
+            place=place_for(spec) if place_for else None,
         )
         counts["evaluated"] += 1
     return counts

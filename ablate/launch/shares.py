@@ -13,7 +13,7 @@ job has CPU cores per GPU (each process feeds its GPU from a core); a task the t
 On a machine without GPU auto is 1: one unit after another in this process, as before; a number there runs
 that many processes on the CPU.
 
-May import: config, evaluate, train, launch (gpus, gpu_memory, finetune_memory).
+May import: config, evaluate, predict, train, launch.gpus.
 """
 
 from __future__ import annotations
@@ -81,6 +81,12 @@ def fine_tune_share(
         log(f"a rank did not finish its share of the fine-tunings ({missing}): what it left is fine-tuned here")
     log(f"the scores of all {team.world_size} ranks' shares:")
     return evaluate_run(run_dir, spec, log=log, progress=progress, device=device, place=place)
+
+
+def run_placer(log: Callable[[str], None]) -> Callable[[RunSpec], Callable[[list[str]], Placement]]:
+    """`ablate evaluate`'s placement, per finished run: its units share the GPUs this process sees as its job's
+    did (the run's eval.units_per_gpu; on the CPU auto is one after another, here)."""
+    return lambda spec: placer(spec, process_devices(str(pick_device(spec.device))), log)
 
 
 def placer(
