@@ -2,7 +2,7 @@
 branching and with `branching: false`, wall times and their ratio, and a check that both give the same bits.
 
     python bench/branching.py                  # 12 runs x 2, minutes
-    python bench/branching.py --main-steps 10 --seeds 17 --objectives mlm --shares 0.1 0.4  # a check
+    python bench/branching.py --main-steps 10 --seeds 17 --objectives mlm --shares 0.1 0.4 --executor debug  # a check
 
 The grid is grids/decay.yaml's recipe at CPU size: tiny BERT (config:tiny-bert, 4 layers) on the English
 corpus slice, a main phase of --main-steps steps (MLM 30 % and the CLM detour, constant LR after one warmup
@@ -73,7 +73,7 @@ def grid(
     }
 
 
-def sweep(folder: Path, spec: dict, env: dict) -> float:
+def sweep(folder: Path, spec: dict, env: dict, executor: str = "local") -> float:
     path = folder / "grid.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     started = time.perf_counter()
@@ -86,6 +86,8 @@ def sweep(folder: Path, spec: dict, env: dict) -> float:
             str(path),
             "--results",
             str(folder / "results"),
+            "--executor",
+            executor,
             "--poll",
             "0.5",
         ],
@@ -122,6 +124,12 @@ def main() -> None:
     ap.add_argument("--main-steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, nargs="+", default=[17, 18])
     ap.add_argument("--parallel", type=int, default=2, help="runs at once (launcher.local.parallel)")
+    ap.add_argument(
+        "--executor",
+        choices=["local", "debug"],
+        default="local",
+        help="local (measured); debug: each sweep's runs in its own process, one by one (the suite's check)",
+    )
     ap.add_argument("--objectives", nargs="+", default=["mlm", "clm"], choices=["mlm", "clm"])
     ap.add_argument(
         "--shares", type=float, nargs="+", default=list(SHARES), help="decay lengths, fractions of the main phase"
@@ -153,6 +161,7 @@ def main() -> None:
                 folder,
                 grid(args.main_steps, args.seeds, branching, args.parallel, tuple(args.objectives), shares),
                 env,
+                args.executor,
             )
             facts[branching] = run_facts(folder / "results")
             rows.append(
@@ -185,6 +194,7 @@ def main() -> None:
                 "main_steps": args.main_steps,
                 "seeds": args.seeds,
                 "parallel": args.parallel,
+                "executor": args.executor,
             }
         )
     )

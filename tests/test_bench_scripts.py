@@ -39,6 +39,8 @@ TINY = {
         "mlm",
         "--parallel",
         "1",
+        "--executor",
+        "debug",
         "--shares",
         "0.1",
         "0.4",
@@ -78,10 +80,9 @@ TINY = {
         "--json-out",
         "JSON_OUT",
     ],
-    "finetune_gap.py": [
+    "finetune_gap.py": [  # one variant: the recipe's side runs in finetune_compare.py's tiny run
         "--variants",
         "shuffled",
-        "recipe",
         "--seeds",
         "1",
         "--max-train",

@@ -98,21 +98,23 @@ def test_twins_read_identical_streams_by_source(tmp_path, data_root):
     assert c.source_token_hashes[MEDQUAD] != a.source_token_hashes[MEDQUAD]
 
 
-def _killed_and_resumed(spec_file: Path, out: Path, pause_at: int, tmp_path: Path) -> None:
-    """`ablate run` held after its checkpoint at `pause_at` (ABLATE_PAUSE_AT), killed -9 there, then run again."""
+def _killed_and_resumed(spec_file: Path, out: Path, pause_at: int | tuple[int, ...], tmp_path: Path) -> None:
+    """`ablate run` held after its checkpoint at `pause_at` (ABLATE_PAUSE_AT), killed -9 there, then run again;
+    several steps: killed at each in turn (each attempt resuming the last), then run to its end."""
     threads = str(torch.get_num_threads())  # what the in-process run compared with uses: the same sums
     cmd = [sys.executable, "-m", "ablate.cli", "run", str(spec_file), "--out", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "ABLATE_PAUSE_AT": f"{pause_at}:{tmp_path / 'never'}"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = []
-    for line in proc.stdout:  # blocks until the run says it holds: no race
-        seen.append(line)
-        if "holding after" in line:
-            break
-    assert "holding after" in seen[-1], "".join(seen)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (out / "model").exists()
+    for step in (pause_at,) if isinstance(pause_at, int) else pause_at:
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "ABLATE_PAUSE_AT": f"{step}:{tmp_path / 'never'}"}
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        seen = []
+        for line in proc.stdout:  # blocks until the run says it holds: no race
+            seen.append(line)
+            if "holding after" in line:
+                break
+        assert "holding after" in seen[-1], "".join(seen)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert not (out / "model").exists()
     done = subprocess.run(
         cmd, env={**os.environ, "OMP_NUM_THREADS": threads}, capture_output=True, text=True, timeout=600
     )
@@ -121,14 +123,14 @@ def _killed_and_resumed(spec_file: Path, out: Path, pause_at: int, tmp_path: Pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pause_at", [4, 8])  # checkpoints inside the mixture and the longer decay
-def test_kill_9_resume_is_bitwise_with_a_mixture_and_a_change_of_length(pause_at, tmp_path, data_root):
+def test_kill_9_resume_is_bitwise_with_a_mixture_and_a_change_of_length(tmp_path, data_root):
+    """Killed at a checkpoint inside the mixture, resumed, killed again inside the longer decay, resumed."""
     raw = mixed_spec()
     spec_file = tmp_path / "run.yaml"
     spec_file.write_text(yaml.safe_dump(raw))
     straight = pretrain(parse_run_spec(raw), tmp_path / "straight", log=_quiet)
     killed = tmp_path / "killed"
-    _killed_and_resumed(spec_file, killed, pause_at, tmp_path)
+    _killed_and_resumed(spec_file, killed, (4, 8), tmp_path)
     a = load_file(str(tmp_path / "straight" / "model" / "model.safetensors"))
     b = load_file(str(killed / "model" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -1,6 +1,6 @@
 """Data-parallel pretraining (ablate.train.distributed): 2 gloo processes on CPU against a single process with the
-same global batch and seed, a checkpoint written under DDP resumed under DDP and under one process, and one
-run with 2 Slurm tasks on the local cluster through submitit. Also the GPU benchmark's CPU refusal and its
+same global batch and seed, a checkpoint written under DDP resumed under DDP and under one process (a sweep's run with 2 Slurm tasks:
+tests/test_slurm.py). Also the GPU benchmark's CPU refusal and its
 tiny smoke mode."""
 
 from __future__ import annotations
@@ -410,39 +410,3 @@ def test_the_global_batch_must_split_evenly_over_ranks(data_root):
         setup(parse_run_spec(ddp_spec(batch_size=6, micro_batch_size=3)), Dist(rank=0, world_size=4))
     with pytest.raises(SpecError, match="world size x micro-batch"):
         setup(parse_run_spec(ddp_spec(batch_size=6)), Dist(rank=0, world_size=4))
-
-
-# ---------------------------------------------------------------- Slurm: one run, two tasks
-
-
-@pytest.mark.slow
-@pytest.mark.slurm
-def test_one_run_with_two_slurm_tasks_matches_one_process(tmp_path, slurm_env, data_root, monkeypatch):
-    import submitit
-
-    from ablate.train.ranks import pretrain_ranks
-
-    for key in ("SLURM_CONF",):
-        monkeypatch.setenv(key, slurm_env[key])
-    spec = ddp_spec(phases=[{"name": "mlm", "objective": "mlm", "steps": 3}])
-    single = pretrain(parse_run_spec(spec), tmp_path / "single", log=_quiet)
-
-    ex = submitit.AutoExecutor(tmp_path / "jobs", cluster="slurm")
-    ex.update_parameters(
-        slurm_partition="cpu",
-        nodes=1,
-        tasks_per_node=2,
-        cpus_per_task=1,
-        mem_gb=4,
-        timeout_min=20,
-        slurm_setup=[
-            f"export OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo {TIMEOUT_ENV}=120",
-            f"export ABLATE_DATA_ROOT={os.environ['ABLATE_DATA_ROOT']}",
-            f"export ABLATE_CACHE={os.environ['ABLATE_CACHE']}",
-        ],
-    )
-    job = ex.submit(pretrain_ranks, spec, str(tmp_path / "slurm"))
-    results = job.results()  # one per task
-    assert sorted(r["rank"] for r in results) == [0, 1] and all(r["world_size"] == 2 for r in results)
-    assert results[0]["losses"] == pytest.approx([c["loss"] for c in single.curves], rel=1e-5)
-    _assert_same_weights(_weights(tmp_path / "slurm"), _weights(tmp_path / "single"))

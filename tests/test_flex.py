@@ -82,17 +82,18 @@ def test_a_model_through_flex_attention_computes_what_the_sdpa_paths_compute(arc
 
 @pytest.mark.slow
 def test_a_compiled_encoder_takes_each_micro_batch_s_block_mask_without_recompiling():
-    """What CUDA runs under `compile: auto` with documents: the block mask and doc ids change every
-    micro-batch, the compiled graph does not (forward: FlexAttention has no backward on the CPU)."""
-    from torch._dynamo.utils import counters
+    """What CUDA runs under `compile: auto` with documents in float32 (or a prefix): the encoder's blocks
+    compiled one by one as a run compiles them (ablate.train.compiled), the block mask and doc ids new every
+    micro-batch, the graphs not (forward: FlexAttention has no backward on the CPU)."""
+    from ablate.train.compiled import CompiledEncoder
 
-    torch._dynamo.reset()  # earlier tests compile the same forward code: count from an empty cache
+    torch._dynamo.reset()  # earlier tests compile the same block code: count from an empty cache
     model = load_masked_lm("config:tiny-modernbert", "sdpa", seed=0)
     family = family_of(model.config)
-    encoder = torch.compile(family.encoder(model), dynamic=False)
-    counters.clear()
+    lines: list[str] = []
+    encoder = CompiledEncoder(family.encoder(model), family, lines.append)
     graphs = []
-    for seed in range(5):
+    for seed in range(4):
         rng = np.random.default_rng(seed)
         docs = np.stack([np.repeat(np.arange(50), rng.integers(5, 40, 50))[:256] for _ in range(2)])
         ids = torch.randint(1000, 2000, (2, 256), generator=torch.Generator().manual_seed(seed))
@@ -101,10 +102,13 @@ def test_a_compiled_encoder_takes_each_micro_batch_s_block_mask_without_recompil
             attention_for(model, family, "mlm", 256, torch.float32, "cpu", docs, use_flex=True) as attn,
         ):
             encoder(input_ids=ids, attention_mask=attn)
-        graphs.append(counters["stats"]["unique_graphs"])
-    # One recompile may follow the first call: the `kernels` package (transformers' hub kernels) sets a context
-    # variable during it that the first graph guarded as unset. After that, a new mask is never a new graph.
-    assert graphs[1] <= 2 and graphs[1:] == [graphs[1]] * 4, graphs
+        graphs.append(encoder.graphs)
+    # One recompile per block kind may follow the first call: the `kernels` package (transformers' hub
+    # kernels) sets a context variable during it that the first graphs guarded as unset. After that, a new
+    # mask is never a new graph.
+    assert graphs[0] == 3, lines  # the first block, the local ones, the global one
+    assert graphs[1] <= 2 * 3 and graphs[1:] == [graphs[1]] * 3, (graphs, lines)
+    assert not encoder.fallbacks
 
 
 @pytest.mark.slow

@@ -7,8 +7,8 @@ scheduler stubbed to record: the dry run refuses what the submission refuses (wh
 corpus or a corpus read past data.max_epochs, is what the submission refuses beyond it).
 
 How many: 2,562 examples in the fast tier (grids 400, run specs 800, data blocks 500, task files 500, tune files
-150, needle generate blocks 200, dry run against submission 12), 3,300 more in the slow tier (grids 1,000, run specs 1,200, data blocks
-1,000, dry run against submission 100).
+150, needle generate blocks 200, dry run against submission 12), 1,650 more in the slow tier (grids 500, run specs 600, data blocks
+500, dry run against submission 50).
 
 Deterministic: derandomize=True, so every run draws the same examples. The causal preflight (a forward pass of
 a random model per attention pattern) is stubbed to pass: it is tests/test_preflight.py's; every other check runs.
@@ -613,7 +613,7 @@ def test_the_dry_run_refuses_what_the_submission_refuses(grid):
 
 
 @pytest.mark.slow
-@settings(FAST, max_examples=1000)
+@settings(FAST, max_examples=500)
 @given(grids())
 def test_many_grids_are_accepted_or_a_located_spec_error(grid):
     with tempfile.TemporaryDirectory() as folder:
@@ -621,7 +621,7 @@ def test_many_grids_are_accepted_or_a_located_spec_error(grid):
 
 
 @pytest.mark.slow
-@settings(FAST, max_examples=1200)
+@settings(FAST, max_examples=600)
 @given(run_specs())
 def test_many_run_specs_are_accepted_or_a_located_spec_error(spec):
     with tempfile.TemporaryDirectory() as folder:
@@ -629,7 +629,7 @@ def test_many_run_specs_are_accepted_or_a_located_spec_error(spec):
 
 
 @pytest.mark.slow
-@settings(FAST, max_examples=100)
+@settings(FAST, max_examples=50)
 @given(grids())
 def test_many_dry_runs_refuse_what_their_submissions_refuse(grid):
     with tempfile.TemporaryDirectory() as folder:
@@ -637,7 +637,7 @@ def test_many_dry_runs_refuse_what_their_submissions_refuse(grid):
 
 
 @pytest.mark.slow
-@settings(FAST, max_examples=1000)
+@settings(FAST, max_examples=500)
 @given(data_specs())
 def test_many_data_blocks_are_accepted_or_a_located_spec_error(spec):
     with tempfile.TemporaryDirectory() as folder:

@@ -185,3 +185,10 @@ def test_a_sweep_run_with_two_slurm_tasks_trains_data_parallel_and_matches_one_p
     assert got["tokens"] == ref["tokens"] and got["step"] == ref["step"]
     assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5)
     assert "data parallel: 2 ranks" in (run_dir / "log.txt").read_text()
+    import torch
+    from safetensors.torch import load_file
+
+    got_weights, ref_weights = (load_file(d / "model" / "model.safetensors") for d in (run_dir, ref_dir))
+    assert got_weights.keys() == ref_weights.keys()
+    for name in got_weights:
+        torch.testing.assert_close(got_weights[name], ref_weights[name], rtol=1e-4, atol=1e-5)

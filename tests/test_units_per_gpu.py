@@ -197,18 +197,6 @@ def one_at_a_time(tmp_path_factory, model_dir, data_root):
 
 
 @pytest.mark.slow  # processes of their own: a few seconds of imports each
-def test_two_units_at_once_on_the_cpu_score_bit_for_bit_as_one_after_another(tmp_path, model_dir, one_at_a_time):
-    rows, lines = fine_tune(run_folder(tmp_path, model_dir), [0, 1], 2)
-    assert "fine-tuning 2 units, each in a process of its own, on cpu, at once per device: ncbi_disease 2" in lines
-    assert f"{TASK} seed 1: started on cpu beside {TASK} seed 0" in lines
-    assert by_seed(rows) == {seed: one_at_a_time[1][seed] for seed in (0, 1)}
-    assert [r["finetune_seed"] for r in rows] == sorted(r["finetune_seed"] for r in rows)  # task-then-seed order
-    for seed in (0, 1):  # written by the process that computed it, as one process writes it
-        stored = tmp_path / "scores" / TASK / f"seed-{seed}.json"
-        assert values(json.loads(stored.read_text())["rows"]) == one_at_a_time[1][seed]
-
-
-@pytest.mark.slow  # processes of their own: a few seconds of imports each
 def test_a_resumed_run_fine_tunes_only_the_units_left(tmp_path, model_dir, one_at_a_time):
     run_dir = run_folder(tmp_path, model_dir)
     for seed in (0, 1):  # what an interrupted first attempt left done
@@ -224,19 +212,24 @@ def test_a_resumed_run_fine_tunes_only_the_units_left(tmp_path, model_dir, one_a
 
 
 @pytest.mark.slow  # processes of their own: a few seconds of imports each
-def test_a_unit_out_of_memory_beside_another_is_named_and_retried_alone(
+def test_two_units_at_once_score_bit_for_bit_and_one_out_of_memory_beside_the_other_runs_again_alone(
     tmp_path, model_dir, one_at_a_time, monkeypatch
 ):
     monkeypatch.setenv(OOM_ENV, f"{TASK}:1")  # seed 1's first process runs out of memory
     rows, lines = fine_tune(run_folder(tmp_path, model_dir), [0, 1], 2)
+    assert "fine-tuning 2 units, each in a process of its own, on cpu, at once per device: ncbi_disease 2" in lines
+    assert f"{TASK} seed 1: started on cpu beside {TASK} seed 0" in lines
     said = [line for line in lines if "out of GPU memory" in line]
     assert said == [
         f"{TASK} seed 1: out of GPU memory on cpu beside {TASK} seed 0; it runs again alone once the others are "
         f"done (CUDA out of memory ({OOM_ENV}: injected))"
     ]
     assert lines.index(f"{TASK} seed 1: started on cpu (alone)") > lines.index(said[0])
-    assert (tmp_path / "scores" / TASK / "seed-1.json").is_file()
     assert by_seed(rows) == {seed: one_at_a_time[1][seed] for seed in (0, 1)}
+    assert [r["finetune_seed"] for r in rows] == sorted(r["finetune_seed"] for r in rows)  # task-then-seed order
+    for seed in (0, 1):  # written by the process that computed it, as one process writes it
+        stored = tmp_path / "scores" / TASK / f"seed-{seed}.json"
+        assert values(json.loads(stored.read_text())["rows"]) == one_at_a_time[1][seed]
 
 
 # ------------------------------------------------------------ what a unit's process says back (no model)
