@@ -272,7 +272,9 @@ def test_slurm_tests_without_a_cluster_are_skipped_out_loud(tmp_path):
     """The summary names the skipped Slurm tests in a block of its own, not just an 's' among the dots."""
     env = {**os.environ, "SLURM_CONF": str(tmp_path / "no-slurm.conf"), "ABLATE_SLURM_DIR": str(tmp_path)}
     env.pop("ABLATE_REQUIRE_SLURM", None)
-    test = "tests/test_ddp.py::test_one_run_with_two_slurm_tasks_matches_one_process"
+    test = (
+        "tests/test_slurm.py::test_a_sweep_run_with_two_slurm_tasks_trains_data_parallel_and_matches_one_process"
+    )
     skipped = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
         cwd=REPO,
