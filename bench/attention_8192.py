@@ -22,7 +22,7 @@ Variants (mask kinds of attention_for on the same model):
 Each (objective, variant) runs in its own subprocess, so its peak memory is its own: `peak` is the worker's
 whole-process RSS high-water mark (model, optimizer state, steps), `step peak` the high-water mark during
 the steps minus the RSS before them. Step time: the best of --steps steps (the first pays for allocation;
-give --steps 2 or more on a quiet machine). The output check builds one model and compares the encoder's
+give --steps 2 or more on a quiet machine). The output check, in this process once the workers have ended, builds one model and compares the encoder's
 last hidden state of `banded` and `masks`, in float32 at --seq-len and float64 at min(--seq-len, 1024),
 and counts tensors with two dimensions of L made during a banded forward + backward (0 expected).
 
@@ -221,15 +221,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-check", action="store_true", help="skip the output check")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--objective", help=argparse.SUPPRESS)
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args)))
-        return {}
-    if args.check:
-        print(json.dumps(output_check(args)))
         return {}
 
     common = [
@@ -275,9 +271,8 @@ def main(argv: list[str] | None = None) -> dict:
             summary[f"{objective}_speedup"] = speed
             summary[f"{objective}_peak_ratio"] = memory
             print(f"{objective}: banded is {speed:.2f}x faster than masks, peak {memory:.2f}x theirs", flush=True)
-    if not args.no_check:
-        run = subprocess.run([*common, "--check"], capture_output=True, text=True, env=env, check=True)
-        summary["check"] = json.loads(run.stdout.strip().splitlines()[-1])
+    if not args.no_check:  # here: every measured worker has ended
+        summary["check"] = output_check(args)
         for key, value in summary["check"].items():
             print(f"check {key}: {value:.3g}" if isinstance(value, float) else f"check {key}: {value}", flush=True)
     print(json.dumps(summary))

@@ -32,7 +32,7 @@ TINY = {
     "attention_flops.py": ["--rows", "1"],
     "branching.py": [
         "--main-steps",
-        "10",
+        "5",
         "--seeds",
         "17",
         "--objectives",
@@ -42,7 +42,7 @@ TINY = {
         "--executor",
         "debug",
         "--shares",
-        "0.1",
+        "0.2",
         "0.4",
     ],
     "compare_recipes.py": [

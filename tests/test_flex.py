@@ -93,7 +93,7 @@ def test_a_compiled_encoder_takes_each_micro_batch_s_block_mask_without_recompil
     lines: list[str] = []
     encoder = CompiledEncoder(family.encoder(model), family, lines.append)
     graphs = []
-    for seed in range(4):
+    for seed in range(3):
         rng = np.random.default_rng(seed)
         docs = np.stack([np.repeat(np.arange(50), rng.integers(5, 40, 50))[:256] for _ in range(2)])
         ids = torch.randint(1000, 2000, (2, 256), generator=torch.Generator().manual_seed(seed))
@@ -107,7 +107,7 @@ def test_a_compiled_encoder_takes_each_micro_batch_s_block_mask_without_recompil
     # kernels) sets a context variable during it that the first graphs guarded as unset. After that, a new
     # mask is never a new graph.
     assert graphs[0] == 3, lines  # the first block, the local ones, the global one
-    assert graphs[1] <= 2 * 3 and graphs[1:] == [graphs[1]] * 3, (graphs, lines)
+    assert graphs[1] <= 2 * 3 and graphs[2] == graphs[1], (graphs, lines)
     assert not encoder.fallbacks
 
 
