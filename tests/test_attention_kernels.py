@@ -179,3 +179,25 @@ def test_every_block_compiles_into_one_graph_without_a_break(kernels, objective)
             args, kwargs = seen[name]
             explained = torch._dynamo.explain(encoder.get_submodule(name))(*args, **kwargs)
             assert explained.graph_count == 1 and explained.graph_break_count == 0, (name, explained.break_reasons)
+
+
+@pytest.mark.parametrize("objective", ["mlm", "clm"])
+def test_a_bert_block_compiles_into_one_graph_without_a_break(objective):
+    """The BERT family's block (the embedded default's) as a step calls it: one graph, no break (compiled
+    numerics and freezing are tests/test_precision_compile.py's, on ModernBERT's block kinds)."""
+    from ablate.train.compiled import blocks
+
+    model = load_masked_lm("config:tiny-bert", "sdpa", seed=0).train()
+    family = family_of(model.config)
+    encoder = family.encoder(model)
+    (name, block), *_ = blocks(encoder, family)
+    seen = {}
+    block.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.setdefault("in", (args, kwargs)), with_kwargs=True
+    )
+    ids = torch.randint(1000, 2000, (2, LENGTH), generator=torch.Generator().manual_seed(0))
+    with attention_for(model, family, objective, LENGTH, torch.float32, "cpu") as attn:
+        encoder(input_ids=ids, attention_mask=attn)
+        args, kwargs = seen["in"]
+        explained = torch._dynamo.explain(block)(*args, **kwargs)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, (name, explained.break_reasons)

@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from transformers import MPNetConfig
 
 from ablate.config import objectives
@@ -155,6 +156,7 @@ NEW_TYPE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_new_task_type_is_one_entry_every_consumer_serves(tmp_path, data_root, tiny_bert):
     """A type registered as one entry (chemprot's data read as "topic"): a task file names it, fine-tuning,
     the metrics, the card's pipeline and the memory plan's traceability all come from the entry."""

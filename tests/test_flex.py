@@ -84,14 +84,18 @@ def test_a_model_through_flex_attention_computes_what_the_sdpa_paths_compute(arc
 def test_a_compiled_encoder_takes_each_micro_batch_s_block_mask_without_recompiling():
     """What CUDA runs under `compile: auto` with documents in float32 (or a prefix): the encoder's blocks
     compiled one by one as a run compiles them (ablate.train.compiled), the block mask and doc ids new every
-    micro-batch, the graphs not (forward: FlexAttention has no backward on the CPU)."""
+    micro-batch, the graphs not (forward: FlexAttention has no backward on the CPU). Dynamo's graphs and guards
+    are the point, so its graphs run through aot_eager: inductor's CPU code for flex (C++, minutes of g++ on a
+    cold cache) is not the Triton a GPU runs."""
+    from torch._dynamo.backends.registry import lookup_backend
+
     from ablate.train.compiled import CompiledEncoder
 
     torch._dynamo.reset()  # earlier tests compile the same block code: count from an empty cache
     model = load_masked_lm("config:tiny-modernbert", "sdpa", seed=0)
     family = family_of(model.config)
     lines: list[str] = []
-    encoder = CompiledEncoder(family.encoder(model), family, lines.append)
+    encoder = CompiledEncoder(family.encoder(model), family, lines.append, compiler=lookup_backend("aot_eager"))
     graphs = []
     for seed in range(3):
         rng = np.random.default_rng(seed)

@@ -199,6 +199,7 @@ def _hoc_shape(tmp_path, batch: int):
     return dataclasses.replace(shape, batch=batch)
 
 
+@pytest.mark.slow
 def test_each_fine_tuning_task_s_peak_is_printed_and_one_that_does_not_fit_is_exit_2(tmp_path, capsys):
     """HoC's step at its own batch (16) on its longest batch: traced on meta as pretraining's is; a GPU that
     holds pretraining (micro-batch 2) but not that step is refused before anything runs, with the largest

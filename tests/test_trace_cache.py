@@ -107,6 +107,7 @@ def test_a_model_config_edited_in_place_traces_again(tmp_path, fresh):
     assert trace_cache.counts == {"traced": 1, "read": 0} and wider.weights > before.weights
 
 
+@pytest.mark.slow
 def test_a_corrupt_or_unreadable_entry_is_traced_again_and_rewritten(tmp_path, fresh):
     spec = _spec()
     [expected] = gpu_memory.phase_memory(spec, 2)
@@ -160,6 +161,7 @@ def test_the_global_peak_tracker_gives_what_memtracker_s_own_statistics_give(fre
             assert gpu_memory.trace_step(shape, spec) == fast
 
 
+@pytest.mark.slow
 def test_the_micro_batch_search_bisects_and_finds_what_checking_each_finds(fresh, monkeypatch):
     """Every limit between two peaks, for MLM (whose whole batch as one micro-batch peaks below two half-size
     micro-batches on this small model: no gradients beside its forward) and CLM: the same micro-batch as

@@ -73,8 +73,16 @@ class CompiledEncoder:
     """The encoder with each block compiled (dynamic=False: a run's micro-batches share one shape), callable
     as the encoder is; the blocks are the encoder's own (same parameters), swapped in for the call."""
 
-    def __init__(self, encoder: torch.nn.Module, family: Family, log: Log = print, limit: int | None = None):
+    def __init__(
+        self,
+        encoder: torch.nn.Module,
+        family: Family,
+        log: Log = print,
+        limit: int | None = None,
+        compiler: Callable | None = None,
+    ):
         self.encoder = encoder
+        self.compiler = compiler  # what turns a block's graph into code (None: inductor, as a run does)
         self.eager = blocks(encoder, family)
         self.graphs = 0  # graphs compiled so far (first compiles and recompiles)
         self.fallbacks: list[str] = []
@@ -86,8 +94,8 @@ class CompiledEncoder:
         self._watch = _FallbackWatch(self)
 
     def _counted(self, graph: torch.fx.GraphModule, example_inputs):
-        """Inductor, after naming the compile in the run's log (TORCH_LOGS=recompiles says why dynamo
-        recompiled: a new block kind, attention pattern or freeze state)."""
+        """Inductor (or `compiler`), after naming the compile in the run's log (TORCH_LOGS=recompiles says why
+        dynamo recompiled: a new block kind, attention pattern or freeze state)."""
         from torch._inductor.compile_fx import compile_fx
 
         self.graphs += 1
@@ -97,7 +105,7 @@ class CompiledEncoder:
             f"torch.compile: encoder block graph {self.graphs} compiled ({grads} of its {len(tensors)} tensor "
             "inputs need gradients)"
         )
-        return compile_fx(graph, example_inputs)
+        return (self.compiler or compile_fx)(graph, example_inputs)
 
     def __call__(self, *args, **kwargs):
         watched = logging.getLogger(_LIMIT_LOGGER)
