@@ -34,6 +34,30 @@ def run_spec(**fields) -> dict:
     }
 
 
+def detour_spec(arch: str = "tiny-bert", **fields) -> dict:
+    """The paper's two phases at tiny size: CLM with the low layers frozen (4 steps, one warmup step), then an
+    MLM decay (3 steps, 1-sqrt to 10 %), a checkpoint every 2 steps, on `arch` (tiny-bert, tiny-modernbert) and
+    150 documents of corpus_slice(); `fields` put in."""
+    return (
+        run_spec(
+            model=f"config:{arch}",
+            data=corpus_slice(max_documents=150),
+            checkpoint_every=2,
+            log_every=1,
+            phases=[
+                {"name": "clm", "objective": "clm", "steps": 4, "freeze": "low", "lr": {"warmup_steps": 1}},
+                {
+                    "name": "mlm_decay",
+                    "objective": "mlm",
+                    "steps": 3,
+                    "lr": {"decay": "1-sqrt", "final_fraction": 0.1},
+                },
+            ],
+        )
+        | fields
+    )
+
+
 def tiny_grid(**top) -> dict:
     """tests/grids/tiny.yaml read afresh, its top-level keys `top` put in."""
     return {**yaml.safe_load(TINY_GRID.read_text()), **top}

@@ -14,14 +14,14 @@ import pytest
 from ablate.config.spec import parse_run_spec
 from ablate.train import checkpoint
 from ablate.train.loop import pretrain
-from test_pretrain import tiny_spec
+from builders import detour_spec
 
 
 @pytest.mark.slow
 def test_a_full_disk_during_a_checkpoint_says_where_and_how_much_and_the_run_resumes(
     tmp_path, monkeypatch, data_root
 ):
-    spec = parse_run_spec(tiny_spec())  # 7 steps (clm 4, mlm_decay 3), a checkpoint every 2
+    spec = parse_run_spec(detour_spec())  # 7 steps (clm 4, mlm_decay 3), a checkpoint every 2
     reference = pretrain(spec, tmp_path / "reference", log=lambda _m: None)
     saved = checkpoint.save_model
 

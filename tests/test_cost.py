@@ -414,9 +414,9 @@ def test_a_branched_runs_hours_are_its_trained_steps_over_each_phases_throughput
     from ablate.config.spec import parse_run_spec
     from ablate.plan.cost import Throughput, arm_cost, branched_cost
     from ablate.plan.cost import combo_of
-    from tests.test_pretrain import tiny_spec
+    from builders import detour_spec
 
-    spec = parse_run_spec(tiny_spec())  # clm 4 steps, then mlm_decay 3, 4 x 32 tokens a step
+    spec = parse_run_spec(detour_spec())  # clm 4 steps, then mlm_decay 3, 4 x 32 tokens a step
     rates = {combo_of(spec, "clm"): 100.0, combo_of(spec, "mlm"): 50.0}
     throughput = Throughput("test", per_combo=rates)
     cost = branched_cost(arm_cost("r", {}, spec, throughput, 2, 2), spec, 2, throughput, 2)

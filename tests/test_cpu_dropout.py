@@ -15,7 +15,7 @@ from ablate.config.spec import parse_run_spec
 from ablate.train.cpu import CpuDropout, cpu_dropout
 from ablate.train.loop import Optimizer, setup, train_step
 
-from test_pretrain import tiny_spec
+from builders import detour_spec
 
 
 def test_masks_keep_one_minus_p_and_scale_by_its_inverse():
@@ -120,7 +120,7 @@ def test_on_a_gpu_device_only_torch_is_seeded():
 @pytest.mark.slow
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_a_cpu_training_step_with_dropout_draws_no_mersenne_twister_and_repeats(attn, tmp_path, data_root):
-    spec = parse_run_spec(tiny_spec(attn_implementation=attn, device="cpu"))
+    spec = parse_run_spec(detour_spec(attn_implementation=attn, device="cpu"))
     ctx, _tokenizer, plans = setup(spec)
     assert ctx.model.config.attention_probs_dropout_prob > 0 and ctx.model.config.hidden_dropout_prob > 0
     batch, docs = ctx.sequences[:4], ctx.doc_ids[:4]

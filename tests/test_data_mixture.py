@@ -25,14 +25,14 @@ from ablate.plan.phases import plan_phases
 from ablate.train.loop import pretrain
 from ablate.train.schedule import lr_at
 
-from test_pretrain import tiny_spec
+from builders import detour_spec
 
 E3C, MEDQUAD = "corpus_en_e3c/train.txt", "corpus_en_medquad/train.txt"
 
 
 def mixed_spec(weights=(0.5, 0.5), decay_seq_len=48, detour="clm", **overrides) -> dict:
     """A detour on a mixture of E3C and MedQuAD at 32 tokens, then an MLM decay on E3C at `decay_seq_len`."""
-    return tiny_spec(
+    return detour_spec(
         "tiny-bert",
         phases=[
             {

@@ -40,14 +40,16 @@ from ablate.store import atomic
 from ablate.store.sweep import SweepFolder
 from builders import tiny_grid, write_yaml
 from tests.test_cost import COSTS, _table
-from tests.test_pretrain import tiny_spec
+from builders import detour_spec
 
 # QUAERO EMEA in the paper's units (one example per non-empty line: grids/tasks/quaero_emea_spans.yaml)
 EMEA = {"train": 706, "dev": 649, "test": 578}
 
 
 def _span_work(protocol: str | None) -> FinetuneWork:
-    spec = parse_run_spec(tiny_spec(eval={"tasks": ["quaero_emea_spans"], "seeds": [0, 1], "protocol": protocol}))
+    spec = parse_run_spec(
+        detour_spec(eval={"tasks": ["quaero_emea_spans"], "seeds": [0, 1], "protocol": protocol})
+    )
     [work] = finetune_plan([spec]).work[spec.run_id]
     return work
 

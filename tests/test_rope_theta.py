@@ -26,10 +26,10 @@ from ablate.train.loop import pretrain
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_data_mixture import _killed_and_resumed as killed_and_resumed  # noqa: E402
-from test_pretrain import tiny_spec  # noqa: E402
+from builders import detour_spec  # noqa: E402
 
 LONG = {"seq_len": 64, "rope_theta": 640000.0, "local_rope_theta": 40000.0}
-SPEC = tiny_spec(
+SPEC = detour_spec(
     "tiny-modernbert",
     phases=[
         {"name": "mlm", "objective": "mlm", "steps": 3},

@@ -11,14 +11,14 @@ import yaml
 from ablate.config.errors import SpecError
 from ablate.config.spec import parse_run_spec
 from ablate.plan.rounding import rounding_warnings
-from tests.test_pretrain import tiny_spec
+from builders import detour_spec
 
-# tiny_spec: batch_size 4 x seq_len 32 = 128 tokens a step
+# detour_spec: batch_size 4 x seq_len 32 = 128 tokens a step
 
 
 def test_a_phase_in_tokens_that_is_not_whole_steps_says_what_it_trains():
     spec = parse_run_spec(
-        tiny_spec(
+        detour_spec(
             phases=[
                 {"name": "a", "objective": "mlm", "tokens": 1000},
                 {"name": "b", "objective": "mlm", "tokens": 256},
@@ -34,7 +34,7 @@ def test_a_phase_in_tokens_that_is_not_whole_steps_says_what_it_trains():
 
 def test_fractions_under_one_step_and_a_budget_no_phase_reads_are_said():
     tiny = parse_run_spec(
-        tiny_spec(
+        detour_spec(
             budget_tokens=12_800,
             phases=[
                 {"name": "a", "objective": "mlm", "fraction": 0.995},
@@ -43,15 +43,15 @@ def test_fractions_under_one_step_and_a_budget_no_phase_reads_are_said():
         )
     )
     assert tiny.phase_steps()[1] == 1
-    unused = parse_run_spec(tiny_spec(budget_tokens=5000))
-    fine = parse_run_spec(tiny_spec())
+    unused = parse_run_spec(detour_spec(budget_tokens=5000))
+    fine = parse_run_spec(detour_spec())
     assert rounding_warnings([tiny, unused, fine]) == [
         "phase b: fraction 0.005 of budget_tokens is 64 tokens, under one step of 128: it trains 1 step (1 of 3 runs)",
         "budget_tokens 5,000 is read by no phase (none gives its length as a fraction): the phases' own steps or "
         "tokens decide the length (1 of 3 runs)",
     ]
     odd = parse_run_spec(
-        tiny_spec(budget_tokens=1000, phases=[{"name": "a", "objective": "mlm", "fraction": 1.0}])
+        detour_spec(budget_tokens=1000, phases=[{"name": "a", "objective": "mlm", "fraction": 1.0}])
     )
     assert rounding_warnings([odd]) == [
         "budget_tokens 1,000 is 7.81 steps of 128 tokens: the fractions' phases "
@@ -77,7 +77,7 @@ def test_the_dry_run_prints_the_rounding(tmp_path, capsys, data_root):
 @pytest.mark.parametrize("evaluation", [{"tasks": ["chemprot"], "seeds": [0, 1, 0]}])
 def test_a_seed_listed_twice_is_refused(evaluation):
     with pytest.raises(SpecError) as exc:
-        parse_run_spec(tiny_spec(eval=evaluation), file="g.yaml")
+        parse_run_spec(detour_spec(eval=evaluation), file="g.yaml")
     assert str(exc.value) == (
         "g.yaml: eval.seeds: fine-tuning seed 0 is listed twice; allowed: each fine-tuning seed once"
     )
@@ -158,7 +158,7 @@ def test_max_documents_past_the_corpus_is_said_when_it_is_prepared(tmp_path, cap
 
 def test_a_warmup_longer_than_its_phase_or_rounding_to_nothing_is_said():
     spec = parse_run_spec(
-        tiny_spec(
+        detour_spec(
             phases=[
                 {"name": "a", "objective": "mlm", "steps": 3, "lr": {"warmup_steps": 5}},
                 {"name": "b", "objective": "mlm", "steps": 4, "lr": {"warmup_fraction": 0.1}},

@@ -306,11 +306,11 @@ def test_every_shipped_suite_reads_and_names_shipped_tasks():
 def test_the_model_card_gives_each_tasks_own_fine_tuning_seeds(suites_dir):
     from ablate.config.spec import parse_run_spec
     from ablate.release.card import _finetune_seeds
-    from tests.test_pretrain import tiny_spec
+    from builders import detour_spec
 
-    spec = parse_run_spec(tiny_spec(eval={"tasks": ["suite:mini", "pubmedqa_pqal"], "seeds": [7]}))
+    spec = parse_run_spec(detour_spec(eval={"tasks": ["suite:mini", "pubmedqa_pqal"], "seeds": [7]}))
     assert _finetune_seeds(spec) == "0, 1 (ncbi_disease); 3 (chemprot); 7 (pubmedqa_pqal)"
-    only_suite = parse_run_spec(tiny_spec(eval={"tasks": ["suite:mini"]}))
+    only_suite = parse_run_spec(detour_spec(eval={"tasks": ["suite:mini"]}))
     assert _finetune_seeds(only_suite) == "0, 1 (ncbi_disease); 3 (chemprot)"  # not eval.seeds' default 0
-    plain = parse_run_spec(tiny_spec(eval={"tasks": ["chemprot"], "seeds": [0, 2]}))
+    plain = parse_run_spec(detour_spec(eval={"tasks": ["chemprot"], "seeds": [0, 2]}))
     assert _finetune_seeds(plain) == "0, 2"

@@ -9,13 +9,14 @@ import torch
 from ablate.config.spec import parse_run_spec
 from ablate.models.loading import load_masked_lm
 from ablate.train.optimizer import Optimizer, _no_decay
-from tests.test_pretrain import _quiet, tiny_spec
+from builders import detour_spec
+from tests.test_pretrain import _quiet
 
 PEAK, WD = 2e-4, 1e-5  # the paper's values
 
 
 def _optimizer(form: str, fused: bool, weight_decay: float = WD):
-    spec = parse_run_spec(tiny_spec(optim={"lr": PEAK, "weight_decay": weight_decay, "weight_decay_form": form}))
+    spec = parse_run_spec(detour_spec(optim={"lr": PEAK, "weight_decay": weight_decay, "weight_decay_form": form}))
     model = load_masked_lm(spec.model, spec.attn_implementation, seed=spec.seed)
     return model, Optimizer(model, spec, fused=fused)
 
@@ -70,13 +71,13 @@ def test_runs_with_and_without_weight_decay_end_with_different_weights(tmp_path,
     phases = [{"name": "mlm", "objective": "mlm", "steps": 3}]
     weights = {}
     for wd in (0.0, WD):
-        spec = parse_run_spec(tiny_spec(phases=phases, optim={"lr": PEAK, "weight_decay": wd}))
+        spec = parse_run_spec(detour_spec(phases=phases, optim={"lr": PEAK, "weight_decay": wd}))
         pretrain(spec, tmp_path / str(wd), log=_quiet)
         model = load_masked_lm(str(tmp_path / str(wd) / "model"), "sdpa", seed=0)
         weights[wd] = dict(model.named_parameters())
     name = "bert.encoder.layer.2.attention.self.query.weight"
     assert not torch.equal(weights[0.0][name], weights[WD][name])
     assert (
-        parse_run_spec(tiny_spec(optim={"weight_decay_form": "torch"})).run_id
-        != parse_run_spec(tiny_spec()).run_id
+        parse_run_spec(detour_spec(optim={"weight_decay_form": "torch"})).run_id
+        != parse_run_spec(detour_spec()).run_id
     )

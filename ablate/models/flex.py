@@ -29,7 +29,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 TILE = 128  # FlexAttention's default block size (queries and keys), what its Triton kernel computes in
-_COMPILED: dict[str, object] = {}  # the compiled mask builder and FlexAttention, made on first use
+_COMPILED: dict = {}  # the compiled mask builder (per backend) and FlexAttention, made on first use
 
 
 def allowed_pairs(
@@ -74,21 +74,22 @@ def block_mask(
     window: int | None,
     doc_ids: torch.Tensor | None,
     device: torch.device | str,
-    compiled: bool | None = None,
+    compiled: bool | str | None = None,
     prefix: torch.Tensor | None = None,
 ) -> BlockMask:
     """The BlockMask of one layer type for a (batch, length) micro-batch (one for every head). Built by a
-    compiled function on CUDA (`compiled` None): eager create_block_mask materialises the (rows, L, L) mask
-    and its index gathers (4 GB of int64 at 8 x 8192 x 8192); the doc ids are that function's input, so
-    every micro-batch reuses one graph. prefix (B,) on `device`: each row's prefix lengths (with causal)."""
+    compiled function on CUDA (`compiled` None; True: inductor, a string: that torch.compile backend): eager
+    create_block_mask materialises the (rows, L, L) mask and its index gathers (4 GB of int64 at 8 x 8192 x
+    8192); the doc ids are that function's input, so every micro-batch reuses one graph. prefix (B,) on `device`: each row's prefix lengths (with causal)."""
     per_row = doc_ids is not None or (causal and prefix is not None)
     rows = batch if per_row else 1  # without documents or a prefix every row has the same mask
     prefix = prefix if causal else None
     if not (compiled if compiled is not None else torch.device(device).type == "cuda"):
         return _create(doc_ids, causal, window, rows, length, device, prefix)
-    if "mask" not in _COMPILED:
-        _COMPILED["mask"] = torch.compile(_create, dynamic=False)
-    return _COMPILED["mask"](doc_ids, causal, window, rows, length, device, prefix)
+    backend = compiled if isinstance(compiled, str) else "inductor"
+    if ("mask", backend) not in _COMPILED:
+        _COMPILED["mask", backend] = torch.compile(_create, dynamic=False, backend=backend)
+    return _COMPILED["mask", backend](doc_ids, causal, window, rows, length, device, prefix)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockMask, scale: float) -> torch.Tensor:
