@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import in_process
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "gpu_check.py"
 TINY = ["--allow-cpu", "--tiny", "--steps", "1", "--warmup", "1"]
@@ -120,26 +122,8 @@ def test_the_tiny_run_reports_every_row_in_order_with_its_fields(tiny_run):
 @pytest.mark.slow
 def test_rows_that_do_not_fit_the_budget_are_skipped_not_started(tmp_path):
     out = tmp_path / "check.json"
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            *TINY,
-            "--rows",
-            "1",
-            "3",
-            "--budget-s",
-            "30",
-            "--row-budget-s",
-            "31",
-            "--json",
-            str(out),
-        ],  # fmt: skip
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    args = [*TINY, "--rows", "1", "3", "--budget-s", "30", "--row-budget-s", "31", "--json", out]
+    run = in_process.script(SCRIPT, args, env={"OMP_NUM_THREADS": "1"})  # nothing starts: no process needed
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 4 and all("do not fit in the" in r["status"] for r in rows), rows

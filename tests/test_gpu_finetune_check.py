@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import in_process
+
 from test_gpu_check import RECORD_IMPORTS, _canonical, _names
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,11 +106,8 @@ def test_the_tiny_run_shares_the_device_among_unit_processes_and_plans_from_the_
 @pytest.mark.slow
 def test_rows_that_do_not_fit_the_budget_are_skipped_not_started(tmp_path):
     out = tmp_path / "check.json"
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT), *TINY, "--rows", "1", "5", "--budget-s", "30", "--row-budget-s", "31",
-         "--json", str(out)],
-        env=_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    args = [*TINY, "--rows", "1", "5", "--budget-s", "30", "--row-budget-s", "31", "--json", out]
+    run = in_process.script(SCRIPT, args, env={"OMP_NUM_THREADS": "1"})  # nothing starts: no process needed
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert [(r["row"], r.get("path"), r.get("units")) for r in rows] == [
