@@ -22,6 +22,7 @@ from ablate.plan.phases import plan_phases
 from ablate.store import rundir
 from ablate.train.schedule import lr_at
 from builders import tiny_base, write_yaml
+from held import start_held
 from in_process import ablate
 
 DECAY = {"decay": "1-sqrt", "final_fraction": 0.1}
@@ -217,15 +218,7 @@ def _execute_killed(run_dir: Path, pause_at: int, tmp_path: Path) -> None:
     threads = str(torch.get_num_threads())  # what the in-process runs compared with used: the same sums
     env = {**os.environ, "OMP_NUM_THREADS": threads, "ABLATE_PAUSE_AT": f"{pause_at}:{tmp_path / 'never'}"}
     code = f"from ablate.launch import worker; worker.execute({str(run_dir)!r})"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    seen = []
-    for line in proc.stdout:  # blocks until the worker says it holds (for minutes): no race
-        seen.append(line)
-        if "holding after" in line:
-            break
-    assert "holding after" in seen[-1], "".join(seen)
+    proc, _ = start_held([sys.executable, "-c", code], env)  # the worker holds there for minutes
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert rundir.read_status(run_dir)["state"] == "running" and not (run_dir / "model").exists()

@@ -26,6 +26,7 @@ from ablate.train.loop import pretrain
 from ablate.train.schedule import lr_at
 
 from builders import detour_spec
+from held import start_held
 
 E3C, MEDQUAD = "corpus_en_e3c/train.txt", "corpus_en_medquad/train.txt"
 
@@ -105,13 +106,7 @@ def _killed_and_resumed(spec_file: Path, out: Path, pause_at: int | tuple[int, .
     cmd = [sys.executable, "-m", "ablate.cli", "run", str(spec_file), "--out", str(out)]
     for step in (pause_at,) if isinstance(pause_at, int) else pause_at:
         env = {**os.environ, "OMP_NUM_THREADS": threads, "ABLATE_PAUSE_AT": f"{step}:{tmp_path / 'never'}"}
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        seen = []
-        for line in proc.stdout:  # blocks until the run says it holds: no race
-            seen.append(line)
-            if "holding after" in line:
-                break
-        assert "holding after" in seen[-1], "".join(seen)
+        proc, _ = start_held(cmd, env)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         assert not (out / "model").exists()

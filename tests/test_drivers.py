@@ -18,6 +18,7 @@ from ablate.launch import drivers, worker
 from ablate.launch.scheduler import Scheduler, classify
 from ablate.config.launcher import Launcher
 from ablate.store import rundir
+from held import start_held
 from in_process import ablate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,19 +58,8 @@ def count(text: str, needle: str) -> int:
 @pytest.mark.slow
 def test_two_drivers_of_one_sweep_run_each_pretraining_and_fine_tuning_once(tmp_path, data_root):
     grid, results, release = two_run_grid(tmp_path), tmp_path / "results", tmp_path / "release"
-    first = subprocess.Popen(
-        sweep_cmd(grid, results),
-        env={**os.environ, "ABLATE_PAUSE_AT": f"2:{release}"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    seen = []
-    for line in first.stdout:  # blocks until its first run holds after its step-2 checkpoint: no race
-        seen.append(line)
-        if "holding after" in line:
-            break
-    assert "holding after" in seen[-1], "".join(seen)
+    # its first run holds after its step-2 checkpoint until `release` exists
+    first, seen = start_held(sweep_cmd(grid, results), {**os.environ, "ABLATE_PAUSE_AT": f"2:{release}"})
 
     second = ablate(sweep_cmd(grid, results)[3:], tmp_path)  # a second driver: this test's own process
     assert f"another driver (pid {first.pid} on " in second.stdout, second.stdout + second.stderr
