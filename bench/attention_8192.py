@@ -22,9 +22,10 @@ Variants (mask kinds of attention_for on the same model):
 Each (objective, variant) runs in its own subprocess, so its peak memory is its own: `peak` is the worker's
 whole-process RSS high-water mark (model, optimizer state, steps), `step peak` the high-water mark during
 the steps minus the RSS before them. Step time: the best of --steps steps (the first pays for allocation;
-give --steps 2 or more on a quiet machine). The output check, in this process once the workers have ended, builds one model and compares the encoder's
-last hidden state of `banded` and `masks`, in float32 at --seq-len and float64 at min(--seq-len, 1024),
-and counts tensors with two dimensions of L made during a banded forward + backward (0 expected).
+give --steps 2 or more on a quiet machine). The output check, in this process once the workers have ended,
+builds one model and compares the encoder's last hidden state of `banded` and `masks`, in float32 at --seq-len
+and float64 at min(--seq-len, 1024), and counts tensors with two dimensions of L made during a banded forward +
+backward (0 expected).
 
 Prints one line per measurement, then one JSON object (last line).
 """

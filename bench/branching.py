@@ -2,12 +2,13 @@
 branching and with `branching: false`, wall times and their ratio, and a check that both give the same bits.
 
     python bench/branching.py                  # 12 runs x 2, minutes
-    python bench/branching.py --main-steps 10 --seeds 17 --objectives mlm --shares 0.1 0.4 --executor debug  # a check
+    python bench/branching.py --main-steps 10 --seeds 17 --objectives mlm --shares 0.1 0.4 --executor debug
+                                               # a check: each sweep's runs in the sweep's process
 
 The grid is grids/decay.yaml's recipe at CPU size: tiny BERT (config:tiny-bert, 4 layers) on the English
 corpus slice, a main phase of --main-steps steps (MLM 30 % and the CLM detour, constant LR after one warmup
 step), then an MLM decay of 10, 20 and 40 % of the main phase's steps (1-sqrt to 10 % of peak), --seeds, the
-layer probe on, no fine-tuning; `ablate sweep` with the local executor (--parallel runs at once). Each variant
+layer probe on, no fine-tuning; `ablate sweep` with the local executor (--parallel runs at once; --executor debug for a check). Each variant
 runs in a fresh results folder (the corpus cache is shared and prepared first, `ablate prepare`, so neither pays
 for it).
 
@@ -128,7 +129,7 @@ def main() -> None:
         "--executor",
         choices=["local", "debug"],
         default="local",
-        help="local (measured); debug: each sweep's runs in its own process, one by one (the suite's check)",
+        help="local (measured); debug: each sweep's runs in the sweep's process, one by one (the suite's check)",
     )
     ap.add_argument("--objectives", nargs="+", default=["mlm", "clm"], choices=["mlm", "clm"])
     ap.add_argument(

@@ -170,22 +170,18 @@ def _frozen_by_phase(spec, model) -> dict[str, set[str]]:
 
 
 @pytest.mark.slow
-# ModernBERT's four block kinds cover the mechanism (requires_grad per phase, one graph per kind and state);
-# "bert" runs it on the BERT family too (about 16 s of cold inductor compiles; its block's single graph is
-# tests/test_attention_kernels.py's)
-@pytest.mark.parametrize("arch", ["modernbert"])
-def test_a_compiled_encoder_trains_exactly_the_layers_each_phase_unfreezes(
-    tmp_path, data_root, no_dropout_bert, arch
-):
+def test_a_compiled_encoder_trains_exactly_the_layers_each_phase_unfreezes(tmp_path, data_root):
     """Phase clm freezes the embeddings and the low layers, phase mlm the high ones: under torch.compile
     every frozen weight stays bitwise where the phase found it, every other one moves (the layers frozen in
     clm train again in mlm), and the run computes what the eager run does. ModernBERT (no dropout in its
-    tiny config) at 32 tokens runs its local layers (window 8) through the banded path, compiled."""
+    tiny config) at 32 tokens runs its local layers (window 8) through the banded path, compiled. Its four
+    block kinds cover the mechanism (requires_grad per phase, one graph per kind and state); the BERT block's
+    single graph is tests/test_attention_kernels.py's."""
     from torch._dynamo.utils import counters
 
     from ablate.models.loading import load_masked_lm
 
-    model = no_dropout_bert if arch == "bert" else "config:tiny-modernbert"
+    model = "config:tiny-modernbert"
     compiled_spec = parse_run_spec(_spec(model, compile=True))
     start = dict(load_masked_lm(compiled_spec.model, seed=compiled_spec.seed).named_parameters())
     frozen = _frozen_by_phase(compiled_spec, load_masked_lm(compiled_spec.model, seed=compiled_spec.seed))
@@ -198,12 +194,12 @@ def test_a_compiled_encoder_trains_exactly_the_layers_each_phase_unfreezes(
     # one graph per block kind, frozen or not, input needing gradients or not (the first trained block after
     # frozen ones takes an input without) in each phase: the blocks share their graphs; each named in the
     # log; no eager fallback; the compiled code saved for the next process
-    kinds = ["first", "local", "local", "global"] if arch == "modernbert" else ["block"] * 4
+    kinds = ["first", "local", "local", "global"]
     expected = 0
     for phase, names in frozen.items():
-        states, grad_in = set(), not any(n.startswith(_embeddings(arch)) for n in names)
+        states, grad_in = set(), not any(n.startswith("model.embeddings.") for n in names)
         for block, kind in enumerate(kinds):
-            trained = not any(n.startswith(_block_prefix(arch, block)) for n in names)
+            trained = not any(n.startswith(f"model.layers.{block}.") for n in names)
             states.add((kind, trained, grad_in))
             grad_in = grad_in or trained
         expected += len(states)
@@ -226,14 +222,6 @@ def test_a_compiled_encoder_trains_exactly_the_layers_each_phase_unfreezes(
     assert _losses(compiled) == pytest.approx(_losses(eager), rel=1e-4)
     for name, weight in eager_seen["mlm"].items():
         torch.testing.assert_close(seen["mlm"][name], weight, rtol=1e-4, atol=1e-5, msg=name)
-
-
-def _block_prefix(arch: str, block: int) -> str:
-    return f"model.layers.{block}." if arch == "modernbert" else f"bert.encoder.layer.{block}."
-
-
-def _embeddings(arch: str) -> str:
-    return "model.embeddings." if arch == "modernbert" else "bert.embeddings."
 
 
 @pytest.mark.slow

@@ -80,7 +80,8 @@ def block_mask(
     """The BlockMask of one layer type for a (batch, length) micro-batch (one for every head). Built by a
     compiled function on CUDA (`compiled` None; True: inductor, a string: that torch.compile backend): eager
     create_block_mask materialises the (rows, L, L) mask and its index gathers (4 GB of int64 at 8 x 8192 x
-    8192); the doc ids are that function's input, so every micro-batch reuses one graph. prefix (B,) on `device`: each row's prefix lengths (with causal)."""
+    8192); the doc ids are that function's input, so every micro-batch reuses one graph. prefix (B,) on
+    `device`: each row's prefix lengths (with causal)."""
     per_row = doc_ids is not None or (causal and prefix is not None)
     rows = batch if per_row else 1  # without documents or a prefix every row has the same mask
     prefix = prefix if causal else None
