@@ -1,10 +1,16 @@
 """The package's shape as docs/architecture.md draws it: each stage imports only itself and the stages below
-it, so the import graph has no circles and a newcomer can read the stages bottom-up."""
+it, so the import graph has no circles and a newcomer can read the stages bottom-up; and each module imports
+only what its docstring's "May import:" line names, so the line is a true summary of what the module needs.
+
+Every import edge is resolved to the module it names (`from ablate.x.y import name` is an edge to
+`ablate.x.y`, or to `ablate.x.y.name` when that is a module), so no edge goes unchecked; a test plants a
+forbidden import in a copy of the package and sees each guard fail on it."""
 
 from __future__ import annotations
 
 import ast
 import re
+import shutil
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ablate"
@@ -31,39 +37,51 @@ def _stage(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[0] == "ablate" else None
 
 
-def _imports() -> dict[str, set[str]]:
-    """module -> the ablate modules it imports (function-level imports included)."""
+def _module_files(package: Path) -> dict[str, Path]:
+    """module name -> its file, for every module of the package (packages by their __init__.py)."""
+    out = {}
+    for path in package.rglob("*.py"):
+        rel = path.relative_to(package.parent).with_suffix("")
+        out[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = path
+    return out
+
+
+def _imports(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the ablate modules it imports, function-level imports included. Each edge is the module an
+    import statement names: `from a.b import c` is an edge to `a.b.c` when that is a module, else to `a.b`."""
+    files = _module_files(package)
     graph: dict[str, set[str]] = {}
-    for path in PACKAGE.rglob("*.py"):
-        rel = path.relative_to(PACKAGE.parent).with_suffix("")
-        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
-        package = module if rel.name == "__init__" else module.rsplit(".", 1)[0]
+    for module, path in files.items():
+        here = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
         found = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(
-                        "."
-                    )
-                found |= {base} | {f"{base}.{a.name}" for a in node.names}
+                    parts = here.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+                for alias in node.names:
+                    found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base)
             elif isinstance(node, ast.Import):
                 found |= {a.name for a in node.names}
         graph[module] = {m for m in found if m.startswith("ablate.") and m != module}
     return graph
 
 
-def test_every_stage_imports_only_itself_and_lower_stages():
+def _floor_violations(package: Path = PACKAGE) -> list[str]:
     wrong = []
-    for module, imported in _imports().items():
+    for module, imported in _imports(package).items():
         here = _stage(module)
-        if here is None:
-            continue
         for target in imported:
             there = _stage(target)
             if there in FLOORS and here in FLOORS and FLOORS.index(there) > FLOORS.index(here):
                 wrong.append(f"{module} imports {target} ({there} is above {here})")
-    assert not wrong, "\n".join(sorted(wrong))
+    return sorted(wrong)
+
+
+def test_every_stage_imports_only_itself_and_lower_stages():
+    wrong = _floor_violations()
+    assert not wrong, "\n".join(wrong)
 
 
 def test_no_import_circles_between_modules():
@@ -98,79 +116,128 @@ def test_every_stage_says_what_it_owns_and_may_import():
 
 # ---------------------------------------------------------------- each module's "May import:" line
 
+_NAME = r"[a-z_]+(?:\.[a-z_]+)*"
+_ITEM = re.compile(rf"({_NAME})(?:\s*\(\s*({_NAME}(?:\.\*)?(?:\s*,\s*{_NAME}(?:\.\*)?)*)\s*\))?")
+
 
 def _declared(doc: str) -> str | None:
-    """The text of a docstring's "May import:" paragraph, whitespace folded; None without one."""
+    """The list of a docstring's "May import:" paragraph: its text up to the first full stop or semicolon,
+    whitespace folded (what follows is prose); None without one."""
     found = re.search(r"^May import:(.*?)(?:\n\s*\n|\Z)", doc, re.S | re.M)
-    return " ".join(found.group(1).split()).rstrip(".") if found else None
+    if not found:
+        return None
+    return re.split(r"[.;](?:\s|$)", " ".join(found.group(1).split()) + " ", maxsplit=1)[0].strip()
 
 
 def _allowed(declared: str) -> set[str] | None:
-    """The ablate modules and stages a "May import:" line names (None: every stage). `stage`, `stage.module`
-    and `stage (module, module)` name what may be imported; "nothing ..." names nothing; parentheses that are
-    prose (not module names) leave their stage whole."""
-    if declared.lower().startswith("every stage"):
+    """The ablate modules and stages a "May import:" list names; None: every stage. The grammar: `every
+    stage`; `nothing`, `nothing of ablate` or `nothing from ablate`; or a comma-separated list of `stage`,
+    `stage.module` and `stage (module, module.*)`. Anything else (prose in parentheses, a stray word) raises
+    ValueError: prose belongs in the sentences before the line, where no parser reads it."""
+    if declared == "every stage":
         return None
-    if declared.lower().startswith("nothing"):
+    if declared in ("nothing", "nothing of ablate", "nothing from ablate"):
         return set()
-    items, depth, current = [], 0, ""
-    for ch in declared:
-        depth += (ch == "(") - (ch == ")")
-        if ch == "," and depth == 0:
-            items.append(current.strip())
-            current = ""
-        else:
-            current += ch
-    items.append(current.strip())
-    allowed = set()
-    for item in items:
-        named = re.match(r"^([a-z_]+(?:\.[a-z_]+)*)\s*(?:\((.*)\))?", item)
-        if not named:
-            continue
-        name, inside = named.group(1), named.group(2)
-        if inside and re.fullmatch(r"[a-z_.*, ]+", inside.strip()):
+    allowed, rest = set(), declared
+    while True:
+        item = _ITEM.match(rest)
+        if not item:
+            raise ValueError(f"cannot read {rest!r}")
+        name, inside = item.groups()
+        if inside:
             allowed |= {f"{name}.{sub.strip().removesuffix('.*')}" for sub in inside.split(",")}
         else:
             allowed.add(name)
-    return allowed
+        rest = rest[item.end() :].lstrip()
+        if not rest:
+            return allowed
+        if not rest.startswith(","):
+            raise ValueError(f"cannot read {rest!r}")
+        rest = rest[1:].lstrip()
 
 
-def _module_files() -> dict[str, Path]:
-    out = {}
-    for path in PACKAGE.rglob("*.py"):
-        rel = path.relative_to(PACKAGE.parent).with_suffix("")
-        out[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = path
-    return out
+def _line_violations(package: Path = PACKAGE) -> list[str]:
+    """What is wrong with the package's "May import:" lines: a module without one (nor its package's), a line
+    the grammar cannot read or that names a module that does not exist, an import the line does not name. A
+    module's own stage is always allowed; "every stage" allows all."""
+    files, graph = _module_files(package), _imports(package)
+    declared = {m: _declared(ast.get_docstring(ast.parse(p.read_text())) or "") for m, p in files.items()}
+    problems = []
+    for module, path in sorted(files.items()):
+        line, owner = declared[module], module
+        parent = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        while line is None and parent.count("."):
+            line, owner = declared.get(parent), parent
+            parent = parent.rsplit(".", 1)[0]
+        if line is None:
+            problems.append(f"{module} has no 'May import:' line (nor its package)")
+            continue
+        try:
+            allowed = _allowed(line)
+        except ValueError as err:
+            if owner == module:
+                problems.append(f"{module}: 'May import: {line}': {err}")
+            continue
+        if allowed is None:
+            continue
+        if owner == module:
+            problems += [
+                f"{module}: 'May import:' names {name}, which is no stage or module of ablate"
+                for name in sorted(allowed)
+                if f"ablate.{name}" not in files
+            ]
+        own = _stage(module)
+        for target in sorted(graph[module]):
+            name = target.removeprefix("ablate.")
+            if name.split(".")[0] == own or any(name == a or name.startswith(a + ".") for a in allowed):
+                continue
+            problems.append(f"{module} imports {name}; its line says: May import: {line}")
+    return problems
 
 
 def test_every_module_imports_only_what_its_may_import_line_names():
     """A module's docstring says which stages (or which of their modules) it may import: its "May import:"
-    paragraph, or its package's when it has none. Its own stage is always allowed ("nothing" means nothing of
-    the other stages); "every stage" allows all."""
-    files, graph = _module_files(), _imports()
-    declared = {m: _declared(ast.get_docstring(ast.parse(p.read_text())) or "") for m, p in files.items()}
-    missing, wrong = [], []
-    for module, path in sorted(files.items()):
-        line = declared[module]
-        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-        while line is None and package.count("."):
-            line = declared.get(package)
-            package = package.rsplit(".", 1)[0]
-        if line is None:
-            missing.append(module)
+    paragraph, or its package's when it has none."""
+    problems = _line_violations()
+    assert not problems, "\n".join(problems)
+
+
+def test_the_may_import_grammar_reads_lists_and_refuses_prose():
+    assert _allowed("config, evaluate (tasks, task_types.*), train.precision") == {
+        "config",
+        "evaluate.tasks",
+        "evaluate.task_types",
+        "train.precision",
+    }
+    assert _allowed("nothing of ablate") == set() and _allowed("every stage") is None
+    assert _declared("x\n\nMay import: config, models. Pure arithmetic (over a config).") == "config, models"
+    for prose in ("config (pure pandas otherwise)", "config, models and plan", "config.errors only"):
+        try:
+            _allowed(prose)
+        except ValueError:
             continue
-        allowed = _allowed(line)
-        if allowed is None:
-            continue
-        own = _stage(module)
-        for target in sorted(graph[module]):
-            name = target.removeprefix("ablate.")
-            if target not in files:  # a name imported from a module, not a module
-                continue
-            if any(target != m and m.startswith(target + ".") for m in graph[module]):
-                continue  # `from ablate.stage import module`: the module is what is imported
-            if (own and name.split(".")[0] == own) or any(name == a or name.startswith(a + ".") for a in allowed):
-                continue
-            wrong.append(f"{module} imports {name}; its line says: May import: {line}")
-    assert not missing, f"modules without a 'May import:' line (nor their package): {missing}"
-    assert not wrong, "\n".join(wrong)
+        raise AssertionError(f"{prose!r} was read as a list of modules")
+
+
+def test_each_guard_fails_on_an_import_planted_in_a_copy_of_the_package(tmp_path):
+    """The guards are only as good as the edges they see: a copy of the package with one import planted in
+    train/rope.py (a module named by `from ... import name`, the form the old guard skipped) must fail them."""
+    copy = tmp_path / "ablate"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.yaml", "*.tsv", "*.json"))
+    rope = copy / "train" / "rope.py"
+    text = rope.read_text()
+    rope.write_text(
+        text + "\n\ndef _planted():\n    from ablate.launch.worker import execute\n\n    return execute\n"
+    )
+    assert _floor_violations(copy) == ["ablate.train.rope imports ablate.launch.worker (launch is above train)"]
+    assert any(p.startswith("ablate.train.rope imports launch.worker;") for p in _line_violations(copy))
+    # an edge the floors allow (train may import store) but rope.py's line does not name
+    rope.write_text(text + "\n\ndef _planted():\n    from ablate.store.atomic import atomic_write\n\n")
+    assert _floor_violations(copy) == []
+    assert [p for p in _line_violations(copy) if p.startswith("ablate.train.rope")] == [
+        f"ablate.train.rope imports store.atomic; its line says: May import: {_declared_of(rope)}"
+    ]
+
+
+def _declared_of(path: Path) -> str | None:
+    return _declared(ast.get_docstring(ast.parse(path.read_text())) or "")

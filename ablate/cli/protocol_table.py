@@ -7,7 +7,9 @@ marker lines, so a page and the code cannot disagree (tests/test_protocol_docs.p
     python -m ablate.cli.protocol_table            # rewrite the table in both pages
     python -m ablate.cli.protocol_table --check    # exit 1 when a page's table is not what the code gives
 
-May import: every stage (it reads the protocol of evaluate, the task registry and the suites).
+It reads the protocol of evaluate, the task registry and the suites.
+
+May import: every stage.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ fields, types, defaults and `Field(description=...)`), so that the page cannot d
     python -m ablate.cli.reference            # rewrite docs/config.md
     python -m ablate.cli.reference --check    # exit 1 when docs/config.md is not what the models give
 
-May import: every stage (it reads the models of config, evaluate and tune).
+It reads the models of config, evaluate and tune.
+
+May import: every stage.
 """
 
 from __future__ import annotations

@@ -3,5 +3,5 @@ pydantic-error translator (base); the run spec, the one currency between stages 
 layer transplants as written (transplants); where data, caches and results live (paths); the bad-input
 error (errors).
 
-May import: nothing of ablate (the lowest floor).
+May import: nothing of ablate. It is the lowest floor.
 """

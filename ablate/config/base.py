@@ -1,7 +1,7 @@
 """The config toolkit every file format of ablate uses (run specs, grids, tune files, task files):
 one strict pydantic base, one YAML 1.2 loader, one translator from pydantic errors to located SpecErrors.
 
-May import: config.errors only.
+May import: config.errors.
 """
 
 from __future__ import annotations

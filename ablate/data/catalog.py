@@ -7,7 +7,7 @@ them is `ablate data verify`. Every block of an entry is checked when the catalo
 catalog.yaml, the key, the value and what is allowed); a generated dataset's `generate:` block is the needle's
 settings model (ablate.data.needle.generate.Settings).
 
-May import: config, data.needle (a generated dataset's settings).
+May import: config, data.needle.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ percentile interval of the resampled means, and the two-sided p-value is the sha
 least as far from the observed mean as the observed mean is from zero (the bootstrap distribution shifted to
 the null, as in Berg-Kirkpatrick et al., 2012), with the +1 correction so it is never exactly 0.
 
-May import: nothing of ablate (pure numpy).
+May import: nothing of ablate. Pure numpy.
 """
 
 from __future__ import annotations

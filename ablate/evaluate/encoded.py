@@ -1,7 +1,7 @@
 """One example as a model reads it (Encoded), the label of the positions that carry no loss (IGNORE), and the
 padding of ragged rows into one tensor (pad_rows).
 
-May import: nothing of ablate (torch only).
+May import: nothing of ablate. Torch only.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ loss and decodes; with max_steps (span_ner) training runs that many steps and ev
 an "epoch" of the score rows then being one such evaluation. The best dev epoch is the task's first metric's,
 unless the entry's `selection` names another (span_ner's sampled_span_f1, tabib's checkpoint score).
 
-May import: config, store, models, train (precision, objectives, cpu), evaluate (tasks, task_types, batching,
+May import: config, models, train (precision, attention_masks, cpu), evaluate (tasks, task_types, batching,
 finetune_progress).
 """
 

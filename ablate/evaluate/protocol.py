@@ -25,7 +25,7 @@ With no profile chosen the task file rules; the shipped task files state the `pa
 
 A task type's row is its entry's protocol kind (ablate.evaluate.task_types).
 
-May import: config, evaluate (task_types: a type's protocol kind).
+May import: config, evaluate (task_types).
 """
 
 from __future__ import annotations

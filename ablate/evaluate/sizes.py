@@ -2,7 +2,7 @@
 written. The scores table flags a task below it (`small_test`, ablate.report.paper_tables), from the `n_examples`
 each score row records (ablate.evaluate.score_files).
 
-May import: nothing (pure data).
+May import: nothing. Pure data.
 """
 
 from __future__ import annotations

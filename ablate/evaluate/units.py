@@ -7,7 +7,7 @@ averaged into it). Whether a run's seed is independent is records/run.json's `se
 (ablate.plan.replicates); a run without it (finished by an older version) counts as not independent, since
 near-copies counted as independent make intervals too narrow.
 
-May import: config (pure pandas otherwise).
+May import: config. Pure pandas otherwise.
 """
 
 from __future__ import annotations

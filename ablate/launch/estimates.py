@@ -6,7 +6,7 @@ each corpus's tokens (launch.preparation.corpus_sizes: prepared, estimated from 
 missing) for the epochs each run reads it, and for `ablate status` what finished runs took (records/run.json,
 score files).
 
-May import: config, store, plan, evaluate, launch.preparation, predict.finetune_estimate.
+May import: config, store, data (mixture), plan, evaluate, launch.preparation, predict.finetune_estimate.
 """
 
 from __future__ import annotations

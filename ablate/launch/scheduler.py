@@ -15,7 +15,7 @@ anything is submitted. Layer transplants are derived runs submitted once their t
 (launch.transplants). A run that shares its first steps with another starts from that run's checkpoint
 (plan.branching), submitted once its parent can start it (launch.branches).
 
-May import: config, store, plan, evaluate.transplant, launch.worker, launch.executors, launch.preparation,
+May import: config, store, plan, train.checkpoint, evaluate.transplant, launch.worker, launch.executors, launch.preparation,
 launch.transplants, launch.branches, launch.gpus, launch.drivers, launch.data_needs.
 """
 

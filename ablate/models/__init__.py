@@ -1,4 +1,4 @@
 """Models: where an encoder comes from (sources) and where each family keeps its parts (families).
 
-May import: ablate.config.
+May import: config.
 """

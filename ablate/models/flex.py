@@ -20,7 +20,7 @@ and refuses the meta device; on the CPU the SDPA paths stay what they were, meas
 ablate.train.attention_masks.dense_mask, FlexAttention's forward against SDPA under those, and a model run through
 this path against the SDPA paths, on the CPU.
 
-May import: nothing from ablate (torch only).
+May import: nothing from ablate. Torch only.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ backward ops are called with their window arguments through `_Windowed` (torch's
 them); a torch whose flash ops take no window either (`AVAILABLE` false) keeps the other paths
 (ablate.models.attention.route).
 
-May import: nothing from ablate (torch only).
+May import: nothing from ablate. Torch only.
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ prediction: MLM's masked fraction, CLM's every position but a document's last).
 tests/test_flops.py checks the matmuls and the head against FlopCounterMode on the meta device, and the pair
 counts against dense masks; bench/gpu_check.py prints both figures per row.
 
-May import: config, models (pure arithmetic over a model config and its family entry).
+Pure arithmetic over a model config and its family entry.
+
+May import: config, models.
 """
 
 from __future__ import annotations

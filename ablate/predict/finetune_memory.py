@@ -16,7 +16,7 @@ launch.shares in the job).
 Not traced: span_ner, whose model reads its batch on the host (the BiLSTM's packing lengths, boolean-mask
 indexing), which meta tensors cannot do; its rows say so.
 
-May import: config, evaluate, train (meta_cuda), predict.
+May import: config, models.loading, train (meta_cuda), evaluate, predict.
 """
 
 from __future__ import annotations

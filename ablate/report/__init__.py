@@ -18,7 +18,9 @@ divergence (the figures), registry (FIGURES, make_figure), tables, html (the pag
 numbers shipped in reference/*.yaml) and beside (them set beside the measured ones: `--reference paper`).
 Releasing a run as a Hugging Face folder with its model card is ablate.release's.
 
-May import: every stage below it (config ... tune); only the CLI is above it.
+Only the CLI is above it.
+
+May import: config, store, data, models, plan, analysis, train, evaluate, predict, launch, tune, report.
 """
 
 from ablate.report.arms import arm_label, done_runs

@@ -12,7 +12,7 @@ overrides). With fewer than two units a test is impossible: the table says so an
 `tokens_match` says whether an arm's runs read the same tokens as their MLM twins (`ablate collect`'s check);
 an arm whose tokens differ carries a dagger in Markdown and LaTeX.
 
-May import: config, evaluate, report.
+May import: config, plan (freezing), evaluate, report.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ Without dropout, or on CUDA (Philox inside the fused kernels), nothing changes. 
 under the mode (inductor draws its own dropout). Masks are a pure function of (seed, the order of the draws),
 so a resumed or repeated step draws the same ones.
 
-May import: nothing from ablate (torch and numpy only).
+May import: nothing from ablate. Torch and numpy only.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ would launch one reduction per parameter, hundreds per step). From those norms:
   torch.nn.utils.clip_grad_norm_ forms them (the norm of the per-gradient norms in their dtype, then
   max_norm / (total + 1e-6) clamped to 1): the same numbers as calling it, without its second pass.
 
-May import: nothing from ablate (torch only).
+May import: nothing from ablate. Torch only.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 trials could give built at each parameter's bounds (and each choice), so that a file whose trials would
 give an invalid run is refused before anything runs. Nothing is run or submitted.
 
-May import: config, plan, evaluate, launch.trackers, tune.schema, tune.sampling, tune.trials, tune.rdb,
+May import: config, plan, train.preflight, evaluate, launch.trackers, tune.schema, tune.sampling, tune.trials, tune.rdb,
 tune.secrets.
 """
 

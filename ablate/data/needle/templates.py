@@ -4,7 +4,7 @@ text and again for English. The paper's design (Touchent & de la Clergerie 2026,
 ablate's own wording. A distractor fills every slot of the same template with another value, so each slot's
 lexicon holds at least two values.
 
-May import: nothing (pure data).
+May import: nothing. Pure data.
 """
 
 from __future__ import annotations
