@@ -27,6 +27,7 @@ def fresh(tmp_path, monkeypatch):
     def new_process():
         monkeypatch.setattr(gpu_memory, "_CACHE", {})
         monkeypatch.setattr(trace_cache, "counts", {"traced": 0, "read": 0})
+        monkeypatch.setattr(trace_cache, "ignored", [])
 
     new_process()
     return new_process
@@ -107,10 +108,10 @@ def test_a_model_config_edited_in_place_traces_again(tmp_path, fresh):
     assert trace_cache.counts == {"traced": 1, "read": 0} and wider.weights > before.weights
 
 
-@pytest.mark.slow
-def test_a_corrupt_or_unreadable_entry_is_traced_again_and_rewritten(tmp_path, fresh):
+def test_a_corrupt_or_unreadable_entry_is_traced_again_and_rewritten(tmp_path, fresh, monkeypatch, capsys):
     spec = _spec()
     [expected] = gpu_memory.phase_memory(spec, 2)
+    monkeypatch.setattr(gpu_memory, "trace_step", lambda shape, spec: expected)  # traced again: the same step
     [entry] = _entries(tmp_path)
     whole = entry.read_text()
     stored = json.loads(whole)
@@ -119,19 +120,46 @@ def test_a_corrupt_or_unreadable_entry_is_traced_again_and_rewritten(tmp_path, f
         "",
         "[1, 2]",
         json.dumps({**stored, "keyed": {**stored["keyed"], "format": -1}}),  # traced for other inputs
-        json.dumps({**stored, "result": {**stored["result"], "weights": "many"}}),
-        json.dumps({**stored, "result": {k: v for k, v in stored["result"].items() if k != "kernels"}}),
+        json.dumps({**stored, "result": {**stored["result"], "weights": 1}}),  # fails its checksum
+        json.dumps({**stored, "format": 1}),
+        _resealed(stored, {**stored["result"], "weights": "many"}),  # checksums match, the values are wrong
+        _resealed(stored, {**stored["result"], "activations": 1.5e9}),
+        _resealed(stored, {**stored["result"], "kernels": "flash"}),
+        _resealed(stored, {k: v for k, v in stored["result"].items() if k != "kernels"}),
     ]
     for text in broken:
         entry.write_text(text)
         fresh()
         assert gpu_memory.phase_memory(spec, 2) == [expected]
         assert trace_cache.counts == {"traced": 1, "read": 0}, text
+        assert [note.split(":")[0] for note in trace_cache.ignored] == [str(entry)]  # named
         assert json.loads(entry.read_text()) == stored  # rewritten whole
     entry.unlink()
     entry.mkdir()  # a path that cannot be read as a file, nor replaced by one
     fresh()
     assert gpu_memory.phase_memory(spec, 2) == [expected] and trace_cache.counts["traced"] == 1
+
+
+def _resealed(stored: dict, result: dict) -> str:
+    """The entry with another result and that result's own checksum: valid JSON, the wrong values."""
+    return json.dumps({**stored, "result": result, "sha256": trace_cache.checksum(result)})
+
+
+def test_byte_counts_stored_as_strings_never_change_a_plan(tmp_path, fresh, monkeypatch, capsys):
+    """An entry with its keys and checksum intact but every byte count "0" (read as 0 bytes, it planned
+    micro-batch 8 where the clean cache plans 1): ignored, named in the dry run's output, traced again."""
+    spec = _spec()
+    [expected] = gpu_memory.phase_memory(spec, 2)
+    [entry] = _entries(tmp_path)
+    stored = json.loads(entry.read_text())
+    entry.write_text(_resealed(stored, {**stored["result"], **{part: "0" for part in gpu_memory.PARTS}}))
+    fresh()
+    monkeypatch.setattr(gpu_memory, "trace_step", lambda shape, spec: expected)  # traced again: the same step
+    assert gpu_memory.phase_memory(spec, 2) == [expected]
+    assert trace_cache.counts == {"traced": 1, "read": 0}
+    assert f"{entry}: its result is not what the plan reads" in capsys.readouterr().err
+    assert f"ignored (failed its check, traced again): {entry}" in trace_cache.summary()
+    assert json.loads(entry.read_text()) == stored
 
 
 def test_a_cache_folder_that_cannot_be_written_costs_a_trace_and_nothing_else(tmp_path, fresh, monkeypatch):

@@ -182,8 +182,16 @@ def _config_json(source: str) -> str:
 
 
 def _stored_memory(stored: dict) -> StepMemory:
-    parts = {part: int(stored[part]) for part in PARTS}
-    return StepMemory(**parts, kernels=tuple(str(k) for k in stored["kernels"]))
+    """A trace cache entry's result as a StepMemory; ValueError (the entry is traced again) where a part is not
+    a byte count (an int >= 0: never a string or a float read as one) or the kernels are not a list of names."""
+    parts = {part: stored[part] for part in PARTS}
+    for part, value in parts.items():
+        if type(value) is not int or value < 0:
+            raise ValueError(f"{part} is {value!r}, not a byte count")
+    kernels = stored["kernels"]
+    if not isinstance(kernels, list) or not all(isinstance(k, str) for k in kernels):
+        raise ValueError(f"kernels is {kernels!r}, not a list of names")
+    return StepMemory(**parts, kernels=tuple(kernels))
 
 
 @lru_cache(maxsize=8)
