@@ -9,27 +9,28 @@ forbidden import in a copy of the package and sees each guard fail on it."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import shutil
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ablate"
-FLOORS = [
-    "config",
-    "store",
-    "data",
-    "models",
-    "plan",
-    "analysis",
-    "train",
-    "evaluate",
-    "predict",
-    "launch",
-    "tune",
-    "report",
-    "release",
-    "cli",
-]
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def _drawn_floors() -> list[str]:
+    """The stages in the order docs/architecture.md's tree draws them (its indented lines under `ablate/`): the
+    lowest floor first. tests/test_docs.py checks that tree against the folders."""
+    tree = re.search(r"^```\n(.*?)^```", ARCHITECTURE.read_text(), re.M | re.S).group(1)
+    return [line.split()[0].rstrip("/") for line in tree.splitlines() if line.startswith("  ") and line.strip()]
+
+
+FLOORS = _drawn_floors()
+
+
+@functools.cache
+def _parse(text: str) -> ast.Module:
+    return ast.parse(text)  # cached by text: a copy of the package parses only the files it changed
 
 
 def _stage(module: str) -> str | None:
@@ -46,24 +47,32 @@ def _module_files(package: Path) -> dict[str, Path]:
     return out
 
 
+@functools.cache
+def _statements(text: str) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
+    """A file's import statements, function-level ones included, as (level, module, names): `import a.b` is
+    (-1, "a.b", ()). Cached by text: a copy of the package reads again only the files it changed."""
+    found = []
+    for node in ast.walk(_parse(text)):
+        if isinstance(node, ast.ImportFrom):
+            found.append((node.level, node.module or "", tuple(a.name for a in node.names)))
+        elif isinstance(node, ast.Import):
+            found += [(-1, a.name, ()) for a in node.names]
+    return tuple(found)
+
+
 def _imports(package: Path = PACKAGE) -> dict[str, set[str]]:
-    """module -> the ablate modules it imports, function-level imports included. Each edge is the module an
-    import statement names: `from a.b import c` is an edge to `a.b.c` when that is a module, else to `a.b`."""
+    """module -> the ablate modules it imports. Each edge is the module an import statement names: `from a.b
+    import c` is an edge to `a.b.c` when that is a module, else to `a.b`."""
     files = _module_files(package)
     graph: dict[str, set[str]] = {}
     for module, path in files.items():
         here = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
         found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = here.split(".")
-                    base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-                for alias in node.names:
-                    found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base)
-            elif isinstance(node, ast.Import):
-                found |= {a.name for a in node.names}
+        for level, base, names in _statements(path.read_text()):
+            if level > 0:
+                parts = here.split(".")
+                base = ".".join(parts[: len(parts) - level + 1] + ([base] if base else []))
+            found |= {f"{base}.{name}" if f"{base}.{name}" in files else base for name in names} or {base}
         graph[module] = {m for m in found if m.startswith("ablate.") and m != module}
     return graph
 
@@ -161,7 +170,7 @@ def _line_violations(package: Path = PACKAGE) -> list[str]:
     the grammar cannot read or that names a module that does not exist, an import the line does not name. A
     module's own stage is always allowed; "every stage" allows all."""
     files, graph = _module_files(package), _imports(package)
-    declared = {m: _declared(ast.get_docstring(ast.parse(p.read_text())) or "") for m, p in files.items()}
+    declared = {m: _declared(ast.get_docstring(_parse(p.read_text())) or "") for m, p in files.items()}
     problems = []
     for module, path in sorted(files.items()):
         line, owner = declared[module], module
@@ -240,4 +249,4 @@ def test_each_guard_fails_on_an_import_planted_in_a_copy_of_the_package(tmp_path
 
 
 def _declared_of(path: Path) -> str | None:
-    return _declared(ast.get_docstring(ast.parse(path.read_text())) or "")
+    return _declared(ast.get_docstring(_parse(path.read_text())) or "")

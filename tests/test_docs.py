@@ -6,6 +6,7 @@ own lines (so a grid that changes fails here until its example follows)."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,29 @@ def test_every_page_under_docs_is_listed_in_the_readme():
         Path(t).name for t in LINK.findall(_prose((ROOT / "README.md").read_text())) if t.startswith("docs/")
     }
     assert {p.name for p in PAGES[1:]} <= listed
+
+
+def test_the_readme_says_first_what_ablate_is():
+    title, first = _prose((ROOT / "README.md").read_text()).split("\n\n")[:2]
+    assert title == "# ablate"
+    assert first.startswith("ablate is a ") and first.endswith(".") and ". " not in first  # one sentence
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def test_the_architecture_page_draws_one_tree_and_it_is_the_folders():
+    """docs/architecture.md's one tree: the package's stages indented under `ablate/` (the floors, in the order
+    tests/test_architecture.py reads), then the repository's other folders."""
+    trees = [body for _, body in FENCE.findall(ARCHITECTURE.read_text()) if body.split()[0].endswith("/")]
+    assert len(trees) == 1, "docs/architecture.md should draw the folders once"
+    entries = [(line.startswith(" "), line.split()[0]) for line in trees[0].splitlines() if line.strip()]
+    stages = {name.rstrip("/") for nested, name in entries if nested}
+    assert stages == {p.parent.name for p in (ROOT / "ablate").glob("*/__init__.py")}
+    top = {name.rstrip("/") for nested, name in entries if not nested}
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    folders = {line.split("/")[0] for line in tracked.splitlines() if "/" in line and not line.startswith(".")}
+    assert top == folders
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
