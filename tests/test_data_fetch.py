@@ -256,6 +256,53 @@ def test_verify_names_missing_and_changed_files(tmp_path, data_root, capsys):
     assert "gad: MISMATCH: dev.jsonl: size 113,318 B, the manifest has 113,317 B; test.jsonl: missing" in out
 
 
+def test_verify_over_nothing_is_an_error_never_a_match(tmp_path, capsys):
+    """A data root that is not there, a file, or a folder with no dataset fetched: exit 2 saying so."""
+    for root in (tmp_path / "no-such-root", tmp_path / "a-file"):
+        assert main(["data", "verify", "--data-root", str(root)]) == 2
+        assert f"the data root {root} is not a folder" in capsys.readouterr().err
+        (tmp_path / "a-file").write_text("")
+    (tmp_path / "empty").mkdir()
+    assert main(["data", "verify", "--data-root", str(tmp_path / "empty")]) == 2
+    out, err = capsys.readouterr()
+    assert "ncbi_disease: not fetched" in out and "matches" not in out and "nothing was checked" in err
+
+
+@pytest.mark.parametrize(
+    "row, problem",
+    [
+        ("train.tsv\tabc\t" + "0" * 64, "line 2: size 'abc' is not a number of bytes"),
+        ("train.tsv\t12\tnot-a-digest", "line 2: sha256 'not-a-digest' is not 64 hexadecimal digits"),
+        ("../../secret\t12\t" + "0" * 64, "line 2: file '../../secret' is not a file name inside"),
+        ("train.tsv\t12", "line 2: 2 fields where 3 belong"),
+    ],
+)
+def test_a_damaged_fetched_tsv_is_exit_2_naming_it_and_what_to_do(tmp_path, capsys, row, problem):
+    folder = tmp_path / "cos"
+    folder.mkdir()
+    (folder / FETCHED).write_text(f"file\tsize\tsha256\n{row}\n")
+    assert main(["data", "verify", "cos", "--data-root", str(tmp_path)]) == 2
+    out = capsys.readouterr().out
+    assert f"cos: MISMATCH: {folder / FETCHED}: {problem}" in out
+    assert "`ablate data fetch cos` fetches the dataset again" in out
+
+
+def test_an_archive_member_that_is_not_utf8_is_an_unreadable_download(tmp_path, capsys):
+    """A .ann in Latin-1 inside the zip a `url` dataset downloads (put in the fetch cache, as by hand): exit 2
+    naming the download, removed from the cache so that the next fetch downloads it again; nothing placed."""
+    root = tmp_path / "root"
+    cached = root / ".fetch-cache" / "url" / "cos" / "corpus"
+    cached.parent.mkdir(parents=True)
+    with zipfile.ZipFile(cached, "w") as archive:
+        archive.writestr("events-COS-corpus/data/a.txt", "Opacité stable.\n".encode("latin-1"))
+        archive.writestr("events-COS-corpus/data/a.ann", "T1\tCos 8 14\tstable\n#é\n".encode("latin-1"))
+    assert main(["data", "fetch", "cos", "--data-root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "dataset cos: cannot read the download corpus from https://" in err
+    assert "a member that is not UTF-8 text (UnicodeDecodeError" in err and "Traceback" not in err
+    assert not cached.exists() and not (root / "cos").exists() and leftovers(root) == []
+
+
 # --------------------------------------------------------------------------------------- the sweep's check
 
 

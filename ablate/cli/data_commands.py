@@ -50,16 +50,25 @@ def cmd_data_fetch(args) -> int:
 
 def cmd_data_verify(args) -> int:
     """Named datasets: every file checked. None named: each catalogued dataset with a folder in the data root
-    (the others are listed as not fetched)."""
+    (the others are listed as not fetched). A data root that is not there, or that holds none of them, is exit
+    2: never "matches" over nothing."""
+    from ablate.config.errors import SpecError
     from ablate.data.catalog import dataset_problems, unverified_reason
 
     root = _root(args)
-    bad, unverified = 0, []
+    if not root.is_dir():
+        raise SpecError(
+            f"the data root {root} is not a folder ({'not there' if not root.exists() else 'a file'}); "
+            "`ablate data fetch TARGET` makes it, or name another with --data-root / $ABLATE_DATA_ROOT",
+            key="data root",
+        )
+    bad, unverified, checked = 0, [], 0
     for ds in _datasets(args.targets):
         folder = root / ds.name
         if not args.targets and not folder.is_dir():
             print(f"{ds.name}: not fetched")
             continue
+        checked += 1
         problems = dataset_problems(folder, ds)
         bad += bool(problems)
         reason = unverified_reason(ds)
@@ -80,7 +89,14 @@ def cmd_data_verify(args) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
-    print(f"every checked dataset in {root} matches the manifest")
+    if not checked:
+        print(
+            f"error: no catalogued dataset is fetched in {root}: nothing was checked "
+            "(`ablate data fetch TARGET` fetches them; `ablate data list` lists them)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    print(f"every checked dataset in {root} matches the manifest ({checked} checked)")
     return EXIT_OK
 
 

@@ -4,8 +4,10 @@ zipfile checks a member's CRC-32 when the member is read whole; tarfile's own gz
 trailer (CRC-32, length) nor that the stream was not cut short between two members (it reads a truncated archive
 as a shorter one). `gzip_tar` reads a .tar.gz through the gzip module to the end of its stream, so that a
 truncated or corrupted archive raises instead of converting into fewer documents. UNREADABLE are the errors an
-unreadable zip, tar or gzip stream raises, and `archive_problem` says which download raises one: `ablate data
-fetch` turns them into exit 2 naming the dataset, the download and its source (ablate.data.fetch).
+unreadable zip, tar or gzip stream raises, and a member that is not the UTF-8 text its converter reads (a `.ann`
+in another encoding: UnicodeDecodeError, whichever converter decodes it); `archive_problem` says which download
+raises one: `ablate data fetch` turns them into exit 2 naming the dataset, the download and its source
+(ablate.data.fetch).
 
 May import: nothing of ablate.
 """
@@ -22,8 +24,17 @@ from pathlib import Path
 
 CHUNK = 1 << 20
 ZIP_MAGIC, GZIP_MAGIC = b"PK", b"\x1f\x8b"
-# what a truncated or corrupted zip, tar or gzip stream raises (BadGzipFile is an OSError: named, not OSError)
-UNREADABLE = (zipfile.BadZipFile, zipfile.LargeZipFile, tarfile.TarError, gzip.BadGzipFile, EOFError, zlib.error)
+# what a truncated or corrupted zip, tar or gzip stream raises (BadGzipFile is an OSError: named, not OSError),
+# and a member decoded as UTF-8 that is not
+UNREADABLE = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    tarfile.TarError,
+    gzip.BadGzipFile,
+    EOFError,
+    zlib.error,
+    UnicodeDecodeError,
+)
 
 
 @contextmanager
@@ -37,6 +48,8 @@ def gzip_tar(path: Path) -> Iterator[tarfile.TarFile]:
 
 
 def describe(error: BaseException) -> str:
+    if isinstance(error, UnicodeDecodeError):
+        return f"a member that is not UTF-8 text (UnicodeDecodeError: {error})"
     return f"{type(error).__name__}: {error}"
 
 

@@ -285,11 +285,49 @@ def dataset_of_path(rel: str) -> str | None:
     return parts[0] if len(parts) > 1 and parts[0] in catalog() else None
 
 
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class DamagedRecord(SpecError):
+    """A manifest.tsv or FETCHED.tsv that is not the table it should be: exit 2 naming the file, the line and
+    what is wrong, and what to do."""
+
+
+def _checked_rows(path: Path, columns: tuple[str, ...], fix: str) -> list[dict[str, str]]:
+    """The rows of a tab-separated file of `columns` (file, size, sha256 among them), each value checked: a
+    relative file name, a size in bytes, a sha256 in hex. DamagedRecord (with `fix`: what to do) otherwise."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            reader = csv.DictReader(f, delimiter="\t")
+            if tuple(reader.fieldnames or ()) != columns:
+                raise DamagedRecord(
+                    f"columns are {list(reader.fieldnames or [])}, not {list(columns)}; {fix}", file=str(path)
+                )
+            rows = list(reader)
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise DamagedRecord(f"not a UTF-8 tab-separated table ({exc}); {fix}", file=str(path)) from None
+    for line, row in enumerate(rows, start=2):
+        name, size, digest = row.get("file"), row.get("size"), row.get("sha256")
+        if None in row or None in row.values():
+            fields = sum(row[c] is not None for c in columns) + len(row.get(None) or [])
+            problem = f"{fields} fields where {len(columns)} belong"
+        elif not name or name.startswith("/") or ".." in PurePosixPath(name).parts:
+            problem = f"file {name!r} is not a file name inside the dataset's folder"
+        elif not (size.isascii() and size.isdigit()):
+            problem = f"size {size!r} is not a number of bytes"
+        elif not SHA256.match(digest):
+            problem = f"sha256 {digest!r} is not 64 hexadecimal digits"
+        else:
+            continue
+        raise DamagedRecord(f"line {line}: {problem}; {fix}", file=str(path))
+    return rows
+
+
 def read_manifest(path: Path) -> dict[str, list[Expected]]:
     rows: dict[str, list[Expected]] = {}
-    with open(path, encoding="utf-8", newline="") as f:
-        for row in csv.DictReader(f, delimiter="\t"):
-            rows.setdefault(row["dataset"], []).append(Expected(row["file"], int(row["size"]), row["sha256"]))
+    fix = "the manifest ships with ablate: reinstall it"
+    for row in _checked_rows(path, MANIFEST_COLUMNS, fix):
+        rows.setdefault(row["dataset"], []).append(Expected(row["file"], int(row["size"]), row["sha256"]))
     return rows
 
 
@@ -337,14 +375,15 @@ def file_problem(path: Path, expected: Expected) -> str | None:
 
 def expected_files(folder: Path, ds: Dataset) -> tuple[Expected, ...] | None:
     """What a dataset folder must hold: the manifest's rows, or for a derived dataset its FETCHED.tsv (None
-    when there is none: not fetched)."""
+    when there is none: not fetched; DamagedRecord when it is not the table its fetch writes)."""
     if not ds.derived:
         return ds.files
     fetched = folder / FETCHED
     if not fetched.is_file():
         return None
-    with open(fetched, encoding="utf-8", newline="") as f:
-        return tuple(Expected(r["file"], int(r["size"]), r["sha256"]) for r in csv.DictReader(f, delimiter="\t"))
+    fix = f"`ablate data fetch {ds.name}` fetches the dataset again and rewrites it"
+    rows = _checked_rows(fetched, MANIFEST_COLUMNS[1:], fix)
+    return tuple(Expected(r["file"], int(r["size"]), r["sha256"]) for r in rows)
 
 
 def write_fetched(folder: Path, files: list[Path]) -> None:
@@ -358,7 +397,10 @@ def write_fetched(folder: Path, files: list[Path]) -> None:
 def dataset_problems(folder: Path, ds: Dataset) -> list[str]:
     """Every way a dataset folder differs from the manifest (a derived dataset: from the FETCHED.tsv its fetch
     wrote); [] when it holds exactly what was recorded."""
-    expected = expected_files(folder, ds)
+    try:
+        expected = expected_files(folder, ds)
+    except DamagedRecord as exc:  # verify says so (exit 2); fetch fetches the dataset again
+        return [str(exc)]
     if expected is None:
         return [f"{FETCHED}: missing (not fetched by `ablate data fetch {ds.name}`)"]
     return [p for e in expected if (p := file_problem(folder / e.file, e))]
