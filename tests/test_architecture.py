@@ -250,3 +250,33 @@ def test_each_guard_fails_on_an_import_planted_in_a_copy_of_the_package(tmp_path
 
 def _declared_of(path: Path) -> str | None:
     return _declared(ast.get_docstring(_parse(path.read_text())) or "")
+
+
+# ---------------------------------------------------------------- environment variables
+
+
+def _env_names(path: Path) -> set[str]:
+    """The ABLATE_* variable names a file spells out as string constants."""
+    return {
+        node.value
+        for node in ast.walk(_parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if re.fullmatch(r"ABLATE_[A-Z0-9_]+", node.value)
+    }
+
+
+def test_an_environment_variable_is_a_users_setting_or_a_fault_injection_request():
+    """Variables only the tests set (a child process held, killed or out of memory at a chosen point) are read
+    through ablate/config/faults.py alone and listed in CONTRIBUTING.md; every other ABLATE_* variable ablate
+    reads is a user's setting, documented in README.md or docs/."""
+    faults = PACKAGE / "config" / "faults.py"
+    requests = _env_names(faults)
+    assert requests, "ablate/config/faults.py names no variable: the pattern no longer matches its style"
+    contributing = (PACKAGE.parent / "CONTRIBUTING.md").read_text()
+    assert [name for name in sorted(requests) if name not in contributing] == []
+    docs = "".join(p.read_text() for p in [PACKAGE.parent / "README.md", *(PACKAGE.parent / "docs").glob("*.md")])
+    for module, path in sorted(_module_files(PACKAGE).items()):
+        if path != faults:
+            names = _env_names(path)
+            assert not names & requests, f"{module} reads {names & requests} itself, not through config.faults"
+            assert [n for n in sorted(names) if n not in docs] == [], f"{module}: undocumented variables"

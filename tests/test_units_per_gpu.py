@@ -19,7 +19,8 @@ import torch
 
 from ablate.config.errors import SpecError
 from ablate.config.spec import parse_run_spec
-from ablate.evaluate.unit_processes import OOM_ENV, Placement, fitting_device, run_units
+from ablate.config.faults import OOM_UNIT
+from ablate.evaluate.unit_processes import Placement, fitting_device, run_units
 from ablate.launch import shares
 from ablate.predict.finetune_memory import units_at_once
 from ablate.launch.gpus import process_devices
@@ -215,14 +216,14 @@ def test_a_resumed_run_fine_tunes_only_the_units_left(tmp_path, model_dir, one_a
 def test_two_units_at_once_score_bit_for_bit_and_one_out_of_memory_beside_the_other_runs_again_alone(
     tmp_path, model_dir, one_at_a_time, monkeypatch
 ):
-    monkeypatch.setenv(OOM_ENV, f"{TASK}:1")  # seed 1's first process runs out of memory
+    monkeypatch.setenv(OOM_UNIT, f"{TASK}:1")  # seed 1's first process runs out of memory
     rows, lines = fine_tune(run_folder(tmp_path, model_dir), [0, 1], 2)
     assert "fine-tuning 2 units, each in a process of its own, on cpu, at once per device: ncbi_disease 2" in lines
     assert f"{TASK} seed 1: started on cpu beside {TASK} seed 0" in lines
     said = [line for line in lines if "out of GPU memory" in line]
     assert said == [
         f"{TASK} seed 1: out of GPU memory on cpu beside {TASK} seed 0; it runs again alone once the others are "
-        f"done (CUDA out of memory ({OOM_ENV}: injected))"
+        f"done (CUDA out of memory ({OOM_UNIT}: injected))"
     ]
     assert lines.index(f"{TASK} seed 1: started on cpu (alone)") > lines.index(said[0])
     assert by_seed(rows) == {seed: one_at_a_time[1][seed] for seed in (0, 1)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from ablate.cli.commands import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
+from ablate.config import faults
 from ablate.config.errors import SpecError
 from ablate.config.paths import absolute_env_paths
 
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     absolute_env_paths()
     args = build_parser().parse_args(argv)
     try:
+        faults.check()
         return args.func(args)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -33,6 +33,7 @@ from typing import Iterator
 import numpy as np
 
 from ablate.config.errors import SpecError
+from ablate.config.faults import die_after_shards
 from ablate.config.paths import prepared_root
 from ablate.config.spec import DataSpec
 from ablate.data.encode import make_encoder
@@ -44,7 +45,6 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SHARD_TOKENS = 1 << 28  # 512 MB of uint16 per shard
 CHUNK_DOCS = 512  # documents per task handed to a worker
-DIE_AFTER_SHARDS_ENV = "ABLATE_PREPARE_DIE_AFTER_SHARDS"  # test hook: SIGKILL self after N shards
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -167,7 +167,7 @@ class ShardWriter:
         self._in_shard = 0
         self._ends = open(folder / "doc_ends.bin", "wb")
         self._ends_hash = hashlib.sha256()
-        self._die_after = int(os.environ.get(DIE_AFTER_SHARDS_ENV, "0") or 0)
+        self._die_after = die_after_shards() or 0  # ablate.config.faults: the tests kill it mid-way
 
     def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
         ends = (self.n_tokens + np.cumsum(lengths)).astype(np.int64)

@@ -18,13 +18,12 @@ raised here with the child's traceback as a note. A child whose parent died ends
 (its pipe is closed). ABLATE_OOM_UNIT=TASK:SEED makes that unit's first process raise an out-of-memory before
 it fine-tunes: how the tests exercise the retry (its retry alone runs normally).
 
-May import: train (precision).
+May import: config.faults, train (precision).
 """
 
 from __future__ import annotations
 
 import multiprocessing
-import os
 import pickle
 import traceback
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from typing import Callable, Mapping
 
 import torch
 
-OOM_ENV = "ABLATE_OOM_UNIT"  # TASK:SEED: that unit's first process runs out of memory (the tests)
+from ablate.config.faults import OOM_UNIT, oom_unit
 
 
 @dataclass(frozen=True)
@@ -226,8 +225,8 @@ def _child(conn: Connection, unit, compute, device: str, state: tuple, first_try
     """A unit's process: computes it, and says what came of it on `conn` (its log lines and progress first)."""
     try:
         _take_state(state, device)
-        if first_try and os.environ.get(OOM_ENV) == f"{unit.task.name}:{unit.seed}":
-            raise torch.OutOfMemoryError(f"CUDA out of memory ({OOM_ENV}: injected)")
+        if first_try and oom_unit() == (unit.task.name, unit.seed):
+            raise torch.OutOfMemoryError(f"CUDA out of memory ({OOM_UNIT}: injected)")
         rows = compute(
             unit,
             device=device,
