@@ -5,7 +5,16 @@ import itertools
 import numpy as np
 import pytest
 
-from ablate.evaluate.bootstrap import exact_bootstrap, paired_bootstrap
+from ablate.evaluate.bootstrap import _summarise, paired_bootstrap
+
+
+def exact_bootstrap(arm, baseline, confidence: float = 0.95):
+    """Every one of the n**n resamples, each once (small n only): the distribution the random resampling of
+    paired_bootstrap estimates, summarised as it summarises its draws (without the +1 of a random draw)."""
+    diffs = np.asarray(arm, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
+    n = len(diffs)
+    picks = np.array(np.meshgrid(*[np.arange(n)] * n, indexing="ij")).reshape(n, -1).T
+    return _summarise(diffs, diffs[picks].mean(axis=1), confidence, plus_one=False)
 
 
 def test_identical_arms_are_not_different():

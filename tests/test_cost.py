@@ -14,7 +14,7 @@ import yaml
 from ablate.cli import main
 from ablate.config.errors import SpecError
 from ablate.config.grid import load_grid
-from ablate.plan.cost import Combo, FinetuneKey, FinetuneWork, Throughput, arm_cost, cost_rows, finetune_seconds
+from ablate.plan.cost import Combo, FinetuneKey, FinetuneWork, Throughput, arm_cost, cost_rows, finetune_time
 from ablate.plan.grid import expand
 from builders import tiny_grid, write_yaml
 
@@ -101,8 +101,8 @@ def test_fine_tuning_time_is_epochs_of_train_and_dev_then_test_per_seed():
     key = FinetuneKey("m", "ncbi_disease", "{}")
     work = [FinetuneWork(key, seeds=3, epochs=2, train=1000, dev=300, test=300)]
     rates = Throughput("test", finetune={key: (50.0, 200.0)})
-    assert finetune_seconds(work, rates) == pytest.approx(3 * (2 * (1000 / 50 + 300 / 200) + 300 / 200))
-    assert finetune_seconds(work, Throughput("test", default=1.0)) is None  # no fine-tuning rate: unknown
+    assert finetune_time(work, rates).seconds == pytest.approx(3 * (2 * (1000 / 50 + 300 / 200) + 300 / 200))
+    assert finetune_time(work, Throughput("test", default=1.0)) is None  # no fine-tuning rate: unknown
 
 
 # ------------------------------------------------------------------------------------------- the dry run

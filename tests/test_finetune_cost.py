@@ -29,7 +29,6 @@ from ablate.plan.cost import (
     Throughput,
     cost_rows,
     finetune_hours_cell,
-    finetune_seconds,
     finetune_time,
 )
 from ablate.plan.eval_cost import finetune_task_rows
@@ -66,7 +65,7 @@ def test_the_span_models_fine_tuning_is_its_steps_times_its_batch_with_a_dev_eva
     assert work.describe_training() == "4,000 steps x 16"
     rates = Throughput("measured", finetune={work.key: (50.0, 200.0)})
     one = 64_000 / 50 + (8 * EMEA["dev"] + EMEA["test"]) / 200
-    assert finetune_seconds([work], rates) == pytest.approx(2 * one)
+    assert finetune_time([work], rates).seconds == pytest.approx(2 * one)
     [row, total] = finetune_task_rows({"run": [work]}, rates)
     assert row["train x epochs"] == "4,000 steps x 16" and row["dev / test"] == "649 / 578"
     assert row["h each"] == f"{one / 3600:.3g}" and total["h total"] == f"{2 * one / 3600:.3g}"

@@ -14,14 +14,15 @@ from ablate.config.errors import SpecError
 from ablate.models.families import FAMILIES, layer_of
 from ablate.analysis.probe import (
     cka_vs_reference,
-    layer_grad_norms,
+    layer_params,
     layer_representations,
     linear_cka,
     probe_texts,
     representations_for,
-    weight_relative_change,
 )
 from ablate.analysis.ratio import cka_ratio
+from ablate.train.grad_norms import step_norms
+from probe_reference import layer_grad_norms, weight_relative_change
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -287,6 +288,9 @@ def test_layer_grad_norms():
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()
     norms = layer_grad_norms(model)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    layers, values = step_norms(dict(model.named_parameters()), layer_params(model), trainable, None)
+    assert dict(zip(layers, values.tolist())) == pytest.approx(norms, rel=1e-12)  # the loop's, in one pass
     assert set(norms) == {1, 2}
     expected = (
         sum(

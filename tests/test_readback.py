@@ -17,11 +17,12 @@ def _step(state: TrainState, unread: Unread, loss: float, norms: list[float]) ->
     unread.add(state, "p", 1e-4, torch.tensor(loss, dtype=torch.float64), (tuple(range(len(norms))), values))
 
 
-def test_settling_books_every_step_as_record_step_would():
+def test_settling_books_every_step_as_booking_it_at_once_would():
     state, unread, direct = TrainState(), Unread(), TrainState()
     for loss, norms in ((2.5, [0.1, 0.2]), (2.25, [0.3]), (2.0, [])):
         _step(state, unread, loss, norms)
-        direct.record_step("p", np.zeros((2, 4), dtype=np.int32), loss, 1e-4, dict(enumerate(norms)))
+        direct.advance("p", np.zeros((2, 4), dtype=np.int32))
+        direct.book_step("p", direct.global_step, direct.tokens_seen, loss, 1e-4, dict(enumerate(norms)), None)
     assert state.curves == [] and state.grad_norms == []  # nothing read before the boundary
     unread.settle(state)
     assert state.__dict__ == direct.__dict__

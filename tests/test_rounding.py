@@ -10,10 +10,16 @@ import yaml
 
 from ablate.config.errors import SpecError
 from ablate.config.spec import parse_run_spec
-from ablate.plan.rounding import rounding_warnings
+from ablate.plan.rounding import rounding_notes
 from builders import detour_spec
 
 # detour_spec: batch_size 4 x seq_len 32 = 128 tokens a step
+
+
+def _lines(specs) -> list[str]:
+    """The notes, then the warnings, rounding_notes gives."""
+    notes, warnings = rounding_notes(specs)
+    return notes + warnings
 
 
 def test_a_phase_in_tokens_that_is_not_whole_steps_says_what_it_trains():
@@ -26,7 +32,7 @@ def test_a_phase_in_tokens_that_is_not_whole_steps_says_what_it_trains():
         )
     )
     assert spec.phase_steps() == [8, 2]
-    assert rounding_warnings([spec]) == [
+    assert _lines([spec]) == [
         "phase lengths in tokens round up to whole steps of 128 tokens "
         "(batch_size x data.seq_len): a 1,000 -> 8 steps (1,024 tokens)"
     ]
@@ -45,7 +51,7 @@ def test_fractions_under_one_step_and_a_budget_no_phase_reads_are_said():
     assert tiny.phase_steps()[1] == 1
     unused = parse_run_spec(detour_spec(budget_tokens=5000))
     fine = parse_run_spec(detour_spec())
-    assert rounding_warnings([tiny, unused, fine]) == [
+    assert _lines([tiny, unused, fine]) == [
         "phase b: fraction 0.005 of budget_tokens is 64 tokens, under one step of 128: it trains 1 step (1 of 3 runs)",
         "budget_tokens 5,000 is read by no phase (none gives its length as a fraction): the phases' own steps or "
         "tokens decide the length (1 of 3 runs)",
@@ -53,11 +59,11 @@ def test_fractions_under_one_step_and_a_budget_no_phase_reads_are_said():
     odd = parse_run_spec(
         detour_spec(budget_tokens=1000, phases=[{"name": "a", "objective": "mlm", "fraction": 1.0}])
     )
-    assert rounding_warnings([odd]) == [
+    assert _lines([odd]) == [
         "budget_tokens 1,000 is 7.81 steps of 128 tokens: the fractions' phases "
         "train 8 steps in all (1,024 tokens)"
     ]
-    assert rounding_warnings([fine]) == []
+    assert _lines([fine]) == []
 
 
 def test_the_dry_run_prints_the_rounding(tmp_path, capsys, data_root):
@@ -166,7 +172,7 @@ def test_a_warmup_longer_than_its_phase_or_rounding_to_nothing_is_said():
             ]
         )
     )
-    assert rounding_warnings([spec]) == [
+    assert _lines([spec]) == [
         "phase a: lr.warmup_steps 5 is more than its 3 steps: it warms up over all 3 and reaches the peak LR at its "
         "last step",
         "phase b: lr.warmup_fraction 0.1 of its 4 steps rounds to 0 steps: it has no warmup",

@@ -110,11 +110,6 @@ def task_source(source: str) -> tuple[str, str] | None:
     return name, split or "test"
 
 
-def example_text(example) -> str:
-    """The probe text of a task example: its (first) text; a token-classification example's words joined."""
-    return example.text if isinstance(example.text, str) else " ".join(example.text)
-
-
 def held_out_texts(spec, file: str | None = None, read_task: TaskReader | None = None) -> list[str]:
     """The pool the probe draws from: the texts of each source of probe_sources, in the listed order (the
     paper pooled DiaMED's and FRACCO's documents and drew its 500 texts from the pool). A task source is read
@@ -284,43 +279,6 @@ def weight_rel_change(params: Mapping, base: Mapping, groups: Mapping[int, list[
                 base_sq += float((w_base**2).sum())
             out[layer] = float(np.sqrt(diff_sq) / np.sqrt(base_sq)) if base_sq > 0 else float("nan")
     return out
-
-
-def weight_relative_change(model_after, model_base) -> dict[int, float]:
-    """weight_rel_change between two models of the same architecture (MLM wrappers or bare encoders)."""
-    after, base = dict(_encoder(model_after).named_parameters()), dict(_encoder(model_base).named_parameters())
-    groups = layer_params(_encoder(model_after))
-    if groups != layer_params(_encoder(model_base)):
-        raise ValueError("the two models have different layers")
-    return weight_rel_change(after, base, groups)
-
-
-def grad_norm_values(params: Mapping, groups: Mapping[int, list[str]]):
-    """(layers with gradients, their L2 norms as one float64 tensor on the gradients' device): nothing is
-    read back to the host, so a training step can call this on a GPU without waiting for it. Each tensor's
-    norm is taken in its own dtype and combined in float64 (no float64 copy of a large gradient); layers
-    without gradients (frozen, or not reached) are left out."""
-    import torch
-
-    layers, values = [], []
-    for layer, names in groups.items():
-        grads = [params[n].grad for n in names if params[n].grad is not None]
-        if grads:
-            layers.append(layer)
-            values.append(
-                torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g).double() for g in grads]))
-            )
-    return tuple(layers), torch.stack(values) if values else torch.zeros(0, dtype=torch.float64)
-
-
-def grad_norms(params: Mapping, groups: Mapping[int, list[str]]) -> dict[int, float]:
-    """grad_norm_values read back: layer -> L2 norm of its current gradients."""
-    layers, values = grad_norm_values(params, groups)
-    return dict(zip(layers, values.tolist()))
-
-
-def layer_grad_norms(model) -> dict[int, float]:
-    return grad_norms(dict(model.named_parameters()), layer_params(model))
 
 
 # --- during pretraining ----------------------------------------------------------------------------------

@@ -104,10 +104,6 @@ class ObjectiveFields(Strict):
                 raise Located(f"{key} must be in (0, 1)", key, value, "a rate in (0, 1)")
         return self
 
-    @property
-    def effective_mask_rate(self) -> float:
-        return 0.15 if self.mask_rate is None else self.mask_rate
-
 
 class MixtureMember(ObjectiveFields):
     weight: float = Field(gt=0, description="relative share of the steps, micro-batches or sequences")

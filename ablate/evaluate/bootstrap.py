@@ -40,17 +40,6 @@ def paired_bootstrap(
     return _summarise(diffs, diffs[picks].mean(axis=1), confidence)
 
 
-def exact_bootstrap(arm, baseline, confidence: float = 0.95) -> PairedResult:
-    """Every one of the n**n resamples, each once (small n only): the distribution the random resampling
-    of paired_bootstrap estimates."""
-    diffs = np.asarray(arm, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
-    n = len(diffs)
-    if n < 2 or n**n > 2_000_000:
-        raise ValueError(f"exact bootstrap takes 2 to 7 units, got {n}")
-    picks = np.array(np.meshgrid(*[np.arange(n)] * n, indexing="ij")).reshape(n, -1).T
-    return _summarise(diffs, diffs[picks].mean(axis=1), confidence, plus_one=False)
-
-
 def _summarise(diffs: np.ndarray, means: np.ndarray, confidence: float, plus_one: bool = True) -> PairedResult:
     observed = float(diffs.mean())
     tail = (1 - confidence) / 2

@@ -320,11 +320,6 @@ def finetune_time(work: list[FinetuneWork], throughput: Throughput | None) -> Fi
     return FinetuneTime(measured + estimated, estimated)
 
 
-def finetune_seconds(work: list[FinetuneWork], throughput: Throughput | None) -> float | None:
-    time = finetune_time(work, throughput)
-    return None if time is None else time.seconds
-
-
 def arm_cost(
     run_id: str,
     axes: dict,

@@ -60,12 +60,6 @@ def spec_rounding(spec: RunSpec) -> list[str]:
     return notes
 
 
-def rounding_warnings(specs: list[RunSpec]) -> list[str]:
-    """The notes and the warnings of rounding_notes, in one list (what a test or a single run reads)."""
-    notes, warnings = rounding_notes(specs)
-    return notes + warnings
-
-
 def rounding_notes(specs: list[RunSpec]) -> tuple[list[str], list[str]]:
     """(notes, warnings): a note per step size for the phases written in tokens (under one step of difference:
     the dry run says it), then each other case once as a warning, saying how many of the runs it concerns."""

@@ -54,20 +54,6 @@ class TrainState:
     elapsed_s: float = 0.0
     done: bool = False
 
-    def record_step(
-        self,
-        phase: str,
-        batch: np.ndarray,
-        loss: float,
-        lr: float,
-        norms: dict[int, float],
-        notes: dict | None = None,
-    ) -> None:
-        """Book one optimizer step: data position, token counts and hashes, the curve (with `notes`: the
-        masking rate, a mixture's per-member losses) and gradient norms."""
-        self.advance(phase, batch)
-        self.book_step(phase, self.global_step, self.tokens_seen, loss, lr, norms, notes)
-
     def advance(self, phase: str, batch: np.ndarray) -> None:
         """One optimizer step over `batch`: data position, step counters, token counts and hashes."""
         start = self.phase_token_hashes.get(phase, PHASE_START)

@@ -5,7 +5,7 @@ torch._foreach_norm takes every gradient's L2 norm in a handful of fused launche
 would launch one reduction per parameter, hundreds per step). From those norms:
 
 - each layer group's norm (the layers table's grad_norm): the group's norms combined in float64, as
-  ablate.analysis.probe.grad_norm_values computes it one parameter at a time;
+  tests/probe_reference.py computes it one parameter at a time;
 - the total over every trainable gradient and the clipping coefficient, exactly as
   torch.nn.utils.clip_grad_norm_ forms them (the norm of the per-gradient norms in their dtype, then
   max_norm / (total + 1e-6) clamped to 1): the same numbers as calling it, without its second pass.
