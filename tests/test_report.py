@@ -592,3 +592,15 @@ def test_phase_positions_prefer_curves_and_break_ties_by_row():
     assert dict(zip(pos["phase"], pos["position"])) == {"clm": 1, "mlm_decay": 2, "final": 3, "extra": 4}
     pos = report.phase_positions(layers)
     assert pos["position"].tolist() == [1, 2, 3, 4]
+
+
+def test_a_panel_cannot_be_a_column_another_table_has():
+    """A runs column that a scores, layers, curves, grads or frozen column shares (as the run folder's schema
+    names them) would clash in the join: refused, naming the ones allowed."""
+    from ablate.report.arms import panel_column
+
+    runs = pd.DataFrame({"run_id": ["a"], "model": ["m"], "lr": [1e-4], "n_examples": [3], "grad_norm": [1.0]})
+    assert panel_column(runs, "model") == "model"
+    for clash in ("lr", "n_examples", "grad_norm"):
+        with pytest.raises(SpecError, match="allowed: auto, none, model$"):
+            panel_column(runs, clash)

@@ -1,7 +1,7 @@
 """How the figures group runs: done runs only, arms (schedule, freeze mask) in grid order with the MLM
 baseline first, and panels (facets by a runs column).
 
-May import: config.
+May import: config, store.rundir.
 """
 
 from __future__ import annotations
@@ -11,28 +11,13 @@ from collections.abc import Sequence
 import pandas as pd
 
 from ablate.config.errors import SpecError
+from ablate.store.rundir import TABLE_COLUMNS
 
-# Columns of the scores / layers / curves / frozen tables: a runs column of the same name (e.g. an "lr" grid
-# axis) cannot be a panel, since the join would clash with them.
-MEASURE_COLUMNS = {
-    "run_id",
-    "task",
-    "language",
-    "finetune_seed",
-    "split",
-    "metric",
-    "value",
-    "epoch",
-    "primary",
-    "wall_time_s",
-    "phase",
-    "layer",
-    "measure",
-    "step",
-    "tokens",
-    "loss",
-    "lr",
-}
+# Columns of the tables other than runs, as the run folder's schema names them: a runs column of the same name
+# (e.g. an "lr" grid axis) cannot be a panel, since the join would clash with them.
+MEASURE_COLUMNS = frozenset(
+    column for table, columns in TABLE_COLUMNS.items() if table != "runs" for column in columns
+)
 
 
 def done_runs(runs: pd.DataFrame) -> pd.DataFrame:
