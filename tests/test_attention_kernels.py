@@ -73,15 +73,42 @@ def test_varlen_attends_what_a_dense_mask_per_document_allows_values_and_gradien
         torch.testing.assert_close(grad, expected, rtol=0, atol=1e-12)
 
 
-def test_segments_are_padded_to_a_power_of_two_with_empty_slots_and_bounded_by_the_row():
-    spans = attention.document_spans(DOCS)  # 3 + 2 documents
+def test_segments_have_a_slot_per_token_and_carry_their_count_and_longest_on_the_host():
+    spans = attention.document_spans(DOCS)  # 3 + 2 documents of 20, 31, 21, 45 and 27 tokens
     parts = varlen.segments(varlen.offsets(spans, LENGTH), LENGTH, "cpu")
-    assert parts.cu_seqlens.tolist() == [0, 20, 51, 72, 117, 144, 144, 144, 144]  # 5 segments in 8 slots
-    assert parts.cu_seqlens.dtype == torch.int32 and parts.longest == LENGTH
-    assert [varlen.segment_slots(n) for n in (1, 2, 3, 5, 8, 9, 70)] == [1, 2, 4, 8, 8, 16, 128]
-    assert varlen.row_segments(3, 10, "cpu").cu_seqlens.tolist() == [0, 10, 20, 30]
+    cu = parts.cu_seqlens.tolist()
+    assert cu[:6] == [0, 20, 51, 72, 117, 144] and len(cu) == 2 * LENGTH + 1 and set(cu[6:]) == {144}
+    assert parts.cu_seqlens.dtype == torch.int32 and (parts.count, parts.longest) == (5, 45)
+    assert parts.sizes.device.type == "cpu"  # read inside the op without waiting for the GPU
+    rows = varlen.row_segments(3, 10, "cpu")
+    assert rows.cu_seqlens.tolist() == [0, 10, 20, 30] and (rows.count, rows.longest) == (3, 10)
     assert varlen.window_size(64, False) == (64, 64) and varlen.window_size(64, True) == (64, 0)
     assert varlen.window_size(None, True) == (-1, 0)
+
+
+def test_the_kernel_is_launched_over_the_real_segments_bounded_by_the_longest_document(monkeypatch):
+    """torch's op gets the offsets cut to the segment count (no empty segment launched) and the longest
+    document as its max_seqlen (the grid sized to it, not to the row), in the forward and the backward."""
+    seen = []
+    forward, backward = torch.ops.torch_attn._varlen_attn, torch.ops.torch_attn._varlen_attn_backward
+
+    def spy(op):
+        def call(*args):
+            at = 3 if op is forward else 6  # cu_seq_q, then max_q two places on
+            seen.append((op, args[at].tolist(), args[at + 2]))
+            return op(*args)
+
+        return call
+
+    monkeypatch.setattr(torch.ops.torch_attn, "_varlen_attn", spy(forward))
+    monkeypatch.setattr(torch.ops.torch_attn, "_varlen_attn_backward", spy(backward))
+    parts = varlen.segments(varlen.offsets(attention.document_spans(DOCS), LENGTH), LENGTH, "cpu")
+    q = torch.randn(2, 3, LENGTH, 8, dtype=torch.float64, requires_grad=True)
+    varlen.attend(q, q, q, parts, None, True, 0.3).sum().backward()
+    assert [(op, cu, longest) for op, cu, longest in seen] == [
+        (forward, [0, 20, 51, 72, 117, 144], 45),
+        (backward, [0, 20, 51, 72, 117, 144], 45),
+    ]
 
 
 @pytest.mark.parametrize("objective", ["mlm", "clm"])
@@ -142,19 +169,14 @@ def test_on_meta_the_varlen_output_is_the_layout_transformers_reshapes_without_a
     assert seen[0].shape == (2, LENGTH, model.config.hidden_size) and seen[0].is_contiguous()
 
 
-def test_a_torch_without_varlen_windows_takes_aten_s_flash_ops_with_the_same_layouts(monkeypatch):
-    """Where varlen_attn has no window_size, attend calls aten's flash forward and backward with their window
-    arguments: on meta, the layouts and gradients of the varlen path."""
+def test_on_meta_the_op_gives_the_layouts_of_the_flash_kernel_forward_and_backward():
+    """ablate::varlen_attn on meta (its fake implementation, what the memory plan traces): the output in
+    transformers' (B, L, H, D) layout and q's gradient as q, without reading the host sizes' values."""
     q = torch.empty(2, 4, LENGTH, 64, device=META, dtype=torch.bfloat16, requires_grad=True)
-    parts = varlen.row_segments(2, LENGTH, META)
-    results = []
-    for has_window in (True, False):
-        monkeypatch.setattr(varlen, "HAS_WINDOW", has_window)
-        q.grad = None
-        out = varlen.attend(q, q, q, parts, 8, True, 0.125)
-        out.sum().backward()
-        results.append((out.shape, out.stride(), out.dtype, q.grad.shape, q.grad.stride()))
-    assert results[0] == results[1] and results[0][0] == (2, LENGTH, 4, 64)
+    out = varlen.attend(q, q, q, varlen.row_segments(2, LENGTH, META), 8, True, 0.125)
+    out.sum().backward()
+    assert out.shape == (2, LENGTH, 4, 64) and out.dtype == torch.bfloat16 and out.is_contiguous()
+    assert q.grad.shape == q.shape and q.grad.dtype == q.dtype
 
 
 @pytest.mark.parametrize("kernels,objective", [("cpu", "clm"), ("cuda", "mlm"), ("cuda", "clm")])

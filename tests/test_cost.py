@@ -14,7 +14,16 @@ import yaml
 from ablate.cli import main
 from ablate.config.errors import SpecError
 from ablate.config.grid import load_grid
-from ablate.plan.cost import Combo, FinetuneKey, FinetuneWork, Throughput, arm_cost, cost_rows, finetune_time
+from ablate.plan.cost import (
+    Combo,
+    FinetuneKey,
+    FinetuneWork,
+    Throughput,
+    arm_cost,
+    cost_rows,
+    default_step_floor,
+    finetune_time,
+)
 from ablate.plan.grid import expand
 from builders import tiny_grid, write_yaml
 
@@ -159,6 +168,11 @@ def test_the_dry_run_of_the_freeze_grid_prints_its_cost_plan(tmp_path, capsys, m
     assert "cost plan: throughput --tokens-per-s 50,000 for every phase" in out
     assert "slurm: 1 GPU per run" in out and "fine-tuning h (estimated): no fine-tuning throughput" in out
     assert "hub:almanach/moderncamembert-base" in out.split("FLOP rate per process:")[1].splitlines()[0]
+    # the span model's 4,000 steps x 16 priced at its steps x the step floor (launch-bound), not its FLOPs
+    floor = default_step_floor(22)
+    assert f"step floor: hub:almanach/moderncamembert-base {floor * 1000:.3g} ms (default, not measured" in out
+    span = next(line.split() for line in lines if line.split()[:1] == ["quaero_emea_spans"])
+    assert span[-4:-2] == [span[-4], "(estimated)"] and float(span[-4]) >= 4000 * floor / 3600
     assert lines[-1].startswith("5 runs, 7 transplants; executor slurm;")
 
 
@@ -212,11 +226,14 @@ def test_calibrate_times_each_combination_and_the_dry_run_then_prints_hours(cali
     [ft] = calibration["finetuning"]
     assert ft["task"] == "ncbi_disease" and ft["steps"] >= 1
     assert ft["train_examples_per_s"] > 0 and ft["eval_examples_per_s"] > 0
+    [floor] = calibration["step_floors"]  # one per model: a fine-tuning step at next to no FLOPs
+    assert floor["model"] == "config:tiny-bert" and floor["tokens"] == 16 and floor["step_s"] > 0
     capsys.readouterr()
 
     assert main(["sweep", str(grid), "--dry-run", "--results", str(results)]) == 0
     out = capsys.readouterr().out
     assert f"calibrated {calibration['created']}" in out and str(results / "tiny" / "calibration.json") in out
+    assert f"fine-tuning step floor config:tiny-bert: {floor['step_s'] * 1000:,.1f} ms per step of" in out
     lines = out.splitlines()
     costs = {
         c["run_id"]: c

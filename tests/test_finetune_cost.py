@@ -7,6 +7,7 @@ dry run's tables and total ("not estimated" only without any throughput)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ from ablate.plan.cost import (
     cost_rows,
     finetune_hours_cell,
     finetune_time,
+    default_step_floor,
 )
 from ablate.plan.eval_cost import finetune_task_rows
 from ablate.plan.finetune_flops import ExampleFlops
@@ -114,6 +116,23 @@ def test_a_fine_tuning_examples_flops_are_a_pretraining_steps_without_the_vocabu
     assert per.forward(length) == pytest.approx(step.matmuls / 3 + step.attention / 3.5)
     assert per.training(length, "full", "linear") == pytest.approx(per.forward(length))  # a frozen encoder
     assert per.training(length, "lora", "none") == pytest.approx(step.matmuls * 2 / 3 + step.attention)
+
+
+def test_an_estimated_fine_tuning_costs_at_least_its_steps_at_the_models_step_floor():
+    """The span model's 4,000 steps of 16 short sequences: next to no FLOPs, so its estimate is its optimizer
+    steps x the step floor plus its evaluation batches at a third of it; with FLOPs that take longer, the
+    FLOPs."""
+    key = FinetuneKey("m", "quaero_emea_spans", "{}")
+    span = FinetuneWork(key, 1, 1, 649, 578, 578, max_steps=4000, batch=16, eval_every=500, flops=(1e6, 1e6, 1e6))
+    span = replace(span, eval_batch=32)
+    assert span.optimizer_steps == 4000 and span.eval_batches == 8 * 19 + 19
+    floor = default_step_floor(22)
+    fast = Throughput("t", flop_rates={"m": 1e15}, step_floors={"m": floor})
+    assert finetune_time([span], fast).estimated == pytest.approx(4000 * floor + (8 * 19 + 19) * floor / 3)
+    slow = replace(fast, flop_rates={"m": 1e3})
+    assert finetune_time([span], slow).estimated == pytest.approx(span.executed_flops() / 1e3)
+    assert FinetuneWork(key, 1, 3, 100, 10, 10, batch=16).optimizer_steps == 3 * 7  # epochs x batches
+    assert default_step_floor(22) > default_step_floor(12) > 0
 
 
 def test_each_fine_tuning_is_measured_or_estimated_and_the_cells_say_which():

@@ -6,7 +6,9 @@ then `steps` timed ones, nothing frozen (a frozen phase only goes faster), on th
 With fine-tuning: for each distinct (model, task, fine-tuning settings) the engine's own fine-tuning
 (ablate.evaluate.finetune) on the task's first batches, one pass (a max_steps task too: the cost plan counts
 its steps), timed between its per-step progress reports (train examples/s) and across its dev evaluation (eval
-examples/s).
+examples/s). For each model with fine-tuning, whether or not fine-tuning is timed: its step floor, the seconds
+of a fine-tuning step at FLOOR_TOKENS tokens per example (what the cost plan prices an unmeasured fine-tuning's
+steps at).
 
 The result goes to <sweep>/calibration.json (atomically) with the hardware, the torch version and the
 date; `ablate sweep --dry-run` and `ablate status` read it (ablate.launch.estimates).
@@ -28,11 +30,12 @@ from ablate.config.errors import SpecError
 from ablate.config.objectives.base import OBJECTIVE_FIELDS
 from ablate.config.spec import PhaseSpec, RunSpec
 from ablate.launch.estimates import finetune_plan
-from ablate.plan.cost import Calibration, Combo, FinetuneRate, PretrainRate, pretraining_combos
+from ablate.plan.cost import Calibration, Combo, FinetuneRate, PretrainRate, StepFloor, pretraining_combos
 from ablate.store import atomic
 from ablate.store.sweep import SweepFolder
 
 Print = Callable[[str], None]
+FLOOR_TOKENS = 16  # tokens per example of the step-floor timing: next to no FLOPs
 
 
 def check_steps(steps: int, warmup: int) -> None:
@@ -178,6 +181,23 @@ def time_finetuning(
     )
 
 
+def time_step_floor(
+    spec: RunSpec, task_name: str, settings, model_dir: Path, steps: int, warmup: int
+) -> StepFloor:
+    """Seconds of one fine-tuning step of the model at its batch with FLOOR_TOKENS tokens per example: what a
+    step costs when its FLOPs are next to nothing (kernel launches, the optimizer), the floor the cost plan
+    prices a fine-tuning at where its examples/s were not measured (ablate.plan.cost.finetune_time)."""
+    short = settings.model_copy(update={"max_length": FLOOR_TOKENS})
+    rate = time_finetuning(spec, task_name, short, "", model_dir, steps, warmup)
+    return StepFloor(
+        model=spec.model,
+        batch_size=settings.batch_size,
+        step_s=settings.batch_size / rate.train_examples_per_s,
+        device=rate.device,
+        tokens=FLOOR_TOKENS,
+    )
+
+
 def _model_folder(spec: RunSpec, root: Path) -> Path:
     """The spec's model saved as a run saves its final model: what fine-tuning starts from."""
     from ablate.models.loading import load_masked_lm, load_tokenizer
@@ -218,13 +238,21 @@ def calibrate(
             f"({steps} steps after {warmup} untimed)"
         )
         pretraining.append(rate)
-    finetuning = []
-    jobs = finetune_plan(specs).jobs if finetune else {}
+    finetuning, floors = [], []
+    jobs = finetune_plan(specs).jobs if any(s.eval.tasks for s in specs) else {}
     folders: dict[str, Path] = {}
     with tempfile.TemporaryDirectory(prefix="ablate-calibrate-") as tmp:
         for key, (spec, settings) in jobs.items():
-            if key.model not in folders:
-                folders[key.model] = _model_folder(spec, Path(tmp) / str(len(folders)))
+            if key.model in folders:
+                continue
+            folders[key.model] = _model_folder(spec, Path(tmp) / str(len(folders)))
+            floor = time_step_floor(spec, key.task, settings, folders[key.model], steps, warmup)
+            out(
+                f"fine-tuning step floor {key.model}: {floor.step_s * 1000:,.1f} ms per step of "
+                f"{floor.batch_size} x {floor.tokens} tokens on {floor.device}"
+            )
+            floors.append(floor)
+        for key, (spec, settings) in jobs.items() if finetune else ():
             rate = time_finetuning(spec, key.task, settings, key.settings, folders[key.model], steps, warmup)
             out(
                 f"fine-tuning {key.model} {key.task}: {rate.train_examples_per_s:,.1f} train examples/s, "
@@ -240,6 +268,7 @@ def calibrate(
         torch=torch.__version__,
         pretraining=tuple(pretraining),
         finetuning=tuple(finetuning),
+        step_floors=tuple(floors),
     )
     path = SweepFolder(Path(results_root) / sweep).calibration
     atomic.write_json(path, calibration.model_dump(mode="json"))

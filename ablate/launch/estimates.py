@@ -168,6 +168,7 @@ def finetune_plan(
                     batch=settings.batch_size,
                     eval_every=settings.eval_every,
                     flops=per_example,
+                    eval_batch=settings.eval_batch_size,
                 )
             )
             plan.jobs.setdefault(key, (spec, settings))
@@ -217,10 +218,10 @@ def dry_run_cost(
         [r.run_id for r in runs] + [t.run_id for t in transplants],
     )
     calibration, throughput, finetune = None, None, None
+    path = SweepFolder(Path(results_root) / grid.sweep).calibration
     if tokens_per_s is not None:
         throughput = given_throughput(tokens_per_s)
     else:
-        path = SweepFolder(Path(results_root) / grid.sweep).calibration
         calibration = read_calibration(path)
         if calibration is not None:
             finetune = finetune_plan(tuned, tuned_ids) if calibration.finetuning else None
@@ -228,7 +229,8 @@ def dry_run_cost(
                 calibration, str(path), grid.sweep, specs, list(finetune.jobs) if finetune else [], grid_file
             )
     if throughput is not None and finetune is None and any(s.eval.tasks for s in tuned):
-        throughput, finetune = estimated(throughput, specs, tuned, tuned_ids)  # no fine-tuning was measured
+        # no fine-tuning was measured
+        throughput, finetune = estimated(throughput, specs, tuned, tuned_ids, measured_floors(calibration, path))
     costs = _costs(
         [(r.run_id, r.axes, r.spec) for r in runs],
         throughput,
@@ -345,19 +347,34 @@ def _per_task_throughput(
     pretraining = (
         given_throughput(tokens_per_s) if calibration is None else calibrated_throughput(calibration, str(path))
     )
-    throughput, plan = estimated(pretraining, [r.spec for r in runs], specs, ids)
+    throughput, plan = estimated(
+        pretraining, [r.spec for r in runs], specs, ids, measured_floors(calibration, path)
+    )
     said = ["hours marked (estimated): from the fine-tuning's FLOPs, as the cost plan below says"]
     return throughput, plan, said if throughput.estimate_basis else []
 
 
 def estimated(
-    throughput: Throughput, pretraining: list[RunSpec], specs: list[RunSpec], ids: list[str]
+    throughput: Throughput,
+    pretraining: list[RunSpec],
+    specs: list[RunSpec],
+    ids: list[str],
+    floors: dict[str, tuple[float, str]] | None = None,
 ) -> tuple[Throughput, FinetunePlan]:
     """Where no fine-tuning throughput was measured: the specs' fine-tuning work with its FLOPs, and the
-    throughput with the FLOP rate of each model's `pretraining` at it (ablate.predict.finetune_estimate)."""
+    throughput with the FLOP rate of each model's `pretraining` at it and each model's step floor (`floors`,
+    measured; else the default) (ablate.predict.finetune_estimate)."""
     counter = TokenCounter()
     plan = finetune_plan(specs, ids, counter)
-    return with_estimates(throughput, pretraining, counter), plan
+    return with_estimates(throughput, pretraining, counter, floors), plan
+
+
+def measured_floors(calibration: Calibration | None, path) -> dict[str, tuple[float, str]]:
+    """model -> (seconds of a fine-tuning step, where measured) from a calibration's step floors."""
+    if calibration is None:
+        return {}
+    device = calibration.hardware.get("gpu") or calibration.hardware.get("device", "?")
+    return {f.model: (f.step_s, f"{device}, {path}") for f in calibration.step_floors}
 
 
 def corpus_epochs(specs: list[RunSpec], grid_file: str) -> tuple[list[str], dict[str, str]]:

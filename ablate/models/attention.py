@@ -215,14 +215,17 @@ def full(
 class Documents:
     """The packed documents of a micro-batch, as the attention reads them."""
 
-    ids: torch.Tensor  # (B, L) doc ids on the model's device
+    ids: torch.Tensor | None  # (B, L) doc ids on the model's device; None where no kernel reads them
     spans: tuple[tuple[tuple[int, int], ...], ...]  # per row, [start, end) of each document (host ints)
 
 
-def documents_of(doc_ids, device: torch.device | str) -> Documents:
-    """Documents from host doc ids (B, L) (numpy or a CPU tensor): the spans found here, once, on the host."""
+def documents_of(doc_ids, device: torch.device | str, ids_read: bool = True) -> Documents:
+    """Documents from host doc ids (B, L) (numpy or a CPU tensor): the spans found here, once, on the host;
+    the ids copied to the device only where a kernel reads them (`ids_read`: the banded path and FlexAttention's
+    block mask do, flash varlen reads the segments and the per-document path the spans)."""
     host = np.asarray(doc_ids.cpu() if isinstance(doc_ids, torch.Tensor) else doc_ids)
-    return Documents(torch.as_tensor(host, dtype=torch.long).to(device, non_blocking=True), document_spans(host))
+    ids = torch.as_tensor(host, dtype=torch.long).to(device, non_blocking=True) if ids_read else None
+    return Documents(ids, document_spans(host))
 
 
 def document_spans(documents: np.ndarray) -> tuple[tuple[tuple[int, int], ...], ...]:
@@ -368,6 +371,10 @@ def banded(
         if keep is not None:
             per_row &= keep[:, index].view(batch, n, 1, span)
         if documents is not None:
+            if documents.ids is None:
+                raise RuntimeError(
+                    "a banded layer met documents whose ids were not sent to the device (documents_of)"
+                )
             q_docs = F.pad(documents.ids, (0, tail), value=-1).view(batch, n, block, 1)
             per_row &= (q_docs == documents.ids[:, index].view(batch, n, 1, span)) | (q_docs == -1)
         mask = (

@@ -1,25 +1,37 @@
 """Flash attention over variable-length segments: the CUDA kernel of local layers (a sliding window), and of
 global layers when attention stays inside each packed document.
 
-torch ships FlashAttention-2's variable-length kernel as `torch.nn.attention.varlen.varlen_attn`: the rows of
-a micro-batch are flattened into one (tokens, heads, head dim) tensor, `cu_seqlens` says where each segment
-(a row, or a document of a row) starts, and `window_size` (left, right) keeps a query's keys within
-`left` before and `right` after it (-1: no bound; (w, 0) is causal within w). It scores only what the
-segments and the window allow, with no mask, no padding and no copy of the keys.
+torch ships FlashAttention-2's variable-length kernel as the op `torch_attn::_varlen_attn` (behind
+`torch.nn.attention.varlen.varlen_attn`): the rows of a micro-batch are flattened into one (tokens, heads, head
+dim) tensor, `cu_seqlens` says where each segment (a row, or a document of a row) starts, `max_seqlen` bounds
+every segment's length (the kernel launches ceil(max_seqlen / 128) x segments x heads thread blocks), and
+`window_size` (left, right) keeps a query's keys within `left` before and `right` after it (-1: no bound; (w, 0)
+is causal within w). It scores only what the segments and the window allow, with no mask, no padding and no
+copy of the keys.
 
-A micro-batch's `Segments` are found on the host (the document spans, or the rows) before its ids go to the
-device, once, and every layer reuses them. Their cu_seqlens have a fixed length per row count
-(`segment_slots`): the spare slots repeat the last offset (empty segments, which the kernel skips), and the
-longest segment is given as the row length. So a compiled layer sees the same shapes and constants in every
-micro-batch whatever its documents, and never recompiles for them.
+Why a custom op of our own around it (`ablate::varlen_attn`, with its backward `ablate::varlen_attn_backward`):
+a compiled block (ablate.train.compiled) specialises on every Python int and every tensor shape it is given.
+torch's op takes the segment count as cu_seqlens' length and `max_seqlen` as an int, so each new document mix
+(a new count, a new longest document) would compile every block again. Ours is opaque to the compiler and takes
+both as runtime values:
+
+- `cu_seqlens` has one slot per token, plus one (a segment holds at least a token, so any mix fits): its shape
+  follows the micro-batch's, never its documents; the spare slots repeat the total (empty segments);
+- `sizes`, a (2,) int64 tensor on the host: [segment count, longest segment]. Inside the op the offsets are cut
+  to the count (no empty segment is launched) and the longest is read from the host (no wait for the GPU), so
+  the kernel's grid is sized to the longest document, not the row.
+
+A compiled block then traces one graph per block kind, frozen state and phase, whatever the documents
+(tests/test_compile_documents.py counts them over random document mixes).
+
+A micro-batch's `Segments` are found on the host (the document spans, or the rows) once, before its ids would
+go to the device, and every layer reuses them.
 
 `reference` computes the same thing with dense per-segment masks in the inputs' dtype: what the CPU tests
 register as the kernel's CPU implementation (tests/varlen_reference.py) and what bench/gpu_check.py compares the
 CUDA kernel against.
 
-Where torch's `varlen_attn` lacks `window_size` or is missing (torch before 2.10), aten's flash forward and
-backward ops are called with their window arguments through `_Windowed` (torch's own autograd wiring of
-them); a torch whose flash ops take no window either (`AVAILABLE` false) keeps the other paths
+A torch whose varlen op lacks `window_size` (before 2.10; `AVAILABLE` false) keeps the other paths
 (ablate.models.attention.route).
 
 May import: nothing from ablate. Torch only.
@@ -38,24 +50,25 @@ except ImportError:  # torch < 2.9
     varlen_attn = None
 
 NO_BOUND = -1  # a window side without a bound, as flash attention spells it
-HAS_WINDOW = varlen_attn is not None and "window_size" in inspect.signature(varlen_attn).parameters
-_ATEN_WINDOW = "window_size_left" in str(torch.ops.aten._flash_attention_forward.default._schema)
-AVAILABLE = HAS_WINDOW or _ATEN_WINDOW  # this torch can run flash variable length with windows
+AVAILABLE = varlen_attn is not None and "window_size" in inspect.signature(varlen_attn).parameters
 
 
 @dataclass(frozen=True)
 class Segments:
-    """Where each segment of a flattened micro-batch starts: cu_seqlens (slots + 1,) int32 on the device,
-    non-decreasing, the spare slots empty; `longest` bounds every segment's length (the row length)."""
+    """Where each segment of a flattened micro-batch starts: `cu_seqlens` (slots + 1,) int32 on the device,
+    non-decreasing, its first count + 1 entries the offsets and the spare slots empty; `sizes` (2,) int64 on
+    the host: [count, longest segment]."""
 
     cu_seqlens: torch.Tensor
-    longest: int
+    sizes: torch.Tensor
 
+    @property
+    def count(self) -> int:
+        return int(self.sizes[0])
 
-def segment_slots(count: int) -> int:
-    """The slots of cu_seqlens for `count` segments: the next power of two, so that a run's micro-batches
-    share a handful of shapes (a compiled layer traces one graph per shape)."""
-    return 1 << max(count - 1, 0).bit_length()
+    @property
+    def longest(self) -> int:
+        return int(self.sizes[1])
 
 
 def offsets(spans_per_row, length: int) -> list[int]:
@@ -66,18 +79,21 @@ def offsets(spans_per_row, length: int) -> list[int]:
 
 
 def segments(bounds: list[int], length: int, device: torch.device | str) -> Segments:
-    """Segments from host offsets (`offsets`) of rows of `length` tokens, padded to `segment_slots`; copied
-    from pinned memory to a CUDA device (a pageable copy would wait for the GPU)."""
-    padded = bounds + [bounds[-1]] * (segment_slots(len(bounds) - 1) + 1 - len(bounds))
-    host = torch.tensor(padded, dtype=torch.int32)
+    """Segments from host offsets (`offsets`) of rows of `length` tokens: one slot per token (the spare ones
+    empty), copied from pinned memory to a CUDA device (a pageable copy would wait for the GPU)."""
+    count, tokens = len(bounds) - 1, bounds[-1]
+    host = torch.full((tokens + 1,), tokens, dtype=torch.int32)
+    host[: count + 1] = torch.tensor(bounds, dtype=torch.int32)
     if torch.device(device).type == "cuda":
         host = host.pin_memory()
-    return Segments(host.to(device, non_blocking=True), length)
+    longest = max(end - start for start, end in zip(bounds[:-1], bounds[1:]))
+    return Segments(host.to(device, non_blocking=True), torch.tensor([count, longest]))
 
 
 def row_segments(rows: int, length: int, device: torch.device | str) -> Segments:
     """One segment per row (a micro-batch without document masking), made on the device: no copy."""
-    return Segments(torch.arange(0, rows * length + 1, length, dtype=torch.int32, device=device), length)
+    cu = torch.arange(0, rows * length + 1, length, dtype=torch.int32, device=device)
+    return Segments(cu, torch.tensor([rows, length]))
 
 
 def window_size(window: int | None, causal: bool) -> tuple[int, int]:
@@ -99,38 +115,82 @@ def attend(
     attending to the keys of its segment within `window` (causal: not after it)."""
     batch, heads, length, dim = q.shape
     flat = [t.transpose(1, 2).reshape(batch * length, heads, dim) for t in (q, k, v)]
-    cu, longest = parts.cu_seqlens, parts.longest
-    sides = window_size(window, causal)
-    if HAS_WINDOW:
-        out = varlen_attn(*flat, cu, cu, longest, longest, scale=scale, window_size=sides)
-    else:
-        out = _Windowed.apply(*flat, cu, longest, causal, scale, sides)
+    left, right = window_size(window, causal)
+    out, _lse, _rng = torch.ops.ablate.varlen_attn(*flat, parts.cu_seqlens, parts.sizes, left, right, scale)
     return out.view(batch, length, heads, dim)
 
 
-class _Windowed(torch.autograd.Function):
-    """aten's flash forward and backward with window arguments, as torch's varlen_attn wires them (for a
-    torch whose varlen_attn has no window_size)."""
+def _cut(cu_seqlens: torch.Tensor, sizes: torch.Tensor) -> tuple[torch.Tensor, int]:
+    count, longest = (int(n) for n in sizes.tolist())
+    return cu_seqlens[: count + 1], longest
 
-    @staticmethod
-    def forward(ctx, q, k, v, cu, longest, causal, scale, sides):
-        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
-            q, k, v, cu, cu, longest, longest, 0.0, causal, False, scale=scale,
-            window_size_left=sides[0], window_size_right=sides[1],
-        )  # fmt: skip
-        ctx.save_for_backward(q, k, v, out, lse, cu, rng, unused)
-        ctx.args = (longest, causal, scale, sides)
-        return out
 
-    @staticmethod
-    def backward(ctx, grad):
-        q, k, v, out, lse, cu, rng, unused = ctx.saved_tensors
-        longest, causal, scale, sides = ctx.args
-        gq, gk, gv = torch.ops.aten._flash_attention_backward(
-            grad.contiguous(), q, k, v, out, lse, cu, cu, longest, longest, 0.0, causal, rng, unused,
-            scale=scale, window_size_left=sides[0], window_size_right=sides[1],
-        )  # fmt: skip
-        return gq, gk, gv, None, None, None, None, None
+@torch.library.custom_op("ablate::varlen_attn", mutates_args=())
+def _varlen_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    sizes: torch.Tensor,
+    left: int,
+    right: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """torch's varlen op on the first `sizes[0]` segments, bounded by `sizes[1]`: (out, lse, rng state)."""
+    cu, longest = _cut(cu_seqlens, sizes)
+    causal = (left, right) == (NO_BOUND, 0)  # as torch's varlen_attn sets it
+    return torch.ops.torch_attn._varlen_attn(q, k, v, cu, cu, longest, longest, causal, scale, [left, right])
+
+
+@_varlen_attn.register_fake
+def _varlen_attn_fake(q, k, v, cu_seqlens, sizes, left, right, scale):
+    lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)  # (heads, tokens), as flash returns it
+    return torch.empty_like(q), lse, q.new_empty((2,), dtype=torch.uint64)
+
+
+@torch.library.custom_op("ablate::varlen_attn_backward", mutates_args=())
+def _varlen_attn_backward(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    sizes: torch.Tensor,
+    rng: torch.Tensor,
+    left: int,
+    right: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    cu, longest = _cut(cu_seqlens, sizes)
+    causal = (left, right) == (NO_BOUND, 0)
+    return torch.ops.torch_attn._varlen_attn_backward(
+        grad.contiguous(), q, k, v, out, lse, cu, cu, longest, longest, causal, rng, scale, [left, right]
+    )
+
+
+@_varlen_attn_backward.register_fake
+def _varlen_attn_backward_fake(grad, q, k, v, out, lse, cu_seqlens, sizes, rng, left, right, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, cu_seqlens, sizes, left, right, scale = inputs
+    out, lse, rng = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, sizes, rng)
+    ctx.window = (left, right, scale)
+
+
+def _backward(ctx, grad, _grad_lse, _grad_rng):
+    q, k, v, out, lse, cu_seqlens, sizes, rng = ctx.saved_tensors
+    dq, dk, dv = torch.ops.ablate.varlen_attn_backward(
+        grad, q, k, v, out, lse, cu_seqlens, sizes, rng, *ctx.window
+    )
+    return dq, dk, dv, None, None, None, None, None
+
+
+_varlen_attn.register_autograd(_backward, setup_context=_setup_context)
 
 
 def reference(

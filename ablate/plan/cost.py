@@ -28,6 +28,14 @@ from ablate.config.errors import SpecError
 from ablate.config.spec import RunSpec
 from ablate.store.sweep import format_duration
 
+# The launch-bound floor of one fine-tuning step where `ablate calibrate` has not measured it: a fixed part (the
+# optimizer, clipping, the loss and head, the batch's copy) and a part per encoder layer (eager PyTorch launches
+# about 75 kernels per layer per training step, forward and backward, at ~15 us of host time each). A step of
+# 16 short sequences through 22 layers is bound by these launches, not by its FLOPs. docs/performance.md.
+DEFAULT_FLOOR_FIXED_S = 0.003
+DEFAULT_FLOOR_PER_LAYER_S = 0.0011
+FORWARD_SHARE = 1 / 3  # an evaluation batch's floor, of a training step's
+
 HOW_TO_GET_HOURS = (
     "for hours and GPU-hours, run `ablate calibrate {grid}` on the target hardware (it stores the "
     "measured tokens/s with the sweep) or pass --tokens-per-s N"
@@ -91,6 +99,7 @@ class FinetuneWork:
     batch: int = 1
     eval_every: int | None = None
     flops: tuple[float, float, float] | None = None
+    eval_batch: int = 1
 
     @property
     def trained(self) -> int:
@@ -107,6 +116,23 @@ class FinetuneWork:
             return self.epochs
         every = min(self.eval_every or math.ceil(self.train / self.batch), self.max_steps)
         return math.ceil(self.max_steps / every)
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps of one fine-tuning: max_steps, or epochs x the batches of a pass."""
+        if self.max_steps is None:
+            return self.epochs * math.ceil(self.train / self.batch)
+        return self.max_steps
+
+    @property
+    def eval_batches(self) -> int:
+        """Forward batches of one fine-tuning's evaluations: each dev evaluation, then the test one."""
+        return self.evaluations * math.ceil(self.dev / self.eval_batch) + math.ceil(self.test / self.eval_batch)
+
+    def floor_seconds(self, step_s: float) -> float:
+        """Seconds of one fine-tuning where every step costs its floor (`step_s` a training step, a third of it
+        an evaluation batch: a forward alone launches about a third of a step's kernels)."""
+        return self.optimizer_steps * step_s + self.eval_batches * step_s * FORWARD_SHARE
 
     def describe_training(self) -> str:
         if self.max_steps is None:
@@ -158,6 +184,14 @@ class FinetuneRate(Strict):
         return FinetuneKey(self.model, self.task, self.settings)
 
 
+class StepFloor(Strict):
+    model: str
+    batch_size: int = Field(gt=0)
+    step_s: float = Field(gt=0, description="seconds of one fine-tuning step at a few tokens per example")
+    device: str
+    tokens: int = Field(gt=0, description="tokens per example of the timed steps")
+
+
 class Calibration(Strict):
     sweep: str
     grid_file: str
@@ -166,6 +200,7 @@ class Calibration(Strict):
     torch: str
     pretraining: tuple[PretrainRate, ...]
     finetuning: tuple[FinetuneRate, ...] = ()
+    step_floors: tuple[StepFloor, ...] = ()
 
 
 # ---------------------------------------------------------------- throughput
@@ -175,18 +210,24 @@ class Calibration(Strict):
 class Throughput:
     """What the estimate divides by: tokens/s per process for each combo (or `default` for every combo),
     (train, eval) examples/s measured for each fine-tuning key, and for fine-tuning not measured, the executed
-    FLOP/s of one process per model (ablate.plan.finetune_flops; `estimate_basis` says how it is made);
-    `source` says where they come from."""
+    FLOP/s of one process per model (ablate.plan.finetune_flops) and the floor of one of its fine-tuning steps
+    (`estimate_basis` says how both are made); `source` says where they come from."""
 
     source: str
     per_combo: dict[Combo, float] = field(default_factory=dict)
     default: float | None = None
     finetune: dict[FinetuneKey, tuple[float, float]] = field(default_factory=dict)
     flop_rates: dict[str, float] = field(default_factory=dict)
+    step_floors: dict[str, float] = field(default_factory=dict)  # model -> seconds of a fine-tuning step, at least
     estimate_basis: tuple[str, ...] = ()
 
     def tokens_per_s(self, combo: Combo) -> float | None:
         return self.per_combo.get(combo, self.default)
+
+
+def default_step_floor(layers: int) -> float:
+    """Seconds of one fine-tuning step of an encoder of `layers` layers where none was measured."""
+    return DEFAULT_FLOOR_FIXED_S + DEFAULT_FLOOR_PER_LAYER_S * layers
 
 
 def check_tokens_per_s(value: float | None) -> float | None:
@@ -304,8 +345,9 @@ class FinetuneTime(NamedTuple):
 
 def finetune_time(work: list[FinetuneWork], throughput: Throughput | None) -> FinetuneTime | None:
     """Seconds of fine-tuning, per task and seed: its training examples / the train rate + (its dev evaluations
-    x dev + test) / the eval rate, at the examples/s measured for its key; else its executed FLOPs / the FLOP
-    rate of its model (estimated). None when a task has neither."""
+    x dev + test) / the eval rate, at the examples/s measured for its key; else (estimated) the longer of its
+    executed FLOPs at the FLOP rate of its model and its steps at the model's step floor (a step of a few
+    short sequences is bound by kernel launches, not FLOPs). None when a task has neither."""
     measured = estimated = 0.0
     for w in work:
         rates = throughput.finetune.get(w.key) if throughput is not None else None
@@ -316,7 +358,8 @@ def finetune_time(work: list[FinetuneWork], throughput: Throughput | None) -> Fi
         flops = w.executed_flops()
         if rate is None or flops is None:
             return None
-        estimated += w.seeds * flops / rate
+        floor = throughput.step_floors.get(w.key.model)
+        estimated += w.seeds * max(flops / rate, 0.0 if floor is None else w.floor_seconds(floor))
     return FinetuneTime(measured + estimated, estimated)
 
 
@@ -476,6 +519,11 @@ def describe_plan(
     lines = [f"cost plan: throughput {throughput.source}"]
     for rate in calibration.pretraining if calibration else ():
         lines.append(f"  {rate.combo.describe()}: {rate.tokens_per_s:,.0f} tokens/s on {rate.device}")
+    for floor in calibration.step_floors if calibration else ():
+        lines.append(
+            f"  fine-tuning step floor {floor.model}: {floor.step_s * 1000:,.1f} ms per step of {floor.batch_size} "
+            f"x {floor.tokens} tokens on {floor.device}"
+        )
     for ft in calibration.finetuning if calibration else ():
         lines.append(
             f"  fine-tuning {ft.model} {ft.task}: {ft.train_examples_per_s:,.1f} train, "

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from ablate.config.errors import SpecError
 from ablate.config.spec import RunSpec
-from ablate.plan.cost import Throughput
+from ablate.plan.cost import DEFAULT_FLOOR_FIXED_S, DEFAULT_FLOOR_PER_LAYER_S, Throughput, default_step_floor
 from ablate.plan.finetune_flops import executed_flop_rates, mean_flops
 
 # Characters per token where the tokenizer is not here (a hub id not in the local cache): about what a subword
@@ -98,21 +98,43 @@ class TokenCounter:
         return mean_flops(config, lengths, settings.method, settings.probe)
 
 
-def with_estimates(throughput: Throughput, specs: list[RunSpec], counter: TokenCounter) -> Throughput:
+def with_estimates(
+    throughput: Throughput,
+    specs: list[RunSpec],
+    counter: TokenCounter,
+    measured_floors: dict[str, tuple[float, str]] | None = None,
+) -> Throughput:
     """`throughput` with the executed FLOP rate of each model the counter has a config of (over the specs'
-    pretraining at it), and the lines that say how fine-tuning is estimated from it."""
+    pretraining at it), the floor of one of its fine-tuning steps (`measured_floors`: model -> (seconds, where),
+    from `ablate calibrate`; else the default of its layer count, ablate.plan.cost.default_step_floor), and
+    the lines that say how fine-tuning is estimated from them."""
     configs = {spec.model: counter.config(spec.model) for spec in specs}
     rates = executed_flop_rates(specs, throughput, {m: c for m, c in configs.items() if c is not None})
     if not rates:
         return throughput
+    measured_floors = measured_floors or {}
+    floors, said = {}, []
+    for model in rates:
+        if model in measured_floors:
+            floors[model], where = measured_floors[model]
+            said.append(f"{model} {floors[model] * 1000:.3g} ms (measured by `ablate calibrate` on {where})")
+        else:
+            layers = configs[model].num_hidden_layers
+            floors[model] = default_step_floor(layers)
+            said.append(
+                f"{model} {floors[model] * 1000:.3g} ms (default, not measured: {DEFAULT_FLOOR_FIXED_S * 1000:g} ms "
+                f"+ {DEFAULT_FLOOR_PER_LAYER_S * 1000:g} ms x {layers} layers)"
+            )
     basis = (
-        "fine-tuning h (estimated): no fine-tuning throughput was measured; each fine-tuning is its executed FLOPs",
-        "  (6 x the encoder's matmul weights x tokens + attention, over steps x batch for a max_steps task; no "
-        "padding, no task heads) at the executed FLOP rate of its model's pretraining at this throughput "
-        "(attention over whole rows): a lower bound",
+        "fine-tuning h (estimated): no fine-tuning throughput was measured; each fine-tuning is the longer of",
+        "  its executed FLOPs (6 x the encoder's matmul weights x tokens + attention, over steps x batch for a "
+        "max_steps task; no padding, no task heads) at the executed FLOP rate of its model's pretraining at this "
+        "throughput (attention over whole rows), and its optimizer steps x the model's step floor (an "
+        "evaluation batch a third of it): a step of a few short sequences is bound by kernel launches, not FLOPs",
         "  FLOP rate per process: "
         + "; ".join(f"{model} {rate / 1e12:.3g} TFLOP/s" for model, rate in rates.items()),
+        "  step floor: " + "; ".join(said),
         "  tokens per example from the task data, cut at max_length: "
         + "; ".join(f"{source}: {how}" for source, how in counter.how.items()),
     )
-    return replace(throughput, flop_rates=rates, estimate_basis=basis)
+    return replace(throughput, flop_rates=rates, step_floors=floors, estimate_basis=basis)

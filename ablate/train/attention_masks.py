@@ -212,14 +212,18 @@ def _banded(
     there once); on the CUDA kernels the documents as flash segments, and with `flex_on` the global layers'
     block mask where flash cannot serve them (a prefix; documents in float32)."""
     kernels = kernels or attention.kernels_for(device)
-    docs = None if documents is None else attention.documents_of(documents, device)
+    gpu = kernels == attention.GPU_KERNELS and varlen.AVAILABLE
+    flash_dtype = dtype in attention.FLASH_DTYPES or torch.device(device).type == "cpu"
+    # every layer takes flash varlen (attention.route): no kernel reads the doc ids, which stay on the host
+    all_flash = gpu and flash_dtype and prefix is None and not _attention_dropout(model)
+    docs = None if documents is None else attention.documents_of(documents, device, ids_read=not all_flash)
     pre = None if prefix is None else attention.prefix_of(prefix, device)
     causal = causal or pre is not None  # a prefix pattern: causal, or a key in the row's prefix
     parts = None
-    if docs is not None and kernels == attention.GPU_KERNELS and varlen.AVAILABLE:
+    if docs is not None and gpu:
         parts = varlen.segments(varlen.offsets(docs.spans, seq_len), seq_len, device)
     block_mask = None
-    flash_docs = parts is not None and (dtype in attention.FLASH_DTYPES or torch.device(device).type == "cpu")
+    flash_docs = parts is not None and flash_dtype
     if flex_on and (pre is not None or (docs is not None and not flash_docs)):
         rows = len(pre.host) if pre is not None else len(docs.ids)
         block_mask = flex.block_mask(
@@ -233,6 +237,14 @@ def _banded(
         )
     with _registered(model, family, causal, attention.LayerInputs(kernels, docs, pre, block_mask, parts)):
         yield
+
+
+def _attention_dropout(model) -> bool:
+    """Whether the model's attention layers drop out in this forward (flash varlen has no dropout: they then
+    take the banded and per-document paths)."""
+    config = model.config
+    rate = getattr(config, "attention_dropout", 0.0) or getattr(config, "attention_probs_dropout_prob", 0.0)
+    return bool(model.training and rate)
 
 
 @contextmanager

@@ -14,7 +14,8 @@ named in the run's log, its compiled code kept across processes.
 - The compile cache: torch's portable cache artifacts (the compiled kernels, autotuning results) are loaded
   from `cache_dir` before the first compile and saved there after each step that compiled, so the other arms
   of a sweep and a requeued job start warm. Each save is a new file named by its content's digest (written
-  atomically), so concurrent jobs never write the same file.
+  atomically), so concurrent jobs never write the same file; a file whose bytes no longer match its name, or
+  that torch declines, is named in the log and removed (load_cache).
 
 May import: config, models, store.
 """
@@ -64,7 +65,9 @@ def block_kinds(encoder: torch.nn.Module, family: Family) -> int:
 def recompile_limit(encoder: torch.nn.Module, family: Family, phase_keys: set) -> int:
     """Dynamo's recompile limit a run needs: every block kind, in each phase (`phase_keys`: its objective and
     freeze mask), frozen or trained, with an input that needs gradients or not (the first trained block after
-    frozen ones has none), with room for one more phase; at least torch's default."""
+    frozen ones has none), with room for one more phase (which also takes the one recompile per kind that may
+    follow a process's first call); at least torch's default. Documents add no factor: their count and
+    longest length reach the attention as runtime values (ablate.models.varlen), not as shapes or constants."""
     graphs = block_kinds(encoder, family) * 4 * (len(phase_keys) + 1)
     return max(torch._dynamo.config.recompile_limit, graphs)
 
@@ -147,18 +150,35 @@ def cache_dir(run_dir: Path) -> Path:
 
 
 def load_cache(cache_dir: Path | None, log: Log = print) -> int:
-    """Load every saved artifact file of `cache_dir` into torch's compile caches; how many loaded. An
-    unreadable file is skipped with a line in the log (the kernels are then compiled again)."""
+    """Load every saved artifact file of `cache_dir` into torch's compile caches; how many loaded. A file is
+    checked before torch reads it (its name is the digest of its bytes: a cut or altered file fails) and after
+    (torch declines a file from another torch, or one it cannot parse, by returning None): one that fails is
+    named in the log and removed, and its kernels are compiled again (and saved anew)."""
     if cache_dir is None or not Path(cache_dir).is_dir():
         return 0
     loaded = 0
     for path in sorted(Path(cache_dir).glob(f"*{CACHE_SUFFIX}")):
         try:
-            torch.compiler.load_cache_artifacts(path.read_bytes())
+            data = path.read_bytes()
+        except FileNotFoundError:  # removed by a concurrent job since the listing
+            continue
+        if _digest(data) != path.name.removesuffix(CACHE_SUFFIX):
+            why = "its bytes do not match the digest it was saved under (cut or altered)"
+        else:
+            try:
+                why = None if torch.compiler.load_cache_artifacts(data) is not None else "torch declined it"
+            except Exception as error:  # torch raises on some damage instead of declining
+                why = f"{type(error).__name__}: {error}"
+        if why is None:
             loaded += 1
-        except Exception as error:  # a file from another torch, or cut short: compile again instead
-            log(f"torch.compile cache: skipped {path.name} ({type(error).__name__}: {error})")
+            continue
+        log(f"torch.compile cache: skipped and removed {path} ({why}); its kernels compile again")
+        path.unlink(missing_ok=True)
     return loaded
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
 def save_cache(cache_dir: Path | None, replaces: Path | None = None) -> Path | None:
@@ -170,7 +190,7 @@ def save_cache(cache_dir: Path | None, replaces: Path | None = None) -> Path | N
     if saved is None:
         return None
     data, _info = saved
-    path = Path(cache_dir) / f"{hashlib.sha256(data).hexdigest()[:16]}{CACHE_SUFFIX}"
+    path = Path(cache_dir) / f"{_digest(data)}{CACHE_SUFFIX}"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         write_bytes(path, data)

@@ -29,7 +29,7 @@ their `_backward` ops (wrapped in an autograd.Function as torch's derivatives.ya
 gradients take the CUDA kernels' layouts: the efficient kernel returns a transposed view ((B, H, L, D) over
 (B, L, H, D) memory), on which `.view` merging L with another dim fails as it does on CUDA. The other CUDA
 kernels a step runs are ops with fake implementations of their own, which meta runs as they are: flash
-variable length (torch_attn::_varlen_attn, ablate.models.varlen; recorded as "varlen") and the vocabulary
+variable length (ablate::varlen_attn, ablate.models.varlen; recorded as "varlen") and the vocabulary
 loss's compiled softmax (ablate::softmax_tail, ablate.train.vocab_loss).
 
 Meta has no autocast dispatch key. The tests stand bf16 autocast in by bf16 weights; `CudaKernels(autocast=
@@ -38,7 +38,7 @@ weights a bf16 run keeps): matmuls, linear layers and SDPA get their floating in
 copies are what autograd saves, as under autocast), layer norms, softmax and cross-entropy to float32.
 `paused` lets the fused vocabulary loss run as it does under autocast (which it switches off inside).
 
-May import: nothing from ablate. Torch only.
+May import: models.
 """
 
 from __future__ import annotations
@@ -46,13 +46,14 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.attention.varlen  # noqa: F401  (registers torch_attn::_varlen_attn)
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 
+import ablate.models.varlen  # noqa: F401  (registers ablate::varlen_attn)
+
 aten = torch.ops.aten
-VARLEN_OP = torch.ops.torch_attn._varlen_attn  # registered by importing torch.nn.attention.varlen
+VARLEN_OP = torch.ops.ablate.varlen_attn  # registered by importing ablate.models.varlen
 MAX_HEAD_DIM = 256
 CUDNN_MAX_HEAD_DIM = 128  # cuDNN's attention backward (sm90)
 BACKENDS = {
