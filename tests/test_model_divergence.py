@@ -104,7 +104,7 @@ def test_divergence_table_has_the_whole_model_rows_with_std_and_interval_over_se
 
 def test_persistence_figure_draws_the_whole_model_divergence_over_decay_tokens(tmp_path):
     rows, runs, _ = _pairs_of({1: 0, 2: 0, 3: 0})
-    assert FIGURES["persistence"] is persistence_figure
+    assert FIGURES["persistence"].draw is persistence_figure
     fig, data = persistence_figure(Sweep(path=tmp_path, runs=runs, pairs=rows))
     assert set(data["kind"]) == {"CLM vs MLM twin", "MLM seed noise"}
     clm = data[data["kind"] == "CLM vs MLM twin"].set_index("decay_tokens")

@@ -440,7 +440,7 @@ def cmd_report(args) -> int:
     paths = report.make_figure(args.figure, sweep.root, args.out, **figure_options)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
-    if args.figure == "deltas":
+    if report.FIGURES[args.figure].summary:
         print(report.score_summary(report.load_sweep(sweep.root)).to_string(index=False))
     return EXIT_OK
 

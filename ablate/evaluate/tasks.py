@@ -20,10 +20,9 @@ from ablate.config.paths import registry_dir, registry_names
 from ablate.evaluate.access import Access
 from ablate.evaluate.protocol import profile_settings
 from ablate.evaluate.task_readers import HUB_PREFIX, SPLITS, Example, read_splits
-from ablate.evaluate.task_types import METRICS, TASK_TYPES, TYPE_NAMES, TYPE_SETTINGS, task_type
+from ablate.evaluate.task_types import METRICS, TASK_TYPES, TYPE_SETTINGS, task_type
 
 TASKS_DIR_ENV = "ABLATE_TASKS_DIR"  # default: grids/tasks of this checkout
-TaskType = Literal[TYPE_NAMES]  # the registered entries (ablate.evaluate.task_types)
 
 
 class FinetuneSettings(Strict):
@@ -214,7 +213,7 @@ class TaskSpec(Strict):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="the task's name in tables (the file's name)"
     )
     language: str = Field(min_length=2, description="the texts' language code (en, fr, ...)")
-    type: TaskType = Field(
+    type: str = Field(  # a registered entry's name, checked when the file is validated (_consistent)
         description="what is predicted: "
         + "; ".join(f"{name}: {entry.description}" for name, entry in TASK_TYPES.items())
     )
@@ -268,6 +267,8 @@ class TaskSpec(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> TaskSpec:
+        if self.type not in TASK_TYPES:
+            raise Located("unknown task type", "type", self.type, ", ".join(TASK_TYPES))
         allowed = METRICS[self.type]
         for i, m in enumerate(self.metrics):
             if m not in allowed:

@@ -265,22 +265,25 @@ def _small_tests_note(table: pd.DataFrame) -> str:
 
 
 def draw_figures(sweep: Sweep) -> tuple[list[Path], list[str]]:
-    """Redraw the registered figures (the layer figure once per measure) into <sweep>/figures/; returns the
-    PNGs of the sweep's figure folder (those drawn now first) and a note for each figure not drawn."""
+    """Redraw the registered figures into <sweep>/figures/ (a figure drawn per measure once per measure of the
+    layers table, as NAME-MEASURE; one that needs a tune study only in a study's folder, which holds
+    study.json); returns the PNGs of the sweep's figure folder (those drawn now first) and a note for each
+    figure not drawn."""
     folder = sweep.path / "figures"
-    # the tune figure belongs to tune studies only (their folder holds study.json)
-    jobs = [
-        (name, {})
-        for name in FIGURES
-        if name != "layers" and (name != "tune" or (sweep.path / "study.json").is_file())
-    ]
+    study = (sweep.path / "study.json").is_file()
     measures = sorted(pd.unique(sweep.layers["measure"])) if sweep.layers is not None else []
-    jobs += [(f"layers-{m}", {"measure": m}) for m in measures] or [("layers", {})]
+    jobs = []
+    for figure in FIGURES.values():
+        if figure.needs_study and not study:
+            continue
+        if figure.per_measure and measures:
+            jobs += [(figure, f"{figure.name}-{m}", {"measure": m}) for m in measures]
+        else:
+            jobs.append((figure, figure.name, {}))
     drawn, notes = [], []
-    for stem, options in jobs:
-        name = stem.split("-")[0]
+    for figure, stem, options in jobs:
         try:
-            fig, data = FIGURES[name](sweep, **options)
+            fig, data = figure.draw(sweep, **options)
             drawn.append(save_figure(fig, data, folder / stem, "svg")["png"])
         except Exception as exc:  # noqa: BLE001  (a figure the sweep cannot have is a note on the page)
             notes.append(f"{stem}: {exc}")
