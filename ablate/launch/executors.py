@@ -1,5 +1,6 @@
-"""How a run becomes a submitit job: the job callable (RunJob) and the three executors (local processes with
-a parallel cap, Slurm, in-process debug).
+"""How a run becomes a submitit job: the job callable (RunJob) and the executors, one Executor entry each in
+EXECUTORS (local processes with a parallel cap, Slurm, in-process debug): how it builds its submitit executor
+and whether it can run here. A new executor: docs/extending.md, "An executor".
 
 May import: config, store, launch.worker.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -15,9 +17,8 @@ import submitit
 
 from ablate.config.errors import SpecError
 from ablate.config.launcher import Launcher
+from ablate.config.registry import Registry
 from ablate.launch import worker
-
-EXECUTORS = ("local", "slurm", "debug")
 
 # Given the run folder, the hook a run calls at each log step (or None); see worker.execute.
 ProgressHookFactory = Callable[[Path], Callable[[dict], None] | None]
@@ -46,26 +47,17 @@ def have_slurm() -> bool:
     return shutil.which("sbatch") is not None
 
 
-def require_executor(kind: str, key: str = "launcher.executor") -> str:
-    """The executor kind, checked before anything is submitted (SpecError under `key`: the CLI exits 2)."""
-    if kind not in EXECUTORS:
-        raise SpecError("unknown executor", key=key, value=kind, allowed=", ".join(EXECUTORS))
-    if kind == "slurm" and not have_slurm():
-        raise SpecError(
-            "Slurm is not available here (no sbatch on PATH)", key=key, value="slurm", allowed="local, debug"
-        )
-    return kind
+def _debug(launcher: Launcher, folder: Path, name: str):
+    return submitit.DebugExecutor(folder)
 
 
-def make_executor(kind: str, launcher: Launcher, folder: Path, name: str):
-    """The submitit executor for `kind`, its job files and logs under `folder`; `name` names Slurm jobs."""
-    folder.mkdir(parents=True, exist_ok=True)
-    if kind == "debug":
-        return submitit.DebugExecutor(folder)
-    if kind == "local":
-        ex = submitit.LocalExecutor(folder)
-        ex.update_parameters(timeout_min=launcher.local.timeout_min)
-        return ex
+def _local(launcher: Launcher, folder: Path, name: str):
+    ex = submitit.LocalExecutor(folder)
+    ex.update_parameters(timeout_min=launcher.local.timeout_min)
+    return ex
+
+
+def _slurm(launcher: Launcher, folder: Path, name: str):
     s = launcher.slurm
     ex = submitit.AutoExecutor(folder, cluster="slurm", slurm_max_num_timeout=s.max_requeues)
     params = dict(
@@ -93,3 +85,49 @@ def make_executor(kind: str, launcher: Launcher, folder: Path, name: str):
         params["slurm_setup"] = list(s.setup)
     ex.update_parameters(**params)
     return ex
+
+
+@dataclass(frozen=True)
+class Executor:
+    """One way to run jobs: `make(launcher, folder, name)` builds the submitit executor (its job files and logs
+    under `folder`; `name` names cluster jobs); `missing()` says why it cannot run on this machine (None: it
+    can)."""
+
+    name: str
+    description: str
+    make: Callable
+    missing: Callable[[], str | None] = lambda: None
+
+
+def _check_executor(entry: Executor, _registry) -> None:
+    if not (callable(entry.make) and callable(entry.missing)):
+        raise TypeError(f"executor {entry.name!r}: make and missing are functions")
+
+
+EXECUTORS: Registry[Executor] = Registry("executor", Executor, _check_executor)
+for _executor in (
+    Executor("local", "processes on this machine, a GPU each, launcher.local.parallel at once", _local),
+    Executor(
+        "slurm",
+        "Slurm jobs (arrays, requeue)",
+        _slurm,
+        lambda: None if have_slurm() else "Slurm is not available here (no sbatch on PATH)",
+    ),
+    Executor("debug", "in this process, one run after another", _debug),
+):
+    EXECUTORS.register(_executor)
+
+
+def require_executor(kind: str, key: str = "launcher.executor") -> str:
+    """The executor kind, checked before anything is submitted (SpecError under `key`: the CLI exits 2)."""
+    missing = EXECUTORS.lookup(kind, key=key).missing()
+    if missing:
+        usable = ", ".join(n for n, e in EXECUTORS.items() if e.missing() is None)
+        raise SpecError(missing, key=key, value=kind, allowed=usable)
+    return kind
+
+
+def make_executor(kind: str, launcher: Launcher, folder: Path, name: str):
+    """The submitit executor for `kind`, its job files and logs under `folder`; `name` names Slurm jobs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return EXECUTORS[kind].make(launcher, folder, name)

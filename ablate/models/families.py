@@ -25,6 +25,7 @@ import torch
 from transformers import PretrainedConfig
 
 from ablate.config.errors import SpecError
+from ablate.config.registry import Registry
 
 # How an attention implementation receives a causal mask (ablate.train.attention_masks.attention_for):
 #   flag            the attention modules' is_causal is set and no mask is passed: SDPA's fused causal kernel
@@ -182,7 +183,7 @@ _QKV = ("query", "key", "value")
 # `output` (the feed-forward block and its LayerNorm); `attention.output.` starts with `attention.`
 _BERT_PARTS = (("attention", ("attention.",)), ("mlp", ("intermediate.", "output.")))
 
-FAMILIES: dict[str, Family] = {
+_SHIPPED: dict[str, Family] = {
     f.name: f
     for f in (
         Family(
@@ -303,6 +304,23 @@ FAMILIES: dict[str, Family] = {
         ),
     )
 }
+
+
+
+def _check_family(entry: Family, registry) -> None:
+    """An entry that can work: model types of its own, each attention implementation's mask kind a known one."""
+    unknown = {kind for kind in entry.causal.values() if kind not in MASK_KINDS}
+    if not entry.model_types or unknown:
+        raise ValueError(f"family {entry.name!r}: model_types empty or mask kinds {sorted(unknown)} unknown")
+    taken = {t: f.name for f in registry.values() if f.name != entry.name for t in f.model_types}
+    if any(t in taken for t in entry.model_types):
+        raise ValueError(f"family {entry.name!r}: a model type another entry covers ({taken})")
+
+
+# the registered families (ablate.config.registry: `FAMILIES.register(Family(...))` adds one, checked)
+FAMILIES: Registry[Family] = Registry("model family", Family, _check_family)
+for _family in _SHIPPED.values():
+    FAMILIES.register(_family)
 
 HOW_TO_ADD = "add an entry to FAMILIES in ablate/models/families.py (docs/models.md: Adding a family)"
 

@@ -1,6 +1,6 @@
 """Objectives as entries: every consumer asks the entry, none compares an objective's name.
 
-An entry (a subclass of Objective, one module of this package, listed in ablate.config.objectives.registry)
+An entry (a subclass of Objective, one module of this package, imported and registered below: ENTRY_MODULES)
 says
 - `batch(...)`: what it does to a batch of packed sequences (inputs, labels, the attention pattern per row);
 - `pattern`: what the attention must allow: bidirectional, causal, or prefix (a bidirectional prefix and a
@@ -30,6 +30,14 @@ from ablate.config.objectives.base import (
     mask_rate_at,
 )
 from ablate.config.objectives.registry import get, leaves, names, needs_preflight, patterns_of, register
+
+# the shipped entries: each module's ENTRY, registered (and checked) once the registry exists; a new objective
+# is a new module and its name here (docs/extending.md, "An objective")
+from ablate.config.objectives import clm, mixture, mlm, mntp, prefix_lm, span  # noqa: E402
+
+ENTRY_MODULES = (clm, mixture, mlm, mntp, prefix_lm, span)
+for _module in ENTRY_MODULES:
+    register(_module.ENTRY)
 
 __all__ = [
     "BIDIRECTIONAL",

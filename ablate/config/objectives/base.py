@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import torch
 
 from ablate.config.base import Located
+from ablate.config.registry import Registry
 
 IGNORE = -100
 BIDIRECTIONAL, CAUSAL, PREFIX = "bidirectional", "causal", "prefix"
@@ -176,8 +177,17 @@ class MaskingObjective(Objective):
         return corrupt(ids, masked, params.corruption, tokens, draws.masking), self.targets(ids, masked), None
 
 
-_ENTRIES: dict[str, Objective] = {}
+def _check_objective(entry: Objective, _registry) -> None:
+    if not isinstance(getattr(entry, "name", None), str) or not hasattr(entry, "pattern"):
+        raise ValueError(f"objective {type(entry).__name__}: an entry sets `name` and `pattern`")
+    unknown = set(entry.fields) - set(OBJECTIVE_FIELDS)
+    if unknown:
+        raise ValueError(f"objective {entry.name!r} reads fields OBJECTIVE_FIELDS lacks: {sorted(unknown)}")
+
+
+# the registered objectives (ablate.config.objectives registers the shipped ones; `register` adds one)
+OBJECTIVES: Registry[Objective] = Registry("objective", Objective, _check_objective)
 
 
 def _readers_of(field: str) -> list[str]:
-    return sorted(n for n, e in _ENTRIES.items() if field in e.fields)
+    return sorted(n for n, e in OBJECTIVES.items() if field in e.fields)

@@ -1,51 +1,25 @@
-"""The registered objectives: ENTRY_MODULES lists the modules of this package that each define one entry
-(`ENTRY`, an Objective), so a new objective is a new module and one line here; `register` adds an entry
-defined elsewhere (a user's own, or a test's). The registries of ablate all take this shape: the entries
-listed in one place, looked up by name (families: ablate.models.families.FAMILIES; task types:
-ablate.evaluate.task_types; converters: ablate.data.converters.CONVERTERS; figures:
-ablate.report.registry.FIGURES).
+"""Looking objectives up: the registered entries (base.OBJECTIVES, filled by ablate.config.objectives, which
+imports and registers each entry module of this package) by name, and what a phase trains under. `register`
+adds an entry defined elsewhere (a user's own, or a test's), checked as it is registered.
 
 May import: config.
 """
 
 from __future__ import annotations
 
-import importlib
+from ablate.config.objectives.base import BIDIRECTIONAL, OBJECTIVES, Objective
 
-from ablate.config.objectives.base import _ENTRIES, BIDIRECTIONAL, Objective
-
-# imported when an objective is first asked for: mixture.py asks this registry for its members
-ENTRY_MODULES = ("clm", "mixture", "mlm", "mntp", "prefix_lm", "span")
-_LOADED: list[bool] = []
-
-
-def register(entry: Objective) -> Objective:
-    """Add an objective entry (its name once)."""
-    if not isinstance(entry, Objective):
-        raise TypeError(f"an objective entry is an Objective, not {type(entry).__name__}")
-    if entry.name in _ENTRIES and _ENTRIES[entry.name] is not entry:
-        raise ValueError(f"objective {entry.name!r} registered twice")
-    _ENTRIES[entry.name] = entry
-    return entry
-
-
-def _load() -> dict[str, Objective]:
-    if not _LOADED:
-        _LOADED.append(True)
-        for module in ENTRY_MODULES:
-            register(importlib.import_module(f"ablate.config.objectives.{module}").ENTRY)
-    return _ENTRIES
+register = OBJECTIVES.register
 
 
 def names() -> tuple[str, ...]:
-    return tuple(sorted(_load()))
+    return tuple(sorted(OBJECTIVES))
 
 
 def get(name: str) -> Objective:
-    entries = _load()
-    if name not in entries:
-        raise ValueError(f"unknown objective {name!r}; allowed: {', '.join(sorted(entries))}")
-    return entries[name]
+    if name not in OBJECTIVES:
+        raise ValueError(f"unknown objective {name!r}; allowed: {', '.join(names())}")
+    return OBJECTIVES[name]
 
 
 def leaves(params) -> list[tuple[Objective, object, float]]:

@@ -1,13 +1,19 @@
-"""Converters: a dataset's downloaded source files -> its shipped files, one function per derivation each
-dataset's SOURCE.md describes, named in ablate/data/catalog.yaml. A converter takes (inputs: source name ->
-downloaded path, out: an empty folder, the catalog entry) and writes every file the manifest lists.
+"""Converters: a dataset's downloaded source files -> its shipped files, one entry per derivation each
+dataset's SOURCE.md describes, named by the dataset's `converter:` in ablate/data/catalog.yaml. An entry
+(Converter, registered in CONVERTERS) names a function that takes (inputs: source name -> downloaded path, out:
+an empty folder, the catalog entry) and writes every file the manifest lists. A new converter: docs/extending.md,
+"A converter".
 
 May import: config, data.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
+
+from ablate.config.registry import Registry
 
 from ablate.data.converters.articles import convert_craft
 from ablate.data.converters.blue import convert_blue_chemprot
@@ -25,31 +31,50 @@ from ablate.data.converters.needle import convert_needle
 from ablate.data.converters.others import convert_e3c_fr_ner, convert_morfitt, convert_pubmedqa
 from ablate.data.converters.uw_brat import convert_uw_brat
 
-CONVERTERS = {
-    "copy": convert_copy,
-    "jnlpba": convert_jnlpba,
-    "gad": convert_gad,
-    "biosses": convert_biosses,
-    "hoc": convert_hoc,
-    "morfitt": convert_morfitt,
-    "pubmedqa_pqal": convert_pubmedqa,
-    "e3c_fr_ner": convert_e3c_fr_ner,
-    "corpus_en_e3c": convert_corpus_en_e3c,
-    "corpus_fr_e3c": convert_corpus_fr_e3c,
-    "ddi": convert_ddi,
-    "corpus_en_craft": convert_craft,
-    "corpus_en_medquad": convert_medquad,
-    "corpus_fr_leaflets_e3c": convert_leaflets,
-    "quaero": convert_quaero,
-    "quaero_brat": convert_quaero_brat,
-    "mantragsc_fr": convert_mantra,
-    "diamed": convert_diamed,
-    "fracco_30": partial(convert_fracco, top_k=30),
-    "fracco_100": partial(convert_fracco, top_k=100),
-    "cantemist": partial(convert_frasimed, subset="cantemist"),
-    "distemist": partial(convert_frasimed, subset="distemist"),
-    "blue_chemprot": convert_blue_chemprot,
-    "uw_brat": convert_uw_brat,
-    "physionet_deid": convert_physionet_deid,
-    "needle": convert_needle,
-}
+
+@dataclass(frozen=True)
+class Converter:
+    """One derivation: `convert(inputs, out, entry)` writes a dataset's files from its downloads."""
+
+    name: str
+    convert: Callable
+
+    def __call__(self, inputs, out, entry) -> None:
+        self.convert(inputs, out, entry)
+
+
+def _check_converter(entry: Converter, _registry) -> None:
+    if not callable(entry.convert):
+        raise TypeError(f"converter {entry.name!r}: convert is not callable")
+
+
+CONVERTERS: Registry[Converter] = Registry("converter", Converter, _check_converter)
+for _converter in (
+    Converter("copy", convert_copy),
+    Converter("jnlpba", convert_jnlpba),
+    Converter("gad", convert_gad),
+    Converter("biosses", convert_biosses),
+    Converter("hoc", convert_hoc),
+    Converter("morfitt", convert_morfitt),
+    Converter("pubmedqa_pqal", convert_pubmedqa),
+    Converter("e3c_fr_ner", convert_e3c_fr_ner),
+    Converter("corpus_en_e3c", convert_corpus_en_e3c),
+    Converter("corpus_fr_e3c", convert_corpus_fr_e3c),
+    Converter("ddi", convert_ddi),
+    Converter("corpus_en_craft", convert_craft),
+    Converter("corpus_en_medquad", convert_medquad),
+    Converter("corpus_fr_leaflets_e3c", convert_leaflets),
+    Converter("quaero", convert_quaero),
+    Converter("quaero_brat", convert_quaero_brat),
+    Converter("mantragsc_fr", convert_mantra),
+    Converter("diamed", convert_diamed),
+    Converter("fracco_30", partial(convert_fracco, top_k=30)),
+    Converter("fracco_100", partial(convert_fracco, top_k=100)),
+    Converter("cantemist", partial(convert_frasimed, subset="cantemist")),
+    Converter("distemist", partial(convert_frasimed, subset="distemist")),
+    Converter("blue_chemprot", convert_blue_chemprot),
+    Converter("uw_brat", convert_uw_brat),
+    Converter("physionet_deid", convert_physionet_deid),
+    Converter("needle", convert_needle),
+):
+    CONVERTERS.register(_converter)
