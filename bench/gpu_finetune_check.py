@@ -16,7 +16,9 @@ after each row:
  1-4 types      one task type each at the paper's length and batch, two rows each: `today` (the loop with
                 bf16 False: transformers' SDPA with the padding mask, autocast still on) and `new` (the loop
                 as it runs: bf16 on CUDA, each row's tokens one flash varlen segment, local layers windowed:
-                ablate.train.attention_masks.padded_attention)
+                ablate.train.attention_masks.padded_attention), stepped on one model in turns (type_rows:
+                each batch of a pool of --warmup warmed on both paths before any is timed, then --steps
+                timed steps per path over the same pool, which path goes first swapped at every step)
                 1 sequence_classification  2048, batch 4   (diamed's settings; 22 labels)
                 2 multi_label_classification 4096, batch 4 (cantemist's; 100 labels, BCE with pos_weight)
                 3 span_ner                 1024, batch 16  (quaero_emea_spans': the BiLSTM, CRF and biaffine
@@ -40,10 +42,14 @@ encoded by the type's own `encode` (so its labels are what the entry's collate e
    interpolated linearly between deciles. Sentences are short: the 1024 and 512 are limits, not lengths.
 
 Each type row: examples/s (median, min and max over the timed steps, and the mean: all examples over all
-timed seconds, which the ratios and the plan use), tokens/s (real tokens), the padding share of the timed
-batches, peak memory (max_memory_allocated), the first step's loss (seed 0: the same weights and batches for
-both paths), and how many times the first step called the flash varlen kernel (0 on today's path and on the
-CPU). `new` rows carry new_over_today. At the end, `goals` compares with the issue's goal: >= 3x fewer
+timed seconds, which the ratios and the plan use), tokens/s (real tokens), compile_s, apart (the path's
+warm-up seconds beyond its steps at the steady step time: kernel plans, allocator growth; nothing compiles
+here), the padding share of the timed batches, peak memory (max_memory_allocated over its timed steps, the
+one model and optimizer resident as in a run), the first step's loss (seed 0: the same weights, batch and
+random state for both paths), how many times the first step called the flash varlen kernel (0 on today's
+path and on the CPU), and `steps_order` (phase, path, batch of every step). `new` rows carry
+new_over_today. Each unit of row 5 steps every batch of its pool once before the timed window.
+At the end, `goals` compares with the issue's goal: >= 3x fewer
 GPU-seconds per fine-tuning unit than today's path on the same GPU (for the units' type: the best total
 examples/s of several units against today's path alone).
 
@@ -55,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import os
 import platform
@@ -71,6 +78,7 @@ import gpu_recipes  # noqa: E402
 
 DEFAULT_TOKENIZER = str(REPO / "bench" / "tokenizer")  # the MiniLM vocabulary alone (no weights)
 GOAL = 3.0  # the issue's: >= 3x fewer GPU-seconds per fine-tuning unit than today's path
+GRACE_S = 20.0  # a row's hard limit past its budget (its own checks end it at the budget between steps)
 GiB = 2**30
 POOL = 50  # batches in the population a row's batches are drawn from (batching.POOL_BATCHES)
 
@@ -115,10 +123,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--model", default=None, help="default config:modernbert-base (config:tiny-modernbert --tiny)")
     ap.add_argument("--tokenizer", default=DEFAULT_TOKENIZER)
     ap.add_argument("--rows", type=int, nargs="+", default=list(range(7)), help="which rows (0-6) to run")
-    ap.add_argument("--steps", type=int, default=None, help="timed steps a type row (default 12; 2 with --tiny)")
-    ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; 1 with --tiny)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps a path (default 12; 2 with --tiny)")
+    ap.add_argument(
+        "--warmup", type=int, default=None, help="batches in the pool, each warmed on each path (6; 1 --tiny)"
+    )
     ap.add_argument("--budget-s", type=float, default=None, help="the whole check (default 330; 900 --tiny)")
-    ap.add_argument("--row-budget-s", type=float, default=None, help="one row at most (default 40; 300 --tiny)")
+    ap.add_argument("--row-budget-s", type=float, default=None, help="one row at most (default 60; 300 --tiny)")
     ap.add_argument("--units", type=int, nargs="+", default=None, help="row 5's process counts (1 2 4 8; 1 2)")
     ap.add_argument("--units-type", default="token_classification", choices=sorted(BY_TYPE))
     ap.add_argument("--unit-s", type=float, default=None, help="row 5: seconds each count runs (15; 1 --tiny)")
@@ -128,9 +138,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     args.model = args.model or ("config:tiny-modernbert" if args.tiny else "config:modernbert-base")
     args.steps = args.steps if args.steps is not None else (2 if args.tiny else 12)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 6)
     args.budget_s = args.budget_s if args.budget_s is not None else (900.0 if args.tiny else 330.0)
-    args.row_budget_s = args.row_budget_s if args.row_budget_s is not None else (300.0 if args.tiny else 40.0)
+    args.row_budget_s = args.row_budget_s if args.row_budget_s is not None else (300.0 if args.tiny else 60.0)
+    if args.warmup < 1:
+        ap.error(f"--warmup {args.warmup}: at least 1 (the pool of batches every timed step was warmed on)")
     args.units = args.units or ([1, 2] if args.tiny else [1, 2, 4, 8])
     args.unit_s = args.unit_s if args.unit_s is not None else (1.0 if args.tiny else 15.0)
     return args
@@ -347,8 +359,7 @@ def environment(device) -> dict:
         "transformers": transformers.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
-        "varlen_available": varlen.AVAILABLE,
-        "varlen_window_size": varlen.HAS_WINDOW,
+        "varlen_available": varlen.AVAILABLE,  # flash variable length with windows
         "cpus": os.cpu_count(),
     }
     if device.type == "cuda":
@@ -356,56 +367,116 @@ def environment(device) -> dict:
     return out
 
 
-def type_row(args, kind: TypeRow, path: str, tokenizer, device, budget_s: float) -> dict:
-    """One type on one path: `warmup` untimed steps then at most `steps` timed ones (fewer past budget_s)."""
+PATHS = ("today", "new")
+
+
+def type_rows(args, kind: TypeRow, tokenizer, device, budget_s: float) -> list[dict]:
+    """One type on both paths, on one model, optimizer and pool of `warmup` batches: the first batch stepped
+    by each path from the same weights and random state (today's, then the state restored, new's: the first
+    losses), each other batch of the pool once per path, untimed, then `steps` timed steps per path cycling
+    over the pool, the two paths' order swapped from one step to the next (fewer steps past budget_s; none
+    when the warm-up itself ran past it). One row per path."""
     import torch
 
     started = time.monotonic()
-    unit = build_unit(args.model, tokenizer, kind, device, args.tiny, args.warmup + args.steps, seed=0)
-    bf16 = unit.bf16 and path == "new"
+    unit = build_unit(args.model, tokenizer, kind, device, args.tiny, args.warmup, seed=0)
+    bf16 = {"today": False, "new": unit.bf16}
     gpu_recipes.reset_memory(device)
-    seconds, sizes, first_loss, calls = [], [], None, None
-    for step, pieces in enumerate(unit.batches):
+    warm, timed = {p: [] for p in PATHS}, {p: [] for p in PATHS}
+    sizes, peaks, first_loss, calls = {p: [] for p in PATHS}, {p: [] for p in PATHS}, {}, {}
+    order, stopped = [], None
+
+    def step(path: str, index: int, phase: str) -> float:
+        pieces = unit.batches[index]
+        if phase == "timed" and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         gpu_recipes.sync(device)
         t0 = time.perf_counter()
-        with varlen_calls() if step == 0 else contextlib.nullcontext() as counted:
-            loss = unit.step(pieces, bf16)
+        with varlen_calls() if phase == "first" else contextlib.nullcontext() as counted:
+            loss = unit.step(pieces, bf16[path])
         gpu_recipes.sync(device)
         elapsed = time.perf_counter() - t0
-        if step == 0:
-            first_loss, calls = float(loss), counted[0]
-        if step == args.warmup - 1 and device.type == "cuda":  # the timed steps' peak
-            torch.cuda.reset_peak_memory_stats(device)
-        if step >= args.warmup:
-            seconds.append(elapsed)
-            sizes.append(batch_sizes(pieces))
-            if time.monotonic() - started > budget_s:
-                break
-    examples, real, padded = (sum(s[i] for s in sizes) for i in range(3))
-    rates = [s[0] / t for s, t in zip(sizes, seconds)]
-    peak = gpu_recipes.peak_bytes(device)
+        order.append(["warm" if phase == "first" else phase, path, index])
+        if phase == "first":
+            first_loss[path], calls[path] = float(loss), counted[0]
+        if phase == "timed":
+            sizes[path].append(batch_sizes(pieces))
+            peaks[path].append(gpu_recipes.peak_bytes(device))
+        return elapsed
+
+    start = _snapshot(unit)
+    for path in PATHS:  # the first batch from the same state on each path
+        _restore(unit, start)
+        warm[path].append(step(path, 0, "first"))
+    del start
+    for index in range(1, len(unit.batches)):
+        for path in PATHS if index % 2 == 0 else PATHS[::-1]:
+            warm[path].append(step(path, index, "warm"))
+        if time.monotonic() - started > budget_s:
+            stopped = f"its warm-up (first-time costs) ran past the row's {budget_s:.0f} s"
+            break
+    for n in range(0 if stopped else args.steps):
+        for path in PATHS if n % 2 == 0 else PATHS[::-1]:
+            timed[path].append(step(path, n % len(unit.batches), "timed"))
+        if time.monotonic() - started > budget_s:
+            break
+    rows = []
+    for path in PATHS:
+        base = {
+            "row": kind.row, "name": "type", "type": kind.type, "task": kind.task, "path": path,
+            "seq_len": kind.length(args.tiny), "batch": unit.settings.batch_size, "lengths": kind.describe_lengths(),
+            "device": str(device), "warmup_s": [round(t, 4) for t in warm[path]], "steps_order": order,
+            "row_s": round(time.monotonic() - started, 1),
+        }  # fmt: skip
+        if stopped or not timed[path]:
+            rows.append({**base, "status": f"skipped: {stopped or 'no step was timed'}"})
+            continue
+        seconds = timed[path]
+        examples, real, padded = (sum(s[i] for s in sizes[path]) for i in range(3))
+        rates = [s[0] / t for s, t in zip(sizes[path], seconds)]
+        peak = max(peaks[path]) if peaks[path][0] is not None else None
+        rows.append(
+            {
+                **base,
+                "timed_steps": len(seconds),
+                "examples_per_s": round(statistics.median(rates), 2),
+                "examples_per_s_min": round(min(rates), 2),
+                "examples_per_s_max": round(max(rates), 2),
+                "examples_per_s_mean": round(examples / sum(seconds), 2),
+                "tokens_per_s_mean": round(real / sum(seconds), 1),
+                "compile_s": gpu_recipes.first_time_s(warm[path], seconds),
+                "padding_share": round(1 - real / padded, 4),
+                "peak_memory_gb": None if peak is None else round(peak / GiB, 3),
+                "first_loss": round(first_loss[path], 5),
+                "varlen_calls_first_step": calls[path],
+                "status": "ok",
+            }
+        )
+    return rows
+
+
+def _snapshot(unit: Unit) -> dict:
+    """The unit's weights, optimizer, schedule and random state, to start each path's first step from."""
+    import torch
+
     return {
-        "row": kind.row,
-        "name": "type",
-        "type": kind.type,
-        "task": kind.task,
-        "path": path,
-        "seq_len": kind.length(args.tiny),
-        "batch": unit.settings.batch_size,
-        "lengths": kind.describe_lengths(),
-        "device": str(device),
-        "timed_steps": len(seconds),
-        "examples_per_s": round(statistics.median(rates), 2),
-        "examples_per_s_min": round(min(rates), 2),
-        "examples_per_s_max": round(max(rates), 2),
-        "examples_per_s_mean": round(examples / sum(seconds), 2),
-        "tokens_per_s_mean": round(real / sum(seconds), 1),
-        "padding_share": round(1 - real / padded, 4),
-        "peak_memory_gb": None if peak is None else round(peak / GiB, 3),
-        "first_loss": round(first_loss, 5),
-        "varlen_calls_first_step": calls,
-        "status": "ok",
+        "model": {k: v.detach().clone() for k, v in unit.model.state_dict().items()},
+        "optimizer": copy.deepcopy(unit.opt.optimizer.state_dict()),
+        "scheduler": copy.deepcopy(unit.opt.scheduler.state_dict()),
+        "rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if unit.device.type == "cuda" else None,
     }
+
+
+def _restore(unit: Unit, state: dict) -> None:
+    import torch
+
+    unit.model.load_state_dict(state["model"])
+    unit.opt.optimizer.load_state_dict(state["optimizer"])
+    unit.opt.scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"])
+    if state["cuda_rng"] is not None:
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
 
 
 # ---------------------------------------------------------------- row 5: units sharing one GPU
@@ -425,7 +496,7 @@ def unit_worker(conn, spec: dict) -> None:
         kind = BY_TYPE[spec["type"]]
         tokenizer = load_tokenizer(spec["tokenizer"])
         unit = build_unit(spec["model"], tokenizer, kind, device, spec["tiny"], spec["batches"], spec["seed"])
-        for pieces in unit.batches[: spec["warmup"]]:
+        for pieces in unit.batches:  # every batch it will step, once, before the timed window
             unit.step(pieces, unit.bf16)
         gpu_recipes.sync(device)
         gpu_recipes.reset_memory(device)
@@ -466,7 +537,7 @@ def units_rows(args, device, left, add) -> None:
     started = time.monotonic()
     spec = {
         "device": device.type, "type": kind.type, "model": args.model, "tokenizer": args.tokenizer,
-        "tiny": args.tiny, "batches": args.warmup + args.steps, "warmup": args.warmup,
+        "tiny": args.tiny, "batches": args.warmup,
         "threads": max(1, (os.cpu_count() or 1) // max(args.units)),
     }  # fmt: skip
     context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
@@ -668,25 +739,36 @@ def main(argv=None) -> int:
         _write(result, args, started)
 
     if 0 in args.rows:
-        add({"row": 0, "name": "environment", **environment(device), "status": "ok"})
+        try:
+            add({"row": 0, "name": "environment", **environment(device), "status": "ok"})
+        except Exception as error:  # said; the rows still run
+            add({"row": 0, "name": "environment", "status": _error(error)})
     for kind in (k for k in TYPE_ROWS if k.row in args.rows):
-        for path in ("today", "new"):
-            base = {"row": kind.row, "name": "type", "type": kind.type, "task": kind.task, "path": path}
-            if left() < args.row_budget_s:
+        bases = [{"row": kind.row, "name": "type", "type": kind.type, "task": kind.task, "path": p} for p in PATHS]
+        if left() < args.row_budget_s:
+            for base in bases:
                 add({**base, **_skipped(left(), args)})
-                continue
-            try:
-                out = type_row(args, kind, path, tokenizer, device, min(args.row_budget_s, left()))
-            except Exception as error:  # one row's failure (out of memory, a kernel): the next rows run
-                out = {**base, "status": _status_of(error), "peak_memory_gb": _peak_gb(device)}
-            today = _ok(result["rows"], row=kind.row, path="today")
-            if path == "new" and today and out["status"] == "ok":
-                out["new_over_today"] = round(out["examples_per_s_mean"] / today["examples_per_s_mean"], 3)
+            continue
+        budget, t0 = min(args.row_budget_s, left()), time.monotonic()
+        try:
+            with gpu_recipes.time_limit(budget + GRACE_S):
+                outs = type_rows(args, kind, tokenizer, device, budget)
+        except gpu_recipes.RowTimeout as stop:
+            outs = [{**b, "status": f"stopped: {stop}", "row_s": round(time.monotonic() - t0, 1)} for b in bases]
+        except Exception as error:  # one row's failure (out of memory, a kernel): the next rows run
+            outs = [{**b, "status": _status_of(error), "peak_memory_gb": _peak_gb(device)} for b in bases]
+        today, new = outs
+        if today["status"] == "ok" and new["status"] == "ok":
+            new["new_over_today"] = round(new["examples_per_s_mean"] / today["examples_per_s_mean"], 3)
+        for out in outs:
             add(out)
-            gpu_recipes.reset_memory(device)
+        gpu_recipes.reset_memory(device)
     if 5 in args.rows:
         try:
-            units_rows(args, device, left, add)
+            with gpu_recipes.time_limit(max(left(), 0) + GRACE_S):
+                units_rows(args, device, left, add)
+        except gpu_recipes.RowTimeout as stop:  # the processes are stopped on the way out (units_rows)
+            add({"row": 5, "name": "units", "status": f"stopped: {stop}"})
         except Exception as error:  # the processes could not be started: said, and the plan still comes
             add({"row": 5, "name": "units", "status": _error(error)})
     if 6 in args.rows:

@@ -1,15 +1,20 @@
 """bench/gpu_check.py, the one GPU check, on this CPU: its tiny run (every row kind, the JSON fields each row
-must carry, the budget, the goals), and its import path: nothing outside the GPU node's packages
-(bench/gpu_node_packages.txt) and the wheels carried to it (bench/gpu_node_wheels.txt)."""
+must carry, each row warmed on every micro-batch it times and its first-time cost apart, the budget, the
+goals), the peak it rates against per device name, the hard limit that stops a row, the corpus-length
+documents it packs, and its import path: nothing outside the GPU node's packages (bench/gpu_node_packages.txt)
+and the wheels carried to it (bench/gpu_node_wheels.txt)."""
 
 from __future__ import annotations
 
 import importlib.metadata as metadata
+import importlib.util
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +27,8 @@ SCRIPT = REPO / "bench" / "gpu_check.py"
 TINY = ["--allow-cpu", "--tiny", "--steps", "1", "--warmup", "1"]
 FIELDS = {
     "recipe", "objective", "seq_len", "micro_batch", "documents", "device", "tokens_per_s", "tflops_executed",
-    "peak_memory_gb", "predicted_memory_gb", "status",
+    "peak_memory_gb", "predicted_memory_gb", "memory_compared", "compile_s", "warmup_s", "steps_order",
+    "step_s", "peak_tflops", "peak_source", "status",
 }  # fmt: skip
 
 # Runs the script with every import made by a module of this repository recorded (import statements and
@@ -89,23 +95,40 @@ def test_the_tiny_run_reports_every_row_in_order_with_its_fields(tiny_run):
     assert env["matmul_tflops"] > 0 and env["torch"] == torch.__version__
     timed = [r for r in rows if "tokens_per_s" in r]
     assert {(r["recipe"], r["objective"], r["seq_len"], r["micro_batch"], r["documents"]) for r in timed} == {
-        ("today", "mlm", 64, 4, False),
-        ("ablate", "mlm", 64, 4, False),
-        ("ablate", "clm", 64, 4, False),
-        ("ablate", "mlm", 64, 4, True),
-        ("ablate", "mlm", 64, 8, False),
-        ("ablate", "mlm", 64, 16, False),
-        ("ablate", "mlm", 32, 32, False),
-        ("ablate", "clm", 32, 32, False),
-        ("trainer", "mlm", 32, 32, False),
-        ("trainer", "mlm", 64, 4, False),
+        ("today", "mlm", 64, 4, None),
+        ("ablate", "mlm", 64, 4, None),
+        ("ablate", "clm", 64, 4, None),
+        ("ablate", "mlm", 64, 4, "fixed 16"),
+        ("ablate", "mlm", 64, 4, "corpus_en_e3c"),
+        ("ablate", "mlm", 64, 8, None),
+        ("ablate", "mlm", 64, 16, None),
+        ("ablate", "mlm", 32, 32, None),
+        ("ablate", "clm", 32, 32, None),
+        ("trainer", "mlm", 32, 32, None),
+        ("trainer", "mlm", 64, 4, None),
     }
+    assert (
+        result["peak"]["source"].startswith("measured: row 0") and result["peak"]["tflops"] == env["matmul_tflops"]
+    )
     for row in timed:
         assert FIELDS <= row.keys(), FIELDS - row.keys()
         assert row["tokens_per_s_min"] <= row["tokens_per_s"] <= row["tokens_per_s_max"]
         assert 0 < row["executed_flops_per_token"] <= row["nominal_flops_per_token"] * 1.5
         assert row["first_loss"] > 0
         assert (row["predicted_memory_gb"] is not None) == (row["recipe"] == "ablate")
+        assert ("eager run" in (row["memory_compared"] or "")) == (
+            row["recipe"] == "ablate"
+        )  # no compile on a CPU
+        # every micro-batch it times was stepped untimed before the first timed step
+        order = row["steps_order"]
+        first_timed = next(i for i, (phase, _) in enumerate(order) if phase == "timed")
+        assert {b for _, b in order[first_timed:]} <= {b for phase, b in order[:first_timed] if phase == "warm"}
+        assert all(phase == "timed" for phase, _ in order[first_timed:]), order
+        # the first-time cost apart from the step: the warm-up's seconds beyond its steps at the steady time
+        steady = len(row["warmup_s"]) * row["step_s"]
+        assert row["compile_s"] == pytest.approx(max(sum(row["warmup_s"]) - steady, 0), abs=2e-3)
+    corpus = next(r for r in timed if r["documents"] == "corpus_en_e3c")
+    assert corpus["documents_per_row"]["min"] >= 1 and "documents_per_row" not in timed[1]
     # the same seed, the same first loss up to the paths' rounding: today's step and the new one
     today, new = (
         next(r for r in timed if r["recipe"] == k and r["micro_batch"] == 4) for k in ("today", "ablate")
@@ -126,7 +149,67 @@ def test_rows_that_do_not_fit_the_budget_are_skipped_not_started(tmp_path):
     run = in_process.script(SCRIPT, args, env={"OMP_NUM_THREADS": "1"})  # nothing starts: no process needed
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 4 and all("do not fit in the" in r["status"] for r in rows), rows
+    assert len(rows) == 5 and all("do not fit in the" in r["status"] for r in rows), rows
+
+
+def _script():
+    """bench/gpu_check.py as a module of this process (it puts the checkout and bench/ on sys.path)."""
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    return check, sys.modules["gpu_recipes"]
+
+
+@pytest.fixture()
+def check(monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    return _script()
+
+
+@pytest.mark.parametrize(
+    "name, tflops, source",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.4, "H100 SXM"),
+        ("NVIDIA H100 PCIe", 756.0, "H100 PCIe"),
+        ("NVIDIA H200", 989.4, "H200"),
+        ("NVIDIA A100-SXM4-40GB", 312.0, "A100"),
+        ("NVIDIA A100 80GB PCIe", 312.0, "A100"),
+        ("NVIDIA L40S", 362.05, "L40S"),
+        ("NVIDIA H100 NVL", 700.0, "measured"),  # no datasheet entry: row 0's rate
+        ("NVIDIA GH200 480GB", 700.0, "measured"),
+    ],
+)
+def test_the_peak_is_the_datasheet_s_for_the_device_s_name_else_the_measured_rate(check, name, tflops, source):
+    gpu_check, _ = check
+    args = gpu_check.parse_args(["--tiny"])
+    peak = gpu_check.device_peak(name, args, 700.0)
+    assert peak["tflops"] == tflops and source in peak["source"]
+    assert gpu_check.device_peak("Some GPU", args, None)["tflops"] is None
+    assert gpu_check.device_peak(name, gpu_check.parse_args(["--peak-tflops", "500"]), 700.0)["tflops"] == 500
+
+
+def test_a_row_past_its_hard_limit_is_stopped_even_inside_code_that_catches_exceptions(check):
+    _, recipes = check
+    t0 = time.monotonic()
+    with pytest.raises(recipes.RowTimeout):
+        with recipes.time_limit(0.05):
+            try:  # as torch's compile code does around a backend
+                time.sleep(5)
+            except Exception:
+                pass
+    assert time.monotonic() - t0 < 1
+
+
+def test_corpus_documents_are_packed_into_full_rows_with_the_corpus_s_lengths(check):
+    _, recipes = check
+    docs = recipes.packed_documents(4, 8192, "corpus_en_e3c", seed=1)
+    rows = recipes.row_document_lengths(docs)
+    assert all(sum(r) == 8192 for r in rows)
+    inner = [n for r in rows for n in r[1:-1]]  # the ends of a row may be pieces of a document
+    percentiles = recipes.corpus_percentiles("corpus_en_e3c")
+    assert statistics.median(inner) == pytest.approx(percentiles[50], rel=0.15)
+    assert percentiles[0] <= min(inner) and max(inner) <= percentiles[100]
+    assert (docs == recipes.packed_documents(4, 8192, "corpus_en_e3c", seed=1)).all()
 
 
 def test_without_cuda_the_script_refuses_unless_allowed():

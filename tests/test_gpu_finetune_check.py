@@ -1,7 +1,8 @@
 """bench/gpu_finetune_check.py, the fine-tuning GPU check, on this CPU: its tiny run (every row, the JSON fields
-each row must carry, the units sharing the device, the plan and the goals), its budget, its refusal without
-CUDA, its import path (nothing outside the GPU node's packages and the carried wheels), and the length
-deciles it draws sentences from (those of the data)."""
+each row must carry, both paths warmed on every batch before any is timed and taken in alternating order,
+their first-time cost apart, the units sharing the device, the plan and the goals), its budget, its refusal
+without CUDA, its import path (nothing outside the GPU node's packages and the carried wheels), and the
+length deciles it draws sentences from (those of the data)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ TYPES = {
 FIELDS = {
     "type", "task", "path", "seq_len", "batch", "lengths", "device", "timed_steps", "examples_per_s",
     "examples_per_s_min", "examples_per_s_max", "examples_per_s_mean", "tokens_per_s_mean", "padding_share",
-    "peak_memory_gb", "first_loss", "varlen_calls_first_step", "status",
+    "peak_memory_gb", "first_loss", "varlen_calls_first_step", "compile_s", "warmup_s", "steps_order", "status",
 }  # fmt: skip
 
 
@@ -76,6 +77,16 @@ def test_the_tiny_run_reports_every_type_on_both_paths_with_its_fields(tiny_run)
     for today, new in zip(typed[::2], typed[1::2]):
         # the same weights and batches: on the CPU the two paths compute the same step
         assert new["first_loss"] == today["first_loss"], (today, new)
+        order = today["steps_order"]
+        assert order == new["steps_order"]  # the two paths of a type were stepped in turns, on one model
+        first_timed = next(i for i, step in enumerate(order) if step[0] == "timed")
+        warmed = {(path, batch) for phase, path, batch in order[:first_timed] if phase == "warm"}
+        assert {(path, batch) for _, path, batch in order[first_timed:]} <= warmed
+        assert all(step[0] == "timed" for step in order[first_timed:])
+        firsts = [path for _, path, _ in order[first_timed::2]]
+        assert firsts == ["today", "new"][: len(firsts)]  # which path goes first swaps from one step to the next
+        for row in (today, new):
+            assert row["compile_s"] is not None and 0 <= row["compile_s"] <= sum(row["warmup_s"])
         assert new["new_over_today"] == pytest.approx(
             new["examples_per_s_mean"] / today["examples_per_s_mean"], 1e-2
         )
@@ -165,9 +176,7 @@ def test_on_cuda_s_kernels_the_new_rows_run_flash_varlen_from_today_s_first_loss
     args = check.parse_args(["--allow-cpu", "--tiny", "--steps", "1", "--warmup", "1"])
     tokenizer = load_tokenizer(args.tokenizer)
     for kind in check.TYPE_ROWS:
-        today, new = (
-            check.type_row(args, kind, path, tokenizer, torch.device("cpu"), 600) for path in ("today", "new")
-        )
+        today, new = check.type_rows(args, kind, tokenizer, torch.device("cpu"), 600)
         assert today["varlen_calls_first_step"] == 0, kind
         assert new["varlen_calls_first_step"] == 4, kind  # tiny ModernBERT's 4 layers, each through flash varlen
         assert new["first_loss"] == pytest.approx(today["first_loss"], rel=1e-4), kind
