@@ -5,9 +5,8 @@ then serves (pretraining, pooling, the model fit, fine-tuning, the card, the mem
 from __future__ import annotations
 
 import ast
-import json
-import os
-import subprocess
+import dataclasses
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -135,44 +134,175 @@ def test_a_new_family_is_one_entry_every_consumer_serves(tmp_path, data_root, mo
 
 # ---------------------------------------------------------------- a new task type is one entry
 
-NEW_TYPE = textwrap.dedent(
-    """
-    import dataclasses, json, sys
-    from ablate.evaluate import task_types
-    base = task_types.TASK_TYPES["sequence_classification"]
-    task_types.register(dataclasses.replace(base, name="topic", description="a topic per text",
-                                            hub_pipeline="zero-shot-classification"))
-    from ablate.evaluate import finetune as ft
-    from ablate.evaluate.tasks import load_task, resolve_settings
-    from ablate.predict import finetune_memory
-    from ablate.release import card
-    task = load_task(sys.argv[1])
-    settings = resolve_settings(task, json.loads(sys.argv[2]))
-    rows = ft.finetune(sys.argv[3], task, 0, settings)
-    print(json.dumps({"type": task.type, "metrics": sorted({r["metric"] for r in rows}),
-                      "pipeline": card._task_type(sys.argv[1]),
-                      "host_reads": task.entry.host_reads}))
-    """
-)
+
+@pytest.fixture
+def registries():
+    """The registries of every extension point, as they are now; each put back as it was after the test."""
+    from ablate.config.objectives.base import OBJECTIVES
+    from ablate.data.converters import CONVERTERS
+    from ablate.launch.executors import EXECUTORS
+    from ablate.report.registry import FIGURES
+
+    every = {"family": FAMILIES, "objective": OBJECTIVES, "task type": TASK_TYPES, "figure": FIGURES,
+             "converter": CONVERTERS, "executor": EXECUTORS}  # fmt: skip
+    saved = {kind: dict(registry) for kind, registry in every.items()}
+    yield every
+    for kind, registry in every.items():
+        dict.clear(registry)
+        dict.update(registry, saved[kind])
 
 
 @pytest.mark.slow
-def test_a_new_task_type_is_one_entry_every_consumer_serves(tmp_path, data_root, tiny_bert):
-    """A type registered as one entry (chemprot's data read as "topic"): a task file names it, fine-tuning,
-    the metrics, the card's pipeline and the memory plan's traceability all come from the entry."""
+def test_a_new_task_type_is_one_entry_every_consumer_serves(tmp_path, data_root, tiny_bert, registries):
+    """A type registered as one entry (chemprot's data read as "topic"), after the task files' module was
+    imported: a task file names it, fine-tuning, the metrics, the card's pipeline and the memory plan's
+    traceability all come from the entry."""
+    from ablate.release import card
+
+    base = TASK_TYPES["sequence_classification"]
+    registries["task type"].register(
+        dataclasses.replace(
+            base, name="topic", description="a topic per text", hub_pipeline="zero-shot-classification"
+        )
+    )
     chemprot = (ROOT / "grids" / "tasks" / "chemprot.yaml").read_text()
     task_file = tmp_path / "chemprot.yaml"  # a task's name is its file's
     task_file.write_text(chemprot.replace("type: sequence_classification", "type: topic"))
     assert "type: topic" in task_file.read_text()
 
-    done = subprocess.run(
-        [sys.executable, "-c", NEW_TYPE, str(task_file), json.dumps(SMALL), tiny_bert],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
+    task = load_task(str(task_file))
+    rows = ft.finetune(tiny_bert, task, 0, resolve_settings(task, SMALL))
+    assert task.type == "topic" and sorted({r["metric"] for r in rows}) == ["accuracy", "macro_f1", "micro_f1"]
+    assert task.entry.host_reads is None and card._task_type(str(task_file)) == "zero-shot-classification"
+
+
+# ---------------------------------------------------------------- one of each, from a folder outside ablate/
+
+EXTENSIONS = textwrap.dedent(
+    """
+    import dataclasses
+
+    import pandas as pd
+    import submitit
+
+    from ablate.config import objectives
+    from ablate.config.objectives.mlm import MaskedLM
+    from ablate.data.converters import CONVERTERS, Converter
+    from ablate.evaluate.task_types import TASK_TYPES
+    from ablate.launch.executors import EXECUTORS, Executor
+    from ablate.models.families import FAMILIES
+    from ablate.report.registry import FIGURES, Figure
+    from ablate.report.style import new_figure
+
+
+    class WholeWordMLM(MaskedLM):
+        name = "mlm-copy"
+
+
+    def runs_figure(sweep, *, scale: float = 1.0):
+        data = pd.DataFrame({"runs": [len(sweep.runs) * scale]})
+        fig = new_figure(2.0, 2.0)
+        fig.gca().bar([0], data["runs"])
+        return fig, data
+
+
+    def upper(inputs, out, entry):
+        (out / "text.txt").write_text(inputs["text"].read_text().upper())
+
+
+    objectives.register(WholeWordMLM())
+    FAMILIES.register(dataclasses.replace(FAMILIES["bert"], name="bert-copy", model_types=("bert_copy",)))
+    TASK_TYPES.register(dataclasses.replace(TASK_TYPES["regression"], name="score", description="a score"))
+    FIGURES.register(Figure("runs", "how many runs", runs_figure))
+    CONVERTERS.register(Converter("upper", upper))
+    EXECUTORS.register(Executor("inline", "in this process", lambda launcher, folder, name: submitit.DebugExecutor(folder)))
+    """
+)
+
+
+def test_one_of_each_extension_point_registered_from_a_module_outside_ablate(tmp_path, monkeypatch, registries):
+    """A module in a temporary folder adds a family, an objective, a task type, a figure, a converter and an
+    executor, each by its registry's `register`, after every consumer was imported: each is then served by
+    name where the shipped ones are, and a broken entry is refused as it is registered."""
+    from transformers import BertConfig
+
+    from ablate.config.launcher import Launcher
+    from ablate.launch.executors import make_executor, require_executor
+    from ablate.report.registry import check_figure
+    from ablate.report.sweep import Sweep
+    from in_process import ablate
+
+    (tmp_path / "my_extensions.py").write_text(EXTENSIONS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_extensions", raising=False)
+    __import__("my_extensions")
+
+    assert family_of(BertConfig(model_type="bert")).name == "bert"
+    assert family_of(type("C", (), {"model_type": "bert_copy"})()).name == "bert-copy"
+    phases = [{"name": "a", "objective": "mlm-copy", "steps": 1}]
+    assert parse_run_spec(run_spec(phases=phases)).phases[0].objective == "mlm-copy"
+    # a task file names the new type: biosses read as "score"
+    biosses = (ROOT / "grids" / "tasks" / "biosses.yaml").read_text().replace("type: regression", "type: score")
+    (tmp_path / "biosses.yaml").write_text(biosses)
+    assert load_task(str(tmp_path / "biosses.yaml")).entry is TASK_TYPES["score"]
+
+    assert check_figure("runs", {"scale": "2"}) == {"scale": 2.0}
+    import pandas as pd
+
+    _, data = registries["figure"]["runs"](
+        Sweep(path=tmp_path, runs=pd.DataFrame({"run_id": ["a", "b"]})), scale=2
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["type"] == "topic" and out["metrics"] == ["accuracy", "macro_f1", "micro_f1"]
-    assert out["host_reads"] is None and out["pipeline"] == "zero-shot-classification"
+    assert data["runs"].tolist() == [4.0]
+    listed = ablate(["report", "--figure"], cwd=tmp_path)
+    assert listed.returncode == 0 and "runs" in listed.stdout.split("figures: ")[1].split(";")[0].split(", ")
+
+    (tmp_path / "source.txt").write_text("text")
+    (tmp_path / "out").mkdir()
+    registries["converter"]["upper"]({"text": tmp_path / "source.txt"}, tmp_path / "out", None)
+    assert (tmp_path / "out" / "text.txt").read_text() == "TEXT"
+
+    assert require_executor("inline") == "inline"
+    assert type(make_executor("inline", Launcher(), tmp_path / "jobs", "x")).__name__ == "DebugExecutor"
+
+    with pytest.raises(ValueError, match="registered twice"):
+        registries["figure"].register(dataclasses.replace(registries["figure"]["runs"], description="again"))
+    with pytest.raises(TypeError, match="options by keyword only"):
+        from ablate.report.registry import Figure
+
+        registries["figure"].register(Figure("bad", "positional options", lambda sweep, scale: None))
+    with pytest.raises(ValueError, match="mask kinds"):
+        FAMILIES.register(dataclasses.replace(FAMILIES["bert"], name="b", model_types=("b",), causal={"x": "y"}))
+
+
+# ---------------------------------------------------------------- the lists that name the entries
+
+
+def test_the_parser_help_and_the_docs_name_every_figure_executor_and_task_type():
+    """Where a list of an extension point's names is written out for a reader, it is the registry's."""
+    import typing
+
+    from ablate.cli.parser import build_parser
+    from ablate.config.launcher import Launcher
+    from ablate.launch.executors import EXECUTORS
+    from ablate.report.registry import FIGURES
+
+    report = build_parser()._subparsers._group_actions[0].choices["report"]
+    figure_help = next(a.help for a in report._actions if "--figure" in a.option_strings)
+    assert figure_help.split(" (")[0].split(", ") == list(FIGURES)
+    results = (ROOT / "docs" / "results.md").read_text()
+    assert re.findall(r"^- `([\w-]+)`: ", results.split("The figures (")[1], re.M) == list(FIGURES)
+    assert typing.get_args(Launcher.model_fields["executor"].annotation) == tuple(EXECUTORS)
+    tasks = (ROOT / "docs" / "tasks.md").read_text()
+    listed = re.search(r"one entry of `ablate/evaluate/task_types/` \(([^)]*)\)", tasks).group(1)
+    assert sorted(listed.replace("\n", " ").split(", ")) == sorted(TASK_TYPES)
+
+
+def test_the_guide_has_one_section_per_extension_point_naming_files_that_exist():
+    guide = (ROOT / "docs" / "extending.md").read_text()
+    sections = re.findall(r"^## (.+)$", guide, re.M)
+    assert sections == [
+        "A model family", "An objective", "A task type", "A task of a known type", "A figure", "A converter",
+        "An executor",
+    ]  # fmt: skip
+    named = re.findall(r"`((?:ablate|tests|docs)/[\w/.-]+\.(?:py|md|yaml|tsv))`", guide)
+    assert named and [p for p in named if not (ROOT / p).exists()] == []
