@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.set_num_threads(args.threads)
     import ablate.train.loop
-    from ablate.plan.freezing import apply_freeze
+    from ablate.train.freezing import apply_freeze
     from ablate.train.loop import Optimizer, setup, train_step
     from ablate.config.spec import parse_run_spec
 

@@ -12,7 +12,7 @@ import torch
 from ablate.config.spec import parse_run_spec
 from ablate.models.families import FAMILIES, family_of
 from ablate.models.loading import load_masked_lm
-from ablate.plan.freezing import apply_freeze
+from ablate.train.freezing import apply_freeze
 from ablate.train import loop
 from ablate.train.attention_masks import attention_for, clm_labels
 from ablate.train.optimizer import Optimizer

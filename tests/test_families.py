@@ -30,7 +30,8 @@ from ablate.config.spec import parse_run_spec
 from ablate.evaluate.tasks import load_task, load_task_data, resolve_settings
 from ablate.models.families import FAMILIES, family_of, layer_of
 from ablate.models.loading import SHIPPED_CONFIGS, load_config, load_masked_lm
-from ablate.plan.freezing import apply_freeze, layer_groups, resolve_freeze
+from ablate.plan.freezing import layer_groups, resolve_freeze
+from ablate.train.freezing import apply_freeze
 from ablate.train import attention_masks
 from ablate.train.attention_masks import attention_for
 from ablate.train.preflight import check_models, measure, preflight_ids

@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ablate.config.spec import parse_run_spec
 from ablate.models.loading import load_config
 from ablate.plan import flops
-from ablate.plan.freezing import apply_freeze
+from ablate.train.freezing import apply_freeze
 from ablate.train import loop
 from ablate.train.optimizer import Optimizer
 from cuda_paths import CudaKernels

@@ -16,7 +16,7 @@ from ablate.config.spec import parse_run_spec
 from ablate.models import attention, flex
 from ablate.models.families import family_of
 from ablate.models.loading import load_masked_lm
-from ablate.plan.freezing import apply_freeze
+from ablate.train.freezing import apply_freeze
 from ablate.train import loop
 from ablate.train.attention_masks import attention_for, dense_mask
 from ablate.train.optimizer import Optimizer

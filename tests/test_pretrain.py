@@ -21,7 +21,7 @@ from transformers import AutoModelForMaskedLM
 from ablate.config.errors import SpecError
 from ablate.models.families import layer_of
 from ablate.plan.phases import plan_phases
-from ablate.plan.freezing import apply_freeze
+from ablate.train.freezing import apply_freeze
 from ablate.train.loop import Optimizer, pretrain, setup
 from ablate.train.schedule import lr_at
 from ablate.config.spec import LRSchedule, parse_run_spec

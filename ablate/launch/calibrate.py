@@ -81,7 +81,7 @@ def time_pretraining(spec: RunSpec, objective: str, steps: int, warmup: int) -> 
     """tokens/s of `steps` train steps of `objective` after `warmup` untimed ones, through the engine's loop."""
     import torch
 
-    from ablate.plan.freezing import apply_freeze
+    from ablate.train.freezing import apply_freeze
     from ablate.train.loop import Optimizer, fused_adamw, setup, train_step
 
     one = _one_phase(spec, objective, warmup + steps)

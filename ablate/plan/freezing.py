@@ -7,14 +7,13 @@ gives 0-7 / 8-14 / 15-21, its own split; for MiniLM-L6 0-1 / 2-3 / 4-5. `embeddi
 (and with it any output projection tied to it), `encoder` is the embeddings, every block and the family's
 shared encoder parameters (final norm, DeBERTa's relative position embeddings): everything but the MLM head;
 `head` is the MLM head (its output projection is tied to the word embeddings and so follows `embeddings`).
+Applying a mask to a model's parameters is ablate.train.freezing's.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
 
 from ablate.config.errors import SpecError
 from ablate.models.families import Family, layer_of
@@ -95,16 +94,3 @@ def is_frozen(param_name: str, family: Family, frozen: FrozenSet) -> bool:
     if where == "head":
         return frozen.head
     return int(where) in frozen.layers
-
-
-def apply_freeze(model: torch.nn.Module, family: Family, frozen: FrozenSet) -> list[str]:
-    """Set requires_grad for the phase; returns the names of the trainable parameters.
-
-    A parameter tied to a frozen one (MLM decoder weight = word embeddings) is the same tensor and so
-    frozen with it: named_parameters() lists each tensor once, under its first name."""
-    trainable = []
-    for name, p in model.named_parameters():
-        p.requires_grad_(not is_frozen(name, family, frozen))
-        if p.requires_grad:
-            trainable.append(name)
-    return trainable

@@ -46,7 +46,7 @@ from ablate.plan.phases import plan_phases
 from ablate.train import loop, vocab_loss
 from ablate.train.meta_cuda import CudaKernels
 from ablate.train.optimizer import Optimizer
-from ablate.train.rope import start_phase
+from ablate.train.freezing import start_phase
 
 GiB = 2**30
 CUDA_CONTEXT_BYTES = 600 * 2**20  # the CUDA context and torch's kernels: outside the allocator (300-800 MiB)

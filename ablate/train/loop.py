@@ -47,7 +47,7 @@ from ablate.data.corpus import SequenceOrder
 from ablate.config.errors import SpecError
 from ablate.train.streams import Streams
 from ablate.plan.freezing import is_frozen
-from ablate.train.rope import start_phase
+from ablate.train.freezing import start_phase
 from ablate.plan.phases import PhasePlan, frozen_rows, plan_phases
 from ablate.models.families import Family, family_of, n_layers
 from ablate.models.loading import load_masked_lm, load_tokenizer

@@ -5,9 +5,10 @@ goes into the config's rope_parameters (what the saved model's config.json carri
 embedding's inverse frequencies are computed again from it, as transformers computes them when it builds the
 model (both the live buffer and the original one that dynamic RoPE types scale from). The thetas in effect at
 a phase are the last ones set up to it (config.sources.rope_thetas_at), so a run resumed inside a phase, or
-branched from another run's checkpoint, sets the same ones on its freshly loaded model.
+branched from another run's checkpoint, sets the same ones on its freshly loaded model. A phase's start
+(freezing, then these thetas) is ablate.train.freezing.start_phase.
 
-May import: config, models, plan.
+May import: config, models.
 """
 
 from __future__ import annotations
@@ -15,10 +16,7 @@ from __future__ import annotations
 import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from ablate.config.sources import rope_thetas_at
 from ablate.models.families import Family
-from ablate.plan.freezing import apply_freeze
-from ablate.plan.phases import PhasePlan
 
 
 @torch.no_grad()
@@ -47,10 +45,3 @@ def set_rope_thetas(model: torch.nn.Module, family: Family, thetas: dict[str, fl
             live.copy_(inv_freq)
             getattr(module, f"{layer_type}_original_inv_freq").copy_(inv_freq)
 
-
-def start_phase(model: torch.nn.Module, family: Family, plan: PhasePlan, phases, opt) -> None:
-    """What a phase sets at its start: its frozen layers (and the optimizer's trainable parameters, `opt`:
-    train.optimizer.Optimizer) and the RoPE thetas in effect."""
-    apply_freeze(model, family, plan.frozen)
-    opt.set_trainable()
-    set_rope_thetas(model, family, rope_thetas_at(phases, plan.index))
