@@ -20,8 +20,7 @@ from ablate.config.spec import parse_run_spec
 from ablate.models import loading
 from ablate.models.loading import load_masked_lm, load_tokenizer
 from ablate.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
-from ablate.train.distributed import local_device_index
-from ablate.train.loop import pick_device
+from ablate.config.device import local_device_index, pick_device
 from ablate.train.optimizer import Optimizer
 from builders import MODEL, TOKENIZER, VALID_CORPUS, corpus_slice, run_spec, write_yaml
 

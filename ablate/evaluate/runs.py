@@ -19,7 +19,7 @@ from ablate.store import rundir
 from ablate.evaluate.score_files import evaluate_items, record_skipped
 from ablate.evaluate.suites import EvalItem, eval_items, present_items, skipped_lines, spec_items
 from ablate.evaluate.unit_processes import Placement
-from ablate.train.loop import pick_device
+from ablate.config.device import pick_device
 from ablate.config.spec import RunSpec
 
 

@@ -150,7 +150,7 @@ def time_finetuning(
     (warmup + steps) batches, one epoch, a dev set of two evaluation batches."""
     from ablate.evaluate.finetune import finetune
     from ablate.evaluate.tasks import load_task, load_task_data
-    from ablate.train.loop import pick_device
+    from ablate.config.device import pick_device
 
     task = load_task(task_name)
     splits = load_task_data(task, spec.data.data_root).splits

@@ -31,7 +31,7 @@ from ablate.predict.finetune_memory import finetune_shapes, finetune_step_memory
 from ablate.predict.gpu_memory import AUTO_MARGIN, gib
 from ablate.launch.gpus import process_devices
 from ablate.train.distributed import finishing_group, init as init_distributed, wait_for_ranks, world_from_env
-from ablate.train.loop import pick_device
+from ablate.config.device import pick_device
 
 
 @dataclass(frozen=True)

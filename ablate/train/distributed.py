@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
+from ablate.config.device import local_device_index
 from ablate.config.errors import SpecError
 
 BUCKET_ELEMENTS = 25_000_000  # gradients are flattened into buckets of at most this many elements
@@ -203,29 +204,6 @@ def init(device_type: str) -> Dist:
             f"{TIMEOUT_ENV}): {type(exc).__name__}: {exc}"
         ) from exc
     return Dist(rank, world, local, owns_group=True)
-
-
-def local_device_index(local_rank: int) -> int:
-    """The GPU of this rank: its local rank among the GPUs this process sees, or 0 when it sees exactly one
-    (a job that gives each task a GPU of its own: --gpus-per-task=1, --gpu-bind; two ranks left on one GPU
-    are refused by nccl in their first collective, "Duplicate GPU detected"). A rank beyond the visible
-    GPUs is an error: sending it to GPU 0 would put two ranks' models, moments and contexts on one device."""
-    visible = torch.cuda.device_count()
-    if visible == 1:
-        return 0
-    if local_rank < visible:
-        return local_rank
-    shown = os.environ.get("CUDA_VISIBLE_DEVICES")
-    raise SpecError(
-        f"the rank with local rank {local_rank} has no GPU of its own: this process sees {visible} "
-        "GPUs" + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown else ""),
-        key="LOCAL_RANK",
-        value=local_rank,
-        allowed=f"one rank per visible GPU: local ranks 0..{visible - 1} (launcher.slurm."
-        "tasks_per_node = gpus_per_node, or torchrun --nproc-per-node <= GPUs)"
-        if visible
-        else "a machine with GPUs, or device: cpu",
-    )
 
 
 def finishing_group():

@@ -42,8 +42,9 @@ from ablate.train.checkpoint import (
     save_checkpoint,
     save_final_model,
 )
-from ablate.train.distributed import Dist, init as init_distributed, local_device_index, rank_slice
+from ablate.train.distributed import Dist, init as init_distributed, rank_slice
 from ablate.data.corpus import SequenceOrder
+from ablate.config.device import pick_device
 from ablate.config.errors import SpecError
 from ablate.train.streams import Streams
 from ablate.plan.freezing import is_frozen
@@ -103,16 +104,6 @@ class Context:
     # None = the family's, eager
     pin_memory: bool = False
     streams: Streams | None = None  # every phase's corpora (train.streams)
-
-
-def pick_device(choice: str, local_rank: int = 0) -> torch.device:
-    if choice == "auto":
-        choice = "cuda" if torch.cuda.is_available() else "cpu"
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise SpecError("CUDA is not available on this machine", key="device", value=choice, allowed="auto, cpu")
-    if choice == "cuda":
-        return torch.device("cuda", local_device_index(local_rank))
-    return torch.device(choice)
 
 
 def check_data_parallel(spec: RunSpec, world_size: int) -> None:
