@@ -1,6 +1,6 @@
 """Batches for fine-tuning: each epoch's order of batches (epoch_batches: shuffled, or grouped by length, drawn
 from a torch.Generator so that the same seed gives the same batches), the length-sorted pieces one batch is run
-in (length_pieces), and the tensors of a batch or piece, padded to its own longest example (collate; the labels'
+in on the CPU (length_pieces, piece_overhead), and the tensors of a batch or piece, padded to its own longest example (collate; the labels'
 tensors are the task type's: ablate.evaluate.task_types).
 
 May import: evaluate (encoded, task_types).
@@ -36,6 +36,20 @@ def epoch_batches(
         chunk = sorted(order[start : start + pool], key=lengths.__getitem__)
         batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
     return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+
+
+# With finetune.length_pieces, on CPU a batch is run in length-sorted pieces (batching.length_pieces) wherever
+# that saves more padding than the fixed cost of one more forward and backward pass, which is about this many
+# tokens' worth (MiniLM-L6 on the 2-core dev machine: about 30 ms a pass, about 1 ms a token on one thread;
+# the cut-off is flat between 32 and 64). On accelerators padding is almost free at fine-tuning sizes (and on
+# CUDA each row's padding is left out of attention): a batch is one piece there.
+PIECE_OVERHEAD_TOKENS = 48
+
+
+def piece_overhead(device: torch.device | str, length_pieces: bool) -> int | None:
+    """The overhead batching.length_pieces cuts a fine-tuning batch by: PIECE_OVERHEAD_TOKENS on the CPU when
+    the settings ask for pieces, else None (one piece)."""
+    return PIECE_OVERHEAD_TOKENS if length_pieces and torch.device(device).type == "cpu" else None
 
 
 def length_pieces(lengths: list[int], overhead: int | None) -> list[list[int]]:

@@ -14,7 +14,7 @@ loss and decodes; with max_steps (span_ner) training runs that many steps and ev
 an "epoch" of the score rows then being one such evaluation. The best dev epoch is the task's first metric's,
 unless the entry's `selection` names another (span_ner's sampled_span_f1, tabib's checkpoint score).
 
-May import: config, models, train (precision, attention_masks, cpu), evaluate (tasks, task_types, batching,
+May import: config, models, train (precision, attention_masks), evaluate (tasks, task_types, batching,
 finetune_progress).
 """
 
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from ablate.evaluate.batching import Encoded, collate, epoch_batches, length_pieces
+from ablate.evaluate.batching import Encoded, collate, epoch_batches, length_pieces, piece_overhead
 from ablate.evaluate.finetune_progress import FinetuneProgress
 from ablate.config.errors import SpecError
 from ablate.evaluate.task_types import compute, task_type
@@ -41,7 +41,6 @@ from ablate.evaluate.task_types.classification import pos_weight
 from ablate.evaluate.task_types.token_ner import align_word_labels
 from ablate.evaluate.tasks import Example, FinetuneSettings, TaskSpec, capped, load_task_data
 from ablate.models.families import FAMILIES, family_of
-from ablate.train import cpu
 from ablate.train.attention_masks import padded_attention
 from ablate.train.precision import autocast_on
 
@@ -350,7 +349,7 @@ def finetune(
     order_gen = torch.Generator().manual_seed(seed)
     rounds, round_steps, batches_of = _rounds(settings, lengths, order_gen)
     opt = _optimizer(model, settings, device, settings.max_steps or round_steps * rounds)
-    overhead = cpu.piece_overhead(device, settings.length_pieces)
+    overhead = piece_overhead(device, settings.length_pieces)
     reporter = FinetuneProgress(progress, task, seed, rounds, round_steps)
 
     # the dev metric that keeps a checkpoint (the task's first unless its type says otherwise); scored, not reported

@@ -1,13 +1,12 @@
 """What only the CPU runs: the speed paths measured on this project's 2-core CPU (BENCHMARKS.md). On CUDA
 none of this runs, so a reader of the GPU path can skip this module; each path is chosen by device where it
-is used (ablate.train.loop, ablate.train.vocab_loss, ablate.evaluate.finetune).
+is used (ablate.train.loop, ablate.train.vocab_loss). Fine-tuning's CPU path, a batch run in length-sorted
+pieces, is ablate.evaluate.batching's.
 
 - Dropout masks from numpy's SFC64 stream (`cpu_dropout`, `CpuDropout`).
 - The vocabulary head's chunked loop (`chunked`): chunks of CHUNK positions, each chunk's logits in the layout
   MKL runs the three matmuls fastest in (`logits_view`, VOCAB_MAJOR_FROM); CUDA's loop is
   ablate.train.vocab_loss._chunked_gpu.
-- A fine-tuning batch run in length-sorted pieces (`piece_overhead`, PIECE_OVERHEAD_TOKENS;
-  ablate.evaluate.batching.length_pieces cuts them).
 
 Dropout: torch's CPU `bernoulli_` draws two 32-bit Mersenne-Twister numbers per element, one element after another in one
 thread: in a BERT CLM step on 2 cores the attention-probability masks (B x H x L x L) and the hidden-state
@@ -191,19 +190,3 @@ def chunked(features, weight, bias, labels, dtype, ignore_index, chunk, want_x, 
             grad_b.index_add_(0, target, -hot)
     cast = lambda g, like: None if g is None else g.to(like.dtype)  # noqa: E731
     return loss, grad_x, cast(grad_w, weight), cast(grad_b, bias)
-
-
-# ---------------------------------------------------------------- fine-tuning: length pieces
-
-# With finetune.length_pieces, on CPU a batch is run in length-sorted pieces (batching.length_pieces) wherever
-# that saves more padding than the fixed cost of one more forward and backward pass, which is about this many
-# tokens' worth (MiniLM-L6 on the 2-core dev machine: about 30 ms a pass, about 1 ms a token on one thread;
-# the cut-off is flat between 32 and 64). On accelerators padding is almost free at fine-tuning sizes (and on
-# CUDA each row's padding is left out of attention): a batch is one piece there.
-PIECE_OVERHEAD_TOKENS = 48
-
-
-def piece_overhead(device: torch.device | str, length_pieces: bool) -> int | None:
-    """The overhead batching.length_pieces cuts a fine-tuning batch by: PIECE_OVERHEAD_TOKENS on the CPU when
-    the settings ask for pieces, else None (one piece)."""
-    return PIECE_OVERHEAD_TOKENS if length_pieces and torch.device(device).type == "cpu" else None
