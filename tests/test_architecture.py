@@ -167,7 +167,9 @@ def _allowed(declared: str) -> set[str] | None:
 
 def _line_violations(package: Path = PACKAGE) -> list[str]:
     """What is wrong with the package's "May import:" lines: a module without one (nor its package's), a line
-    the grammar cannot read or that names a module that does not exist, an import the line does not name. A
+    the grammar cannot read or that names a module that does not exist, an import the line does not name, and
+    (a module's own line) another stage or module named that it does not import: a module's line is exactly
+    what it imports from other stages; a package's line is the bound for its modules that have none. A
     module's own stage is always allowed; "every stage" allows all."""
     files, graph = _module_files(package), _imports(package)
     declared = {m: _declared(ast.get_docstring(_parse(p.read_text())) or "") for m, p in files.items()}
@@ -189,13 +191,20 @@ def _line_violations(package: Path = PACKAGE) -> list[str]:
             continue
         if allowed is None:
             continue
+        own = _stage(module)
         if owner == module:
             problems += [
                 f"{module}: 'May import:' names {name}, which is no stage or module of ablate"
                 for name in sorted(allowed)
                 if f"ablate.{name}" not in files
             ]
-        own = _stage(module)
+        if owner == module and path.name != "__init__.py":  # a package's line bounds its modules' imports
+            imported = {t.removeprefix("ablate.") for t in graph[module]}
+            problems += [
+                f"{module}: 'May import:' names {name}, which it does not import"
+                for name in sorted(allowed)
+                if name.split(".")[0] != own and not any(i == name or i.startswith(name + ".") for i in imported)
+            ]
         for target in sorted(graph[module]):
             name = target.removeprefix("ablate.")
             if name.split(".")[0] == own or any(name == a or name.startswith(a + ".") for a in allowed):
@@ -245,6 +254,11 @@ def test_each_guard_fails_on_an_import_planted_in_a_copy_of_the_package(tmp_path
     assert _floor_violations(copy) == []
     assert [p for p in _line_violations(copy) if p.startswith("ablate.train.rope")] == [
         f"ablate.train.rope imports store.atomic; its line says: May import: {_declared_of(rope)}"
+    ]
+    # a line naming a stage the module does not import
+    rope.write_text(text.replace("\nMay import: models.", "\nMay import: models, store."))
+    assert [p for p in _line_violations(copy) if p.startswith("ablate.train.rope")] == [
+        "ablate.train.rope: 'May import:' names store, which it does not import"
     ]
 
 

@@ -27,7 +27,7 @@ stream). Columns `step` (run_a's global step at that phase end) and `decay_token
 after the end of its first phase, at that phase end: 0 at the end of the detour, the decay's length at the
 end of the decay).
 
-May import: config, store, models, plan, analysis.
+May import: config, store, plan, analysis.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 MLM seed a)), how far an arm moved a layer in units of MLM seed-to-seed noise; undefined where that noise is
 float rounding.
 
-May import: config, store, data, analysis.
+May import: config, store, analysis.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ A run never re-reads its corpus to check it: the prepared manifest's source size
 (the bytes are re-hashed only when they differ), and a corpus that changed is refused with the command
 that re-prepares it.
 
-May import: config, store, data.
+May import: config, data.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ pages of its sequences. Sequence i is tokens [i*seq_len, (i+1)*seq_len) of the s
 dropped), returned as int32 like the in-memory stream was; its document ids come from the document ends by
 binary search, for the batch only.
 
-May import: config, store, data.readers, data.prepare.
+May import: config, data.readers, data.prepare.
 """
 
 from __future__ import annotations

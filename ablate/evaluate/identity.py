@@ -8,7 +8,7 @@ not change the computation: `description`, `source` (provenance text; the data a
 file's hash is kept per (path, size, mtime) for the life of the process, so a sweep's evaluation reads each
 file once, not once per run.
 
-May import: config, evaluate.tasks.
+May import: evaluate.tasks.
 """
 
 from __future__ import annotations

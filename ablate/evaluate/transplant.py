@@ -19,7 +19,7 @@ measures), model/ and scores/. Its job (ablate.launch.worker, as for any run: st
 it with build_hybrid and fine-tunes it on its spec's eval.tasks; a sweep submits it once both source runs
 are done, `ablate transplant` runs it in its own process.
 
-May import: config, store, models, plan, analysis, train, evaluate.
+May import: config, store, models, plan, train, evaluate.
 """
 
 from __future__ import annotations

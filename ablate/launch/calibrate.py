@@ -13,7 +13,7 @@ steps at).
 The result goes to <sweep>/calibration.json (atomically) with the hardware, the torch version and the
 date; `ablate sweep --dry-run` and `ablate status` read it (ablate.launch.estimates).
 
-May import: config, store, data, models, plan, train, evaluate, launch.estimates.
+May import: config, store, models, plan, train, evaluate, launch.estimates.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ config, compute parity of the arms it compares, the catalogued datasets it reads
 the fetch command is named), every eval task, every corpus and the probe's held-out texts, the grid's
 transplants against its runs, and the causal preflight per model. Any problem is a SpecError naming the file.
 
-May import: config, store, data, plan, analysis, evaluate, train, launch.data_needs, launch.preparation,
+May import: config, store, plan, analysis, evaluate, train, launch.data_needs, launch.preparation,
 launch.transplants, launch.trackers, predict.gpu_memory, predict.finetune_memory.
 """
 

@@ -1,7 +1,7 @@
 """What a run shows where it runs: a progress bar (tqdm) on a terminal, plain lines anywhere else. The run's
 log.txt always gets plain lines (the worker writes them); only the terminal view differs.
 
-May import: config, store.
+May import: store.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ the data root lacks named with the command that fetches them (eval tasks: ablate
 the tasks a layer probe reads its texts from (probe.texts task:NAME): how they are read, and those whose data
 is missing (a dry run's warning, a submission's error naming `ablate data fetch NAME`).
 
-May import: config, data, plan, evaluate, launch.preparation.
+May import: config, data, evaluate, launch.preparation.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ when queueing it, and again right before its job is submitted. A run finished, r
 live driver since this driver decided to run it is dropped, saying so. The sweep folder's drivers.json lists
 the drivers that watch it, so that each says what the other is doing.
 
-May import: config, store.
+May import: store.
 """
 
 from __future__ import annotations

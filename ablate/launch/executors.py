@@ -2,7 +2,7 @@
 EXECUTORS (local processes with a parallel cap, Slurm, in-process debug): how it builds its submitit executor
 and whether it can run here. A new executor: docs/extending.md, "An executor".
 
-May import: config, store, launch.worker.
+May import: config, launch.worker.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ prepared, its runs are checked against it (ablate.plan.epochs): a run that would
 `data.max_epochs` times, or whose global batch holds more sequences than it has, is refused before it is
 submitted (and, when the corpus is prepared by a job, at the run's own start: ablate.train.loop.setup).
 
-May import: config, store, data, models, plan, launch.executors.
+May import: config, data, models, plan, launch.executors.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ the embeddings come with them (`embeddings: true`, or layers naming them: ablate
 / "mlp" for a component of every block, "8-14:attention" for one within some blocks ("emb,..." again with the
 embeddings).
 
-May import: config, models, plan.
+May import: config, plan.
 """
 
 from __future__ import annotations

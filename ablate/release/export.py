@@ -14,7 +14,7 @@ seed unless `seed` names another (the choice is returned as a note). The folder 
 name next to DIR and renamed into place once complete: an error leaves nothing at DIR. A non-empty DIR is
 refused unless `force` (then replaced whole).
 
-May import: config, store, data, models, evaluate, report.
+May import: config, store, models, report.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (token hashes, tokens, versions), records/frozen.json (what each phase froze) and the prepared corpus's
 manifest (the fingerprint of the data it read).
 
-May import: config, store, data, models, report.
+May import: config, store, data, models.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The `curves` figure: training loss and learning rate against tokens seen, per arm, with a strip of each
 schedule's phases on top.
 
-May import: config, store, plan, report.
+May import: config, report.
 """
 
 from __future__ import annotations

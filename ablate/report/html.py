@@ -12,7 +12,7 @@ and the blocks `--table scores|freeze --reference` print (ablate.report.beside).
 download nothing pins are marked: a `data` column ("unverified") and a note naming each such dataset and why
 (ablate.report.scores.unverified_data).
 
-May import: config, store, plan, tune, report.
+May import: store, report.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The `layers` figure: how far each layer moved per arm (1 - CKA vs the base model, or another measure of
 the layers table), with a strip of the layers each freeze mask froze, read from the `frozen` table.
 
-May import: config, store, plan, report.
+May import: config, plan, report.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ written next to the image is the figure's data; the entry also says what the swe
 to know of it (drawn once per layer measure, only for a tune study, followed by the score summary). A new
 figure: docs/extending.md, "A figure".
 
-May import: config, store, plan, tune, report.
+May import: config, tune, report.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A score is the primary metric of a task in points (x100); replicates are (pretra
 seed) units. A task whose data comes from a download nothing pins (ablate.data.catalog.unverified_reason) has
 its scores marked unverified (`unverified_data`: the summary's and the report page's `data` column).
 
-May import: config, store, plan, data (catalog), evaluate (tasks, units, bootstrap), report.
+May import: config, data (catalog), evaluate (tasks, units, bootstrap), report.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ marker per freeze mask), the style context, figure / legend / layer-axis helpers
 Figures are drawn on `matplotlib.figure.Figure` objects (no pyplot state), so they render with Agg and also
 display inline in notebooks.
 
-May import: config, plan, report.arms.
+May import: plan, report.arms.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ checkpoints/branch/, adopted by a child as its own first checkpoint); and the fi
 Weights go through safetensors and tensors through torch.load(weights_only=True): loading runs no code.
 A checkpoint loads to CPU, then onto the parameters' devices, whatever device it was saved from.
 
-May import: config, store, train.optimizer.
+May import: store, train.optimizer.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ named in the run's log, its compiled code kept across processes.
   atomically), so concurrent jobs never write the same file; a file whose bytes no longer match its name, or
   that torch declines, is named in the log and removed (load_cache).
 
-May import: config, models, store.
+May import: models, store.
 """
 
 from __future__ import annotations

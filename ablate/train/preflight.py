@@ -17,7 +17,7 @@ one (ablate.models.attention: no L x L mask; a prefix pattern as per-row prefix 
 
 A leak is a SpecError naming the family, the implementation and what to use instead: exit 2.
 
-May import: config, data, models, plan, analysis, train.
+May import: config, models, train.
 """
 
 from __future__ import annotations

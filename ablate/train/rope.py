@@ -8,7 +8,7 @@ a phase are the last ones set up to it (config.sources.rope_thetas_at), so a run
 branched from another run's checkpoint, sets the same ones on its freshly loaded model. A phase's start
 (freezing, then these thetas) is ablate.train.freezing.start_phase.
 
-May import: config, models.
+May import: models.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ watching the run from outside.
 A tune's jobs run `RunJob(progress_hook=trial_hook)`; the run folder's tune.json (written by the tune
 before it submits the run) names the study, storage, trial and pruner.
 
-May import: config, store, launch, tune.trials, tune.storage, tune.sampling.
+May import: launch, tune.trials, tune.storage, tune.sampling.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ A trial's run reports to the trial and is pruned in its own process (ablate.tune
 ended `pruned` makes its trial PRUNED, `done` COMPLETE (with the objective value from its records),
 `failed` FAIL. A study's folder is a sweep folder: results/<study>/runs/<run_id>/, jobs/, sweep.json.
 
-May import: config, store, plan, launch, tune.
+May import: store, plan, launch, tune.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ valid.txt; doc_ids.tsv gives each line's PMID, journal (the first line of <PMID>
 notice (that file's last line when it states a copyright or licence, whitespace collapsed, its first 300
 characters; else empty).
 
-May import: config, data.
+May import: data.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 JNLPBA's untyped B/I tags relabelled B-ENT/I-ENT with the -DOCSTART- lines gone; GAD, BIOSSES and HoC as
 JSON lines (HoC: the sentence rows, and one abstract per line whose labels are the union of its sentences').
 
-May import: config, data.
+May import: data.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ after . ? ! (never inside an entity). Mantra's type is a CUI: its semantic group
 AnnotatorNotes line; its split is derived (file ids sorted, shuffled with random.Random(4), 70/10/20 %;
 each split in id order).
 
-May import: config, data.
+May import: data.
 """
 
 from __future__ import annotations

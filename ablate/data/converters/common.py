@@ -1,6 +1,6 @@
 """What the converters share: the split names, JSON lines as the shipped files write them, copies.
 
-May import: config, data.
+May import: data.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ discontinuous mention: its full extent), CR and LF inside a sentence each a spac
 DDI-false (a true pair without a type is dropped). Train and dev split the training documents as BLURB
 does (its dev documents are read from BLURB's dev.tsv); test is the official DDI-extraction test set.
 
-May import: config, data.
+May import: data.
 """
 
 from __future__ import annotations

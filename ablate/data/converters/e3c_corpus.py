@@ -3,7 +3,7 @@ whitespace collapsed, short ones and exact duplicates dropped, a per-document li
 shuffle after sorting by id, the first 5 % -> valid.txt; doc_ids.tsv names each line's document. The French
 corpus adds an extra file of drug leaflets (non-commercial) drawn by the same generator.
 
-May import: config, data.
+May import: data.
 """
 
 from __future__ import annotations

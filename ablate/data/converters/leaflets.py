@@ -11,7 +11,7 @@ or Mantra GSC EMEA test sentence removed (those datasets are fetched first: `req
 4. a kept leaflet is removed (removed_for_test_overlap.tsv) when one of its word 8-grams (\\w+, lower-cased)
    is in a test sentence and occurs in fewer than 20 kept leaflets.
 
-May import: config, data.
+May import: data.
 """
 
 from __future__ import annotations

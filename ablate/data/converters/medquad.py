@@ -5,7 +5,7 @@ documents dropped (sets and files in order), sorted by document id (a file witho
 shuffled with random.Random(13), the first 5 % -> valid.txt; doc_ids.tsv: split, id, collection, source,
 url, licence.
 
-May import: config, data.
+May import: data.
 """
 
 from __future__ import annotations

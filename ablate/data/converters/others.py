@@ -1,7 +1,7 @@
 """Converters of single repositories: MORFITT's TSV, PubMedQA's labelled JSON with its derived train/dev split,
 and E3C's French clinical-entity IOB files with the official train split cut into train and dev.
 
-May import: config, data.
+May import: data.
 """
 
 from __future__ import annotations
