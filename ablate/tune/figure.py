@@ -2,7 +2,7 @@
 the best so far) and parameter importances, from the study behind a tune's folder (its study.json) or
 the storage named.
 
-May import: config, tune.storage.
+May import: config, store, tune.storage.
 """
 
 from __future__ import annotations
