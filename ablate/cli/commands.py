@@ -358,6 +358,10 @@ def cmd_evaluate(args) -> int:
         raise SpecError("--base-only evaluates the base model: name it", key="--base", allowed="--base MODEL")
     sweep = _base_only_root(args) if args.base_only else None
     sweep = sweep or _sweep(args)
+    # every check of the request (--set values, settings no task reads, data) before anything is written
+    evaluate.check_request(
+        sweep.root, tasks, seeds, overrides, how["protocol"], base=bool(args.base), runs=not args.base_only
+    )
     if args.base:
         folder = evaluate.evaluate_base(sweep.root, args.base, tasks, seeds, overrides, **how)
         print(f"base model scores in {folder / 'scores'}")

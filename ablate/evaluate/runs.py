@@ -6,7 +6,9 @@ while its task file, data and fine-tuning settings are unchanged, and recomputed
 when they changed (ablate.evaluate.score_files). A suite's task whose data the data root lacks is skipped, said
 and recorded in <scores>/skipped.json; a task named directly without its data is exit 2 (a grid insists).
 The fine-tuning protocol is the caller's, else the run's `eval.protocol`, else the task files' own settings
-(ablate.evaluate.protocol).
+(ablate.evaluate.protocol). What `ablate evaluate` is asked (tasks, seeds, `--set` values and whether any task
+reads them, data) is checked for the base model and every finished run (`check_request`) before anything is
+written: a bad request leaves the results root as it was.
 """
 
 from __future__ import annotations
@@ -100,14 +102,10 @@ def evaluate_sweep(
     """Add tasks/seeds to every finished run of a sweep; returns counts of runs evaluated and skipped.
     `place_for(spec)`: where a run's units run and how many at once (launch.shares.run_placer; default one
     after another here)."""
-    counts = {"evaluated": 0, "not done": 0}
-    for run_dir in sorted(rundir.runs_dir(sweep_dir).iterdir()):
-        if not (run_dir / "spec.json").is_file():
-            continue
-        if rundir.read_status(run_dir).get("state") != "done":
-            counts["not done"] += 1
-            continue
-        spec = rundir.read_spec(run_dir)
+    finished = _finished_runs(sweep_dir)
+    counts = {"evaluated": 0, "not done": len(_with_spec(sweep_dir)) - len(finished)}
+    _check_runs(finished, tasks, seeds, overrides, protocol)
+    for run_dir, spec in finished:
         evaluate_run(
             run_dir,
             spec,
@@ -121,6 +119,79 @@ def evaluate_sweep(
         )
         counts["evaluated"] += 1
     return counts
+
+
+def _with_spec(sweep_dir: Path) -> list[Path]:
+    runs = rundir.runs_dir(sweep_dir)
+    return sorted(d for d in runs.iterdir() if (d / "spec.json").is_file()) if runs.is_dir() else []
+
+
+def _finished_runs(sweep_dir: Path) -> list[tuple[Path, RunSpec]]:
+    """(folder, spec) of each run of the sweep whose status is done, in name order."""
+    return [
+        (run_dir, rundir.read_spec(run_dir))
+        for run_dir in _with_spec(sweep_dir)
+        if rundir.read_status(run_dir).get("state") == "done"
+    ]
+
+
+def check_request(
+    sweep_dir: Path,
+    tasks: tuple[str, ...],
+    seeds: tuple[int, ...] | None,
+    overrides: dict | None,
+    protocol: str | None = None,
+    base: bool = False,
+    runs: bool = True,
+    data_root: str | None = None,
+) -> None:
+    """Everything `ablate evaluate` is asked, checked before it writes anything (SpecError): for the base model
+    (`base`) and each finished run of the sweep (`runs`), every task exists, its data is there (a task named
+    directly), its fine-tuning settings with `--set` over them validate, and every `--set` key is read by at
+    least one of the tasks, as a grid's `eval.finetune` is (check_overrides_read)."""
+    if base:
+        items = eval_items(tasks, (0,), overrides, seeds_override=seeds, key="--task")
+        _check_items(items, overrides or {}, protocol, data_root)
+    if runs:
+        _check_runs(_finished_runs(sweep_dir), tasks, seeds, overrides, protocol)
+
+
+def _check_runs(finished, tasks, seeds, overrides, protocol) -> None:
+    seen: set[tuple] = set()
+    for _, spec in finished:
+        key = (repr(sorted(spec.eval.finetune.items())), spec.eval.seeds, spec.eval.protocol, spec.data.data_root)
+        if key not in seen:
+            seen.add(key)
+            items = spec_items(spec, tasks=tasks, seeds=seeds, overrides=overrides, key="--task")
+            _check_items(items, overrides or {}, protocol or spec.eval.protocol, spec.data.data_root)
+
+
+def _check_items(items: list[EvalItem], overrides: dict, protocol: str | None, data_root) -> None:
+    from ablate.config.errors import SpecError
+    from ablate.evaluate.tasks import load_task, resolve_settings
+
+    items = present_items(items, data_root, key="--task")[0]
+    for item in items:
+        try:
+            resolve_settings(load_task(item.task, key="--task"), item.finetune, protocol)
+        except SpecError as exc:
+            field = (exc.key or "").removeprefix("finetune.")
+            raise SpecError(
+                f"task {item.task!r}: {exc.message}",
+                file=exc.file,
+                key=f"--set {field}" if field in overrides else exc.key,
+                value=exc.value,
+                allowed=exc.allowed,
+            ) from None
+    unread = _unread(protocol, items, overrides) if items and overrides else {}
+    if unread:
+        key, why = next(iter(unread.items()))
+        raise SpecError(
+            f"no task evaluated reads it: {why}",
+            key=f"--set {key}",
+            value=overrides[key],
+            allowed=f"settings the tasks {', '.join(i.task for i in items)} read",
+        )
 
 
 def base_folder_name(model_source: str) -> str:
@@ -153,6 +224,7 @@ def evaluate_base(
             allowed="package:MODULE, a model folder or a hub id",
         )
     folder = Path(sweep_dir) / "base" / base_folder_name(model_source)
+    check_request(sweep_dir, tasks, seeds, overrides, protocol, base=True, runs=False, data_root=data_root)
     rundir.atomic.write_json(folder / "source.json", {"model": model_source, "location": location})
     log(f"evaluating base model {model_source} on {', '.join(tasks)}")
     items, skipped = present_items(
@@ -249,7 +321,7 @@ def check_overrides_read(spec: RunSpec, file: str | None, items: list[EvalItem] 
             )
         )
     for group, keys, where, in_file in groups:
-        unread = _unread(spec, group, keys)
+        unread = _unread(spec.eval.protocol, group, keys)
         if unread:
             key, why = next(iter(unread.items()))
             raise SpecError(
@@ -264,14 +336,14 @@ def check_overrides_read(spec: RunSpec, file: str | None, items: list[EvalItem] 
             )
 
 
-def _unread(spec: RunSpec, items: list[EvalItem], keys: dict) -> dict[str, str]:
-    """The keys of `keys` that none of `items` reads, with why."""
+def _unread(protocol: str | None, items: list[EvalItem], keys: dict) -> dict[str, str]:
+    """The keys of `keys` that none of `items` (fine-tuned under `protocol`) reads, with why."""
     from ablate.evaluate.tasks import load_task, resolve_settings, unread_settings
 
     unread: dict[str, str] = {}
     for n, item in enumerate(items):
         task = load_task(item.task)
-        method = resolve_settings(task, item.finetune, spec.eval.protocol).method
+        method = resolve_settings(task, item.finetune, protocol).method
         here = unread_settings(keys, method, task.type)
         unread = here if n == 0 else {k: why for k, why in unread.items() if k in here}
     return unread
