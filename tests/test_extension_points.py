@@ -81,6 +81,21 @@ def test_no_module_outside_an_entry_compares_a_registered_name():
     assert not found, "ask the entry instead of comparing its name:\n" + "\n".join(found)
 
 
+def test_the_page_and_the_report_command_ask_the_figure_entry_not_its_name():
+    """What the sweep page and `ablate report` need to know of a figure (drawn per measure, only for a tune
+    study, followed by the score summary) is a field of its entry, never a comparison with its name."""
+    from ablate.report.registry import FIGURES
+
+    axis = {("cli/commands.py", "freeze")}  # the grid's freeze axis in the branching tree's labels
+    found = [
+        f"ablate/{module}:{line}: {value!r}"
+        for module in ("report/html.py", "cli/commands.py")
+        for line, value in _compared_strings(ast.parse((PACKAGE / module).read_text()))
+        if value in FIGURES and (module, value) not in axis
+    ]
+    assert found == []
+
+
 # ---------------------------------------------------------------- a new family is one entry
 
 MPNET = Family(
