@@ -321,3 +321,11 @@ def test_the_guide_has_one_section_per_extension_point_naming_files_that_exist()
     ]  # fmt: skip
     named = re.findall(r"`((?:ablate|tests|docs)/[\w/.-]+\.(?:py|md|yaml|tsv))`", guide)
     assert named and [p for p in named if not (ROOT / p).exists()] == []
+
+
+def test_every_catalogued_converter_is_a_registered_one():
+    from ablate.data.catalog import catalog
+    from ablate.data.converters import CONVERTERS
+
+    named = {ds.converter for ds in catalog().values() if ds.converter is not None}
+    assert named and named - set(CONVERTERS) == set()
