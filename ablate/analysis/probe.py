@@ -13,6 +13,7 @@ belong to no group.
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
@@ -311,9 +312,20 @@ def save_representations(path: Path, reps: Sequence[np.ndarray], key: str) -> No
 
 
 def load_representations(path: Path) -> tuple[np.ndarray, str]:
-    """(reps (layers, n, d) float32, probe key) of a file written by save_representations."""
-    with np.load(path) as f:
-        return f["reps"], str(f["probe_key"])
+    """(reps (layers, n, d) float32, probe key) of a file written by save_representations; a SpecError naming
+    the file when it is not one (cut short, overwritten, other arrays)."""
+    try:
+        with np.load(path) as f:
+            reps, key = f["reps"], str(f["probe_key"])
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        reps, key = None, f"{type(exc).__name__}: {exc}"
+    if reps is None or reps.ndim != 3 or reps.dtype != np.float32:
+        raise SpecError(
+            f"not the phase-end representations a run saves ({key if reps is None else f'{reps.dtype} {reps.shape}'});"
+            " the run writes them at its phase's end: run it again (delete its folder, run the sweep)",
+            file=str(path),
+        )
+    return reps, key
 
 
 def cka_vs_base_hook(spec, run_dir: Path | None = None, read_task: TaskReader | None = None):

@@ -383,6 +383,8 @@ def expected_files(folder: Path, ds: Dataset) -> tuple[Expected, ...] | None:
         return None
     fix = f"`ablate data fetch {ds.name}` fetches the dataset again and rewrites it"
     rows = _checked_rows(fetched, MANIFEST_COLUMNS[1:], fix)
+    if not rows:
+        raise DamagedRecord(f"records no file; {fix}", file=str(fetched))
     return tuple(Expected(r["file"], int(r["size"]), r["sha256"]) for r in rows)
 
 
@@ -403,4 +405,15 @@ def dataset_problems(folder: Path, ds: Dataset) -> list[str]:
         return [str(exc)]
     if expected is None:
         return [f"{FETCHED}: missing (not fetched by `ablate data fetch {ds.name}`)"]
-    return [p for e in expected if (p := file_problem(folder / e.file, e))]
+    problems = [p for e in expected if (p := file_problem(folder / e.file, e))]
+    if ds.derived:  # its fetch recorded every file it wrote: one it does not list is a row lost, or a stranger
+        listed = {e.file for e in expected}
+        problems += [
+            f"{rel}: in the folder but not in {FETCHED}"
+            for path in sorted(folder.rglob("*"))
+            if path.is_file()
+            and (rel := path.relative_to(folder).as_posix()) not in listed
+            and path.name not in NOT_DATA
+            and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+        ]
+    return problems

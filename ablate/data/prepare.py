@@ -79,11 +79,72 @@ def prepared_folder(spec: DataSpec, sources: list[Source], fingerprint: str) -> 
     return prepared_root(spec.prepared_root) / hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
+class DamagedPrepared(SpecError):
+    """A prepared folder whose manifest.json is there but is not what `prepare` writes: exit 2 naming it;
+    `ablate prepare` prepares the corpus again over it."""
+
+
+def _is_digest(value) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def _is_count(value) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _is_file(entry, *fields: str) -> bool:
+    """A {file, sha256, *fields} entry naming a file of the folder itself."""
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("file"), str)
+        and "/" not in entry["file"]
+        and entry["file"] not in ("", ".", "..")
+        and _is_digest(entry.get("sha256"))
+        and all(_is_count(entry.get(f)) for f in fields)
+    )
+
+
+def manifest_problem(manifest) -> str | None:
+    """What is wrong with a prepared folder's manifest (its version, fields and their types, the shards' token
+    counts against the total), or None."""
+    if not isinstance(manifest, dict):
+        return f"a JSON {type(manifest).__name__}, not a manifest"
+    if manifest.get("format_version") != FORMAT_VERSION:
+        return f"format_version {manifest.get('format_version')!r}, this ablate reads {FORMAT_VERSION}"
+    shards, sources = manifest.get("shards"), manifest.get("sources")
+    if not isinstance(shards, list) or not all(_is_file(s, "n_tokens") for s in shards):
+        return "shards is not a list of {file, n_tokens, sha256}"
+    if not _is_file(manifest.get("doc_ends")):
+        return "doc_ends is not a {file, sha256}"
+    if not isinstance(sources, list) or not all(
+        isinstance(s, dict) and isinstance(s.get("path"), str) for s in sources
+    ):
+        return "sources is not a list of {path, ...}"
+    for field in ("n_tokens", "n_documents", "vocab_size"):
+        if not _is_count(manifest.get(field)):
+            return f"{field} is {manifest.get(field)!r}, not a count"
+    if manifest.get("dtype") not in ("uint16", "uint32"):
+        return f"dtype {manifest.get('dtype')!r} is none of uint16, uint32"
+    if sum(s["n_tokens"] for s in shards) != manifest["n_tokens"]:
+        return f"its shards hold {sum(s['n_tokens'] for s in shards)} tokens, n_tokens says {manifest['n_tokens']}"
+    return None
+
+
 def read_manifest(folder: Path) -> dict | None:
+    """The prepared folder's manifest; None when it has none (not prepared); DamagedPrepared naming the file
+    when it cannot be read or is not what `prepare` writes (manifest_problem)."""
+    path = Path(folder) / MANIFEST
+    fix = "prepare it again: `ablate prepare <the run spec or grid>` replaces the folder"
     try:
-        return json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
+        manifest = json.loads(path.read_bytes())
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError) as exc:
+        raise DamagedPrepared(f"not JSON ({exc}); {fix}", file=str(path)) from None
+    problem = manifest_problem(manifest)
+    if problem:
+        raise DamagedPrepared(f"{problem}; {fix}", file=str(path))
+    return manifest
 
 
 def changed_sources(manifest: dict, sources: list[Source], spec: DataSpec) -> list[str]:
@@ -301,7 +362,11 @@ def prepare(
         print(f"waiting for another process preparing {folder} ({lock.holder()})", file=sys.stderr)
     lock.acquire(wait_s=None)
     try:
-        manifest = read_manifest(folder)
+        try:
+            manifest = read_manifest(folder)
+        except DamagedPrepared as exc:  # prepared again over it, said
+            print(f"note: {exc}: preparing it again", file=sys.stderr)
+            manifest = None
         if manifest is not None and not changed_sources(manifest, sources, spec):
             return folder
         tmp = folder.with_name(folder.name + ".partial")

@@ -16,28 +16,29 @@ from pathlib import Path
 import numpy as np
 
 from ablate.config.errors import SpecError
-from ablate.data.prepare import FORMAT_VERSION, MANIFEST, read_manifest
+from ablate.data.prepare import MANIFEST, read_manifest
 from ablate.data.readers import HASH_BLOCK
 
 
 class PreparedCorpus:
     def __init__(self, folder: Path):
         self.folder = Path(folder)
-        manifest = read_manifest(self.folder)
-        if manifest is None or manifest.get("format_version") != FORMAT_VERSION:
+        manifest = read_manifest(self.folder)  # DamagedPrepared naming it when it is not a manifest
+        if manifest is None:
             raise SpecError(
-                "not a prepared corpus of this version (run `ablate prepare` again)",
+                "not a prepared corpus (no manifest): run `ablate prepare` again",
                 file=str(self.folder / MANIFEST),
             )
         self.manifest = manifest
         dtype = np.dtype(manifest["dtype"])
-        for shard in manifest["shards"]:
-            size = (self.folder / shard["file"]).stat().st_size if (self.folder / shard["file"]).is_file() else -1
-            if size != shard["n_tokens"] * dtype.itemsize:
+        sizes = [(s["file"], s["n_tokens"] * dtype.itemsize) for s in manifest["shards"]]
+        for name, expected in [*sizes, (manifest["doc_ends"]["file"], manifest["n_documents"] * 8)]:
+            size = (self.folder / name).stat().st_size if (self.folder / name).is_file() else -1
+            if size != expected:
                 raise SpecError(
-                    f"prepared shard has {size} bytes, the manifest says {shard['n_tokens']} tokens; "
-                    f"re-prepare with `ablate prepare`",
-                    file=str(self.folder / shard["file"]),
+                    f"prepared file has {size} bytes, the manifest says {expected}; "
+                    f"re-prepare with `ablate prepare` (it replaces the folder)",
+                    file=str(self.folder / name),
                 )
         self.shards = [np.memmap(self.folder / s["file"], dtype=dtype, mode="r") for s in manifest["shards"]]
         self.starts = np.cumsum([0] + [s["n_tokens"] for s in manifest["shards"]])

@@ -48,7 +48,7 @@ def parent_ready(paths: SweepFolder, child: str) -> bool:
         return True
     parent = paths.run(branch["parent"])
     return (
-        kept_checkpoint(parent / "checkpoints", branch["step"]) is not None
+        kept_checkpoint(parent / "checkpoints", branch["step"], check=False) is not None  # checked at adoption
         or rundir.state_or_corrupt(parent) == "done"
     )
 
@@ -137,7 +137,7 @@ def release_children(run_dir: Path, points: dict[int, list[str]], released: set[
     has written lose their dependency on it (each step once: `released`). Lines saying what was done."""
     lines = []
     for step, children in points.items():
-        if step in released or kept_checkpoint(Path(run_dir) / "checkpoints", step) is None:
+        if step in released or kept_checkpoint(Path(run_dir) / "checkpoints", step, check=False) is None:
             continue
         released.add(step)
         for child in children:

@@ -128,7 +128,7 @@ def recover_corrupt_status(run_dir: Path, corrupt: rundir.CorruptStatus, out: Pr
 
 def resume_point(run_dir: Path) -> str:
     """Where a worker started on this run begins: its last checkpoint (pretrain resumes from LATEST)."""
-    found = latest_checkpoint(Path(run_dir) / "checkpoints")
+    found = latest_checkpoint(Path(run_dir) / "checkpoints", check=False)  # a message: the worker checks it
     if found is None:
         return "it has no checkpoint, so the worker starts it from step 0"
     try:

@@ -220,7 +220,10 @@ class RunTrackers:
         self.path = self.run_dir / STATE_FILE
         self.state = {"ids": {}, "step": 0, "layer_rows": 0}
         try:
-            self.state = read_json(self.path) if self.path.is_file() else self.state
+            state = read_json(self.path) if self.path.is_file() else self.state
+            if not isinstance(state, dict) or not isinstance(state.get("ids"), dict):
+                raise ValueError("not a trackers record (ids of the tracker runs)")
+            self.state = {**self.state, **state}
         except (OSError, ValueError) as exc:  # unreadable: start new tracker runs rather than fail the run
             log(f"trackers: {self.path.name} unreadable ({exc}); starting new tracker runs")
         self.trackers: dict[str, object] = {}

@@ -59,7 +59,7 @@ def prepare_run_dir(spec: RunSpec, run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     spec_file = run_dir / "spec.json"
     if spec_file.is_file():
-        existing = rundir.read_json(spec_file)
+        existing = rundir.read_record(spec_file, rundir.spec_problem, rundir.RESPEC)  # DamagedRecord: exit 2
         if RunSpec.model_validate(existing).run_id != spec.run_id:
             raise RuntimeError(f"{run_dir} holds another run ({existing.get('labels')}); refusing to mix results")
         if existing != dump_run_spec(spec):
@@ -331,7 +331,7 @@ def execute(
         return _execute_follower(run_dir, stop_after_steps)
     lock = rundir.RunLock(run_dir)
     if not lock.acquire():
-        raise AlreadyRunning(f"{run_dir.name} is already running elsewhere ({lock.path.read_text().strip()})")
+        raise AlreadyRunning(f"{run_dir.name} is already running elsewhere ({lock.holder()})")
     console = Console()
     log, log_file = _logger(run_dir, console)
     trackers = None

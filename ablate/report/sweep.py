@@ -66,11 +66,18 @@ def read_table(folder: SweepFolder, name: str) -> pd.DataFrame | None:
     path = folder.table(name)
     if path is None:
         return None
-    if path.suffix == ".parquet":
-        return pd.read_parquet(path)
-    # only empty cells and "nan" are missing: pandas' default list would turn a freeze mask or phase named
-    # "None" or "NA" into NaN
-    return pd.read_csv(path, keep_default_na=False, na_values=["", "nan", "NaN"])
+    try:
+        if path.suffix == ".parquet":
+            return pd.read_parquet(path)
+        # only empty cells and "nan" are missing: pandas' default list would turn a freeze mask or phase named
+        # "None" or "NA" into NaN
+        return pd.read_csv(path, keep_default_na=False, na_values=["", "nan", "NaN"])
+    except Exception as exc:  # pyarrow's and pandas' errors for a file cut short or overwritten: no table
+        raise SpecError(
+            f"not a readable table ({type(exc).__name__}: {str(exc)[:200]}); `ablate collect "
+            f"{folder.name}` writes the tables again from the run folders",
+            file=str(path),
+        ) from None
 
 
 def load_sweep(sweep: str | Path | None = None, results: str | Path | None = None) -> Sweep:

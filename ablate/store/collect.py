@@ -114,8 +114,23 @@ def _frame(columns: dict[str, list]) -> pd.DataFrame:
         return pd.DataFrame(columns)  # columns that mix kinds of values
 
 
+TEXT_COLUMNS, COUNT_COLUMNS = ("phase", "measure"), ("step", "tokens", "layer")  # the rest: numbers or None
+
+
+def _column_problem(name: str, values: list) -> str | None:
+    """Why a record's column does not hold what its writer writes (text, whole numbers, numbers), or None."""
+    if name in TEXT_COLUMNS:
+        fits = all(isinstance(v, str) for v in values)
+    elif name in COUNT_COLUMNS:
+        fits = all(type(v) is int for v in values)
+    else:  # a measure: a number, None where there is none (a mixture member's loss on a step it had no tokens)
+        fits = all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values)
+    return None if fits else f"column {name} holds {next(v for v in values if v is not None)!r} among its values"
+
+
 def _record_columns(cols: Any, path: Path) -> tuple[dict[str, list], int]:
-    """A column-oriented record, checked: a mapping of equally long lists."""
+    """A column-oriented record, checked: a mapping of equally long lists, with its table's columns, each of
+    its type (_column_problem)."""
     if not isinstance(cols, dict) or not all(isinstance(v, list) for v in cols.values()):
         raise ValueError(f"{path.name}: not a mapping of columns")
     lengths = {len(v) for v in cols.values()}
@@ -123,6 +138,12 @@ def _record_columns(cols: Any, path: Path) -> tuple[dict[str, list], int]:
         raise ValueError(f"{path.name}: columns of different lengths {sorted(lengths)}")
     if "run_id" in cols:
         raise ValueError(f"{path.name}: has a run_id column")
+    missing = [c for c in TABLE_COLUMNS.get(path.stem, ())[1:] if c not in cols]
+    if missing:
+        raise ValueError(f"{path.name}: lacks the column(s) {', '.join(missing)}")
+    for name, values in cols.items():
+        if problem := _column_problem(name, values):
+            raise ValueError(f"{path.name}: {problem}")
     return cols, (lengths.pop() if lengths else 0)
 
 
@@ -165,6 +186,25 @@ def _pairing_view(run_id: str, spec: dict, run_rec: dict) -> View | None:
     return info, token_stream(run_rec, info.phases)
 
 
+RUN_RECORD_TYPES = {  # what the runs table and the twin check read of records/run.json, where it says it
+    "token_hash": str,
+    "tokens_seen": int,
+    "wall_time_s": (int, float),
+    "token_hash_format": int,
+    "phase_token_hashes": dict,
+}
+
+
+def _run_record_problem(record: dict) -> str | None:
+    if "tokens_seen" not in record:  # every run's record and every transplant's says it
+        return "lacks tokens_seen"
+    for key, kind in RUN_RECORD_TYPES.items():
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            return f"{key} is {value!r}, not of its type"
+    return None
+
+
 def _read_run(run_dir: Path) -> tuple[dict, dict[str, tuple[dict, int]], list[dict], list[str], View | None]:
     """Everything collect takes from one run folder, read completely before any of it is used; records
     only from a run whose status says done (a folder is complete exactly when it does). The fourth item
@@ -174,12 +214,20 @@ def _read_run(run_dir: Path) -> tuple[dict, dict[str, tuple[dict, int]], list[di
     spec = read_json(os.path.join(folder, "spec.json"))
     if not isinstance(spec, dict):
         raise ValueError("spec.json: not a mapping")
+    # what the runs table takes from it, typed (a spec of an older version need not validate as a RunSpec)
+    for key, kind in (("model", str), ("seed", int), ("labels", dict), ("data", dict)):
+        if not isinstance(spec.get(key), kind) or isinstance(spec.get(key), bool):
+            raise ValueError(f"spec.json: {key} is {spec.get(key)!r}, not a {kind.__name__}")
     status = read_status(run_dir)
     run_rec, parts, lacking, view = {}, {}, [], None
     if status.get("state") == "done":
         run_rec = read_json(os.path.join(folder, "records", "run.json"))
         if not isinstance(run_rec, dict):
             raise ValueError("run.json: not a mapping")
+        if problem := _run_record_problem(run_rec):
+            raise ValueError(f"run.json: {problem}")
+        if "token_hash" not in run_rec and not spec["labels"].get("derived"):  # a pretrained run always has one
+            raise ValueError("run.json: lacks token_hash")
         for table in RECORD_TABLES:
             path = os.path.join(folder, "records", f"{table}.json")
             if table in ADDED_LATER and not os.path.exists(path):

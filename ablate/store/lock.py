@@ -49,8 +49,9 @@ class FileLock:
         return True
 
     def holder(self) -> str:
+        """Who holds it, as written (host pid): only ever shown, never trusted (the flock decides)."""
         try:
-            return self.path.read_text().strip()
+            return self.path.read_bytes().decode("utf-8", "replace").strip()[:200]
         except OSError:
             return ""
 

@@ -39,6 +39,7 @@ from itertools import accumulate, zip_longest
 from pathlib import Path
 from typing import Any
 
+from ablate.config.errors import SpecError
 from ablate.config.grid import DEFAULT_BASELINE, is_baseline_arm
 from ablate.config.spec import RunSpec
 from ablate.store import atomic
@@ -98,9 +99,49 @@ def read_json(path: Path) -> Any:
         return json.loads(f.read())
 
 
+class DamagedRecord(SpecError):
+    """A record another command relies on that is there but is not what its writer writes: exit 2 naming the
+    file, what is wrong and what to do."""
+
+
+def read_record(path: Path, problem_of, fix: str) -> Any:
+    """The JSON at `path` (None when absent) once `problem_of(value)` says nothing is wrong with it; else
+    DamagedRecord naming the file, the problem and `fix`."""
+    try:
+        value = read_json(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # a folder in its place, not JSON, not UTF-8
+        raise DamagedRecord(f"cannot be read as JSON ({exc}); {fix}", file=str(path)) from None
+    problem = problem_of(value)
+    if problem:
+        raise DamagedRecord(f"{problem}; {fix}", file=str(path))
+    return value
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def spec_problem(value: Any) -> str | None:
+    """Why spec.json's content is not a RunSpec of this version, or None."""
+    try:
+        RunSpec.model_validate(value)
+    except ValueError as exc:  # pydantic's ValidationError: its first lines say which field
+        return "not a run spec: " + " ".join(str(exc).split("\n")[:3])[:300]
+    return None
+
+
+RESPEC = "move the run folder aside and run the sweep again (it starts the run anew)"
+
+
 def read_spec(run_dir: str | os.PathLike) -> RunSpec:
-    """The run's spec.json as a RunSpec (OSError when absent, ValueError when unreadable or invalid)."""
-    return RunSpec.model_validate(read_json(Path(run_dir) / "spec.json"))
+    """The run's spec.json as a RunSpec (FileNotFoundError when absent, DamagedRecord naming it otherwise)."""
+    path = Path(run_dir) / "spec.json"
+    value = read_record(path, spec_problem, RESPEC)
+    if value is None:
+        raise FileNotFoundError(2, "no spec.json", str(path))
+    return RunSpec.model_validate(value)
 
 
 class CorruptStatus(ValueError):
@@ -123,7 +164,7 @@ def read_status(run_dir: Path) -> dict:
         raise CorruptStatus(path, f"not JSON ({exc})") from None
     if not isinstance(status, dict):
         raise CorruptStatus(path, f"a JSON {type(status).__name__}, not a mapping")
-    if status.get("state", "pending") not in STATES:
+    if status.get("state") not in STATES:  # a status record always says its state
         raise CorruptStatus(path, f"state {status.get('state')!r} is none of {', '.join(STATES)}")
     return status
 
@@ -198,11 +239,20 @@ def write_branch(run_dir: Path, parent: str | None, step: int = 0) -> None:
         atomic.write_json(path, {"parent": parent, "step": int(step)})
 
 
+RESUBMIT = "submit the grid again (`ablate sweep GRID`): the sweep writes the branch records before it submits"
+
+
 def read_branch(run_dir: Path) -> dict | None:
-    try:
-        return read_json(Path(run_dir) / "branch.json")
-    except FileNotFoundError:
+    """branch.json: {"parent": run id, "step": N}, or None (the run starts from step 0); DamagedRecord."""
+
+    def problem(v):
+        if not isinstance(v, dict) or v.keys() != {"parent", "step"} or not isinstance(v["parent"], str):
+            return f'not a branch record ({{"parent": run id, "step": N}}): {str(v)[:80]}'
+        if not _count(v["step"]):
+            return f'not a branch record ({{"parent": run id, "step": N}}): {str(v)[:80]}'
         return None
+
+    return read_record(Path(run_dir) / "branch.json", problem, RESUBMIT)
 
 
 def write_branch_points(run_dir: Path, steps: dict[int, list[str]]) -> None:
@@ -215,10 +265,19 @@ def write_branch_points(run_dir: Path, steps: dict[int, list[str]]) -> None:
 
 
 def branch_points(run_dir: Path) -> dict[int, list[str]]:
-    try:
-        return {int(k): v for k, v in read_json(Path(run_dir) / "branch_points.json")["steps"].items()}
-    except FileNotFoundError:
-        return {}
+    """branch_points.json's steps and the children at each ({} without one); DamagedRecord."""
+
+    def problem(v):
+        steps = v.get("steps") if isinstance(v, dict) and v.keys() == {"steps"} else None
+        if not isinstance(steps, dict) or not all(
+            k.isascii() and k.isdigit() and isinstance(c, list) and all(isinstance(x, str) for x in c)
+            for k, c in steps.items()
+        ):
+            return f'not a branch points record ({{"steps": {{N: [run ids]}}}}): {str(v)[:80]}'
+        return None
+
+    record = read_record(Path(run_dir) / "branch_points.json", problem, RESUBMIT)
+    return {} if record is None else {int(k): v for k, v in record["steps"].items()}
 
 
 def mark_branched(run_dir: Path, source: str, step: int) -> None:
@@ -226,10 +285,22 @@ def mark_branched(run_dir: Path, source: str, step: int) -> None:
 
 
 def branched(run_dir: Path) -> dict | None:
-    try:
-        return read_json(Path(run_dir) / "branched.json")
-    except FileNotFoundError:
+    """branched.json: how a child started ({"from": "parent" | "scratch", "step": N}), None before; DamagedRecord
+    (the worker writes it as the child starts: delete it and run the sweep again)."""
+
+    def problem(v):
+        if (
+            not isinstance(v, dict)
+            or v.keys() != {"from", "step", "at"}
+            or v["from"] not in ("parent", "scratch")
+            or not _count(v["step"])
+            or not isinstance(v["at"], (int, float))
+        ):
+            return f"not a record of how the run started ({{from, step, at}}): {str(v)[:80]}"
         return None
+
+    fix = "delete it and run the sweep again: the run starts over from its checkpoint or its branch point"
+    return read_record(Path(run_dir) / "branched.json", problem, fix)
 
 
 def write_records(
@@ -277,9 +348,25 @@ def read_scores(folder: Path, run_id: str) -> list[dict]:
                 record = read_json(os.path.join(task_dir, name))
                 if not isinstance(record, dict) or not isinstance(record.get("rows"), list):
                     raise ValueError(f"{task_dir}/{name}: not a scores record (a mapping with a list of rows)")
+                for row in record["rows"]:
+                    if problem := _score_row_problem(row):
+                        raise ValueError(f"{task_dir}/{name}: {problem}")
                 stale = bool(record.get("stale"))
                 rows += [{"run_id": run_id, **row, "stale": stale} for row in record["rows"]]
     return rows
+
+
+def _score_row_problem(row: Any) -> str | None:
+    """Why a score file's row is not a score (task, split and metric as text, its value a number), or None."""
+    if not isinstance(row, dict):
+        return f"a row is a JSON {type(row).__name__}, not a mapping"
+    for key in ("task", "split", "metric"):
+        if not isinstance(row.get(key), str):
+            return f"a row's {key} is {row.get(key)!r}, not text"
+    value = row.get("value")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        return f"a row's value is {value!r}, not a number"
+    return None
 
 
 def stale_scores(folder: Path) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from ablate.config.errors import SpecError
 from ablate.config.paths import results_root
 from ablate.store import atomic
-from ablate.store.rundir import read_json
+from ablate.store.rundir import read_json, read_record
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,18 @@ class SweepFolder:
     def run_ids(self) -> list[str]:
         """The manifest's run ids (grid order) when there is one; else every run folder, sorted."""
         if self.manifest.is_file():
-            return list(read_json(self.manifest)["run_ids"])
+            record = read_record(
+                self.manifest,
+                lambda v: (
+                    None
+                    if isinstance(v, dict)
+                    and isinstance(v.get("run_ids"), list)
+                    and all(isinstance(r, str) and r and "/" not in r for r in v["run_ids"])
+                    else "not a sweep manifest (run_ids: a list of run ids)"
+                ),
+                "submit the grid again (`ablate sweep GRID`): it rewrites the manifest and keeps the run folders",
+            )
+            return list(record["run_ids"])
         return sorted(p.name for p in self.runs.iterdir() if p.is_dir()) if self.runs.is_dir() else []
 
     def table(self, name: str) -> Path | None:

@@ -5,6 +5,12 @@ checkpoints/branch/, adopted by a child as its own first checkpoint); and the fi
 Weights go through safetensors and tensors through torch.load(weights_only=True): loading runs no code.
 A checkpoint loads to CPU, then onto the parameters' devices, whatever device it was saved from.
 
+A checkpoint is checked before a run resumes from it (`checkpoint_problem`: state.json's fields and types,
+the safetensors header against the file's size, optimizer.pt's zip CRCs): one that fails is set aside as
+`damaged-<name>` (named on stderr, in the run's log) and the run resumes from the newest complete one left;
+when none is left, DamagedCheckpoint stops the run once, naming what was set aside, and the next attempt
+trains from step 0. A damaged branch point is no branch point: the child trains from step 0.
+
 May import: store, train.optimizer.
 """
 
@@ -14,12 +20,15 @@ import errno
 import hashlib
 import json
 import shutil
+import sys
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_model, save_model
 
 from ablate.store import atomic
@@ -107,14 +116,105 @@ def chain_hash(previous: str, tokens: np.ndarray) -> str:
     ).hexdigest()
 
 
-def latest_checkpoint(ckpt_root: Path) -> Path | None:
+class DamagedCheckpoint(RuntimeError):
+    """Every checkpoint of a run failed its check (each set aside): the run stops once, named; the next attempt
+    trains from step 0."""
+
+
+DAMAGED_PREFIX = "damaged-"  # a checkpoint folder set aside: never resumed from, kept for a look
+
+
+def state_problem(state: object) -> str | None:
+    """Why a state.json's content is no TrainState (an unknown field, a value of the wrong type), or None."""
+    if not isinstance(state, dict):
+        return f"state.json is a JSON {type(state).__name__}, not a mapping"
+    defaults = TrainState().__dict__
+    for key, value in state.items():
+        if key not in defaults:
+            return f"state.json has a field {key!r} no TrainState has"
+        kind = type(defaults[key])
+        fits = isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
+        if not fits or (kind is int and (isinstance(value, bool) or value < 0)):
+            return f"state.json's {key} is {value!r}, not a {'non-negative int' if kind is int else kind.__name__}"
+    missing = [k for k in ("global_step", "phase_index", "step_in_phase", "data_position") if k not in state]
+    return f"state.json lacks {', '.join(missing)}" if missing else None
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why the checkpoint folder `path` cannot be resumed from, or None: its state.json read and typed, the
+    safetensors header parsed against the file's size, optimizer.pt's zip members against their CRC-32s."""
+    path = Path(path)
+    try:
+        state = json.loads((path / "state.json").read_bytes())
+    except FileNotFoundError:
+        return "state.json is missing"
+    except (OSError, ValueError) as exc:
+        return f"state.json is not JSON ({exc})"
+    if problem := state_problem(state):
+        return problem
+    for name in ("model.safetensors", "optimizer.pt"):
+        if not (path / name).is_file():
+            return f"{name} is missing"
+    try:
+        with safe_open(str(path / "model.safetensors"), "pt") as weights:
+            weights.keys()
+    except Exception as exc:  # safetensors raises its own SafetensorError (and OSError): none is resumable
+        return f"model.safetensors cannot be read ({type(exc).__name__}: {exc})"
+    try:
+        with zipfile.ZipFile(path / "optimizer.pt") as moments:
+            bad = moments.testzip()
+    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+        return f"optimizer.pt cannot be read ({type(exc).__name__}: {exc})"
+    return f"optimizer.pt's {bad} fails its CRC-32" if bad else None
+
+
+def _set_aside(path: Path, problem: str) -> str:
+    """Rename a damaged checkpoint folder out of the resumable names (another rank may have done it)."""
+    target = path.with_name(DAMAGED_PREFIX + path.name)
+    try:
+        shutil.rmtree(target, ignore_errors=True)
+        path.rename(target)
+    except OSError:
+        pass
+    note = f"checkpoint {path} is damaged ({problem}): set aside as {target.name}"
+    print(f"warning: {note}", file=sys.stderr)
+    return note
+
+
+def latest_checkpoint(ckpt_root: Path, check: bool = True) -> Path | None:
+    """The checkpoint a run resumes from: LATEST's, else the newest complete step-*, else the newest branch
+    point, each checked
+    (checkpoint_problem) where `check`: a damaged one is set aside and the next one tried. None: there is none;
+    DamagedCheckpoint: there were only damaged ones. `check=False`: the candidate by name alone (a message)."""
+    ckpt_root = Path(ckpt_root)
     pointer = ckpt_root / "LATEST"
+    named = None
     if pointer.is_file():
-        candidate = ckpt_root / pointer.read_text().strip()
-        if (candidate / "state.json").is_file():
+        try:
+            named = ckpt_root / pointer.read_text().strip()
+        except (OSError, ValueError):
+            named = None
+    # the newest first; then the branch points kept for children, each a complete checkpoint of this run
+    complete = [
+        *sorted((p for p in ckpt_root.glob("step-*") if (p / "state.json").is_file()), reverse=True),
+        *sorted((p for p in ckpt_root.glob(f"{BRANCH_DIR}/step-*") if (p / "state.json").is_file()), reverse=True),
+    ]
+    candidates = [*([named] if named and named.name.startswith("step-") and named.is_dir() else []), *complete]
+    notes = []
+    for candidate in dict.fromkeys(candidates):
+        if not check:
             return candidate
-    complete = sorted(p for p in ckpt_root.glob("step-*") if (p / "state.json").is_file())
-    return complete[-1] if complete else None
+        problem = checkpoint_problem(candidate)
+        if problem is None:
+            return candidate
+        notes.append(_set_aside(candidate, problem))
+    if notes:
+        raise DamagedCheckpoint(
+            "; ".join(notes)
+            + "; no complete checkpoint is left: the run stops here, and the next attempt (run the "
+            "sweep again) trains it from step 0"
+        )
+    return None
 
 
 class DiskFull(OSError):
@@ -194,10 +294,20 @@ def kept_path(ckpt_root: Path, step: int) -> Path:
     return Path(ckpt_root) / BRANCH_DIR / f"step-{step:09d}"
 
 
-def kept_checkpoint(ckpt_root: Path, step: int) -> Path | None:
-    """The branch-point checkpoint at global step `step`, when it is complete."""
+def kept_checkpoint(ckpt_root: Path, step: int, check: bool = True) -> Path | None:
+    """The branch-point checkpoint at global step `step`, when it is complete and (`check`, for a child about
+    to start from it) passes its check: a damaged one is set aside and is none (the child trains from step 0).
+    `check=False`: published (it is written whole or not at all), for the parent that only says so."""
     path = kept_path(ckpt_root, step)
-    return path if (path / "state.json").is_file() else None
+    if not (path / "state.json").is_file():
+        return None
+    if not check:
+        return path
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        _set_aside(path, problem)
+        return None
+    return path
 
 
 def _linked(src: Path, names: list[str]):

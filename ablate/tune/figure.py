@@ -2,7 +2,7 @@
 the best so far) and parameter importances, from the study behind a tune's folder (its study.json) or
 the storage named.
 
-May import: config, store, tune.storage.
+May import: config, tune.storage.
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ablate.config.errors import SpecError
-from ablate.store import rundir
-from ablate.tune.storage import STUDY_RECORD, open_storage, storage_url
+from ablate.tune.storage import STUDY_RECORD, open_storage, storage_url, study_record
 
 
 def load_study(sweep_dir: Path, study: str = "", storage: str = ""):
@@ -30,8 +29,8 @@ def load_study(sweep_dir: Path, study: str = "", storage: str = ""):
                 file=str(sweep_dir),
                 key="study.json",
             )
-        info = rundir.read_json(info_file)
-        url, name = info["storage"], study or info["study"]
+        url, recorded = study_record(info_file)
+        name = study or recorded
     names = optuna.get_all_study_names(open_storage(url))
     name = name or (names[0] if len(names) == 1 else None)
     if name not in names:

@@ -19,7 +19,7 @@ from typing import Callable
 from ablate.launch.worker import Pruned
 from ablate.tune.sampling import make_pruner
 from ablate.tune.storage import open_storage, trial_id
-from ablate.tune.trials import TRIAL_RECORD, read_trial_record
+from ablate.tune.trials import TRIAL_RECORD, CorruptRecord, read_trial_record
 
 
 def trial_hook(run_dir: Path) -> Callable[[dict], None] | None:
@@ -30,6 +30,9 @@ def trial_hook(run_dir: Path) -> Callable[[dict], None] | None:
     record = read_trial_record(run_dir)
     if record is None:
         return None
+    missing = [k for k in ("study", "storage", "trial") if k not in record]
+    if missing:
+        raise CorruptRecord(f"{Path(run_dir) / TRIAL_RECORD}: not a trial record (lacks {', '.join(missing)})")
     raw_pruner = record.get("pruner", "none")
     pruner = make_pruner(raw_pruner, str(Path(run_dir) / TRIAL_RECORD))
     storage = open_storage(record["storage"])

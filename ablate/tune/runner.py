@@ -159,7 +159,7 @@ class TrialLoop:
         self.waiting: list[Active] = []  # trials whose run is in flight for another trial or sweep
         self.counts = {"complete": 0, "pruned": 0, "fail": 0}
         manifest = folder.manifest
-        self.run_ids: list[str] = list(rundir.read_json(manifest).get("run_ids", [])) if manifest.is_file() else []
+        self.run_ids: list[str] = folder.run_ids() if manifest.is_file() else []  # checked: DamagedRecord
 
     def run(self, queue: list, to_ask: int, poll_s: float) -> None:
         while queue or to_ask or self.active or self.waiting:

@@ -148,10 +148,21 @@ def resolve_storage(study: str | None, storage: str | None, results: str | None)
                 value=study,
                 allowed=", ".join(sorted(p.parent.name for p in root.glob("*/study.json"))) or "(none yet)",
             )
-        info = rundir.read_json(sdir / "study.json")
-        return info["storage"], info["study"]
+        return study_record(sdir / "study.json")
     found = sorted(root.glob("*/study.json"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise SpecError(f"no study under {root}; give STUDY or --storage", key="STUDY")
-    info = rundir.read_json(found[-1])
+    return study_record(found[-1])
+
+
+def study_record(path: Path) -> tuple[str, str]:
+    """(storage url, study name) of a study.json; rundir.DamagedRecord naming it when it holds no such pair."""
+
+    def problem(info):
+        if not isinstance(info, dict) or not all(isinstance(info.get(k), str) for k in ("storage", "study")):
+            return "not a study record (storage and study, as text)"
+        return None
+
+    fix = "run `ablate tune TUNE_FILE` again (it rewrites it), or give --storage URL"
+    info = rundir.read_record(path, problem, fix)
     return info["storage"], info["study"]
