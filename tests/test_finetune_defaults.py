@@ -94,3 +94,56 @@ def test_bf16_on_the_cpu_is_seeded_like_fp32(tiny_bert):
     s = resolve_settings(task, {**SMALL, "precision": "bf16", "epochs": 2, "lr": 1e-3})
     a, b = ft.finetune(tiny_bert, task, 2, s), ft.finetune(tiny_bert, task, 2, s)
     assert [r["value"] for r in a] == [r["value"] for r in b]
+
+
+@pytest.mark.slow
+def test_data_seed_fixes_batch_order_and_dropout_while_the_seed_draws_the_head(tiny_bert, monkeypatch):
+    """The English paper profile's seeding (BioClinical-ModernBERT's Trainer reseeds with 42 once the model is
+    built): with data_seed two fine-tuning seeds get other heads but the same batches and the same RNG state for
+    dropout; without it each seed has its own batches."""
+    task = load_task("ncbi_disease")
+    orders, seeds, heads = [], [], []
+    real_batches, real_load = ft.epoch_batches, ft._load_model
+
+    def batches(*a, **k):
+        seeds.append(torch.initial_seed())
+        orders.append(real_batches(*a, **k))
+        return orders[-1]
+
+    def load(*a, **k):
+        model = real_load(*a, **k)
+        heads.append(model.classifier.weight.detach().clone())
+        return model
+
+    monkeypatch.setattr(ft, "epoch_batches", batches)
+    monkeypatch.setattr(ft, "_load_model", load)
+    small = {**SMALL, "max_train_examples": 16, "max_eval_examples": 4}
+    s = resolve_settings(task, {**small, "data_seed": 42, "group_by_length": False})
+    ft.finetune(tiny_bert, task, 0, s)
+    ft.finetune(tiny_bert, task, 1, s)
+    assert orders[0] == orders[1] and seeds[:2] == [42, 42] and not torch.equal(heads[0], heads[1])
+    ft.finetune(tiny_bert, task, 1, s.model_copy(update={"data_seed": None}))
+    assert orders[2] != orders[1] and seeds[2] == 1 and torch.equal(heads[2], heads[1])
+
+
+def test_pooling_model_leaves_the_head_transformers_builds():
+    from transformers import ModernBertConfig, ModernBertForSequenceClassification
+
+    from ablate.evaluate.pooling import set_pooling
+
+    config = ModernBertConfig(
+        vocab_size=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        cls_token_id=1,
+        sep_token_id=2,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        classifier_pooling="mean",  # as answerdotai/ModernBERT-base's config.json says
+    )
+    model = ModernBertForSequenceClassification(config)
+    assert set_pooling(model, "model").config.classifier_pooling == "mean"
+    assert set_pooling(model, "cls").config.classifier_pooling == "cls"

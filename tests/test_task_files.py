@@ -26,6 +26,7 @@ from ablate.evaluate import task_types
 from ablate.config.errors import SpecError
 from ablate.evaluate.identity import data_hash
 from ablate.evaluate.tasks import TASKS_DIR_ENV, load_task, load_task_data, resolve_settings
+from bioclinical_reference import evaluate_seqeval
 
 datasets = pytest.importorskip("datasets")
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -89,10 +90,17 @@ def _direct(task, gold, pred) -> dict[str, float]:
     """The task's metrics computed straight from the libraries, not through ablate.evaluate.metrics."""
     if task.type == "token_classification":
         kw = {"mode": "strict", "scheme": IOB2, "zero_division": 0}
+        strict = [["O" if t is None else t for t in p] for p in pred]  # a word past the cut: O
+        # the harness's (evaluate's seqeval, default mode), the words past the cut left out of both
+        kept = [[(g, t) for g, t in zip(gs, ps) if t is not None] for gs, ps in zip(gold, pred)]
+        harness = evaluate_seqeval([[t for _, t in k] for k in kept], [[g for g, _ in k] for k in kept])
         return {
-            "entity_f1": seq_f1(gold, pred, **kw),
-            "entity_precision": seq_precision(gold, pred, **kw),
-            "entity_recall": seq_recall(gold, pred, **kw),
+            "entity_f1": seq_f1(gold, strict, **kw),
+            "entity_precision": seq_precision(gold, strict, **kw),
+            "entity_recall": seq_recall(gold, strict, **kw),
+            "seqeval_f1": harness["overall_f1"],
+            "seqeval_precision": harness["overall_precision"],
+            "seqeval_recall": harness["overall_recall"],
         }
     if task.type == "regression":
         constant = len(set(gold)) < 2 or len(set(pred)) < 2
@@ -108,17 +116,16 @@ def _direct(task, gold, pred) -> dict[str, float]:
             avg + "_f1": f1_score(y, z, average=avg, zero_division=0) for avg in ("micro", "macro", "weighted")
         }
     out = {"accuracy": accuracy_score(gold, pred)}
-    if task.name == "gad":  # BLURB: the F1 of label 1
-        out["micro_f1"] = f1_score(gold, pred, pos_label="1", average="binary", zero_division=0)
-        out["macro_f1"] = f1_score(gold, pred, pos_label="1", average="binary", zero_division=0)
-    elif task.name == "ddi":  # BLURB: micro F1 over the four interaction types
+    if task.name == "ddi":  # BLURB: micro F1 over the four interaction types
         present = [lab for lab in DDI_POSITIVE if lab in set(gold) | set(pred)]
         out["micro_f1"] = f1_score(gold, pred, labels=DDI_POSITIVE, average="micro", zero_division=0)
         out["macro_f1"] = (
             f1_score(gold, pred, labels=present, average="macro", zero_division=0) if present else 0.0
         )
     else:
-        out.update({f"{a}_f1": f1_score(gold, pred, average=a, zero_division=0) for a in ("micro", "macro")})
+        out.update(
+            {f"{a}_f1": f1_score(gold, pred, average=a, zero_division=0) for a in ("micro", "macro", "weighted")}
+        )
     return out
 
 
@@ -171,15 +178,15 @@ def test_task_metrics_on_its_real_labels_equal_a_direct_computation(name):
 def test_the_reported_metric_of_each_task_is_the_fields():
     first = {n: load_task(n).primary_metric for n in SIZES}
     assert first == {
-        **{n: "entity_f1" for n in SIZES if load_task(n).type == "token_classification"},
-        "gad": "micro_f1",
+        **{n: "seqeval_f1" for n in SIZES if load_task(n).type == "token_classification"},
+        "gad": "weighted_f1",
         "ddi": "micro_f1",
-        "hoc": "micro_f1",
+        "hoc": "weighted_f1",
         "biosses": "pearson",
         "morfitt": "weighted_f1",
     }
     assert load_task("ddi").metric_options.negative_label == "DDI-false"
-    assert load_task("gad").metric_options.negative_label == "0"
+    assert load_task("gad").metric_options.negative_label is None  # weighted F1 over both labels, as the harness
 
 
 def test_bc5cdr_per_type_keeps_one_type_of_the_joint_files():

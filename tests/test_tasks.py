@@ -402,9 +402,8 @@ def test_task_spec_is_frozen():
 @pytest.mark.parametrize("name", list_tasks())
 def test_every_task_file_states_the_papers_protocol(name):
     task = load_task(name)
-    own = resolve_settings(task).model_dump()
-    own["max_length"] = own["max_length"] or task.max_length  # the task's max_length when settings say none
-    assert own == resolve_settings(task, protocol="paper").model_dump()
+    assert resolve_settings(task) == resolve_settings(task, protocol="paper")
+    assert task.finetune.max_length is None  # the length is the task file's max_length alone: no second copy
     if "pooling" in task.entry.reads:
         assert "pooling" in task.finetune.model_fields_set, "a sequence task states its pooling"
 
@@ -414,14 +413,22 @@ def test_the_papers_numbers():
 
     en_ner, en_cls = paper_settings("en", "token_classification"), paper_settings("en", "sequence_classification")
     fr_cls = paper_settings("fr", "multi_label_classification")
-    assert {k: en_cls[k] for k in ("lr", "weight_decay", "batch_size", "epochs", "max_length", "patience")} == {
+    assert {k: en_cls[k] for k in ("lr", "weight_decay", "batch_size", "epochs", "patience")} == {
         "lr": 5e-5,
         "weight_decay": 0.01,
         "batch_size": 16,
         "epochs": 10,
-        "max_length": 512,
         "patience": None,
     }
+    # BioClinical-ModernBERT's harness: the Trainer's defaults, the head transformers builds, plain BCE
+    assert {k: en_cls[k] for k in ("warmup_ratio", "grad_clip", "precision", "pooling")} == {
+        "warmup_ratio": 0.0,
+        "grad_clip": 1.0,
+        "precision": "fp32",
+        "pooling": "model",
+    }
+    assert paper_settings("en", "multi_label_classification")["multi_label_pos_weight"] is False
+    assert en_cls["data_seed"] == 42 and en_cls["group_by_length"] is False
     assert en_ner["epochs"] == 20 and paper_settings("fr", "token_classification") == en_ner
     assert (fr_cls["lr"], fr_cls["batch_size"], fr_cls["epochs"], fr_cls["multi_label_pos_weight"]) == (
         2e-5,
@@ -429,18 +436,20 @@ def test_the_papers_numbers():
         15,
         True,
     )
-    assert fr_cls["max_length"] >= 8192 and en_cls["pooling"] == "cls"
+    assert (fr_cls["warmup_ratio"], fr_cls["pooling"], fr_cls["data_seed"]) == (0.1, "cls", None)
     assert paper_settings("de", "sequence_classification") == en_cls  # a language the paper lacks: English rules
-    # the paper's own tasks at the lengths its harness reads them
-    assert paper_settings("fr", "multi_label_classification", "fracco_30")["max_length"] == 4096
-    assert paper_settings("fr", "sequence_classification", "diamed")["max_length"] == 2048
-    assert paper_settings("en", "token_classification", "deid")["max_length"] == 8192
+    # no profile sets a length: the task files hold the paper's (its harness's) lengths, one place each
+    assert all(
+        "max_length" not in paper_settings(lang, t) for lang in ("en", "fr") for t in ("regression", "span_ner")
+    )
+    assert load_task("fracco_30").max_length == 4096 and load_task("diamed").max_length == 2048
+    assert load_task("deid").max_length == 8192 and load_task("cos").max_length == 8192
 
 
 def test_settings_resolve_task_file_then_profile_then_overrides():
     task = TaskSpec.model_validate(ner_task(finetune={"lr": 3e-5, "epochs": 4, "eval_batch_size": 7}))
     s = resolve_settings(task, {"epochs": 2}, protocol="paper")
-    assert (s.lr, s.epochs, s.eval_batch_size, s.max_length, s.patience) == (5e-5, 2, 7, 512, None)
+    assert (s.lr, s.epochs, s.eval_batch_size, s.max_length, s.patience) == (5e-5, 2, 7, None, None)
     s = resolve_settings(task, {"lr": 1e-3}, protocol="smoke")
     assert (s.lr, s.epochs, s.max_train_examples, s.max_eval_examples, s.max_length) == (1e-3, 2, 1000, 300, 128)
     assert resolve_settings(task).lr == 3e-5

@@ -20,9 +20,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ablate.evaluate.protocol import paper_settings, paper_source, smoke_settings, task_kind
+from ablate.evaluate.protocol import (
+    HARNESS,
+    HARNESS_LENGTH,
+    paper_settings,
+    paper_source,
+    smoke_settings,
+    task_kind,
+)
 from ablate.evaluate.suites import load_suite
-from ablate.evaluate.tasks import FinetuneSettings, list_tasks, load_task
+from ablate.evaluate.tasks import list_tasks, load_task
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = (ROOT / "docs" / "differences.md", ROOT / "grids" / "tasks" / "README.md")
@@ -46,8 +53,8 @@ INTRO = (
 class Row:
     """One line of the table: the settings some tasks share and where they come from."""
 
-    def __init__(self, settings: dict[str, Any], source: str, label: str):
-        self.settings, self.source, self.label = settings, source, label
+    def __init__(self, settings: dict[str, Any], source: str, label: str, max_length: int):
+        self.settings, self.source, self.label, self.max_length = settings, source, label, max_length
         self.tasks: list[tuple[str, bool]] = []  # (task, one of the paper's)
 
     def cells(self) -> list[str]:
@@ -68,7 +75,7 @@ class Row:
             _number(s["weight_decay"]),
             str(s["batch_size"]),
             trained,
-            str(s["max_length"]),
+            str(self.max_length),
             kept,
             self.source,
         ]
@@ -90,10 +97,8 @@ def rows() -> list[Row]:
         settings = paper_settings(task.language, task.type, name)
         source = paper_source(task.language, task.type, name)
         label = f"{KINDS[kind]}, {task.language}"
-        key = repr(
-            (list(KINDS).index(kind), task.language, settings["max_length"], sorted(settings.items()), source)
-        )
-        grouped.setdefault(key, Row(settings, source, label)).tasks.append((name, name in paper))
+        key = repr((list(KINDS).index(kind), task.language, task.max_length, sorted(settings.items()), source))
+        grouped.setdefault(key, Row(settings, source, label, task.max_length)).tasks.append((name, name in paper))
     return [grouped[k] for k in sorted(grouped)]
 
 
@@ -106,13 +111,17 @@ def render() -> str:
     head = ["tasks", "lr", "weight decay", "batch", "trained for", "max_length", "model kept", "where from"]
     lines = [BEGIN, INTRO, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(_cell(c) for c in row.cells()) + " |" for row in rows()]
-    common = FinetuneSettings()
     smoke = smoke_settings()
+    en, fr = paper_settings("en", "multi_label_classification"), paper_settings("fr", "multi_label_classification")
     lines += [
         "",
-        f"Every row: AdamW, a linear warmup over {common.warmup_ratio:.0%} of the steps (`warmup_ratio`), "
-        f"sequence tasks pooled at the [CLS] token (`pooling: {paper_settings('en', 'sequence_classification')['pooling']}`), "
-        "multi-label tasks with a BCE weighted by label frequencies (`multi_label_pos_weight`). The `smoke` "
+        "max_length is each task file's (`max_length`; no profile sets a length): the English tasks' is "
+        f"{HARNESS_LENGTH}. English rows: {HARNESS}'s harness, each setting with its file and line in the last "
+        f"column (warmup_ratio {en['warmup_ratio']}, precision {en['precision']}, `pooling: {en['pooling']}`, "
+        f"multi_label_pos_weight {en['multi_label_pos_weight']}, group_by_length {en['group_by_length']}, "
+        f"data_seed {en['data_seed']}). French classification rows: a linear warmup over "
+        f"{fr['warmup_ratio']:.0%} of the steps, `pooling: {fr['pooling']}`, a BCE weighted by label "
+        f"frequencies (`multi_label_pos_weight`), each seed seeding everything. The `smoke` "
         f"profile (not the paper's: a CPU budget) sets lr {_number(smoke['lr'])}, batch {smoke['batch_size']}, "
         f"{smoke['epochs']} epochs on the first {smoke['max_train_examples']} training and "
         f"{smoke['max_eval_examples']} dev / test examples, {smoke['max_length']} tokens, for every task.",

@@ -54,8 +54,11 @@ class BIOULChainCRF(torch.nn.Module):
     Inputs: emissions (n, length, n_tags) and a mask (n, length) that keeps a prefix of each sequence (at least
     its first position)."""
 
-    def __init__(self, n_columns: int):
+    def __init__(self, n_columns: int, precision: str = "float32"):
+        """precision: "float32", the forward-backward in float32 whatever the emissions' dtype (ablate's);
+        "emissions", the transitions cast to the emissions' dtype (bf16 under autocast), as tabib casts them."""
         super().__init__()
+        self.precision = precision
         trans, start, end = bioul_constraints(n_columns)
         self.n_tags = trans.shape[0]
         self.transitions = torch.nn.Parameter(torch.zeros(self.n_tags, self.n_tags))
@@ -78,8 +81,11 @@ class BIOULChainCRF(torch.nn.Module):
     def marginals(self, emissions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """log p(tag at position t) (n, length, n_tags) over the masked prefix; positions the mask drops are
         left as they come out."""
-        emissions = emissions.float()
         trans, start, end = self.scores()
+        if self.precision == "float32":
+            emissions = emissions.float()
+        else:  # tabib's: the transitions in the emissions' dtype
+            trans, start, end = (s.to(emissions.dtype) for s in (trans, start, end))
         alpha = start + emissions[:, 0]
         alphas = [alpha]
         for t in range(1, emissions.shape[1]):

@@ -1,12 +1,13 @@
 """Downstream fine-tuning of one checkpoint on one task with one seed.
 
-`finetune` trains with a plain loop (AdamW, linear warmup then linear decay, optional early stopping on the
+`finetune` trains with a plain loop (AdamW, linear warmup (warmup_ratio) then linear decay, optional early stopping on the
 task's first metric; batches padded to their own longest example, grouped by length unless the settings say
 otherwise, optionally run on CPU as length-sorted pieces: ablate.evaluate.batching; forward passes under bf16
 autocast on CUDA by `precision`, as pretraining's: ablate.train.precision) and returns score rows for dev and
 test, test taken at the best dev epoch. Sequence tasks pool as the settings say (ablate.evaluate.pooling);
-multi-label tasks weigh each label's positives by its negatives / positives in train; max_length is capped at
-the model's context.
+multi-label tasks weigh each label's positives by its negatives / positives in train (multi_label_pos_weight);
+max_length is capped at the model's context; data_seed, when set, seeds batch order and dropout after the head
+is initialised with the fine-tuning seed.
 The resumable task x seed loop over score files is ablate.evaluate.score_files.
 
 The task type's entry (ablate.evaluate.task_types) builds the model, encodes, collates the labels, gives the
@@ -343,10 +344,15 @@ def finetune(
 
     _seed_everything(seed)
     model = _load_model(str(model_dir), task, data.labels, settings).to(device)
+    # data_seed: the head was initialised with `seed`; batch order and dropout follow data_seed (the HF Trainer
+    # reseeds with its own args.seed once the model is built: BioClinical-ModernBERT's harness, docs/differences.md)
+    train_seed = seed if settings.data_seed is None else settings.data_seed
+    if train_seed != seed:
+        _seed_everything(train_seed)
     to_batch = functools.partial(
         collate, pad_id=tokenizer.pad_token_id or 0, task_type=task.type, token_types=_takes_token_types(model)
     )
-    order_gen = torch.Generator().manual_seed(seed)
+    order_gen = torch.Generator().manual_seed(train_seed)
     rounds, round_steps, batches_of = _rounds(settings, lengths, order_gen)
     opt = _optimizer(model, settings, device, settings.max_steps or round_steps * rounds)
     overhead = piece_overhead(device, settings.length_pieces)

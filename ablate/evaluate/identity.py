@@ -89,6 +89,9 @@ NEUTRAL_SETTINGS = {
     "probe": "none",
     "probe_hidden": None,
     "probe_dropout": 0.1,
+    # issue 62: each seed seeding everything, and the span model's CRF in float32, what older scores did
+    "data_seed": None,
+    "crf_precision": "float32",
 }
 
 

@@ -19,28 +19,39 @@ Tags = Sequence[Sequence[str]]
 
 
 def _seqeval(name: str, gold: Tags, pred: Tags) -> float:
+    """Strict IOB2: an entity counts only if its exact span and type match (no IOB1 repair). A word with no
+    prediction (None: cut off by max_length) is scored as O, so a cut gold entity is a miss."""
     from seqeval import metrics
     from seqeval.scheme import IOB2
 
+    gold, pred = _tag_lists(gold, pred)
+    pred = [["O" if t is None else t for t in p] for p in pred]
+    return float(getattr(metrics, name)(gold, pred, mode="strict", scheme=IOB2, average="micro", zero_division=0))
+
+
+def _seqeval_default(name: str, gold: Tags, pred: Tags) -> float:
+    """seqeval's default (conlleval) mode, as `evaluate`'s seqeval computes overall_f1 (BioClinical-ModernBERT's
+    harness, src/metrics/metrics.py:54-73): an I- without a B- opens an entity, and the words without a
+    prediction (None: cut off by max_length, label -100 in the harness) are left out of gold and predictions."""
+    from seqeval import metrics
+
+    gold, pred = _tag_lists(gold, pred)
+    kept = [[i for i, t in enumerate(p) if t is not None] for p in pred]
+    gold = [[g[i] for i in k] for g, k in zip(gold, kept)]
+    pred = [[p[i] for i in k] for p, k in zip(pred, kept)]
+    return float(getattr(metrics, name)(gold, pred, average="micro", zero_division=0))
+
+
+def _tag_lists(gold: Tags, pred: Tags) -> tuple[list[list], list[list]]:
     _check_lengths(gold, pred)
     for i, (g, p) in enumerate(zip(gold, pred)):
         if len(g) != len(p):
             raise ValueError(f"sentence {i}: {len(g)} gold tags but {len(p)} predicted")
-    # strict mode: an entity counts only if its exact span and type match under IOB2 (no IOB1 repair).
-    return float(
-        getattr(metrics, name)(
-            [list(s) for s in gold],
-            [list(s) for s in pred],
-            mode="strict",
-            scheme=IOB2,
-            average="micro",
-            zero_division=0,
-        )
-    )
+    return [list(s) for s in gold], [list(s) for s in pred]
 
 
 def entity_f1(gold: Tags, pred: Tags) -> float:
-    """Entity-level micro F1 (seqeval, strict IOB2)."""
+    """Entity-level micro F1 (seqeval, strict IOB2; cut words count as O)."""
     return _seqeval("f1_score", gold, pred)
 
 
@@ -50,6 +61,20 @@ def entity_precision(gold: Tags, pred: Tags) -> float:
 
 def entity_recall(gold: Tags, pred: Tags) -> float:
     return _seqeval("recall_score", gold, pred)
+
+
+def seqeval_f1(gold: Tags, pred: Tags) -> float:
+    """Entity-level micro F1 as BioClinical-ModernBERT's harness scores NER: seqeval's default mode over the
+    words kept after truncation (`evaluate`'s seqeval overall_f1)."""
+    return _seqeval_default("f1_score", gold, pred)
+
+
+def seqeval_precision(gold: Tags, pred: Tags) -> float:
+    return _seqeval_default("precision_score", gold, pred)
+
+
+def seqeval_recall(gold: Tags, pred: Tags) -> float:
+    return _seqeval_default("recall_score", gold, pred)
 
 
 def accuracy(gold: Sequence[str], pred: Sequence[str]) -> float:

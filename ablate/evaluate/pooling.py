@@ -1,5 +1,8 @@
-"""The pooling of a sequence-classification model, set from the task's settings (`pooling: cls | mean`),
-never inherited from whatever the checkpoint's config says.
+"""The pooling of a sequence-classification model, set from the task's settings (`pooling: cls | mean | model`):
+cls and mean are set here whatever the checkpoint's config says; `model` leaves the head as transformers builds
+it from the checkpoint (BioClinical-ModernBERT's harness, src/tasks/sequence_classification.py:21-25: for
+ModernBERT the config's classifier_pooling, "mean" in answerdotai/ModernBERT-base's config, then its prediction
+head, dropout and classifier; for the first-token families what `cls` does).
 
 Hugging Face heads pool in one of two ways, which each family entry declares (ablate.models.families). Some
 read a `classifier_pooling` config value (ModernBERT, EuroBERT): it is set here. The others read the first
@@ -26,7 +29,10 @@ def masked_mean(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Ten
 
 def set_pooling(model: torch.nn.Module, pooling: str) -> torch.nn.Module:
     """Make `model` (a *ForSequenceClassification) pool as `pooling` says, the way its family entry declares
-    (ablate.models.families.Family: classifier_pooling, first_token_reader, first_token_of_output); returns it."""
+    (ablate.models.families.Family: classifier_pooling, first_token_reader, first_token_of_output); returns it.
+    `model`: as transformers built it (nothing set)."""
+    if pooling == "model":
+        return model
     model_type = model.config.model_type
     try:
         family = family_of(model.config)

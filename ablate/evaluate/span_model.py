@@ -93,6 +93,7 @@ class SpanNER(nn.Module):
         biaffine_hidden_size: int = 64,
         max_span_length: int = 40,
         dropout: float = 0.4,
+        crf_precision: str = "float32",
     ):
         super().__init__()
         self.encoder, self.width = encoder, max_span_length
@@ -101,7 +102,7 @@ class SpanNER(nn.Module):
         self.block = BiLSTMBlock(encoder.config.hidden_size, lstm_hidden_size, lstm_layers, dropout)
         self.tagger_dropout = nn.Dropout(dropout)
         self.tags = nn.Linear(lstm_hidden_size, 1 + 4 * self.columns)
-        self.crf = BIOULChainCRF(self.columns)
+        self.crf = BIOULChainCRF(self.columns, crf_precision)
         self.biaffine_dropout = nn.Dropout(dropout)
         self.hidden = biaffine_hidden_size
         self.begins = nn.Linear(lstm_hidden_size, biaffine_hidden_size * self.columns)

@@ -65,11 +65,18 @@ class FinetuneSettings(Strict):
     precision: Literal["auto", "bf16", "fp32"] = Field(
         "auto", description="auto: bf16 autocast on CUDA, float32 elsewhere; weights stay float32"
     )
-    pooling: Literal["cls", "mean"] = Field(
-        "cls", description="sequence tasks: the first token's state, or the masked mean"
+    pooling: Literal["cls", "mean", "model"] = Field(
+        "cls",
+        description="sequence tasks: the first token's state, the masked mean, or the head as transformers "
+        "builds it from the checkpoint's config (ModernBERT: its classifier_pooling)",
     )
     multi_label_pos_weight: bool = Field(
         True, description="multi-label: BCE with pos_weight = negatives / positives per label"
+    )
+    data_seed: int | None = Field(
+        None,
+        description="the seed of the batch order and of dropout once the model is built (the head is "
+        "initialised with the fine-tuning seed); null: the fine-tuning seed",
     )
     lora_r: PositiveInt = Field(8, description="LoRA: the adapters' rank")
     lora_alpha: PositiveFloat = Field(16, description="LoRA: the adapters' scale")
@@ -91,6 +98,11 @@ class FinetuneSettings(Strict):
         ge=0,
         lt=1,
         description="span_ner: dropout after each BiLSTM and on the tagger's and biaffine's inputs",
+    )
+    crf_precision: Literal["float32", "emissions"] = Field(
+        "float32",
+        description="span_ner: the CRF's forward-backward in float32, or in the emissions' dtype (bf16 under "
+        "autocast: tabib casts its transitions so)",
     )
     max_span_length: PositiveInt = Field(40, description="span_ner: the longest span scored, in sub-tokens")
     lstm_hidden_size: int = Field(

@@ -38,6 +38,7 @@ SPAN_SETTINGS = frozenset(
         "eval_every",
         "head_lr",
         "head_dropout",
+        "crf_precision",
         "max_span_length",
         "lstm_hidden_size",
         "lstm_layers",
@@ -102,6 +103,7 @@ def head(model_dir: str, labels: tuple[str, ...], settings) -> torch.nn.Module:
         settings.biaffine_hidden_size,
         settings.max_span_length,
         settings.head_dropout,
+        settings.crf_precision,
     )
 
 

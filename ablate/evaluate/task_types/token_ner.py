@@ -1,6 +1,8 @@
 """token_classification: one IOB2 tag per word, a linear head on each word's first sub-token (the others carry
-no loss), entity-level strict-IOB2 F1 (seqeval). A word cut off by max_length, or one the tokenizer drops
-(e.g. a zero-width space), is tagged O.
+no loss), as BioClinical-ModernBERT's harness trains it (src/tasks/token_classification.py:56-70). Scored two
+ways: seqeval_* as that harness scores (seqeval's default mode, over the words kept after truncation) and
+entity_* strict IOB2 (a word cut off by max_length counted as O). A word cut off by max_length, or one the
+tokenizer drops (e.g. a zero-width space), gets no prediction (None): the harness's labels skip it.
 
 May import: config, evaluate (metrics, encoded, task_readers, task_types.entry, task_types.hf).
 """
@@ -45,8 +47,9 @@ def encode(tokenizer, examples, labels: tuple[str, ...], max_length: int) -> lis
     return out
 
 
-def decode_tags(logits: torch.Tensor, item: Encoded, labels: tuple[str, ...], n_words: int) -> list[str]:
-    tags, best = ["O"] * n_words, logits.argmax(-1).tolist()
+def decode_tags(logits: torch.Tensor, item: Encoded, labels: tuple[str, ...], n_words: int) -> list[str | None]:
+    """The tag of each word's first sub-token; None for a word with none in the input (cut or dropped)."""
+    tags, best = [None] * n_words, logits.argmax(-1).tolist()
     seen = set()
     for pos, w in enumerate(item.word_ids):
         if w is not None and w not in seen:
@@ -68,11 +71,14 @@ TOKEN_CLASSIFICATION = TaskType(
     description="one IOB2 tag per word (a linear head on the sub-tokens)",
     protocol_kind="ner",
     metrics={
+        "seqeval_f1": m.seqeval_f1,
+        "seqeval_precision": m.seqeval_precision,
+        "seqeval_recall": m.seqeval_recall,
         "entity_f1": m.entity_f1,
         "entity_precision": m.entity_precision,
         "entity_recall": m.entity_recall,
     },
-    selects_by="entity_f1",
+    selects_by="seqeval_f1",
     formats=("conll", "hf"),
     label_kind="tags",
     head=token_head,
