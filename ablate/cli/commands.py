@@ -65,6 +65,20 @@ def _print_finetuning(grid, runs, root, transplants, tokens_per_s) -> None:
         print()
 
 
+def _print_protocol(runs) -> None:
+    """The dry run's fine-tuning protocol of the tasks the runs evaluate, each rule with where it comes from
+    (ablate.evaluate.protocol.protocol_lines)."""
+    from ablate.evaluate.protocol import protocol_lines
+    from ablate.evaluate.suites import spec_items
+    from ablate.evaluate.tasks import load_task
+
+    for profile in dict.fromkeys(r.spec.eval.protocol for r in runs):
+        names = dict.fromkeys(i.task for r in runs if r.spec.eval.protocol == profile for i in spec_items(r.spec))
+        tasks = [(t.name, t.language, t.type, t.max_length, t.primary_metric) for t in map(load_task, names)]
+        if tasks:
+            print("\n".join(protocol_lines(tasks, profile)) + "\n")
+
+
 def _print_tree(tree, runs) -> None:
     """The dry run's tree of shared prefixes (ablate.plan.branching): who branches from whom, at which step."""
     from ablate.plan.branching import tree_lines
@@ -229,6 +243,7 @@ def _print_dry_run(args, checked, executor: str, sweep_dir: Path) -> None:
         print()
     _print_tree(checked.tree, runs)
     _print_finetuning(grid, runs, results_root(args.results), transplants, args.tokens_per_s)
+    _print_protocol(runs)
     lines, by_objective = objective_breakdown(runs, checked.tree)
     print("\n".join(lines))
     _print_table(by_objective)
