@@ -243,3 +243,18 @@ def test_the_page_shows_the_reference_columns_when_asked(full, tmp_path):
     page = scores_section(sweep, "paper")
     assert "paper_delta" in page and "Beside the paper" in page and "Freeze L0-7 (CLM phase)" in page
     assert "paper_delta" not in scores_section(sweep)
+
+
+def test_every_english_column_says_which_metric_its_number_is_and_ours_is_the_same():
+    """The paper's English numbers are BioClinical-ModernBERT's harness metrics (weighted F1, seqeval F1 in its
+    default mode; assumed for the BigBIO tasks it lacks): each column's note names it, and the measured primary
+    score (the task file's first metric) is that metric, so the English table compares like with like."""
+    from ablate.report.paper_tables import PAPER_METRICS, metric_note
+
+    english = next(m for m in load_reference("paper").main if m.table == "tab:english-results")
+    assert set(english.tasks) == set(PAPER_METRICS)
+    note = metric_note(["arm", "paper row", *english.tasks, "average"])
+    assert note.count("the same metric") == 11 and "another metric" not in note
+    assert "cos: seqeval F1, default mode (the harness: src/metrics/metrics.py:54-73); measured seqeval_f1" in note
+    assert "gad: not stated (not a harness task)" in note
+    assert metric_note(["arm", "fracco_30"]) is None

@@ -452,10 +452,54 @@ def make_table(
     return paths
 
 
+# The metric behind each of the paper's English numbers. Its English recipe is BioClinical-ModernBERT's harness
+# (github lindvalllab/BioClinical-ModernBERT at fb40fb6), which reports sklearn's weighted F1 for classification
+# and evaluate's seqeval F1 (default mode) for NER; the six BigBIO tasks are not in it and the paper names no
+# metric for them: its conventions are assumed (ablate.evaluate.protocol, docs/differences.md).
+_HARNESS_CLS = "weighted F1 (the harness: src/metrics/metrics.py:{line})"
+_HARNESS_NER = "seqeval F1, default mode (the harness: src/metrics/metrics.py:54-73)"
+_NOT_STATED = "not stated (not a harness task): the harness's {what} assumed"
+PAPER_METRICS: dict[str, tuple[str, str]] = {  # task -> (ablate's metric name, what the paper's number is)
+    "chemprot_blue": ("weighted_f1", _HARNESS_CLS.format(line=38)),
+    "phenotyping": ("weighted_f1", _HARNESS_CLS.format(line=18)),
+    **{t: ("seqeval_f1", _HARNESS_NER) for t in ("cos", "social_history", "deid")},
+    **{
+        t: ("seqeval_f1", _NOT_STATED.format(what="seqeval F1"))
+        for t in ("anatem", "bc5cdr", "jnlpba", "ncbi_disease")
+    },
+    **{t: ("weighted_f1", _NOT_STATED.format(what="weighted F1")) for t in ("gad", "hoc")},
+}
+
+
+def metric_note(tasks) -> str | None:
+    """For each of `tasks` whose paper number's metric is known (PAPER_METRICS), that metric and whether the
+    measured score (the task file's first metric) is the same one; None when none is."""
+    from ablate.evaluate.tasks import load_task
+
+    parts = []
+    for task in tasks:
+        if task not in PAPER_METRICS:
+            continue
+        theirs, what = PAPER_METRICS[task]
+        ours = load_task(task).primary_metric
+        parts.append(
+            f"{task}: {what}; measured {ours}: " + ("the same metric" if ours == theirs else "another metric")
+        )
+    return "The paper's numbers by metric: " + "; ".join(parts) + "." if parts else None
+
+
 def reference_blocks(name: str, data: pd.DataFrame, reference: str) -> list[tuple[str, pd.DataFrame, list[str]]]:
-    """The compact paper-beside-measured blocks of table `name`'s data (made with `reference`)."""
+    """The compact paper-beside-measured blocks of table `name`'s data (made with `reference`); the scores
+    blocks say, for each column of the paper's English table, which metric its number is and whether the
+    measured one is the same (metric_note)."""
     ref = load_reference(reference)
-    return score_blocks(data, ref) if name == "scores" else [freeze_block(data, ref)]
+    if name != "scores":
+        return [freeze_block(data, ref)]
+    blocks = []
+    for title, frame, notes in score_blocks(data, ref):
+        note = metric_note(frame.columns)
+        blocks.append((title, frame, notes + ([note] if note else [])))
+    return blocks
 
 
 def render_block(title: str, frame: pd.DataFrame, notes: list[str], fmt: str) -> str:
