@@ -117,6 +117,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.budget_s = args.budget_s if args.budget_s is not None else (3600.0 if args.tiny else 420.0)
     args.row_budget_s = args.row_budget_s if args.row_budget_s is not None else (600.0 if args.tiny else 60.0)
     args.long, args.short = (64, 32) if args.tiny else (8192, 1024)
+    args.short_batch = 8 if args.tiny else 32  # the tiny run: the same code, a quarter of its CPU seconds
     if args.warmup < 1:
         ap.error(f"--warmup {args.warmup}: at least 1 (the pool of micro-batches every timed step was warmed on)")
     try:
@@ -144,7 +145,7 @@ def device_peak(name: str, args, measured_tflops: float | None) -> dict:
 
 def step_rows(args) -> list[dict]:
     """(row, name, recipe, objective, seq_len, micro_batch, documents) of every timed row, in order."""
-    long, short = args.long, args.short
+    long, short, many = args.long, args.short, args.short_batch
     rows = [dict(row=1, name="baseline", recipe="today", objective="mlm", seq_len=long, micro_batch=4)]
     fixed, corpus = f"fixed {gpu_recipes.doc_tokens(long)}", args.documents_corpus
     rows += [
@@ -155,12 +156,12 @@ def step_rows(args) -> list[dict]:
         dict(row=4, name="batch", recipe="ablate", objective="mlm", seq_len=long, micro_batch=b) for b in (8, 16)
     ]
     rows += [
-        dict(row=5, name="short", recipe="ablate", objective=o, seq_len=short, micro_batch=32)
+        dict(row=5, name="short", recipe="ablate", objective=o, seq_len=short, micro_batch=many)
         for o in ("mlm", "clm")
     ]
     rows += [
         dict(row=6, name="trainer", recipe="trainer", objective="mlm", seq_len=n, micro_batch=b)
-        for n, b in ((short, 32), (long, 4))
+        for n, b in ((short, many), (long, 4))
     ]
     for row in rows:  # documents: None (attention across the row), "fixed N" or the corpus of their lengths
         row.setdefault("documents", None)
@@ -474,7 +475,7 @@ def memory_compared(row: dict, args, device) -> str | None:
     if row["recipe"] != "ablate":
         return None
     run = (
-        "compiled run (blocks compiled: the trace is its upper bound)"
+        "compiled run (blocks compiled: the trace should bound it)"
         if _compiles(args, row, device)
         else "eager run"
     )

@@ -102,9 +102,9 @@ def test_the_tiny_run_reports_every_row_in_order_with_its_fields(tiny_run):
         ("ablate", "mlm", 64, 4, "corpus_en_e3c"),
         ("ablate", "mlm", 64, 8, None),
         ("ablate", "mlm", 64, 16, None),
-        ("ablate", "mlm", 32, 32, None),
-        ("ablate", "clm", 32, 32, None),
-        ("trainer", "mlm", 32, 32, None),
+        ("ablate", "mlm", 32, 8, None),
+        ("ablate", "clm", 32, 8, None),
+        ("trainer", "mlm", 32, 8, None),
         ("trainer", "mlm", 64, 4, None),
     }
     assert (
