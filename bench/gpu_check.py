@@ -19,8 +19,9 @@ skipped when the last compiled row's compile and steps, scaled to its tokens, do
                 timed, then profiled by kernel class (attention, matmul, pointwise, head, optimizer, idle)
  2 kernels      one ModernBERT-base layer's attention (8192 tokens, 12 heads of 64), forward + backward, per
                 kernel (flash varlen windowed / per document of 512 or of the corpus's lengths, cuDNN, flash,
-                today's blocked path) against a
-                float32 reference: the largest error of the output and of each gradient, and the time
+                today's blocked path) against a float32 reference: the largest error of the output and of
+                each gradient, and the time (the kernels timed in rounds, each once a round, the order
+                reversed from one round to the next)
  3 step         the step as a run takes it (blocks compiled, flash varlen, cuDNN first, the GPU head, norms in
                 one pass): MLM, CLM, MLM with documents of 512 and MLM with the corpus's documents at 8192 x 4
  4 batch        MLM 8192 x 8 and x 16
@@ -334,50 +335,50 @@ def kernel_rows(args, device) -> list[dict]:
                     return sdpa(a, b, c, is_causal=causal, scale=scale).transpose(1, 2)
 
             cases[name] = (run, rows_, (-1, 0) if causal else (-1, -1))
-    out = []
+    out, checked = [], {}
     for name, (compute, parts, sides) in cases.items():
         if device.type != "cuda" and name.startswith(("varlen", "sdpa")):
             out.append({"row": 2, "name": "kernels", "kernel": name, "status": "skipped: CUDA kernels"})
             continue
-        try:
-            out.append(
-                {
-                    "row": 2,
-                    "name": "kernels",
-                    "kernel": name,
-                    **_kernel_check(compute, (q, k, v), grad, parts, sides, scale, dtype, device),
-                }
-            )
+        try:  # the errors, from the kernel's first (untimed) call
+            row = {
+                "row": 2,
+                "name": "kernels",
+                "kernel": name,
+                **_kernel_errors(compute, (q, k, v), grad, parts, sides, scale, dtype),
+            }
+            checked[name] = compute
         except Exception as error:  # a backend this GPU or torch lacks: said in the row
-            out.append({"row": 2, "name": "kernels", "kernel": name, "status": _error(error)})
+            row = {"row": 2, "name": "kernels", "kernel": name, "status": _error(error)}
+        out.append(row)
+    times = _interleaved_times(checked, (q, k, v), grad, dtype, device)
+    for row in out:
+        if row["kernel"] in times:
+            row["fwd_bwd_ms"] = round(1000 * statistics.median(times[row["kernel"]]), 3)
     return out
 
 
-def _kernel_check(compute, inputs, grad, parts, sides, scale, dtype, device) -> dict:
+def _forward_backward(fn, tensors, grad, cast):
+    leaves = [t.detach().to(cast).requires_grad_() for t in tensors]
+    out = fn(*leaves)
+    out.backward(grad.to(cast))
+    return out.detach().float(), [t.grad.float() for t in leaves]
+
+
+def _kernel_errors(compute, inputs, grad, parts, sides, scale, dtype) -> dict:
+    """The kernel's largest relative error against varlen.reference in float32, of the output and of each
+    gradient."""
     import torch
 
     from ablate.models import varlen
-
-    def forward_backward(fn, tensors, cast):
-        leaves = [t.detach().to(cast).requires_grad_() for t in tensors]
-        out = fn(*leaves)
-        out.backward(grad.to(cast))
-        return out.detach().float(), [t.grad.float() for t in leaves]
 
     def reference(a, b, c):
         flat = [t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3]) for t in (a, b, c)]
         out, _lse = varlen.reference(*flat, parts.cu_seqlens, sides, scale)
         return out.view(a.shape[0], a.shape[2], a.shape[1], a.shape[3])
 
-    want, want_grads = forward_backward(reference, inputs, torch.float32)
-    got, got_grads = forward_backward(compute, inputs, dtype)
-    times = []
-    for _ in range(5):
-        gpu_recipes.sync(device)
-        t0 = time.perf_counter()
-        forward_backward(compute, inputs, dtype)
-        gpu_recipes.sync(device)
-        times.append(time.perf_counter() - t0)
+    want, want_grads = _forward_backward(reference, inputs, grad, torch.float32)
+    got, got_grads = _forward_backward(compute, inputs, grad, dtype)
 
     def error(a, b):
         return round(float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)), 5)
@@ -385,9 +386,26 @@ def _kernel_check(compute, inputs, grad, parts, sides, scale, dtype, device) -> 
     return {
         "max_rel_error_out": error(got, want),
         "max_rel_error_grads": [error(g, w) for g, w in zip(got_grads, want_grads)],
-        "fwd_bwd_ms": round(1000 * statistics.median(times[1:]), 3),
         "status": "ok",
     }
+
+
+def _interleaved_times(kernels: dict, inputs, grad, dtype, device, rounds: int = 5) -> dict:
+    """Each kernel's forward + backward seconds over `rounds` rounds, every kernel once a round, the order
+    of a round reversed from the last (each was warmed by its error check); one that fails is left out."""
+    times = {name: [] for name in kernels}
+    for n in range(rounds):
+        for name in [k for k in kernels if k in times][:: -1 if n % 2 else 1]:
+            gpu_recipes.sync(device)
+            t0 = time.perf_counter()
+            try:
+                _forward_backward(kernels[name], inputs, grad, dtype)
+            except Exception:  # a kernel that failed once timed: left untimed
+                del times[name]
+                continue
+            gpu_recipes.sync(device)
+            times[name].append(time.perf_counter() - t0)
+    return times
 
 
 # ---------------------------------------------------------------- timed rows

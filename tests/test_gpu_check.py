@@ -139,6 +139,7 @@ def test_the_tiny_run_reports_every_row_in_order_with_its_fields(tiny_run):
     assert profile["seconds_per_step"]["head"] > 0 and profile["seconds_per_step"]["optimizer"] > 0
     banded = next(r for r in rows if r.get("kernel") == "banded local mlm (today)")
     assert banded["max_rel_error_out"] < 1e-5 and max(banded["max_rel_error_grads"]) < 1e-5
+    assert banded["fwd_bwd_ms"] > 0
     assert set(result["goals"]) >= {"documents_goal_met", "executed_goal_met", "clm_goal_met", "memory_goal_met"}
 
 
