@@ -1,13 +1,13 @@
 """Downstream fine-tuning of one checkpoint on one task with one seed.
 
-`finetune` trains with a plain loop (AdamW, linear warmup (warmup_ratio) then linear decay, optional early stopping on the
-task's first metric; batches padded to their own longest example, grouped by length unless the settings say
+`finetune` trains with a plain loop (AdamW, linear warmup (warmup_ratio) then linear decay, optional early stopping
+on the task's first metric; batches padded to their own longest example, grouped by length unless the settings say
 otherwise, optionally run on CPU as length-sorted pieces: ablate.evaluate.batching; forward passes under bf16
-autocast on CUDA by `precision`, as pretraining's: ablate.train.precision) and returns score rows for dev and
-test, test taken at the best dev epoch. Sequence tasks pool as the settings say (ablate.evaluate.pooling);
-multi-label tasks weigh each label's positives by its negatives / positives in train (multi_label_pos_weight);
-max_length is capped at the model's context; data_seed, when set, seeds batch order and dropout after the head
-is initialised with the fine-tuning seed.
+autocast on CUDA by `precision`, as pretraining's: ablate.train.precision) and returns score rows for dev and test,
+test taken at the best dev epoch. Sequence tasks pool as the settings say (ablate.evaluate.pooling); multi-label
+tasks weigh each label's positives by its negatives / positives in train (multi_label_pos_weight); max_length is
+capped at the model's context; data_seed, when set, seeds batch order and dropout after the head is initialised
+with the fine-tuning seed.
 The resumable task x seed loop over score files is ablate.evaluate.score_files.
 
 The task type's entry (ablate.evaluate.task_types) builds the model, encodes, collates the labels, gives the

@@ -2,23 +2,22 @@
 rule with where its numbers come from (SOURCES: the protocol tables of docs/differences.md and
 grids/tasks/README.md are generated from them, `python -m ablate.cli.protocol_table`).
 
-`paper` is the paper's recipe (Touchent & de la Clergerie 2026, arXiv:2605.12438, appendix: fine-tuning; its
-text and task table are public in the first author's thesis, chapter 5, "Fine-tuning Protocol" and Table
-"Evaluation tasks": github Rian-T/thesis at 0c3a71a, sources/part_2/chapter5/article.tex): English tasks lr
-5e-5, weight decay 0.01, batch 16, 10 epochs (20 for NER), the rest as BioClinical-ModernBERT's harness runs
-it, rule by rule with its file and line (_HARNESS_RULES: no warm-up, fp32, the head transformers builds, plain
-BCE, shuffled batches, data order and dropout seeded 42); French classification lr 2e-5, batch 4, 15 epochs,
-multi-label with a BCE weighted by label frequencies; the model kept is the one of the best dev epoch (no early
-stop). Lengths are the task files' (`max_length`, one place for each number): 2048 tokens for DiaMED, 4096 for
-the French multi-label tasks, 1024 for QUAERO's span model, the model's context (8192) for the English tasks
-as the harness truncates. French NER (QUAERO) is the span
-model's recipe (span_ner: 4000 steps, a dev evaluation every 500, batch 16, encoder lr 5e-5, head lr 1e-3,
-warmup 10%, gradient clip 10, weight decay 0.01, 1024 tokens; the paper's harness's config, github
+`paper` is the paper's recipe (Touchent & de la Clergerie 2026, arXiv:2605.12438, appendix: fine-tuning; its text
+and task table are public in the first author's thesis, chapter 5, "Fine-tuning Protocol" and Table "Evaluation
+tasks": github Rian-T/thesis at 0c3a71a, sources/part_2/chapter5/article.tex): English tasks lr 5e-5, weight decay
+0.01, batch 16, 10 epochs (20 for NER), the rest as BioClinical-ModernBERT's harness runs it, rule by rule with its
+file and line (_HARNESS_RULES: no warm-up, fp32, the head transformers builds, plain BCE, shuffled batches, data
+order and dropout seeded 42); French classification lr 2e-5, batch 4, 15 epochs, multi-label with a BCE weighted by
+label frequencies; the model kept is the one of the best dev epoch (no early stop). Lengths are the task files'
+(`max_length`, one place for each number): 2048 tokens for DiaMED, 4096 for the French multi-label tasks, 1024 for
+QUAERO's span model, the model's context (8192) for the English tasks as the harness truncates. French NER (QUAERO)
+is the span model's recipe (span_ner: 4000 steps, a dev evaluation every 500, batch 16, encoder lr 5e-5, head lr
+1e-3, warmup 10%, gradient clip 10, weight decay 0.01, 1024 tokens; the paper's harness's config, github
 Rian-T/tabib configs/base/ner_span_bert.yaml). Not the paper's: a French classification task it does not run
 (MORFITT, FrenchMedMCQA) at the model's whole context; a token_classification task gets the NER rule in any
-language (the paper scores French NER with the span model only); a language the paper does not cover gets
-the English rules. `smoke` is a fast CPU profile (the smoke grid's budget): 2 epochs on the first 1000
-training examples, 300 dev/test examples, 128 tokens.
+language (the paper scores French NER with the span model only); a language the paper does not cover gets the
+English rules. `smoke` is a fast CPU profile (the smoke grid's budget): 2 epochs on the first 1000 training
+examples, 300 dev/test examples, 128 tokens.
 
 Settings resolve in this order, each layer overriding the one before:
     FinetuneSettings defaults < the task file (`max_length`, `finetune:`) < the chosen profile
@@ -147,10 +146,11 @@ HARNESS_LENGTH = (
 HARNESS_TASKS = frozenset({"phenotyping", "chemprot_blue", "deid", "cos", "social_history"})
 # The metric that keeps the best dev epoch (the task file's first) and where the paper's harness takes it from.
 HARNESS_SELECTION = {
-    "classification": "weighted_f1: metric_for_best_model (src/tasks/sequence_classification.py:58), sklearn's weighted "
-    "F1 (src/metrics/metrics.py:18, :38)",
-    "ner": "seqeval_f1: metric_for_best_model f1 (src/tasks/token_classification.py:86), evaluate's seqeval in its default "
-    "mode over the first sub-token of each kept word (src/metrics/metrics.py:54-73, src/tasks/token_classification.py:56-70)",
+    "classification": "weighted_f1: metric_for_best_model (src/tasks/sequence_classification.py:58), "
+    "sklearn's weighted F1 (src/metrics/metrics.py:18, :38)",
+    "ner": "seqeval_f1: metric_for_best_model f1 (src/tasks/token_classification.py:86), evaluate's seqeval in "
+    "its default mode over the first sub-token of each kept word (src/metrics/metrics.py:54-73, "
+    "src/tasks/token_classification.py:56-70)",
 }
 
 # Where each rule's numbers come from: the paper's text and task table, or its harness's code and configs
