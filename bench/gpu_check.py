@@ -652,7 +652,7 @@ def main(argv=None) -> int:
             last_compiled = {"compile_s": out["row_s"], "step_s": 0.0, "tokens": _tokens(row)}
         out.setdefault("predicted_memory_gb", None)  # the plan predicts ablate's step only
         out["memory_compared"] = memory_compared(row, args, device)
-        future = predictions.get(_key(row))
+        future = predictions.get(_key(row)) if out["status"] in ("ok", "oom") else None
         if future is not None:
             try:
                 out["predicted_memory_gb"] = round(future.result(timeout=max(min(left(), 30), 1)) / GiB, 3)

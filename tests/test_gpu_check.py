@@ -201,6 +201,20 @@ def test_a_row_past_its_hard_limit_is_stopped_even_inside_code_that_catches_exce
     assert time.monotonic() - t0 < 1
 
 
+@pytest.mark.slow
+def test_a_row_that_hangs_is_stopped_at_its_limit_and_the_next_rows_still_run(check, monkeypatch, tmp_path):
+    gpu_check, _ = check
+    monkeypatch.setattr(gpu_check, "GRACE_S", 0.0)
+    monkeypatch.setattr(gpu_check, "timed_row", lambda *_a, **_k: time.sleep(30))  # a compile that would not end
+    out = tmp_path / "check.json"
+    args = [*TINY, "--rows", "3", "--row-budget-s", "0.2", "--budget-s", "60", "--json", str(out)]
+    t0 = time.monotonic()
+    assert gpu_check.main(args) == 0 and time.monotonic() - t0 < 10
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["documents"] for r in rows] == [None, None, "fixed 16", "corpus_en_e3c"]
+    assert all(r["status"].startswith("stopped: stopped at its hard limit") for r in rows), rows
+
+
 def test_corpus_documents_are_packed_into_full_rows_with_the_corpus_s_lengths(check):
     _, recipes = check
     docs = recipes.packed_documents(4, 8192, "corpus_en_e3c", seed=1)
