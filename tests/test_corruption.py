@@ -393,7 +393,8 @@ def test_every_damage_of_every_run_record_is_left_out_of_collect_and_named(tmp_p
 def test_a_damaged_status_is_never_read_as_a_state(tmp_path):
     run = _finished_run(tmp_path)
     whole = (run / "status.json").read_bytes()
-    for _kind, data in json_damage(whole):
+    wrong_field = json.dumps({"state": "failed", "attempts": "2"}).encode()  # the worker adds 1 to it
+    for _kind, data in [*json_damage(whole), ("a field's type", wrong_field)]:
         (run / "status.json").write_bytes(data)
         with pytest.raises(rundir.CorruptStatus, match="status.json is corrupt"):
             rundir.read_status(run)
@@ -565,3 +566,51 @@ def test_a_damaged_table_is_exit_2_naming_it_and_collect_writes_it_again(tmp_pat
                 read_table(folder, "scores")
             assert caught.value.file == str(path), (suffix, damage.__name__)
         path.unlink()
+
+
+# ------------------------------------------------------------------------------- the other small records
+
+
+def test_the_other_records_are_exit_2_ignored_or_set_aside_never_a_traceback(tmp_path):
+    """The shipped manifest.tsv (exit 2: reinstall), a sweep's drivers.json and a run's progress.json (only
+    informing: read as nothing) and a run's tune.json (CorruptRecord naming it; the tune sets it aside)."""
+    from ablate.data.catalog import MANIFEST, DamagedRecord, read_manifest
+    from ablate.launch.drivers import Watch
+    from ablate.store.sweep import read_progress, write_progress
+    from ablate.tune.trials import CorruptRecord, read_trial_record, write_trial_record
+
+    manifest = MANIFEST.read_bytes()[:4000]
+    for damaged in (manifest.replace(b"\t", b"\tx", 3), not_utf8(manifest), b"dataset\tfile\n"):
+        (tmp_path / "manifest.tsv").write_bytes(damaged)
+        with pytest.raises(DamagedRecord, match="reinstall") as caught:
+            read_manifest(tmp_path / "manifest.tsv")
+        assert caught.value.file == str(tmp_path / "manifest.tsv")
+
+    write_progress(tmp_path, {"phase": "mlm", "step": 1, "total_steps": 2})
+    drivers = tmp_path / "drivers.json"
+    for name, path in (("progress", tmp_path / "progress.json"), ("drivers", drivers)):
+        if name == "drivers":
+            Watch(tmp_path, print).close()
+        for _kind, data in json_damage(path.read_bytes()):
+            path.write_bytes(data)
+            if name == "progress":
+                assert read_progress(tmp_path) is None
+            else:
+                Watch(tmp_path, lambda line: pytest.fail(line)).close()  # no other driver known, none made up
+
+    write_trial_record(tmp_path, 3, "running", study="s", storage="sqlite:///x.db")
+    whole = (tmp_path / "tune.json").read_bytes()
+    for _kind, data in json_damage(whole):
+        (tmp_path / "tune.json").write_bytes(data)
+        with pytest.raises(CorruptRecord, match="tune.json"):
+            read_trial_record(tmp_path)
+    assert "kept as tune.json.corrupt-1" in write_trial_record(tmp_path, 3, "running", study="s", storage="x")
+
+
+@pytest.mark.slow  # optuna's and sqlalchemy's imports (a second, once a process)
+def test_a_sqlite_storage_that_is_no_database_is_exit_2(tmp_path):
+    from ablate.tune.storage import open_storage
+
+    (tmp_path / "optuna.db").write_bytes(b"not a database")
+    with pytest.raises(SpecError, match="cannot open storage"):
+        open_storage(f"sqlite:///{tmp_path / 'optuna.db'}")

@@ -212,10 +212,8 @@ class Watch:
 
     def _read(self) -> list[dict]:
         try:
-            return [
-                d for d in rundir.read_json(self.path).get("drivers", []) if isinstance(d, dict) and "pid" in d
-            ]
-        except (OSError, ValueError, AttributeError):
+            return [d for d in rundir.read_json(self.path).get("drivers", []) if _entry(d)]
+        except (OSError, ValueError, AttributeError, TypeError):  # unreadable: no other driver is known
             return []
 
     def _update(self, change: Callable[[list[dict]], list[dict]]) -> list[dict]:
@@ -230,6 +228,18 @@ class Watch:
         finally:
             self.lock.release()
         return found
+
+
+def _entry(d) -> bool:
+    """An entry as a driver writes it (host, a pid, when it started, when it ended if it did); others are left
+    out, never computed with."""
+    return (
+        isinstance(d, dict)
+        and isinstance(d.get("host"), str)
+        and type(d.get("pid")) is int
+        and all(isinstance(d.get(k), (int, float)) for k in ("started", "ended") if d.get(k) is not None)
+        and isinstance(d.get("started"), (int, float))
+    )
 
 
 def _key(driver: dict) -> tuple:

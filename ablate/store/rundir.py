@@ -166,7 +166,21 @@ def read_status(run_dir: Path) -> dict:
         raise CorruptStatus(path, f"a JSON {type(status).__name__}, not a mapping")
     if status.get("state") not in STATES:  # a status record always says its state
         raise CorruptStatus(path, f"state {status.get('state')!r} is none of {', '.join(STATES)}")
+    for key, kind in STATUS_TYPES.items():  # the fields its readers compute with
+        value = status.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            raise CorruptStatus(path, f"{key} is {value!r}, not of its type")
     return status
+
+
+STATUS_TYPES = {
+    "attempts": int,
+    "started": (int, float),
+    "updated": (int, float),
+    "wall_time_s": (int, float),
+    "total_time_s": (int, float),
+    "error": str,
+}
 
 
 def write_status(run_dir: Path, state: str, **fields) -> dict:

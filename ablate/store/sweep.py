@@ -133,7 +133,12 @@ def read_progress(run_dir: Path) -> dict | None:
         return None
     if not isinstance(progress, dict) or not {"phase", "step", "total_steps"} <= progress.keys():
         return None
-    return progress
+    typed = (
+        isinstance(progress["phase"], str)
+        and all(type(progress[k]) is int for k in ("step", "total_steps"))
+        and all(isinstance(progress.get(k, 0.0), (int, float)) for k in ("loss", "tokens_per_s"))
+    )
+    return progress if typed else None  # rewritten at the next log step: nothing to show meanwhile
 
 
 def write_progress(run_dir: Path, progress: dict) -> None:

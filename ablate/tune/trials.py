@@ -191,7 +191,10 @@ def read_trial_record(run_dir: Path) -> dict | None:
         raise CorruptRecord(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
     if not isinstance(record, dict) or not isinstance(record.get("trials", []), list):
         raise CorruptRecord(f"{path}: not a trial record (a mapping with a list of trials)")
-    for key, kind in (("study", str), ("storage", str), ("trial", int)):
+    missing = [k for k in ("trial", "state") if k not in record]  # write_trial_record writes both, always
+    if missing:
+        raise CorruptRecord(f"{path}: not a trial record (lacks {', '.join(missing)})")
+    for key, kind in (("study", str), ("storage", str), ("trial", int), ("state", str)):
         if key in record and (not isinstance(record[key], kind) or isinstance(record[key], bool)):
             raise CorruptRecord(f"{path}: {key} is {record[key]!r}, not a {kind.__name__}")
     return record
