@@ -614,3 +614,25 @@ def test_a_sqlite_storage_that_is_no_database_is_exit_2(tmp_path):
     (tmp_path / "optuna.db").write_bytes(b"not a database")
     with pytest.raises(SpecError, match="cannot open storage"):
         open_storage(f"sqlite:///{tmp_path / 'optuna.db'}")
+
+
+def test_a_sweep_over_a_run_folder_with_a_damaged_spec_writes_nothing(tmp_path):
+    """write_sweep_manifest checks the spec.json of every run folder it reuses before it writes grid.yaml,
+    sweep.json or any run folder (the runs: what it reads of them before that, their ids)."""
+    from types import SimpleNamespace
+
+    from ablate.launch.scheduler import write_sweep_manifest
+
+    sweep = SweepFolder(tmp_path / "results" / "s")
+    runs = [SimpleNamespace(run_id=r, spec=None) for r in ("r1", "r2")]
+    damaged = sweep.run("r2") / "spec.json"
+    damaged.parent.mkdir(parents=True)
+    damaged.write_text('{"model": 7}')
+    with pytest.raises(rundir.DamagedRecord, match="move the run folder aside") as caught:
+        write_sweep_manifest(sweep, None, tmp_path / "grid.yaml", runs)
+    assert caught.value.file == str(damaged)
+    assert {str(p.relative_to(sweep.root)) for p in sweep.root.rglob("*")} == {
+        "runs",
+        "runs/r2",
+        "runs/r2/spec.json",
+    }

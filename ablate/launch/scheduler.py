@@ -60,7 +60,10 @@ def write_sweep_manifest(
     runs: list[PlannedRun],
     transplants: list[PlannedTransplant] = (),
 ) -> None:
-    """grid.yaml, sweep.json (run ids in grid order, and the derived runs' ids) and each run folder's spec."""
+    """grid.yaml, sweep.json (run ids in grid order, and the derived runs' ids) and each run folder's spec;
+    the spec.json of every run folder it reuses read and checked first (DamagedRecord: nothing written)."""
+    for run in runs:
+        rundir.read_record(paths.run(run.run_id) / "spec.json", rundir.spec_problem, rundir.RESPEC)
     paths.root.mkdir(parents=True, exist_ok=True)
     atomic.write_text(paths.root / "grid.yaml", Path(grid_file).read_text())
     atomic.write_json(
