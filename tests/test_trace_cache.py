@@ -1,7 +1,8 @@
 """The GPU memory plan's trace cache (ablate.predict.trace_cache): a second plan of the same grid, in a new
 process, reads every step shape from disk and gives the same numbers; a changed key field (the shape, the
-model's config, ablate's traced source, a library version) traces again; an entry cut short, overwritten or
-unreadable, and a folder that cannot be written, cost a trace and nothing else. And the plan's speed-ups
+model's config, ablate's traced source, a library version) traces again; an entry cut short, overwritten,
+unreadable, failing its checksum or holding values of the wrong types (a "0" byte count) is named and costs a
+trace, and a folder that cannot be written costs a trace and nothing else. And the plan's speed-ups
 change no number: the tracker keeping only the global peak, the bisected micro-batch search."""
 
 from __future__ import annotations
@@ -110,8 +111,9 @@ def test_a_model_config_edited_in_place_traces_again(tmp_path, fresh):
 
 def test_a_corrupt_or_unreadable_entry_is_traced_again_and_rewritten(tmp_path, fresh, monkeypatch, capsys):
     spec = _spec()
-    [expected] = gpu_memory.phase_memory(spec, 2)
-    monkeypatch.setattr(gpu_memory, "trace_step", lambda shape, spec: expected)  # traced again: the same step
+    expected = gpu_memory.StepMemory(2**20, 2**20, 2**21, 3 * 2**20, 2**19, ("efficient",))  # a step as traced
+    monkeypatch.setattr(gpu_memory, "trace_step", lambda shape, spec: expected)
+    assert gpu_memory.phase_memory(spec, 2) == [expected]
     [entry] = _entries(tmp_path)
     whole = entry.read_text()
     stored = json.loads(whole)
@@ -123,6 +125,8 @@ def test_a_corrupt_or_unreadable_entry_is_traced_again_and_rewritten(tmp_path, f
         json.dumps({**stored, "result": {**stored["result"], "weights": 1}}),  # fails its checksum
         json.dumps({**stored, "format": 1}),
         _resealed(stored, {**stored["result"], "weights": "many"}),  # checksums match, the values are wrong
+        # keys and checksum intact, every byte count "0": read as 0 bytes it planned micro-batch 8 where 1 fits
+        _resealed(stored, {**stored["result"], **{part: "0" for part in gpu_memory.PARTS}}),
         _resealed(stored, {**stored["result"], "activations": 1.5e9}),
         _resealed(stored, {**stored["result"], "kernels": "flash"}),
         _resealed(stored, {k: v for k, v in stored["result"].items() if k != "kernels"}),
@@ -133,6 +137,8 @@ def test_a_corrupt_or_unreadable_entry_is_traced_again_and_rewritten(tmp_path, f
         assert gpu_memory.phase_memory(spec, 2) == [expected]
         assert trace_cache.counts == {"traced": 1, "read": 0}, text
         assert [note.split(":")[0] for note in trace_cache.ignored] == [str(entry)]  # named
+        assert f"ignored (failed its check, traced again): {entry}: " in trace_cache.summary()  # the dry run's
+        assert f"warning: trace cache entry ignored and traced again: {entry}: " in capsys.readouterr().err
         assert json.loads(entry.read_text()) == stored  # rewritten whole
     entry.unlink()
     entry.mkdir()  # a path that cannot be read as a file, nor replaced by one
@@ -143,23 +149,6 @@ def test_a_corrupt_or_unreadable_entry_is_traced_again_and_rewritten(tmp_path, f
 def _resealed(stored: dict, result: dict) -> str:
     """The entry with another result and that result's own checksum: valid JSON, the wrong values."""
     return json.dumps({**stored, "result": result, "sha256": trace_cache.checksum(result)})
-
-
-def test_byte_counts_stored_as_strings_never_change_a_plan(tmp_path, fresh, monkeypatch, capsys):
-    """An entry with its keys and checksum intact but every byte count "0" (read as 0 bytes, it planned
-    micro-batch 8 where the clean cache plans 1): ignored, named in the dry run's output, traced again."""
-    spec = _spec()
-    [expected] = gpu_memory.phase_memory(spec, 2)
-    [entry] = _entries(tmp_path)
-    stored = json.loads(entry.read_text())
-    entry.write_text(_resealed(stored, {**stored["result"], **{part: "0" for part in gpu_memory.PARTS}}))
-    fresh()
-    monkeypatch.setattr(gpu_memory, "trace_step", lambda shape, spec: expected)  # traced again: the same step
-    assert gpu_memory.phase_memory(spec, 2) == [expected]
-    assert trace_cache.counts == {"traced": 1, "read": 0}
-    assert f"{entry}: its result is not what the plan reads" in capsys.readouterr().err
-    assert f"ignored (failed its check, traced again): {entry}" in trace_cache.summary()
-    assert json.loads(entry.read_text()) == stored
 
 
 def test_a_cache_folder_that_cannot_be_written_costs_a_trace_and_nothing_else(tmp_path, fresh, monkeypatch):
