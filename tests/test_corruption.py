@@ -636,3 +636,119 @@ def test_a_sweep_over_a_run_folder_with_a_damaged_spec_writes_nothing(tmp_path):
         "runs/r2",
         "runs/r2/spec.json",
     }
+
+
+# ------------------------------------------------------------------------------ a run's final model, its scores
+
+
+def _model_damage(folder: Path) -> list[tuple[str, str, bytes | None]]:
+    """(file, damage, bytes: None to delete it) of a run's model folder: each file's bytes, config.json's
+    wrong types and a config of another shape than the weights."""
+    out = [(name, "missing", None) for name in ("config.json", "model.safetensors", "tokenizer_config.json")]
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        data = (folder / name).read_bytes()
+        out += [(name, d.__name__, d(data)) for d in (truncated, emptied, not_utf8)]
+    config = json.loads((folder / "config.json").read_bytes())
+    out.append(("config.json", "retyped", json.dumps({**config, "hidden_size": "32"}).encode()))
+    out.append(("config.json", "another shape", json.dumps({**config, "num_hidden_layers": 3}).encode()))
+    out.append(("config.json", "another width", json.dumps({**config, "intermediate_size": 48}).encode()))
+    return out
+
+
+# the fast tier's sample (the slow tier: every other damage of every file)
+MODEL_SAMPLE = {
+    ("model.safetensors", "truncated"),
+    ("config.json", "another shape"),
+    ("tokenizer.json", "emptied"),
+}
+
+
+def _model_check_over_damage(tiny_bert, tmp_path, wanted) -> None:
+    from ablate.models.loading import DamagedModel, check_run_model
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_bert, folder)
+    check_run_model(folder)  # the folder as saved passes
+    for name, kind, data in _model_damage(folder):
+        if not wanted(name, kind):
+            continue
+        whole = (folder / name).read_bytes()
+        (folder / name).unlink() if data is None else (folder / name).write_bytes(data)
+        with pytest.raises(DamagedModel, match="run `ablate sweep` on its grid again") as caught:
+            check_run_model(folder)
+        assert caught.value.file == str(folder) and name in caught.value.message, (name, kind)
+        (folder / name).write_bytes(whole)
+
+
+def test_a_damaged_final_model_is_exit_2_naming_the_folder_and_what_to_do(tiny_bert, tmp_path):
+    _model_check_over_damage(tiny_bert, tmp_path, lambda name, kind: (name, kind) in MODEL_SAMPLE)
+
+
+@pytest.mark.slow
+def test_every_damage_of_a_final_model_is_exit_2_naming_the_folder(tiny_bert, tmp_path):
+    _model_check_over_damage(tiny_bert, tmp_path, lambda name, kind: (name, kind) not in MODEL_SAMPLE)
+
+
+@pytest.mark.slow  # the CLI's imports and the task's data (half a second)
+def test_evaluate_over_a_run_with_a_damaged_model_is_exit_2_with_nothing_written(tiny_bert, tmp_path, capsys):
+    """`ablate evaluate SWEEP`: the damaged model named before any score file, skipped.json or base record."""
+    run = _finished_run(tmp_path / "results")
+    shutil.copytree(tiny_bert, run / "model")
+    (run / "model" / "model.safetensors").write_bytes(b"")
+    before = sorted(p for p in (tmp_path / "results").rglob("*"))
+    code = main(["evaluate", "s", "--results", str(tmp_path / "results"), "--task", "e3c_fr_ner"])
+    assert code == 2 and f"{run / 'model'}: the run's final model is damaged" in capsys.readouterr().err
+    assert sorted(p for p in (tmp_path / "results").rglob("*")) == before
+
+
+SCORED = {"task": "e3c_fr_ner", "finetune_seed": 0, "split": "test", "metric": "f1", "value": 0.5}
+
+
+def _score_files_over_damage(tmp_path, monkeypatch, wanted) -> None:
+    """Each damage of a (task, seed)'s score file: moved to superseded/ as damaged, named in the log, the unit
+    fine-tuned again (here a stub of fine-tuning) and its file written whole; never a traceback, never read as
+    done."""
+    from ablate.evaluate import score_files as sc
+
+    tuned = []
+    monkeypatch.setattr(sc.ft, "finetune", lambda *a, **k: tuned.append(1) or [dict(SCORED)])
+    out = tmp_path / "scores"
+    assert sc.evaluate_scores("unused", ["e3c_fr_ner"], [0], None, out)[0]["value"] == 0.5
+    path = out / "e3c_fr_ner" / "seed-0.json"
+    whole = path.read_bytes()
+    record = json.loads(whole)
+    rows_of = [
+        ("value null", {**SCORED, "value": None}),
+        ("another seed", {**SCORED, "finetune_seed": 1}),
+        ("another task", {**SCORED, "task": "ncbi_disease"}),
+        ("seed as text", {**SCORED, "finetune_seed": "0"}),
+    ]
+    damages = json_damage(whole) + [(k, json.dumps({**record, "rows": [row]}).encode()) for k, row in rows_of]
+    damages = [(kind, data) for kind, data in damages if wanted(kind)]
+    for n, (kind, data) in enumerate(damages, start=2):
+        path.write_bytes(data)
+        lines = []
+        rows = sc.evaluate_scores("unused", ["e3c_fr_ner"], [0], None, out, log=lines.append)
+        assert len(tuned) == n and rows == [{**SCORED, "n_examples": rows[0]["n_examples"], "stale": False}], kind
+        assert json.loads(path.read_bytes())["rows"] == json.loads(whole)["rows"], kind
+        aside = max(
+            (out / "e3c_fr_ner" / sc.SUPERSEDED).glob("seed-0.*.json"), key=lambda p: p.stem.split(".")[-1]
+        )
+        assert aside.read_bytes() == data, kind
+        if kind == "rekeyed":  # its identity's key renamed: computed by an older version, superseded
+            assert "recomputing (no identity recorded" in lines[0] and ".damaged." not in aside.name
+        else:
+            assert lines[0].startswith(f"e3c_fr_ner seed 0: score file {path} is damaged ("), (kind, lines)
+            assert f"kept as {aside}, recomputing" in lines[0] and ".damaged." in aside.name, kind
+
+
+SCORE_SAMPLE = ("flipped", "value null")
+
+
+def test_a_damaged_score_file_is_never_done_it_is_set_aside_named_and_computed_again(tmp_path, monkeypatch):
+    _score_files_over_damage(tmp_path, monkeypatch, lambda kind: kind in SCORE_SAMPLE)
+
+
+@pytest.mark.slow
+def test_every_damage_of_a_score_file_is_set_aside_and_computed_again(tmp_path, monkeypatch):
+    _score_files_over_damage(tmp_path, monkeypatch, lambda kind: kind not in SCORE_SAMPLE)

@@ -23,6 +23,7 @@ from ablate.evaluate.suites import EvalItem, eval_items, present_items, skipped_
 from ablate.evaluate.unit_processes import Placement
 from ablate.config.device import pick_device
 from ablate.config.spec import RunSpec
+from ablate.models.loading import check_run_model
 
 
 def evaluate_run(
@@ -44,6 +45,7 @@ def evaluate_run(
     share of the (task, seed) units (evaluate.score_files.evaluate_items; the rows returned are its share's);
     `device`: default the spec's; `place`: where the units left to compute run and how many at once
     (launch.shares; default one after another here)."""
+    check_run_model(Path(run_dir) / "model")  # a damaged model: exit 2 naming it, before anything is written
     key = "--task" if tasks else "eval.tasks"
     items, skipped = present_items(
         spec_items(spec, tasks=tasks, seeds=seeds, overrides=overrides, key=key), spec.data.data_root, key=key
@@ -158,7 +160,8 @@ def check_request(
 
 def _check_runs(finished, tasks, seeds, overrides, protocol) -> None:
     seen: set[tuple] = set()
-    for _, spec in finished:
+    for run_dir, spec in finished:
+        check_run_model(Path(run_dir) / "model")
         key = (repr(sorted(spec.eval.finetune.items())), spec.eval.seeds, spec.eval.protocol, spec.data.data_root)
         if key not in seen:
             seen.add(key)

@@ -6,6 +6,9 @@ A score file whose identity matches is read back, not recomputed. One whose iden
 its old file kept aside in <task>/superseded/; with keep_stale it is kept instead, marked `stale` (with the
 reasons) so that the scores table and `ablate status` show it. A stale file whose identity matches again is
 unmarked.
+A score file that fails its check (read_record: not JSON, rows of the wrong types or of another task or
+seed) is never a done unit: it is moved to <task>/superseded/ as seed-<n>.damaged.<time>.json, named in the
+log, and the unit computed again.
 
 A suite task whose data the data root lacks is not run: <out_dir>/skipped.json records it (task -> its suite,
 the missing paths, how to get them) until a later evaluation scores it, so that a table can call an average
@@ -40,7 +43,7 @@ from ablate.evaluate.suites import EvalItem
 from ablate.evaluate.task_readers import read_groups
 from ablate.evaluate.tasks import FinetuneSettings, TaskSpec, capped, load_task, load_task_data, resolve_settings
 from ablate.evaluate.unit_processes import Placement, run_units
-from ablate.store import atomic
+from ablate.store import atomic, rundir
 
 SUPERSEDED = "superseded"
 SKIPPED = "skipped.json"  # <out_dir>/skipped.json: the suite tasks left out for want of data
@@ -115,12 +118,15 @@ def evaluate_items(
         for seed in item.seeds:
             path = out_dir / task.name / f"seed-{seed}.json"
             unit = Unit(task, settings, seed, path, wanted, sizes, groups)
-            plan.append((unit, read_record(path) if path.exists() else None))
+            plan.append((unit, read_record(path, task.name, seed) if path.exists() else None))
     mine = units_of(plan, share)
     rows_of: dict[Path, list[dict]] = {}
     pending: list[Unit] = []
     for unit, record in mine:
-        if record is not None:
+        if isinstance(record, Damaged):
+            aside = _set_aside(unit.path, "damaged")
+            log(f"{unit.name}: score file {unit.path} is damaged ({record.problem}); kept as {aside}, recomputing")
+        elif record is not None:
             reasons = changed(record.get("identity"), unit.wanted)
             if not reasons or keep_stale:
                 _mark(unit.path, record, reasons)
@@ -230,14 +236,35 @@ def units_of(units: list, share: tuple[int, int]) -> list:
     return units[index::count]
 
 
-def read_record(path: Path) -> dict:
-    """A score file, checked: a mapping with a list of rows; a SpecError naming the file otherwise."""
+@dataclass(frozen=True)
+class Damaged:
+    """A score file that fails read_record's check: never a done unit (it is set aside and computed again)."""
+
+    problem: str
+
+
+def read_record(path: Path, task: str, seed: int) -> dict | Damaged:
+    """The score file of (task, seed), checked: a mapping whose rows are each this task's and seed's, with
+    split and metric as text and a numeric value (rundir.score_row_problem, as collect checks them), its
+    `groups` a list and its `stale` a list when there; Damaged saying what is wrong otherwise."""
     try:
-        record = json.loads(Path(path).read_text(encoding="utf-8"))
-        if not isinstance(record, dict) or not isinstance(record["rows"], list):
-            raise TypeError("not a mapping with a list of rows")
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-        raise SpecError(f"unreadable scores file ({e}); delete it to recompute", file=str(path)) from None
+        record = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError) as e:  # ValueError: JSON's and UTF-8's decoding errors
+        return Damaged(f"{type(e).__name__}: {e}")
+    if not isinstance(record, dict) or not isinstance(record.get("rows"), list):
+        return Damaged("not a mapping with a list of rows")
+    for key in ("groups", "stale"):
+        if key in record and not isinstance(record[key], list):
+            return Damaged(f"its {key} is {record[key]!r}, not a list")
+    for row in record["rows"]:
+        if problem := rundir.score_row_problem(row):
+            return Damaged(problem)
+        if row["task"] != task or row.get("finetune_seed") != seed or type(row.get("finetune_seed")) is not int:
+            return Damaged(
+                f"a row of task {row['task']!r}, seed {row.get('finetune_seed')!r}, not {task} seed {seed}"
+            )
+        if row.get("value") is None:
+            return Damaged("a row's value is null, not a number")
     return record
 
 
@@ -251,9 +278,10 @@ def _mark(path: Path, record: dict, reasons: list[str]) -> None:
     atomic.write_json(path, updated)
 
 
-def _set_aside(path: Path) -> Path:
-    """Move an out-of-date score file to <task>/superseded/ (never overwritten: lose nothing)."""
-    aside = path.parent / SUPERSEDED / f"{path.stem}.{time.time_ns()}.json"
+def _set_aside(path: Path, why: str = "") -> Path:
+    """Move an out-of-date (or damaged: why) score file to <task>/superseded/ (never overwritten: lose
+    nothing)."""
+    aside = path.parent / SUPERSEDED / f"{path.stem}.{why + '.' if why else ''}{time.time_ns()}.json"
     aside.parent.mkdir(parents=True, exist_ok=True)
     os.replace(path, aside)
     return aside

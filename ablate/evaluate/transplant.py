@@ -42,7 +42,7 @@ from ablate.config.transplants import (
     parse_layers,
 )
 from ablate.models.families import family_of, layer_of, n_layers
-from ablate.models.loading import load_config
+from ablate.models.loading import check_run_model, load_config
 from ablate.plan.freezing import FrozenSet, is_frozen
 from ablate.plan.transplants import PlannedTransplant, derived_spec, match_arms, resolve_split
 from ablate.store import rundir
@@ -152,6 +152,8 @@ def plan_transplant(
     root = rundir.runs_dir(sweep_dir)
     planned = []
     for from_id, into_id in matched:
+        for side in (from_id, into_id):
+            check_run_model(root / side / "model")
         config = load_config(str(root / into_id / "model"))
         family_of(config).check_components(parts, "--components")
         spec = derived_spec(
@@ -202,6 +204,8 @@ def build_hybrid(run_dir: Path, spec: RunSpec, log: Callable[[str], None] = prin
         state = rundir.effective_state(folder)
         if state != "done":
             raise RuntimeError(f"the {side} run {folder.name} is {state}, not done: nothing to build from")
+    for folder in sources.values():
+        check_run_model(folder / "model")
     src = AutoModelForMaskedLM.from_pretrained(sources["from"] / "model", dtype=torch.float32)
     model = AutoModelForMaskedLM.from_pretrained(sources["into"] / "model", dtype=torch.float32)
     components = tuple(derived.get("components") or ())

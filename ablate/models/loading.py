@@ -269,3 +269,103 @@ def random_masked_lm(source: str, attn_implementation: str, seed: int = 0) -> to
         for p in model.parameters():
             p.normal_(0.0, 0.02, generator=generator)
     return model.float()
+
+
+# the final model of a run (<run>/model/), checked before anything loads it
+REWRITE_MODEL = (
+    "move the folder aside, delete the run's status.json and run `ablate sweep` on its grid again: the run "
+    "writes its model again from its last checkpoint (a transplant: from its two source runs) without training"
+)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
+
+
+class DamagedModel(SpecError):
+    """A run's model folder that transformers would fail on (or load wrong): exit 2 naming it."""
+
+
+def check_run_model(folder: Path, tokenizer: bool = True) -> None:
+    """A run's final model folder, checked cheaply before it is loaded (fine-tuning, transplants, export):
+    config.json read by transformers, the safetensors headers' tensors against the parameter names and shapes
+    that config builds (tied weights may be left out, as save_pretrained leaves them), the tokenizer's files
+    there and tokenizer_config.json / tokenizer.json read (tokenizer False: a folder without tokenizer files
+    passes, as export gives it the run's). DamagedModel naming the folder, what is wrong and what to do. (The
+    weights' bytes past the headers are not checksummed.)"""
+    folder = Path(folder)
+    if problem := _run_model_problem(folder, tokenizer):
+        raise DamagedModel(f"the run's final model is damaged: {problem}; {REWRITE_MODEL}", file=str(folder))
+
+
+def _run_model_problem(folder: Path, tokenizer: bool) -> str | None:
+    if not folder.is_dir():
+        return "the folder is missing"
+    try:
+        _read_config_json(folder / "config.json", str(folder))
+        config = AutoConfig.from_pretrained(folder)
+        with torch.device("meta"):
+            expected = AutoModelForMaskedLM.from_config(config)
+    except SpecError as exc:
+        return exc.message.replace(f"the model's config {folder / 'config.json'}", "config.json")
+    except (OSError, *CONFIG_ERRORS) as exc:
+        return f"config.json is rejected by transformers ({_reason(exc)})"
+    stored = _stored_shapes(folder)
+    if isinstance(stored, str):
+        return stored
+    shapes = {name: tuple(t.shape) for name, t in expected.state_dict().items()}
+    index = folder / "model.safetensors.index.json"
+    weights = index.name if index.is_file() else "model.safetensors"
+    tied = getattr(expected, "all_tied_weights_keys", None) or {}
+    for name, shape in stored.items():
+        if name not in shapes:
+            return f"{weights} holds {name}, which config.json's model has no parameter of"
+        if shape != shapes[name]:
+            return f"{weights}'s {name} has shape {list(shape)}, config.json's model {list(shapes[name])}"
+    missing = [name for name in shapes if name not in stored and name not in tied]
+    if missing:
+        return f"{weights} lacks {len(missing)} of the tensors config.json's model has ({', '.join(missing[:3])})"
+    return _tokenizer_problem(folder, tokenizer)
+
+
+def _stored_shapes(folder: Path) -> dict[str, tuple] | str:
+    """name -> shape of every tensor in the folder's safetensors file(s) (one file, or the shards an index
+    names), or what is wrong with them."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_bytes())["weight_map"]
+            files = sorted(set(weight_map.values()))
+            if not all(isinstance(f, str) and "/" not in f for f in files):
+                raise TypeError("a shard that is no file name")
+        except (ValueError, KeyError, TypeError) as exc:
+            return f"{index.name} cannot be read ({type(exc).__name__}: {exc})"
+    else:
+        files = ["model.safetensors"]
+    shapes: dict[str, tuple] = {}
+    for name in files:
+        if not (folder / name).is_file():
+            return f"{name} is missing"
+        try:
+            with safe_open(str(folder / name), "pt") as weights:
+                shapes.update({key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()})
+        except Exception as exc:  # safetensors' own SafetensorError, OSError: neither loads
+            return f"{name} cannot be read ({type(exc).__name__}: {_reason(exc)})"
+    return shapes
+
+
+def _tokenizer_problem(folder: Path, required: bool) -> str | None:
+    if not required and not any((folder / name).is_file() for name in ("tokenizer_config.json", *TOKENIZER_FILES)):
+        return None
+    for name in ("tokenizer_config.json", "tokenizer.json"):
+        if name == "tokenizer.json" and not (folder / name).is_file():
+            continue
+        try:
+            if not isinstance(json.loads((folder / name).read_bytes()), dict):
+                return f"{name} is not a JSON object"
+        except FileNotFoundError:
+            return f"{name} is missing"
+        except (OSError, ValueError) as exc:
+            return f"{name} cannot be read ({type(exc).__name__}: {_reason(exc)})"
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return f"no tokenizer files (none of {', '.join(TOKENIZER_FILES)})"
+    return None

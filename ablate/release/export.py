@@ -243,13 +243,14 @@ def copy_model(model_dir: Path, folder: Path, bf16: bool) -> str:
     return str(config.get("dtype") or config.get("torch_dtype") or "float32")
 
 
-def ensure_tokenizer(facts: RunFacts, folder: Path) -> None:
-    """A model folder saved without its tokenizer gets the run's (the spec's tokenizer or model source)."""
-    if any((folder / name).is_file() for name in TOKENIZER_FILES):
-        return
+def missing_tokenizer(facts: RunFacts):
+    """The tokenizer a model folder saved without one gets (the spec's tokenizer or model source); None when
+    the run's model/ holds its own."""
+    if any((facts.run_dir / "model" / name).is_file() for name in TOKENIZER_FILES):
+        return None
     from ablate.models.loading import load_tokenizer
 
-    load_tokenizer(facts.spec.tokenizer or facts.spec.model).save_pretrained(folder)
+    return load_tokenizer(facts.spec.tokenizer or facts.spec.model)
 
 
 def write_records(facts: RunFacts, scores: CardScores | None, folder: Path) -> None:
@@ -296,14 +297,16 @@ def _fill(
     sweep: Sweep,
     chosen: Chosen,
     facts: RunFacts,
+    scores: CardScores | None,
+    tokenizer,
     bf16: bool,
     baseline: str | None,
     name: str,
     load_as: str,
 ) -> str:
     dtype = copy_model(facts.run_dir / "model", folder, bf16)
-    ensure_tokenizer(facts, folder)
-    scores = arm_scores(sweep, chosen, baseline)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
     write_records(facts, scores, folder)
     figure = write_layer_figure(sweep, chosen, folder, baseline)
     card = Card(
@@ -334,6 +337,7 @@ def export_run(
 ) -> Exported:
     """Write the export of run or arm `wanted` of a collected sweep to `out` (see the module's doc);
     `repo_id` names the model in its card (default: the folder's name)."""
+    from ablate.models.loading import check_run_model
     from ablate.store.atomic import publish_dir
 
     sweep = load_sweep(sweep_dir)
@@ -342,12 +346,18 @@ def export_run(
     run_dir = sweep.path / "runs" / chosen.run_id
     check_out(out, force, sweep.path, run_dir)
     facts = read_run_facts(run_dir)
+    # every check before anything is written: the model folder, the tokenizer it lacks, a --baseline
+    check_run_model(run_dir / "model", tokenizer=False)
+    tokenizer = missing_tokenizer(facts)
+    scores = arm_scores(sweep, chosen, baseline)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.export-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        dtype = _fill(tmp, sweep, chosen, facts, bf16, baseline, repo_id or out.name, repo_id or str(out))
+        dtype = _fill(
+            tmp, sweep, chosen, facts, scores, tokenizer, bf16, baseline, repo_id or out.name, repo_id or str(out)
+        )
         publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

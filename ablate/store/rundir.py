@@ -363,14 +363,14 @@ def read_scores(folder: Path, run_id: str) -> list[dict]:
                 if not isinstance(record, dict) or not isinstance(record.get("rows"), list):
                     raise ValueError(f"{task_dir}/{name}: not a scores record (a mapping with a list of rows)")
                 for row in record["rows"]:
-                    if problem := _score_row_problem(row):
+                    if problem := score_row_problem(row):
                         raise ValueError(f"{task_dir}/{name}: {problem}")
                 stale = bool(record.get("stale"))
                 rows += [{"run_id": run_id, **row, "stale": stale} for row in record["rows"]]
     return rows
 
 
-def _score_row_problem(row: Any) -> str | None:
+def score_row_problem(row: Any) -> str | None:
     """Why a score file's row is not a score (task, split and metric as text, its value a number), or None."""
     if not isinstance(row, dict):
         return f"a row is a JSON {type(row).__name__}, not a mapping"
