@@ -183,6 +183,23 @@ def test_an_error_midway_leaves_nothing(finished, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_damaged_model_or_an_unknown_baseline_is_exit_2_before_anything_is_written(finished, tmp_path, capsys):
+    """Every check before the first write: not even --out's parent folder is made."""
+    _, sweep, runs = finished
+    out = tmp_path / "parent" / "never"
+    assert export(finished, "mlm", out, "--baseline", "no such arm") == 2
+    assert "--baseline" in capsys.readouterr().err and not out.parent.exists()
+    config = sweep / "runs" / run_id_of(runs, "mlm", "none") / "model" / "config.json"
+    whole = config.read_bytes()
+    try:
+        config.write_bytes(whole[: len(whole) // 2])
+        assert export(finished, "mlm", out) == 2
+    finally:
+        config.write_bytes(whole)
+    assert f"{config.parent}: the run's final model is damaged: config.json" in capsys.readouterr().err
+    assert not out.parent.exists()
+
+
 def test_an_arm_with_several_seeds_exports_the_lowest_unless_told():
     runs = pd.DataFrame(
         {

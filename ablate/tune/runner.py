@@ -6,7 +6,7 @@ A trial's run reports to the trial and is pruned in its own process (ablate.tune
 ended `pruned` makes its trial PRUNED, `done` COMPLETE (with the objective value from its records),
 `failed` FAIL. A study's folder is a sweep folder: results/<study>/runs/<run_id>/, jobs/, sweep.json.
 
-May import: store, plan, launch, tune.
+May import: config, store, plan, launch, tune.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ablate.config.errors import SpecError
 from ablate.launch import worker
 from ablate.launch.executors import RunJob
 from ablate.launch.scheduler import Scheduler, classify
@@ -24,9 +25,9 @@ from ablate.plan.grid import PlannedRun
 from ablate.store import atomic, collect, rundir
 from ablate.store.sweep import SweepFolder
 from ablate.tune.pruning import trial_hook
-from ablate.tune.rdb import shown_url
+from ablate.tune.rdb import in_file, is_rdb_url, shown_url
 from ablate.tune.schema import Tune
-from ablate.tune.storage import StudyLock, open_study, storage_url, study_dir, trial_id
+from ablate.tune.storage import StudyLock, open_storage, open_study, storage_url, study_dir, trial_id
 from ablate.tune.trials import logged_losses, objective_value, read_curves, trial_run, write_trial_record
 
 Print = Callable[[str], None]
@@ -92,6 +93,7 @@ def run_study(
     kind = executor or tune.spec.launcher.executor
     for line in in_flight_warnings(tune, kind):
         warn(line)
+    _reach_server(tune)
     folder = SweepFolder(study_dir(results_root, tune.study))
     folder.root.mkdir(parents=True, exist_ok=True)
     with StudyLock(folder.root):
@@ -128,6 +130,19 @@ def run_study(
         f"tables in {folder.root} (runs, scores, curves, ..., trials)"
     )
     return counts
+
+
+def _reach_server(tune: Tune) -> None:
+    """A storage on a database server, connected to before the study's folder is made: one that does not
+    answer (or that Optuna cannot use) is exit 2 with nothing written. sqlite and journal storages are files,
+    opened with the folder."""
+    from ablate.tune.secrets import resolve
+
+    if is_rdb_url(resolve(tune.spec.storage)) and not resolve(tune.spec.storage).startswith("sqlite"):
+        try:
+            open_storage(tune.spec.storage).engine.dispose()
+        except SpecError as exc:
+            raise in_file(exc, tune.file) from None
 
 
 @dataclass
