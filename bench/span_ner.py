@@ -58,9 +58,10 @@ def _tags(text: str, entities) -> tuple[list[str], list[str]]:
     return [text[a:b] for a, b in words], tags
 
 
-def _tag_spans(text: str, tags: list[str]) -> tuple:
+def _tag_spans(text: str, tags: list[str | None]) -> tuple:
+    """Character spans of the tagged entities; a word with no prediction (None: cut by max_length) is outside."""
     words, out, start, lab = _words(text), [], None, ""
-    for i, tag in enumerate(tags + ["O"]):
+    for i, tag in enumerate([t or "O" for t in tags] + ["O"]):
         if start is not None and not tag.startswith("I-" + lab):
             out.append((words[start][0], words[i - 1][1], lab))
             start = None

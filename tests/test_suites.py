@@ -117,7 +117,7 @@ def test_ablate_evaluate_fine_tunes_a_finished_run_on_a_suite_and_records_the_ex
     ).save_pretrained(run_dir / "model")
     tokenizer.save_pretrained(run_dir / "model")
     (run_dir / "spec.json").write_text(planned.spec.model_dump_json())
-    rundir.write_records(run_dir, {"tokens_seen": 0, "wall_time_s": 1.0}, [], [], [], [])
+    rundir.write_records(run_dir, {"tokens_seen": 0, "wall_time_s": 1.0, "token_hash": "0" * 16}, [], [], [], [])
     rundir.write_status(run_dir, "done")
     cli = ["evaluate", "tiny", "--task", "suite:mini", "--results", str(tmp_path / "results")]
     assert main(cli) == 0, capsys.readouterr().err

@@ -226,6 +226,8 @@ def calibrate(
     import torch
 
     check_steps(steps, warmup)
+    # the fine-tuning plan reads every task's data and settings: checked before anything is timed or cached
+    jobs = finetune_plan(specs).jobs if any(s.eval.tasks for s in specs) else {}
     first: dict[Combo, RunSpec] = {}
     for spec in specs:
         for combo in pretraining_combos([spec]):
@@ -239,7 +241,6 @@ def calibrate(
         )
         pretraining.append(rate)
     finetuning, floors = [], []
-    jobs = finetune_plan(specs).jobs if any(s.eval.tasks for s in specs) else {}
     folders: dict[str, Path] = {}
     with tempfile.TemporaryDirectory(prefix="ablate-calibrate-") as tmp:
         for key, (spec, settings) in jobs.items():
