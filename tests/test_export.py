@@ -131,7 +131,11 @@ def test_the_cards_scores_are_the_scores_tables(finished, exported, tmp_path):
     from huggingface_hub import ModelCard
 
     [result] = ModelCard.load(exported / "README.md").data.eval_results
-    assert (result.dataset_type, result.metric_type, result.dataset_split) == ("ncbi_disease", "seqeval_f1", "test")
+    assert (result.dataset_type, result.metric_type, result.dataset_split) == (
+        "ncbi_disease",
+        "seqeval_f1",
+        "test",
+    )
     # one pretraining seed: the run's own mean over its fine-tuning seeds is the arm's mean
     assert result.metric_value == pytest.approx(mine.loc[mine["task"] == "ncbi_disease", "mean"].item(), rel=1e-12)
 

@@ -306,7 +306,6 @@ _SHIPPED: dict[str, Family] = {
 }
 
 
-
 def _check_family(entry: Family, registry) -> None:
     """An entry that can work: model types of its own, each attention implementation's mask kind a known one."""
     unknown = {kind for kind in entry.causal.values() if kind not in MASK_KINDS}

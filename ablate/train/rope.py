@@ -44,4 +44,3 @@ def set_rope_thetas(model: torch.nn.Module, family: Family, thetas: dict[str, fl
             inv_freq, _ = init(module.config, live.device, layer_type=layer_type)
             live.copy_(inv_freq)
             getattr(module, f"{layer_type}_original_inv_freq").copy_(inv_freq)
-
