@@ -425,7 +425,8 @@ def type_rows(args, kind: TypeRow, tokenizer, device, budget_s: float) -> list[d
         base = {
             "row": kind.row, "name": "type", "type": kind.type, "task": kind.task, "path": path,
             "seq_len": kind.length(args.tiny), "batch": unit.settings.batch_size, "lengths": kind.describe_lengths(),
-            "device": str(device), "warmup_s": [round(t, 4) for t in warm[path]], "steps_order": order,
+            "device": str(device), "bf16": bf16[path],  # new: False where the task's precision is fp32
+            "warmup_s": [round(t, 4) for t in warm[path]], "steps_order": order,
             "row_s": round(time.monotonic() - started, 1),
         }  # fmt: skip
         if stopped or not timed[path]:
@@ -703,6 +704,8 @@ def goals(args, rows: list[dict]) -> dict:
         "new_over_today_alone": alone,
         "units_type": args.units_type,
         "best_units": best and best["units"],
+        # False: the units type's task computes in fp32 (its precision), so its new path is today's
+        "units_type_new_path_bf16": (_ok(rows, row=BY_TYPE[args.units_type].row, path="new") or {}).get("bf16"),
         "gpu_seconds_gain_per_unit": per_unit,
         "goal": GOAL,
         "goal_met": per_unit is not None and per_unit >= GOAL,
