@@ -23,9 +23,12 @@ after each row:
                 2 multi_label_classification 4096, batch 4 (cantemist's; 100 labels, BCE with pos_weight)
                 3 span_ner                 1024, batch 16  (quaero_emea_spans': the BiLSTM, CRF and biaffine
                                                             span model, 10 labels)
-                4 token_classification      512, batch 16  (ncbi_disease's; 3 tags)
+                4 token_classification      512, batch 16  (ncbi_disease's; 3 tags; fp32 as the English
+                                                            paper profile's harness runs it, so its new path
+                                                            is today's: the row says bf16 false)
  5 units        1, 2, 4 and 8 processes (spawned, each with its own model and batches) fine-tuning the same
-                type (--units-type, default token_classification) on the new path for --unit-s seconds at
+                type (--units-type, default span_ner: the freeze grid's 90 span-model fine-tunings, bf16
+                on CUDA) on the new path for --unit-s seconds at
                 once: the total examples/s, so the gain from sharing the GPU is measured
  6 plan         GPU-seconds per 1,000 training examples of each type, today and new (and new with the
                 units' sharing gain), and of one span-model unit (max_steps x batch examples)
@@ -130,7 +133,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--budget-s", type=float, default=None, help="the whole check (default 330; 900 --tiny)")
     ap.add_argument("--row-budget-s", type=float, default=None, help="one row at most (default 60; 300 --tiny)")
     ap.add_argument("--units", type=int, nargs="+", default=None, help="row 5's process counts (1 2 4 8; 1 2)")
-    ap.add_argument("--units-type", default="token_classification", choices=sorted(BY_TYPE))
+    ap.add_argument("--units-type", default="span_ner", choices=sorted(BY_TYPE))
     ap.add_argument("--unit-s", type=float, default=None, help="row 5: seconds each count runs (15; 1 --tiny)")
     ap.add_argument("--json", default=None, help="write the result object here after each row")
     ap.add_argument("--tiny", action="store_true", help="tiny model and sizes (a smoke check)")

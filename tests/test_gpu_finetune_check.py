@@ -109,7 +109,9 @@ def test_the_tiny_run_shares_the_device_among_unit_processes_and_plans_from_the_
     assert spans["new_gpu_h_per_unit"] == pytest.approx(spans["new_s_per_1k"] * 64 / 3600, abs=1e-4)
     goals = result["goals"]
     assert goals["goal"] == 3.0 and goals["best_units"] in (1, 2)
-    today = next(r for r in result["rows"] if r["name"] == "type" and r["row"] == 4 and r["path"] == "today")
+    assert goals["units_type"] == "span_ner"  # the freeze grid's span-model units, bf16 on CUDA
+    row = next(n for n, (kind, _, _) in TYPES.items() if kind == goals["units_type"])
+    today = next(r for r in result["rows"] if r["name"] == "type" and r["row"] == row and r["path"] == "today")
     best = max(r["examples_per_s_total"] for r in units)
     assert goals["gpu_seconds_gain_per_unit"] == pytest.approx(best / today["examples_per_s_mean"], 1e-2)
 
