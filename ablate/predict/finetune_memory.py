@@ -16,7 +16,7 @@ launch.shares in the job).
 Not traced: span_ner, whose model reads its batch on the host (the BiLSTM's packing lengths, boolean-mask
 indexing), which meta tensors cannot do; its rows say so.
 
-May import: config, models.loading, train (meta_cuda), evaluate, predict.
+May import: config, models.loading, evaluate, predict.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from ablate.evaluate.batching import collate
 from ablate.evaluate.suites import spec_items
 from ablate.evaluate.tasks import TaskSpec, load_task, load_task_data, resolve_settings
 from ablate.predict.gpu_memory import AUTO_MARGIN, PeakTracker, StepMemory, gib, gpu_limit, with_moments
-from ablate.train.meta_cuda import CudaKernels
+from ablate.predict.meta_cuda import CudaKernels
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Each distinct step shape of a grid (model, attention implementation, objective's
 length, micro-batch, precision, vocabulary loss, document masking, the phase's freeze mask and which
 parameters hold AdamW moments by then) runs ablate's own `train.loop.train_step` (forward, fused vocabulary
 loss, backward, grad norms, clipping, AdamW) on the meta device under torch's MemTracker, with SDPA routed to
-the kernel CUDA would pick and bf16 autocast done at the functions (ablate.train.meta_cuda). Two micro-batches
+the kernel CUDA would pick and bf16 autocast done at the functions (ablate.predict.meta_cuda). Two micro-batches
 are traced where the per-rank batch has two: the second's forward and backward run beside the first's
 gradients, as every accumulation step after the first does. AdamW's moments of every parameter trained so far
 exist before the step, as from a run's second step on. The peak is split as MemTracker attributes it:
@@ -44,7 +44,7 @@ from ablate.models.families import family_of, n_layers
 from ablate.plan.freezing import is_frozen
 from ablate.plan.phases import plan_phases
 from ablate.train import loop, vocab_loss
-from ablate.train.meta_cuda import CudaKernels
+from ablate.predict.meta_cuda import CudaKernels
 from ablate.train.optimizer import Optimizer
 from ablate.train.freezing import start_phase
 

@@ -4,7 +4,7 @@ an earlier process traced (ablate.predict.gpu_memory; docs/gpu-memory.md, "The t
 An entry is one JSON file named by the sha256 of everything its trace depends on: the caller's inputs (the
 step's shape, the model's config, the spec's settings the trace reads) and this machine's side of it, which
 `environment` states: the torch, transformers and kernels versions, the SDPA backends torch may pick and its
-deterministic-algorithms switch (the kernel CUDA would run: ablate.train.meta_cuda), and a digest of ablate's
+deterministic-algorithms switch (the kernel CUDA would run: ablate.predict.meta_cuda), and a digest of ablate's
 own source the trace runs through (TRACED_SOURCES): a change to the attention, the loss or the loop names new
 entries and the old ones are never read again. The inputs are stored beside the result and compared on
 reading, so an entry is used only for exactly the inputs it was traced for.
