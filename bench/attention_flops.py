@@ -162,7 +162,7 @@ def objective_counts(
 
 def packed_rows(corpus: str, rows: int) -> np.ndarray:
     from ablate.config.spec import parse_run_spec
-    from ablate.data.corpus import SequenceOrder, open_prepared
+    from ablate.data.corpus import SequenceOrder, ensure_prepared
     from ablate.models.loading import DEFAULT_MODEL, load_tokenizer
 
     spec = parse_run_spec(
@@ -172,7 +172,7 @@ def packed_rows(corpus: str, rows: int) -> np.ndarray:
             "phases": [{"name": "p", "objective": "mlm", "steps": 1}],
         }
     )
-    _sequences, doc_ids = open_prepared(spec.data, load_tokenizer(DEFAULT_MODEL)).packed(LENGTH)
+    _sequences, doc_ids = ensure_prepared(spec.data, load_tokenizer(DEFAULT_MODEL)).packed(LENGTH)
     return np.asarray(doc_ids[SequenceOrder(len(doc_ids), spec.data.data_seed).take(0, rows)])
 
 

@@ -326,10 +326,13 @@ def test_tokenization_is_prepared_once_per_tokenizer_and_content(
     original = prepare._tokenize_into
     monkeypatch.setattr(prepare, "_tokenize_into", lambda *a: calls.append(1) or original(*a))
     spec = DataSpec(corpus="corpus_en_e3c/train.txt", max_documents=50)
-    first = corpus.open_prepared(spec, minilm_tokenizer)
-    again = corpus.open_prepared(spec, minilm_tokenizer)
+    with pytest.raises(SpecError, match="not prepared.*ablate prepare"):  # reading never tokenizes
+        corpus.open_prepared(spec, minilm_tokenizer)
+    assert calls == []
+    first = corpus.ensure_prepared(spec, minilm_tokenizer)
+    again = corpus.ensure_prepared(spec, minilm_tokenizer)
     assert calls == [1] and np.array_equal(first.tokens(0, first.n_tokens), again.tokens(0, again.n_tokens))
-    corpus.open_prepared(DataSpec(corpus="corpus_en_e3c/train.txt", max_documents=51), minilm_tokenizer)
+    corpus.ensure_prepared(DataSpec(corpus="corpus_en_e3c/train.txt", max_documents=51), minilm_tokenizer)
     assert calls == [1, 1]  # other content: prepared again, in its own folder
     assert len([p for p in (tmp_path / "prepared").iterdir() if p.is_dir()]) == 2
     seqs, docs = first.packed(64)
@@ -360,7 +363,7 @@ def test_jsonl_parquet_and_datasets_corpora_give_the_same_stream_as_text(
 ):
     import pandas as pd
 
-    from ablate.data.corpus import open_prepared
+    from ablate.data.corpus import ensure_prepared
     from ablate.config.spec import DataSpec
 
     docs = [line.strip() for line in (data_root / "corpus_en_e3c" / "valid.txt").open()][:30]
@@ -375,6 +378,6 @@ def test_jsonl_parquet_and_datasets_corpora_give_the_same_stream_as_text(
         pd.DataFrame({"body": docs}).to_parquet(path)
     text = tmp_path / "corpus.txt"
     text.write_text("\n".join(docs) + "\n")
-    a = open_prepared(DataSpec(corpus=str(path), text_field="body"), minilm_tokenizer)
-    b = open_prepared(DataSpec(corpus=str(text)), minilm_tokenizer)
+    a = ensure_prepared(DataSpec(corpus=str(path), text_field="body"), minilm_tokenizer)
+    b = ensure_prepared(DataSpec(corpus=str(text)), minilm_tokenizer)
     assert np.array_equal(a.tokens(0, a.n_tokens), b.tokens(0, b.n_tokens)) and a.n_documents == 30

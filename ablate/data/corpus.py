@@ -33,6 +33,7 @@ __all__ = [
     "find_prepared",
     "load_packed",
     "open_prepared",
+    "ensure_prepared",
     "prepared_tokens",
     "read_documents",
     "tokenize_documents",
@@ -45,22 +46,43 @@ BYTES_PER_TOKEN = 4.0
 UNCOMPRESSED = ("text", "jsonl")
 
 
-def open_prepared(spec: DataSpec, tokenizer, which: str = "corpus", workers: int | None = None) -> PreparedCorpus:
-    """The memory-mapped prepared corpus; prepared here (under its lock) when no complete folder exists.
+def open_prepared(spec: DataSpec, tokenizer, which: str = "corpus") -> PreparedCorpus:
+    """The memory-mapped prepared corpus, read only: it never tokenizes. A corpus with no complete prepared
+    folder, or one that changed since it was prepared, is a SpecError naming `ablate prepare`."""
+    folder, manifest, sources = find_prepared(spec, tokenizer, which)
+    if manifest is None:
+        raise SpecError(
+            f"the corpus is not prepared (no complete folder {folder}); prepare it: ablate prepare <this run spec "
+            "or grid> (a run prepares its own corpora before it reads them: ensure_prepared)",
+            key=f"data.{which}",
+            value=getattr(spec, which),
+        )
+    _refuse_changed(spec, which, folder, manifest, sources)
+    return PreparedCorpus(folder)
+
+
+def ensure_prepared(
+    spec: DataSpec, tokenizer, which: str = "corpus", workers: int | None = None
+) -> PreparedCorpus:
+    """The prepared corpus, tokenized first (under its lock) when no complete folder exists: besides `ablate
+    prepare`, the one call that tokenizes, made by a run's setup before it opens its streams (which only read).
     A corpus that changed since it was prepared is a SpecError naming the command that re-prepares it."""
     folder, manifest, sources = find_prepared(spec, tokenizer, which)
     if manifest is None:
-        folder = prepare(spec, tokenizer, which, workers=workers)
-    else:
-        changed = changed_sources(manifest, sources, spec)
-        if changed:
-            raise SpecError(
-                f"the corpus changed since it was prepared in {folder} ({', '.join(changed)}); "
-                f"re-prepare it: ablate prepare <this run spec or grid>",
-                key=f"data.{which}",
-                value=getattr(spec, which),
-            )
+        return PreparedCorpus(prepare(spec, tokenizer, which, workers=workers))
+    _refuse_changed(spec, which, folder, manifest, sources)
     return PreparedCorpus(folder)
+
+
+def _refuse_changed(spec: DataSpec, which: str, folder: Path, manifest: dict, sources: list) -> None:
+    changed = changed_sources(manifest, sources, spec)
+    if changed:
+        raise SpecError(
+            f"the corpus changed since it was prepared in {folder} ({', '.join(changed)}); "
+            f"re-prepare it: ablate prepare <this run spec or grid>",
+            key=f"data.{which}",
+            value=getattr(spec, which),
+        )
 
 
 def find_prepared(spec: DataSpec, tokenizer, which: str = "corpus") -> tuple[Path, dict | None, list]:
@@ -90,8 +112,8 @@ def estimated_tokens(spec: DataSpec, sources: list[Source]) -> int | None:
 
 
 def load_packed(spec: DataSpec, tokenizer) -> tuple[PackedView, PackedView]:
-    """(sequences, doc ids) of the run's corpus, both indexable by sequence indices."""
-    return open_prepared(spec, tokenizer).packed(spec.seq_len)
+    """(sequences, doc ids) of the corpus (prepared first if need be), both indexable by sequence indices."""
+    return ensure_prepared(spec, tokenizer).packed(spec.seq_len)
 
 
 def read_documents(spec: DataSpec, which: str = "corpus") -> list[str]:

@@ -67,6 +67,15 @@ def reading_key(data: DataSpec) -> str:
     return json.dumps([getattr(data, f) for f in READING_FIELDS])
 
 
+def readings(spec: RunSpec) -> list[DataSpec]:
+    """Each distinct corpus reading of the run's phases (what its streams open), in first-read order."""
+    found = {}
+    for plan in phase_data(spec):
+        for m in plan.members:
+            found.setdefault(reading_key(m.data), m.data)
+    return list(found.values())
+
+
 def uses_own_data(spec: RunSpec) -> bool:
     """A mixture, or a phase with data of its own: the run reads by members (else as one corpus)."""
     return spec.data.mixture is not None or any(p.data is not None and p.data.reads for p in spec.phases)

@@ -43,7 +43,8 @@ from ablate.train.checkpoint import (
     save_final_model,
 )
 from ablate.train.distributed import Dist, init as init_distributed, rank_slice
-from ablate.data.corpus import SequenceOrder
+from ablate.data.corpus import SequenceOrder, ensure_prepared
+from ablate.data.mixture import readings
 from ablate.config.device import pick_device
 from ablate.config.errors import SpecError
 from ablate.train.streams import Streams
@@ -217,7 +218,9 @@ def setup(spec: RunSpec, dist: Dist | None = None, log: Log = print) -> tuple[Co
     device = pick_device(spec.device, dist.local_rank)
     set_determinism(spec.deterministic)  # before the model touches the device (cuBLAS)
     tokenizer = load_tokenizer(spec.tokenizer or spec.model)
-    streams = Streams(spec, tokenizer)  # memory-mapped; prepared first if need be
+    for data in readings(spec):  # tokenized here, once, where `ablate prepare` has not prepared it
+        ensure_prepared(data, tokenizer)
+    streams = Streams(spec, tokenizer)  # memory-mapped, read only
     sequences, doc_ids = streams.first
     streams.check()
     model = load_masked_lm(spec.model, spec.attn_implementation, seed=spec.seed).to(device)

@@ -1,6 +1,6 @@
 """The sequences of a step: each row from its member's stream (ablate.data.mixture), at that stream's position.
 
-Every corpus a run reads is opened once (memory-mapped, prepared first when it is not), packed at each
+Every corpus a run reads is opened once (memory-mapped, read only: the run's setup prepared it), packed at each
 sequence length a phase reads it at, and ordered by the data seed alone (data.corpus.SequenceOrder). The
 rows of a step are a pure function of (spec, phase, step in phase), so a resumed run and a twin read exactly
 what the uninterrupted run reads. A run is checked against its corpora's sizes here too (plan.epochs,
