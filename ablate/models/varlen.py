@@ -50,6 +50,7 @@ except ImportError:  # torch < 2.9
     varlen_attn = None
 
 NO_BOUND = -1  # a window side without a bound, as flash attention spells it
+T = torch.Tensor  # the custom ops' signatures, which torch reads for their schemas
 AVAILABLE = varlen_attn is not None and "window_size" in inspect.signature(varlen_attn).parameters
 
 
@@ -126,16 +127,7 @@ def _cut(cu_seqlens: torch.Tensor, sizes: torch.Tensor) -> tuple[torch.Tensor, i
 
 
 @torch.library.custom_op("ablate::varlen_attn", mutates_args=())
-def _varlen_attn(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    sizes: torch.Tensor,
-    left: int,
-    right: int,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _varlen_attn(q: T, k: T, v: T, cu_seqlens: T, sizes: T, left: int, right: int, scale: float) -> tuple[T, T, T]:
     """torch's varlen op on the first `sizes[0]` segments, bounded by `sizes[1]`: (out, lse, rng state)."""
     cu, longest = _cut(cu_seqlens, sizes)
     causal = (left, right) == (NO_BOUND, 0)  # as torch's varlen_attn sets it
@@ -150,19 +142,8 @@ def _varlen_attn_fake(q, k, v, cu_seqlens, sizes, left, right, scale):
 
 @torch.library.custom_op("ablate::varlen_attn_backward", mutates_args=())
 def _varlen_attn_backward(
-    grad: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    sizes: torch.Tensor,
-    rng: torch.Tensor,
-    left: int,
-    right: int,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    grad: T, q: T, k: T, v: T, out: T, lse: T, cu_seqlens: T, sizes: T, rng: T, left: int, right: int, scale: float
+) -> tuple[T, T, T]:
     cu, longest = _cut(cu_seqlens, sizes)
     causal = (left, right) == (NO_BOUND, 0)
     return torch.ops.torch_attn._varlen_attn_backward(
