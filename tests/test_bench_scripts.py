@@ -147,8 +147,9 @@ TINY = {
 }
 FAST: set[str] = set()  # scripts the fast tier (`-m "not slow"`) runs: none (each takes 4-60 s)
 # scripts whose tiny run lives elsewhere: gpu_check.py in tests/test_gpu_check.py (gpu_recipes.py is its module),
-# gpu_finetune_check.py in tests/test_gpu_finetune_check.py
-ELSEWHERE = {"gpu_check.py", "gpu_recipes.py", "gpu_finetune_check.py"}
+# gpu_finetune_check.py in tests/test_gpu_finetune_check.py, document_lengths.py (the table gpu_check.py packs its
+# corpus rows from) in tests/test_gpu_check.py
+ELSEWHERE = {"gpu_check.py", "gpu_recipes.py", "gpu_finetune_check.py", "document_lengths.py"}
 
 
 def test_every_bench_script_has_a_tiny_run():

@@ -268,3 +268,20 @@ def test_the_script_imports_only_what_the_gpu_node_has_or_is_carried_to_it(tiny_
 def _pinned() -> dict[str, str]:
     lines = (REPO / "bench" / "gpu_node_wheels.txt").read_text().splitlines()
     return {_canonical(n): v for n, v in (line.split("==") for line in lines if "==" in line and line[0] != "#")}
+
+
+@pytest.mark.slow
+def test_the_committed_document_lengths_are_what_their_script_computes(data_root):
+    """bench/document_lengths.json (what the check packs its corpus rows from, on a node without the data) is
+    bench/document_lengths.py's table: recomputed here for corpus_en_craft, its smallest corpus."""
+    spec = importlib.util.spec_from_file_location("document_lengths", REPO / "bench" / "document_lengths.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    from ablate.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(str(REPO / "bench" / "tokenizer"))
+    tokenizer.model_max_length = 10**9
+    committed = json.loads(script.TABLE.read_text())["corpora"]
+    assert set(committed) == set(script.CORPORA)
+    craft = data_root / "corpus_en_craft" / "train.txt"
+    assert script.corpus_table(craft, tokenizer) == committed["corpus_en_craft"]

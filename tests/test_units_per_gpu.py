@@ -141,6 +141,7 @@ def test_ablate_evaluate_places_each_finished_runs_units_by_its_own_units_per_gp
         return []
 
     monkeypatch.setattr(runs, "evaluate_run", evaluate_run)
+    monkeypatch.setattr(runs, "check_run_model", lambda folder: None)  # these runs have no model: placement only
     monkeypatch.setattr(commands, "cmd_collect", lambda args: 0)
     assert main(["evaluate", str(sweep), "--task", TASK]) == 0
     assert placed == {"a": Placement(("cpu",), {TASK: 2}), "b": Placement(("cpu",), {TASK: 1})}
