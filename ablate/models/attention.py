@@ -106,8 +106,7 @@ def route(
     prefixed      a global layer under a prefix pattern: fused calls per row (and document)
     per_document  a global layer with documents: one fused call per document
     full          a global layer otherwise: SDPA (on CUDA in the order sdpa_priority sets)"""
-    flash_dtype = dtype in FLASH_DTYPES or device_type == "cpu"
-    flash = varlen.AVAILABLE and kernels == GPU_KERNELS and flash_dtype and not (prefix or dropout)
+    flash = flash_serves(kernels, device_type, dtype) and not (prefix or dropout)
     if flash and (padded_segments or (local or documents) and not padding):
         return "varlen"
     if block_mask and not (local or padding or dropout):
@@ -117,6 +116,12 @@ def route(
     if prefix and not padding:
         return "prefixed"
     return "per_document" if documents else "full"
+
+
+def flash_serves(kernels: str, device_type: str, dtype: torch.dtype) -> bool:
+    """Whether flash variable length can run a layer of these kernels, device and dtype (a layer without a
+    prefix pattern or attention dropout: `route`)."""
+    return varlen.AVAILABLE and kernels == GPU_KERNELS and (dtype in FLASH_DTYPES or device_type == "cpu")
 
 
 def attention(

@@ -212,18 +212,17 @@ def _banded(
     there once); on the CUDA kernels the documents as flash segments, and with `flex_on` the global layers'
     block mask where flash cannot serve them (a prefix; documents in float32)."""
     kernels = kernels or attention.kernels_for(device)
-    gpu = kernels == attention.GPU_KERNELS and varlen.AVAILABLE
-    flash_dtype = dtype in attention.FLASH_DTYPES or torch.device(device).type == "cpu"
+    flash = attention.flash_serves(kernels, torch.device(device).type, dtype)
     # every layer takes flash varlen (attention.route): no kernel reads the doc ids, which stay on the host
-    all_flash = gpu and flash_dtype and prefix is None and not _attention_dropout(model)
+    all_flash = flash and prefix is None and not _attention_dropout(model)
     docs = None if documents is None else attention.documents_of(documents, device, ids_read=not all_flash)
     pre = None if prefix is None else attention.prefix_of(prefix, device)
     causal = causal or pre is not None  # a prefix pattern: causal, or a key in the row's prefix
     parts = None
-    if docs is not None and gpu:
+    if docs is not None and kernels == attention.GPU_KERNELS and varlen.AVAILABLE:
         parts = varlen.segments(varlen.offsets(docs.spans, seq_len), seq_len, device)
     block_mask = None
-    flash_docs = parts is not None and flash_dtype
+    flash_docs = docs is not None and flash
     if flex_on and (pre is not None or (docs is not None and not flash_docs)):
         rows = len(pre.host) if pre is not None else len(docs.ids)
         block_mask = flex.block_mask(
