@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ablate.cli import main
@@ -29,15 +29,8 @@ from ablate.store.sweep import SweepFolder
 from ablate.train import checkpoint
 from ablate.tune.storage import study_record
 from builders import MODEL, run_spec
+from fuzzing import FUZZ
 from in_process import ablate
-
-FUZZ = settings(
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=list(HealthCheck),
-)
 
 
 # ---------------------------------------------------------------------------------------- the damage

@@ -28,7 +28,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
@@ -37,14 +37,9 @@ from ablate.config.objectives import registry
 from ablate.config.sources import PhaseData, SourceSpec
 from ablate.config.spec import DataSpec, LRSchedule, MixtureMember, PhaseSpec, ProbeSpec
 
+from fuzzing import FUZZ
+
 REPO = Path(__file__).resolve().parents[1]
-FAST = settings(
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=list(HealthCheck),
-)
 CORPORA = ["corpus_en_e3c/train.txt", "corpus_en_medquad/train.txt"]
 NO_CORPUS = "nope/none.txt"
 OBJECTIVES = list(registry.names()) + ["nope"]
@@ -413,7 +408,7 @@ def test_two_schedules_that_give_the_same_run_are_named_with_the_point(tmp_path)
 # ------------------------------------------------------------------------------------------ the fuzzing
 
 
-@settings(FAST, max_examples=400)
+@settings(FUZZ, max_examples=400)
 @given(grids())
 @example(MIXTURE_IN_MIXTURE)
 @example(ROPE_AFTER_NONE)
@@ -433,7 +428,7 @@ def run_specs(draw):
     return draw(mutated(spec)) if draw(st.booleans()) else spec
 
 
-@settings(FAST, max_examples=800)
+@settings(FUZZ, max_examples=800)
 @given(run_specs())
 def test_every_run_spec_is_accepted_or_a_located_spec_error(spec):
     with tempfile.TemporaryDirectory() as folder:
@@ -483,7 +478,7 @@ def data_specs(draw):
     return draw(mutated(spec)) if draw(st.booleans()) else spec
 
 
-@settings(FAST, max_examples=500)
+@settings(FUZZ, max_examples=500)
 @given(data_specs())
 def test_every_data_block_and_phase_data_is_accepted_or_a_located_spec_error(spec):
     with tempfile.TemporaryDirectory() as folder:
@@ -499,7 +494,7 @@ def task_checks(path: str):
     return resolve_settings(load_task(path))
 
 
-@settings(FAST, max_examples=500)
+@settings(FUZZ, max_examples=500)
 @given(mutated(TASK))
 def test_every_task_file_is_accepted_or_a_located_spec_error(task):
     with tempfile.TemporaryDirectory() as folder:
@@ -515,7 +510,7 @@ def tune_checks(path: str):
     return load_tune(path)
 
 
-@settings(FAST, max_examples=80)
+@settings(FUZZ, max_examples=80)
 @given(mutated(TUNE))
 def test_every_tune_file_is_accepted_or_a_located_spec_error(tune):
     with tempfile.TemporaryDirectory() as folder:
@@ -556,7 +551,7 @@ def needle_entries(draw):
     return {"needle_fr_cpu": {**NEEDLE, "generate": block}}
 
 
-@settings(FAST, max_examples=100)
+@settings(FUZZ, max_examples=100)
 @given(needle_entries())
 def test_every_needle_generate_block_is_accepted_or_a_located_spec_error(entries):
     with tempfile.TemporaryDirectory() as folder:
@@ -600,7 +595,7 @@ def dry_run_then_submission(grid, folder: Path) -> None:
         assert any(flag in dry.out for flag in REFUSED_LATER), (submitted.err, dry.out)
 
 
-@settings(FAST, max_examples=12)
+@settings(FUZZ, max_examples=12)
 @given(grids())
 @example(MISSING_MEMBER)
 @example(ROPE_AFTER_NONE)
@@ -613,7 +608,7 @@ def test_the_dry_run_refuses_what_the_submission_refuses(grid):
 
 
 @pytest.mark.slow
-@settings(FAST, max_examples=500)
+@settings(FUZZ, max_examples=500)
 @given(grids())
 def test_many_grids_are_accepted_or_a_located_spec_error(grid):
     with tempfile.TemporaryDirectory() as folder:
@@ -621,7 +616,7 @@ def test_many_grids_are_accepted_or_a_located_spec_error(grid):
 
 
 @pytest.mark.slow
-@settings(FAST, max_examples=600)
+@settings(FUZZ, max_examples=600)
 @given(run_specs())
 def test_many_run_specs_are_accepted_or_a_located_spec_error(spec):
     with tempfile.TemporaryDirectory() as folder:
@@ -629,7 +624,7 @@ def test_many_run_specs_are_accepted_or_a_located_spec_error(spec):
 
 
 @pytest.mark.slow
-@settings(FAST, max_examples=50)
+@settings(FUZZ, max_examples=50)
 @given(grids())
 def test_many_dry_runs_refuse_what_their_submissions_refuse(grid):
     with tempfile.TemporaryDirectory() as folder:
@@ -637,7 +632,7 @@ def test_many_dry_runs_refuse_what_their_submissions_refuse(grid):
 
 
 @pytest.mark.slow
-@settings(FAST, max_examples=500)
+@settings(FUZZ, max_examples=500)
 @given(data_specs())
 def test_many_data_blocks_are_accepted_or_a_located_spec_error(spec):
     with tempfile.TemporaryDirectory() as folder:
